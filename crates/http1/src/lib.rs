@@ -1,0 +1,10 @@
+//! Sans-io HTTP/1.1 (RFC 9112): strict head parsing, body framing, encoding, for both roles.
+
+pub mod body;
+pub mod encode;
+pub mod error;
+pub mod head;
+
+pub use body::{BodyDecoder, Decoded, Framing};
+pub use error::{BodyError, ParseError, ParseErrorKind};
+pub use head::{parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, Version};
