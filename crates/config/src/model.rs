@@ -1,5 +1,6 @@
 //! The validated, typed configuration the runtime reads; never re-parsed at runtime.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
@@ -64,7 +65,7 @@ pub struct ListenerLimits {
 
 #[derive(Debug, Clone)]
 pub struct Route {
-    /// "listener/route-index" or the configured `name`.
+    /// The configured `name`, or "{listener name}#{route index}" (index 0-based, file order).
     pub name: String,
     pub matcher: Matcher,
     pub action: Action,
@@ -88,17 +89,21 @@ pub struct Matcher {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostMatch {
-    /// Lowercased exact host, no port.
+    /// Lowercased exact host, no port, no trailing dot.
     Exact(String),
-    /// `*.example.com` stored as suffix ".example.com" (matches one or more labels).
+    /// `*.example.com` stored as suffix ".example.com" (matches one or more labels, not the bare
+    /// "example.com").
     Suffix(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
+    /// The whole path (query excluded) equals this string, byte for byte.
     Exact(String),
-    /// Prefix on segment boundary not required: plain string prefix ("/api" matches "/apix").
-    /// `path = "/api/**"` in TOML is Prefix("/api/").
+    /// `path = "/api/**"` in TOML is `Prefix("/api/")`; `path = "/**"` is `Prefix("/")`.
+    /// Matches a path that starts with the string, and also the path equal to the string without
+    /// its trailing '/': `Prefix("/api/")` matches "/api", "/api/" and "/api/v1/x" but not "/apix".
+    /// See [`PathMatch::matches`].
     Prefix(String),
 }
 
@@ -106,8 +111,15 @@ pub enum PathMatch {
 pub enum Action {
     Proxy(ProxyAction),
     Static(StaticAction),
-    Redirect { status: u16, location: String },
-    Fixed { status: u16, content_type: String, body: String },
+    Redirect {
+        status: u16,
+        location: String,
+    },
+    Fixed {
+        status: u16,
+        content_type: String,
+        body: String,
+    },
     /// The benchmark origin (static files from `root` if set + synthetic `/bytes/N`, `?size=..`).
     Origin(StaticAction),
 }
@@ -116,9 +128,14 @@ pub enum Action {
 pub struct ProxyAction {
     /// Index into `Config::upstreams`.
     pub upstream: usize,
-    /// Remove this prefix from the path before forwarding (then ensure a leading '/').
+    /// Remove this prefix from the path before forwarding (then ensure a leading '/'). Never ends
+    /// with '/'; validation guarantees every path the route matches starts with it on a segment
+    /// boundary. TOML `strip_prefix = true` with `path = "/api/**"` is `Some("/api")`.
     pub strip_prefix: Option<String>,
-    /// Replace the matched prefix with this (applied after strip; mutually exclusive with strip).
+    /// Replace the route's matched `PathMatch::Prefix` (which ends with '/') with this (which also
+    /// ends with '/'); mutually exclusive with `strip_prefix`. TOML `rewrite_prefix = "/v2"` with
+    /// `path = "/api/**"` is `Some("/v2/")`: "/api/users" is sent as "/v2/users", the bare "/api"
+    /// as "/v2". See [`Route::upstream_target`].
     pub rewrite_prefix: Option<String>,
     /// Add X-Forwarded-For/-Proto/-Host and X-Real-IP (default true).
     pub forwarded_headers: bool,
@@ -153,6 +170,7 @@ pub struct UpstreamGroup {
     pub keepalive: usize,
     /// Max concurrent connections per server, 0 = unlimited (default 0) -> 503 when reached.
     pub max_connections_per_server: u32,
+    /// TCP connect to a server must complete within this (default 5 s) -> 504; a refused connect -> 502.
     pub connect_timeout: Duration,
     /// Time from request sent to response head received (default 60 s) -> 504.
     pub response_header_timeout: Duration,
@@ -169,11 +187,130 @@ pub struct Server {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Balance {
+    /// Smooth weighted round robin (the default).
     RoundRobin,
+    /// The server with the fewest in-flight requests.
     LeastConnections,
+    /// Two servers picked at random; the one with fewer in-flight requests wins.
     TwoRandomChoices,
+    /// A hash of the client IP picks the server (sticky per client).
     HashClientIp,
-    /// Lowercased header name.
+    /// A hash of this request header's value picks the server. Lowercased header name.
     HashHeader(String),
+    /// A hash of this cookie's value picks the server. Cookie name as written (case-sensitive).
     HashCookie(String),
+}
+
+/// Route `max_body` when not configured: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+/// `drain_timeout` when not configured.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upstream `keepalive` when not configured.
+pub const DEFAULT_KEEPALIVE: usize = 64;
+/// Upstream `connect_timeout` when not configured.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upstream `response_header_timeout` when not configured.
+pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upstream `idle_timeout` when not configured.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl ListenerLimits {
+    /// The documented defaults of every limit.
+    pub const DEFAULT: ListenerLimits = ListenerLimits {
+        max_connections: 10_000,
+        max_headers: 100,
+        max_head_bytes: 64 * 1024,
+        max_request_line: 8 * 1024,
+        head_timeout: Duration::from_secs(10),
+        keepalive_timeout: Duration::from_secs(60),
+        body_min_rate: 1024,
+        max_requests_per_connection: 0,
+    };
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl Default for StaticAction {
+    /// No root, index `["index.html"]`.
+    fn default() -> Self {
+        StaticAction {
+            root: None,
+            index: vec!["index.html".to_string()],
+        }
+    }
+}
+
+impl HostMatch {
+    /// Whether `host` (the request host without its port, any case, optional trailing dot) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        let host = host.strip_suffix('.').unwrap_or(host);
+        match self {
+            HostMatch::Exact(name) => host.eq_ignore_ascii_case(name),
+            HostMatch::Suffix(suffix) => {
+                host.len() > suffix.len()
+                    && host
+                        .get(host.len() - suffix.len()..)
+                        .is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
+            }
+        }
+    }
+}
+
+impl PathMatch {
+    /// Whether the request path (the target up to `?`, as received: no decoding, no
+    /// normalization) matches. `Prefix("/api/")` matches "/api", "/api/", "/api/x", not "/apix".
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Exact(exact) => path == exact,
+            PathMatch::Prefix(prefix) => {
+                path.starts_with(prefix.as_str())
+                    || prefix
+                        .strip_suffix('/')
+                        .is_some_and(|bare| !bare.is_empty() && path == bare)
+            }
+        }
+    }
+}
+
+impl Route {
+    /// The request target to send upstream for a client `target` ("/path?query") that matched
+    /// this route: for a proxy action, `strip_prefix` removed (a leading '/' kept) or the matched
+    /// prefix replaced by `rewrite_prefix`; the query is kept. Otherwise the target unchanged.
+    pub fn upstream_target<'a>(&self, target: &'a str) -> Cow<'a, str> {
+        let Action::Proxy(proxy) = &self.action else {
+            return Cow::Borrowed(target);
+        };
+        let (path, query) = match target.find('?') {
+            Some(at) => target.split_at(at),
+            None => (target, ""),
+        };
+        let rewritten = if let Some(strip) = &proxy.strip_prefix {
+            match path.strip_prefix(strip.as_str()) {
+                Some("") => "/".to_string(),
+                Some(rest) if rest.starts_with('/') => rest.to_string(),
+                _ => return Cow::Borrowed(target),
+            }
+        } else if let (Some(to), Some(PathMatch::Prefix(from))) =
+            (&proxy.rewrite_prefix, &self.matcher.path)
+        {
+            if let Some(rest) = path.strip_prefix(from.as_str()) {
+                format!("{to}{rest}")
+            } else if from.strip_suffix('/') == Some(path) {
+                // the bare prefix: "/api" with "/api/" -> "/v2/" becomes "/v2"
+                match to.strip_suffix('/') {
+                    Some("") | None => "/".to_string(),
+                    Some(bare) => bare.to_string(),
+                }
+            } else {
+                return Cow::Borrowed(target);
+            }
+        } else {
+            return Cow::Borrowed(target);
+        };
+        Cow::Owned(rewritten + query)
+    }
 }

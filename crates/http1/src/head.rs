@@ -1,8 +1,10 @@
 //! Request and response heads: strict parsing on httparse, framing decisions per RFC 9112 6.
 
 use crate::body::Framing;
-use crate::error::ParseError;
-use bytes::{Bytes, BytesMut};
+use crate::error::{ParseError, ParseErrorKind};
+use crate::syntax::{find_byte, is_token, list_elements, parse_authority};
+use bytes::{Buf, Bytes, BytesMut};
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 /// Size limits applied while parsing a head.
@@ -12,13 +14,18 @@ pub struct Limits {
     pub max_headers: usize,
     /// Maximum size of the whole head including the request line and final CRLF (default 64 KiB).
     pub max_head_bytes: usize,
-    /// Maximum size of the request line (default 8 KiB).
+    /// Maximum size of the request line, without its CRLF (default 8 KiB). Not applied to
+    /// response status lines (they are bounded by `max_head_bytes`).
     pub max_request_line: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_headers: 100, max_head_bytes: 64 * 1024, max_request_line: 8 * 1024 }
+        Limits {
+            max_headers: 100,
+            max_head_bytes: 64 * 1024,
+            max_request_line: 8 * 1024,
+        }
     }
 }
 
@@ -27,6 +34,16 @@ impl Default for Limits {
 pub enum Version {
     Http10,
     Http11,
+}
+
+impl Version {
+    /// `"HTTP/1.0"` or `"HTTP/1.1"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Version::Http10 => "HTTP/1.0",
+            Version::Http11 => "HTTP/1.1",
+        }
+    }
 }
 
 /// Request method. Common ones are variants; anything else valid as a token is `Other`.
@@ -64,8 +81,31 @@ impl Method {
     pub fn is_idempotent(&self) -> bool {
         matches!(
             self,
-            Method::Get | Method::Head | Method::Options | Method::Trace | Method::Put | Method::Delete
+            Method::Get
+                | Method::Head
+                | Method::Options
+                | Method::Trace
+                | Method::Put
+                | Method::Delete
         )
+    }
+
+    /// The method for a token (case-sensitive, RFC 9110 9.1); `None` if `s` is not a token.
+    /// Allocates only for methods that are not variants.
+    pub fn from_token(s: &str) -> Option<Method> {
+        Some(match s {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "OPTIONS" => Method::Options,
+            "PATCH" => Method::Patch,
+            "CONNECT" => Method::Connect,
+            "TRACE" => Method::Trace,
+            other if is_token(other.as_bytes()) => Method::Other(other.to_owned()),
+            _ => return None,
+        })
     }
 }
 
@@ -76,6 +116,43 @@ pub(crate) struct FieldPos {
     pub(crate) value: Range<u32>,
 }
 
+/// Form of a request target (RFC 9112 3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetForm {
+    /// `/path?query`
+    Origin,
+    /// `http://authority/path?query` (scheme http or https, any case).
+    Absolute,
+    /// `host:port`, CONNECT only.
+    Authority,
+    /// `*`, OPTIONS only.
+    Asterisk,
+}
+
+/// Tokens of the Connection fields, as ranges into the head (no allocation for up to 4 tokens).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConnTokens {
+    inline: [(u32, u32); 4],
+    len: usize,
+    spill: Vec<(u32, u32)>,
+}
+
+impl ConnTokens {
+    fn push(&mut self, r: (u32, u32)) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                *slot = r;
+                self.len = self.len.saturating_add(1);
+            }
+            None => self.spill.push(r),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(u32, u32)> {
+        self.inline.iter().take(self.len).chain(self.spill.iter())
+    }
+}
+
 /// A parsed, validated request head. Owns the raw head bytes; accessors borrow from them.
 #[derive(Debug, Clone)]
 pub struct RequestHead {
@@ -84,13 +161,20 @@ pub struct RequestHead {
     pub(crate) target: Range<u32>,
     pub(crate) version: Version,
     pub(crate) fields: Vec<FieldPos>,
+    pub(crate) form: TargetForm,
+    pub(crate) path: Range<u32>,
+    pub(crate) query: Option<Range<u32>>,
+    pub(crate) host: Option<Range<u32>>,
+    pub(crate) conn: ConnTokens,
     /// How the body that follows is framed: `Framing::None`, `Length(n)` or `Chunked` (never `Close`).
+    /// `Content-Length: 0` gives `Length(0)` so that it can be forwarded faithfully.
     pub framing: Framing,
     /// Whether the connection may stay open after this exchange (version default, then `Connection`).
     pub keep_alive: bool,
-    /// `Expect: 100-continue` was present.
+    /// `Expect: 100-continue` was present (always false for HTTP/1.0, RFC 9110 10.1.1).
     pub expect_continue: bool,
-    /// `Connection: upgrade` plus an `Upgrade` field were present.
+    /// `Connection: upgrade` plus an `Upgrade` field were present (always false for HTTP/1.0,
+    /// RFC 9110 7.8).
     pub upgrade: bool,
 }
 
@@ -102,35 +186,745 @@ pub struct ResponseHead {
     pub(crate) status: u16,
     pub(crate) reason: Range<u32>,
     pub(crate) fields: Vec<FieldPos>,
+    pub(crate) conn: ConnTokens,
     /// How the body is framed, given the request method (RFC 9112 6.3): `None` for HEAD, 1xx, 204,
-    /// 304; `Chunked`; `Length(n)`; or `Close` (read until EOF).
+    /// 304 and a 2xx answer to CONNECT; `Chunked`; `Length(n)`; or `Close` (read until EOF).
     pub framing: Framing,
     /// Whether the server lets the connection be reused after this response.
     pub keep_alive: bool,
 }
 
+/// Most leading empty lines skipped before a request line.
+const MAX_LEADING_EMPTY_LINES: usize = 4;
+/// httparse header slots kept on the stack; larger `max_headers` use a heap array.
+const STACK_HEADERS: usize = 128;
+
 /// Parse one request head from the front of `buf`.
 ///
 /// - `Ok(None)`: incomplete, read more (but if `buf` already exceeds the limits, that is an error).
+///   `buf` is left untouched.
 /// - `Ok(Some(head))`: the head bytes (through the final CRLFCRLF) were split off `buf`; the body (if
 ///   any) and pipelined requests remain in `buf`.
 /// - `Err(e)`: the connection must be answered with `e.status()` and closed.
 ///
-/// Leading empty lines before the request line (RFC 9112 2.2) are skipped. Rejects everything the
-/// reliability guide lists: CL+TE, differing or malformed CL, TE other than a final `chunked`,
-/// obs-fold, whitespace before the colon, bare CR/LF, NUL and control bytes, bad request lines,
-/// missing/duplicate Host in HTTP/1.1.
-pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, ParseError> {
-    let _ = (buf, limits);
-    unimplemented!("helper: implement")
+/// Leading empty lines before the request line (RFC 9112 2.2, at most 4) are skipped. Rejects
+/// everything the reliability guide lists: CL+TE, differing or malformed CL, TE other than a final
+/// `chunked`, obs-fold, whitespace before the colon, bare CR/LF, NUL and control bytes, bad request
+/// lines, missing/duplicate Host in HTTP/1.1.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<RequestHead>, ParseError> {
+    let skip = match leading_empty_lines(buf).map_err(ParseError::new)? {
+        Some(skip) => skip,
+        None => return Ok(None),
+    };
+    let avail = buf.get(skip..).unwrap_or_default();
+    let (len, mut head) = match scan_request(avail, limits).map_err(ParseError::new)? {
+        Some(parsed) => parsed,
+        None => return Ok(None),
+    };
+    if len > avail.len() {
+        return Err(ParseError::new(ParseErrorKind::Malformed));
+    }
+    buf.advance(skip);
+    head.buf = buf.split_to(len).freeze();
+    Ok(Some(head))
 }
 
 /// Parse one response head from the front of `buf`, for a request with method `method`.
-/// Same contract as [`parse_request`]. 1xx responses (other than 101) are returned like any other
+/// Same contract as [`parse_request`], except that leading empty lines are refused (they mean the
+/// previous message was framed wrongly) and `max_request_line` does not apply.
+/// 1xx responses (other than 101) are returned like any other
 /// head with `framing == Framing::None`; the caller forwards them and parses again.
-pub fn parse_response(buf: &mut BytesMut, method: &Method, limits: &Limits) -> Result<Option<ResponseHead>, ParseError> {
-    let _ = (buf, method, limits);
-    unimplemented!("helper: implement")
+pub fn parse_response(
+    buf: &mut BytesMut,
+    method: &Method,
+    limits: &Limits,
+) -> Result<Option<ResponseHead>, ParseError> {
+    let (len, mut head) = match scan_response(buf, method, limits).map_err(ParseError::new)? {
+        Some(parsed) => parsed,
+        None => return Ok(None),
+    };
+    if len > buf.len() {
+        return Err(ParseError::new(ParseErrorKind::Malformed));
+    }
+    head.buf = buf.split_to(len).freeze();
+    Ok(Some(head))
+}
+
+/// Count leading CRLFs: `Ok(Some(n))` bytes to skip, `Ok(None)` if `buf` holds nothing else yet.
+fn leading_empty_lines(buf: &[u8]) -> Result<Option<usize>, ParseErrorKind> {
+    let mut i = 0usize;
+    let mut lines = 0usize;
+    loop {
+        match (buf.get(i), buf.get(i.saturating_add(1))) {
+            (None, _) | (Some(b'\r'), None) => return Ok(None),
+            (Some(b'\r'), Some(b'\n')) => {
+                lines = lines.saturating_add(1);
+                if lines > MAX_LEADING_EMPTY_LINES {
+                    return Err(ParseErrorKind::Malformed);
+                }
+                i = i.saturating_add(2);
+            }
+            (Some(b'\r'), Some(_)) | (Some(b'\n'), _) => return Err(ParseErrorKind::Malformed),
+            (Some(_), _) => return Ok(Some(i)),
+        }
+    }
+}
+
+/// Offset of `part` inside `base`, if `part` is a sub-slice of it.
+fn offset_in(base: &[u8], part: &[u8]) -> Option<usize> {
+    let off = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
+    (off.checked_add(part.len())? <= base.len()).then_some(off)
+}
+
+/// `usize` offset inside a head (at most `u32::MAX` bytes, see `head_window`) as `u32`.
+#[inline]
+fn off32(x: usize) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
+#[inline]
+fn range32(start: usize, end: usize) -> Range<u32> {
+    off32(start)..off32(end)
+}
+
+/// The part of the input httparse may look at: bounded by `max_head_bytes` (and by u32 offsets).
+fn head_window<'a>(avail: &'a [u8], limits: &Limits) -> &'a [u8] {
+    let cap = limits.max_head_bytes.min(u32::MAX as usize);
+    avail.get(..cap).unwrap_or(avail)
+}
+
+type Slot<'b> = MaybeUninit<httparse::Header<'b>>;
+
+/// Stack storage for httparse header slots; heap only when `max_headers` exceeds `STACK_HEADERS`.
+struct Slots<'b> {
+    stack: [Slot<'b>; STACK_HEADERS],
+    heap: Vec<Slot<'b>>,
+}
+
+impl<'b> Slots<'b> {
+    fn new(n: usize) -> Self {
+        let mut heap = Vec::new();
+        if n > STACK_HEADERS {
+            heap.resize_with(n, MaybeUninit::uninit);
+        }
+        Slots {
+            stack: [MaybeUninit::uninit(); STACK_HEADERS],
+            heap,
+        }
+    }
+
+    fn get(&mut self, n: usize) -> &mut [Slot<'b>] {
+        if n > STACK_HEADERS {
+            &mut self.heap
+        } else {
+            self.stack.get_mut(..n).unwrap_or_default()
+        }
+    }
+}
+
+/// httparse slots to provide: `max_headers`, but no more than can fit in `max_head_bytes` (a field
+/// line takes at least 4 bytes), so that a huge configured limit cannot make us allocate much.
+fn header_slots(limits: &Limits) -> usize {
+    limits.max_headers.min(limits.max_head_bytes / 4 + 1)
+}
+
+/// Strict httparse settings (they are the defaults; spelled out so that they stay that way).
+fn parser_config() -> httparse::ParserConfig {
+    let mut config = httparse::ParserConfig::default();
+    config
+        .allow_spaces_after_header_name_in_responses(false)
+        .allow_obsolete_multiline_headers_in_responses(false)
+        .allow_multiple_spaces_in_request_line_delimiters(false)
+        .allow_multiple_spaces_in_response_status_delimiters(false)
+        .allow_space_before_first_header_name(false)
+        .ignore_invalid_headers_in_requests(false)
+        .ignore_invalid_headers_in_responses(false);
+    config
+}
+
+fn scan_request(
+    avail: &[u8],
+    limits: &Limits,
+) -> Result<Option<(usize, RequestHead)>, ParseErrorKind> {
+    let window = head_window(avail, limits);
+    let slot_count = header_slots(limits);
+    let mut slots = Slots::new(slot_count);
+    let mut req = httparse::Request::new(&mut []);
+    let n = match parser_config().parse_request_with_uninit_headers(
+        &mut req,
+        window,
+        slots.get(slot_count),
+    ) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return request_incomplete(avail, limits),
+        Err(httparse::Error::TooManyHeaders) => return Err(ParseErrorKind::TooManyHeaders),
+        Err(httparse::Error::Version) => return request_version_error(avail, limits),
+        Err(_) => return Err(ParseErrorKind::Malformed),
+    };
+    let head = window.get(..n).ok_or(ParseErrorKind::Malformed)?;
+    let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
+        return Err(ParseErrorKind::Malformed);
+    };
+    let version = if minor == 0 {
+        Version::Http10
+    } else {
+        Version::Http11
+    };
+    let headers: &[httparse::Header<'_>] = req.headers;
+
+    // Line terminators: httparse accepts bare LF and rejects every bare CR. Every line but the
+    // last two ends right before a field name, and the head ends with the last two, so checking
+    // those positions for CRLF covers every line without another pass over the head.
+    let line_end = match headers.first() {
+        Some(h) => offset_in(head, h.name.as_bytes()).and_then(|o| o.checked_sub(2)),
+        None => n.checked_sub(4),
+    }
+    .ok_or(ParseErrorKind::Malformed)?;
+    if line_end > limits.max_request_line {
+        return Err(ParseErrorKind::RequestLineTooLong);
+    }
+    if !head.ends_with(b"\r\n\r\n") {
+        return Err(ParseErrorKind::Malformed);
+    }
+
+    let method = Method::from_token(method).ok_or(ParseErrorKind::Malformed)?;
+    let target_off = offset_in(head, target.as_bytes()).ok_or(ParseErrorKind::Malformed)?;
+    let t = parse_target(target.as_bytes(), &method, target_off)?;
+    let scan = scan_fields(head, headers)?;
+
+    // Host (RFC 9112 3.2): exactly one in HTTP/1.1, at most one in HTTP/1.0.
+    if scan.hosts > 1 || (version == Version::Http11 && scan.hosts == 0) {
+        return Err(ParseErrorKind::BadHost);
+    }
+    let host = match t.host {
+        Some(h) => Some(h),
+        None => scan.host.clone(),
+    };
+
+    let framing = match (scan.cl, scan.te) {
+        (ContentLength::Absent, None) => Framing::None,
+        (ContentLength::Value(_) | ContentLength::Bad, Some(_)) => {
+            return Err(ParseErrorKind::ContentLengthAndTransferEncoding)
+        }
+        (ContentLength::Bad, None) => return Err(ParseErrorKind::BadContentLength),
+        (ContentLength::Value(n), None) => Framing::Length(n),
+        (ContentLength::Absent, Some(te)) => {
+            // RFC 9112 6.1: TE in HTTP/1.0 means faulty framing; 6.3: final coding must be chunked.
+            if version == Version::Http10 || te.bad || te.chunked != 1 || !te.last_chunked {
+                return Err(ParseErrorKind::BadTransferEncoding);
+            }
+            if te.others > 0 {
+                return Err(ParseErrorKind::UnsupportedTransferEncoding);
+            }
+            Framing::Chunked
+        }
+    };
+
+    let keep_alive = match version {
+        Version::Http11 => !scan.conn_close,
+        Version::Http10 => scan.conn_keep_alive && !scan.conn_close,
+    };
+    let upgrade = version == Version::Http11 && scan.conn_upgrade && scan.upgrade_field;
+    let head = RequestHead {
+        buf: Bytes::new(),
+        method,
+        target: range32(target_off, target_off.saturating_add(target.len())),
+        version,
+        fields: scan.fields,
+        form: t.form,
+        path: t.path,
+        query: t.query,
+        host,
+        conn: scan.conn,
+        framing,
+        keep_alive,
+        expect_continue: version == Version::Http11 && scan.expect_continue,
+        upgrade,
+    };
+    Ok(Some((n, head)))
+}
+
+/// httparse wants more bytes: that is fine unless the limits are already exceeded.
+fn request_incomplete<T>(avail: &[u8], limits: &Limits) -> Result<Option<T>, ParseErrorKind> {
+    // A request line of `max_request_line` bytes plus CRLF has its LF at index max + 1.
+    let probe_len = limits.max_request_line.saturating_add(2);
+    let probe = avail.get(..probe_len).unwrap_or(avail);
+    if probe.len() >= probe_len && find_byte(probe, b'\n').is_none() {
+        return Err(ParseErrorKind::RequestLineTooLong);
+    }
+    if avail.len() >= limits.max_head_bytes {
+        return Err(ParseErrorKind::HeadTooLarge);
+    }
+    Ok(None)
+}
+
+/// `HTTP/` DIGIT `.` DIGIT, or a prefix of it when `partial`.
+fn is_http_version(v: &[u8], partial: bool) -> bool {
+    const PATTERN: &[u8] = b"HTTP/0.0";
+    if v.len() > PATTERN.len() || (!partial && v.len() != PATTERN.len()) {
+        return false;
+    }
+    v.iter().zip(PATTERN).all(|(&b, &p)| {
+        if p == b'0' {
+            b.is_ascii_digit()
+        } else {
+            b == p
+        }
+    })
+}
+
+/// The first line of `avail` without its line terminator, and whether it is complete (CRLF seen).
+/// `None` if it ends in a bare LF.
+fn first_line(avail: &[u8]) -> Option<(&[u8], bool)> {
+    match find_byte(avail, b'\n') {
+        Some(lf) => {
+            let line = avail.get(..lf)?;
+            line.strip_suffix(b"\r").map(|l| (l, true))
+        }
+        None => Some((avail.strip_suffix(b"\r").unwrap_or(avail), false)),
+    }
+}
+
+/// httparse refused the version of a request line: 505 for a well-formed `HTTP/x.y` other than
+/// 1.0/1.1, 400 for anything else, `None` while it may still become one of those.
+fn request_version_error<T>(avail: &[u8], limits: &Limits) -> Result<Option<T>, ParseErrorKind> {
+    let (line, complete) = first_line(avail).ok_or(ParseErrorKind::Malformed)?;
+    let mut parts = line.split(|&b| b == b' ');
+    let (Some(_method), Some(_target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(ParseErrorKind::Malformed);
+    };
+    if complete {
+        if line.len() > limits.max_request_line {
+            return Err(ParseErrorKind::RequestLineTooLong);
+        }
+        if is_http_version(version, false) {
+            return Err(ParseErrorKind::UnsupportedVersion);
+        }
+        return Err(ParseErrorKind::Malformed);
+    }
+    if is_http_version(version, true) {
+        return request_incomplete(avail, limits);
+    }
+    Err(ParseErrorKind::Malformed)
+}
+
+/// What the request target told us.
+struct Target {
+    form: TargetForm,
+    path: Range<u32>,
+    query: Option<Range<u32>>,
+    host: Option<Range<u32>>,
+}
+
+/// Validate the request target (visible ASCII, no fragment) and its form against the method.
+fn parse_target(t: &[u8], method: &Method, off: usize) -> Result<Target, ParseErrorKind> {
+    // httparse refuses CTLs, SP and DEL; we also refuse obs-text and fragments.
+    if !t.is_ascii() || find_byte(t, b'#').is_some() {
+        return Err(ParseErrorKind::BadTarget);
+    }
+    let abs =
+        |start: usize, end: usize| range32(off.saturating_add(start), off.saturating_add(end));
+    // Split `rest` (starting at `start` within t) into path and query.
+    let path_query = |start: usize, rest: &[u8]| match find_byte(rest, b'?') {
+        Some(q) => (
+            abs(start, start.saturating_add(q)),
+            Some(abs(start.saturating_add(q).saturating_add(1), t.len())),
+        ),
+        None => (abs(start, t.len()), None),
+    };
+    if *method == Method::Connect {
+        let a = parse_authority(t).ok_or(ParseErrorKind::BadTarget)?;
+        if !a.has_port {
+            return Err(ParseErrorKind::BadTarget);
+        }
+        return Ok(Target {
+            form: TargetForm::Authority,
+            path: abs(0, 0),
+            query: None,
+            host: Some(abs(0, a.host_end)),
+        });
+    }
+    match t.first() {
+        Some(b'/') => {
+            let (path, query) = path_query(0, t);
+            Ok(Target {
+                form: TargetForm::Origin,
+                path,
+                query,
+                host: None,
+            })
+        }
+        Some(b'*') if t.len() == 1 => {
+            if *method != Method::Options {
+                return Err(ParseErrorKind::BadTarget);
+            }
+            Ok(Target {
+                form: TargetForm::Asterisk,
+                path: abs(0, 1),
+                query: None,
+                host: None,
+            })
+        }
+        _ => {
+            let scheme_len = if starts_with_ignore_case(t, b"http://") {
+                7
+            } else if starts_with_ignore_case(t, b"https://") {
+                8
+            } else {
+                return Err(ParseErrorKind::BadTarget);
+            };
+            let rest = t.get(scheme_len..).unwrap_or_default();
+            let auth_len = rest
+                .iter()
+                .position(|&b| b == b'/' || b == b'?')
+                .unwrap_or(rest.len());
+            let authority = rest.get(..auth_len).unwrap_or_default();
+            // userinfo is deprecated for http(s) and a classic way to confuse routing.
+            let a = parse_authority(authority).ok_or(ParseErrorKind::BadTarget)?;
+            let host = abs(scheme_len, scheme_len.saturating_add(a.host_end));
+            let path_start = scheme_len.saturating_add(auth_len);
+            let (path, query) = path_query(path_start, t.get(path_start..).unwrap_or_default());
+            Ok(Target {
+                form: TargetForm::Absolute,
+                path,
+                query,
+                host: Some(host),
+            })
+        }
+    }
+}
+
+fn starts_with_ignore_case(s: &[u8], prefix: &[u8]) -> bool {
+    s.get(..prefix.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(prefix))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContentLength {
+    Absent,
+    Value(u64),
+    Bad,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct TransferEncoding {
+    chunked: u32,
+    others: u32,
+    last_chunked: bool,
+    bad: bool,
+}
+
+/// Everything the framing and connection decisions need, gathered in one pass over the fields.
+struct FieldScan {
+    fields: Vec<FieldPos>,
+    conn: ConnTokens,
+    conn_close: bool,
+    conn_keep_alive: bool,
+    conn_upgrade: bool,
+    upgrade_field: bool,
+    expect_continue: bool,
+    hosts: u32,
+    host: Option<Range<u32>>,
+    cl: ContentLength,
+    te: Option<TransferEncoding>,
+}
+
+fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldScan, ParseErrorKind> {
+    let mut s = FieldScan {
+        fields: Vec::with_capacity(headers.len()),
+        conn: ConnTokens::default(),
+        conn_close: false,
+        conn_keep_alive: false,
+        conn_upgrade: false,
+        upgrade_field: false,
+        expect_continue: false,
+        hosts: 0,
+        host: None,
+        cl: ContentLength::Absent,
+        te: None,
+    };
+    for h in headers {
+        let name = h.name.as_bytes();
+        let value = h.value;
+        let name_off = offset_in(head, name).ok_or(ParseErrorKind::Malformed)?;
+        let name_end = name_off.saturating_add(name.len());
+        // The previous line must end in CRLF (see scan_request).
+        let before = name_off.checked_sub(2).and_then(|b| head.get(b..name_off));
+        if before != Some(b"\r\n".as_slice()) {
+            return Err(ParseErrorKind::Malformed);
+        }
+        let value_off = if value.is_empty() {
+            name_end
+        } else {
+            offset_in(head, value).ok_or(ParseErrorKind::Malformed)?
+        };
+        let value_end = value_off.saturating_add(value.len());
+        s.fields.push(FieldPos {
+            name: range32(name_off, name_end),
+            value: range32(value_off, value_end),
+        });
+
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                s.hosts = s.hosts.saturating_add(1);
+                if !value.is_empty() {
+                    let a = parse_authority(value).ok_or(ParseErrorKind::BadHost)?;
+                    s.host = Some(range32(value_off, value_off.saturating_add(a.host_end)));
+                }
+            }
+            6 if name.eq_ignore_ascii_case(b"expect") => {
+                s.expect_continue |= value.eq_ignore_ascii_case(b"100-continue");
+            }
+            7 if name.eq_ignore_ascii_case(b"upgrade") => s.upgrade_field = true,
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for (at, token) in list_elements(value) {
+                    // Empty elements are allowed (RFC 9110 5.6.1); non-tokens cannot name a field.
+                    if !is_token(token) {
+                        continue;
+                    }
+                    if token.eq_ignore_ascii_case(b"close") {
+                        s.conn_close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        s.conn_keep_alive = true;
+                    } else if token.eq_ignore_ascii_case(b"upgrade") {
+                        s.conn_upgrade = true;
+                    }
+                    let start = value_off.saturating_add(at);
+                    s.conn
+                        .push((off32(start), off32(start.saturating_add(token.len()))));
+                }
+            }
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                s.cl = content_length(s.cl, value)
+            }
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                let te = s.te.get_or_insert_with(TransferEncoding::default);
+                for (_, coding) in list_elements(value) {
+                    if !is_token(coding) {
+                        // Empty elements, parameters, spaces, quotes: refuse.
+                        te.bad = true;
+                    } else if coding.eq_ignore_ascii_case(b"chunked") {
+                        te.chunked = te.chunked.saturating_add(1);
+                        te.last_chunked = true;
+                    } else {
+                        te.others = te.others.saturating_add(1);
+                        te.last_chunked = false;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(s)
+}
+
+/// Fold one Content-Length field into the state: every list element must be `1*DIGIT`, fit in a
+/// u64 and equal every other element (RFC 9112 6.3 item 5).
+fn content_length(prev: ContentLength, value: &[u8]) -> ContentLength {
+    let mut cur = prev;
+    for (_, elem) in list_elements(value) {
+        let Some(n) = parse_decimal(elem) else {
+            return ContentLength::Bad;
+        };
+        cur = match cur {
+            ContentLength::Absent => ContentLength::Value(n),
+            ContentLength::Value(m) if m == n => cur,
+            _ => return ContentLength::Bad,
+        };
+    }
+    cur
+}
+
+/// `1*DIGIT` as u64, None on anything else or overflow.
+fn parse_decimal(s: &[u8]) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    s.iter().try_fold(0u64, |acc, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+fn scan_response(
+    buf: &[u8],
+    method: &Method,
+    limits: &Limits,
+) -> Result<Option<(usize, ResponseHead)>, ParseErrorKind> {
+    if matches!(buf.first(), Some(b'\r' | b'\n')) {
+        return Err(ParseErrorKind::Malformed);
+    }
+    let window = head_window(buf, limits);
+    let slot_count = header_slots(limits);
+    let mut slots = Slots::new(slot_count);
+    let mut resp = httparse::Response::new(&mut []);
+    let n = match parser_config().parse_response_with_uninit_headers(
+        &mut resp,
+        window,
+        slots.get(slot_count),
+    ) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() >= limits.max_head_bytes {
+                return Err(ParseErrorKind::HeadTooLarge);
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(ParseErrorKind::TooManyHeaders),
+        Err(httparse::Error::Version) => return response_version_error(buf, limits),
+        Err(_) => return Err(ParseErrorKind::Malformed),
+    };
+    let head = window.get(..n).ok_or(ParseErrorKind::Malformed)?;
+    let (Some(minor), Some(status)) = (resp.version, resp.code) else {
+        return Err(ParseErrorKind::Malformed);
+    };
+    if !(100..=999).contains(&status) {
+        return Err(ParseErrorKind::Malformed);
+    }
+    let version = if minor == 0 {
+        Version::Http10
+    } else {
+        Version::Http11
+    };
+    let headers: &[httparse::Header<'_>] = resp.headers;
+    let line_end = match headers.first() {
+        Some(h) => offset_in(head, h.name.as_bytes()).and_then(|o| o.checked_sub(2)),
+        None => n.checked_sub(4),
+    }
+    .ok_or(ParseErrorKind::Malformed)?;
+    if !head.ends_with(b"\r\n\r\n") {
+        return Err(ParseErrorKind::Malformed);
+    }
+    // "HTTP/1.1 200 " is 13 bytes; httparse returns "" for reasons with obs-text, so take the
+    // bytes themselves.
+    const REASON_AT: usize = 13;
+    let reason = if line_end >= REASON_AT {
+        range32(REASON_AT, line_end)
+    } else {
+        range32(0, 0)
+    };
+    let scan = scan_fields(head, headers)?;
+
+    let framing = match (scan.cl, scan.te) {
+        (ContentLength::Absent, None) => Framing::Close,
+        (ContentLength::Value(_) | ContentLength::Bad, Some(_)) => {
+            return Err(ParseErrorKind::ContentLengthAndTransferEncoding)
+        }
+        (ContentLength::Bad, None) => return Err(ParseErrorKind::BadContentLength),
+        (ContentLength::Value(n), None) => Framing::Length(n),
+        (ContentLength::Absent, Some(te)) => {
+            if version == Version::Http10 || te.bad || te.chunked > 1 {
+                return Err(ParseErrorKind::BadTransferEncoding);
+            }
+            if te.last_chunked {
+                Framing::Chunked
+            } else {
+                Framing::Close
+            }
+        }
+    };
+    let no_body = *method == Method::Head
+        || (100..200).contains(&status)
+        || status == 204
+        || status == 304
+        || (*method == Method::Connect && (200..300).contains(&status));
+    let framing = if no_body { Framing::None } else { framing };
+    let keep_alive = framing != Framing::Close
+        && match version {
+            Version::Http11 => !scan.conn_close,
+            Version::Http10 => scan.conn_keep_alive && !scan.conn_close,
+        };
+    let head = ResponseHead {
+        buf: Bytes::new(),
+        version,
+        status,
+        reason,
+        fields: scan.fields,
+        conn: scan.conn,
+        framing,
+        keep_alive,
+    };
+    Ok(Some((n, head)))
+}
+
+/// httparse refused the version of a status line: see [`request_version_error`].
+fn response_version_error<T>(buf: &[u8], limits: &Limits) -> Result<Option<T>, ParseErrorKind> {
+    let (line, complete) = first_line(buf).ok_or(ParseErrorKind::Malformed)?;
+    let version_len = find_byte(line, b' ');
+    let version = line
+        .get(..version_len.unwrap_or(line.len()))
+        .unwrap_or_default();
+    if complete || version_len.is_some() {
+        if is_http_version(version, false) {
+            return Err(ParseErrorKind::UnsupportedVersion);
+        }
+        return Err(ParseErrorKind::Malformed);
+    }
+    if is_http_version(version, true) {
+        if buf.len() >= limits.max_head_bytes {
+            return Err(ParseErrorKind::HeadTooLarge);
+        }
+        return Ok(None);
+    }
+    Err(ParseErrorKind::Malformed)
+}
+
+#[inline]
+fn slice_of<'a>(buf: &'a Bytes, r: &Range<u32>) -> &'a [u8] {
+    buf.get(r.start as usize..r.end as usize)
+        .unwrap_or_default()
+}
+
+#[inline]
+fn str_of<'a>(buf: &'a Bytes, r: &Range<u32>) -> &'a str {
+    std::str::from_utf8(slice_of(buf, r)).unwrap_or_default()
+}
+
+fn find_field<'a>(buf: &'a Bytes, fields: &[FieldPos], name: &str) -> Option<&'a [u8]> {
+    let name = name.as_bytes();
+    fields
+        .iter()
+        .find(|f| f.name.len() == name.len() && slice_of(buf, &f.name).eq_ignore_ascii_case(name))
+        .map(|f| slice_of(buf, &f.value))
+}
+
+fn iter_fields<'a>(
+    buf: &'a Bytes,
+    fields: &'a [FieldPos],
+) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
+    fields
+        .iter()
+        .map(move |f| (str_of(buf, &f.name), slice_of(buf, &f.value)))
+}
+
+/// True for the RFC 9110 7.6.1 hop-by-hop fields (plus the legacy Keep-Alive and
+/// Proxy-Connection), whatever the message's Connection field says.
+pub fn is_fixed_hop_by_hop(name: &str) -> bool {
+    let n = name.as_bytes();
+    match n.len() {
+        2 => n.eq_ignore_ascii_case(b"te"),
+        7 => n.eq_ignore_ascii_case(b"trailer") || n.eq_ignore_ascii_case(b"upgrade"),
+        10 => n.eq_ignore_ascii_case(b"connection") || n.eq_ignore_ascii_case(b"keep-alive"),
+        16 => n.eq_ignore_ascii_case(b"proxy-connection"),
+        17 => n.eq_ignore_ascii_case(b"transfer-encoding"),
+        _ => false,
+    }
+}
+
+fn hop_by_hop(buf: &Bytes, conn: &ConnTokens, name: &str) -> bool {
+    if is_fixed_hop_by_hop(name) {
+        return true;
+    }
+    let n = name.as_bytes();
+    conn.iter()
+        .any(|&(s, e)| slice_of(buf, &(s..e)).eq_ignore_ascii_case(n))
 }
 
 impl RequestHead {
@@ -139,40 +933,50 @@ impl RequestHead {
     }
     /// The request target exactly as received (validated: visible ASCII only).
     pub fn target(&self) -> &str {
-        unimplemented!()
+        str_of(&self.buf, &self.target)
     }
-    /// Path part of an origin-form target (before `?`); for absolute-form, the path after the authority.
+    /// Form of the request target.
+    pub fn target_form(&self) -> TargetForm {
+        self.form
+    }
+    /// Path part of an origin-form target (before `?`); for absolute-form, the path after the
+    /// authority (`/` if empty); `*` for asterisk-form; empty for authority-form (CONNECT).
     pub fn path(&self) -> &str {
-        unimplemented!()
+        let p = str_of(&self.buf, &self.path);
+        if p.is_empty() && self.form == TargetForm::Absolute {
+            "/"
+        } else {
+            p
+        }
     }
     /// Query part without the `?`, if any.
     pub fn query(&self) -> Option<&str> {
-        unimplemented!()
+        self.query.as_ref().map(|q| str_of(&self.buf, q))
     }
     pub fn version(&self) -> Version {
         self.version
     }
-    /// Host from the Host field (or the absolute-form authority), without the port, lowercased not
-    /// required (compare case-insensitively).
+    /// Host without the port: from the target for absolute-form (RFC 9112 3.2.2) and
+    /// authority-form, else from the Host field; `None` if the Host field is empty (HTTP/1.1) or
+    /// absent (HTTP/1.0). IPv6 literals keep their brackets. Not lowercased (compare
+    /// case-insensitively).
     pub fn host(&self) -> Option<&str> {
-        unimplemented!()
+        self.host.as_ref().map(|h| str_of(&self.buf, h))
     }
     /// All fields in order: (name as received, value with surrounding whitespace trimmed).
     pub fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
-        std::iter::empty()
+        iter_fields(&self.buf, &self.fields)
     }
     /// First field with this name (ASCII case-insensitive).
     pub fn field(&self, name: &str) -> Option<&[u8]> {
-        let _ = name;
-        unimplemented!()
+        find_field(&self.buf, &self.fields, name)
     }
     /// True if `name` is hop-by-hop for this message: the fixed set (Connection, Keep-Alive,
-    /// Proxy-Connection, TE, Trailer, Transfer-Encoding, Upgrade, Proxy-Authenticate? no: only the
-    /// RFC 9110 7.6.1 set) or listed in this message's Connection field. Content-Length is NOT
+    /// Proxy-Connection, TE, Trailer, Transfer-Encoding, Upgrade: the RFC 9110 7.6.1 set plus the
+    /// legacy two) or listed in this message's Connection field. Content-Length is NOT
     /// hop-by-hop here (the caller decides framing).
     pub fn is_hop_by_hop(&self, name: &str) -> bool {
-        let _ = name;
-        unimplemented!()
+        hop_by_hop(&self.buf, &self.conn, name)
     }
     /// The raw head bytes (request line through the final CRLF CRLF).
     pub fn raw(&self) -> &Bytes {
@@ -184,23 +988,22 @@ impl ResponseHead {
     pub fn status(&self) -> u16 {
         self.status
     }
+    /// The reason phrase as received ("" if absent or not UTF-8).
     pub fn reason(&self) -> &str {
-        unimplemented!()
+        str_of(&self.buf, &self.reason)
     }
     pub fn version(&self) -> Version {
         self.version
     }
     pub fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
-        std::iter::empty()
+        iter_fields(&self.buf, &self.fields)
     }
     pub fn field(&self, name: &str) -> Option<&[u8]> {
-        let _ = name;
-        unimplemented!()
+        find_field(&self.buf, &self.fields, name)
     }
     /// Same rule as [`RequestHead::is_hop_by_hop`], with this response's Connection field.
     pub fn is_hop_by_hop(&self, name: &str) -> bool {
-        let _ = name;
-        unimplemented!()
+        hop_by_hop(&self.buf, &self.conn, name)
     }
     pub fn raw(&self) -> &Bytes {
         &self.buf

@@ -4,7 +4,13 @@ pub mod body;
 pub mod encode;
 pub mod error;
 pub mod head;
+mod syntax;
+
+#[cfg(test)]
+mod tests;
 
 pub use body::{BodyDecoder, Decoded, Framing};
 pub use error::{BodyError, ParseError, ParseErrorKind};
-pub use head::{parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, Version};
+pub use head::{
+    parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, TargetForm, Version,
+};

@@ -1,1 +1,16 @@
-//! placeholder
+//! The data plane: listeners, per-connection tasks, routing, forwarding, local responses.
+
+pub mod access_log;
+pub mod conn;
+pub mod date;
+pub mod error;
+pub mod forward;
+pub mod headers;
+pub mod pool;
+pub mod route;
+pub mod server;
+pub mod stats;
+
+pub use error::ProxyError;
+pub use server::{start, Running, StartError};
+pub use stats::{Stats, Termination};

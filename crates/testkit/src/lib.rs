@@ -1,1 +1,414 @@
-//! placeholder
+//! Test helpers: scripted upstream servers and raw HTTP/1.1 clients on ephemeral loopback ports.
+//!
+//! Deliberately independent of `portico-http1` (plain `httparse` and hand-written framing) so
+//! tests do not check the codec against itself.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+/// How long a test client or server waits on a socket before giving up.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A request as an upstream test server received it.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    pub method: String,
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Raw head bytes as received.
+    pub raw_head: Vec<u8>,
+    /// Index of the connection this request arrived on (0-based, per server).
+    pub connection: usize,
+}
+
+impl Captured {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn header_count(&self, name: &str) -> usize {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .count()
+    }
+}
+
+/// What a test upstream does with a request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A normal response; `chunked` sends the body in two chunks.
+    Respond {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+        chunked: bool,
+    },
+    /// Close the connection without answering.
+    Close,
+    /// Wait, then answer 200 "late".
+    Stall(Duration),
+    /// Write these bytes verbatim, then keep serving.
+    Raw(Vec<u8>),
+    /// Write these bytes verbatim, then close.
+    RawThenClose(Vec<u8>),
+}
+
+impl Reply {
+    pub fn ok(body: &str) -> Reply {
+        Reply::Respond {
+            status: 200,
+            headers: vec![],
+            body: body.as_bytes().to_vec(),
+            chunked: false,
+        }
+    }
+}
+
+type Handler = dyn Fn(&Captured) -> Reply + Send + Sync;
+
+/// A scripted HTTP/1.1 upstream on an ephemeral port; serves until the process exits.
+pub struct TestUpstream {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    pub requests: Arc<Mutex<Vec<Captured>>>,
+}
+
+impl TestUpstream {
+    pub fn start(handler: impl Fn(&Captured) -> Reply + Send + Sync + 'static) -> TestUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind test upstream");
+        let addr = listener.local_addr().expect("local addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let handler: Arc<Handler> = Arc::new(handler);
+        let (c, r) = (connections.clone(), requests.clone());
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let index = c.fetch_add(1, Ordering::SeqCst);
+                let (h, r) = (handler.clone(), r.clone());
+                thread::spawn(move || {
+                    let _ = serve_conn(stream, index, &*h, &r);
+                });
+            }
+        });
+        TestUpstream {
+            addr,
+            connections,
+            requests,
+        }
+    }
+
+    pub fn requests(&self) -> Vec<Captured> {
+        self.requests.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+fn serve_conn(
+    stream: TcpStream,
+    index: usize,
+    handler: &Handler,
+    log: &Mutex<Vec<Captured>>,
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    loop {
+        let Some((mut req, len, chunked)) = read_request_head(&mut reader)? else {
+            return Ok(());
+        };
+        req.connection = index;
+        req.body = if chunked {
+            read_chunked(&mut reader)?
+        } else {
+            read_exact_vec(&mut reader, len)?
+        };
+        let reply = handler(&req);
+        let head_only = req.method == "HEAD";
+        if let Ok(mut l) = log.lock() {
+            l.push(req);
+        }
+        match reply {
+            Reply::Close => {
+                let _ = writer.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            Reply::Stall(d) => {
+                thread::sleep(d);
+                writer.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")?;
+            }
+            Reply::Raw(bytes) => writer.write_all(&bytes)?,
+            Reply::RawThenClose(bytes) => {
+                writer.write_all(&bytes)?;
+                let _ = writer.shutdown(Shutdown::Both);
+                return Ok(());
+            }
+            Reply::Respond {
+                status,
+                headers,
+                body,
+                chunked,
+            } => {
+                let mut out = format!("HTTP/1.1 {status} X\r\n").into_bytes();
+                for (n, v) in &headers {
+                    out.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+                }
+                let no_body = head_only || status == 204 || status == 304;
+                if chunked && !no_body {
+                    out.extend_from_slice(b"Transfer-Encoding: chunked\r\n\r\n");
+                    let mid = body.len() / 2;
+                    for part in [&body[..mid], &body[mid..]] {
+                        if !part.is_empty() {
+                            out.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+                            out.extend_from_slice(part);
+                            out.extend_from_slice(b"\r\n");
+                        }
+                    }
+                    out.extend_from_slice(b"0\r\n\r\n");
+                } else {
+                    if status != 204 && status != 304 {
+                        out.extend_from_slice(
+                            format!("Content-Length: {}\r\n", body.len()).as_bytes(),
+                        );
+                    }
+                    out.extend_from_slice(b"\r\n");
+                    if !no_body {
+                        out.extend_from_slice(&body);
+                    }
+                }
+                writer.write_all(&out)?;
+            }
+        }
+    }
+}
+
+fn read_head_bytes<R: BufRead>(r: &mut R) -> io::Result<Option<Vec<u8>>> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        let n = r.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return if head.is_empty() {
+                Ok(None)
+            } else {
+                Err(io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+        head.extend_from_slice(&line);
+        if line == b"\r\n" || line == b"\n" {
+            return Ok(Some(head));
+        }
+    }
+}
+
+fn read_request_head<R: BufRead>(r: &mut R) -> io::Result<Option<(Captured, usize, bool)>> {
+    let Some(raw) = read_head_bytes(r)? else {
+        return Ok(None);
+    };
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    req.parse(&raw)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let headers: Vec<(String, String)> = req
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.to_string(),
+                String::from_utf8_lossy(h.value).into_owned(),
+            )
+        })
+        .collect();
+    let len = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0);
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let cap = Captured {
+        method: req.method.unwrap_or("").to_string(),
+        target: req.path.unwrap_or("").to_string(),
+        headers,
+        body: Vec::new(),
+        raw_head: raw.clone(),
+        connection: 0,
+    };
+    Ok(Some((cap, len, chunked)))
+}
+
+fn read_exact_vec<R: Read>(r: &mut R, len: usize) -> io::Result<Vec<u8>> {
+    let mut v = vec![0u8; len];
+    r.read_exact(&mut v)?;
+    Ok(v)
+}
+
+fn read_chunked<R: BufRead>(r: &mut R) -> io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        let size_str = line.trim_end().split(';').next().unwrap_or("");
+        let size = usize::from_str_radix(size_str, 16)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if size == 0 {
+            // trailers until the empty line
+            loop {
+                let mut t = String::new();
+                r.read_line(&mut t)?;
+                if t == "\r\n" || t.is_empty() {
+                    return Ok(body);
+                }
+            }
+        }
+        body.extend_from_slice(&read_exact_vec(r, size)?);
+        let mut crlf = [0u8; 2];
+        r.read_exact(&mut crlf)?;
+    }
+}
+
+/// A response as a test client read it.
+#[derive(Debug, Clone, Default)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub trailers: Vec<String>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A blocking HTTP/1.1 client on one connection.
+pub struct Client {
+    pub reader: BufReader<TcpStream>,
+    pub writer: TcpStream,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> io::Result<Client> {
+        let s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.set_nodelay(true)?;
+        Ok(Client {
+            writer: s.try_clone()?,
+            reader: BufReader::new(s),
+        })
+    }
+
+    pub fn send(&mut self, raw: &[u8]) -> io::Result<()> {
+        self.writer.write_all(raw)
+    }
+
+    /// Read one response; `head_request` means no body follows.
+    pub fn read_response(&mut self, head_request: bool) -> io::Result<Response> {
+        loop {
+            let resp = self.read_one(head_request)?;
+            if resp.status >= 200 || resp.status == 101 {
+                return Ok(resp);
+            }
+        }
+    }
+
+    /// Read one response, including interim 1xx ones.
+    pub fn read_one(&mut self, head_request: bool) -> io::Result<Response> {
+        let Some(raw) = read_head_bytes(&mut self.reader)? else {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        };
+        let mut headers = [httparse::EMPTY_HEADER; 128];
+        let mut resp = httparse::Response::new(&mut headers);
+        resp.parse(&raw)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let status = resp.code.unwrap_or(0);
+        let headers: Vec<(String, String)> = resp
+            .headers
+            .iter()
+            .map(|h| {
+                (
+                    h.name.to_string(),
+                    String::from_utf8_lossy(h.value).into_owned(),
+                )
+            })
+            .collect();
+        let mut out = Response {
+            status,
+            headers,
+            body: Vec::new(),
+            trailers: Vec::new(),
+        };
+        if head_request || status < 200 || status == 204 || status == 304 {
+            return Ok(out);
+        }
+        if out
+            .header("transfer-encoding")
+            .is_some_and(|v| v.contains("chunked"))
+        {
+            out.body = read_chunked(&mut self.reader)?;
+        } else if let Some(len) = out
+            .header("content-length")
+            .and_then(|v| v.trim().parse().ok())
+        {
+            out.body = read_exact_vec(&mut self.reader, len)?;
+        } else {
+            self.reader.read_to_end(&mut out.body)?;
+        }
+        Ok(out)
+    }
+
+    /// Send a request and read its response.
+    pub fn request(&mut self, raw: &[u8]) -> io::Result<Response> {
+        self.send(raw)?;
+        self.read_response(raw.starts_with(b"HEAD "))
+    }
+
+    /// True once the server has closed the connection (EOF within the timeout).
+    pub fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.reader.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// Send raw bytes on a new connection and read everything until the server closes.
+pub fn exchange_raw(addr: SocketAddr, raw: &[u8]) -> io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.write_all(raw)?;
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => Ok(out),
+        Err(e) if !out.is_empty() && e.kind() == io::ErrorKind::ConnectionReset => Ok(out),
+        Err(e) => Err(e),
+    }
+}
+
+/// Status code of the first response in raw bytes.
+pub fn status_of(raw: &[u8]) -> Option<u16> {
+    let line = raw.split(|&b| b == b'\n').next()?;
+    std::str::from_utf8(line)
+        .ok()?
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
+}

@@ -1,0 +1,287 @@
+//! `explain`: a short human summary of a validated configuration, for `portico check`.
+
+use std::fmt::Write as _;
+
+use crate::model::{
+    AccessLogFormat, Action, Balance, Config, HeaderRules, HostMatch, ListenerLimits, Matcher,
+    PathMatch, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+};
+use crate::units::{format_duration, format_size};
+
+/// Listeners (address, limits that differ from the defaults), each route (matcher -> action),
+/// upstream groups (servers with weights, balance, timeouts, pool size), access log, workers.
+pub fn explain(config: &Config) -> String {
+    let mut out = String::new();
+    for listener in &config.listeners {
+        let _ = writeln!(out, "listener {:?} on {}", listener.name, listener.address);
+        let limits = limits_diff(&listener.limits);
+        if !limits.is_empty() {
+            let _ = writeln!(out, "  limits: {}", limits.join(", "));
+        }
+        for route in &listener.routes {
+            let _ = writeln!(
+                out,
+                "  route {:?}: {} -> {}",
+                route.name,
+                matcher(&route.matcher),
+                action(route, config)
+            );
+            let extras = route_extras(route);
+            if !extras.is_empty() {
+                let _ = writeln!(out, "    {}", extras.join("; "));
+            }
+        }
+    }
+    for group in &config.upstreams {
+        let _ = writeln!(
+            out,
+            "upstream {:?}: {}",
+            group.name,
+            upstream_summary(group)
+        );
+        for server in &group.servers {
+            let _ = writeln!(out, "  server {} weight {}", server.address, server.weight);
+        }
+    }
+    match &config.access_log {
+        None => out.push_str("access log: off\n"),
+        Some(log) => {
+            let format = match log.format {
+                AccessLogFormat::Combined => "combined",
+                AccessLogFormat::Json => "json",
+            };
+            let target = log
+                .path
+                .as_ref()
+                .map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
+            let _ = writeln!(out, "access log: {format} to {target}");
+        }
+    }
+    let workers = config
+        .workers
+        .map_or_else(|| "one per core".to_string(), |w| w.to_string());
+    let _ = writeln!(
+        out,
+        "workers: {workers}; drain_timeout {}",
+        format_duration(config.drain_timeout)
+    );
+    out
+}
+
+fn limits_diff(limits: &ListenerLimits) -> Vec<String> {
+    let d = ListenerLimits::DEFAULT;
+    let mut out = Vec::new();
+    let mut push = |differs: bool, name: &str, value: String, default: String| {
+        if differs {
+            out.push(format!("{name} {value} (default {default})"));
+        }
+    };
+    push(
+        limits.max_connections != d.max_connections,
+        "max_connections",
+        limits.max_connections.to_string(),
+        d.max_connections.to_string(),
+    );
+    push(
+        limits.max_headers != d.max_headers,
+        "max_headers",
+        limits.max_headers.to_string(),
+        d.max_headers.to_string(),
+    );
+    push(
+        limits.max_head_bytes != d.max_head_bytes,
+        "max_head_bytes",
+        format_size(limits.max_head_bytes as u64),
+        format_size(d.max_head_bytes as u64),
+    );
+    push(
+        limits.max_request_line != d.max_request_line,
+        "max_request_line",
+        format_size(limits.max_request_line as u64),
+        format_size(d.max_request_line as u64),
+    );
+    push(
+        limits.head_timeout != d.head_timeout,
+        "head_timeout",
+        format_duration(limits.head_timeout),
+        format_duration(d.head_timeout),
+    );
+    push(
+        limits.keepalive_timeout != d.keepalive_timeout,
+        "keepalive_timeout",
+        format_duration(limits.keepalive_timeout),
+        format_duration(d.keepalive_timeout),
+    );
+    push(
+        limits.body_min_rate != d.body_min_rate,
+        "body_min_rate",
+        format!("{}/s", format_size(limits.body_min_rate)),
+        format!("{}/s", format_size(d.body_min_rate)),
+    );
+    let unlimited = |n: u64| {
+        if n == 0 {
+            "unlimited".to_string()
+        } else {
+            n.to_string()
+        }
+    };
+    push(
+        limits.max_requests_per_connection != d.max_requests_per_connection,
+        "max_requests_per_connection",
+        unlimited(limits.max_requests_per_connection),
+        unlimited(d.max_requests_per_connection),
+    );
+    out
+}
+
+fn matcher(m: &Matcher) -> String {
+    let mut parts = Vec::new();
+    if !m.hosts.is_empty() {
+        let hosts: Vec<String> = m
+            .hosts
+            .iter()
+            .map(|h| match h {
+                HostMatch::Exact(name) => name.clone(),
+                HostMatch::Suffix(suffix) => format!("*{suffix}"),
+            })
+            .collect();
+        parts.push(format!("host {}", hosts.join("|")));
+    }
+    match &m.path {
+        None => {}
+        Some(PathMatch::Exact(p)) => parts.push(format!("path = {p}")),
+        Some(PathMatch::Prefix(p)) => parts.push(format!("path {p}**")),
+    }
+    if !m.methods.is_empty() {
+        parts.push(format!("methods {}", m.methods.join("|")));
+    }
+    for (name, value) in &m.headers {
+        match value {
+            Some(v) => parts.push(format!("header {name}: {v}")),
+            None => parts.push(format!("header {name} present")),
+        }
+    }
+    if parts.is_empty() {
+        "any request".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn files(s: &StaticAction) -> String {
+    if s.index.is_empty() {
+        "no index files".to_string()
+    } else {
+        format!("index {}", s.index.join(", "))
+    }
+}
+
+fn action(route: &Route, config: &Config) -> String {
+    match &route.action {
+        Action::Proxy(p) => {
+            let group = config
+                .upstreams
+                .get(p.upstream)
+                .map_or("?", |g| g.name.as_str());
+            let mut options = Vec::new();
+            if let Some(strip) = &p.strip_prefix {
+                options.push(format!("strip {strip}"));
+            }
+            if let (Some(to), Some(PathMatch::Prefix(from))) =
+                (&p.rewrite_prefix, &route.matcher.path)
+            {
+                options.push(format!("rewrite {from} -> {to}"));
+            }
+            if !p.forwarded_headers {
+                options.push("no X-Forwarded-*".to_string());
+            }
+            if p.via {
+                options.push("Via".to_string());
+            }
+            if !p.preserve_host {
+                options.push("Host = server address".to_string());
+            }
+            if options.is_empty() {
+                format!("proxy to {group:?}")
+            } else {
+                format!("proxy to {group:?} ({})", options.join(", "))
+            }
+        }
+        Action::Static(s) => {
+            let root = s
+                .root
+                .as_ref()
+                .map_or_else(|| "?".to_string(), |r| r.display().to_string());
+            format!("static files from {root} ({})", files(s))
+        }
+        Action::Origin(s) => match &s.root {
+            None => "origin (synthetic responses)".to_string(),
+            Some(root) => format!(
+                "origin (synthetic responses, files from {} with {})",
+                root.display(),
+                files(s)
+            ),
+        },
+        Action::Redirect { status, location } => format!("redirect {status} to {location}"),
+        Action::Fixed {
+            status,
+            content_type,
+            body,
+        } => {
+            format!("respond {status} {content_type} ({} bytes)", body.len())
+        }
+    }
+}
+
+fn rules(which: &str, rules: &HeaderRules) -> Option<String> {
+    let mut parts = Vec::new();
+    if !rules.remove.is_empty() {
+        parts.push(format!("remove {}", rules.remove.join(", ")));
+    }
+    if !rules.set.is_empty() {
+        let names: Vec<&str> = rules.set.iter().map(|(n, _)| n.as_str()).collect();
+        parts.push(format!("set {}", names.join(", ")));
+    }
+    if !rules.add.is_empty() {
+        let names: Vec<&str> = rules.add.iter().map(|(n, _)| n.as_str()).collect();
+        parts.push(format!("add {}", names.join(", ")));
+    }
+    (!parts.is_empty()).then(|| format!("{which} headers: {}", parts.join(", ")))
+}
+
+fn route_extras(route: &Route) -> Vec<String> {
+    let mut out = Vec::new();
+    if route.max_body_bytes != DEFAULT_MAX_BODY_BYTES {
+        if route.max_body_bytes == 0 {
+            out.push("max_body unlimited".to_string());
+        } else {
+            out.push(format!("max_body {}", format_size(route.max_body_bytes)));
+        }
+    }
+    out.extend(rules("request", &route.request_headers));
+    out.extend(rules("response", &route.response_headers));
+    out
+}
+
+fn upstream_summary(group: &UpstreamGroup) -> String {
+    let balance = match &group.balance {
+        Balance::RoundRobin => "round_robin".to_string(),
+        Balance::LeastConnections => "least_connections".to_string(),
+        Balance::TwoRandomChoices => "two_random_choices".to_string(),
+        Balance::HashClientIp => "hash_client_ip".to_string(),
+        Balance::HashHeader(name) => format!("hash_header {name}"),
+        Balance::HashCookie(name) => format!("hash_cookie {name}"),
+    };
+    let per_server = if group.max_connections_per_server == 0 {
+        "unlimited".to_string()
+    } else {
+        group.max_connections_per_server.to_string()
+    };
+    format!(
+        "{balance}; connect_timeout {}, response_header_timeout {}, idle_timeout {}; keepalive {} idle per server; max_connections_per_server {per_server}",
+        format_duration(group.connect_timeout),
+        format_duration(group.response_header_timeout),
+        format_duration(group.idle_timeout),
+        group.keepalive,
+    )
+}

@@ -1,0 +1,372 @@
+//! The raw serde model of the TOML file: spans kept on every value a message may point at.
+
+// Tables are never wrapped in `Spanned` (a dotted-key table such as `limits.max_headers = 1` has
+// no span and `Spanned` fails on it), except elements of arrays, which always have one.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use toml::Spanned;
+
+/// The whole file.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a configuration table")]
+pub(crate) struct RawConfig {
+    pub workers: Option<Spanned<Int>>,
+    pub drain_timeout: Option<Spanned<Scalar>>,
+    pub access_log: Option<RawAccessLog>,
+    pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
+    pub upstreams: Option<Entries<RawUpstream>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an access_log table")]
+pub(crate) struct RawAccessLog {
+    pub path: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a listener table")]
+pub(crate) struct RawListener {
+    pub name: Option<Spanned<String>>,
+    pub address: Option<Spanned<String>>,
+    pub limits: Option<RawLimits>,
+    pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a limits table")]
+pub(crate) struct RawLimits {
+    pub max_connections: Option<Spanned<Int>>,
+    pub max_headers: Option<Spanned<Int>>,
+    pub max_head_bytes: Option<Spanned<Scalar>>,
+    pub max_request_line: Option<Spanned<Scalar>>,
+    pub head_timeout: Option<Spanned<Scalar>>,
+    pub keepalive_timeout: Option<Spanned<Scalar>>,
+    pub body_min_rate: Option<Spanned<Scalar>>,
+    pub max_requests_per_connection: Option<Spanned<Int>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a route table")]
+pub(crate) struct RawRoute {
+    pub name: Option<Spanned<String>>,
+    // matchers
+    pub host: Option<Spanned<StrList>>,
+    pub path: Option<Spanned<String>>,
+    pub methods: Option<Spanned<StrList>>,
+    pub headers: Option<Entries<Spanned<String>>>,
+    pub max_body: Option<Spanned<Scalar>>,
+    // actions (exactly one)
+    pub proxy: Option<Spanned<String>>,
+    #[serde(rename = "static")]
+    pub static_root: Option<Spanned<String>>,
+    pub origin: Option<Spanned<StrOrBool>>,
+    pub redirect: Option<Spanned<String>>,
+    pub respond: Option<RawRespond>,
+    // proxy options
+    pub strip_prefix: Option<Spanned<StrOrBool>>,
+    pub rewrite_prefix: Option<Spanned<String>>,
+    pub forwarded_headers: Option<Spanned<bool>>,
+    pub via: Option<Spanned<bool>>,
+    pub preserve_host: Option<Spanned<bool>>,
+    // static / origin options
+    pub index: Option<Spanned<StrList>>,
+    // redirect options
+    pub redirect_status: Option<Spanned<Int>>,
+    // header rules
+    pub request_headers: Option<RawHeaderRules>,
+    pub response_headers: Option<RawHeaderRules>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = r#"a respond table such as { status = 200, body = "ok" }"#
+)]
+pub(crate) struct RawRespond {
+    pub status: Option<Spanned<Int>>,
+    pub body: Option<Spanned<String>>,
+    pub content_type: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a header rules table with remove, set and add"
+)]
+pub(crate) struct RawHeaderRules {
+    pub remove: Option<Spanned<StrList>>,
+    pub set: Option<Entries<Spanned<String>>>,
+    pub add: Option<Entries<Spanned<String>>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an upstream group table")]
+pub(crate) struct RawUpstream {
+    pub servers: Option<Spanned<Vec<Spanned<ServerSpec>>>>,
+    pub balance: Option<RawBalance>,
+    pub keepalive: Option<Spanned<Int>>,
+    pub max_connections_per_server: Option<Spanned<Int>>,
+    pub connect_timeout: Option<Spanned<Scalar>>,
+    pub response_header_timeout: Option<Spanned<Scalar>>,
+    pub idle_timeout: Option<Spanned<Scalar>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a server table")]
+pub(crate) struct RawServer {
+    pub address: Option<Spanned<String>>,
+    pub weight: Option<Spanned<Int>>,
+}
+
+/// A server: `"IP:port"` or `{ address = "IP:port", weight = 3 }`.
+#[derive(Debug)]
+pub(crate) enum ServerSpec {
+    Address(String),
+    Table(RawServer),
+}
+
+impl<'de> Deserialize<'de> for ServerSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ServerSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a server: \"IP:port\" or { address = \"IP:port\", weight = N }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ServerSpec, E> {
+                Ok(ServerSpec::Address(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ServerSpec, A::Error> {
+                RawServer::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(ServerSpec::Table)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `balance = "round_robin"` or `balance = { hash_header = "x-user" }`.
+#[derive(Debug)]
+pub(crate) enum RawBalance {
+    RoundRobin,
+    LeastConnections,
+    TwoRandomChoices,
+    HashClientIp,
+    HashHeader(Spanned<String>),
+    HashCookie(Spanned<String>),
+}
+
+const BALANCE_EXPECTED: &str = "\"round_robin\", \"least_connections\", \"two_random_choices\", \"hash_client_ip\", { hash_header = \"name\" } or { hash_cookie = \"name\" }";
+
+impl<'de> Deserialize<'de> for RawBalance {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawBalance;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a balancing method: {BALANCE_EXPECTED}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawBalance, E> {
+                match v {
+                    "round_robin" => Ok(RawBalance::RoundRobin),
+                    "least_connections" => Ok(RawBalance::LeastConnections),
+                    "two_random_choices" => Ok(RawBalance::TwoRandomChoices),
+                    "hash_client_ip" => Ok(RawBalance::HashClientIp),
+                    "hash_header" | "hash_cookie" => Err(E::custom(format!(
+                        "{v} needs a name: balance = {{ {v} = \"name\" }}"
+                    ))),
+                    _ => Err(E::custom(format!(
+                        "unknown balancing method {v:?}; expected {BALANCE_EXPECTED}"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawBalance, A::Error> {
+                let Some(kind) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom(format!(
+                        "empty balance table; expected {BALANCE_EXPECTED}"
+                    )));
+                };
+                let balance = match kind.as_str() {
+                    "hash_header" => RawBalance::HashHeader(map.next_value()?),
+                    "hash_cookie" => RawBalance::HashCookie(map.next_value()?),
+                    _ => {
+                        return Err(de::Error::custom(format!(
+                            "unknown balancing method `{kind}`; a balance table is {{ hash_header = \"name\" }} or {{ hash_cookie = \"name\" }}"
+                        )))
+                    }
+                };
+                if map.next_key::<String>()?.is_some() {
+                    return Err(de::Error::custom(
+                        "a balance table has exactly one key: hash_header or hash_cookie",
+                    ));
+                }
+                Ok(balance)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A string or a list of strings (`host = "a"` or `host = ["a", "b"]`).
+#[derive(Debug)]
+pub(crate) enum StrList {
+    One(String),
+    Many(Vec<Spanned<String>>),
+}
+
+impl StrList {
+    /// The items with their spans; a single string gets the span of the whole value.
+    pub fn items(&self, whole_start: usize) -> Vec<(String, usize)> {
+        match self {
+            StrList::One(s) => vec![(s.clone(), whole_start)],
+            StrList::Many(list) => list
+                .iter()
+                .map(|s| (s.get_ref().clone(), s.span().start))
+                .collect(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StrList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StrList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrList, E> {
+                Ok(StrList::One(v.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<StrList, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<Spanned<String>>()? {
+                    items.push(item);
+                }
+                Ok(StrList::Many(items))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A string or a boolean (`origin = true` / `origin = "/srv/www"`, `strip_prefix = true` / `"/api"`).
+#[derive(Debug)]
+pub(crate) enum StrOrBool {
+    Str(String),
+    Bool(bool),
+}
+
+impl<'de> Deserialize<'de> for StrOrBool {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StrOrBool;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false or a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOrBool, E> {
+                Ok(StrOrBool::Str(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<StrOrBool, E> {
+                Ok(StrOrBool::Bool(v))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// An integer ("expected an integer" instead of serde's "expected i64").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Int(pub i64);
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Int;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
+                Ok(Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
+                i64::try_from(v)
+                    .map(Int)
+                    .map_err(|_| E::custom("integer out of range"))
+            }
+        }
+        deserializer.deserialize_i64(V)
+    }
+}
+
+/// A string, integer, float or boolean; durations and sizes are checked in validation so their
+/// messages can say what is expected.
+#[derive(Debug, Clone)]
+pub(crate) enum Scalar {
+    Str(String),
+    Int(i64),
+    Float,
+    Bool,
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a number")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Str(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar::Int(v))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Float)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar, E> {
+                Ok(Scalar::Bool)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A table read in document order, keys with their spans (`[upstreams.<name>]`, header maps).
+#[derive(Debug)]
+pub(crate) struct Entries<V>(pub Vec<(Spanned<String>, V)>);
+
+impl<V> Default for Entries<V> {
+    fn default() -> Self {
+        Entries(Vec::new())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntriesVisitor<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for EntriesVisitor<V> {
+            type Value = Entries<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<V>, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    let value = map.next_value::<V>()?;
+                    entries.push((key, value));
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(EntriesVisitor(PhantomData))
+    }
+}

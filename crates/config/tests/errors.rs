@@ -1,0 +1,585 @@
+//! Every rejection reports `file:line:col: key: message` at the offending value.
+
+use portico_config::{parse, parse_all};
+
+/// The first error, displayed.
+fn err(text: &str) -> String {
+    match parse(text, "t.toml") {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A minimal valid file to extend: upstream "api" and one listener with one proxy route.
+const UP: &str = "[upstreams.api]\nservers = [\"127.0.0.1:9001\"]\n";
+
+#[test]
+fn unknown_key_typo_points_at_the_key() {
+    let text = "[[listeners]]\nname = \"public\"\nadress = \"127.0.0.1:8080\"\n";
+    assert_eq!(
+        err(text),
+        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `routes`; did you mean `address`?"
+    );
+}
+
+#[test]
+fn unknown_key_in_nested_tables() {
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[listeners.limits]\nmax_header = 10\n";
+    let e = err(text);
+    assert!(
+        e.starts_with("t.toml:4:1: listeners[0].limits.max_header: unknown field `max_header`"),
+        "{e}"
+    );
+    assert!(e.ends_with("did you mean `max_headers`?"), "{e}");
+
+    let text = format!("{UP}weigth = 2\n");
+    let e = err(&text);
+    assert!(
+        e.starts_with("t.toml:3:1: upstreams.api.weigth: unknown field `weigth`"),
+        "{e}"
+    );
+
+    let text = "[upstreams.api]\nservers = [\"127.0.0.1:1\", { adress = \"127.0.0.1:2\" }]\n";
+    let e = err(text);
+    assert!(
+        e.starts_with("t.toml:2:29: upstreams.api.servers[1].adress: unknown field `adress`"),
+        "{e}"
+    );
+
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"api\"\nrequest_headers = { sett = {} }\n";
+    let e = err(text);
+    assert!(
+        e.starts_with(
+            "t.toml:5:21: listeners[0].routes[0].request_headers.sett: unknown field `sett`"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn type_errors_point_at_the_value() {
+    let text = "[upstreams.api]\nservers = [\"127.0.0.1:1\", { address = \"127.0.0.1:2\", weight = \"x\" }]\n";
+    assert_eq!(
+        err(text),
+        "t.toml:2:63: upstreams.api.servers[1].weight: invalid type: string \"x\", expected an integer"
+    );
+    let text = "workers = \"2\"\n";
+    assert_eq!(
+        err(text),
+        "t.toml:1:11: workers: invalid type: string \"2\", expected an integer"
+    );
+}
+
+#[test]
+fn wrong_table_types_name_what_is_expected() {
+    assert_eq!(
+        err("upstreams = { api = 5 }\n"),
+        "t.toml:1:21: upstreams.api: invalid type: integer `5`, expected an upstream group table"
+    );
+    assert_eq!(
+        err("[[listeners]]\naddress = \"127.0.0.1:1\"\nroutes = [\"x\"]\n"),
+        "t.toml:3:11: listeners[0].routes[0]: invalid type: string \"x\", expected a route table"
+    );
+    assert_eq!(
+        err("[upstreams.api]\nservers = [1]\n"),
+        "t.toml:2:12: upstreams.api.servers[0]: invalid type: integer `1`, expected a server: \"IP:port\" or { address = \"IP:port\", weight = N }"
+    );
+}
+
+#[test]
+fn syntax_error() {
+    let e = err("[[listeners]]\nname = \"x\n");
+    assert!(e.starts_with("t.toml:2:10: syntax: "), "{e}");
+}
+
+#[test]
+fn at_least_one_listener() {
+    assert_eq!(
+        err(""),
+        "t.toml:1:1: listeners: at least one listener is required: add a [[listeners]] table"
+    );
+    assert_eq!(
+        err("workers = 2\nlisteners = []\n"),
+        "t.toml:2:13: listeners: at least one listener is required"
+    );
+}
+
+#[test]
+fn listener_needs_address_and_routes() {
+    let text = "workers = 1\n\n[[listeners]]\nname = \"a\"\n[[listeners.routes]]\norigin = true\n";
+    assert_eq!(
+        err(text),
+        "t.toml:3:1: listeners[0]: listener needs an `address`, e.g. address = \"127.0.0.1:8080\""
+    );
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n";
+    assert_eq!(
+        err(text),
+        "t.toml:1:1: listeners[0]: listener has no routes: add at least one [[listeners.routes]]"
+    );
+}
+
+#[test]
+fn addresses() {
+    let route = "\n[[listeners.routes]]\norigin = true\n";
+    let cases = [
+        ("8080", "invalid address \"8080\": expected IP:port, e.g. \"127.0.0.1:8080\" or \"[::1]:8080\""),
+        ("127.0.0.1", "address \"127.0.0.1\" has no port; write it as IP:port"),
+        ("127.0.0.1:99999", "invalid port \"99999\" in \"127.0.0.1:99999\": expected 0-65535"),
+        ("example.com:80", "invalid address \"example.com:80\": host names other than localhost are not resolved; use an IP address"),
+        ("::1:80", "address \"::1:80\" has no port; write IPv6 addresses in brackets: \"[::1:80]:port\""),
+        (":80", "invalid address \":80\": the IP is missing (use \"0.0.0.0:80\" for all interfaces)"),
+    ];
+    for (address, message) in cases {
+        let text = format!("[[listeners]]\naddress = \"{address}\"{route}");
+        assert_eq!(
+            err(&text),
+            format!("t.toml:2:11: listeners[0].address: {message}")
+        );
+    }
+    let text = "[[listeners]]\naddress = \"localhost:8080\"\n[[listeners.routes]]\norigin = true\n";
+    let config = parse(text, "t.toml").unwrap();
+    assert_eq!(
+        config.listeners[0].address,
+        "127.0.0.1:8080".parse().unwrap()
+    );
+    let text = "[[listeners]]\naddress = \"[::1]:8080\"\n[[listeners.routes]]\norigin = true\n";
+    assert_eq!(
+        parse(text, "t.toml").unwrap().listeners[0].address,
+        "[::1]:8080".parse().unwrap()
+    );
+}
+
+#[test]
+fn duplicate_listener_addresses() {
+    let text = "\
+[[listeners]]
+name = \"a\"
+address = \"127.0.0.1:8080\"
+[[listeners.routes]]
+origin = true
+
+[[listeners]]
+name = \"b\"
+address = \"127.0.0.1:8080\"
+[[listeners.routes]]
+origin = true
+";
+    assert_eq!(
+        err(text),
+        "t.toml:9:11: listeners[1].address: duplicate listener address 127.0.0.1:8080 (listener \"a\" uses it)"
+    );
+    let overlapping = text.replacen(
+        "address = \"127.0.0.1:8080\"\n[[listeners.routes]]\norigin = true\n\n",
+        "address = \"0.0.0.0:8080\"\n[[listeners.routes]]\norigin = true\n\n",
+        1,
+    );
+    assert_eq!(
+        err(&overlapping),
+        "t.toml:9:11: listeners[1].address: address 127.0.0.1:8080 overlaps listener \"a\" on 0.0.0.0:8080"
+    );
+    // port 0 (any free port) may repeat
+    let zero = text.replace(":8080", ":0");
+    assert!(parse(&zero, "t.toml").is_ok());
+}
+
+#[test]
+fn duplicate_listener_names() {
+    let text = "\
+[[listeners]]
+name = \"a\"
+address = \"127.0.0.1:8080\"
+[[listeners.routes]]
+origin = true
+[[listeners]]
+name = \"a\"
+address = \"127.0.0.1:8081\"
+[[listeners.routes]]
+origin = true
+";
+    assert_eq!(
+        err(text),
+        "t.toml:7:8: listeners[1].name: duplicate listener name \"a\""
+    );
+}
+
+/// One listener with one route whose body is `route`, after the upstream "api".
+fn with_route(route: &str) -> String {
+    format!("{UP}\n[[listeners]]\naddress = \"127.0.0.1:8080\"\n\n[[listeners.routes]]\n{route}\n")
+}
+// Line numbers in `with_route`: 1-2 upstream, 3 blank, 4 [[listeners]], 5 address, 6 blank,
+// 7 [[listeners.routes]], 8.. the route body.
+
+#[test]
+fn unknown_upstream_lists_known_names() {
+    assert_eq!(
+        err(&with_route("path = \"/\"\nproxy = \"apii\"")),
+        "t.toml:9:9: listeners[0].routes[0].proxy: unknown upstream group \"apii\"; defined groups: \"api\""
+    );
+    let text =
+        "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"api\"\n";
+    assert_eq!(
+        err(text),
+        "t.toml:4:9: listeners[0].routes[0].proxy: unknown upstream group \"api\": no upstream groups are defined (add [upstreams.api])"
+    );
+}
+
+#[test]
+fn route_needs_exactly_one_action() {
+    assert_eq!(
+        err(&with_route("path = \"/\"")),
+        "t.toml:7:1: listeners[0].routes[0]: route has no action; set exactly one of proxy, static, origin, redirect, respond"
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nstatic = \"/srv/www\"")),
+        "t.toml:9:10: listeners[0].routes[0].static: a route has exactly one action, but both `proxy` and `static` are set"
+    );
+    assert_eq!(
+        err(&with_route("origin = true\nrespond = { status = 204 }")),
+        "t.toml:9:22: listeners[0].routes[0].respond: a route has exactly one action, but both `origin` and `respond` are set"
+    );
+}
+
+#[test]
+fn options_of_another_action() {
+    assert_eq!(
+        err(&with_route("static = \"/srv\"\nvia = true")),
+        "t.toml:9:7: listeners[0].routes[0].via: `via` only applies to proxy routes; this route's action is `static`"
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nindex = [\"a.html\"]")),
+        "t.toml:9:9: listeners[0].routes[0].index: `index` only applies to static and origin routes; this route's action is `proxy`"
+    );
+    assert_eq!(
+        err(&with_route("origin = true\nredirect_status = 301")),
+        "t.toml:9:19: listeners[0].routes[0].redirect_status: `redirect_status` only applies to redirect routes; this route's action is `origin`"
+    );
+    assert_eq!(
+        err(&with_route("static = \"/srv\"\nresponse_headers = { set = { cache-control = \"max-age=60\" } }")),
+        "t.toml:9:30: listeners[0].routes[0].response_headers: `response_headers` only applies to proxy routes; this route's action is `static`"
+    );
+    assert_eq!(
+        err(&with_route("origin = false")),
+        "t.toml:8:10: listeners[0].routes[0].origin: origin = false is not an action: use origin = true, or origin = \"/root/dir\" to also serve files"
+    );
+}
+
+#[test]
+fn empty_servers_and_weight_zero() {
+    let route =
+        "\n[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"api\"\n";
+    assert_eq!(
+        err(&format!("[upstreams.api]\nservers = []\n{route}")),
+        "t.toml:2:11: upstreams.api.servers: must list at least one server"
+    );
+    assert_eq!(
+        err(&format!("[upstreams.api]\nbalance = \"round_robin\"\n{route}")),
+        "t.toml:1:12: upstreams.api: upstream group has no `servers`; e.g. servers = [\"127.0.0.1:9001\"]"
+    );
+    assert_eq!(
+        err(&format!("[upstreams.api]\nservers = [\"127.0.0.1:1\", {{ address = \"127.0.0.1:2\", weight = 0 }}]\n{route}")),
+        "t.toml:2:63: upstreams.api.servers[1].weight: must be at least 1, found 0"
+    );
+    assert_eq!(
+        err(&format!("[upstreams.api]\nservers = [\"127.0.0.1:1\", {{ weight = 2 }}]\n{route}")),
+        "t.toml:2:27: upstreams.api.servers[1]: server table needs an `address`, e.g. { address = \"127.0.0.1:9001\", weight = 2 }"
+    );
+    assert_eq!(
+        err(&format!("[upstreams.api]\nservers = [\"127.0.0.1:1\", \"127.0.0.1:0\"]\n{route}")),
+        "t.toml:2:27: upstreams.api.servers[1]: invalid address \"127.0.0.1:0\": port 0 is not allowed here"
+    );
+    assert_eq!(
+        err(&format!(
+            "[upstreams.api]\nservers = [\"127.0.0.1:1\", \"127.0.0.1:1\"]\n{route}"
+        )),
+        "t.toml:2:27: upstreams.api.servers[1]: duplicate server 127.0.0.1:1 in this group"
+    );
+}
+
+#[test]
+fn statuses() {
+    assert_eq!(
+        err(&with_route("redirect = \"https://example.com/\"\nredirect_status = 200")),
+        "t.toml:9:19: listeners[0].routes[0].redirect_status: invalid redirect status 200: expected 301, 302, 303, 307 or 308"
+    );
+    assert_eq!(
+        err(&with_route("respond = { status = 101 }")),
+        "t.toml:8:22: listeners[0].routes[0].respond.status: invalid status 101: expected 200-599"
+    );
+    assert_eq!(
+        err(&with_route("respond = { status = 600 }")),
+        "t.toml:8:22: listeners[0].routes[0].respond.status: invalid status 600: expected 200-599"
+    );
+    assert_eq!(
+        err(&with_route("respond = { status = 204, body = \"x\" }")),
+        "t.toml:8:34: listeners[0].routes[0].respond.body: a 204 response cannot have a body"
+    );
+}
+
+#[test]
+fn header_rules_names_and_values() {
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nrequest_headers = { set = { \"x env\" = \"1\" } }")),
+        "t.toml:9:29: listeners[0].routes[0].request_headers.set.\"x env\": invalid header name \"x env\": only letters, digits and !#$%&'*+-.^_`|~ are allowed"
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nresponse_headers = { add = { x-a = \"a\\r\\nb\" } }")),
+        "t.toml:9:36: listeners[0].routes[0].response_headers.add.x-a: invalid header value \"a\\r\\nb\": CR, LF and NUL are not allowed"
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nrequest_headers.set.content-length = \"1\"")),
+        "t.toml:9:21: listeners[0].routes[0].request_headers.set.content-length: content-length is managed by the proxy (message framing, hop-by-hop) and cannot be changed by header rules"
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nrequest_headers = { remove = [\"x-a\", \"\"] }")),
+        "t.toml:9:38: listeners[0].routes[0].request_headers.remove[1]: header name must not be empty"
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nheaders = { \"x-canary\" = \"a\\u0000\" }")),
+        "t.toml:9:26: listeners[0].routes[0].headers.x-canary: invalid header value \"a\\0\": CR, LF and NUL are not allowed"
+    );
+}
+
+#[test]
+fn paths() {
+    let cases = [
+        ("api/**", "path \"api/**\" must start with '/'"),
+        ("/api/*", "path \"/api/*\": '*' is only allowed as a trailing \"/**\" (prefix match), e.g. \"/api/**\""),
+        ("/a/**/b", "path \"/a/**/b\": '*' is only allowed as a trailing \"/**\" (prefix match), e.g. \"/a/**/b/**\""),
+        ("/api?x=1", "path \"/api?x=1\" must not contain a query or fragment ('?', '#')"),
+    ];
+    for (path, message) in cases {
+        assert_eq!(
+            err(&with_route(&format!("path = \"{path}\"\nproxy = \"api\""))),
+            format!("t.toml:8:8: listeners[0].routes[0].path: {message}")
+        );
+    }
+}
+
+#[test]
+fn hosts() {
+    let cases = [
+        ("*example.com", "invalid host \"*example.com\": a wildcard must be the whole first label, as in \"*.example.com\""),
+        ("a.*.com", "invalid host \"a.*.com\": a wildcard must be the whole first label, as in \"*.example.com\""),
+        ("*", "invalid host \"*\": a wildcard must be the whole first label, as in \"*.example.com\""),
+        ("example.com:8080", "invalid host \"example.com:8080\": hosts are matched without a port; remove \":port\""),
+        ("exa mple.com", "invalid host \"exa mple.com\": expected a host name such as \"example.com\" or \"*.example.com\""),
+    ];
+    for (host, message) in cases {
+        assert_eq!(
+            err(&with_route(&format!(
+                "host = [\"ok.com\", \"{host}\"]\nproxy = \"api\""
+            ))),
+            format!("t.toml:8:19: listeners[0].routes[0].host[1]: {message}")
+        );
+    }
+    assert_eq!(
+        err(&with_route("host = \"a..com\"\nproxy = \"api\"")),
+        "t.toml:8:8: listeners[0].routes[0].host: invalid host \"a..com\": expected a host name such as \"example.com\" or \"*.example.com\""
+    );
+}
+
+#[test]
+fn methods() {
+    assert_eq!(
+        err(&with_route("methods = [\"GET\", \"PO ST\"]\nproxy = \"api\"")),
+        "t.toml:8:19: listeners[0].routes[0].methods[1]: invalid method \"PO ST\": must be a token such as \"GET\""
+    );
+    assert_eq!(
+        err(&with_route("methods = []\nproxy = \"api\"")),
+        "t.toml:8:11: listeners[0].routes[0].methods: must not be empty (omit `methods` to match any method)"
+    );
+}
+
+#[test]
+fn strip_and_rewrite_prefix() {
+    assert_eq!(
+        err(&with_route("path = \"/api/**\"\nproxy = \"api\"\nstrip_prefix = \"/api\"\nrewrite_prefix = \"/v2\"")),
+        "t.toml:11:18: listeners[0].routes[0].rewrite_prefix: strip_prefix and rewrite_prefix are mutually exclusive (rewrite_prefix already replaces the matched prefix)"
+    );
+    assert_eq!(
+        err(&with_route("path = \"/api\"\nproxy = \"api\"\nstrip_prefix = true")),
+        "t.toml:10:16: listeners[0].routes[0].strip_prefix: `strip_prefix` needs a prefix path matcher on this route, such as path = \"/api/**\""
+    );
+    assert_eq!(
+        err(&with_route("proxy = \"api\"\nrewrite_prefix = \"/v2\"")),
+        "t.toml:9:18: listeners[0].routes[0].rewrite_prefix: `rewrite_prefix` needs a prefix path matcher on this route, such as path = \"/api/**\""
+    );
+    assert_eq!(
+        err(&with_route("path = \"/api/v1/**\"\nproxy = \"api\"\nstrip_prefix = \"/ap\"")),
+        "t.toml:10:16: listeners[0].routes[0].strip_prefix: strip_prefix \"/ap\" must be the route's path prefix \"/api/v1\" or a leading part of it ending before a '/'"
+    );
+    assert_eq!(
+        err(&with_route(
+            "path = \"/**\"\nproxy = \"api\"\nstrip_prefix = true"
+        )),
+        "t.toml:10:16: listeners[0].routes[0].strip_prefix: path \"/**\" has no prefix to strip"
+    );
+}
+
+#[test]
+fn durations_and_sizes_in_context() {
+    let limits = |body: &str| {
+        format!("[[listeners]]\naddress = \"127.0.0.1:8080\"\n[listeners.limits]\n{body}\n[[listeners.routes]]\norigin = true\n")
+    };
+    assert_eq!(
+        err(&limits("head_timeout = 10")),
+        "t.toml:4:16: listeners[0].limits.head_timeout: expected a duration string such as \"10s\" (units: us, ms, s, m, h), found the integer 10"
+    );
+    assert_eq!(
+        err(&limits("keepalive_timeout = \"1.5s\"")),
+        "t.toml:4:21: listeners[0].limits.keepalive_timeout: invalid duration \"1.5s\": expected a whole number and a unit (us, ms, s, m, h), e.g. \"10s\" or \"500ms\""
+    );
+    assert_eq!(
+        err(&limits("head_timeout = \"0s\"")),
+        "t.toml:4:16: listeners[0].limits.head_timeout: must be greater than zero"
+    );
+    assert_eq!(
+        err(&limits("max_head_bytes = \"64KB\"")),
+        "t.toml:4:18: listeners[0].limits.max_head_bytes: invalid size \"64KB\": \"KB\" is ambiguous; write \"64k\" or \"64KiB\" (both mean powers of 1024)"
+    );
+    assert_eq!(
+        err(&limits("max_head_bytes = \"4m\"")),
+        "t.toml:4:18: listeners[0].limits.max_head_bytes: must be at most 1MiB (1048576 bytes)"
+    );
+    assert_eq!(
+        err(&limits("max_head_bytes = \"4k\"\nmax_request_line = \"8k\"")),
+        "t.toml:5:20: listeners[0].limits.max_request_line: max_request_line (8KiB) must not exceed max_head_bytes (4KiB)"
+    );
+    assert_eq!(
+        err(&limits("max_connections = 0")),
+        "t.toml:4:19: listeners[0].limits.max_connections: must be at least 1, found 0"
+    );
+    assert_eq!(
+        err(&limits("body_min_rate = -1")),
+        "t.toml:4:17: listeners[0].limits.body_min_rate: must not be negative, found -1"
+    );
+    let listener =
+        "\n[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\norigin = true\n";
+    assert_eq!(err(&format!("drain_timeout = \"30\"\n{listener}")), "t.toml:1:17: drain_timeout: invalid duration \"30\": a unit is required (us, ms, s, m, h), e.g. \"30s\"");
+    assert_eq!(
+        err(&format!("workers = 0\n{listener}")),
+        "t.toml:1:11: workers: must be at least 1, found 0"
+    );
+    assert_eq!(
+        err(&format!("workers = 1025\n{listener}")),
+        "t.toml:1:11: workers: must be at most 1024, found 1025"
+    );
+}
+
+#[test]
+fn balance_errors() {
+    let route =
+        "\n[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"api\"\n";
+    assert_eq!(
+        err(&format!("{UP}balance = \"rr\"\n{route}")),
+        "t.toml:3:11: upstreams.api.balance: unknown balancing method \"rr\"; expected \"round_robin\", \"least_connections\", \"two_random_choices\", \"hash_client_ip\", { hash_header = \"name\" } or { hash_cookie = \"name\" }"
+    );
+    assert_eq!(
+        err(&format!("{UP}balance = \"hash_header\"\n{route}")),
+        "t.toml:3:11: upstreams.api.balance: hash_header needs a name: balance = { hash_header = \"name\" }"
+    );
+    assert_eq!(
+        err(&format!("{UP}balance = {{ hash_header = \"x user\" }}\n{route}")),
+        "t.toml:3:27: upstreams.api.balance.hash_header: invalid header name \"x user\": only letters, digits and !#$%&'*+-.^_`|~ are allowed"
+    );
+}
+
+#[test]
+fn all_errors_are_collected_in_file_order() {
+    let text = "\
+[upstreams.api]
+servers = [\"127.0.0.1:1\"]
+connect_timeout = \"5\"
+
+[[listeners]]
+address = \"127.0.0.1:8080\"
+[[listeners.routes]]
+path = \"x\"
+proxy = \"nope\"
+";
+    let errors = parse_all(text, "t.toml").unwrap_err();
+    let lines: Vec<String> = errors.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "t.toml:3:19: upstreams.api.connect_timeout: invalid duration \"5\": a unit is required (us, ms, s, m, h), e.g. \"5s\"",
+            "t.toml:8:8: listeners[0].routes[0].path: path \"x\" must start with '/'",
+            "t.toml:9:9: listeners[0].routes[0].proxy: unknown upstream group \"nope\"; defined groups: \"api\"",
+        ]
+    );
+    assert_eq!(errors.to_string(), lines.join("\n"));
+    // `parse` reports the first one.
+    assert_eq!(parse(text, "t.toml").unwrap_err().to_string(), lines[0]);
+}
+
+#[test]
+fn io_error_names_the_file() {
+    let e = portico_config::load(std::path::Path::new("/nonexistent/portico.toml")).unwrap_err();
+    assert_eq!(e.file, "/nonexistent/portico.toml");
+    assert_eq!(e.line, 0);
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/portico.toml: cannot read configuration: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn error_fields_are_exposed() {
+    let e = parse(&with_route("path = \"/\"\nproxy = \"apii\""), "p.toml").unwrap_err();
+    assert_eq!((e.file.as_str(), e.line, e.col), ("p.toml", 9, 9));
+    assert_eq!(e.key, "listeners[0].routes[0].proxy");
+    assert_eq!(
+        e.message,
+        "unknown upstream group \"apii\"; defined groups: \"api\""
+    );
+}
+
+#[test]
+fn hostile_input_does_not_panic() {
+    let inputs = [
+        "\u{0}",
+        "[[listeners]]\naddress = \"\u{10FFFF}:1\"",
+        "workers = 99999999999999999999",
+        "[[listeners]]\n[[listeners.routes]]\n[[listeners.routes]]\npath = \"/é/**\"\nstrip_prefix = \"/é\"\nproxy = \"\"",
+        "listeners = [{ address = \"127.0.0.1:1\", routes = [{ respond = {} }] }, 5]",
+        "upstreams = { \"\" = { servers = [\"\"] } }",
+        "[upstreams]\na.servers = [{}]\na.balance.hash_cookie = \"\"",
+        "[[listeners]]\naddress = \"127.0.0.1:1\"\nlimits.max_head_bytes = \"99999999999999999999g\"",
+    ];
+    for text in inputs {
+        let _ = parse_all(text, "t.toml");
+    }
+}
+
+#[test]
+fn mutated_configs_never_panic() {
+    let base = "\
+workers = 2
+[[listeners]]
+name = \"p\"
+address = \"127.0.0.1:8080\"
+limits = { max_head_bytes = \"64k\", head_timeout = \"10s\" }
+[[listeners.routes]]
+host = [\"*.a.com\"]
+path = \"/api/**\"
+proxy = \"api\"
+rewrite_prefix = \"/v2\"
+request_headers = { set = { x-a = \"1\" }, remove = \"x-b\" }
+[upstreams.api]
+servers = [\"127.0.0.1:1\", { address = \"[::1]:2\", weight = 3 }]
+balance = { hash_header = \"x-u\" }
+";
+    assert!(parse(base, "t.toml").is_ok());
+    let chars: Vec<char> = base.chars().collect();
+    for i in 0..chars.len() {
+        let mut deleted = chars.clone();
+        deleted.remove(i);
+        let _ = parse_all(&deleted.iter().collect::<String>(), "t.toml");
+        for replacement in ['"', '[', '*', '\0', 'é', '0', '/', '.'] {
+            let mut replaced = chars.clone();
+            replaced[i] = replacement;
+            let _ = parse_all(&replaced.iter().collect::<String>(), "t.toml");
+        }
+    }
+}

@@ -1,0 +1,636 @@
+//! One downstream connection: read heads, route, run the action, write responses, keep alive.
+
+use crate::date::with_date;
+use crate::error::ProxyError;
+use crate::forward;
+use crate::server::{ListenerState, Shared, Worker};
+use crate::stats::{Phase, Termination};
+use bytes::{Bytes, BytesMut};
+use portico_config::{Action, Route};
+use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
+use portico_origin::Body;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{timeout, timeout_at};
+
+/// Grace period before the minimum body rate is enforced.
+const BODY_RATE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// Largest body slice decoded at once.
+pub const MAX_CHUNK: usize = 64 * 1024;
+
+/// Everything a connection task needs besides its socket.
+pub struct Ctx {
+    pub ls: Arc<ListenerState>,
+    pub shared: Arc<Shared>,
+    pub worker: Rc<Worker>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Downstream connection state.
+pub struct Conn {
+    pub stream: TcpStream,
+    pub peer: SocketAddr,
+    pub client_ip: String,
+    pub rbuf: BytesMut,
+    pub wbuf: BytesMut,
+    pub requests: u64,
+}
+
+/// What one request did to the connection.
+pub struct Outcome {
+    pub termination: Termination,
+    pub status: u16,
+    /// The connection can carry another request.
+    pub keep_alive: bool,
+    pub bytes_sent: u64,
+    pub upstream: Option<SocketAddr>,
+}
+
+impl Outcome {
+    pub fn ok(status: u16, keep_alive: bool, bytes_sent: u64) -> Self {
+        Outcome {
+            termination: Termination::OK,
+            status,
+            keep_alive,
+            bytes_sent,
+            upstream: None,
+        }
+    }
+}
+
+/// Serve one accepted connection until it closes.
+pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
+    let mut c = Conn {
+        stream,
+        peer,
+        client_ip: peer.ip().to_string(),
+        rbuf: BytesMut::with_capacity(8 * 1024),
+        wbuf: BytesMut::with_capacity(8 * 1024),
+        requests: 0,
+    };
+    let accepted = Instant::now();
+    loop {
+        let started = if c.requests == 0 {
+            accepted
+        } else {
+            Instant::now()
+        };
+        let head = match read_head(&mut c, &mut ctx, started).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => {
+                // Only count it as a request if bytes of one arrived.
+                if !matches!(e, ProxyError::ClientClosed) || !c.rbuf.is_empty() {
+                    ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+                    let t = e.termination(Phase::RequestHead);
+                    ctx.shared.stats.record(t);
+                    tracing::debug!(peer = %c.peer, "request head refused: {e}");
+                    if !e.client_gone() {
+                        let status = e.status();
+                        let sent = write_simple(
+                            &mut c,
+                            status,
+                            "text/plain",
+                            error_body(status),
+                            false,
+                            Version::Http11,
+                            &[],
+                        )
+                        .await;
+                        log_access(
+                            &ctx,
+                            &c,
+                            None,
+                            &Outcome {
+                                termination: t,
+                                status,
+                                keep_alive: false,
+                                bytes_sent: sent.unwrap_or(0),
+                                upstream: None,
+                            },
+                            started,
+                        );
+                    }
+                }
+                return;
+            }
+        };
+        c.requests += 1;
+        ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let outcome = handle(&mut c, &mut ctx, &head).await;
+        ctx.shared.stats.record(outcome.termination);
+        log_access(&ctx, &c, Some(&head), &outcome, started);
+        if !outcome.keep_alive {
+            let _ = c.stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
+    if let Some(log) = &ctx.shared.access_log {
+        log.write(c.peer, head, o, started.elapsed());
+    }
+}
+
+/// Wait for a complete request head. `Ok(None)`: the connection ended cleanly between requests
+/// (EOF, idle timeout or shutdown).
+async fn read_head(
+    c: &mut Conn,
+    ctx: &mut Ctx,
+    started: Instant,
+) -> Result<Option<RequestHead>, ProxyError> {
+    let limits = &ctx.ls.listener.limits;
+    // A new connection gets the head deadline at once; a kept-alive one waits idle first.
+    let mut deadline = if c.requests == 0 {
+        Some(tokio::time::Instant::from_std(started) + limits.head_timeout)
+    } else {
+        None
+    };
+    loop {
+        if !c.rbuf.is_empty() {
+            match parse_request(&mut c.rbuf, &ctx.ls.limits) {
+                Ok(Some(h)) => return Ok(Some(h)),
+                Ok(None) => {}
+                Err(e) => return Err(ProxyError::BadHead(e)),
+            }
+            if deadline.is_none() {
+                deadline = Some(tokio::time::Instant::now() + limits.head_timeout);
+            }
+        }
+        if c.rbuf.capacity() - c.rbuf.len() < 1024 {
+            c.rbuf.reserve(8 * 1024);
+        }
+        let n = match deadline {
+            None => {
+                if *ctx.shutdown.borrow() {
+                    return Ok(None);
+                }
+                tokio::select! {
+                    r = timeout(limits.keepalive_timeout, c.stream.read_buf(&mut c.rbuf)) => match r {
+                        Err(_) => return Ok(None),
+                        Ok(r) => r,
+                    },
+                    _ = ctx.shutdown.changed() => return Ok(None),
+                }
+            }
+            Some(d) => match timeout_at(d, c.stream.read_buf(&mut c.rbuf)).await {
+                Err(_) if c.rbuf.is_empty() && c.requests == 0 => return Ok(None),
+                Err(_) => return Err(ProxyError::HeadTimeout),
+                Ok(r) => r,
+            },
+        };
+        match n {
+            Ok(0) if c.rbuf.is_empty() => return Ok(None),
+            Ok(0) => return Err(ProxyError::ClientClosed),
+            Ok(_) => {}
+            Err(e) => return Err(ProxyError::ClientIo(e)),
+        }
+    }
+}
+
+/// Decide whether the connection may carry another request after this response.
+pub fn may_keep_alive(c: &Conn, ctx: &Ctx, head: &RequestHead) -> bool {
+    let max = ctx.ls.listener.limits.max_requests_per_connection;
+    head.keep_alive && !*ctx.shutdown.borrow() && (max == 0 || c.requests < max)
+}
+
+async fn handle(c: &mut Conn, ctx: &mut Ctx, head: &RequestHead) -> Outcome {
+    let ls = ctx.ls.clone();
+    let routes = &ls.listener.routes;
+    let idx = crate::route::select(
+        routes,
+        head.method().as_str(),
+        head.host(),
+        head.path(),
+        |n| head.field(n),
+    );
+    let Some(idx) = idx else {
+        return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;
+    };
+    let route = &routes[idx];
+    if route.max_body_bytes > 0 {
+        if let Framing::Length(n) = head.framing {
+            if n > route.max_body_bytes {
+                return fail(
+                    c,
+                    ctx,
+                    head,
+                    ProxyError::BodyTooLarge,
+                    Phase::RequestBody,
+                    false,
+                )
+                .await;
+            }
+        }
+    }
+    match &route.action {
+        Action::Proxy(p) => forward::proxy(c, ctx, head, route, p).await,
+        Action::Static(_) | Action::Origin(_) => {
+            let Some(origin) = ls.origins[idx].as_ref() else {
+                return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;
+            };
+            if let Err(e) = drain_body(c, ctx, head, route).await {
+                return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+            }
+            serve_origin(c, ctx, head, route, origin).await
+        }
+        Action::Redirect { status, location } => {
+            if let Err(e) = drain_body(c, ctx, head, route).await {
+                return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+            }
+            let ka = may_keep_alive(c, ctx, head);
+            let r = write_simple(
+                c,
+                *status,
+                "text/plain",
+                b"",
+                ka,
+                head.version(),
+                &[("Location", location.as_str())],
+            )
+            .await;
+            local_outcome(r, *status, ka)
+        }
+        Action::Fixed {
+            status,
+            content_type,
+            body,
+        } => {
+            if let Err(e) = drain_body(c, ctx, head, route).await {
+                return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+            }
+            let ka = may_keep_alive(c, ctx, head);
+            let body = if head.method() == &portico_http1::Method::Head {
+                None
+            } else {
+                Some(body.as_bytes())
+            };
+            let r = write_fixed(
+                c,
+                *status,
+                content_type,
+                body,
+                body_len(route),
+                ka,
+                head.version(),
+            )
+            .await;
+            local_outcome(r, *status, ka)
+        }
+    }
+}
+
+fn body_len(route: &Route) -> usize {
+    match &route.action {
+        Action::Fixed { body, .. } => body.len(),
+        _ => 0,
+    }
+}
+
+fn local_outcome(r: Result<u64, ProxyError>, status: u16, ka: bool) -> Outcome {
+    match r {
+        Ok(n) => Outcome::ok(status, ka, n),
+        Err(e) => Outcome {
+            termination: e.termination(Phase::ResponseBody),
+            status,
+            keep_alive: false,
+            bytes_sent: 0,
+            upstream: None,
+        },
+    }
+}
+
+/// Answer with an error status (if the client is still there) and record the failure.
+pub async fn fail(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    e: ProxyError,
+    phase: Phase,
+    body_done: bool,
+) -> Outcome {
+    let t = e.termination(phase);
+    tracing::debug!(peer = %c.peer, target = head.target(), "request failed: {e}");
+    let status = e.status();
+    let body_done = body_done || matches!(head.framing, Framing::None | Framing::Length(0));
+    let ka = body_done && may_keep_alive(c, ctx, head);
+    let sent = if e.client_gone() {
+        0
+    } else {
+        write_simple(
+            c,
+            status,
+            "text/plain",
+            error_body(status),
+            ka,
+            head.version(),
+            &[],
+        )
+        .await
+        .unwrap_or(0)
+    };
+    Outcome {
+        termination: t,
+        status,
+        keep_alive: ka && !e.client_gone(),
+        bytes_sent: sent,
+        upstream: None,
+    }
+}
+
+/// Short body for an error status.
+pub fn error_body(status: u16) -> &'static [u8] {
+    match status {
+        400 => b"400 Bad Request\n",
+        404 => b"404 Not Found: no route matches this request\n",
+        408 => b"408 Request Timeout\n",
+        413 => b"413 Content Too Large\n",
+        414 => b"414 URI Too Long\n",
+        431 => b"431 Request Header Fields Too Large\n",
+        501 => b"501 Not Implemented\n",
+        502 => b"502 Bad Gateway: the upstream server could not be reached or answered badly\n",
+        503 => b"503 Service Unavailable: no upstream server available\n",
+        504 => b"504 Gateway Timeout: the upstream server did not answer in time\n",
+        505 => b"505 HTTP Version Not Supported\n",
+        _ => b"error\n",
+    }
+}
+
+/// Write the framing-related tail of a locally generated head: Date, Connection, end.
+fn end_local_head(out: &mut BytesMut, keep_alive: bool, version: Version) {
+    with_date(|d| encode::field(out, "Date", d.as_bytes()));
+    if !keep_alive {
+        encode::field(out, "Connection", b"close");
+    } else if version == Version::Http10 {
+        encode::field(out, "Connection", b"keep-alive");
+    }
+    encode::end_head(out);
+}
+
+/// Write a complete small response generated by Portico itself.
+pub async fn write_simple(
+    c: &mut Conn,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+    version: Version,
+    extra: &[(&str, &str)],
+) -> Result<u64, ProxyError> {
+    c.wbuf.clear();
+    encode::status_line(&mut c.wbuf, status, "");
+    encode::field(&mut c.wbuf, "Server", b"portico");
+    for (n, v) in extra {
+        encode::field(&mut c.wbuf, n, v.as_bytes());
+    }
+    encode::field(&mut c.wbuf, "Content-Type", content_type.as_bytes());
+    encode::content_length(&mut c.wbuf, body.len() as u64);
+    end_local_head(&mut c.wbuf, keep_alive, version);
+    c.wbuf.extend_from_slice(body);
+    let n = c.wbuf.len() as u64;
+    c.stream
+        .write_all(&c.wbuf)
+        .await
+        .map_err(ProxyError::ClientIo)?;
+    c.wbuf.clear();
+    Ok(n)
+}
+
+async fn write_fixed(
+    c: &mut Conn,
+    status: u16,
+    content_type: &str,
+    body: Option<&[u8]>,
+    len: usize,
+    keep_alive: bool,
+    version: Version,
+) -> Result<u64, ProxyError> {
+    c.wbuf.clear();
+    encode::status_line(&mut c.wbuf, status, "");
+    encode::field(&mut c.wbuf, "Content-Type", content_type.as_bytes());
+    encode::content_length(&mut c.wbuf, len as u64);
+    end_local_head(&mut c.wbuf, keep_alive, version);
+    if let Some(b) = body {
+        c.wbuf.extend_from_slice(b);
+    }
+    let n = c.wbuf.len() as u64;
+    c.stream
+        .write_all(&c.wbuf)
+        .await
+        .map_err(ProxyError::ClientIo)?;
+    c.wbuf.clear();
+    Ok(n)
+}
+
+/// Send `100 Continue` if the client waits for it before sending a body.
+pub async fn send_continue(c: &mut Conn, head: &RequestHead) -> Result<(), ProxyError> {
+    if head.expect_continue && head.framing != Framing::None && head.version() == Version::Http11 {
+        c.stream
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .await
+            .map_err(ProxyError::ClientIo)?;
+    }
+    Ok(())
+}
+
+/// Read and discard the request body (local actions), enforcing the route's size and rate limits.
+async fn drain_body(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    route: &Route,
+) -> Result<(), ProxyError> {
+    if matches!(head.framing, Framing::None | Framing::Length(0)) {
+        return Ok(());
+    }
+    send_continue(c, head).await?;
+    let mut body = ClientBody::new(
+        head.framing,
+        route.max_body_bytes,
+        ctx.ls.listener.limits.body_min_rate,
+    );
+    while let Some(_data) = body.next(&mut c.stream, &mut c.rbuf).await? {}
+    Ok(())
+}
+
+/// A request body being read from the client under the route's limits.
+pub struct ClientBody {
+    decoder: BodyDecoder,
+    max: u64,
+    min_rate: u64,
+    received: u64,
+    started: tokio::time::Instant,
+    pub trailers: Bytes,
+}
+
+impl ClientBody {
+    pub fn new(framing: Framing, max: u64, min_rate: u64) -> Self {
+        ClientBody {
+            decoder: BodyDecoder::new(framing),
+            max,
+            min_rate,
+            received: 0,
+            started: tokio::time::Instant::now(),
+            trailers: Bytes::new(),
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// The next slice of payload, or `None` when the body is complete (trailers kept in `self`).
+    pub async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        stream: &mut R,
+        rbuf: &mut BytesMut,
+    ) -> Result<Option<Bytes>, ProxyError> {
+        loop {
+            if self.decoder.is_done() {
+                return Ok(None);
+            }
+            match self
+                .decoder
+                .decode(rbuf, MAX_CHUNK)
+                .map_err(ProxyError::BadBody)?
+            {
+                Decoded::Data(d) => {
+                    self.received += d.len() as u64;
+                    if self.max > 0 && self.received > self.max {
+                        return Err(ProxyError::BodyTooLarge);
+                    }
+                    return Ok(Some(d));
+                }
+                Decoded::Done { trailers } => {
+                    self.trailers = trailers;
+                    return Ok(None);
+                }
+                Decoded::NeedMore => {}
+            }
+            if rbuf.capacity() - rbuf.len() < 4096 {
+                rbuf.reserve(MAX_CHUNK);
+            }
+            // Minimum rate: after the grace period the next byte is due when the average would
+            // fall below `min_rate`.
+            let due = if self.min_rate == 0 {
+                self.started + std::time::Duration::from_secs(3600)
+            } else {
+                self.started
+                    + BODY_RATE_GRACE
+                    + std::time::Duration::from_secs_f64(
+                        (self.received + 1) as f64 / self.min_rate as f64,
+                    )
+            };
+            match timeout_at(due, stream.read_buf(rbuf)).await {
+                Err(_) => return Err(ProxyError::BodyTooSlow),
+                Ok(Ok(0)) => {
+                    self.decoder
+                        .on_eof()
+                        .map_err(|_| ProxyError::ClientClosed)?;
+                    return Ok(None);
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(ProxyError::ClientIo(e)),
+            }
+        }
+    }
+}
+
+/// Write `data` to `w` with the framing chosen for it (chunked adds size line and CRLF).
+pub async fn write_framed<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    scratch: &mut BytesMut,
+    data: &[u8],
+    chunked: bool,
+) -> std::io::Result<()> {
+    if !chunked {
+        return w.write_all(data).await;
+    }
+    scratch.clear();
+    encode::chunk_header(scratch, data.len());
+    if data.len() <= 16 * 1024 {
+        scratch.extend_from_slice(data);
+        scratch.extend_from_slice(b"\r\n");
+        return w.write_all(scratch).await;
+    }
+    w.write_all(scratch).await?;
+    w.write_all(data).await?;
+    w.write_all(b"\r\n").await
+}
+
+async fn serve_origin(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    _route: &Route,
+    origin: &portico_origin::Origin,
+) -> Outcome {
+    let ka = may_keep_alive(c, ctx, head);
+    c.wbuf.clear();
+    let reply = origin.respond(head, &mut c.wbuf);
+    end_local_head(&mut c.wbuf, ka, head.version());
+    if let Some(d) = reply.delay {
+        tokio::time::sleep(d).await;
+    }
+    let status = reply.status;
+    let result: Result<u64, std::io::Error> = async {
+        let mut sent = c.wbuf.len() as u64;
+        match reply.body {
+            Body::Empty => c.stream.write_all(&c.wbuf).await?,
+            Body::Bytes(b) => {
+                sent += b.len() as u64;
+                if b.len() <= 16 * 1024 {
+                    c.wbuf.extend_from_slice(&b);
+                    c.stream.write_all(&c.wbuf).await?;
+                } else {
+                    c.stream.write_all(&c.wbuf).await?;
+                    c.stream.write_all(&b).await?;
+                }
+            }
+            Body::File {
+                mut file,
+                offset,
+                len,
+            } => {
+                use std::io::{Read, Seek, SeekFrom};
+                c.stream.write_all(&c.wbuf).await?;
+                file.seek(SeekFrom::Start(offset))?;
+                let mut left = len;
+                let mut buf = vec![0u8; (len.min(MAX_CHUNK as u64)) as usize];
+                while left > 0 {
+                    let want = left.min(buf.len() as u64) as usize;
+                    let n = file.read(&mut buf[..want])?;
+                    if n == 0 {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "file shrank while serving",
+                        ));
+                    }
+                    c.stream.write_all(&buf[..n]).await?;
+                    left -= n as u64;
+                    sent += n as u64;
+                }
+            }
+        }
+        Ok(sent)
+    }
+    .await;
+    c.wbuf.clear();
+    match result {
+        Ok(n) => Outcome::ok(status, ka, n),
+        Err(e) => Outcome {
+            termination: ProxyError::ClientIo(e).termination(Phase::ResponseBody),
+            status,
+            keep_alive: false,
+            bytes_sent: 0,
+            upstream: None,
+        },
+    }
+}

@@ -1,0 +1,122 @@
+//! Why a request failed, and the one function that maps a failure to an HTTP status.
+
+use crate::stats::{Cause, Phase, Side, Termination};
+use portico_http1::{BodyError, ParseError};
+use std::io;
+
+/// A failed exchange: which side, in which phase, why.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("bad request head: {0}")]
+    BadHead(ParseError),
+    #[error("bad request body: {0}")]
+    BadBody(BodyError),
+    #[error("request head not received in time")]
+    HeadTimeout,
+    #[error("request body too slow")]
+    BodyTooSlow,
+    #[error("request body larger than the route allows")]
+    BodyTooLarge,
+    #[error("client closed the connection")]
+    ClientClosed,
+    #[error("client I/O error: {0}")]
+    ClientIo(io::Error),
+    #[error("no route matches")]
+    NoRoute,
+    #[error("no upstream server available")]
+    NoServer,
+    #[error("upstream connect failed: {0}")]
+    ConnectFailed(io::Error),
+    #[error("upstream connect timed out")]
+    ConnectTimeout,
+    #[error("upstream response head timed out")]
+    ResponseTimeout,
+    #[error("upstream idle timeout while streaming")]
+    UpstreamIdle,
+    #[error("upstream sent an invalid response: {0}")]
+    BadResponse(ParseError),
+    #[error("upstream sent an invalid body: {0}")]
+    BadResponseBody(BodyError),
+    #[error("upstream closed the connection before a response")]
+    UpstreamClosed,
+    #[error("upstream I/O error: {0}")]
+    UpstreamIo(io::Error),
+}
+
+impl ProxyError {
+    /// The status to answer with, if a response can still be sent. The only error -> status map.
+    pub fn status(&self) -> u16 {
+        match self {
+            ProxyError::BadHead(e) => e.status(),
+            ProxyError::BadBody(_) => 400,
+            ProxyError::HeadTimeout | ProxyError::BodyTooSlow => 408,
+            ProxyError::BodyTooLarge => 413,
+            ProxyError::NoRoute => 404,
+            ProxyError::NoServer => 503,
+            ProxyError::ConnectFailed(_)
+            | ProxyError::BadResponse(_)
+            | ProxyError::UpstreamClosed => 502,
+            ProxyError::UpstreamIo(_) | ProxyError::BadResponseBody(_) => 502,
+            ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
+                504
+            }
+            ProxyError::ClientClosed | ProxyError::ClientIo(_) => 400,
+        }
+    }
+
+    /// Whether the failing side is the client, so no response is worth writing.
+    pub fn client_gone(&self) -> bool {
+        matches!(self, ProxyError::ClientClosed | ProxyError::ClientIo(_))
+    }
+
+    /// The termination record for this failure, given the phase it happened in.
+    pub fn termination(&self, phase: Phase) -> Termination {
+        let (side, cause) = match self {
+            ProxyError::BadHead(e) if e.status() != 400 => (Side::Client, Cause::Limit),
+            ProxyError::BadHead(_) | ProxyError::BadBody(_) => (Side::Client, Cause::BadRequest),
+            ProxyError::HeadTimeout | ProxyError::BodyTooSlow => (Side::Client, Cause::Timeout),
+            ProxyError::BodyTooLarge => (Side::Client, Cause::Limit),
+            ProxyError::ClientClosed => (Side::Client, Cause::Closed),
+            ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
+            ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
+            ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
+            ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
+            ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
+                (Side::Upstream, Cause::Timeout)
+            }
+            ProxyError::BadResponse(_) | ProxyError::BadResponseBody(_) => {
+                (Side::Upstream, Cause::BadResponse)
+            }
+            ProxyError::UpstreamClosed => (Side::Upstream, Cause::Closed),
+            ProxyError::UpstreamIo(_) => (Side::Upstream, Cause::Io),
+        };
+        Termination::new(side, phase, cause)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_follow_the_documented_map() {
+        let refused = || io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(ProxyError::ConnectFailed(refused()).status(), 502);
+        assert_eq!(ProxyError::ConnectTimeout.status(), 504);
+        assert_eq!(ProxyError::ResponseTimeout.status(), 504);
+        assert_eq!(ProxyError::NoServer.status(), 503);
+        assert_eq!(ProxyError::BodyTooLarge.status(), 413);
+        assert_eq!(ProxyError::HeadTimeout.status(), 408);
+        assert_eq!(ProxyError::NoRoute.status(), 404);
+    }
+
+    #[test]
+    fn termination_names_side_phase_and_cause() {
+        let t = ProxyError::ConnectTimeout.termination(Phase::Connect);
+        assert_eq!(
+            t,
+            Termination::new(Side::Upstream, Phase::Connect, Cause::Timeout)
+        );
+        assert_eq!(t.code(), "SC");
+    }
+}

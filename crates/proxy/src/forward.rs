@@ -1,0 +1,494 @@
+//! The proxy action: pick a server, reuse or open a connection, stream both ways, release.
+
+use crate::conn::{
+    fail, may_keep_alive, send_continue, write_framed, ClientBody, Conn, Ctx, Outcome, MAX_CHUNK,
+};
+use crate::error::ProxyError;
+use crate::headers::{self, ClientFraming, ClientInfo};
+use crate::pool::UpConn;
+use crate::stats::{Phase, Termination};
+use bytes::{Bytes, BytesMut};
+use portico_config::{Balance, ProxyAction, Route};
+use portico_http1::{
+    encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
+    ResponseHead,
+};
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+/// Far-away deadline used while a request body is still streaming (the body has its own timeouts).
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Proxy one request to the route's upstream group.
+pub async fn proxy(
+    c: &mut Conn,
+    ctx: &mut Ctx,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+) -> Outcome {
+    let shared = ctx.shared.clone();
+    let upstream = &shared.upstreams[p.upstream];
+    let group = upstream.group().clone();
+    let key = hash_key(&group.balance, c, head);
+    let Some(guard) = upstream.pick(key, None) else {
+        return fail(c, ctx, head, ProxyError::NoServer, Phase::Connect, false).await;
+    };
+    let server = guard.index();
+    let addr = guard.address();
+
+    // The request head for the upstream, built once (retries resend the same bytes).
+    let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
+        Cow::Borrowed(head.target())
+    } else {
+        match head.query() {
+            Some(q) => Cow::Owned(format!("{}?{}", head.path(), q)),
+            None => Cow::Borrowed(head.path()),
+        }
+    };
+    let target = route.upstream_target(&origin_form);
+    let authority = if p.preserve_host && head.field("host").is_some() {
+        String::new()
+    } else {
+        addr.to_string()
+    };
+    let mut ubuf = BytesMut::with_capacity(head.raw().len() + 256);
+    headers::upstream_request(
+        &mut ubuf,
+        head,
+        &target,
+        p,
+        &route.request_headers,
+        &ClientInfo {
+            ip: &c.client_ip,
+            proto: "http",
+        },
+        &authority,
+    );
+
+    let retryable = head.method().is_idempotent() && head.framing == Framing::None && !head.upgrade;
+    let mut body = match head.framing {
+        Framing::None | Framing::Length(0) => None,
+        f => Some(ClientBody::new(
+            f,
+            route.max_body_bytes,
+            ctx.ls.listener.limits.body_min_rate,
+        )),
+    };
+    if body.is_some() {
+        if let Err(e) = send_continue(c, head).await {
+            return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+        }
+    }
+    let mut interim = Vec::new();
+    let mut fresh_only = false;
+    let (mut up, reused, resp, body_done) = loop {
+        let pooled = if fresh_only {
+            None
+        } else {
+            ctx.worker.pool.take(p.upstream, server)
+        };
+        let reused = pooled.is_some();
+        let mut up = match pooled {
+            Some(u) => u,
+            None => match connect(addr, group.connect_timeout).await {
+                Ok(u) => {
+                    shared
+                        .stats
+                        .upstream_connects
+                        .fetch_add(1, Ordering::Relaxed);
+                    u
+                }
+                Err(e) => return fail(c, ctx, head, e, Phase::Connect, body.is_none()).await,
+            },
+        };
+        let r = exchange(
+            c,
+            &mut up,
+            &ubuf,
+            head.method(),
+            body.as_mut(),
+            head.framing == Framing::Chunked,
+            group.response_header_timeout,
+            group.idle_timeout,
+            &mut interim,
+        )
+        .await;
+        match r {
+            Ok((resp, body_done)) => break (up, reused, resp, body_done),
+            Err((e, _)) if reused && retryable && up.rbuf.is_empty() && is_stale(&e) => {
+                shared
+                    .stats
+                    .upstream_retries
+                    .fetch_add(1, Ordering::Relaxed);
+                fresh_only = true;
+            }
+            Err((e, phase)) => {
+                let body_done = body.as_ref().is_none_or(|b| b.is_done());
+                let mut o = fail(c, ctx, head, e, phase, body_done).await;
+                o.upstream = Some(addr);
+                return o;
+            }
+        }
+    };
+    shared
+        .stats
+        .upstream_requests
+        .fetch_add(1, Ordering::Relaxed);
+    if reused {
+        shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
+    }
+    for h in interim {
+        if c.stream.write_all(&h).await.is_err() {
+            return client_gone(resp.status(), addr);
+        }
+    }
+    if resp.status() == 101 {
+        return tunnel(c, up, &resp, route, p, head, addr).await;
+    }
+
+    let cf = headers::client_framing(resp.framing, head.version());
+    let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
+    let keep_alive = body_done && cf != ClientFraming::Close && may_keep_alive(c, ctx, head);
+    c.wbuf.clear();
+    headers::client_response(
+        &mut c.wbuf,
+        &resp,
+        cf,
+        &route.response_headers,
+        p.via,
+        head.version(),
+        keep_alive,
+    );
+    let status = resp.status();
+    match relay_body(
+        c,
+        &mut up,
+        resp.framing,
+        cf == ClientFraming::Chunked,
+        group.idle_timeout,
+    )
+    .await
+    {
+        Ok(sent) => {
+            if up_reusable {
+                ctx.worker.pool.put(p.upstream, server, up);
+            }
+            drop(guard);
+            Outcome {
+                termination: Termination::OK,
+                status,
+                keep_alive,
+                bytes_sent: sent,
+                upstream: Some(addr),
+            }
+        }
+        Err(e) => Outcome {
+            termination: e.termination(Phase::ResponseBody),
+            status,
+            keep_alive: false,
+            bytes_sent: 0,
+            upstream: Some(addr),
+        },
+    }
+}
+
+fn client_gone(status: u16, addr: SocketAddr) -> Outcome {
+    Outcome {
+        termination: ProxyError::ClientClosed.termination(Phase::ResponseHead),
+        status,
+        keep_alive: false,
+        bytes_sent: 0,
+        upstream: Some(addr),
+    }
+}
+
+/// A reused connection that died before answering: the server closed it while idle.
+fn is_stale(e: &ProxyError) -> bool {
+    matches!(e, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_))
+}
+
+/// The hash input for hash balancing, if the group hashes.
+fn hash_key<'a>(balance: &Balance, c: &'a Conn, head: &'a RequestHead) -> Option<&'a [u8]> {
+    match balance {
+        Balance::HashClientIp => Some(c.client_ip.as_bytes()),
+        Balance::HashHeader(name) => head.field(name),
+        Balance::HashCookie(name) => head
+            .field("cookie")
+            .and_then(|v| cookie_value(v, name.as_bytes())),
+        _ => None,
+    }
+}
+
+/// The value of cookie `name` in a Cookie header value.
+pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    header.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        (pair[..eq].trim_ascii() == name).then(|| pair[eq + 1..].trim_ascii())
+    })
+}
+
+async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
+    match timeout(t, TcpStream::connect(addr)).await {
+        Err(_) => Err(ProxyError::ConnectTimeout),
+        Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(UpConn::new(s))
+        }
+    }
+}
+
+/// Send the request head, stream the request body while waiting for the response head; return
+/// the final response head and whether the request body was completely sent.
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
+    c: &mut Conn,
+    up: &mut UpConn,
+    ubuf: &[u8],
+    method: &Method,
+    body: Option<&mut ClientBody>,
+    chunked: bool,
+    header_timeout: Duration,
+    idle: Duration,
+    interim: &mut Vec<Bytes>,
+) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
+    match timeout(idle, up.stream.write_all(ubuf)).await {
+        Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
+        Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
+        Ok(Ok(())) => {}
+    }
+    let (mut ur, mut uw) = up.stream.split();
+    let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, interim);
+    tokio::pin!(head_fut);
+    let Some(body) = body else {
+        return match timeout(header_timeout, head_fut).await {
+            Err(_) => Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
+            Ok(r) => r.map(|h| (h, true)).map_err(|e| (e, Phase::ResponseHead)),
+        };
+    };
+    let body_fut = forward_body(&mut c.stream, &mut c.rbuf, &mut uw, body, chunked, idle);
+    tokio::pin!(body_fut);
+    let sleep = tokio::time::sleep(FAR);
+    tokio::pin!(sleep);
+    let mut body_done = false;
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut head_fut => return r.map(|h| (h, body_done)).map_err(|e| (e, Phase::ResponseHead)),
+            r = &mut body_fut, if !body_done => {
+                r.map_err(|e| (e, Phase::RequestBody))?;
+                body_done = true;
+                sleep.as_mut().reset(tokio::time::Instant::now() + header_timeout);
+            }
+            _ = &mut sleep => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
+        }
+    }
+}
+
+async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    client: &mut R,
+    rbuf: &mut BytesMut,
+    upstream: &mut W,
+    body: &mut ClientBody,
+    chunked: bool,
+    idle: Duration,
+) -> Result<(), ProxyError> {
+    let mut scratch = BytesMut::new();
+    while let Some(data) = body.next(client, rbuf).await? {
+        match timeout(idle, write_framed(upstream, &mut scratch, &data, chunked)).await {
+            Err(_) => return Err(ProxyError::UpstreamIdle),
+            Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
+            Ok(Ok(())) => {}
+        }
+    }
+    if chunked {
+        scratch.clear();
+        encode::last_chunk(&mut scratch, &body.trailers);
+        upstream
+            .write_all(&scratch)
+            .await
+            .map_err(ProxyError::UpstreamIo)?;
+    }
+    Ok(())
+}
+
+/// Read the final response head; interim 1xx heads (not 101) are collected raw for the client.
+async fn read_response_head<R: AsyncRead + Unpin>(
+    ur: &mut R,
+    rbuf: &mut BytesMut,
+    method: &Method,
+    interim: &mut Vec<Bytes>,
+) -> Result<ResponseHead, ProxyError> {
+    let limits = Limits::default();
+    loop {
+        if !rbuf.is_empty() {
+            match parse_response(rbuf, method, &limits) {
+                Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
+                    interim.push(h.raw().clone());
+                    continue;
+                }
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => {}
+                Err(e) => return Err(ProxyError::BadResponse(e)),
+            }
+        }
+        if rbuf.capacity() - rbuf.len() < 4096 {
+            rbuf.reserve(16 * 1024);
+        }
+        match ur.read_buf(rbuf).await {
+            Ok(0) => return Err(ProxyError::UpstreamClosed),
+            Ok(_) => {}
+            Err(e) => return Err(ProxyError::UpstreamIo(e)),
+        }
+    }
+}
+
+/// Stream the response body from upstream to client. `c.wbuf` holds the response head; small
+/// bodies already buffered go out in the same write.
+async fn relay_body(
+    c: &mut Conn,
+    up: &mut UpConn,
+    framing: Framing,
+    chunked: bool,
+    idle: Duration,
+) -> Result<u64, ProxyError> {
+    let mut dec = BodyDecoder::new(framing);
+    let mut sent = 0u64;
+    loop {
+        let step = dec
+            .decode(&mut up.rbuf, MAX_CHUNK)
+            .map_err(ProxyError::BadResponseBody)?;
+        match step {
+            Decoded::Data(d) => {
+                if chunked {
+                    encode::chunk_header(&mut c.wbuf, d.len());
+                }
+                if c.wbuf.len() + d.len() <= 64 * 1024 {
+                    c.wbuf.extend_from_slice(&d);
+                    if chunked {
+                        c.wbuf.extend_from_slice(b"\r\n");
+                    }
+                } else {
+                    flush(c, &mut sent).await?;
+                    c.stream.write_all(&d).await.map_err(ProxyError::ClientIo)?;
+                    sent += d.len() as u64;
+                    if chunked {
+                        c.wbuf.extend_from_slice(b"\r\n");
+                    }
+                }
+            }
+            Decoded::Done { trailers } => {
+                if chunked {
+                    encode::last_chunk(&mut c.wbuf, &trailers);
+                }
+                flush(c, &mut sent).await?;
+                return Ok(sent);
+            }
+            Decoded::NeedMore => {
+                flush(c, &mut sent).await?;
+                if up.rbuf.capacity() - up.rbuf.len() < 4096 {
+                    up.rbuf.reserve(MAX_CHUNK);
+                }
+                match timeout(idle, up.stream.read_buf(&mut up.rbuf)).await {
+                    Err(_) => return Err(ProxyError::UpstreamIdle),
+                    Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
+                    Ok(Ok(0)) => {
+                        if let Decoded::Done { .. } =
+                            dec.on_eof().map_err(ProxyError::BadResponseBody)?
+                        {
+                            if chunked {
+                                encode::last_chunk(&mut c.wbuf, b"");
+                            }
+                            flush(c, &mut sent).await?;
+                            return Ok(sent);
+                        }
+                        return Err(ProxyError::UpstreamClosed);
+                    }
+                    Ok(Ok(_)) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn flush(c: &mut Conn, sent: &mut u64) -> Result<(), ProxyError> {
+    if !c.wbuf.is_empty() {
+        c.stream
+            .write_all(&c.wbuf)
+            .await
+            .map_err(ProxyError::ClientIo)?;
+        *sent += c.wbuf.len() as u64;
+        c.wbuf.clear();
+    }
+    Ok(())
+}
+
+/// After a 101: send the head, then relay bytes both ways until either side closes.
+async fn tunnel(
+    c: &mut Conn,
+    mut up: UpConn,
+    resp: &ResponseHead,
+    route: &Route,
+    p: &ProxyAction,
+    head: &RequestHead,
+    addr: SocketAddr,
+) -> Outcome {
+    c.wbuf.clear();
+    headers::client_response(
+        &mut c.wbuf,
+        resp,
+        ClientFraming::None,
+        &route.response_headers,
+        p.via,
+        head.version(),
+        true,
+    );
+    let r: std::io::Result<(u64, u64)> = async {
+        c.stream.write_all(&c.wbuf).await?;
+        if !up.rbuf.is_empty() {
+            c.stream.write_all(&up.rbuf).await?;
+            up.rbuf.clear();
+        }
+        if !c.rbuf.is_empty() {
+            up.stream.write_all(&c.rbuf).await?;
+            c.rbuf.clear();
+        }
+        tokio::io::copy_bidirectional(&mut c.stream, &mut up.stream).await
+    }
+    .await;
+    c.wbuf.clear();
+    let termination = match r {
+        Ok(_) => Termination::OK,
+        Err(e) => ProxyError::UpstreamIo(e).termination(Phase::Tunnel),
+    };
+    Outcome {
+        termination,
+        status: 101,
+        keep_alive: false,
+        bytes_sent: 0,
+        upstream: Some(addr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cookie_value;
+
+    #[test]
+    fn cookie_lookup() {
+        assert_eq!(
+            cookie_value(b"a=1; session=xyz; b=2", b"session"),
+            Some(b"xyz".as_slice())
+        );
+        assert_eq!(cookie_value(b"session=", b"session"), Some(b"".as_slice()));
+        assert_eq!(cookie_value(b"sessionx=1", b"session"), None);
+        assert_eq!(cookie_value(b"", b"session"), None);
+    }
+}

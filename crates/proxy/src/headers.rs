@@ -1,0 +1,208 @@
+//! Building the forwarded request head and the returned response head (hop-by-hop removal, X-Forwarded-*, rules).
+
+use bytes::BytesMut;
+use portico_config::{HeaderRules, ProxyAction};
+use portico_http1::{encode, Framing, RequestHead, ResponseHead, Version};
+
+/// Facts about the downstream connection the forwarded head needs.
+pub struct ClientInfo<'a> {
+    pub ip: &'a str,
+    pub proto: &'a str,
+}
+
+fn listed(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+fn set_listed(rules: &HeaderRules, name: &str) -> bool {
+    rules.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+}
+
+fn write_rules(out: &mut BytesMut, rules: &HeaderRules) {
+    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
+        encode::field(out, n, v.as_bytes());
+    }
+}
+
+/// Write the request head sent upstream: request line with `target`, end-to-end fields minus the
+/// ones Portico owns, then Host, X-Forwarded-*, Via, rules, exactly one framing field, upgrade.
+pub fn upstream_request(
+    out: &mut BytesMut,
+    head: &RequestHead,
+    target: &str,
+    action: &ProxyAction,
+    rules: &HeaderRules,
+    client: &ClientInfo<'_>,
+    server_authority: &str,
+) {
+    encode::request_line(out, head.method().as_str(), target);
+    let mut xff: Option<&[u8]> = None;
+    let mut via: Option<&[u8]> = None;
+    let mut host_value: Option<&[u8]> = None;
+    for (name, value) in head.fields() {
+        if head.is_hop_by_hop(name) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("host") {
+            host_value = Some(value);
+            continue;
+        }
+        if name.eq_ignore_ascii_case("content-length")
+            || name.eq_ignore_ascii_case("transfer-encoding")
+            || name.eq_ignore_ascii_case("expect")
+        {
+            continue;
+        }
+        if listed(&rules.remove, name) || set_listed(rules, name) {
+            continue;
+        }
+        if action.forwarded_headers {
+            if name.eq_ignore_ascii_case("x-forwarded-for") {
+                // Several fields are one list; keep the first and append ours (rare case folded).
+                if xff.is_none() {
+                    xff = Some(value);
+                }
+                continue;
+            }
+            if name.eq_ignore_ascii_case("x-forwarded-proto")
+                || name.eq_ignore_ascii_case("x-forwarded-host")
+                || name.eq_ignore_ascii_case("x-real-ip")
+            {
+                continue;
+            }
+        }
+        if action.via && name.eq_ignore_ascii_case("via") {
+            via = Some(value);
+            continue;
+        }
+        encode::field(out, name, value);
+    }
+    if !set_listed(rules, "host") {
+        match (action.preserve_host, host_value) {
+            (true, Some(h)) => encode::field(out, "Host", h),
+            _ => encode::field(out, "Host", server_authority.as_bytes()),
+        }
+    }
+    if action.forwarded_headers {
+        match xff {
+            Some(prev) if !prev.is_empty() => {
+                out.extend_from_slice(b"X-Forwarded-For: ");
+                out.extend_from_slice(prev);
+                out.extend_from_slice(b", ");
+                out.extend_from_slice(client.ip.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            _ => encode::field(out, "X-Forwarded-For", client.ip.as_bytes()),
+        }
+        encode::field(out, "X-Forwarded-Proto", client.proto.as_bytes());
+        if let Some(h) = host_value {
+            encode::field(out, "X-Forwarded-Host", h);
+        }
+        encode::field(out, "X-Real-IP", client.ip.as_bytes());
+    }
+    if action.via {
+        write_via(out, via, head.version());
+    }
+    write_rules(out, rules);
+    match head.framing {
+        Framing::Length(n) => encode::content_length(out, n),
+        Framing::Chunked => encode::field(out, "Transfer-Encoding", b"chunked"),
+        Framing::None | Framing::Close => {}
+    }
+    if head.upgrade {
+        if let Some(up) = head.field("upgrade") {
+            encode::field(out, "Connection", b"upgrade");
+            encode::field(out, "Upgrade", up);
+        }
+    }
+    encode::end_head(out);
+}
+
+fn write_via(out: &mut BytesMut, prev: Option<&[u8]>, version: Version) {
+    let ours: &[u8] = match version {
+        Version::Http10 => b"1.0 portico",
+        Version::Http11 => b"1.1 portico",
+    };
+    out.extend_from_slice(b"Via: ");
+    if let Some(p) = prev.filter(|p| !p.is_empty()) {
+        out.extend_from_slice(p);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(ours);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How the response body is framed towards the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFraming {
+    /// No body (HEAD, 1xx, 204, 304): framing fields copied as the upstream sent them.
+    None,
+    Length(u64),
+    Chunked,
+    /// Close-delimited (HTTP/1.0 clients when the length is unknown).
+    Close,
+}
+
+/// Choose the downstream framing for a response of upstream framing `f` to a client speaking `v`.
+pub fn client_framing(f: Framing, v: Version) -> ClientFraming {
+    match (f, v) {
+        (Framing::None, _) => ClientFraming::None,
+        (Framing::Length(n), _) => ClientFraming::Length(n),
+        (Framing::Chunked | Framing::Close, Version::Http11) => ClientFraming::Chunked,
+        (Framing::Chunked | Framing::Close, Version::Http10) => ClientFraming::Close,
+    }
+}
+
+/// Write the response head sent to the client. `keep_alive` is the decision for the client
+/// connection (false adds `Connection: close`).
+pub fn client_response(
+    out: &mut BytesMut,
+    resp: &ResponseHead,
+    framing: ClientFraming,
+    rules: &HeaderRules,
+    via: bool,
+    client_version: Version,
+    keep_alive: bool,
+) {
+    encode::status_line(out, resp.status(), resp.reason());
+    let mut prev_via: Option<&[u8]> = None;
+    for (name, value) in resp.fields() {
+        if resp.is_hop_by_hop(name) {
+            // Transfer-Encoding on a body-less response (HEAD) is kept as sent.
+            if !(framing == ClientFraming::None && name.eq_ignore_ascii_case("transfer-encoding")) {
+                continue;
+            }
+        }
+        if framing != ClientFraming::None && name.eq_ignore_ascii_case("content-length") {
+            continue;
+        }
+        if listed(&rules.remove, name) || set_listed(rules, name) {
+            continue;
+        }
+        if via && name.eq_ignore_ascii_case("via") {
+            prev_via = Some(value);
+            continue;
+        }
+        encode::field(out, name, value);
+    }
+    if via {
+        write_via(out, prev_via, resp.version());
+    }
+    write_rules(out, rules);
+    match framing {
+        ClientFraming::Length(n) => encode::content_length(out, n),
+        ClientFraming::Chunked => encode::field(out, "Transfer-Encoding", b"chunked"),
+        ClientFraming::None | ClientFraming::Close => {}
+    }
+    if resp.status() == 101 {
+        encode::field(out, "Connection", b"upgrade");
+        if let Some(up) = resp.field("upgrade") {
+            encode::field(out, "Upgrade", up);
+        }
+    } else if !keep_alive || framing == ClientFraming::Close {
+        encode::field(out, "Connection", b"close");
+    } else if client_version == Version::Http10 {
+        encode::field(out, "Connection", b"keep-alive");
+    }
+    encode::end_head(out);
+}

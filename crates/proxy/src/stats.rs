@@ -1,0 +1,204 @@
+//! Process-wide counters: requests, upstream reuse, and one termination record per request.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Which side ended (or completed) an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Completed normally; no side at fault.
+    None,
+    Client,
+    Upstream,
+    Proxy,
+}
+
+/// Where in the exchange it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    RequestHead,
+    Route,
+    RequestBody,
+    Connect,
+    ResponseHead,
+    ResponseBody,
+    Tunnel,
+    Done,
+}
+
+/// Why it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    Ok,
+    BadRequest,
+    Limit,
+    Timeout,
+    Closed,
+    Io,
+    NoServer,
+    Refused,
+    BadResponse,
+    Shutdown,
+}
+
+const SIDES: usize = 4;
+const PHASES: usize = 8;
+const CAUSES: usize = 10;
+
+/// One termination record: exactly one per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Termination {
+    pub side: Side,
+    pub phase: Phase,
+    pub cause: Cause,
+}
+
+impl Termination {
+    pub const OK: Termination = Termination {
+        side: Side::None,
+        phase: Phase::Done,
+        cause: Cause::Ok,
+    };
+
+    pub fn new(side: Side, phase: Phase, cause: Cause) -> Self {
+        Termination { side, phase, cause }
+    }
+
+    /// Short code like HAProxy's termination state, e.g. `--` for success, `CH` client during head.
+    pub fn code(&self) -> String {
+        let s = match self.side {
+            Side::None => '-',
+            Side::Client => 'C',
+            Side::Upstream => 'S',
+            Side::Proxy => 'P',
+        };
+        let p = match self.phase {
+            Phase::RequestHead => 'H',
+            Phase::Route => 'R',
+            Phase::RequestBody => 'B',
+            Phase::Connect => 'C',
+            Phase::ResponseHead => 'W',
+            Phase::ResponseBody => 'D',
+            Phase::Tunnel => 'T',
+            Phase::Done => '-',
+        };
+        format!("{s}{p}")
+    }
+}
+
+impl fmt::Display for Termination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}/{:?}/{:?}", self.side, self.phase, self.cause)
+    }
+}
+
+/// Counters shared by every worker of the process.
+#[derive(Debug)]
+pub struct Stats {
+    pub connections_accepted: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub requests: AtomicU64,
+    pub upstream_requests: AtomicU64,
+    pub upstream_reused: AtomicU64,
+    pub upstream_connects: AtomicU64,
+    pub upstream_retries: AtomicU64,
+    terminations: Vec<AtomicU64>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            connections_accepted: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            upstream_requests: AtomicU64::new(0),
+            upstream_reused: AtomicU64::new(0),
+            upstream_connects: AtomicU64::new(0),
+            upstream_retries: AtomicU64::new(0),
+            terminations: (0..SIDES * PHASES * CAUSES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+}
+
+fn slot(t: Termination) -> usize {
+    (t.side as usize * PHASES + t.phase as usize) * CAUSES + t.cause as usize
+}
+
+impl Stats {
+    /// Count one finished request with its termination record.
+    pub fn record(&self, t: Termination) {
+        self.terminations[slot(t)].fetch_add(1, Relaxed);
+    }
+
+    /// How many requests ended with this record.
+    pub fn terminations(&self, t: Termination) -> u64 {
+        self.terminations[slot(t)].load(Relaxed)
+    }
+
+    /// All non-zero termination counters.
+    pub fn termination_counts(&self) -> Vec<(Termination, u64)> {
+        let sides = [Side::None, Side::Client, Side::Upstream, Side::Proxy];
+        let phases = [
+            Phase::RequestHead,
+            Phase::Route,
+            Phase::RequestBody,
+            Phase::Connect,
+            Phase::ResponseHead,
+            Phase::ResponseBody,
+            Phase::Tunnel,
+            Phase::Done,
+        ];
+        let causes = [
+            Cause::Ok,
+            Cause::BadRequest,
+            Cause::Limit,
+            Cause::Timeout,
+            Cause::Closed,
+            Cause::Io,
+            Cause::NoServer,
+            Cause::Refused,
+            Cause::BadResponse,
+            Cause::Shutdown,
+        ];
+        let mut out = Vec::new();
+        for &side in &sides {
+            for &phase in &phases {
+                for &cause in &causes {
+                    let t = Termination { side, phase, cause };
+                    let n = self.terminations(t);
+                    if n > 0 {
+                        out.push((t, n));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// One-line summary for the shutdown log.
+    pub fn summary(&self) -> String {
+        let up = self.upstream_requests.load(Relaxed);
+        let reused = self.upstream_reused.load(Relaxed);
+        let share = if up == 0 {
+            0.0
+        } else {
+            reused as f64 * 100.0 / up as f64
+        };
+        let mut s = format!(
+            "connections={} refused={} requests={} upstream_requests={} upstream_reused={} ({share:.3}%) upstream_connects={} retries={}",
+            self.connections_accepted.load(Relaxed),
+            self.connections_refused.load(Relaxed),
+            self.requests.load(Relaxed),
+            up,
+            reused,
+            self.upstream_connects.load(Relaxed),
+            self.upstream_retries.load(Relaxed),
+        );
+        for (t, n) in self.termination_counts() {
+            s.push_str(&format!(" {t}={n}"));
+        }
+        s
+    }
+}

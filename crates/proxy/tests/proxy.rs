@@ -1,0 +1,532 @@
+//! Integration tests: a real proxy, scripted upstreams and raw clients on ephemeral loopback ports.
+
+use portico_proxy::{start, Running};
+use portico_testkit::{exchange_raw, status_of, Client, Reply, TestUpstream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn proxy(toml: &str) -> Running {
+    let cfg =
+        portico_config::parse(toml, "test.toml").unwrap_or_else(|e| panic!("config: {e}\n{toml}"));
+    start(cfg, 2).expect("start proxy")
+}
+
+/// A proxy with one listener "p" routing everything to group "b" = `servers`, plus `extra` TOML
+/// appended to the group table.
+fn simple(servers: &[SocketAddr], group_extra: &str, route_extra: &str) -> Running {
+    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+    proxy(&format!(
+        r#"
+drain_timeout = "5s"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+proxy = "b"
+{route_extra}
+
+[upstreams.b]
+servers = [{}]
+{group_extra}
+"#,
+        list.join(", ")
+    ))
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: example.test\r\n\r\n").into_bytes()
+}
+
+fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    drop(l);
+    a
+}
+
+#[test]
+fn keep_alive_both_legs_reuses_one_upstream_connection() {
+    let up = TestUpstream::start(|_| Reply::ok("hello"));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for _ in 0..200 {
+        let r = c.request(&get("/x")).unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.text(), "hello");
+    }
+    assert_eq!(
+        up.connection_count(),
+        1,
+        "every request rode the same upstream connection"
+    );
+    let s = p.stats();
+    assert_eq!(s.upstream_requests.load(Ordering::Relaxed), 200);
+    assert_eq!(s.upstream_reused.load(Ordering::Relaxed), 199);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let up = TestUpstream::start(|r| Reply::ok(&r.target));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let mut batch = Vec::new();
+    for i in 0..5 {
+        batch.extend_from_slice(&get(&format!("/r{i}")));
+    }
+    c.send(&batch).unwrap();
+    for i in 0..5 {
+        let r = c.read_response(false).unwrap();
+        assert_eq!(r.text(), format!("/r{i}"));
+    }
+}
+
+#[test]
+fn forwarded_headers_added_and_hop_by_hop_removed() {
+    let up = TestUpstream::start(|_| Reply::Respond {
+        status: 200,
+        headers: vec![
+            ("Keep-Alive".into(), "timeout=5".into()),
+            ("X-Up".into(), "1".into()),
+        ],
+        body: b"ok".to_vec(),
+        chunked: false,
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = c
+        .request(b"GET /h HTTP/1.1\r\nHost: site.test:8080\r\nConnection: x-secret\r\nX-Secret: 1\r\nX-Forwarded-For: 10.0.0.1\r\nTE: trailers\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-up"), Some("1"));
+    assert!(
+        r.header("keep-alive").is_none(),
+        "hop-by-hop response field removed"
+    );
+    let seen = &up.requests()[0];
+    assert_eq!(seen.header("host"), Some("site.test:8080"));
+    assert_eq!(seen.header("x-forwarded-for"), Some("10.0.0.1, 127.0.0.1"));
+    assert_eq!(seen.header("x-forwarded-proto"), Some("http"));
+    assert_eq!(seen.header("x-forwarded-host"), Some("site.test:8080"));
+    assert_eq!(seen.header("x-real-ip"), Some("127.0.0.1"));
+    assert!(
+        seen.header("x-secret").is_none(),
+        "field named in Connection removed"
+    );
+    assert!(seen.header("te").is_none());
+    assert!(seen.header("connection").is_none());
+}
+
+#[test]
+fn chunked_request_and_response_bodies_stream_through() {
+    let up = TestUpstream::start(|r| Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: r.body.clone(),
+        chunked: true,
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = c
+        .request(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "hello world");
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    let seen = &up.requests()[0];
+    assert_eq!(seen.body, b"hello world");
+    assert_eq!(seen.header_count("transfer-encoding"), 1);
+    assert!(
+        seen.header("content-length").is_none(),
+        "exactly one framing upstream"
+    );
+    // The connection stays usable.
+    assert_eq!(c.request(&get("/again")).unwrap().status, 200);
+}
+
+#[test]
+fn large_bodies_stream_both_ways() {
+    let up = TestUpstream::start(|r| Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: r.body.clone(),
+        chunked: false,
+    });
+    let p = simple(&[up.addr], "", "max_body = \"64m\"");
+    let body: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let mut req = format!(
+        "PUT /big HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let r = c.request(&req).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), body.len());
+    assert!(r.body == body, "body intact");
+}
+
+#[test]
+fn body_over_the_route_limit_is_413_without_contacting_upstream() {
+    let up = TestUpstream::start(|_| Reply::ok("x"));
+    let p = simple(&[up.addr], "", "max_body = \"1k\"");
+    let raw = exchange_raw(
+        p.addr("p").unwrap(),
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!(status_of(&raw), Some(413));
+    assert_eq!(up.requests().len(), 0);
+    // A chunked body that grows past the limit is cut off too.
+    let mut chunked = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..3 {
+        chunked.extend_from_slice(b"400\r\n");
+        chunked.extend_from_slice(&[b'a'; 0x400]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    let raw = exchange_raw(p.addr("p").unwrap(), &chunked).unwrap();
+    assert_eq!(status_of(&raw), Some(413));
+}
+
+#[test]
+fn connect_failure_is_502() {
+    let p = simple(&[closed_port()], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = c.request(&get("/")).unwrap();
+    assert_eq!(r.status, 502);
+    assert!(!r.body.is_empty());
+    // A failed upstream does not cost the client its connection.
+    assert_eq!(c.request(&get("/")).unwrap().status, 502);
+}
+
+#[test]
+fn upstream_response_timeout_is_504() {
+    let up = TestUpstream::start(|_| Reply::Stall(Duration::from_secs(3)));
+    let p = simple(&[up.addr], "response_header_timeout = \"200ms\"", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/")).unwrap().status, 504);
+}
+
+#[test]
+fn server_at_its_connection_limit_gives_503() {
+    let up = TestUpstream::start(|r| {
+        if r.target == "/slow" {
+            Reply::Stall(Duration::from_millis(800))
+        } else {
+            Reply::ok("fast")
+        }
+    });
+    let p = simple(&[up.addr], "max_connections_per_server = 1", "");
+    let addr = p.addr("p").unwrap();
+    let mut slow = Client::connect(addr).unwrap();
+    slow.send(&get("/slow")).unwrap();
+    // Wait until the slow request is being served upstream (no sleep as synchronisation).
+    while up.requests().is_empty() {
+        std::thread::yield_now();
+    }
+    let mut c = Client::connect(addr).unwrap();
+    assert_eq!(c.request(&get("/fast")).unwrap().status, 503);
+    assert_eq!(slow.read_response(false).unwrap().status, 200);
+    assert_eq!(c.request(&get("/fast")).unwrap().status, 200);
+}
+
+#[test]
+fn ambiguous_framing_is_400_and_never_forwarded() {
+    let up = TestUpstream::start(|_| Reply::ok("x"));
+    let p = simple(&[up.addr], "", "");
+    let addr = p.addr("p").unwrap();
+    let cases: &[&[u8]] = &[
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX: a\rb\r\n\r\n",
+        b"GET / HTTP/1.1\r\n\r\n",
+    ];
+    for case in cases {
+        let raw = exchange_raw(addr, case).unwrap();
+        assert_eq!(
+            status_of(&raw),
+            Some(400),
+            "{}",
+            String::from_utf8_lossy(case)
+        );
+        assert!(String::from_utf8_lossy(&raw).contains("Connection: close"));
+    }
+    assert!(
+        up.requests().is_empty(),
+        "nothing ambiguous reached the upstream"
+    );
+}
+
+#[test]
+fn head_limits_give_414_and_431() {
+    let up = TestUpstream::start(|_| Reply::ok("x"));
+    let p = simple(&[up.addr], "", "");
+    let addr = p.addr("p").unwrap();
+    let long = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(9000));
+    assert_eq!(
+        status_of(&exchange_raw(addr, long.as_bytes()).unwrap()),
+        Some(414)
+    );
+    let mut many = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+    for i in 0..150 {
+        many.push_str(&format!("X-{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    assert_eq!(
+        status_of(&exchange_raw(addr, many.as_bytes()).unwrap()),
+        Some(431)
+    );
+}
+
+#[test]
+fn head_and_no_content_responses_have_no_body() {
+    let up = TestUpstream::start(|r| match r.target.as_str() {
+        "/204" => Reply::Respond {
+            status: 204,
+            headers: vec![],
+            body: vec![],
+            chunked: false,
+        },
+        "/304" => Reply::Respond {
+            status: 304,
+            headers: vec![("ETag".into(), "\"x\"".into())],
+            body: vec![],
+            chunked: false,
+        },
+        _ => Reply::ok("twelve bytes"),
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = c.request(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-length"),
+        Some("12"),
+        "HEAD keeps the GET's length"
+    );
+    assert_eq!(c.request(&get("/204")).unwrap().status, 204);
+    assert_eq!(c.request(&get("/304")).unwrap().status, 304);
+    // If any of those had leaked a body, this response would be misread.
+    assert_eq!(c.request(&get("/")).unwrap().text(), "twelve bytes");
+}
+
+#[test]
+fn expect_100_continue_is_answered_before_the_body() {
+    let up = TestUpstream::start(|r| Reply::ok(&String::from_utf8_lossy(&r.body)));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    c.send(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        .unwrap();
+    let interim = c.read_one(false).unwrap();
+    assert_eq!(interim.status, 100);
+    c.send(b"data").unwrap();
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.text(), "data");
+    assert!(up.requests()[0].header("expect").is_none());
+}
+
+#[test]
+fn stale_pooled_connection_is_retried_for_idempotent_requests() {
+    // The upstream closes every connection after answering without saying so.
+    let up = TestUpstream::start(|_| {
+        Reply::RawThenClose(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec())
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for _ in 0..5 {
+        assert_eq!(c.request(&get("/")).unwrap().status, 200);
+    }
+    assert_eq!(up.connection_count(), 5);
+}
+
+#[test]
+fn websocket_upgrade_is_tunnelled_after_101() {
+    // An upstream that accepts the upgrade and then echoes bytes.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            head.extend_from_slice(&buf[..n]);
+        }
+        let h = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        assert!(
+            h.contains("upgrade: websocket") && h.contains("connection: upgrade"),
+            "{h}"
+        );
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
+        loop {
+            let n = s.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            s.write_all(&buf[..n]).unwrap();
+        }
+    });
+    let p = simple(&[up_addr], "", "");
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 101"));
+    s.write_all(b"ping-frame").unwrap();
+    let mut echo = [0u8; 10];
+    s.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"ping-frame");
+}
+
+#[test]
+fn hashing_on_a_header_is_sticky() {
+    let ups: Vec<TestUpstream> = (0..3)
+        .map(|i| TestUpstream::start(move |_| Reply::ok(&i.to_string())))
+        .collect();
+    let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+    let p = simple(&addrs, "balance = { hash_header = \"x-user\" }", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for user in 0..30 {
+        let req = format!("GET / HTTP/1.1\r\nHost: a\r\nX-User: u{user}\r\n\r\n");
+        let first = c.request(req.as_bytes()).unwrap().text();
+        for _ in 0..3 {
+            assert_eq!(
+                c.request(req.as_bytes()).unwrap().text(),
+                first,
+                "user u{user} moved"
+            );
+        }
+        seen.insert(first);
+    }
+    assert_eq!(seen.len(), 3, "30 users spread over all 3 servers");
+}
+
+#[test]
+fn least_connections_avoids_the_busy_server() {
+    let busy = TestUpstream::start(|_| Reply::Stall(Duration::from_millis(600)));
+    let idle = TestUpstream::start(|_| Reply::ok("idle"));
+    let p = simple(
+        &[busy.addr, idle.addr],
+        "balance = \"least_connections\"",
+        "",
+    );
+    let addr = p.addr("p").unwrap();
+    // Send requests until one is held by the busy server (each lands where least-conn puts it).
+    let mut holders = Vec::new();
+    while busy.requests().is_empty() {
+        let before_idle = idle.requests().len();
+        let mut h = Client::connect(addr).unwrap();
+        h.send(&get("/hold")).unwrap();
+        loop {
+            if !busy.requests().is_empty() {
+                holders.push(h);
+                break;
+            }
+            if idle.requests().len() > before_idle {
+                assert_eq!(h.read_response(false).unwrap().text(), "idle");
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+    let mut c = Client::connect(addr).unwrap();
+    for _ in 0..10 {
+        assert_eq!(c.request(&get("/")).unwrap().text(), "idle");
+    }
+}
+
+#[test]
+fn graceful_shutdown_finishes_requests_in_flight() {
+    let up = TestUpstream::start(|_| Reply::Stall(Duration::from_millis(400)));
+    let p = simple(&[up.addr], "", "");
+    let addr = p.addr("p").unwrap();
+    let mut c = Client::connect(addr).unwrap();
+    c.send(&get("/slow")).unwrap();
+    while up.requests().is_empty() {
+        std::thread::yield_now();
+    }
+    p.shutdown();
+    let r = c.read_response(false).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "late");
+    assert_eq!(r.header("connection"), Some("close"));
+    p.wait();
+    assert!(
+        TcpStream::connect(addr).is_err(),
+        "listener closed after shutdown"
+    );
+}
+
+#[test]
+fn no_route_is_404() {
+    let p = proxy(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+path = "/only"
+respond = { status = 200, body = "only" }
+"#,
+    );
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/only")).unwrap().text(), "only");
+    assert_eq!(c.request(&get("/other")).unwrap().status, 404);
+}
+
+#[test]
+fn origin_behind_the_proxy_serves_synthetic_sizes() {
+    let origin = proxy(
+        r#"
+[[listeners]]
+name = "o"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+origin = true
+"#,
+    );
+    let p = simple(&[origin.addr("o").unwrap()], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for (path, len) in [
+        ("/bytes/0", 0),
+        ("/bytes/1k", 1024),
+        ("/bytes/100k", 102400),
+        ("/bytes/1m", 1048576),
+    ] {
+        let r = c.request(&get(path)).unwrap();
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.body.len(), len, "{path}");
+    }
+    let r = c.request(&get("/?size=10k&status=201")).unwrap();
+    assert_eq!((r.status, r.body.len()), (201, 10240));
+}
+
+#[test]
+fn path_prefix_is_stripped_before_forwarding() {
+    let up = TestUpstream::start(|r| Reply::ok(&r.target));
+    let p = simple(
+        &[up.addr],
+        "",
+        "path = \"/api/**\"\nstrip_prefix = \"/api\"",
+    );
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(
+        c.request(&get("/api/users?id=7")).unwrap().text(),
+        "/users?id=7"
+    );
+}

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Side-by-side proxy CPU per request (performance.md P1/P10): Portico vs nginx vs HAProxy.
+
+Topology on a 2-core box: wrk (core 1) -> proxy under test (core 0, one worker) -> portico origin
+(core 1, one worker), HTTP/1.1 keep-alive on both legs, all on 127.0.0.1. The proxy's CPU time
+(utime + stime of its whole process tree, from /proc) is divided by the requests wrk completed.
+A run with any non-2xx response or socket error is void. Until `portico bench` exists (issue 4) wrk
+is the closed-loop load generator: these figures are CPU per request, never latency claims.
+
+Usage: scripts/bench-compare.py [--duration 10] [--size 1k] [--connections 50] [--rounds 3]
+Installs nothing; needs nginx, haproxy, wrk (apt-get install -y nginx haproxy wrk).
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited early with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} never opened")
+
+
+def tree(pid):
+    pids = [pid]
+    for p in list(pids):
+        try:
+            out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(p)], capture_output=True, text=True).stdout
+        except OSError:
+            out = ""
+        pids += [int(x) for x in out.split()]
+    return pids
+
+
+def cpu_seconds(pids):
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+        except OSError:
+            pass
+    return total / TICKS
+
+
+def run_wrk(url, duration, connections):
+    cmd = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{duration}s", url]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    m = re.search(r"(\d+) requests in", out)
+    reqs = int(m.group(1)) if m else 0
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    return {
+        "requests": reqs,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1).strip() if errors else "",
+        "rps": float(rps.group(1)) if rps else 0.0,
+        "raw": out,
+    }
+
+
+def nginx_conf(d, port, origin):
+    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(f"{d}/{sub}", exist_ok=True)
+    return f"""
+worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log warn;
+events {{ worker_connections 10000; }}
+http {{
+    access_log off;
+    keepalive_requests 1000000;
+    client_body_temp_path {d}/client_body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fastcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    upstream b {{ server {origin}; keepalive 100; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_pass http://b;
+        }}
+    }}
+}}
+"""
+
+
+def haproxy_conf(port, origin):
+    return f"""
+global
+    nbthread 1
+    maxconn 20000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+    http-reuse always
+frontend f
+    bind 127.0.0.1:{port}
+    default_backend b
+backend b
+    server s1 {origin}
+"""
+
+
+def portico_conf(port, origin):
+    return f"""
+[[listeners]]
+name = "p"
+address = "127.0.0.1:{port}"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{origin}"]
+keepalive = 100
+"""
+
+
+def start_proxy(name, d, port, origin, portico):
+    if name == "portico":
+        path = f"{d}/portico.toml"
+        open(path, "w").write(portico_conf(port, origin))
+        cmd = [portico, "run", "--config", path, "--workers", "1"]
+    elif name == "nginx":
+        path = f"{d}/nginx.conf"
+        open(path, "w").write(nginx_conf(d, port, origin))
+        cmd = ["nginx", "-c", path, "-p", d]
+    elif name == "haproxy":
+        path = f"{d}/haproxy.cfg"
+        open(path, "w").write(haproxy_conf(port, origin))
+        cmd = ["haproxy", "-f", path, "-db"]
+    else:
+        raise ValueError(name)
+    log = open(f"{d}/{name}.log", "w")
+    proc = subprocess.Popen(["taskset", "-c", "0"] + cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG="info"))
+    wait_port(port, proc)
+    return proc
+
+
+def version(cmd):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return (r.stdout + r.stderr).strip().splitlines()[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--size", default="1k")
+    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median per proxy is reported")
+    ap.add_argument("--proxies", default="portico,nginx,haproxy")
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args()
+
+    portico = os.path.join(ROOT, "target/release/portico")
+    subprocess.run(["cargo", "build", "--release", "--locked", "-p", "portico"], cwd=ROOT, check=True)
+    proxies = [p for p in args.proxies.split(",") if p == "portico" or shutil.which(p)]
+    d = tempfile.mkdtemp(prefix="portico-bench-")
+    oport = free_port()
+    origin = f"127.0.0.1:{oport}"
+    olog = open(f"{d}/origin.log", "w")
+    oproc = subprocess.Popen(["taskset", "-c", "1", portico, "origin", "--listen", origin, "--workers", "1"], stdout=olog, stderr=subprocess.STDOUT)
+    results = {p: [] for p in proxies}
+    try:
+        wait_port(oport, oproc)
+        for rnd in range(args.rounds):
+            for name in proxies:
+                port = free_port()
+                proc = start_proxy(name, d, port, origin, portico)
+                url = f"http://127.0.0.1:{port}/bytes/{args.size}"
+                try:
+                    run_wrk(url, 2, args.connections)  # warm-up, excluded
+                    pids = tree(proc.pid)
+                    c0 = cpu_seconds(pids)
+                    w = run_wrk(url, args.duration, args.connections)
+                    c1 = cpu_seconds(pids)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=15)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                void = w["requests"] == 0 or w["non2xx"] > 0 or w["socket_errors"] != ""
+                r = {
+                    "round": rnd,
+                    "requests": w["requests"],
+                    "rps": w["rps"],
+                    "cpu_s": round(c1 - c0, 3),
+                    "us_per_req": round((c1 - c0) * 1e6 / w["requests"], 3) if w["requests"] else None,
+                    "void": void,
+                    "non2xx": w["non2xx"],
+                    "socket_errors": w["socket_errors"],
+                }
+                if name == "portico":
+                    text = open(f"{d}/portico.log").read()
+                    m = re.findall(r"upstream_requests=(\d+) upstream_reused=(\d+)", text)
+                    if m:
+                        up, reused = map(int, m[-1])
+                        r["upstream_reuse_pct"] = round(reused * 100.0 / up, 4) if up else None
+                results[name].append(r)
+                print(f"round {rnd} {name:8} {r}", flush=True)
+    finally:
+        oproc.send_signal(signal.SIGTERM)
+        oproc.wait(timeout=15)
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if xs else None
+
+    summary = {}
+    for name, rs in results.items():
+        ok = [r for r in rs if not r["void"] and r["us_per_req"]]
+        summary[name] = {"us_per_req_median": median([r["us_per_req"] for r in ok]), "rps_median": median([r["rps"] for r in ok]), "valid_rounds": len(ok)}
+    print()
+    print(f"{'proxy':10} {'us/req (median)':>16} {'req/s (median)':>15} {'valid rounds':>13}")
+    for name, s in summary.items():
+        print(f"{name:10} {s['us_per_req_median'] or 0:16.2f} {s['rps_median'] or 0:15.0f} {s['valid_rounds']:13}")
+    base = summary.get("portico", {}).get("us_per_req_median")
+    for peer in ("nginx", "haproxy"):
+        p = summary.get(peer, {}).get("us_per_req_median")
+        if base and p:
+            print(f"portico / {peer} CPU per request: {base / p:.3f}x")
+    manifest = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "kernel": os.uname().release,
+        "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
+        "versions": {"nginx": version(["nginx", "-v"]), "haproxy": version(["haproxy", "-v"]), "wrk": version(["wrk", "-v"]), "portico": version([portico, "--version"])},
+        "args": vars(args),
+    }
+    if args.json:
+        json.dump({"manifest": manifest, "results": results, "summary": summary}, open(args.json, "w"), indent=1, default=str)
+    print(json.dumps(manifest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit + integration tests, varnishtest scenarios.
+# Installs what it needs (Debian packages, rustup components) so it works on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v varnishtest >/dev/null 2>&1 || need_apt+=(varnish)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "==> installing ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "==> missing ${need_apt[*]}: run as root or install them (varnishtest scenarios need varnish)" >&2
+    exit 1
+  fi
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy (warnings denied)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --workspace --locked 2>&1 | tee target/cargo-test.log
+echo "==> varnishtest scenarios"
+cargo build --release --locked -p portico
+scripts/vtc.sh
