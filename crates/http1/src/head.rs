@@ -325,10 +325,11 @@ impl<'b> Slots<'b> {
     }
 }
 
-/// httparse slots to provide: `max_headers`, but no more than can fit in `max_head_bytes` (a field
-/// line takes at least 4 bytes), so that a huge configured limit cannot make us allocate much.
-fn header_slots(limits: &Limits) -> usize {
-    limits.max_headers.min(limits.max_head_bytes / 4 + 1)
+/// httparse slots to provide: `max_headers`, but no more than can fit in the bytes at hand (a
+/// field line takes at least 3 bytes, `a:` LF, for httparse), so that a huge configured limit
+/// cannot make us allocate much; the error reported for a head is the same either way.
+fn header_slots(limits: &Limits, window: &[u8]) -> usize {
+    limits.max_headers.min(window.len() / 3 + 1)
 }
 
 /// Strict httparse settings (they are the defaults; spelled out so that they stay that way).
@@ -350,7 +351,7 @@ fn scan_request(
     limits: &Limits,
 ) -> Result<Option<(usize, RequestHead)>, ParseErrorKind> {
     let window = head_window(avail, limits);
-    let slot_count = header_slots(limits);
+    let slot_count = header_slots(limits, window);
     let mut slots = Slots::new(slot_count);
     let mut req = httparse::Request::new(&mut []);
     let n = match parser_config().parse_request_with_uninit_headers(
@@ -449,11 +450,16 @@ fn scan_request(
 
 /// httparse wants more bytes: that is fine unless the limits are already exceeded.
 fn request_incomplete<T>(avail: &[u8], limits: &Limits) -> Result<Option<T>, ParseErrorKind> {
-    // A request line of `max_request_line` bytes plus CRLF has its LF at index max + 1.
+    // A request line of `max_request_line` bytes plus CRLF has its LF at index max + 1, so
+    // looking that far is enough.
     let probe_len = limits.max_request_line.saturating_add(2);
     let probe = avail.get(..probe_len).unwrap_or(avail);
-    if probe.len() >= probe_len && find_byte(probe, b'\n').is_none() {
-        return Err(ParseErrorKind::RequestLineTooLong);
+    if find_byte(probe, b'\n').is_none() {
+        // No line end yet: what is there (but a final CR) is already part of the line.
+        let content = probe.strip_suffix(b"\r").unwrap_or(probe);
+        if content.len() > limits.max_request_line {
+            return Err(ParseErrorKind::RequestLineTooLong);
+        }
     }
     if avail.len() >= limits.max_head_bytes {
         return Err(ParseErrorKind::HeadTooLarge);
@@ -762,7 +768,7 @@ fn scan_response(
         return Err(ParseErrorKind::Malformed);
     }
     let window = head_window(buf, limits);
-    let slot_count = header_slots(limits);
+    let slot_count = header_slots(limits, window);
     let mut slots = Slots::new(slot_count);
     let mut resp = httparse::Response::new(&mut []);
     let n = match parser_config().parse_response_with_uninit_headers(

@@ -284,9 +284,9 @@ fn request_line_limit() {
     assert_eq!(outcome(long.as_bytes(), &limits), Err(RequestLineTooLong));
     // No line end yet: waits until the line cannot fit any more.
     let partial = line(200);
-    assert_eq!(outcome(&partial.as_bytes()[..65], &limits), Ok(false));
+    assert_eq!(outcome(&partial.as_bytes()[..64], &limits), Ok(false));
     assert_eq!(
-        outcome(&partial.as_bytes()[..66], &limits),
+        outcome(&partial.as_bytes()[..65], &limits),
         Err(RequestLineTooLong)
     );
     assert_eq!(
@@ -612,4 +612,26 @@ fn method_helpers() {
     assert!(!Method::Post.is_idempotent());
     assert_eq!(Method::Other("PURGE".into()).as_str(), "PURGE");
     assert_eq!(Version::Http10.as_str(), "HTTP/1.0");
+}
+
+#[test]
+fn huge_configured_limits_do_not_allocate_or_overflow() {
+    let limits = Limits {
+        max_headers: usize::MAX,
+        max_head_bytes: usize::MAX,
+        max_request_line: usize::MAX,
+    };
+    let head = request_with(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n", &limits).unwrap();
+    assert_eq!(head.host(), Some("h"));
+    assert_eq!(
+        outcome(b"GET / HTTP/1.1\r\nHost: h\r\n", &limits),
+        Ok(false)
+    );
+    let tiny = Limits {
+        max_headers: 10,
+        max_head_bytes: 0,
+        max_request_line: 0,
+    };
+    assert_eq!(outcome(b"G", &tiny), Err(RequestLineTooLong));
+    assert_eq!(outcome(b"", &tiny), Ok(false));
 }
