@@ -119,7 +119,7 @@ def haproxy_conf(port, origin):
     return f"""
 global
     nbthread 1
-    maxconn 20000
+    maxconn 4096
 defaults
     mode http
     timeout connect 5s

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use portico_config::Config;
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

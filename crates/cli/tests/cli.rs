@@ -1,0 +1,149 @@
+//! End-to-end tests of the `portico` binary: flags, exit codes, signals, the origin job.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("portico-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Start `portico ARGS`, wait for its "listener NAME on http://ADDR/" lines, return them.
+fn spawn(args: &[&str], listeners: usize) -> (Child, Vec<SocketAddr>) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut addrs = Vec::new();
+    while addrs.len() < listeners {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "portico exited before listening"
+        );
+        if let Some(rest) = line.trim().split(" on http://").nth(1) {
+            addrs.push(rest.trim_end_matches('/').parse().unwrap());
+        }
+    }
+    (child, addrs)
+}
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn terminate(mut child: Child) -> (std::process::ExitStatus, String) {
+    let st = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}
+
+#[test]
+fn version_and_help() {
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("portico "));
+    for cmd in ["run", "check", "origin"] {
+        let out = Command::new(BIN).args([cmd, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{cmd} --help");
+    }
+}
+
+#[test]
+fn check_explains_the_embedded_default() {
+    let out = Command::new(BIN).arg("check").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("127.0.0.1:8080"), "{text}");
+    assert!(text.contains("configuration OK"), "{text}");
+}
+
+#[test]
+fn check_reports_file_line_column_and_key() {
+    let d = temp_dir("check");
+    let path = d.join("bad.toml");
+    std::fs::write(&path, "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:99999\"\n[[listeners.routes]]\nrespond = { status = 200 }\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!("{}:3:11: listeners[0].address:", path.display());
+    assert!(err.contains(&want), "want {want} in {err}");
+}
+
+#[test]
+fn run_serves_and_stops_gracefully_on_sigterm() {
+    let d = temp_dir("run");
+    let path = d.join("p.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"o\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\norigin = true\n",
+    )
+    .unwrap();
+    let (child, addrs) = spawn(
+        &["run", "--config", path.to_str().unwrap(), "--workers", "1"],
+        1,
+    );
+    let resp = get(addrs[0], "/bytes/10");
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    assert!(resp.ends_with("0123456789"), "{resp}");
+    let (status, err) = terminate(child);
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(err.contains("stopped:"), "{err}");
+}
+
+#[test]
+fn origin_serves_files_from_root() {
+    let d = temp_dir("origin");
+    std::fs::write(d.join("hello.txt"), "hello file\n").unwrap();
+    let (child, addrs) = spawn(
+        &[
+            "origin",
+            "--root",
+            d.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+        ],
+        1,
+    );
+    let resp = get(addrs[0], "/hello.txt");
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    assert!(resp.contains("Content-Type: text/plain"), "{resp}");
+    assert!(resp.ends_with("hello file\n"), "{resp}");
+    assert!(get(addrs[0], "/../../etc/passwd").starts_with("HTTP/1.1 400"));
+    let (status, _) = terminate(child);
+    assert!(status.success());
+}
