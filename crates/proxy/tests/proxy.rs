@@ -530,3 +530,168 @@ fn path_prefix_is_stripped_before_forwarding() {
         "/users?id=7"
     );
 }
+
+#[test]
+fn slow_request_head_gets_408() {
+    let up = TestUpstream::start(|_| Reply::ok("x"));
+    let p = proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[listeners.limits]
+head_timeout = "300ms"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        up.addr
+    ));
+    // Half a head, then nothing: the deadline counts from the first byte, not from each read.
+    let raw = exchange_raw(p.addr("p").unwrap(), b"GET / HTTP/1.1\r\nHost: a\r\n").unwrap();
+    assert_eq!(status_of(&raw), Some(408));
+    assert!(up.requests().is_empty());
+}
+
+#[test]
+fn connections_over_the_listener_limit_are_refused() {
+    let p = proxy(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[listeners.limits]
+max_connections = 2
+[[listeners.routes]]
+respond = { status = 200, body = "ok" }
+"#,
+    );
+    let addr = p.addr("p").unwrap();
+    let mut a = Client::connect(addr).unwrap();
+    let mut b = Client::connect(addr).unwrap();
+    assert_eq!(a.request(&get("/")).unwrap().status, 200);
+    assert_eq!(b.request(&get("/")).unwrap().status, 200);
+    let mut c = Client::connect(addr).unwrap();
+    assert!(
+        c.request(&get("/")).is_err(),
+        "third connection closed at once"
+    );
+    assert!(p.stats().connections_refused.load(Ordering::Relaxed) >= 1);
+    drop(a);
+    // Once a slot frees, new connections are served again (the close is seen asynchronously).
+    let ok = (0..200).any(|_| {
+        Client::connect(addr)
+            .and_then(|mut d| d.request(&get("/")))
+            .map(|r| r.status == 200)
+            .unwrap_or(false)
+    });
+    assert!(ok);
+}
+
+#[test]
+fn header_rules_via_redirect_and_http10_framing() {
+    let up = TestUpstream::start(|_| Reply::Respond {
+        status: 200,
+        headers: vec![
+            ("X-Remove-Me".into(), "1".into()),
+            ("Via".into(), "1.1 origin".into()),
+        ],
+        body: b"chunked body".to_vec(),
+        chunked: true,
+    });
+    let p = proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+path = "/old"
+redirect = "https://example.test/new"
+redirect_status = 301
+
+[[listeners.routes]]
+proxy = "b"
+via = true
+request_headers = {{ set = {{ "x-env" = "test" }}, add = {{ "x-tag" = "a" }}, remove = ["x-debug"] }}
+response_headers = {{ remove = ["x-remove-me"], set = {{ "x-served-by" = "portico" }} }}
+
+[upstreams.b]
+servers = ["{}"]
+"#,
+        up.addr
+    ));
+    let addr = p.addr("p").unwrap();
+    let mut c = Client::connect(addr).unwrap();
+    let r = c.request(&get("/old")).unwrap();
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), Some("https://example.test/new"));
+
+    let r = c
+        .request(b"GET / HTTP/1.1\r\nHost: a\r\nX-Debug: 1\r\nX-Env: prod\r\nX-Tag: z\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.text(), "chunked body");
+    assert!(r.header("x-remove-me").is_none());
+    assert_eq!(r.header("x-served-by"), Some("portico"));
+    assert_eq!(r.header("via"), Some("1.1 origin, 1.1 portico"));
+    let seen = &up.requests()[0];
+    assert!(seen.header("x-debug").is_none());
+    assert_eq!(seen.header("x-env"), Some("test"));
+    assert_eq!(seen.header_count("x-tag"), 2);
+    assert_eq!(seen.header("via"), Some("1.1 portico"));
+
+    // An HTTP/1.0 client cannot read chunked: the body is close-delimited instead.
+    let raw = exchange_raw(addr, b"GET / HTTP/1.0\r\nHost: a\r\n\r\n").unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("transfer-encoding"),
+        "{text}"
+    );
+    assert!(text.ends_with("\r\n\r\nchunked body"), "{text}");
+}
+
+#[test]
+fn access_log_writes_one_json_line_per_request() {
+    let dir = std::env::temp_dir().join(format!("portico-alog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let p = proxy(&format!(
+        r#"
+[access_log]
+path = "{}"
+format = "json"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        path.display(),
+        closed_port()
+    ));
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/logged?q=1")).unwrap().status, 502);
+    let _ = exchange_raw(p.addr("p").unwrap(), b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    p.shutdown();
+    p.wait();
+    let log = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].contains("\"target\":\"/logged?q=1\"") && lines[0].contains("\"status\":502"),
+        "{log}"
+    );
+    assert!(
+        lines[0].contains("\"side\":\"Upstream\",\"phase\":\"Connect\",\"cause\":\"Refused\""),
+        "{log}"
+    );
+    assert!(
+        lines[1].contains("\"status\":400") && lines[1].contains("\"cause\":\"BadRequest\""),
+        "{log}"
+    );
+}
