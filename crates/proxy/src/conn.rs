@@ -24,6 +24,29 @@ const BODY_RATE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Largest body slice decoded at once.
 pub const MAX_CHUNK: usize = 64 * 1024;
 
+/// How long a client may accept no bytes before a write to it fails (nginx's `send_timeout`).
+pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Write all of `buf` to a client: one direct attempt (no timer when the socket takes it all),
+/// then the rest under [`SEND_TIMEOUT`], so a client that stops reading cannot pin the task.
+pub async fn send_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+    let n = match stream.try_write(buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e),
+    };
+    if n == buf.len() {
+        return Ok(());
+    }
+    match timeout(SEND_TIMEOUT, stream.write_all(&buf[n..])).await {
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "client accepted no data in time",
+        )),
+        Ok(r) => r,
+    }
+}
+
 /// Everything a connection task needs besides its socket.
 pub struct Ctx {
     pub ls: Arc<ListenerState>,
@@ -39,6 +62,8 @@ pub struct Conn {
     pub client_ip: String,
     pub rbuf: BytesMut,
     pub wbuf: BytesMut,
+    /// The request head being sent upstream (kept to reuse its allocation).
+    pub ubuf: BytesMut,
     pub requests: u64,
 }
 
@@ -72,6 +97,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
         client_ip: peer.ip().to_string(),
         rbuf: BytesMut::with_capacity(8 * 1024),
         wbuf: BytesMut::with_capacity(8 * 1024),
+        ubuf: BytesMut::with_capacity(1024),
         requests: 0,
     };
     let accepted = Instant::now();
@@ -123,7 +149,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
         };
         c.requests += 1;
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = handle(&mut c, &mut ctx, &head).await;
+        let outcome = handle(&mut c, &ctx, &head).await;
         ctx.shared.stats.record(outcome.termination);
         log_access(&ctx, &c, Some(&head), &outcome, started);
         if !outcome.keep_alive {
@@ -201,8 +227,8 @@ pub fn may_keep_alive(c: &Conn, ctx: &Ctx, head: &RequestHead) -> bool {
     head.keep_alive && !*ctx.shutdown.borrow() && (max == 0 || c.requests < max)
 }
 
-async fn handle(c: &mut Conn, ctx: &mut Ctx, head: &RequestHead) -> Outcome {
-    let ls = ctx.ls.clone();
+async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
+    let ls = &*ctx.ls;
     let routes = &ls.listener.routes;
     let idx = crate::route::select(
         routes,
@@ -395,8 +421,7 @@ pub async fn write_simple(
     end_local_head(&mut c.wbuf, keep_alive, version);
     c.wbuf.extend_from_slice(body);
     let n = c.wbuf.len() as u64;
-    c.stream
-        .write_all(&c.wbuf)
+    send_all(&mut c.stream, &c.wbuf)
         .await
         .map_err(ProxyError::ClientIo)?;
     c.wbuf.clear();
@@ -421,8 +446,7 @@ async fn write_fixed(
         c.wbuf.extend_from_slice(b);
     }
     let n = c.wbuf.len() as u64;
-    c.stream
-        .write_all(&c.wbuf)
+    send_all(&mut c.stream, &c.wbuf)
         .await
         .map_err(ProxyError::ClientIo)?;
     c.wbuf.clear();
@@ -432,8 +456,7 @@ async fn write_fixed(
 /// Send `100 Continue` if the client waits for it before sending a body.
 pub async fn send_continue(c: &mut Conn, head: &RequestHead) -> Result<(), ProxyError> {
     if head.expect_continue && head.framing != Framing::None && head.version() == Version::Http11 {
-        c.stream
-            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        send_all(&mut c.stream, b"HTTP/1.1 100 Continue\r\n\r\n")
             .await
             .map_err(ProxyError::ClientIo)?;
     }
@@ -583,15 +606,15 @@ async fn serve_origin(
     let result: Result<u64, std::io::Error> = async {
         let mut sent = c.wbuf.len() as u64;
         match reply.body {
-            Body::Empty => c.stream.write_all(&c.wbuf).await?,
+            Body::Empty => send_all(&mut c.stream, &c.wbuf).await?,
             Body::Bytes(b) => {
                 sent += b.len() as u64;
                 if b.len() <= 16 * 1024 {
                     c.wbuf.extend_from_slice(&b);
-                    c.stream.write_all(&c.wbuf).await?;
+                    send_all(&mut c.stream, &c.wbuf).await?;
                 } else {
-                    c.stream.write_all(&c.wbuf).await?;
-                    c.stream.write_all(&b).await?;
+                    send_all(&mut c.stream, &c.wbuf).await?;
+                    send_all(&mut c.stream, &b).await?;
                 }
             }
             Body::File {
@@ -600,7 +623,7 @@ async fn serve_origin(
                 len,
             } => {
                 use std::io::{Read, Seek, SeekFrom};
-                c.stream.write_all(&c.wbuf).await?;
+                send_all(&mut c.stream, &c.wbuf).await?;
                 file.seek(SeekFrom::Start(offset))?;
                 let mut left = len;
                 let mut buf = vec![0u8; (len.min(MAX_CHUNK as u64)) as usize];
@@ -613,7 +636,7 @@ async fn serve_origin(
                             "file shrank while serving",
                         ));
                     }
-                    c.stream.write_all(&buf[..n]).await?;
+                    send_all(&mut c.stream, &buf[..n]).await?;
                     left -= n as u64;
                     sent += n as u64;
                 }

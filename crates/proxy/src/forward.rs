@@ -1,7 +1,8 @@
 //! The proxy action: pick a server, reuse or open a connection, stream both ways, release.
 
 use crate::conn::{
-    fail, may_keep_alive, send_continue, write_framed, ClientBody, Conn, Ctx, Outcome, MAX_CHUNK,
+    fail, may_keep_alive, send_all, send_continue, write_framed, ClientBody, Conn, Ctx, Outcome,
+    MAX_CHUNK,
 };
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, ClientInfo};
@@ -27,12 +28,12 @@ const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Proxy one request to the route's upstream group.
 pub async fn proxy(
     c: &mut Conn,
-    ctx: &mut Ctx,
+    ctx: &Ctx,
     head: &RequestHead,
     route: &Route,
     p: &ProxyAction,
 ) -> Outcome {
-    let shared = ctx.shared.clone();
+    let shared = &*ctx.shared;
     let upstream = &shared.upstreams[p.upstream];
     let group = upstream.group().clone();
     let key = hash_key(&group.balance, c, head);
@@ -57,9 +58,9 @@ pub async fn proxy(
     } else {
         addr.to_string()
     };
-    let mut ubuf = BytesMut::with_capacity(head.raw().len() + 256);
+    c.ubuf.clear();
     headers::upstream_request(
-        &mut ubuf,
+        &mut c.ubuf,
         head,
         &target,
         p,
@@ -108,9 +109,10 @@ pub async fn proxy(
             },
         };
         let r = exchange(
-            c,
+            &mut c.stream,
+            &mut c.rbuf,
             &mut up,
-            &ubuf,
+            &c.ubuf,
             head.method(),
             body.as_mut(),
             head.framing == Framing::Chunked,
@@ -144,7 +146,7 @@ pub async fn proxy(
         shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
     }
     for h in interim {
-        if c.stream.write_all(&h).await.is_err() {
+        if send_all(&mut c.stream, &h).await.is_err() {
             return client_gone(resp.status(), addr);
         }
     }
@@ -175,17 +177,28 @@ pub async fn proxy(
     )
     .await
     {
-        Ok(sent) => {
+        Ok(mut sent) => {
+            // The upstream exchange is complete: free the connection and the server's active
+            // slot before the last client write, so neither waits on a slow client.
             if up_reusable {
                 ctx.worker.pool.put(p.upstream, server, up);
             }
             drop(guard);
-            Outcome {
-                termination: Termination::OK,
-                status,
-                keep_alive,
-                bytes_sent: sent,
-                upstream: Some(addr),
+            match flush(c, &mut sent).await {
+                Ok(()) => Outcome {
+                    termination: Termination::OK,
+                    status,
+                    keep_alive,
+                    bytes_sent: sent,
+                    upstream: Some(addr),
+                },
+                Err(e) => Outcome {
+                    termination: e.termination(Phase::ResponseBody),
+                    status,
+                    keep_alive: false,
+                    bytes_sent: sent,
+                    upstream: Some(addr),
+                },
             }
         }
         Err(e) => Outcome {
@@ -249,7 +262,8 @@ async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
 /// the final response head and whether the request body was completely sent.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
-    c: &mut Conn,
+    client: &mut TcpStream,
+    client_buf: &mut BytesMut,
     up: &mut UpConn,
     ubuf: &[u8],
     method: &Method,
@@ -259,10 +273,18 @@ async fn exchange(
     idle: Duration,
     interim: &mut Vec<Bytes>,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
-    match timeout(idle, up.stream.write_all(ubuf)).await {
-        Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
-        Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
-        Ok(Ok(())) => {}
+    // Most heads fit the socket buffer at once: only arm the timer when they do not.
+    let written = match up.stream.try_write(ubuf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
+    };
+    if written < ubuf.len() {
+        match timeout(idle, up.stream.write_all(&ubuf[written..])).await {
+            Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
+            Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
+            Ok(Ok(())) => {}
+        }
     }
     let (mut ur, mut uw) = up.stream.split();
     let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, interim);
@@ -273,7 +295,7 @@ async fn exchange(
             Ok(r) => r.map(|h| (h, true)).map_err(|e| (e, Phase::ResponseHead)),
         };
     };
-    let body_fut = forward_body(&mut c.stream, &mut c.rbuf, &mut uw, body, chunked, idle);
+    let body_fut = forward_body(client, client_buf, &mut uw, body, chunked, idle);
     tokio::pin!(body_fut);
     let sleep = tokio::time::sleep(FAR);
     tokio::pin!(sleep);
@@ -351,7 +373,8 @@ async fn read_response_head<R: AsyncRead + Unpin>(
 }
 
 /// Stream the response body from upstream to client. `c.wbuf` holds the response head; small
-/// bodies already buffered go out in the same write.
+/// bodies already buffered go out in the same write. Returns once the upstream side is complete,
+/// leaving the last bytes in `c.wbuf` for the caller to flush.
 async fn relay_body(
     c: &mut Conn,
     up: &mut UpConn,
@@ -377,7 +400,9 @@ async fn relay_body(
                     }
                 } else {
                     flush(c, &mut sent).await?;
-                    c.stream.write_all(&d).await.map_err(ProxyError::ClientIo)?;
+                    send_all(&mut c.stream, &d)
+                        .await
+                        .map_err(ProxyError::ClientIo)?;
                     sent += d.len() as u64;
                     if chunked {
                         c.wbuf.extend_from_slice(b"\r\n");
@@ -388,7 +413,6 @@ async fn relay_body(
                 if chunked {
                     encode::last_chunk(&mut c.wbuf, &trailers);
                 }
-                flush(c, &mut sent).await?;
                 return Ok(sent);
             }
             Decoded::NeedMore => {
@@ -406,7 +430,6 @@ async fn relay_body(
                             if chunked {
                                 encode::last_chunk(&mut c.wbuf, b"");
                             }
-                            flush(c, &mut sent).await?;
                             return Ok(sent);
                         }
                         return Err(ProxyError::UpstreamClosed);
@@ -420,8 +443,7 @@ async fn relay_body(
 
 async fn flush(c: &mut Conn, sent: &mut u64) -> Result<(), ProxyError> {
     if !c.wbuf.is_empty() {
-        c.stream
-            .write_all(&c.wbuf)
+        send_all(&mut c.stream, &c.wbuf)
             .await
             .map_err(ProxyError::ClientIo)?;
         *sent += c.wbuf.len() as u64;
@@ -451,9 +473,9 @@ async fn tunnel(
         true,
     );
     let r: std::io::Result<(u64, u64)> = async {
-        c.stream.write_all(&c.wbuf).await?;
+        send_all(&mut c.stream, &c.wbuf).await?;
         if !up.rbuf.is_empty() {
-            c.stream.write_all(&up.rbuf).await?;
+            send_all(&mut c.stream, &up.rbuf).await?;
             up.rbuf.clear();
         }
         if !c.rbuf.is_empty() {
