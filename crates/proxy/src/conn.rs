@@ -21,29 +21,40 @@ use tokio::time::{timeout, timeout_at};
 
 /// Grace period before the minimum body rate is enforced.
 const BODY_RATE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a closing connection keeps reading after an error response.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 /// Largest body slice decoded at once.
 pub const MAX_CHUNK: usize = 64 * 1024;
 
 /// How long a client may accept no bytes before a write to it fails (nginx's `send_timeout`).
 pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Write all of `buf` to a client: one direct attempt (no timer when the socket takes it all),
-/// then the rest under [`SEND_TIMEOUT`], so a client that stops reading cannot pin the task.
+/// Write all of `buf` to a client. Each write is tried directly (no timer when the socket takes
+/// it); the client must accept some bytes within [`SEND_TIMEOUT`] whenever its window is full, so
+/// a client that stops reading cannot pin the task, and a slow one that progresses is not cut off.
 pub async fn send_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
-    let n = match stream.try_write(buf) {
-        Ok(n) => n,
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-        Err(e) => return Err(e),
-    };
-    if n == buf.len() {
-        return Ok(());
-    }
-    match timeout(SEND_TIMEOUT, stream.write_all(&buf[n..])).await {
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "client accepted no data in time",
-        )),
-        Ok(r) => r,
+    let mut off = 0;
+    loop {
+        match stream.try_write(&buf[off..]) {
+            Ok(n) => {
+                off += n;
+                if off >= buf.len() {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                match timeout(SEND_TIMEOUT, stream.writable()).await {
+                    Err(_) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "client accepted no data in time",
+                        ))
+                    }
+                    Ok(r) => r?,
+                }
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -125,7 +136,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
                             "text/plain",
                             error_body(status),
                             false,
-                            Version::Http11,
+                            None,
                             &[],
                         )
                         .await;
@@ -143,6 +154,7 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
                             started,
                         );
                     }
+                    close(&mut c, true).await;
                 }
                 return;
             }
@@ -153,9 +165,29 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
         ctx.shared.stats.record(outcome.termination);
         log_access(&ctx, &c, Some(&head), &outcome, started);
         if !outcome.keep_alive {
-            let _ = c.stream.shutdown().await;
+            let lingering = outcome.termination != Termination::OK;
+            close(&mut c, lingering).await;
             return;
         }
+    }
+}
+
+/// Close the connection. After an error the client may still be sending (a refused body): read
+/// and discard for a moment so the kernel does not answer with a reset that destroys our response.
+async fn close(c: &mut Conn, lingering: bool) {
+    let _ = c.stream.shutdown().await;
+    if lingering {
+        let drain = async {
+            let mut left: usize = 64 * 1024;
+            let mut buf = [0u8; 4096];
+            while left > 0 {
+                match c.stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = timeout(LINGER, drain).await;
     }
 }
 
@@ -165,8 +197,20 @@ fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, star
     }
 }
 
+/// Whether `buf` holds the end of a head that may have been cut at `from`: CRLF CRLF, or a bare
+/// LF pair the parser will refuse. Only the new bytes (and 3 before them) are searched.
+pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
+    let start = from.saturating_sub(3);
+    buf.get(start..).is_some_and(|tail| {
+        tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n")
+    })
+}
+
 /// Wait for a complete request head. `Ok(None)`: the connection ended cleanly between requests
-/// (EOF, idle timeout or shutdown).
+/// (EOF, reset, idle timeout or shutdown).
+///
+/// The parser runs only when the bytes read could complete the head or break a limit, so a head
+/// trickled in tiny pieces costs linear, not quadratic, work.
 async fn read_head(
     c: &mut Conn,
     ctx: &mut Ctx,
@@ -179,12 +223,29 @@ async fn read_head(
     } else {
         None
     };
+    // Bytes already searched for the end of the head; whether the request line was checked.
+    let mut scanned = 0;
+    let mut line_checked = false;
     loop {
+        // Empty lines before a request are allowed (RFC 9112 2.2): they start nothing.
+        if c.rbuf.iter().all(|&b| b == b'\r' || b == b'\n') {
+            c.rbuf.clear();
+            scanned = 0;
+        }
         if !c.rbuf.is_empty() {
-            match parse_request(&mut c.rbuf, &ctx.ls.limits) {
-                Ok(Some(h)) => return Ok(Some(h)),
-                Ok(None) => {}
-                Err(e) => return Err(ProxyError::BadHead(e)),
+            let newline = !line_checked && c.rbuf.contains(&b'\n');
+            let worth_parsing = head_may_be_complete(&c.rbuf, scanned)
+                || newline
+                || c.rbuf.len() > limits.max_head_bytes
+                || (!line_checked && c.rbuf.len() > limits.max_request_line);
+            scanned = c.rbuf.len();
+            line_checked |= newline;
+            if worth_parsing {
+                match parse_request(&mut c.rbuf, &ctx.ls.limits) {
+                    Ok(Some(h)) => return Ok(Some(h)),
+                    Ok(None) => {}
+                    Err(e) => return Err(ProxyError::BadHead(e)),
+                }
             }
             if deadline.is_none() {
                 deadline = Some(tokio::time::Instant::now() + limits.head_timeout);
@@ -213,7 +274,7 @@ async fn read_head(
             },
         };
         match n {
-            Ok(0) if c.rbuf.is_empty() => return Ok(None),
+            Ok(0) | Err(_) if c.rbuf.is_empty() => return Ok(None),
             Ok(0) => return Err(ProxyError::ClientClosed),
             Ok(_) => {}
             Err(e) => return Err(ProxyError::ClientIo(e)),
@@ -278,7 +339,7 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
                 "text/plain",
                 b"",
                 ka,
-                head.version(),
+                Some(head),
                 &[("Location", location.as_str())],
             )
             .await;
@@ -356,7 +417,7 @@ pub async fn fail(
             "text/plain",
             error_body(status),
             ka,
-            head.version(),
+            Some(head),
             &[],
         )
         .await
@@ -400,26 +461,35 @@ fn end_local_head(out: &mut BytesMut, keep_alive: bool, version: Version) {
     encode::end_head(out);
 }
 
-/// Write a complete small response generated by Portico itself.
+/// Write a complete small response generated by Portico itself, in answer to `req` (None when
+/// the request head could not be parsed). A HEAD request gets the length but not the body; a 503
+/// says when to retry.
 pub async fn write_simple(
     c: &mut Conn,
     status: u16,
     content_type: &str,
     body: &[u8],
     keep_alive: bool,
-    version: Version,
+    req: Option<&RequestHead>,
     extra: &[(&str, &str)],
 ) -> Result<u64, ProxyError> {
+    let version = req.map_or(Version::Http11, |r| r.version());
+    let head_only = req.is_some_and(|r| r.method() == &portico_http1::Method::Head);
     c.wbuf.clear();
     encode::status_line(&mut c.wbuf, status, "");
     encode::field(&mut c.wbuf, "Server", b"portico");
     for (n, v) in extra {
         encode::field(&mut c.wbuf, n, v.as_bytes());
     }
+    if status == 503 {
+        encode::field(&mut c.wbuf, "Retry-After", b"1");
+    }
     encode::field(&mut c.wbuf, "Content-Type", content_type.as_bytes());
     encode::content_length(&mut c.wbuf, body.len() as u64);
     end_local_head(&mut c.wbuf, keep_alive, version);
-    c.wbuf.extend_from_slice(body);
+    if !head_only {
+        c.wbuf.extend_from_slice(body);
+    }
     let n = c.wbuf.len() as u64;
     send_all(&mut c.stream, &c.wbuf)
         .await
@@ -655,5 +725,23 @@ async fn serve_origin(
             bytes_sent: 0,
             upstream: None,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_may_be_complete;
+
+    #[test]
+    fn head_end_is_found_across_read_boundaries() {
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        assert!(head_may_be_complete(head, 0));
+        // The terminator straddles the previous scan position.
+        assert!(head_may_be_complete(head, head.len() - 1));
+        assert!(head_may_be_complete(head, head.len() - 3));
+        assert!(!head_may_be_complete(b"GET / HTTP/1.1\r\nHost: a\r\n", 0));
+        // Bare LF pairs are handed to the parser too, which refuses them.
+        assert!(head_may_be_complete(b"GET / HTTP/1.1\nHost: a\n\n", 10));
+        assert!(!head_may_be_complete(b"", 0));
     }
 }

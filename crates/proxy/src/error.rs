@@ -37,6 +37,10 @@ pub enum ProxyError {
     BadResponse(ParseError),
     #[error("upstream sent an invalid body: {0}")]
     BadResponseBody(BodyError),
+    #[error("upstream sent too many interim (1xx) responses")]
+    TooManyInterim,
+    #[error("upstream switched protocols without an upgrade request")]
+    UnexpectedUpgrade,
     #[error("upstream closed the connection before a response")]
     UpstreamClosed,
     #[error("upstream I/O error: {0}")]
@@ -57,6 +61,7 @@ impl ProxyError {
             | ProxyError::BadResponse(_)
             | ProxyError::UpstreamClosed => 502,
             ProxyError::UpstreamIo(_) | ProxyError::BadResponseBody(_) => 502,
+            ProxyError::TooManyInterim | ProxyError::UnexpectedUpgrade => 502,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 504
             }
@@ -84,9 +89,10 @@ impl ProxyError {
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 (Side::Upstream, Cause::Timeout)
             }
-            ProxyError::BadResponse(_) | ProxyError::BadResponseBody(_) => {
-                (Side::Upstream, Cause::BadResponse)
-            }
+            ProxyError::BadResponse(_)
+            | ProxyError::BadResponseBody(_)
+            | ProxyError::TooManyInterim
+            | ProxyError::UnexpectedUpgrade => (Side::Upstream, Cause::BadResponse),
             ProxyError::UpstreamClosed => (Side::Upstream, Cause::Closed),
             ProxyError::UpstreamIo(_) => (Side::Upstream, Cause::Io),
         };

@@ -5,14 +5,14 @@ use crate::conn::{
     MAX_CHUNK,
 };
 use crate::error::ProxyError;
-use crate::headers::{self, ClientFraming, ClientInfo};
+use crate::headers::{self, ClientFraming, Forwarding};
 use crate::pool::UpConn;
 use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
 use portico_config::{Balance, ProxyAction, Route};
 use portico_http1::{
     encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
-    ResponseHead,
+    ResponseHead, Version,
 };
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -21,6 +21,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
+
+/// Most interim (1xx) responses accepted before the final one.
+const MAX_INTERIM: usize = 8;
 
 /// Far-away deadline used while a request body is still streaming (the body has its own timeouts).
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -35,7 +38,7 @@ pub async fn proxy(
 ) -> Outcome {
     let shared = &*ctx.shared;
     let upstream = &shared.upstreams[p.upstream];
-    let group = upstream.group().clone();
+    let group = &**upstream.group();
     let key = hash_key(&group.balance, c, head);
     let Some(guard) = upstream.pick(key, None) else {
         return fail(c, ctx, head, ProxyError::NoServer, Phase::Connect, false).await;
@@ -53,10 +56,13 @@ pub async fn proxy(
         }
     };
     let target = route.upstream_target(&origin_form);
-    let authority = if p.preserve_host && head.field("host").is_some() {
-        String::new()
-    } else {
-        addr.to_string()
+    // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and the
+    // one routing used), whatever the Host field says.
+    let absolute = absolute_authority(head.target());
+    let authority = match absolute {
+        Some(a) => a.to_string(),
+        None if p.preserve_host && head.field("host").is_some() => String::new(),
+        None => addr.to_string(),
     };
     c.ubuf.clear();
     headers::upstream_request(
@@ -65,11 +71,12 @@ pub async fn proxy(
         &target,
         p,
         &route.request_headers,
-        &ClientInfo {
-            ip: &c.client_ip,
+        &Forwarding {
+            client_ip: &c.client_ip,
             proto: "http",
+            authority: &authority,
+            absolute: absolute.is_some(),
         },
-        &authority,
     );
 
     let retryable = head.method().is_idempotent() && head.framing == Framing::None && !head.upgrade;
@@ -123,7 +130,13 @@ pub async fn proxy(
         .await;
         match r {
             Ok((resp, body_done)) => break (up, reused, resp, body_done),
-            Err((e, _)) if reused && retryable && up.rbuf.is_empty() && is_stale(&e) => {
+            Err((e, _))
+                if reused
+                    && retryable
+                    && up.rbuf.is_empty()
+                    && interim.is_empty()
+                    && is_stale(&e) =>
+            {
                 shared
                     .stats
                     .upstream_retries
@@ -145,13 +158,20 @@ pub async fn proxy(
     if reused {
         shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
     }
-    for h in interim {
-        if send_all(&mut c.stream, &h).await.is_err() {
-            return client_gone(resp.status(), addr);
+    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
+    if head.version() == Version::Http11 {
+        for h in interim {
+            if send_all(&mut c.stream, &h).await.is_err() {
+                return client_gone(resp.status(), addr);
+            }
         }
     }
     if resp.status() == 101 {
-        return tunnel(c, up, &resp, route, p, head, addr).await;
+        if !head.upgrade {
+            let e = ProxyError::UnexpectedUpgrade;
+            return fail(c, ctx, head, e, Phase::ResponseHead, body_done).await;
+        }
+        return tunnel(c, up, &resp, route, p, head, addr, group.idle_timeout).await;
     }
 
     let cf = headers::client_framing(resp.framing, head.version());
@@ -219,6 +239,18 @@ fn client_gone(status: u16, addr: SocketAddr) -> Outcome {
         bytes_sent: 0,
         upstream: Some(addr),
     }
+}
+
+/// The authority of an absolute-form target (`http://host:port/path` -> `host:port`).
+fn absolute_authority(target: &str) -> Option<&str> {
+    if target.starts_with('/') {
+        return None;
+    }
+    let rest = target.split_once("://")?.1;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let auth = &rest[..end];
+    // Drop userinfo if present (never forwarded).
+    Some(auth.rsplit_once('@').map_or(auth, |(_, h)| h)).filter(|a| !a.is_empty())
 }
 
 /// A reused connection that died before answering: the server closed it while idle.
@@ -333,10 +365,10 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     if chunked {
         scratch.clear();
         encode::last_chunk(&mut scratch, &body.trailers);
-        upstream
-            .write_all(&scratch)
-            .await
-            .map_err(ProxyError::UpstreamIo)?;
+        match timeout(idle, upstream.write_all(&scratch)).await {
+            Err(_) => return Err(ProxyError::UpstreamIdle),
+            Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
+        }
     }
     Ok(())
 }
@@ -353,6 +385,9 @@ async fn read_response_head<R: AsyncRead + Unpin>(
         if !rbuf.is_empty() {
             match parse_response(rbuf, method, &limits) {
                 Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
+                    if interim.len() >= MAX_INTERIM {
+                        return Err(ProxyError::TooManyInterim);
+                    }
                     interim.push(h.raw().clone());
                     continue;
                 }
@@ -453,6 +488,7 @@ async fn flush(c: &mut Conn, sent: &mut u64) -> Result<(), ProxyError> {
 }
 
 /// After a 101: send the head, then relay bytes both ways until either side closes.
+#[allow(clippy::too_many_arguments)]
 async fn tunnel(
     c: &mut Conn,
     mut up: UpConn,
@@ -461,6 +497,7 @@ async fn tunnel(
     p: &ProxyAction,
     head: &RequestHead,
     addr: SocketAddr,
+    idle: Duration,
 ) -> Outcome {
     c.wbuf.clear();
     headers::client_response(
@@ -482,7 +519,7 @@ async fn tunnel(
             up.stream.write_all(&c.rbuf).await?;
             c.rbuf.clear();
         }
-        tokio::io::copy_bidirectional(&mut c.stream, &mut up.stream).await
+        relay_both_ways(&mut c.stream, &mut up.stream, idle).await
     }
     .await;
     c.wbuf.clear();
@@ -499,9 +536,66 @@ async fn tunnel(
     }
 }
 
+/// Copy bytes both ways until both sides have closed; half-closes are passed on. Ends with
+/// `TimedOut` when neither side sends anything for `idle`.
+async fn relay_both_ways(
+    a: &mut TcpStream,
+    b: &mut TcpStream,
+    idle: Duration,
+) -> std::io::Result<(u64, u64)> {
+    let (mut ar, mut aw) = a.split();
+    let (mut br, mut bw) = b.split();
+    let mut abuf = vec![0u8; 16 * 1024];
+    let mut bbuf = vec![0u8; 16 * 1024];
+    let (mut a_open, mut b_open) = (true, true);
+    let (mut a_to_b, mut b_to_a) = (0u64, 0u64);
+    let sleep = tokio::time::sleep(idle);
+    tokio::pin!(sleep);
+    while a_open || b_open {
+        tokio::select! {
+            r = ar.read(&mut abuf), if a_open => {
+                let n = r?;
+                if n == 0 {
+                    a_open = false;
+                    bw.shutdown().await?;
+                } else {
+                    bw.write_all(&abuf[..n]).await?;
+                    a_to_b += n as u64;
+                }
+            }
+            r = br.read(&mut bbuf), if b_open => {
+                let n = r?;
+                if n == 0 {
+                    b_open = false;
+                    aw.shutdown().await?;
+                } else {
+                    aw.write_all(&bbuf[..n]).await?;
+                    b_to_a += n as u64;
+                }
+            }
+            _ = &mut sleep => {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "tunnel idle"));
+            }
+        }
+        sleep.as_mut().reset(tokio::time::Instant::now() + idle);
+    }
+    Ok((a_to_b, b_to_a))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::cookie_value;
+    use super::{absolute_authority, cookie_value};
+
+    #[test]
+    fn authority_of_absolute_targets() {
+        assert_eq!(
+            absolute_authority("http://a.test:81/x?y"),
+            Some("a.test:81")
+        );
+        assert_eq!(absolute_authority("http://user@a.test?q"), Some("a.test"));
+        assert_eq!(absolute_authority("/x"), None);
+        assert_eq!(absolute_authority("http:///x"), None);
+    }
 
     #[test]
     fn cookie_lookup() {

@@ -4,10 +4,15 @@ use bytes::BytesMut;
 use portico_config::{HeaderRules, ProxyAction};
 use portico_http1::{encode, Framing, RequestHead, ResponseHead, Version};
 
-/// Facts about the downstream connection the forwarded head needs.
-pub struct ClientInfo<'a> {
-    pub ip: &'a str,
+/// What the forwarded head needs beyond the request: the client and the Host to send.
+pub struct Forwarding<'a> {
+    pub client_ip: &'a str,
     pub proto: &'a str,
+    /// Host sent when the client's is not kept (the server address), or the authority of an
+    /// absolute-form target when `absolute`.
+    pub authority: &'a str,
+    /// `authority` came from an absolute-form target and overrides the client's Host field.
+    pub absolute: bool,
 }
 
 fn listed(names: &[String], name: &str) -> bool {
@@ -32,19 +37,19 @@ pub fn upstream_request(
     target: &str,
     action: &ProxyAction,
     rules: &HeaderRules,
-    client: &ClientInfo<'_>,
-    server_authority: &str,
+    fwd: &Forwarding<'_>,
 ) {
     encode::request_line(out, head.method().as_str(), target);
     let mut xff: Option<&[u8]> = None;
     let mut via: Option<&[u8]> = None;
     let mut host_value: Option<&[u8]> = None;
     for (name, value) in head.fields() {
-        if head.is_hop_by_hop(name) {
-            continue;
-        }
+        // Host first: a `Connection: host` must not make the upstream lose it.
         if name.eq_ignore_ascii_case("host") {
             host_value = Some(value);
+            continue;
+        }
+        if head.is_hop_by_hop(name) {
             continue;
         }
         if name.eq_ignore_ascii_case("content-length")
@@ -77,10 +82,13 @@ pub fn upstream_request(
         }
         encode::field(out, name, value);
     }
+    if fwd.absolute {
+        host_value = Some(fwd.authority.as_bytes());
+    }
     if !set_listed(rules, "host") {
         match (action.preserve_host, host_value) {
             (true, Some(h)) => encode::field(out, "Host", h),
-            _ => encode::field(out, "Host", server_authority.as_bytes()),
+            _ => encode::field(out, "Host", fwd.authority.as_bytes()),
         }
     }
     if action.forwarded_headers {
@@ -89,16 +97,16 @@ pub fn upstream_request(
                 out.extend_from_slice(b"X-Forwarded-For: ");
                 out.extend_from_slice(prev);
                 out.extend_from_slice(b", ");
-                out.extend_from_slice(client.ip.as_bytes());
+                out.extend_from_slice(fwd.client_ip.as_bytes());
                 out.extend_from_slice(b"\r\n");
             }
-            _ => encode::field(out, "X-Forwarded-For", client.ip.as_bytes()),
+            _ => encode::field(out, "X-Forwarded-For", fwd.client_ip.as_bytes()),
         }
-        encode::field(out, "X-Forwarded-Proto", client.proto.as_bytes());
+        encode::field(out, "X-Forwarded-Proto", fwd.proto.as_bytes());
         if let Some(h) = host_value {
             encode::field(out, "X-Forwarded-Host", h);
         }
-        encode::field(out, "X-Real-IP", client.ip.as_bytes());
+        encode::field(out, "X-Real-IP", fwd.client_ip.as_bytes());
     }
     if action.via {
         write_via(out, via, head.version());

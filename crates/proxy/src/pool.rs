@@ -71,6 +71,9 @@ impl Pool {
         let Some(list) = idle.get_mut(group).and_then(|g| g.get_mut(server)) else {
             return;
         };
+        if self.caps[group] == 0 {
+            return;
+        }
         if list.len() >= self.caps[group] {
             // Drop the oldest, keep the warm one.
             list.remove(0);

@@ -223,7 +223,7 @@ fn worker_main(
             .map(|g| {
                 (
                     g.servers.len(),
-                    g.keepalive.div_ceil(shared.workers).max(1),
+                    g.keepalive.div_ceil(shared.workers),
                     g.idle_timeout,
                 )
             })

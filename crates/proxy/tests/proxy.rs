@@ -695,3 +695,131 @@ servers = ["{}"]
         "{log}"
     );
 }
+
+// Regression tests for the data-plane review findings, one per bug.
+
+#[test]
+fn error_response_to_head_has_no_body() {
+    let p = proxy(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+path = "/only"
+respond = { status = 200, body = "only" }
+"#,
+    );
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    c.send(b"HEAD /nope HTTP/1.1\r\nHost: a\r\n\r\nGET /only HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    let r = c.read_response(true).unwrap();
+    assert_eq!(r.status, 404);
+    let r = c.read_response(false).unwrap();
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "only"),
+        "next response read cleanly"
+    );
+}
+
+#[test]
+fn interim_response_flood_is_cut_off_with_502() {
+    let up = TestUpstream::start(|_| Reply::Raw(b"HTTP/1.1 100 Continue\r\n\r\n".repeat(100)));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/")).unwrap().status, 502);
+}
+
+#[test]
+fn absolute_form_target_decides_the_forwarded_host() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = c
+        .request(b"GET http://public.test:8080/x?y=1 HTTP/1.1\r\nHost: internal.test\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let seen = &up.requests()[0];
+    assert_eq!(seen.target, "/x?y=1");
+    assert_eq!(seen.header("host"), Some("public.test:8080"));
+    assert_eq!(seen.header("x-forwarded-host"), Some("public.test:8080"));
+}
+
+#[test]
+fn unsolicited_101_is_502_not_a_tunnel() {
+    let up = TestUpstream::start(|_| {
+        Reply::Raw(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n"
+                .to_vec(),
+        )
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/")).unwrap().status, 502);
+}
+
+#[test]
+fn no_retry_after_the_upstream_sent_an_interim_response() {
+    let up = TestUpstream::start(|r| {
+        if r.target == "/second" {
+            Reply::RawThenClose(b"HTTP/1.1 102 Processing\r\n\r\n".to_vec())
+        } else {
+            Reply::ok("first")
+        }
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/first")).unwrap().status, 200);
+    assert_eq!(
+        c.request(b"DELETE /second HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap()
+            .status,
+        502
+    );
+    let deletes = up
+        .requests()
+        .iter()
+        .filter(|r| r.target == "/second")
+        .count();
+    assert_eq!(
+        deletes, 1,
+        "the upstream answered, so the request was not sent twice"
+    );
+}
+
+#[test]
+fn connection_nominating_host_does_not_drop_host() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    c.request(b"GET / HTTP/1.1\r\nHost: kept.test\r\nConnection: host\r\n\r\n")
+        .unwrap();
+    assert_eq!(up.requests()[0].header("host"), Some("kept.test"));
+}
+
+#[test]
+fn keepalive_zero_opens_a_connection_per_request() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = simple(&[up.addr], "keepalive = 0", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for _ in 0..3 {
+        assert_eq!(c.request(&get("/")).unwrap().status, 200);
+    }
+    assert_eq!(up.connection_count(), 3);
+}
+
+#[test]
+fn stray_crlf_between_requests_is_not_a_request() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(
+        c.request(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi\r\n")
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(c.request(&get("/")).unwrap().status, 200);
+    assert_eq!(p.stats().requests.load(Ordering::Relaxed), 2);
+}
