@@ -37,7 +37,11 @@ fn run(input: &[u8], step: usize, max: usize) -> (Vec<u8>, End) {
                     let eof = dec.on_eof().map(|_| ());
                     return (data, End::Eof(eof));
                 }
-                let n = if step == 0 { input.len() - fed } else { step.min(input.len() - fed) };
+                let n = if step == 0 {
+                    input.len() - fed
+                } else {
+                    step.min(input.len() - fed)
+                };
                 buf.extend_from_slice(&input[fed..fed + n]);
                 fed += n;
             }
@@ -48,14 +52,24 @@ fn run(input: &[u8], step: usize, max: usize) -> (Vec<u8>, End) {
 
 fuzz_target!(|input: &[u8]| {
     // First byte: item size and an odd feeding step.
-    let Some((&knob, input)) = input.split_first() else { return };
+    let Some((&knob, input)) = input.split_first() else {
+        return;
+    };
     let max = usize::from(knob % 64) + 1;
     let step = usize::from(knob / 64) * 2 + 3;
 
     let (data, end) = run(input, 0, 4096);
     assert!(data.len() <= input.len());
-    assert_eq!(run(input, 1, max), (data.clone(), end.clone()), "byte at a time differs");
-    assert_eq!(run(input, step, 4096), (data.clone(), end.clone()), "step {step} differs");
+    assert_eq!(
+        run(input, 1, max),
+        (data.clone(), end.clone()),
+        "byte at a time differs"
+    );
+    assert_eq!(
+        run(input, step, 4096),
+        (data.clone(), end.clone()),
+        "step {step} differs"
+    );
 
     if let End::Done(trailers, left) = &end {
         // Trailer lines are CRLF-terminated field lines; the body ends where the input says.
@@ -70,7 +84,9 @@ fuzz_target!(|input: &[u8]| {
             out.extend_from_slice(b"\r\n");
         }
         encode::last_chunk(&mut out, trailers);
-        assert_eq!(run(&out, 0, 4096), (data.clone(), End::Done(trailers.clone(), 0)));
+        assert_eq!(
+            run(&out, 0, 4096),
+            (data.clone(), End::Done(trailers.clone(), 0))
+        );
     }
 });
-

@@ -9,7 +9,11 @@ use common::{check_framing_fields, crlf_only, find};
 use libfuzzer_sys::fuzz_target;
 use portico_http1::{encode, parse_request, Framing, Limits, Version};
 
-const LIMITS: Limits = Limits { max_headers: 16, max_head_bytes: 4096, max_request_line: 1024 };
+const LIMITS: Limits = Limits {
+    max_headers: 16,
+    max_head_bytes: 4096,
+    max_request_line: 1024,
+};
 
 fuzz_target!(|data: &[u8]| {
     let mut buf = BytesMut::from(data);
@@ -29,11 +33,18 @@ fuzz_target!(|data: &[u8]| {
     // Exactly the head (after skipped empty lines) was consumed; the rest is untouched.
     let raw = head.raw().clone();
     let skipped = data.len() - raw.len() - buf.len();
-    assert!(data[..skipped].chunks(2).all(|c| c == b"\r\n"), "skipped something other than CRLFs");
+    assert!(
+        data[..skipped].chunks(2).all(|c| c == b"\r\n"),
+        "skipped something other than CRLFs"
+    );
     assert_eq!(&data[skipped..skipped + raw.len()], &raw[..]);
     assert_eq!(&data[skipped + raw.len()..], &buf[..]);
     assert!(raw.len() <= LIMITS.max_head_bytes);
-    assert_eq!(find(&raw, b"\r\n\r\n"), Some(raw.len() - 4), "head must end at the first empty line");
+    assert_eq!(
+        find(&raw, b"\r\n\r\n"),
+        Some(raw.len() - 4),
+        "head must end at the first empty line"
+    );
     assert!(crlf_only(&raw), "bare CR or LF accepted");
     assert!(!raw.contains(&0), "NUL accepted");
     let line_len = find(&raw, b"\r\n").unwrap();
@@ -43,7 +54,12 @@ fuzz_target!(|data: &[u8]| {
     // Accessors agree with the raw bytes.
     let target = head.target();
     assert!(target.bytes().all(|b| b.is_ascii_graphic()));
-    let request_line = format!("{} {} {}", head.method().as_str(), target, head.version().as_str());
+    let request_line = format!(
+        "{} {} {}",
+        head.method().as_str(),
+        target,
+        head.version().as_str()
+    );
     assert_eq!(request_line.as_bytes(), &raw[..line_len]);
     assert!(target.contains(head.path()) || head.path() == "/");
     if let Some(q) = head.query() {
@@ -53,12 +69,20 @@ fuzz_target!(|data: &[u8]| {
         assert!(!h.is_empty() && !h.contains(' '));
     }
     if head.version() == Version::Http11 {
-        assert_eq!(head.fields().filter(|(n, _)| n.eq_ignore_ascii_case("host")).count(), 1);
+        assert_eq!(
+            head.fields()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("host"))
+                .count(),
+            1
+        );
     }
     check_framing_fields(head.framing, head.fields(), true);
     for (name, value) in head.fields() {
         assert!(head.field(name).is_some());
-        assert!(!value.starts_with(b" ") && !value.ends_with(b" "), "value not trimmed");
+        assert!(
+            !value.starts_with(b" ") && !value.ends_with(b" "),
+            "value not trimmed"
+        );
         if name.eq_ignore_ascii_case("connection") {
             assert!(head.is_hop_by_hop(name));
         }
@@ -67,7 +91,10 @@ fuzz_target!(|data: &[u8]| {
     // Every strict prefix of the head is incomplete, not an error.
     for cut in [1, raw.len() / 2, raw.len() - 1] {
         let mut prefix = BytesMut::from(&data[..skipped + cut]);
-        assert!(matches!(parse_request(&mut prefix, &LIMITS), Ok(None)), "prefix of {cut} bytes");
+        assert!(
+            matches!(parse_request(&mut prefix, &LIMITS), Ok(None)),
+            "prefix of {cut} bytes"
+        );
     }
 
     // Re-encoding an HTTP/1.1 head gives an equivalent head.
@@ -78,9 +105,15 @@ fuzz_target!(|data: &[u8]| {
             encode::field(&mut out, name, value);
         }
         encode::end_head(&mut out);
-        let again = parse_request(&mut out, &Limits { max_head_bytes: 1 << 20, ..LIMITS })
-            .expect("re-encoded head refused")
-            .expect("re-encoded head incomplete");
+        let again = parse_request(
+            &mut out,
+            &Limits {
+                max_head_bytes: 1 << 20,
+                ..LIMITS
+            },
+        )
+        .expect("re-encoded head refused")
+        .expect("re-encoded head incomplete");
         assert!(out.is_empty());
         assert_eq!(again.method(), head.method());
         assert_eq!(again.target(), target);

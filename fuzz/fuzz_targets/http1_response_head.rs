@@ -9,11 +9,17 @@ use common::{check_framing_fields, crlf_only, find};
 use libfuzzer_sys::fuzz_target;
 use portico_http1::{encode, parse_response, Framing, Limits, Method, Version};
 
-const LIMITS: Limits = Limits { max_headers: 16, max_head_bytes: 4096, max_request_line: 1024 };
+const LIMITS: Limits = Limits {
+    max_headers: 16,
+    max_head_bytes: 4096,
+    max_request_line: 1024,
+};
 
 fuzz_target!(|input: &[u8]| {
     // First byte: the method of the request this answers.
-    let Some((&selector, data)) = input.split_first() else { return };
+    let Some((&selector, data)) = input.split_first() else {
+        return;
+    };
     let method = match selector % 4 {
         0 => Method::Get,
         1 => Method::Head,
@@ -33,7 +39,11 @@ fuzz_target!(|input: &[u8]| {
         }
     };
     let raw = head.raw().clone();
-    assert_eq!([&raw[..], &buf[..]].concat(), data, "head + rest must be the input");
+    assert_eq!(
+        [&raw[..], &buf[..]].concat(),
+        data,
+        "head + rest must be the input"
+    );
     assert_eq!(find(&raw, b"\r\n\r\n"), Some(raw.len() - 4));
     assert!(crlf_only(&raw));
     assert!(!raw.contains(&0));
@@ -60,7 +70,10 @@ fuzz_target!(|input: &[u8]| {
     // Prefixes are incomplete.
     for cut in [1, raw.len() / 2, raw.len() - 1] {
         let mut prefix = BytesMut::from(&data[..cut]);
-        assert!(matches!(parse_response(&mut prefix, &method, &LIMITS), Ok(None)), "prefix {cut}");
+        assert!(
+            matches!(parse_response(&mut prefix, &method, &LIMITS), Ok(None)),
+            "prefix {cut}"
+        );
     }
 
     // Round trip through the encoder.
@@ -71,9 +84,16 @@ fuzz_target!(|input: &[u8]| {
             encode::field(&mut out, name, value);
         }
         encode::end_head(&mut out);
-        let again = parse_response(&mut out, &method, &Limits { max_head_bytes: 1 << 20, ..LIMITS })
-            .expect("re-encoded head refused")
-            .expect("re-encoded head incomplete");
+        let again = parse_response(
+            &mut out,
+            &method,
+            &Limits {
+                max_head_bytes: 1 << 20,
+                ..LIMITS
+            },
+        )
+        .expect("re-encoded head refused")
+        .expect("re-encoded head incomplete");
         assert_eq!(again.status(), status);
         assert_eq!(again.framing, head.framing);
         assert_eq!(again.keep_alive, head.keep_alive);

@@ -26,6 +26,12 @@ ETag: \"3f9a1c\"\r\n\
 Connection: keep-alive\r\n\r\n";
 
 fn bench(name: &str, iters: u32, mut f: impl FnMut()) {
+    // `parse_bench WORD` runs only the benches whose name contains WORD (handy under perf).
+    if let Some(only) = std::env::args().nth(1) {
+        if !name.contains(&only) {
+            return;
+        }
+    }
     for _ in 0..iters / 10 {
         f();
     }
@@ -39,7 +45,10 @@ fn bench(name: &str, iters: u32, mut f: impl FnMut()) {
 
 fn main() {
     let limits = Limits::default();
-    let iters = 1_000_000;
+    let iters = std::env::var("ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let mut buf = BytesMut::with_capacity(4096);
     bench("parse_request (11 fields)", iters, || {
         buf.clear();
@@ -47,10 +56,17 @@ fn main() {
         let head = parse_request(&mut buf, &limits).unwrap().unwrap();
         black_box(head.host());
     });
+    bench("httparse alone (baseline)", iters, || {
+        let mut headers = [httparse::EMPTY_HEADER; 100];
+        let mut req = httparse::Request::new(&mut headers);
+        black_box(req.parse(black_box(REQUEST)).unwrap());
+    });
     bench("parse_response (6 fields)", iters, || {
         buf.clear();
         buf.extend_from_slice(RESPONSE);
-        let head = parse_response(&mut buf, &Method::Get, &limits).unwrap().unwrap();
+        let head = parse_response(&mut buf, &Method::Get, &limits)
+            .unwrap()
+            .unwrap();
         black_box(head.framing);
     });
     let mut body = Vec::new();

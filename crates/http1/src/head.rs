@@ -529,19 +529,22 @@ struct Target {
 
 /// Validate the request target (visible ASCII, no fragment) and its form against the method.
 fn parse_target(t: &[u8], method: &Method, off: usize) -> Result<Target, ParseErrorKind> {
-    // httparse refuses CTLs, SP and DEL; we also refuse obs-text and fragments.
-    if !t.is_ascii() || find_byte(t, b'#').is_some() {
-        return Err(ParseErrorKind::BadTarget);
+    // One pass: httparse refuses CTLs, SP and DEL; we also refuse obs-text and fragments, and
+    // note the first '?', which ends the path (and an absolute-form authority).
+    let mut q = None;
+    for (i, &b) in t.iter().enumerate() {
+        match b {
+            b'?' if q.is_none() => q = Some(i),
+            b'#' | 0x80..=0xFF => return Err(ParseErrorKind::BadTarget),
+            _ => {}
+        }
     }
     let abs =
         |start: usize, end: usize| range32(off.saturating_add(start), off.saturating_add(end));
-    // Split `rest` (starting at `start` within t) into path and query.
-    let path_query = |start: usize, rest: &[u8]| match find_byte(rest, b'?') {
-        Some(q) => (
-            abs(start, start.saturating_add(q)),
-            Some(abs(start.saturating_add(q).saturating_add(1), t.len())),
-        ),
-        None => (abs(start, t.len()), None),
+    // Path from `start` to the '?' (or the end), query after it.
+    let path_query = |start: usize| match q {
+        Some(q) if q >= start => (abs(start, q), Some(abs(q.saturating_add(1), t.len()))),
+        _ => (abs(start, t.len()), None),
     };
     if *method == Method::Connect {
         let a = parse_authority(t).ok_or(ParseErrorKind::BadTarget)?;
@@ -557,7 +560,7 @@ fn parse_target(t: &[u8], method: &Method, off: usize) -> Result<Target, ParseEr
     }
     match t.first() {
         Some(b'/') => {
-            let (path, query) = path_query(0, t);
+            let (path, query) = path_query(0);
             Ok(Target {
                 form: TargetForm::Origin,
                 path,
@@ -590,11 +593,11 @@ fn parse_target(t: &[u8], method: &Method, off: usize) -> Result<Target, ParseEr
                 .position(|&b| b == b'/' || b == b'?')
                 .unwrap_or(rest.len());
             let authority = rest.get(..auth_len).unwrap_or_default();
-            // userinfo is deprecated for http(s) and a classic way to confuse routing.
+            // userinfo ('@') is refused by parse_authority: deprecated for http(s) and a classic
+            // way to confuse routing.
             let a = parse_authority(authority).ok_or(ParseErrorKind::BadTarget)?;
             let host = abs(scheme_len, scheme_len.saturating_add(a.host_end));
-            let path_start = scheme_len.saturating_add(auth_len);
-            let (path, query) = path_query(path_start, t.get(path_start..).unwrap_or_default());
+            let (path, query) = path_query(scheme_len.saturating_add(auth_len));
             Ok(Target {
                 form: TargetForm::Absolute,
                 path,
@@ -640,6 +643,32 @@ struct FieldScan {
     te: Option<TransferEncoding>,
 }
 
+/// Fields whose value the parser interprets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    Host,
+    Expect,
+    Upgrade,
+    Connection,
+    ContentLength,
+    TransferEncoding,
+}
+
+/// Classify a field name: length and first letter first, so most names cost two compares.
+#[inline]
+fn known_field(name: &[u8]) -> Option<Known> {
+    let (known, lower): (Known, &[u8]) = match (name.len(), name.first()? | 0x20) {
+        (4, b'h') => (Known::Host, b"host"),
+        (6, b'e') => (Known::Expect, b"expect"),
+        (7, b'u') => (Known::Upgrade, b"upgrade"),
+        (10, b'c') => (Known::Connection, b"connection"),
+        (14, b'c') => (Known::ContentLength, b"content-length"),
+        (17, b't') => (Known::TransferEncoding, b"transfer-encoding"),
+        _ => return None,
+    };
+    name.eq_ignore_ascii_case(lower).then_some(known)
+}
+
 fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldScan, ParseErrorKind> {
     let mut s = FieldScan {
         fields: Vec::with_capacity(headers.len()),
@@ -654,40 +683,54 @@ fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldSca
         cl: ContentLength::Absent,
         te: None,
     };
+    let base = head.as_ptr() as usize;
     for h in headers {
         let name = h.name.as_bytes();
         let value = h.value;
-        let name_off = offset_in(head, name).ok_or(ParseErrorKind::Malformed)?;
-        let name_end = name_off.saturating_add(name.len());
-        // The previous line must end in CRLF (see scan_request).
-        let before = name_off.checked_sub(2).and_then(|b| head.get(b..name_off));
-        if before != Some(b"\r\n".as_slice()) {
-            return Err(ParseErrorKind::Malformed);
-        }
+        // Offsets of httparse's slices inside `head` (where they always are; checked anyway).
+        let name_off = (name.as_ptr() as usize)
+            .checked_sub(base)
+            .ok_or(ParseErrorKind::Malformed)?;
+        let name_end = name_off
+            .checked_add(name.len())
+            .ok_or(ParseErrorKind::Malformed)?;
         let value_off = if value.is_empty() {
             name_end
         } else {
-            offset_in(head, value).ok_or(ParseErrorKind::Malformed)?
+            (value.as_ptr() as usize)
+                .checked_sub(base)
+                .ok_or(ParseErrorKind::Malformed)?
         };
-        let value_end = value_off.saturating_add(value.len());
+        let value_end = value_off
+            .checked_add(value.len())
+            .ok_or(ParseErrorKind::Malformed)?;
+        if value_end > head.len() || value_off < name_end {
+            return Err(ParseErrorKind::Malformed);
+        }
+        // The previous line must end in CRLF (see scan_request).
+        let cr = name_off.checked_sub(2).and_then(|i| head.get(i));
+        let lf = name_off.checked_sub(1).and_then(|i| head.get(i));
+        if cr != Some(&b'\r') || lf != Some(&b'\n') {
+            return Err(ParseErrorKind::Malformed);
+        }
         s.fields.push(FieldPos {
             name: range32(name_off, name_end),
             value: range32(value_off, value_end),
         });
 
-        match name.len() {
-            4 if name.eq_ignore_ascii_case(b"host") => {
+        match known_field(name) {
+            Some(Known::Host) => {
                 s.hosts = s.hosts.saturating_add(1);
                 if !value.is_empty() {
                     let a = parse_authority(value).ok_or(ParseErrorKind::BadHost)?;
                     s.host = Some(range32(value_off, value_off.saturating_add(a.host_end)));
                 }
             }
-            6 if name.eq_ignore_ascii_case(b"expect") => {
+            Some(Known::Expect) => {
                 s.expect_continue |= value.eq_ignore_ascii_case(b"100-continue");
             }
-            7 if name.eq_ignore_ascii_case(b"upgrade") => s.upgrade_field = true,
-            10 if name.eq_ignore_ascii_case(b"connection") => {
+            Some(Known::Upgrade) => s.upgrade_field = true,
+            Some(Known::Connection) => {
                 for (at, token) in list_elements(value) {
                     // Empty elements are allowed (RFC 9110 5.6.1); non-tokens cannot name a field.
                     if !is_token(token) {
@@ -705,10 +748,8 @@ fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldSca
                         .push((off32(start), off32(start.saturating_add(token.len()))));
                 }
             }
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
-                s.cl = content_length(s.cl, value)
-            }
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            Some(Known::ContentLength) => s.cl = content_length(s.cl, value),
+            Some(Known::TransferEncoding) => {
                 let te = s.te.get_or_insert_with(TransferEncoding::default);
                 for (_, coding) in list_elements(value) {
                     if !is_token(coding) {
@@ -723,7 +764,7 @@ fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldSca
                     }
                 }
             }
-            _ => {}
+            None => {}
         }
     }
     Ok(s)

@@ -120,12 +120,44 @@ pub(crate) struct Authority {
     pub(crate) has_port: bool,
 }
 
+/// reg-name bytes other than pct-encoding (RFC 3986 3.2.2: unreserved / sub-delims).
+static REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = matches!(
+            b,
+            b'a'..=b'z'
+                | b'A'..=b'Z'
+                | b'0'..=b'9'
+                | b'-'
+                | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+        );
+        i += 1;
+    }
+    t
+};
+
 /// Validate `uri-host [ ":" port ]` (RFC 3986 3.2.2 / 3.2.3): reg-name (unreserved, sub-delims,
 /// pct-encoded), IPv4 (a reg-name syntactically) or a bracketed IP literal; port is at most 5
 /// digits and may be empty. The host must not be empty.
 pub(crate) fn parse_authority(a: &[u8]) -> Option<Authority> {
     let host_end = if a.first() == Some(&b'[') {
-        let close = a.iter().position(|&b| b == b']')?;
+        let close = find_byte(a, b']')?;
         let inner = a.get(1..close)?;
         let ok = !inner.is_empty()
             && inner.iter().all(|&b| {
@@ -136,12 +168,7 @@ pub(crate) fn parse_authority(a: &[u8]) -> Option<Authority> {
         }
         close.checked_add(1)?
     } else {
-        let end = a.iter().position(|&b| b == b':').unwrap_or(a.len());
-        let host = a.get(..end)?;
-        if host.is_empty() || !is_reg_name(host) {
-            return None;
-        }
-        end
+        reg_name_len(a)?
     };
     let rest = a.get(host_end..)?;
     let has_port = match rest.split_first() {
@@ -157,39 +184,26 @@ pub(crate) fn parse_authority(a: &[u8]) -> Option<Authority> {
     Some(Authority { host_end, has_port })
 }
 
-fn is_reg_name(s: &[u8]) -> bool {
+/// Length of the non-empty reg-name at the start of `s`, which must end there or at a ':';
+/// None for an empty name or any other byte.
+fn reg_name_len(s: &[u8]) -> Option<usize> {
     let mut i = 0usize;
     while let Some(&b) = s.get(i) {
-        match b {
-            b'a'..=b'z'
-            | b'A'..=b'Z'
-            | b'0'..=b'9'
-            | b'-'
-            | b'.'
-            | b'_'
-            | b'~'
-            | b'!'
-            | b'$'
-            | b'&'
-            | b'\''
-            | b'('
-            | b')'
-            | b'*'
-            | b'+'
-            | b','
-            | b';'
-            | b'=' => i = i.saturating_add(1),
-            b'%' => {
-                let hex = |j: usize| s.get(j).is_some_and(u8::is_ascii_hexdigit);
-                if !(hex(i.saturating_add(1)) && hex(i.saturating_add(2))) {
-                    return false;
-                }
-                i = i.saturating_add(3);
+        if REG_NAME[usize::from(b)] {
+            i = i.saturating_add(1);
+        } else if b == b'%' {
+            let hex = |j: usize| s.get(j).is_some_and(u8::is_ascii_hexdigit);
+            if !(hex(i.saturating_add(1)) && hex(i.saturating_add(2))) {
+                return None;
             }
-            _ => return false,
+            i = i.saturating_add(3);
+        } else if b == b':' {
+            break;
+        } else {
+            return None;
         }
     }
-    true
+    (i > 0).then_some(i)
 }
 
 /// Validate one trailer/header field line (without its CRLF): `token ":" OWS value OWS`.

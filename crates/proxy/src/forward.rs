@@ -1,8 +1,8 @@
 //! The proxy action: pick a server, reuse or open a connection, stream both ways, release.
 
 use crate::conn::{
-    fail, may_keep_alive, send_all, send_continue, write_framed, ClientBody, Conn, Ctx, Outcome,
-    MAX_CHUNK,
+    fail, head_may_be_complete, may_keep_alive, send_all, send_continue, write_framed, ClientBody,
+    Conn, Ctx, Outcome, MAX_CHUNK,
 };
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, Forwarding};
@@ -381,20 +381,28 @@ async fn read_response_head<R: AsyncRead + Unpin>(
     interim: &mut Vec<Bytes>,
 ) -> Result<ResponseHead, ProxyError> {
     let limits = Limits::default();
+    // Parse only when the new bytes may end the head (linear work for a trickled head).
+    let mut scanned = 0;
     loop {
-        if !rbuf.is_empty() {
+        if !rbuf.is_empty()
+            && (head_may_be_complete(rbuf, scanned) || rbuf.len() > limits.max_head_bytes)
+        {
+            scanned = rbuf.len();
             match parse_response(rbuf, method, &limits) {
                 Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
                     if interim.len() >= MAX_INTERIM {
                         return Err(ProxyError::TooManyInterim);
                     }
                     interim.push(h.raw().clone());
+                    scanned = 0;
                     continue;
                 }
                 Ok(Some(h)) => return Ok(h),
                 Ok(None) => {}
                 Err(e) => return Err(ProxyError::BadResponse(e)),
             }
+        } else {
+            scanned = rbuf.len();
         }
         if rbuf.capacity() - rbuf.len() < 4096 {
             rbuf.reserve(16 * 1024);

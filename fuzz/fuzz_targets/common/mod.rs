@@ -39,22 +39,37 @@ pub fn check_framing_fields<'a>(
         Framing::Chunked => {
             assert!(cl.is_empty(), "chunked with Content-Length");
             let last = te.last().expect("chunked without Transfer-Encoding");
-            let last = std::str::from_utf8(last).unwrap().rsplit(',').next().unwrap().trim();
+            let last = std::str::from_utf8(last)
+                .unwrap()
+                .rsplit(',')
+                .next()
+                .unwrap()
+                .trim();
             assert!(last.eq_ignore_ascii_case("chunked"));
         }
         Framing::Length(n) => {
             assert!(te.is_empty(), "length with Transfer-Encoding");
             for v in &cl {
                 for elem in std::str::from_utf8(v).unwrap().split(',') {
-                    assert_eq!(elem.trim().parse::<u64>().ok(), Some(n), "Content-Length element");
+                    assert_eq!(
+                        elem.trim().parse::<u64>().ok(),
+                        Some(n),
+                        "Content-Length element"
+                    );
                 }
             }
-            assert!(!cl.is_empty() || !request, "request Length without Content-Length");
+            assert!(
+                !cl.is_empty() || !request,
+                "request Length without Content-Length"
+            );
         }
         Framing::None | Framing::Close => {
             if request {
                 assert!(framing == Framing::None, "request with Close framing");
-                assert!(cl.is_empty() && te.is_empty(), "request with no body but CL/TE");
+                assert!(
+                    cl.is_empty() && te.is_empty(),
+                    "request with no body but CL/TE"
+                );
             }
             assert!(!(cl.len() > 0 && te.len() > 0), "CL and TE accepted");
         }
