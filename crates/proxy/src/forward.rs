@@ -335,7 +335,17 @@ async fn exchange(
     loop {
         tokio::select! {
             biased;
-            r = &mut head_fut => return r.map(|h| (h, body_done)).map_err(|e| (e, Phase::ResponseHead)),
+            r = &mut head_fut => {
+                let h = r.map_err(|e| (e, Phase::ResponseHead))?;
+                // A success that arrives before the upload ends (a server streaming its answer
+                // while it reads): finish the upload first, so the request is complete and both
+                // connections stay reusable. An early error ends the upload (the server refused it).
+                if !body_done && h.status() < 300 {
+                    body_fut.await.map_err(|e| (e, Phase::RequestBody))?;
+                    body_done = true;
+                }
+                return Ok((h, body_done));
+            }
             r = &mut body_fut, if !body_done => {
                 r.map_err(|e| (e, Phase::RequestBody))?;
                 body_done = true;

@@ -823,3 +823,45 @@ fn stray_crlf_between_requests_is_not_a_request() {
     assert_eq!(c.request(&get("/")).unwrap().status, 200);
     assert_eq!(p.stats().requests.load(Ordering::Relaxed), 2);
 }
+
+#[test]
+fn early_success_head_does_not_stop_the_upload() {
+    // An upstream that answers its head as soon as it has the request head, then reads the
+    // whole body before finishing the response.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_addr = l.local_addr().unwrap();
+    let (head_sent, head_sent_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+            .unwrap();
+        head_sent.send(()).unwrap();
+        let head_len = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let mut body = got.len() - head_len;
+        while body < 100_000 {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "upload cut short at {body}");
+            body += n;
+        }
+        s.write_all(b"hello").unwrap();
+    });
+    let p = simple(&[up_addr], "idle_timeout = \"3s\"", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    c.send(b"PUT /up HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    c.send(&[b'x'; 10]).unwrap();
+    // The rest of the upload only after the upstream has answered its head.
+    head_sent_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    for _ in 0..10 {
+        c.send(&[b'y'; 9_999]).unwrap();
+    }
+    let r = c.read_response(false).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "hello"));
+}
