@@ -199,7 +199,18 @@ pub fn client_response(
     write_rules(out, rules);
     match framing {
         ClientFraming::Length(n) => encode::content_length(out, n),
-        ClientFraming::Chunked => encode::field(out, "Transfer-Encoding", b"chunked"),
+        ClientFraming::Chunked => match resp.field("transfer-encoding") {
+            // Other codings (e.g. `gzip, chunked`) stay in the payload: keep naming them.
+            Some(te) if !te.trim_ascii().eq_ignore_ascii_case(b"chunked") => {
+                out.extend_from_slice(b"Transfer-Encoding: ");
+                out.extend_from_slice(te.trim_ascii());
+                if !ends_with_chunked(te) {
+                    out.extend_from_slice(b", chunked");
+                }
+                out.extend_from_slice(b"\r\n");
+            }
+            _ => encode::field(out, "Transfer-Encoding", b"chunked"),
+        },
         ClientFraming::None | ClientFraming::Close => {}
     }
     if resp.status() == 101 {
@@ -213,4 +224,11 @@ pub fn client_response(
         encode::field(out, "Connection", b"keep-alive");
     }
     encode::end_head(out);
+}
+
+/// Whether a Transfer-Encoding value's final coding is `chunked`.
+fn ends_with_chunked(te: &[u8]) -> bool {
+    te.rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }

@@ -865,3 +865,18 @@ fn early_success_head_does_not_stop_the_upload() {
     let r = c.read_response(false).unwrap();
     assert_eq!((r.status, r.text().as_str()), (200, "hello"));
 }
+
+#[test]
+fn response_transfer_codings_other_than_chunked_are_kept() {
+    let up = TestUpstream::start(|_| {
+        Reply::Raw(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+                .to_vec(),
+        )
+    });
+    let p = simple(&[up.addr], "", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = c.request(&get("/")).unwrap();
+    assert_eq!(r.header("transfer-encoding"), Some("gzip, chunked"));
+    assert_eq!(r.text(), "abc");
+}
