@@ -57,15 +57,17 @@ def tree(pid):
 
 
 def cpu_seconds(pids):
-    total = 0
+    """(user, system) CPU seconds of these processes: utime and stime, fields 14 and 15."""
+    user = system = 0
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            user += int(fields[11])
+            system += int(fields[12])
         except OSError:
             pass
-    return total / TICKS
+    return user / TICKS, system / TICKS
 
 
 def run_wrk(url, duration, connections):
@@ -206,9 +208,10 @@ def main():
                 try:
                     run_wrk(url, 2, args.connections)  # warm-up, excluded
                     pids = tree(proc.pid)
-                    c0 = cpu_seconds(pids)
+                    u0, s0 = cpu_seconds(pids)
                     w = run_wrk(url, args.duration, args.connections)
-                    c1 = cpu_seconds(pids)
+                    u1, s1 = cpu_seconds(pids)
+                    c0, c1 = u0 + s0, u1 + s1
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     try:
@@ -222,6 +225,8 @@ def main():
                     "rps": w["rps"],
                     "cpu_s": round(c1 - c0, 3),
                     "us_per_req": round((c1 - c0) * 1e6 / w["requests"], 3) if w["requests"] else None,
+                    "user_us_per_req": round((u1 - u0) * 1e6 / w["requests"], 3) if w["requests"] else None,
+                    "sys_us_per_req": round((s1 - s0) * 1e6 / w["requests"], 3) if w["requests"] else None,
                     "void": void,
                     "non2xx": w["non2xx"],
                     "socket_errors": w["socket_errors"],
@@ -245,11 +250,17 @@ def main():
     summary = {}
     for name, rs in results.items():
         ok = [r for r in rs if not r["void"] and r["us_per_req"]]
-        summary[name] = {"us_per_req_median": median([r["us_per_req"] for r in ok]), "rps_median": median([r["rps"] for r in ok]), "valid_rounds": len(ok)}
+        summary[name] = {
+            "us_per_req_median": median([r["us_per_req"] for r in ok]),
+            "user_us_per_req_median": median([r["user_us_per_req"] for r in ok]),
+            "sys_us_per_req_median": median([r["sys_us_per_req"] for r in ok]),
+            "rps_median": median([r["rps"] for r in ok]),
+            "valid_rounds": len(ok),
+        }
     print()
-    print(f"{'proxy':10} {'us/req (median)':>16} {'req/s (median)':>15} {'valid rounds':>13}")
+    print(f"{'proxy':10} {'us/req':>8} {'user':>8} {'system':>8} {'req/s':>9} {'valid rounds':>13}   (medians)")
     for name, s in summary.items():
-        print(f"{name:10} {s['us_per_req_median'] or 0:16.2f} {s['rps_median'] or 0:15.0f} {s['valid_rounds']:13}")
+        print(f"{name:10} {s['us_per_req_median'] or 0:8.2f} {s['user_us_per_req_median'] or 0:8.2f} {s['sys_us_per_req_median'] or 0:8.2f} {s['rps_median'] or 0:9.0f} {s['valid_rounds']:13}")
     base = summary.get("portico", {}).get("us_per_req_median")
     for peer in ("nginx", "haproxy"):
         p = summary.get(peer, {}).get("us_per_req_median")

@@ -113,7 +113,8 @@ pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
     };
     let accepted = Instant::now();
     loop {
-        let started = if c.requests == 0 {
+        // Only the access log needs the start of later requests: skip the clock read otherwise.
+        let started = if c.requests == 0 || ctx.shared.access_log.is_none() {
             accepted
         } else {
             Instant::now()
@@ -200,10 +201,20 @@ fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, star
 /// Whether `buf` holds the end of a head that may have been cut at `from`: CRLF CRLF, or a bare
 /// LF pair the parser will refuse. Only the new bytes (and 3 before them) are searched.
 pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
-    let start = from.saturating_sub(3);
-    buf.get(start..).is_some_and(|tail| {
-        tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n")
-    })
+    let mut i = from.saturating_sub(3);
+    // Walk line ends only, stopping at the first that ends an empty line: proportional to the
+    // head, not to any body bytes that arrived with it.
+    while let Some(p) = buf
+        .get(i..)
+        .and_then(|t| t.iter().position(|&b| b == b'\n'))
+    {
+        let nl = i + p;
+        match buf.get(nl + 1..) {
+            Some([b'\n', ..]) | Some([b'\r', b'\n', ..]) => return true,
+            _ => i = nl + 1,
+        }
+    }
+    false
 }
 
 /// Wait for a complete request head. `Ok(None)`: the connection ended cleanly between requests

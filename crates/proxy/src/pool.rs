@@ -47,41 +47,38 @@ impl Pool {
         }
     }
 
-    /// Take the most recently used live idle connection to this server, if any.
+    /// Take the most recently used live idle connection to this server, if any. Connections past
+    /// the idle timeout are purged by `put`, so this reads no clock.
     pub fn take(&self, group: usize, server: usize) -> Option<UpConn> {
         let mut idle = self.idle.borrow_mut();
         let list = idle.get_mut(group)?.get_mut(server)?;
-        let timeout = self.timeouts[group];
-        let now = Instant::now();
         while let Some(entry) = list.pop() {
-            if now.duration_since(entry.since) >= timeout || !is_idle_alive(&entry.conn) {
-                continue;
+            if is_idle_alive(&entry.conn) {
+                return Some(entry.conn);
             }
-            return Some(entry.conn);
         }
         None
     }
 
-    /// Return a connection whose last exchange completed cleanly.
+    /// Return a connection whose last exchange completed cleanly. Drops the oldest connections
+    /// beyond the per-server cap and those idle longer than the group's idle timeout.
     pub fn put(&self, group: usize, server: usize, conn: UpConn) {
-        if !conn.rbuf.is_empty() {
+        if !conn.rbuf.is_empty() || self.caps.get(group).is_none_or(|&c| c == 0) {
             return;
         }
         let mut idle = self.idle.borrow_mut();
         let Some(list) = idle.get_mut(group).and_then(|g| g.get_mut(server)) else {
             return;
         };
-        if self.caps[group] == 0 {
-            return;
-        }
-        if list.len() >= self.caps[group] {
-            // Drop the oldest, keep the warm one.
-            list.remove(0);
-        }
-        list.push(Idle {
-            conn,
-            since: Instant::now(),
-        });
+        let now = Instant::now();
+        let timeout = self.timeouts[group];
+        let expired = list
+            .iter()
+            .take_while(|e| now.duration_since(e.since) >= timeout)
+            .count();
+        let over = (list.len() + 1).saturating_sub(self.caps[group]);
+        list.drain(..expired.max(over));
+        list.push(Idle { conn, since: now });
     }
 
     /// Close every idle connection (shutdown).
