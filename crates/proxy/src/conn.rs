@@ -365,30 +365,18 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
                 return fail(c, ctx, head, e, Phase::RequestBody, false).await;
             }
             let ka = may_keep_alive(c, ctx, head);
-            let body = if head.method() == &portico_http1::Method::Head {
-                None
-            } else {
-                Some(body.as_bytes())
-            };
-            let r = write_fixed(
+            let r = write_simple(
                 c,
                 *status,
                 content_type,
-                body,
-                body_len(route),
+                body.as_bytes(),
                 ka,
-                head.version(),
+                Some(head),
+                &[],
             )
             .await;
             local_outcome(r, *status, ka)
         }
-    }
-}
-
-fn body_len(route: &Route) -> usize {
-    match &route.action {
-        Action::Fixed { body, .. } => body.len(),
-        _ => 0,
     }
 }
 
@@ -495,36 +483,15 @@ pub async fn write_simple(
     if status == 503 {
         encode::field(&mut c.wbuf, "Retry-After", b"1");
     }
-    encode::field(&mut c.wbuf, "Content-Type", content_type.as_bytes());
-    encode::content_length(&mut c.wbuf, body.len() as u64);
-    end_local_head(&mut c.wbuf, keep_alive, version);
-    if !head_only {
-        c.wbuf.extend_from_slice(body);
+    // 204 and 304 carry no body and no Content-Length (RFC 9110 8.6).
+    let bodyless = status == 204 || status == 304;
+    if !bodyless {
+        encode::field(&mut c.wbuf, "Content-Type", content_type.as_bytes());
+        encode::content_length(&mut c.wbuf, body.len() as u64);
     }
-    let n = c.wbuf.len() as u64;
-    send_all(&mut c.stream, &c.wbuf)
-        .await
-        .map_err(ProxyError::ClientIo)?;
-    c.wbuf.clear();
-    Ok(n)
-}
-
-async fn write_fixed(
-    c: &mut Conn,
-    status: u16,
-    content_type: &str,
-    body: Option<&[u8]>,
-    len: usize,
-    keep_alive: bool,
-    version: Version,
-) -> Result<u64, ProxyError> {
-    c.wbuf.clear();
-    encode::status_line(&mut c.wbuf, status, "");
-    encode::field(&mut c.wbuf, "Content-Type", content_type.as_bytes());
-    encode::content_length(&mut c.wbuf, len as u64);
     end_local_head(&mut c.wbuf, keep_alive, version);
-    if let Some(b) = body {
-        c.wbuf.extend_from_slice(b);
+    if !head_only && !bodyless {
+        c.wbuf.extend_from_slice(body);
     }
     let n = c.wbuf.len() as u64;
     send_all(&mut c.stream, &c.wbuf)
