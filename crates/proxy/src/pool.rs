@@ -81,6 +81,22 @@ impl Pool {
         list.push(Idle { conn, since: now });
     }
 
+    /// Close connections idle longer than their group's idle timeout (called periodically, so
+    /// idle connections are closed even when no traffic comes to `put`).
+    pub fn purge_expired(&self) {
+        let now = Instant::now();
+        for (g, servers) in self.idle.borrow_mut().iter_mut().enumerate() {
+            let timeout = self.timeouts[g];
+            for list in servers.iter_mut() {
+                let expired = list
+                    .iter()
+                    .take_while(|e| now.duration_since(e.since) >= timeout)
+                    .count();
+                list.drain(..expired);
+            }
+        }
+    }
+
     /// Close every idle connection (shutdown).
     pub fn clear(&self) {
         for g in self.idle.borrow_mut().iter_mut() {

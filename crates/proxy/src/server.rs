@@ -251,6 +251,17 @@ fn worker_main(
                 shutdown.clone(),
             )));
         }
+        // Close idle upstream connections past their idle timeout even without traffic.
+        let sweeper = {
+            let worker = worker.clone();
+            tokio::task::spawn_local(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    worker.pool.purge_expired();
+                }
+            })
+        };
         for a in accepts {
             let _ = a.await;
         }
@@ -262,6 +273,7 @@ fn worker_main(
             }
         })
         .await;
+        sweeper.abort();
         worker.pool.clear();
     });
 }

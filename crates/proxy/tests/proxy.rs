@@ -898,3 +898,35 @@ fn response_transfer_codings_other_than_chunked_are_kept() {
     assert_eq!(r.header("transfer-encoding"), Some("gzip, chunked"));
     assert_eq!(r.text(), "abc");
 }
+
+#[test]
+fn idle_pooled_connections_close_after_the_idle_timeout_without_traffic() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_addr = l.local_addr().unwrap();
+    let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut got = Vec::new();
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .unwrap();
+        // The proxy keeps the connection idle, then must close it on its own.
+        let started = std::time::Instant::now();
+        let eof = matches!(s.read(&mut buf), Ok(0));
+        closed_tx.send((eof, started.elapsed())).unwrap();
+    });
+    let p = simple(&[up_addr], "idle_timeout = \"1s\"", "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/")).unwrap().status, 200);
+    let (eof, after) = closed_rx.recv_timeout(Duration::from_secs(15)).unwrap();
+    assert!(eof, "the proxy closed the idle upstream connection");
+    assert!(
+        after >= Duration::from_millis(900),
+        "not before the idle timeout: {after:?}"
+    );
+}
