@@ -588,18 +588,13 @@ impl ClientBody {
             if rbuf.capacity() - rbuf.len() < 4096 {
                 rbuf.reserve(MAX_CHUNK);
             }
-            // Minimum rate: after the grace period the next byte is due when the average would
-            // fall below `min_rate`.
-            let due = if self.min_rate == 0 {
-                self.started + std::time::Duration::from_secs(3600)
-            } else {
-                self.started
-                    + BODY_RATE_GRACE
-                    + std::time::Duration::from_secs_f64(
-                        (self.received + 1) as f64 / self.min_rate as f64,
-                    )
+            let read = stream.read_buf(rbuf);
+            let due = body_byte_due(self.started, self.received, self.min_rate, BODY_RATE_GRACE);
+            let r = match due {
+                Some(due) => timeout_at(due, read).await,
+                None => Ok(read.await),
             };
-            match timeout_at(due, stream.read_buf(rbuf)).await {
+            match r {
                 Err(_) => return Err(ProxyError::BodyTooSlow),
                 Ok(Ok(0)) => {
                     self.decoder
@@ -612,6 +607,21 @@ impl ClientBody {
             }
         }
     }
+}
+
+/// When the next body byte is due for the average rate since `started` to stay at or above
+/// `min_rate` bytes/s once `grace` has passed; `None` when the rate is not checked.
+pub fn body_byte_due(
+    started: tokio::time::Instant,
+    received: u64,
+    min_rate: u64,
+    grace: std::time::Duration,
+) -> Option<tokio::time::Instant> {
+    if min_rate == 0 {
+        return None;
+    }
+    let allowed = std::time::Duration::from_secs_f64((received + 1) as f64 / min_rate as f64);
+    Some(started + grace + allowed)
 }
 
 /// Write `data` to `w` with the framing chosen for it (chunked adds size line and CRLF).
@@ -708,7 +718,21 @@ async fn serve_origin(
 
 #[cfg(test)]
 mod tests {
-    use super::head_may_be_complete;
+    use super::{body_byte_due, head_may_be_complete};
+    use std::time::Duration;
+
+    #[test]
+    fn body_rate_deadline_grows_with_bytes_received() {
+        let t0 = tokio::time::Instant::now();
+        let grace = Duration::from_secs(10);
+        assert_eq!(body_byte_due(t0, 0, 0, grace), None, "rate check off");
+        // 1 KiB/s: the first byte is due right after the grace period...
+        let first = body_byte_due(t0, 0, 1024, grace).unwrap();
+        assert!(first - t0 >= grace && first - t0 < grace + Duration::from_millis(2));
+        // ...and after 10 KiB the next is due 10 s later than that.
+        let later = body_byte_due(t0, 10 * 1024, 1024, grace).unwrap();
+        assert!(later - first >= Duration::from_secs(10) - Duration::from_millis(1));
+    }
 
     #[test]
     fn head_end_is_found_across_read_boundaries() {
