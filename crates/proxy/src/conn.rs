@@ -26,11 +26,12 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 /// Largest body slice decoded at once.
 pub const MAX_CHUNK: usize = 64 * 1024;
 
-/// How long a client may accept no bytes before a write to it fails (nginx's `send_timeout`).
-pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a client may make no progress, receiving a response (nginx's `send_timeout`) or
+/// sending a body when no minimum rate is set (nginx's `client_body_timeout`).
+pub const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Write all of `buf` to a client. Each write is tried directly (no timer when the socket takes
-/// it); the client must accept some bytes within [`SEND_TIMEOUT`] whenever its window is full, so
+/// it); the client must accept some bytes within [`STALL_TIMEOUT`] whenever its window is full, so
 /// a client that stops reading cannot pin the task, and a slow one that progresses is not cut off.
 pub async fn send_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
     let mut off = 0;
@@ -43,7 +44,7 @@ pub async fn send_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()>
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                match timeout(SEND_TIMEOUT, stream.writable()).await {
+                match timeout(STALL_TIMEOUT, stream.writable()).await {
                     Err(_) => {
                         return Err(std::io::Error::new(
                             std::io::ErrorKind::TimedOut,
@@ -592,7 +593,7 @@ impl ClientBody {
             let due = body_byte_due(self.started, self.received, self.min_rate, BODY_RATE_GRACE);
             let r = match due {
                 Some(due) => timeout_at(due, read).await,
-                None => Ok(read.await),
+                None => timeout(STALL_TIMEOUT, read).await,
             };
             match r {
                 Err(_) => return Err(ProxyError::BodyTooSlow),
