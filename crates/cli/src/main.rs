@@ -66,6 +66,14 @@ fn main() -> ExitCode {
         Command::Check { config } => match load(config.as_deref()) {
             Ok(cfg) => {
                 print!("{}", portico_config::explain(&cfg));
+                // Certificates and keys are read and checked as `run` would.
+                for l in &cfg.listeners {
+                    if let Some(tls) = &l.tls {
+                        if let Err(e) = portico_tls::server_config(tls) {
+                            return fail(&format!("listener {}: TLS: {e}", l.name));
+                        }
+                    }
+                }
                 println!("configuration OK");
                 ExitCode::SUCCESS
             }

@@ -147,3 +147,24 @@ fn origin_serves_files_from_root() {
     let (status, _) = terminate(child);
     assert!(status.success());
 }
+
+#[test]
+fn check_reads_tls_files_and_names_the_missing_one() {
+    let d = temp_dir("check-tls");
+    let path = d.join("tls.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"s\"\naddress = \"127.0.0.1:0\"\n[listeners.tls]\ncertificates = [{ cert = \"missing.pem\", key = \"missing.key\" }]\n[[listeners.routes]]\nrespond = { status = 200 }\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Relative paths resolve against the configuration file's directory.
+    let want = format!("listener s: TLS: {}", d.join("missing.pem").display());
+    assert!(err.contains(&want), "want {want} in {err}");
+}

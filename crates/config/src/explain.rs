@@ -14,6 +14,26 @@ pub fn explain(config: &Config) -> String {
     let mut out = String::new();
     for listener in &config.listeners {
         let _ = writeln!(out, "listener {:?} on {}", listener.name, listener.address);
+        if let Some(tls) = &listener.tls {
+            let versions: Vec<&str> = tls
+                .versions
+                .iter()
+                .map(|v| match v {
+                    crate::model::TlsVersion::Tls12 => "1.2",
+                    crate::model::TlsVersion::Tls13 => "1.3",
+                })
+                .collect();
+            let _ = writeln!(out, "  tls: TLS {}", versions.join(", "));
+            for (i, c) in tls.certificates.iter().enumerate() {
+                let default = if i == 0 { " (default)" } else { "" };
+                let _ = writeln!(
+                    out,
+                    "    certificate {} key {}{default}",
+                    c.cert.display(),
+                    c.key.display()
+                );
+            }
+        }
         let limits = limits_diff(&listener.limits);
         if !limits.is_empty() {
             let _ = writeln!(out, "  limits: {}", limits.join(", "));

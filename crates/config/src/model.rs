@@ -38,8 +38,34 @@ pub struct Listener {
     pub name: String,
     pub address: SocketAddr,
     pub limits: ListenerLimits,
+    /// TLS termination; None = plain HTTP.
+    pub tls: Option<TlsSettings>,
     /// Routes in file order; the first match wins.
     pub routes: Vec<Route>,
+}
+
+/// TLS termination settings of a listener (files are read when the listener starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// Certificate chains with their keys. SNI picks the first whose certificate is valid for
+    /// the requested name; the first one is the default (no SNI, or no match).
+    pub certificates: Vec<CertificateFiles>,
+    /// Allowed protocol versions (default TLS 1.2 and 1.3).
+    pub versions: Vec<TlsVersion>,
+}
+
+/// One certificate chain (PEM, leaf first) and its private key (PEM: PKCS#8, SEC1 or PKCS#1).
+/// Relative paths in the file are resolved against the configuration file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    Tls12,
+    Tls13,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,7 +33,25 @@ pub(crate) struct RawListener {
     pub name: Option<Spanned<String>>,
     pub address: Option<Spanned<String>>,
     pub limits: Option<RawLimits>,
+    pub tls: Option<Spanned<RawTls>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a tls table")]
+pub(crate) struct RawTls {
+    pub certificates: Option<Spanned<Vec<Spanned<RawCertificate>>>>,
+    pub versions: Option<Spanned<StrList>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a certificate table { cert = \"...\", key = \"...\" }"
+)]
+pub(crate) struct RawCertificate {
+    pub cert: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

@@ -10,14 +10,15 @@ use toml::Spanned;
 
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
-    AccessLog, AccessLogFormat, Action, Balance, Config, HeaderRules, HostMatch, Listener,
-    ListenerLimits, Matcher, PathMatch, ProxyAction, Route, Server, StaticAction, UpstreamGroup,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_RESPONSE_HEADER_TIMEOUT,
+    AccessLog, AccessLogFormat, Action, Balance, CertificateFiles, Config, HeaderRules, HostMatch,
+    Listener, ListenerLimits, Matcher, PathMatch, ProxyAction, Route, Server, StaticAction,
+    TlsSettings, TlsVersion, UpstreamGroup, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawBalance, RawConfig, RawHeaderRules, RawLimits, RawListener,
-    RawRespond, RawRoute, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
+    RawRespond, RawRoute, RawTls, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -587,6 +588,7 @@ fn listeners(
             seen.push((addr, name.clone()));
         }
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
+        let tls = l.tls.as_ref().and_then(|t| tls(ctx, &sub(&key, "tls"), t));
         let routes = match &l.routes {
             None => {
                 ctx.error(
@@ -617,6 +619,7 @@ fn listeners(
             name,
             address: address.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
             limits,
+            tls,
             routes,
         });
     }
@@ -630,6 +633,89 @@ fn conflicts(a: SocketAddr, b: SocketAddr) -> bool {
         && a.port() != 0
         && a.is_ipv4() == b.is_ipv4()
         && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option<TlsSettings> {
+    let t = raw.get_ref();
+    let mut certificates = Vec::new();
+    match &t.certificates {
+        None => ctx.error(
+            start(raw),
+            key,
+            "tls needs `certificates = [{ cert = \"chain.pem\", key = \"key.pem\" }]`",
+        ),
+        Some(list) if list.get_ref().is_empty() => ctx.error(
+            start(list),
+            &sub(key, "certificates"),
+            "must contain at least one certificate",
+        ),
+        Some(list) => {
+            for (i, item) in list.get_ref().iter().enumerate() {
+                let ikey = format!("{key}.certificates[{i}]");
+                let c = item.get_ref();
+                let mut path = |field: &Option<Spanned<String>>, name: &str| match field {
+                    None => {
+                        ctx.error(
+                            start(item),
+                            &ikey,
+                            format!("certificate needs `{name}` (a PEM file path)"),
+                        );
+                        None
+                    }
+                    Some(p) if p.get_ref().trim().is_empty() => {
+                        ctx.error(start(p), &sub(&ikey, name), "must be a file path");
+                        None
+                    }
+                    Some(p) => Some(relative_to_config(ctx.file, p.get_ref())),
+                };
+                let cert = path(&c.cert, "cert");
+                let key_path = path(&c.key, "key");
+                if let (Some(cert), Some(key)) = (cert, key_path) {
+                    certificates.push(CertificateFiles { cert, key });
+                }
+            }
+        }
+    }
+    let mut versions = Vec::new();
+    match &t.versions {
+        None => versions = vec![TlsVersion::Tls12, TlsVersion::Tls13],
+        Some(v) => {
+            for (name, at) in v.get_ref().items(start(v)) {
+                match name.as_str() {
+                    "1.2" => versions.push(TlsVersion::Tls12),
+                    "1.3" => versions.push(TlsVersion::Tls13),
+                    other => ctx.error(
+                        at,
+                        &sub(key, "versions"),
+                        format!("unsupported TLS version {other:?}: use \"1.2\" and/or \"1.3\""),
+                    ),
+                }
+            }
+            if v.get_ref().items(0).is_empty() {
+                ctx.error(
+                    start(v),
+                    &sub(key, "versions"),
+                    "must name at least one version",
+                );
+            }
+        }
+    }
+    (!certificates.is_empty() && !versions.is_empty()).then_some(TlsSettings {
+        certificates,
+        versions,
+    })
+}
+
+/// A path from the configuration, relative to the directory of the file it came from.
+fn relative_to_config(file: &str, path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    if p.is_absolute() || file.starts_with('<') {
+        return p;
+    }
+    match std::path::Path::new(file).parent() {
+        Some(dir) => dir.join(p),
+        None => p,
+    }
 }
 
 fn limits(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawLimits>) -> ListenerLimits {

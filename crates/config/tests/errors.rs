@@ -18,7 +18,7 @@ fn unknown_key_typo_points_at_the_key() {
     let text = "[[listeners]]\nname = \"public\"\nadress = \"127.0.0.1:8080\"\n";
     assert_eq!(
         err(text),
-        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `routes`; did you mean `address`?"
+        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`; did you mean `address`?"
     );
 }
 
@@ -582,4 +582,41 @@ balance = { hash_header = \"x-u\" }
             let _ = parse_all(&replaced.iter().collect::<String>(), "t.toml");
         }
     }
+}
+
+#[test]
+fn tls_needs_certificates_and_known_versions() {
+    let base = "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[[listeners.routes]]\nrespond = { status = 200 }\n";
+    let text = format!("{base}[listeners.tls]\nversions = [\"1.3\"]\n");
+    let e = err(&text);
+    assert!(
+        e.starts_with("t.toml:5:1: listeners[0].tls: tls needs `certificates"),
+        "{e}"
+    );
+    let text = format!(
+        "{base}[listeners.tls]\ncertificates = [{{ cert = \"a.pem\", key = \"a.key\" }}]\nversions = [\"1.3\", \"1.1\"]\n"
+    );
+    assert_eq!(
+        err(&text),
+        "t.toml:7:20: listeners[0].tls.versions: unsupported TLS version \"1.1\": use \"1.2\" and/or \"1.3\""
+    );
+    let text = format!("{base}[listeners.tls]\ncertificates = [{{ cert = \"a.pem\" }}]\n");
+    let e = err(&text);
+    assert!(
+        e.contains("listeners[0].tls.certificates[0]: certificate needs `key`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tls_paths_resolve_against_the_config_directory() {
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[listeners.tls]\ncertificates = [{ cert = \"certs/a.pem\", key = \"/abs/a.key\" }]\n[[listeners.routes]]\nrespond = { status = 200 }\n";
+    let cfg = parse(text, "/etc/portico/portico.toml").unwrap();
+    let tls = cfg.listeners[0].tls.as_ref().unwrap();
+    assert_eq!(
+        tls.certificates[0].cert,
+        std::path::Path::new("/etc/portico/certs/a.pem")
+    );
+    assert_eq!(tls.certificates[0].key, std::path::Path::new("/abs/a.key"));
+    assert_eq!(tls.versions.len(), 2, "TLS 1.2 and 1.3 by default");
 }

@@ -5,6 +5,7 @@ use crate::error::ProxyError;
 use crate::forward;
 use crate::server::{ListenerState, Shared, Worker};
 use crate::stats::{Phase, Termination};
+use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
 use portico_config::{Action, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
@@ -15,7 +16,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{timeout, timeout_at};
 
@@ -33,7 +33,24 @@ pub const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60
 /// Write all of `buf` to a client. Each write is tried directly (no timer when the socket takes
 /// it); the client must accept some bytes within [`STALL_TIMEOUT`] whenever its window is full, so
 /// a client that stops reading cannot pin the task, and a slow one that progresses is not cut off.
-pub async fn send_all(stream: &mut TcpStream, buf: &[u8]) -> std::io::Result<()> {
+pub async fn send_all(stream: &mut ClientStream, buf: &[u8]) -> std::io::Result<()> {
+    let stream = match stream {
+        ClientStream::Plain(s) => s,
+        ClientStream::Tls(s) => {
+            // rustls takes the bytes into its buffer; the flush pushes the records out.
+            let write = async {
+                s.write_all(buf).await?;
+                s.flush().await
+            };
+            return match timeout(STALL_TIMEOUT, write).await {
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "client accepted no data in time",
+                )),
+                Ok(r) => r,
+            };
+        }
+    };
     let mut off = 0;
     loop {
         match stream.try_write(&buf[off..]) {
@@ -69,7 +86,7 @@ pub struct Ctx {
 
 /// Downstream connection state.
 pub struct Conn {
-    pub stream: TcpStream,
+    pub stream: ClientStream,
     pub peer: SocketAddr,
     pub client_ip: String,
     pub rbuf: BytesMut,
@@ -102,7 +119,7 @@ impl Outcome {
 }
 
 /// Serve one accepted connection until it closes.
-pub async fn serve(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) {
+pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let mut c = Conn {
         stream,
         peer,

@@ -8,6 +8,7 @@ use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, Forwarding};
 use crate::pool::UpConn;
 use crate::stats::{Phase, Termination};
+use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
 use portico_config::{Balance, ProxyAction, Route};
 use portico_http1::{
@@ -73,7 +74,7 @@ pub async fn proxy(
         &route.request_headers,
         &Forwarding {
             client_ip: &c.client_ip,
-            proto: "http",
+            proto: if c.stream.is_tls() { "https" } else { "http" },
             authority: &authority,
             absolute: absolute.is_some(),
         },
@@ -294,7 +295,7 @@ async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
 /// the final response head and whether the request body was completely sent.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     client_buf: &mut BytesMut,
     up: &mut UpConn,
     ubuf: &[u8],
@@ -557,11 +558,11 @@ async fn tunnel(
 /// Copy bytes both ways until both sides have closed; half-closes are passed on. Ends with
 /// `TimedOut` when neither side sends anything for `idle`.
 async fn relay_both_ways(
-    a: &mut TcpStream,
+    a: &mut ClientStream,
     b: &mut TcpStream,
     idle: Duration,
 ) -> std::io::Result<(u64, u64)> {
-    let (mut ar, mut aw) = a.split();
+    let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = b.split();
     let mut abuf = vec![0u8; 16 * 1024];
     let mut bbuf = vec![0u8; 16 * 1024];

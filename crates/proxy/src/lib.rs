@@ -10,6 +10,7 @@ pub mod pool;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod stream;
 
 pub use error::ProxyError;
 pub use server::{start, Running, StartError};

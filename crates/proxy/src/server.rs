@@ -4,6 +4,7 @@ use crate::access_log::AccessLogger;
 use crate::conn;
 use crate::pool::Pool;
 use crate::stats::Stats;
+use crate::stream::ClientStream;
 use portico_config::{Action, Config, Listener};
 use portico_origin::Origin;
 use portico_upstream::Upstream;
@@ -26,6 +27,8 @@ pub struct ListenerState {
     pub origins: Vec<Option<Origin>>,
     /// Open connections on this listener across all workers.
     pub active: AtomicU32,
+    /// TLS termination (the handshake runs in the connection's task).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Process-wide state shared by all workers.
@@ -59,6 +62,11 @@ pub enum StartError {
     AccessLog { path: String, source: io::Error },
     #[error("cannot start worker thread: {0}")]
     Thread(io::Error),
+    #[error("listener {name}: TLS: {source}")]
+    Tls {
+        name: String,
+        source: portico_tls::TlsError,
+    },
 }
 
 /// A running proxy: its bound addresses, a shutdown trigger and its counters.
@@ -142,10 +150,23 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         }
         addrs.push((l.name.clone(), actual));
     }
+    let mut acceptors = Vec::new();
+    for l in &config.listeners {
+        acceptors.push(match &l.tls {
+            Some(t) => Some(tokio_rustls::TlsAcceptor::from(
+                portico_tls::server_config(t).map_err(|source| StartError::Tls {
+                    name: l.name.clone(),
+                    source,
+                })?,
+            )),
+            None => None,
+        });
+    }
     let listeners = config
         .listeners
         .iter()
-        .map(|l| {
+        .zip(acceptors)
+        .map(|(l, tls)| {
             let origins = l
                 .routes
                 .iter()
@@ -164,6 +185,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
                 },
                 origins,
                 active: AtomicU32::new(0),
+                tls,
             })
         })
         .collect();
@@ -329,6 +351,32 @@ async fn accept_loop(
             shutdown: shutdown.clone(),
         };
         tokio::task::spawn_local(async move {
+            let stream = match &ctx.ls.tls {
+                None => ClientStream::Plain(stream),
+                Some(acceptor) => {
+                    // The handshake counts against the head deadline of the first request.
+                    let deadline = ctx.ls.listener.limits.head_timeout;
+                    match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => ClientStream::Tls(Box::new(tls)),
+                        Ok(Err(e)) => {
+                            ctx.shared
+                                .stats
+                                .tls_handshake_failures
+                                .fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, "TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            ctx.shared
+                                .stats
+                                .tls_handshake_failures
+                                .fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    }
+                }
+            };
             conn::serve(stream, peer, ctx).await;
             drop(guard);
         });

@@ -102,6 +102,7 @@ pub struct Stats {
     pub upstream_reused: AtomicU64,
     pub upstream_connects: AtomicU64,
     pub upstream_retries: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -115,6 +116,7 @@ impl Default for Stats {
             upstream_reused: AtomicU64::new(0),
             upstream_connects: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
+            tls_handshake_failures: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -187,9 +189,10 @@ impl Stats {
             reused as f64 * 100.0 / up as f64
         };
         let mut s = format!(
-            "connections={} refused={} requests={} upstream_requests={} upstream_reused={} ({share:.3}%) upstream_connects={} retries={}",
+            "connections={} refused={} tls_handshake_failures={} requests={} upstream_requests={} upstream_reused={} ({share:.3}%) upstream_connects={} retries={}",
             self.connections_accepted.load(Relaxed),
             self.connections_refused.load(Relaxed),
+            self.tls_handshake_failures.load(Relaxed),
             self.requests.load(Relaxed),
             up,
             reused,
