@@ -7,7 +7,11 @@ Topology on a 2-core box: wrk (core 1) -> proxy under test (core 0, one worker) 
 A run with any non-2xx response or socket error is void. Until `portico bench` exists (issue 4) wrk
 is the closed-loop load generator: these figures are CPU per request, never latency claims.
 
-Usage: scripts/bench-compare.py [--duration 10] [--size 1k] [--connections 50] [--rounds 3]
+With --https the client leg is TLS 1.3 (ECDSA P-256 certificate made with openssl, X25519 key
+exchange: wrk's OpenSSL offers it first, nginx pins it with ssl_ecdh_curve, HAProxy with curves);
+the upstream leg stays plain HTTP/1.1 keep-alive (performance.md P4).
+
+Usage: scripts/bench-compare.py [--duration 10] [--size 1k] [--connections 50] [--rounds 3] [--https]
 Installs nothing; needs nginx, haproxy, wrk (apt-get install -y nginx haproxy wrk).
 """
 import argparse
@@ -87,9 +91,22 @@ def run_wrk(url, duration, connections):
     }
 
 
-def nginx_conf(d, port, origin):
+def make_cert(d):
+    """A self-signed ECDSA P-256 certificate for localhost: (cert, key, cert+key for HAProxy)."""
+    cert, key, both = f"{d}/cert.pem", f"{d}/key.pem", f"{d}/both.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", key, "-out", cert, "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-days", "2"],
+        check=True, capture_output=True)
+    open(both, "w").write(open(cert).read() + open(key).read())
+    return cert, key, both
+
+
+def nginx_conf(d, port, origin, https=False):
     for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(f"{d}/{sub}", exist_ok=True)
+    tls = (f"ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem; ssl_protocols TLSv1.3; "
+           "ssl_ecdh_curve X25519; ssl_session_tickets off;") if https else ""
     return f"""
 worker_processes 1;
 daemon off;
@@ -106,7 +123,8 @@ http {{
     scgi_temp_path {d}/scgi;
     upstream b {{ server {origin}; keepalive 100; }}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{" ssl" if https else ""};
+        {tls}
         location / {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -117,7 +135,8 @@ http {{
 """
 
 
-def haproxy_conf(port, origin):
+def haproxy_conf(d, port, origin, https=False):
+    bind = f"bind 127.0.0.1:{port} ssl crt {d}/both.pem ssl-min-ver TLSv1.3 curves X25519" if https else f"bind 127.0.0.1:{port}"
     return f"""
 global
     nbthread 1
@@ -130,19 +149,23 @@ defaults
     option http-keep-alive
     http-reuse always
 frontend f
-    bind 127.0.0.1:{port}
+    {bind}
     default_backend b
 backend b
     server s1 {origin}
 """
 
 
-def portico_conf(port, origin):
+def portico_conf(d, port, origin, https=False):
+    tls = f"""[listeners.tls]
+certificates = [{{ cert = "{d}/cert.pem", key = "{d}/key.pem" }}]
+versions = "1.3"
+""" if https else ""
     return f"""
 [[listeners]]
 name = "p"
 address = "127.0.0.1:{port}"
-[[listeners.routes]]
+{tls}[[listeners.routes]]
 proxy = "b"
 [upstreams.b]
 servers = ["{origin}"]
@@ -150,18 +173,18 @@ keepalive = 100
 """
 
 
-def start_proxy(name, d, port, origin, portico):
+def start_proxy(name, d, port, origin, portico, https=False):
     if name == "portico":
         path = f"{d}/portico.toml"
-        open(path, "w").write(portico_conf(port, origin))
+        open(path, "w").write(portico_conf(d, port, origin, https))
         cmd = [portico, "run", "--config", path, "--workers", "1"]
     elif name == "nginx":
         path = f"{d}/nginx.conf"
-        open(path, "w").write(nginx_conf(d, port, origin))
+        open(path, "w").write(nginx_conf(d, port, origin, https))
         cmd = ["nginx", "-c", path, "-p", d]
     elif name == "haproxy":
         path = f"{d}/haproxy.cfg"
-        open(path, "w").write(haproxy_conf(port, origin))
+        open(path, "w").write(haproxy_conf(d, port, origin, https))
         cmd = ["haproxy", "-f", path, "-db"]
     else:
         raise ValueError(name)
@@ -187,12 +210,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median per proxy is reported")
     ap.add_argument("--proxies", default="portico,nginx,haproxy")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--https", action="store_true", help="TLS 1.3 on the client leg (P4)")
     args = ap.parse_args()
 
     portico = os.path.join(ROOT, "target/release/portico")
     subprocess.run(["cargo", "build", "--release", "--locked", "-p", "portico"], cwd=ROOT, check=True)
     proxies = [p for p in args.proxies.split(",") if p == "portico" or shutil.which(p)]
     d = tempfile.mkdtemp(prefix="portico-bench-")
+    if args.https:
+        make_cert(d)
     oport = free_port()
     origin = f"127.0.0.1:{oport}"
     olog = open(f"{d}/origin.log", "w")
@@ -203,8 +229,9 @@ def main():
         for rnd in range(args.rounds):
             for name in proxies:
                 port = free_port()
-                proc = start_proxy(name, d, port, origin, portico)
-                url = f"http://127.0.0.1:{port}/bytes/{args.size}"
+                proc = start_proxy(name, d, port, origin, portico, args.https)
+                scheme = "https" if args.https else "http"
+                url = f"{scheme}://localhost:{port}/bytes/{args.size}"
                 try:
                     run_wrk(url, 2, args.connections)  # warm-up, excluded
                     pids = tree(proc.pid)
