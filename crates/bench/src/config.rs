@@ -1,0 +1,482 @@
+//! Flags as the command line gives them, validated once into a typed run configuration.
+
+use crate::error::BenchError;
+use portico_http1::Method;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The `portico bench` flags, as parsed by the command line (values already typed where a
+/// parser below applies, e.g. [`parse_duration`]).
+#[derive(Debug, Clone)]
+pub struct Flags {
+    pub url: String,
+    /// Offered rate in requests per second (open loop).
+    pub rate: Option<f64>,
+    /// Closed loop: each connection sends its next request as soon as a response completes.
+    pub closed: bool,
+    pub connections: usize,
+    pub threads: usize,
+    pub duration: Option<Duration>,
+    pub requests: Option<u64>,
+    pub warmup: Duration,
+    pub method: String,
+    /// `Name: value` strings.
+    pub headers: Vec<String>,
+    /// The body, or `@FILE` to read it from a file.
+    pub body: Option<String>,
+    /// A new connection per request (`Connection: close`).
+    pub close: bool,
+    pub timeout: Duration,
+    pub json: Option<PathBuf>,
+    pub hgrm: Option<PathBuf>,
+    pub pids: Vec<u32>,
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags {
+            url: String::new(),
+            rate: None,
+            closed: false,
+            connections: 10,
+            threads: 1,
+            duration: None,
+            requests: None,
+            warmup: Duration::ZERO,
+            method: "GET".to_string(),
+            headers: Vec::new(),
+            body: None,
+            close: false,
+            timeout: Duration::from_secs(5),
+            json: None,
+            hgrm: None,
+            pids: Vec::new(),
+        }
+    }
+}
+
+/// Open loop at a constant offered rate, or closed loop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// Requests per second over all connections.
+    Open {
+        rate: f64,
+    },
+    Closed,
+}
+
+/// When the measured phase ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// After this long (the warm-up comes before it).
+    Duration(Duration),
+    /// After this many measured requests over all connections.
+    Requests(u64),
+}
+
+/// Where the requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The URL as given.
+    pub url: String,
+    /// Host as written in the URL (brackets removed from IPv6 literals).
+    pub host: String,
+    pub port: u16,
+    /// The request target: path and query, at least `/`.
+    pub path: String,
+    /// The `Host` field value: host, with the port when it is not 80.
+    pub authority: String,
+}
+
+/// A validated benchmark configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub target: Target,
+    pub addr: SocketAddr,
+    pub mode: Mode,
+    pub connections: usize,
+    pub threads: usize,
+    pub stop: Stop,
+    pub warmup: Duration,
+    pub method: Method,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub close: bool,
+    pub timeout: Duration,
+    pub pids: Vec<u32>,
+}
+
+/// How long requests still in flight after the last scheduled send may take to finish before
+/// they are reported as unfinished: the request timeout, at most this.
+pub const MAX_DRAIN: Duration = Duration::from_secs(1);
+
+/// Most connections one run may open.
+pub const MAX_CONNECTIONS: usize = 100_000;
+/// Most worker threads.
+pub const MAX_THREADS: usize = 1024;
+
+impl Config {
+    /// Validate the flags (reads `--body @FILE` and resolves the host).
+    pub fn from_flags(f: &Flags) -> Result<Config, BenchError> {
+        let target = parse_url(&f.url)?;
+        let mode = match (f.rate, f.closed) {
+            (Some(_), true) => return Err(flag("--rate and --closed exclude each other")),
+            (None, false) => {
+                return Err(flag(
+                    "choose --rate R (open loop, requests/s) or --closed (closed loop)",
+                ))
+            }
+            (Some(r), false) if !(r.is_finite() && r > 0.0 && r <= 1e9) => {
+                return Err(flag(format!("--rate {r}: must be > 0 requests/s")))
+            }
+            (Some(rate), false) => Mode::Open { rate },
+            (None, true) => Mode::Closed,
+        };
+        if f.connections == 0 || f.connections > MAX_CONNECTIONS {
+            return Err(flag(format!(
+                "--connections {}: must be 1..={MAX_CONNECTIONS}",
+                f.connections
+            )));
+        }
+        if f.threads == 0 || f.threads > MAX_THREADS {
+            return Err(flag(format!(
+                "--threads {}: must be 1..={MAX_THREADS}",
+                f.threads
+            )));
+        }
+        if f.threads > f.connections {
+            return Err(flag(format!(
+                "--threads {} exceeds --connections {}: every thread needs a connection",
+                f.threads, f.connections
+            )));
+        }
+        let stop = match (f.duration, f.requests) {
+            (Some(_), Some(_)) => return Err(flag("--duration and --requests exclude each other")),
+            (Some(d), None) if d.is_zero() => return Err(flag("--duration must be > 0")),
+            (Some(d), None) => Stop::Duration(d),
+            (None, Some(0)) => return Err(flag("--requests must be > 0")),
+            (None, Some(n)) => Stop::Requests(n),
+            (None, None) => Stop::Duration(Duration::from_secs(10)),
+        };
+        if f.timeout.is_zero() {
+            return Err(flag("--timeout must be > 0"));
+        }
+        let method = Method::from_token(&f.method)
+            .ok_or_else(|| flag(format!("--method {:?}: not an HTTP method token", f.method)))?;
+        if method == Method::Connect {
+            return Err(flag("--method CONNECT is not supported"));
+        }
+        let mut headers = Vec::with_capacity(f.headers.len());
+        for h in &f.headers {
+            headers.push(parse_header(h)?);
+        }
+        for (name, _) in &headers {
+            if name.eq_ignore_ascii_case("content-length")
+                || name.eq_ignore_ascii_case("transfer-encoding")
+            {
+                return Err(flag(format!(
+                    "-H {name}: the framing fields are written from --body"
+                )));
+            }
+            if f.close && name.eq_ignore_ascii_case("connection") {
+                return Err(flag(
+                    "-H Connection: --close already sets Connection: close",
+                ));
+            }
+        }
+        let body = match &f.body {
+            None => Vec::new(),
+            Some(b) => match b.strip_prefix('@') {
+                Some(path) => std::fs::read(path).map_err(|source| BenchError::File {
+                    path: PathBuf::from(path),
+                    source,
+                })?,
+                None => b.as_bytes().to_vec(),
+            },
+        };
+        let addr = resolve(&target)?;
+        Ok(Config {
+            target,
+            addr,
+            mode,
+            connections: f.connections,
+            threads: f.threads,
+            stop,
+            warmup: f.warmup,
+            method,
+            headers,
+            body,
+            close: f.close,
+            timeout: f.timeout,
+            pids: f.pids.clone(),
+        })
+    }
+
+    /// How long requests in flight may finish after the end of the measured phase.
+    pub fn drain(&self) -> Duration {
+        self.timeout.min(MAX_DRAIN)
+    }
+}
+
+fn flag(msg: impl Into<String>) -> BenchError {
+    BenchError::Flag(msg.into())
+}
+
+fn resolve(t: &Target) -> Result<SocketAddr, BenchError> {
+    let mut addrs = (t.host.as_str(), t.port)
+        .to_socket_addrs()
+        .map_err(|source| BenchError::Resolve {
+            host: t.host.clone(),
+            source,
+        })?;
+    addrs.next().ok_or_else(|| BenchError::Resolve {
+        host: t.host.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
+    })
+}
+
+/// Parse `http://host[:port][/path][?query]`. `https://` and other schemes are refused (for now).
+pub fn parse_url(url: &str) -> Result<Target, BenchError> {
+    let bad = |reason: &str| BenchError::Url {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let lower = url
+        .get(..8)
+        .map(str::to_ascii_lowercase)
+        .unwrap_or_default();
+    let rest = if lower.starts_with("http://") {
+        url.get(7..).unwrap_or_default()
+    } else if lower.starts_with("https://") {
+        return Err(bad("https:// is not supported yet (http:// only)"));
+    } else {
+        return Err(bad("expected http://HOST[:PORT]/PATH"));
+    };
+    let rest = rest.split('#').next().unwrap_or_default();
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(split);
+    if authority.is_empty() {
+        return Err(bad("missing host"));
+    }
+    if authority.contains('@') {
+        return Err(bad("user information in the URL is not supported"));
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let end = v6.find(']').ok_or_else(|| bad("unclosed [ in host"))?;
+        let host = v6.get(..end).unwrap_or_default();
+        let after = v6.get(end + 1..).unwrap_or_default();
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err(bad("junk after ]")),
+        };
+        (host, port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || host.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(bad("bad host"));
+    }
+    let port = match port {
+        None => 80,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad("bad port"))?,
+    };
+    let path = if tail.is_empty() {
+        "/".to_string()
+    } else if tail.starts_with('?') {
+        format!("/{tail}")
+    } else {
+        tail.to_string()
+    };
+    if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Err(bad(
+            "spaces or control bytes in the path (percent-encode them)",
+        ));
+    }
+    let host_in_field = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    let authority = if port == 80 {
+        host_in_field
+    } else {
+        format!("{host_in_field}:{port}")
+    };
+    Ok(Target {
+        url: url.to_string(),
+        host: host.to_string(),
+        port,
+        path,
+        authority,
+    })
+}
+
+/// Parse a duration: a number with a unit `us`, `ms`, `s`, `m` or `h` (`1.5s`, `250ms`); a bare
+/// number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, BenchError> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "" | "s" => 1.0,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(flag(format!("{s:?}: unknown unit (use us, ms, s, m or h)"))),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| flag(format!("{s:?}: expected a duration like 10s or 250ms")))?;
+    let secs = n * scale;
+    if !(secs.is_finite() && (0.0..=1e7).contains(&secs)) {
+        return Err(flag(format!("{s:?}: out of range")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parse `Name: value` into a header field (name a token, value without CR, LF or NUL).
+pub fn parse_header(s: &str) -> Result<(String, String), BenchError> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| flag(format!("-H {s:?}: expected 'Name: value'")))?;
+    let name = name.trim();
+    let value = value.trim();
+    if name.is_empty() || Method::from_token(name).is_none() {
+        return Err(flag(format!("-H {s:?}: the field name is not a token")));
+    }
+    if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(flag(format!("-H {s:?}: CR, LF or NUL in the value")));
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let t = parse_url("http://127.0.0.1:8081/bytes/1k?x=1").unwrap();
+        assert_eq!(
+            (
+                t.host.as_str(),
+                t.port,
+                t.path.as_str(),
+                t.authority.as_str()
+            ),
+            ("127.0.0.1", 8081, "/bytes/1k?x=1", "127.0.0.1:8081")
+        );
+        let t = parse_url("http://localhost").unwrap();
+        assert_eq!(
+            (t.port, t.path.as_str(), t.authority.as_str()),
+            (80, "/", "localhost")
+        );
+        let t = parse_url("HTTP://[::1]:9/?q#frag").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.path.as_str(), t.authority.as_str()),
+            ("::1", "/?q", "[::1]:9")
+        );
+        for bad in [
+            "https://x/",
+            "ftp://x/",
+            "http:///",
+            "http://x:0/",
+            "http://x:99999/",
+            "http://u@x/",
+            "http://x/a b",
+            "x:80",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("40us").unwrap(), Duration::from_micros(40));
+        for bad in ["", "s", "10x", "-1s", "1e400s", "1.2.3s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn headers() {
+        assert_eq!(
+            parse_header("X-A:  b c ").unwrap(),
+            ("X-A".to_string(), "b c".to_string())
+        );
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header("bad name: x").is_err());
+        assert!(parse_header(": x").is_err());
+    }
+
+    #[test]
+    fn flags_validate() {
+        let base = Flags {
+            url: "http://127.0.0.1:1/".into(),
+            rate: Some(100.0),
+            ..Flags::default()
+        };
+        let c = Config::from_flags(&base).unwrap();
+        assert_eq!(c.mode, Mode::Open { rate: 100.0 });
+        assert_eq!(c.stop, Stop::Duration(Duration::from_secs(10)));
+        let cases = [
+            Flags {
+                rate: None,
+                ..base.clone()
+            },
+            Flags {
+                closed: true,
+                ..base.clone()
+            },
+            Flags {
+                rate: Some(0.0),
+                ..base.clone()
+            },
+            Flags {
+                connections: 0,
+                ..base.clone()
+            },
+            Flags {
+                threads: 11,
+                ..base.clone()
+            },
+            Flags {
+                requests: Some(5),
+                duration: Some(Duration::from_secs(1)),
+                ..base.clone()
+            },
+            Flags {
+                method: "G T".into(),
+                ..base.clone()
+            },
+            Flags {
+                headers: vec!["Content-Length: 3".into()],
+                ..base.clone()
+            },
+            Flags {
+                body: Some("@/nonexistent/file".into()),
+                ..base.clone()
+            },
+        ];
+        for f in cases {
+            assert!(Config::from_flags(&f).is_err(), "{f:?}");
+        }
+    }
+}

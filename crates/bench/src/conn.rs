@@ -1,0 +1,203 @@
+//! One client connection: connect, write the pre-encoded request, read one response with the codec.
+
+use crate::stats::ErrorKind;
+use bytes::BytesMut;
+use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
+use std::io;
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Bytes kept free in the read buffer before each read.
+const READ_RESERVE: usize = 16 * 1024;
+/// Largest body piece taken from the buffer at once (the bytes are only counted).
+const DECODE_MAX: usize = usize::MAX;
+/// How long a connection that ends waits for the server's FIN before closing anyway.
+const FIN_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+/// Most interim (1xx) responses accepted before the final one.
+const MAX_INTERIM: usize = 16;
+
+/// A complete response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    /// Head and body bytes.
+    pub bytes: u64,
+    /// Whether the connection may carry the next request.
+    pub reuse: bool,
+}
+
+/// A client connection, opened on demand and reopened after the server closes it.
+#[derive(Debug)]
+pub struct Conn {
+    addr: SocketAddr,
+    stream: Option<TcpStream>,
+    buf: BytesMut,
+    limits: Limits,
+    /// The requests say `Connection: close`: never reuse the connection.
+    close_after: bool,
+}
+
+impl Conn {
+    /// A connection to `addr`; `close_after` when the requests carry `Connection: close`.
+    pub fn new(addr: SocketAddr, close_after: bool) -> Conn {
+        Conn {
+            addr,
+            stream: None,
+            buf: BytesMut::with_capacity(READ_RESERVE),
+            limits: Limits::default(),
+            close_after,
+        }
+    }
+
+    /// Whether a connection is open.
+    pub fn is_open(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// Open the connection if it is not.
+    pub async fn connect(&mut self) -> Result<(), ErrorKind> {
+        if self.stream.is_none() {
+            let s = TcpStream::connect(self.addr).await.map_err(connect_error)?;
+            let _ = s.set_nodelay(true);
+            self.stream = Some(s);
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Drop the connection (after an error or a response that ends it).
+    pub fn close(&mut self) {
+        self.stream = None;
+        self.buf.clear();
+    }
+
+    /// Send `request` and read one response to `method`, connecting first if needed. On error the
+    /// connection is closed. After a response with `reuse == false` call [`Conn::finish_close`].
+    pub async fn exchange(
+        &mut self,
+        request: &[u8],
+        method: &Method,
+    ) -> Result<Response, ErrorKind> {
+        let r = self.exchange_inner(request, method).await;
+        if r.is_err() {
+            self.close();
+        }
+        r
+    }
+
+    async fn exchange_inner(
+        &mut self,
+        request: &[u8],
+        method: &Method,
+    ) -> Result<Response, ErrorKind> {
+        self.connect().await?;
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(ErrorKind::Connect);
+        };
+        // Bytes left from an earlier response mean the server sent more than it framed.
+        if !self.buf.is_empty() {
+            return Err(ErrorKind::BadResponse);
+        }
+        stream.write_all(request).await.map_err(io_error)?;
+        let mut bytes = 0u64;
+        let mut interim = 0usize;
+        let head = loop {
+            match parse_response(&mut self.buf, method, &self.limits) {
+                Ok(Some(head)) => {
+                    bytes = bytes.saturating_add(head.raw().len() as u64);
+                    let status = head.status();
+                    if (100..200).contains(&status) {
+                        // 101 would switch protocols: a benchmark of HTTP/1.1 does not expect it.
+                        interim += 1;
+                        if status == 101 || interim > MAX_INTERIM {
+                            return Err(ErrorKind::BadResponse);
+                        }
+                        continue;
+                    }
+                    break head;
+                }
+                Ok(None) => {
+                    if read_more(stream, &mut self.buf).await? == 0 {
+                        return Err(ErrorKind::Closed);
+                    }
+                }
+                Err(_) => return Err(ErrorKind::BadResponse),
+            }
+        };
+        let mut body = BodyDecoder::new(head.framing);
+        let mut eof = false;
+        loop {
+            let step = if eof {
+                body.on_eof()
+            } else {
+                body.decode(&mut self.buf, DECODE_MAX)
+            };
+            match step {
+                Ok(Decoded::Data(d)) => bytes = bytes.saturating_add(d.len() as u64),
+                Ok(Decoded::Done { trailers }) => {
+                    bytes = bytes.saturating_add(trailers.len() as u64);
+                    break;
+                }
+                Ok(Decoded::NeedMore) => {
+                    if read_more(stream, &mut self.buf).await? == 0 {
+                        eof = true;
+                    }
+                }
+                Err(portico_http1::BodyError::Truncated) => return Err(ErrorKind::Closed),
+                Err(_) => return Err(ErrorKind::BadResponse),
+            }
+        }
+        Ok(Response {
+            status: head.status(),
+            bytes,
+            reuse: !self.close_after && !eof && head.keep_alive && self.buf.is_empty(),
+        })
+    }
+
+    /// Close after a response that ends the connection. Waits briefly for the server's FIN first,
+    /// so that the server, not the client, holds the TIME_WAIT state (a connection-per-request run
+    /// would otherwise run out of local ports).
+    pub async fn finish_close(&mut self) {
+        if let Some(mut s) = self.stream.take() {
+            let mut scratch = [0u8; 512];
+            let wait = tokio::time::timeout(FIN_WAIT, async {
+                loop {
+                    match s.read(&mut scratch).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+            });
+            let _ = wait.await;
+        }
+        self.buf.clear();
+    }
+}
+
+/// Read into the spare capacity of `buf`; the number of bytes read, 0 at EOF.
+async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<usize, ErrorKind> {
+    if buf.capacity() - buf.len() < READ_RESERVE / 4 {
+        buf.reserve(READ_RESERVE);
+    }
+    stream.read_buf(buf).await.map_err(io_error)
+}
+
+fn connect_error(e: io::Error) -> ErrorKind {
+    match e.kind() {
+        io::ErrorKind::ConnectionRefused => ErrorKind::ConnectRefused,
+        io::ErrorKind::TimedOut => ErrorKind::Timeout,
+        _ => ErrorKind::Connect,
+    }
+}
+
+fn io_error(e: io::Error) -> ErrorKind {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => ErrorKind::Reset,
+        io::ErrorKind::UnexpectedEof => ErrorKind::Closed,
+        io::ErrorKind::TimedOut => ErrorKind::Timeout,
+        _ => ErrorKind::Io,
+    }
+}

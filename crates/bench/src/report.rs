@@ -1,0 +1,595 @@
+//! The results of a run: the accounting, distributions, CPU, timeline, warnings; as text and JSON.
+
+use crate::config::{Config, Mode, Stop};
+use crate::stats::{ErrorKind, Recorder};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Version of the JSON layout.
+pub const JSON_VERSION: u32 = 1;
+
+/// Percentiles printed and reported.
+pub const PERCENTILES: [f64; 8] = [50.0, 75.0, 90.0, 99.0, 99.9, 99.99, 99.999, 99.9999];
+
+/// Generator lag (p99) above which the run is flagged: the client, not the server, was late.
+pub const MAX_GENERATOR_LAG_MS: f64 = 1.0;
+
+/// Share of requests that waited for their connection above which the summary warns.
+const QUEUED_WARN_SHARE: f64 = 0.01;
+
+/// Every measured request, accounted for: `scheduled == completed + errors + in_flight + unsent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Accounting {
+    /// Open loop: requests the schedule put in the measured phase. Closed loop: requests sent.
+    pub scheduled: u64,
+    /// Requests that went out (`completed + errors + in_flight`).
+    pub sent: u64,
+    /// Complete responses, whatever their status.
+    pub completed: u64,
+    /// Requests that failed (see `errors`).
+    pub errors: u64,
+    /// Requests sent but unfinished when the run stopped (after the drain).
+    pub in_flight: u64,
+    /// Requests scheduled but never sent (their connection was still busy at the end).
+    pub unsent: u64,
+}
+
+/// Warm-up requests, excluded from everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Warmup {
+    pub seconds: f64,
+    pub completed: u64,
+    pub errors: u64,
+    pub in_flight: u64,
+}
+
+/// A latency distribution in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Dist {
+    pub count: u64,
+    pub mean_ms: f64,
+    pub stdev_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    /// Keys `p50`, `p75`, `p90`, `p99`, `p99.9`, `p99.99`, `p99.999`, `p99.9999`.
+    pub percentiles: BTreeMap<String, f64>,
+}
+
+impl Dist {
+    /// From a histogram of microseconds.
+    pub fn of(h: &Histogram<u64>) -> Dist {
+        let empty = h.is_empty();
+        let ms = |us: u64| if empty { 0.0 } else { us as f64 / 1000.0 };
+        Dist {
+            count: h.len(),
+            mean_ms: h.mean() / 1000.0,
+            stdev_ms: h.stdev() / 1000.0,
+            min_ms: ms(h.min()),
+            max_ms: ms(h.max()),
+            percentiles: PERCENTILES
+                .iter()
+                .map(|p| (format!("p{p}"), ms(h.value_at_quantile(p / 100.0))))
+                .collect(),
+        }
+    }
+
+    /// The value at percentile `p` (one of [`PERCENTILES`]), ms.
+    pub fn at(&self, p: f64) -> f64 {
+        self.percentiles
+            .get(&format!("p{p}"))
+            .copied()
+            .unwrap_or(0.0)
+    }
+}
+
+/// CPU time of the processes named by `--pid` during the measured phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuReport {
+    pub pids: Vec<u32>,
+    /// Processes in the trees at the end (roots and descendants).
+    pub processes: usize,
+    /// utime + stime, seconds (10 ms resolution).
+    pub seconds: f64,
+    /// Share of one core over the measured phase, percent.
+    pub percent_of_core: f64,
+    /// CPU microseconds per completed request.
+    pub us_per_request: Option<f64>,
+}
+
+/// CPU time of the load generator itself during the measured phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GeneratorCpu {
+    pub seconds: f64,
+    pub percent_of_core: f64,
+    pub us_per_request: Option<f64>,
+}
+
+/// One second of the measured phase, by completion time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SecondReport {
+    pub second: u64,
+    pub completed: u64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// What was measured besides the recording: wall time and CPU samples.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Measured phase wall time (from the end of the warm-up to the last request's end), seconds.
+    pub elapsed_s: f64,
+    /// CPU ticks of the `--pid` trees over the measured phase and the processes seen.
+    pub cpu_ticks: Option<(u64, usize)>,
+    /// The generator's own CPU ticks over the measured phase.
+    pub self_ticks: Option<u64>,
+    /// Problems found while measuring (e.g. a `--pid` process that went away).
+    pub notes: Vec<String>,
+}
+
+/// The full result of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub version: u32,
+    pub target: String,
+    pub method: String,
+    /// `open` or `closed`.
+    pub mode: &'static str,
+    /// Open loop: requests/s offered.
+    pub offered_rate: Option<f64>,
+    pub connections: usize,
+    pub threads: usize,
+    /// False with `--close` (a new connection per request).
+    pub keep_alive: bool,
+    pub planned_duration_s: Option<f64>,
+    pub planned_requests: Option<u64>,
+    pub timeout_s: f64,
+    pub warmup: Warmup,
+    /// Measured phase wall time (to the end of the last request, drain included), seconds.
+    pub elapsed_s: f64,
+    pub requests: Accounting,
+    /// Completed requests per second of the measured window (the planned duration, or the
+    /// actual time of a `--requests` run).
+    pub achieved_rate: f64,
+    pub bytes: u64,
+    pub bytes_per_s: f64,
+    /// Completed requests by status code.
+    pub status: BTreeMap<String, u64>,
+    /// Completed requests by class (`2xx`...).
+    pub status_classes: BTreeMap<String, u64>,
+    /// Failed requests by kind.
+    pub errors: BTreeMap<String, u64>,
+    /// Response time: from the intended send time in open loop (coordinated omission corrected),
+    /// from the actual send in closed loop.
+    pub latency: Dist,
+    /// From the actual send to the response.
+    pub service: Dist,
+    /// Open loop: actual send minus intended send.
+    pub send_lag: Option<Dist>,
+    /// Open loop: the generator's own delay (send lag not caused by waiting for a busy connection).
+    pub generator_lag: Option<Dist>,
+    /// Open loop: measured requests that waited for their connection.
+    pub queued: u64,
+    pub cpu: Option<CpuReport>,
+    pub generator_cpu: Option<GeneratorCpu>,
+    pub timeline: Vec<SecondReport>,
+    pub warnings: Vec<String>,
+    /// The latency histogram (µs), for `.hgrm` output.
+    #[serde(skip)]
+    pub latency_histogram: Histogram<u64>,
+}
+
+impl Report {
+    /// Assemble the report of a run.
+    pub fn build(cfg: &Config, rec: &Recorder, m: &Measured) -> Report {
+        let open = matches!(cfg.mode, Mode::Open { .. });
+        let requests = Accounting {
+            scheduled: rec.scheduled,
+            sent: rec.completed + rec.failed + rec.in_flight,
+            completed: rec.completed,
+            errors: rec.failed,
+            in_flight: rec.in_flight,
+            unsent: rec.unsent,
+        };
+        // Rates are over the measured window: the planned duration (responses that complete in the
+        // drain after it count), or the actual time of a count-limited run.
+        let elapsed = match cfg.stop {
+            Stop::Duration(d) => d.as_secs_f64(),
+            Stop::Requests(_) => m.elapsed_s,
+        }
+        .max(1e-9);
+        let per_request =
+            |secs: f64| (rec.completed > 0).then(|| secs * 1e6 / rec.completed as f64);
+        let mut status = BTreeMap::new();
+        let mut classes = BTreeMap::new();
+        for (code, n) in rec.status.iter().enumerate().filter(|(_, n)| **n > 0) {
+            status.insert(code.to_string(), *n);
+            *classes.entry(format!("{}xx", code / 100)).or_insert(0) += n;
+        }
+        let errors = ErrorKind::ALL
+            .iter()
+            .map(|k| (k.key().to_string(), rec.errors_of(*k)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let timeline = rec
+            .timeline
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let q = |x: f64| {
+                    if s.latency.is_empty() {
+                        0.0
+                    } else {
+                        s.latency.value_at_quantile(x) as f64 / 1000.0
+                    }
+                };
+                SecondReport {
+                    second: i as u64,
+                    completed: s.completed,
+                    errors: s.errors,
+                    p50_ms: q(0.5),
+                    p99_ms: q(0.99),
+                }
+            })
+            .collect();
+        let cpu = m.cpu_ticks.map(|(ticks, processes)| {
+            let seconds = crate::cpu::seconds(ticks);
+            CpuReport {
+                pids: cfg.pids.clone(),
+                processes,
+                seconds,
+                percent_of_core: seconds * 100.0 / elapsed,
+                us_per_request: per_request(seconds),
+            }
+        });
+        let generator_cpu = m.self_ticks.map(|ticks| {
+            let seconds = crate::cpu::seconds(ticks);
+            GeneratorCpu {
+                seconds,
+                percent_of_core: seconds * 100.0 / elapsed,
+                us_per_request: per_request(seconds),
+            }
+        });
+        let mut r = Report {
+            version: JSON_VERSION,
+            target: cfg.target.url.clone(),
+            method: cfg.method.as_str().to_string(),
+            mode: if open { "open" } else { "closed" },
+            offered_rate: match cfg.mode {
+                Mode::Open { rate } => Some(rate),
+                Mode::Closed => None,
+            },
+            connections: cfg.connections,
+            threads: cfg.threads,
+            keep_alive: !cfg.close,
+            planned_duration_s: match cfg.stop {
+                Stop::Duration(d) => Some(d.as_secs_f64()),
+                Stop::Requests(_) => None,
+            },
+            planned_requests: match cfg.stop {
+                Stop::Requests(n) => Some(n),
+                Stop::Duration(_) => None,
+            },
+            timeout_s: cfg.timeout.as_secs_f64(),
+            warmup: Warmup {
+                seconds: cfg.warmup.as_secs_f64(),
+                completed: rec.warmup_completed,
+                errors: rec.warmup_failed,
+                in_flight: rec.warmup_in_flight,
+            },
+            elapsed_s: m.elapsed_s,
+            requests,
+            achieved_rate: rec.completed as f64 / elapsed,
+            bytes: rec.bytes,
+            bytes_per_s: rec.bytes as f64 / elapsed,
+            status,
+            status_classes: classes,
+            errors,
+            latency: Dist::of(&rec.latency),
+            service: Dist::of(&rec.service),
+            send_lag: open.then(|| Dist::of(&rec.send_lag)),
+            generator_lag: open.then(|| Dist::of(&rec.generator_lag)),
+            queued: rec.queued,
+            cpu,
+            generator_cpu,
+            timeline,
+            warnings: Vec::new(),
+            latency_histogram: rec.latency.clone(),
+        };
+        r.warnings = r.find_warnings(&m.notes);
+        r
+    }
+
+    fn find_warnings(&self, notes: &[String]) -> Vec<String> {
+        let mut w = Vec::new();
+        let a = &self.requests;
+        if let Some(lag) = &self.generator_lag {
+            let p99 = lag.at(99.0);
+            if lag.count > 0 && p99 > MAX_GENERATOR_LAG_MS {
+                w.push(format!(
+                    "the load generator fell behind its own schedule: p99 of its send lag (from when a \
+                     request was due on a free connection to when it went out) is {p99:.3} ms > \
+                     {MAX_GENERATOR_LAG_MS} ms, so latencies include the client's own delay. Use more \
+                     --threads (and cores), fewer connections, or a lower --rate"
+                ));
+            }
+        }
+        if a.unsent > 0 {
+            w.push(format!(
+                "only {} of {} scheduled requests were sent: {} were never sent because their \
+                 connection was still busy when the run ended (the offered rate was not delivered; \
+                 raise --connections if the server is slow, or see the lag above)",
+                a.sent, a.scheduled, a.unsent
+            ));
+        }
+        if let Some(rate) = self.offered_rate {
+            if a.scheduled > 0 && self.queued as f64 > QUEUED_WARN_SHARE * a.scheduled as f64 {
+                w.push(format!(
+                    "{} requests ({:.2}%) waited for their connection because the previous response \
+                     on it was late; their latency includes that wait, as it should. If this is more \
+                     than a stall, {} connections cannot carry {rate} req/s at this latency: raise \
+                     --connections",
+                    self.queued,
+                    100.0 * self.queued as f64 / a.scheduled as f64,
+                    self.connections
+                ));
+            }
+        }
+        if a.in_flight > 0 {
+            w.push(format!(
+                "{} requests were still in flight when the run stopped: they are counted but not in \
+                 the latency distribution",
+                a.in_flight
+            ));
+        }
+        let non_2xx: u64 = self
+            .status_classes
+            .iter()
+            .filter(|(k, _)| k.as_str() != "2xx")
+            .map(|(_, n)| n)
+            .sum();
+        if a.errors > 0 || non_2xx > 0 {
+            w.push(format!(
+                "{} errors and {non_2xx} non-2xx responses: not a clean run, void for performance claims",
+                a.errors
+            ));
+        }
+        w.extend(notes.iter().cloned());
+        w
+    }
+
+    /// The report as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// The corrected latency distribution as a `.hgrm` percentile file.
+    pub fn hgrm(&self) -> String {
+        crate::hgrm::write(&self.latency_histogram)
+    }
+
+    /// The human summary, in the spirit of wrk2's.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let a = &self.requests;
+        let planned = match (self.planned_duration_s, self.planned_requests) {
+            (Some(d), _) => format!("{d:.2} s test"),
+            (_, Some(n)) => format!("{n}-request test"),
+            _ => "test".to_string(),
+        };
+        let _ = writeln!(s, "Running {planned} @ {} {}", self.method, self.target);
+        let conn = if self.keep_alive {
+            "keep-alive"
+        } else {
+            "a new connection per request"
+        };
+        let threads = plural(self.threads as u64, "thread");
+        let conns = plural(self.connections as u64, "connection");
+        match self.offered_rate {
+            Some(rate) => {
+                let _ = writeln!(s, "  open loop at {rate} req/s; {threads}, {conns}, {conn}");
+                let _ = writeln!(
+                    s,
+                    "  latency measured from each request's intended send time (coordinated omission corrected)"
+                );
+            }
+            None => {
+                let _ = writeln!(s, "  closed loop; {threads}, {conns}, {conn}");
+                let _ = writeln!(
+                    s,
+                    "  latency measured from the actual send: closed loop hides stalls, use --rate for latency claims"
+                );
+            }
+        }
+        if self.warmup.seconds > 0.0 {
+            let _ = writeln!(
+                s,
+                "  warm-up {:.2} s excluded from all results ({} requests completed, {} failed)",
+                self.warmup.seconds, self.warmup.completed, self.warmup.errors
+            );
+        }
+        let l = &self.latency;
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  Latency     {:>12} {:>12} {:>12}",
+            "Avg", "Stdev", "Max"
+        );
+        let _ = writeln!(
+            s,
+            "              {:>12} {:>12} {:>12}",
+            ms(l.mean_ms),
+            ms(l.stdev_ms),
+            ms(l.max_ms)
+        );
+        let kind = if self.offered_rate.is_some() {
+            "corrected"
+        } else {
+            "uncorrected"
+        };
+        let _ = writeln!(s, "  Latency Distribution (HdrHistogram - {kind})");
+        for p in PERCENTILES {
+            let _ = writeln!(s, "  {:>9}  {:>12}", format!("{p}%"), ms(l.at(p)));
+        }
+        let _ = writeln!(s, "  {:>9}  {:>12}", "100%", ms(l.max_ms));
+        let sv = &self.service;
+        let _ = writeln!(
+            s,
+            "  Service time (send to response): p50 {}  p99 {}  max {}",
+            ms(sv.at(50.0)),
+            ms(sv.at(99.0)),
+            ms(sv.max_ms)
+        );
+        if let (Some(lag), Some(gen)) = (&self.send_lag, &self.generator_lag) {
+            let _ = writeln!(
+                s,
+                "  Send lag (actual - intended send): p50 {}  p99 {}  max {}",
+                ms(lag.at(50.0)),
+                ms(lag.at(99.0)),
+                ms(lag.max_ms)
+            );
+            let _ = writeln!(
+                s,
+                "    of which the generator's own:   p50 {}  p99 {}  max {}",
+                ms(gen.at(50.0)),
+                ms(gen.at(99.0)),
+                ms(gen.max_ms)
+            );
+            let _ = writeln!(
+                s,
+                "    requests that waited for a busy connection: {}",
+                self.queued
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  {} requests in {:.2} s, {} read",
+            a.completed,
+            self.elapsed_s,
+            size(self.bytes as f64)
+        );
+        let _ = writeln!(
+            s,
+            "  Requests: {} {} = {} completed + {} errors + {} in flight at the end + {} never sent",
+            a.scheduled,
+            if self.offered_rate.is_some() {
+                "scheduled"
+            } else {
+                "sent"
+            },
+            a.completed,
+            a.errors,
+            a.in_flight,
+            a.unsent
+        );
+        let classes: Vec<String> = self
+            .status_classes
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let codes: Vec<String> = self
+            .status
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  Status: {}",
+            if classes.is_empty() {
+                "none".to_string()
+            } else {
+                format!("{} ({})", classes.join(", "), codes.join(", "))
+            }
+        );
+        let errors: Vec<String> = ErrorKind::ALL
+            .iter()
+            .filter_map(|k| {
+                self.errors
+                    .get(k.key())
+                    .map(|n| format!("{} {n}", k.describe()))
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "  Errors: {}",
+            if errors.is_empty() {
+                "none".to_string()
+            } else {
+                errors.join(", ")
+            }
+        );
+        match self.offered_rate {
+            Some(rate) => {
+                let _ = writeln!(
+                    s,
+                    "Requests/sec: {:>10.2}  (offered {rate:.2})",
+                    self.achieved_rate
+                );
+            }
+            None => {
+                let _ = writeln!(s, "Requests/sec: {:>10.2}", self.achieved_rate);
+            }
+        }
+        let _ = writeln!(s, "Transfer/sec: {:>10}", size(self.bytes_per_s));
+        if let Some(c) = &self.cpu {
+            let pids: Vec<String> = c.pids.iter().map(u32::to_string).collect();
+            let _ = writeln!(
+                s,
+                "  CPU of pid {} ({} with descendants): {:.2} s, {:.1}% of a core, {} per request",
+                pids.join(", "),
+                if c.processes == 1 {
+                    "1 process".to_string()
+                } else {
+                    format!("{} processes", c.processes)
+                },
+                c.seconds,
+                c.percent_of_core,
+                us(c.us_per_request)
+            );
+        }
+        if let Some(c) = &self.generator_cpu {
+            let _ = writeln!(
+                s,
+                "  Load generator CPU: {:.2} s, {:.1}% of a core, {} per request",
+                c.seconds,
+                c.percent_of_core,
+                us(c.us_per_request)
+            );
+        }
+        for w in &self.warnings {
+            let _ = writeln!(s, "WARNING: {w}");
+        }
+        s
+    }
+}
+
+fn plural(n: u64, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+fn ms(v: f64) -> String {
+    format!("{v:.3}ms")
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.2} us"))
+}
+
+fn size(bytes: f64) -> String {
+    if bytes >= 1e9 {
+        format!("{:.2}GB", bytes / 1e9)
+    } else if bytes >= 1e6 {
+        format!("{:.2}MB", bytes / 1e6)
+    } else if bytes >= 1e3 {
+        format!("{:.2}KB", bytes / 1e3)
+    } else {
+        format!("{bytes:.0}B")
+    }
+}

@@ -1,0 +1,569 @@
+//! A run: worker threads owning their connections, warm-up, CPU sampling, progress, merged results.
+
+use crate::config::{Config, Mode, Stop};
+use crate::conn::Conn;
+use crate::cpu;
+use crate::deadline::{watchdog, Deadline};
+use crate::error::BenchError;
+use crate::pacer::{spawn_sleeper, Pacer, Shared};
+use crate::report::{Measured, Report};
+use crate::request::encode_request;
+use crate::schedule::{thread_of, Schedule, Timing};
+use crate::stats::{ErrorKind, Live, Recorder};
+use bytes::Bytes;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Time between the workers being ready and the first send, so that all start together.
+const START_LEAD: Duration = Duration::from_millis(5);
+/// Interval of progress reports.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// A snapshot of a run in progress, about once a second.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// Since the start (warm-up included).
+    pub elapsed: Duration,
+    /// Warm-up plus duration, in duration mode.
+    pub planned: Option<Duration>,
+    pub warming_up: bool,
+    /// Completed requests so far (warm-up included).
+    pub completed: u64,
+    pub errors: u64,
+    /// Completions per second since the previous snapshot.
+    pub rate: f64,
+    /// p99 latency of the last whole second (the highest over threads), ms.
+    pub p99_ms: f64,
+}
+
+impl Progress {
+    /// One status line, e.g. `[  3s / 10s]  12000 done, 0 errors, 4000 req/s, p99 1.234 ms`.
+    pub fn line(&self) -> String {
+        let total = self
+            .planned
+            .map(|p| format!(" / {:.0}s", p.as_secs_f64()))
+            .unwrap_or_default();
+        let p99 = if self.p99_ms > 0.0 {
+            format!("{:.3} ms", self.p99_ms)
+        } else {
+            "-".to_string()
+        };
+        format!(
+            "[{:>4.0}s{total}]{} {} done, {} errors, {:.0} req/s, p99 {p99} (last second)",
+            self.elapsed.as_secs_f64(),
+            if self.warming_up { " warm-up," } else { "" },
+            self.completed,
+            self.errors,
+            self.rate,
+        )
+    }
+}
+
+/// What every worker reads.
+struct Plan {
+    cfg: Config,
+    request: Bytes,
+    schedule: Option<Schedule>,
+}
+
+/// One worker thread's state, shared by its connection tasks.
+struct Worker {
+    plan: Arc<Plan>,
+    t0: Instant,
+    /// Start of the measured phase (end of the warm-up), from `t0`.
+    measure_start: Duration,
+    /// End of the measured phase in duration mode: nothing is sent from then on.
+    end: Option<Duration>,
+    /// End of the drain: requests still unfinished then are reported in flight.
+    cut: Option<Duration>,
+    rec: RefCell<Recorder>,
+    pacer: Option<Rc<Pacer>>,
+}
+
+enum Flow {
+    Next,
+    Stop,
+}
+
+impl Worker {
+    fn now(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// Send one request and record its outcome (`t.done` is filled in here). Returns what to do
+    /// next and when the connection became free again.
+    async fn request(
+        &self,
+        conn: &mut Conn,
+        deadline: &Deadline,
+        measured: bool,
+        mut t: Timing,
+    ) -> (Flow, Duration) {
+        let cfg = &self.plan.cfg;
+        let open = self.plan.schedule.is_some();
+        let timeout_at = t.sent + cfg.timeout;
+        let (limit, is_cut) = match self.cut {
+            Some(c) if c < timeout_at => (c, true),
+            _ => (timeout_at, false),
+        };
+        let exchange = conn.exchange(&self.plan.request, &cfg.method);
+        let r = deadline.run(self.t0 + limit, exchange).await;
+        t.done = self.now();
+        let since = t.done.saturating_sub(self.measure_start);
+        if r.is_none() {
+            // The exchange was abandoned midway: the connection's state is unknown.
+            conn.close();
+        }
+        let (flow, close) = {
+            let mut rec = self.rec.borrow_mut();
+            match r {
+                Some(Ok(resp)) => {
+                    rec.response(measured, open, &t, resp.status, resp.bytes, since);
+                    (Flow::Next, !resp.reuse)
+                }
+                Some(Err(kind)) => {
+                    rec.error(measured, open, &t, kind, since);
+                    (Flow::Next, false)
+                }
+                None if is_cut => {
+                    rec.unfinished(measured);
+                    (Flow::Stop, false)
+                }
+                None => {
+                    rec.error(measured, open, &t, ErrorKind::Timeout, since);
+                    (Flow::Next, false)
+                }
+            }
+        };
+        if close {
+            conn.finish_close().await;
+            return (flow, self.now());
+        }
+        (flow, t.done)
+    }
+
+    /// Open loop: send each of connection `k`'s slots at its intended time, or as soon as the
+    /// connection is free if it is late; never after the end of the measured phase.
+    async fn open_loop(self: Rc<Self>, k: usize, mut conn: Conn, deadline: Rc<Deadline>) {
+        let (Some(sched), Some(pacer)) = (self.plan.schedule.as_ref(), self.pacer.clone()) else {
+            return;
+        };
+        let mut free = Duration::ZERO;
+        let mut i = 0u64;
+        loop {
+            let g = sched.slot(k, i);
+            if g >= sched.end() || self.end.is_some_and(|end| self.now() >= end) {
+                break;
+            }
+            let intended = sched.slot_time(g);
+            if self.now() < intended {
+                pacer.until(self.t0 + intended).await;
+            }
+            let sent = self.now();
+            let t = Timing {
+                intended,
+                free,
+                sent,
+                done: sent,
+            };
+            let (flow, after) = self
+                .request(&mut conn, &deadline, sched.is_measured(g), t)
+                .await;
+            free = after;
+            // Awake anyway: release whatever sends are due on the other connections.
+            pacer.wake_due(self.t0 + free);
+            i += 1;
+            if let Flow::Stop = flow {
+                break;
+            }
+        }
+        let left = sched.measured_of_from(k, sched.slot(k, i));
+        self.rec.borrow_mut().unsent += left;
+    }
+
+    /// Closed loop: send the next request as soon as the previous one ends.
+    async fn closed_loop(
+        self: Rc<Self>,
+        mut conn: Conn,
+        deadline: Rc<Deadline>,
+        quota: Option<u64>,
+    ) {
+        let mut free = Duration::ZERO;
+        let mut sent_measured = 0u64;
+        let mut now = self.now();
+        loop {
+            if self.end.is_some_and(|end| now >= end) || quota.is_some_and(|q| sent_measured >= q) {
+                break;
+            }
+            let measured = now >= self.measure_start;
+            if measured {
+                sent_measured += 1;
+                self.rec.borrow_mut().scheduled += 1;
+            }
+            let t = Timing {
+                intended: now,
+                free,
+                sent: now,
+                done: now,
+            };
+            let (flow, after) = self.request(&mut conn, &deadline, measured, t).await;
+            (free, now) = (after, after);
+            if let Flow::Stop = flow {
+                break;
+            }
+        }
+    }
+}
+
+/// Measured requests of connection `k` in a closed-loop count run.
+fn closed_quota(cfg: &Config, k: usize) -> Option<u64> {
+    match cfg.stop {
+        Stop::Requests(n) => {
+            let c = cfg.connections as u64;
+            Some(n / c + u64::from((k as u64) < n % c))
+        }
+        Stop::Duration(_) => None,
+    }
+}
+
+/// A worker's result: its recording and when its last connection finished.
+type WorkerResult = Result<(Recorder, Instant), BenchError>;
+
+fn worker(
+    plan: Arc<Plan>,
+    index: usize,
+    live: Arc<Live>,
+    ready: mpsc::Sender<Result<(), String>>,
+    go: mpsc::Receiver<Instant>,
+) -> WorkerResult {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = ready.send(Err(format!("cannot start a runtime: {e}")));
+            return Err(BenchError::Runtime(e.to_string()));
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    let cfg = &plan.cfg;
+    let mine: Vec<usize> = (0..cfg.connections)
+        .filter(|k| thread_of(*k, cfg.threads) == index)
+        .collect();
+    // Keep-alive runs open their connections before the start, so that the first requests do not
+    // pay for the handshake (failures are left to the first request, which counts them).
+    let conns: Vec<Conn> = local.block_on(&rt, async {
+        let tasks: Vec<_> = mine
+            .iter()
+            .map(|_| {
+                let mut c = Conn::new(cfg.addr, cfg.close);
+                let (close, timeout) = (cfg.close, cfg.timeout);
+                tokio::task::spawn_local(async move {
+                    if !close {
+                        let _ = tokio::time::timeout(timeout, c.connect()).await;
+                    }
+                    c
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.unwrap_or_else(|_| Conn::new(cfg.addr, cfg.close)));
+        }
+        out
+    });
+    let _ = ready.send(Ok(()));
+    let t0 = go
+        .recv()
+        .map_err(|_| BenchError::Runtime("the run was abandoned".to_string()))?;
+    let measure_start = cfg.warmup;
+    let end = match cfg.stop {
+        Stop::Duration(d) => Some(cfg.warmup.saturating_add(d)),
+        Stop::Requests(_) => None,
+    };
+    let mut rec = Recorder::new(live);
+    let shared = Arc::new(Shared::new(t0));
+    let mut sleeper = None;
+    let mut pacer = None;
+    if let Some(s) = &plan.schedule {
+        rec.scheduled = mine.iter().map(|k| s.measured_of(*k)).sum();
+        let (a, b, threads) = (s.clone(), s.clone(), cfg.threads);
+        let times = (0..s.end())
+            .filter(move |g| thread_of(a.connection_of(*g), threads) == index)
+            .map(move |g| t0 + b.slot_time(g));
+        sleeper = Some(
+            spawn_sleeper(format!("bench-pace-{index}"), shared.clone(), times)
+                .map_err(|e| BenchError::Runtime(format!("cannot start a thread: {e}")))?,
+        );
+        pacer = Some(Rc::new(Pacer::new(shared.clone())));
+    }
+    let w = Rc::new(Worker {
+        plan: plan.clone(),
+        t0,
+        measure_start,
+        end,
+        cut: end.map(|e| e.saturating_add(cfg.drain())),
+        rec: RefCell::new(rec),
+        pacer,
+    });
+    let now = Instant::now();
+    if t0 > now {
+        std::thread::sleep(t0 - now);
+    }
+    let deadlines: Vec<Rc<Deadline>> = mine.iter().map(|_| Rc::default()).collect();
+    local.block_on(&rt, async {
+        if let Some(p) = w.pacer.clone() {
+            tokio::task::spawn_local(async move { p.run().await });
+        }
+        tokio::task::spawn_local(watchdog(deadlines.clone()));
+        let tasks: Vec<_> = mine
+            .iter()
+            .zip(conns)
+            .zip(deadlines)
+            .map(|((&k, conn), d)| {
+                let w = w.clone();
+                match cfg.mode {
+                    Mode::Open { .. } => tokio::task::spawn_local(w.open_loop(k, conn, d)),
+                    Mode::Closed => {
+                        tokio::task::spawn_local(w.closed_loop(conn, d, closed_quota(cfg, k)))
+                    }
+                }
+            })
+            .collect();
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    let finished = Instant::now();
+    shared.stop();
+    if let Some(s) = sleeper {
+        let _ = s.join();
+    }
+    drop(local);
+    let rec = w.rec.borrow().clone();
+    Ok((rec, finished))
+}
+
+/// Run the benchmark `cfg` describes. `progress` is called about once a second.
+pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, BenchError> {
+    if !cfg.pids.is_empty() {
+        cpu::sample_trees(&cfg.pids)?;
+    }
+    let plan = Arc::new(Plan {
+        cfg: cfg.clone(),
+        request: encode_request(cfg),
+        schedule: match cfg.mode {
+            Mode::Open { rate } => Some(Schedule::new(rate, cfg.connections, cfg.warmup, cfg.stop)),
+            Mode::Closed => None,
+        },
+    });
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<(usize, WorkerResult)>();
+    let mut gos = Vec::new();
+    let mut handles = Vec::new();
+    let mut lives = Vec::new();
+    for index in 0..cfg.threads {
+        let (go_tx, go_rx) = mpsc::channel();
+        let live = Arc::new(Live::default());
+        let (plan, ready, done, l) = (
+            plan.clone(),
+            ready_tx.clone(),
+            done_tx.clone(),
+            live.clone(),
+        );
+        let h = std::thread::Builder::new()
+            .name(format!("bench-{index}"))
+            .spawn(move || {
+                let r = worker(plan, index, l, ready, go_rx);
+                let _ = done.send((index, r));
+            })
+            .map_err(|e| BenchError::Runtime(format!("cannot start a thread: {e}")))?;
+        gos.push(go_tx);
+        handles.push(h);
+        lives.push(live);
+    }
+    drop((ready_tx, done_tx));
+    for _ in 0..cfg.threads {
+        let failure = match ready_rx.recv() {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => "a worker thread ended early".to_string(),
+        };
+        drop(gos);
+        for h in handles {
+            let _ = h.join();
+        }
+        return Err(BenchError::Runtime(failure));
+    }
+    let t0 = Instant::now() + START_LEAD;
+    for g in &gos {
+        let _ = g.send(t0);
+    }
+    let tw = t0 + cfg.warmup;
+    let planned = match cfg.stop {
+        Stop::Duration(d) => Some(cfg.warmup.saturating_add(d)),
+        Stop::Requests(_) => None,
+    };
+    let mut results: Vec<Option<(Recorder, Instant)>> = (0..cfg.threads).map(|_| None).collect();
+    let mut first_error = None;
+    let mut remaining = cfg.threads;
+    let mut start_sample: Option<(Option<cpu::TreeSample>, Option<u64>)> = None;
+    let mut notes = Vec::new();
+    let mut next_tick = t0 + PROGRESS_EVERY;
+    let (mut last_completed, mut last_tick) = (0u64, t0);
+    let sample = |notes: &mut Vec<String>| {
+        let tree = if cfg.pids.is_empty() {
+            None
+        } else {
+            match cpu::sample_trees(&cfg.pids) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    notes.push(format!("CPU not measured: {e}"));
+                    None
+                }
+            }
+        };
+        (tree, cpu::sample_self())
+    };
+    while remaining > 0 {
+        let now = Instant::now();
+        if start_sample.is_none() && now >= tw {
+            start_sample = Some(sample(&mut notes));
+        }
+        let wake = if start_sample.is_none() {
+            tw.min(next_tick)
+        } else {
+            next_tick
+        };
+        match done_rx.recv_timeout(wake.saturating_duration_since(now)) {
+            Ok((i, r)) => {
+                remaining -= 1;
+                match r {
+                    Ok(x) => {
+                        if let Some(slot) = results.get_mut(i) {
+                            *slot = Some(x);
+                        }
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                if now >= next_tick {
+                    let completed: u64 = lives
+                        .iter()
+                        .map(|l| l.completed.load(Ordering::Relaxed))
+                        .sum();
+                    let errors = lives.iter().map(|l| l.errors.load(Ordering::Relaxed)).sum();
+                    let p99 = lives
+                        .iter()
+                        .map(|l| l.last_p99_us.load(Ordering::Relaxed))
+                        .max()
+                        .unwrap_or(0);
+                    let dt = now.duration_since(last_tick).as_secs_f64().max(1e-9);
+                    progress(&Progress {
+                        elapsed: now.duration_since(t0),
+                        planned,
+                        warming_up: now < tw,
+                        completed,
+                        errors,
+                        rate: completed.saturating_sub(last_completed) as f64 / dt,
+                        p99_ms: p99 as f64 / 1000.0,
+                    });
+                    (last_completed, last_tick) = (completed, now);
+                    next_tick += PROGRESS_EVERY;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let end_sample = sample(&mut notes);
+    let start_sample = start_sample.unwrap_or_else(|| end_sample.clone());
+    for h in handles {
+        if h.join().is_err() {
+            first_error.get_or_insert(BenchError::Runtime("a worker thread panicked".to_string()));
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let mut merged: Option<Recorder> = None;
+    let mut finished = tw;
+    for (rec, done) in results.into_iter().flatten() {
+        finished = finished.max(done);
+        match merged.as_mut() {
+            None => merged = Some(rec),
+            Some(m) => m.merge(&rec).map_err(BenchError::Runtime)?,
+        }
+    }
+    let merged = merged.ok_or_else(|| BenchError::Runtime("no worker results".to_string()))?;
+    let cpu_ticks = match (&start_sample.0, &end_sample.0) {
+        (Some(a), Some(b)) => Some((b.ticks.saturating_sub(a.ticks), b.processes)),
+        _ => None,
+    };
+    let self_ticks = match (start_sample.1, end_sample.1) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    let measured = Measured {
+        elapsed_s: finished.saturating_duration_since(tw).as_secs_f64(),
+        cpu_ticks,
+        self_ticks,
+        notes,
+    };
+    Ok(Report::build(cfg, &merged, &measured))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Flags;
+
+    #[test]
+    fn closed_loop_quotas_split_the_count() {
+        let cfg = Config::from_flags(&Flags {
+            url: "http://127.0.0.1:1/".into(),
+            closed: true,
+            connections: 4,
+            requests: Some(10),
+            ..Flags::default()
+        })
+        .unwrap();
+        let q: Vec<u64> = (0..4).filter_map(|k| closed_quota(&cfg, k)).collect();
+        assert_eq!(q, [3, 3, 2, 2]);
+    }
+
+    #[test]
+    fn progress_line() {
+        let p = Progress {
+            elapsed: Duration::from_secs(3),
+            planned: Some(Duration::from_secs(12)),
+            warming_up: true,
+            completed: 1200,
+            errors: 1,
+            rate: 400.4,
+            p99_ms: 0.0,
+        };
+        assert_eq!(
+            p.line(),
+            "[   3s / 12s] warm-up, 1200 done, 1 errors, 400 req/s, p99 - (last second)"
+        );
+        let p = Progress {
+            warming_up: false,
+            planned: None,
+            p99_ms: 1.5,
+            ..p
+        };
+        assert_eq!(
+            p.line(),
+            "[   3s] 1200 done, 1 errors, 400 req/s, p99 1.500 ms (last second)"
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! Per-thread recording of request outcomes (histograms, status and error counts, timeline) and merging.
+
+use crate::schedule::Timing;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest latency the histograms resolve (µs): one hour. Larger values are recorded as this.
+pub const HIST_MAX_US: u64 = 3_600_000_000;
+/// Significant decimal digits of the main histograms (3: 0.1% value resolution).
+pub const HIST_SIGFIG: u8 = 3;
+/// Largest latency of the per-second histograms (µs): one minute.
+const SECOND_MAX_US: u64 = 60_000_000;
+/// Most timeline seconds kept (a day).
+const MAX_SECONDS: usize = 86_400;
+/// Status codes are 100..=999.
+const STATUS_SLOTS: usize = 1000;
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The connection attempt was refused (nothing listening).
+    ConnectRefused,
+    /// Another connection failure (e.g. no local port available).
+    Connect,
+    /// No complete response within `--timeout` of the send.
+    Timeout,
+    /// The connection was reset (RST, or a write to a closed connection).
+    Reset,
+    /// The server closed the connection before the response was complete.
+    Closed,
+    /// The response did not parse as HTTP/1.1 or its body framing was broken.
+    BadResponse,
+    /// Another socket error.
+    Io,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 7] = [
+        ErrorKind::ConnectRefused,
+        ErrorKind::Connect,
+        ErrorKind::Timeout,
+        ErrorKind::Reset,
+        ErrorKind::Closed,
+        ErrorKind::BadResponse,
+        ErrorKind::Io,
+    ];
+
+    /// The key used in JSON output.
+    pub fn key(self) -> &'static str {
+        match self {
+            ErrorKind::ConnectRefused => "connect_refused",
+            ErrorKind::Connect => "connect",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Reset => "reset",
+            ErrorKind::Closed => "closed",
+            ErrorKind::BadResponse => "bad_response",
+            ErrorKind::Io => "io",
+        }
+    }
+
+    /// Words for the human summary.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::ConnectRefused => "connect refused",
+            ErrorKind::Connect => "connect failed",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Reset => "reset",
+            ErrorKind::Closed => "closed before the response",
+            ErrorKind::BadResponse => "bad response",
+            ErrorKind::Io => "other socket error",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A histogram of microseconds with fixed bounds.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_US, HIST_SIGFIG)
+        .expect("constant histogram bounds are valid")
+}
+
+fn second_histogram() -> Histogram<u32> {
+    Histogram::new_with_bounds(1, SECOND_MAX_US, 2).expect("constant histogram bounds are valid")
+}
+
+/// Microseconds, for recording.
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One second of the measured phase, by completion time.
+#[derive(Debug, Clone)]
+pub struct Second {
+    pub completed: u64,
+    pub errors: u64,
+    /// Latencies (µs) of the requests completed in this second.
+    pub latency: Histogram<u32>,
+}
+
+/// Counters a progress display reads while the run goes on.
+#[derive(Debug, Default)]
+pub struct Live {
+    pub completed: AtomicU64,
+    pub errors: AtomicU64,
+    /// p99 latency (µs) of the last whole second this thread saw.
+    pub last_p99_us: AtomicU64,
+}
+
+/// Everything one worker thread recorded; merged over threads at the end.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    /// Latency from the intended send time (open loop) or the send (closed loop), µs.
+    pub latency: Histogram<u64>,
+    /// From the actual send to the response, µs.
+    pub service: Histogram<u64>,
+    /// Actual send minus intended send (open loop), µs.
+    pub send_lag: Histogram<u64>,
+    /// The generator's own delay: actual send minus when the request was ready (open loop), µs.
+    pub generator_lag: Histogram<u64>,
+    /// Completed requests by status code.
+    pub status: Vec<u64>,
+    /// Failed requests by kind.
+    pub errors: [u64; ErrorKind::ALL.len()],
+    /// Response bytes (heads and bodies) of measured requests.
+    pub bytes: u64,
+    /// Measured requests that waited for their connection (open loop).
+    pub queued: u64,
+    /// Measured requests: scheduled (open loop) or sent (closed loop).
+    pub scheduled: u64,
+    pub completed: u64,
+    pub failed: u64,
+    /// Sent but unfinished when the run stopped.
+    pub in_flight: u64,
+    /// Scheduled but never sent.
+    pub unsent: u64,
+    /// Warm-up requests that completed, failed or were cut (not in any histogram).
+    pub warmup_completed: u64,
+    pub warmup_failed: u64,
+    pub warmup_in_flight: u64,
+    pub timeline: Vec<Second>,
+    live: Arc<Live>,
+}
+
+impl Recorder {
+    pub fn new(live: Arc<Live>) -> Recorder {
+        Recorder {
+            latency: new_histogram(),
+            service: new_histogram(),
+            send_lag: new_histogram(),
+            generator_lag: new_histogram(),
+            status: vec![0; STATUS_SLOTS],
+            errors: [0; ErrorKind::ALL.len()],
+            bytes: 0,
+            queued: 0,
+            scheduled: 0,
+            completed: 0,
+            failed: 0,
+            in_flight: 0,
+            unsent: 0,
+            warmup_completed: 0,
+            warmup_failed: 0,
+            warmup_in_flight: 0,
+            timeline: Vec::new(),
+            live,
+        }
+    }
+
+    /// The timeline second for a completion `since_start` after the start of the measured phase.
+    fn second(&mut self, since_start: Duration) -> Option<&mut Second> {
+        let idx = usize::try_from(since_start.as_secs()).ok()?;
+        if idx >= MAX_SECONDS {
+            return None;
+        }
+        if idx >= self.timeline.len() {
+            // Publish the p99 of the last second seen before opening new ones.
+            if let Some(last) = self.timeline.last() {
+                let p99 = last.latency.value_at_quantile(0.99);
+                self.live.last_p99_us.store(p99, Ordering::Relaxed);
+            }
+            while self.timeline.len() <= idx {
+                self.timeline.push(Second {
+                    completed: 0,
+                    errors: 0,
+                    latency: second_histogram(),
+                });
+            }
+        }
+        self.timeline.get_mut(idx)
+    }
+
+    /// A complete response. `open` says whether `timing.intended` is a schedule time (open loop).
+    pub fn response(
+        &mut self,
+        measured: bool,
+        open: bool,
+        timing: &Timing,
+        status: u16,
+        bytes: u64,
+        since_start: Duration,
+    ) {
+        self.live.completed.fetch_add(1, Ordering::Relaxed);
+        if !measured {
+            self.warmup_completed += 1;
+            return;
+        }
+        self.completed += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        if let Some(n) = self.status.get_mut(usize::from(status)) {
+            *n += 1;
+        }
+        let latency = micros(timing.latency());
+        self.latency.saturating_record(latency);
+        self.service.saturating_record(micros(timing.service()));
+        if open {
+            self.send_lag.saturating_record(micros(timing.send_lag()));
+            self.generator_lag
+                .saturating_record(micros(timing.generator_lag()));
+            if timing.queued() {
+                self.queued += 1;
+            }
+        }
+        if let Some(s) = self.second(since_start) {
+            s.completed += 1;
+            s.latency.saturating_record(latency);
+        }
+    }
+
+    /// A failed request.
+    pub fn error(
+        &mut self,
+        measured: bool,
+        open: bool,
+        timing: &Timing,
+        kind: ErrorKind,
+        since_start: Duration,
+    ) {
+        self.live.errors.fetch_add(1, Ordering::Relaxed);
+        if !measured {
+            self.warmup_failed += 1;
+            return;
+        }
+        self.failed += 1;
+        if let Some(n) = self.errors.get_mut(kind.index()) {
+            *n += 1;
+        }
+        if open {
+            self.generator_lag
+                .saturating_record(micros(timing.generator_lag()));
+            self.send_lag.saturating_record(micros(timing.send_lag()));
+            if timing.queued() {
+                self.queued += 1;
+            }
+        }
+        if let Some(s) = self.second(since_start) {
+            s.errors += 1;
+        }
+    }
+
+    /// A request still unfinished when the run stopped.
+    pub fn unfinished(&mut self, measured: bool) {
+        if measured {
+            self.in_flight += 1;
+        } else {
+            self.warmup_in_flight += 1;
+        }
+    }
+
+    /// Fold another thread's recording into this one.
+    pub fn merge(&mut self, other: &Recorder) -> Result<(), String> {
+        for (a, b) in [
+            (&mut self.latency, &other.latency),
+            (&mut self.service, &other.service),
+            (&mut self.send_lag, &other.send_lag),
+            (&mut self.generator_lag, &other.generator_lag),
+        ] {
+            a.add(b).map_err(|e| format!("merging histograms: {e:?}"))?;
+        }
+        for (a, b) in self.status.iter_mut().zip(&other.status) {
+            *a += b;
+        }
+        for (a, b) in self.errors.iter_mut().zip(&other.errors) {
+            *a += b;
+        }
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.queued += other.queued;
+        self.scheduled += other.scheduled;
+        self.completed += other.completed;
+        self.failed += other.failed;
+        self.in_flight += other.in_flight;
+        self.unsent += other.unsent;
+        self.warmup_completed += other.warmup_completed;
+        self.warmup_failed += other.warmup_failed;
+        self.warmup_in_flight += other.warmup_in_flight;
+        if self.timeline.len() < other.timeline.len() {
+            self.timeline.resize_with(other.timeline.len(), || Second {
+                completed: 0,
+                errors: 0,
+                latency: second_histogram(),
+            });
+        }
+        for (a, b) in self.timeline.iter_mut().zip(&other.timeline) {
+            a.completed += b.completed;
+            a.errors += b.errors;
+            a.latency
+                .add(&b.latency)
+                .map_err(|e| format!("merging histograms: {e:?}"))?;
+        }
+        Ok(())
+    }
+
+    /// Count of failed requests of one kind.
+    pub fn errors_of(&self, kind: ErrorKind) -> u64 {
+        self.errors.get(kind.index()).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn timing(intended: u64, sent: u64, done: u64) -> Timing {
+        Timing {
+            intended: ms(intended),
+            free: ms(0),
+            sent: ms(sent),
+            done: ms(done),
+        }
+    }
+
+    #[test]
+    fn merging_threads_adds_everything() {
+        let mut a = Recorder::new(Arc::default());
+        let mut b = Recorder::new(Arc::default());
+        for i in 0..90 {
+            a.response(true, true, &timing(i, i, i + 1), 200, 100, ms(i * 10));
+        }
+        for i in 0..10 {
+            b.response(true, true, &timing(i, i + 50, i + 100), 503, 10, ms(2500));
+        }
+        b.error(true, true, &timing(0, 0, 0), ErrorKind::Reset, ms(2600));
+        b.response(false, true, &timing(0, 0, 1), 200, 1, ms(0));
+        b.unfinished(true);
+        a.merge(&b).unwrap();
+        assert_eq!(a.latency.len(), 100);
+        assert_eq!(a.completed, 100);
+        assert_eq!(a.failed, 1);
+        assert_eq!(a.in_flight, 1);
+        assert_eq!(a.warmup_completed, 1);
+        assert_eq!((a.status[200], a.status[503]), (90, 10));
+        assert_eq!(a.errors_of(ErrorKind::Reset), 1);
+        assert_eq!(a.bytes, 9100);
+        // p90 is a's 1 ms; the top 10% are b's 100 ms latencies; service time stays 50 ms.
+        assert!(a.latency.value_at_quantile(0.90) <= 1001);
+        assert!(a.latency.value_at_quantile(0.95) >= 100_000);
+        assert_eq!(a.service.max(), a.service.highest_equivalent(50_000));
+        // Timeline: a's completions in second 0, b's in second 2.
+        assert_eq!(a.timeline.len(), 3);
+        assert_eq!(
+            a.timeline
+                .iter()
+                .map(|s| (s.completed, s.errors))
+                .collect::<Vec<_>>(),
+            [(90, 0), (0, 0), (10, 1)]
+        );
+        assert!(a.timeline[2].latency.value_at_quantile(0.5) >= 99_000);
+    }
+
+    #[test]
+    fn huge_latencies_saturate() {
+        let mut a = Recorder::new(Arc::default());
+        a.response(
+            true,
+            false,
+            &timing(0, 0, 10 * 3_600_000),
+            200,
+            0,
+            Duration::from_secs(100_000),
+        );
+        assert_eq!(a.latency.len(), 1);
+        assert!(a.latency.max() >= HIST_MAX_US);
+        assert!(a.timeline.is_empty());
+    }
+}
