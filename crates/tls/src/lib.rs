@@ -19,7 +19,10 @@ pub enum TlsError {
 }
 
 fn file_error(path: &Path, message: impl Into<String>) -> TlsError {
-    TlsError::File { path: path.display().to_string(), message: message.into() }
+    TlsError::File {
+        path: path.display().to_string(),
+        message: message.into(),
+    }
 }
 
 /// The crypto provider: aws-lc-rs, the fastest rustls provider on x86-64 for ECDSA P-256
@@ -54,7 +57,10 @@ pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>
 }
 
 /// Load a PEM chain and its key, and check that the key belongs to the leaf certificate.
-pub fn load_certified_key(files: &CertificateFiles, provider: &CryptoProvider) -> Result<Arc<CertifiedKey>, TlsError> {
+pub fn load_certified_key(
+    files: &CertificateFiles,
+    provider: &CryptoProvider,
+) -> Result<Arc<CertifiedKey>, TlsError> {
     let chain = CertificateDer::pem_file_iter(&files.cert)
         .map_err(|e| file_error(&files.cert, format!("cannot read certificates: {e}")))?
         .collect::<Result<Vec<_>, _>>()
@@ -72,7 +78,10 @@ pub fn load_certified_key(files: &CertificateFiles, provider: &CryptoProvider) -
     certified.keys_match().map_err(|_| {
         file_error(
             &files.key,
-            format!("this key does not match the certificate in {}", files.cert.display()),
+            format!(
+                "this key does not match the certificate in {}",
+                files.cert.display()
+            ),
         )
     })?;
     Ok(Arc::new(certified))
@@ -87,7 +96,10 @@ struct SniResolver {
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         if self.certs.len() > 1 {
-            if let Some(name) = hello.server_name().and_then(|n| ServerName::try_from(n).ok()) {
+            if let Some(name) = hello
+                .server_name()
+                .and_then(|n| ServerName::try_from(n).ok())
+            {
                 if let Some(found) = self.certs.iter().find(|c| valid_for(c, &name)) {
                     return Some(found.clone());
                 }
@@ -111,9 +123,14 @@ mod tests {
 
     fn write_pair(dir: &Path, stem: &str, names: &[&str]) -> CertificateFiles {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
         let cert = params.self_signed(&key).unwrap();
-        let files = CertificateFiles { cert: dir.join(format!("{stem}.pem")), key: dir.join(format!("{stem}.key")) };
+        let files = CertificateFiles {
+            cert: dir.join(format!("{stem}.pem")),
+            key: dir.join(format!("{stem}.key")),
+        };
         std::fs::write(&files.cert, cert.pem()).unwrap();
         std::fs::write(&files.key, key.serialize_pem()).unwrap();
         files
@@ -127,7 +144,10 @@ mod tests {
     }
 
     fn settings(certificates: Vec<CertificateFiles>) -> TlsSettings {
-        TlsSettings { certificates, versions: vec![TlsVersion::Tls12, TlsVersion::Tls13] }
+        TlsSettings {
+            certificates,
+            versions: vec![TlsVersion::Tls12, TlsVersion::Tls13],
+        }
     }
 
     #[test]
@@ -142,15 +162,30 @@ mod tests {
         let d = temp_dir("err");
         let a = write_pair(&d, "a", &["a.test"]);
         let b = write_pair(&d, "b", &["b.test"]);
-        let missing = CertificateFiles { cert: d.join("nope.pem"), key: a.key.clone() };
-        let e = server_config(&settings(vec![missing])).unwrap_err().to_string();
+        let missing = CertificateFiles {
+            cert: d.join("nope.pem"),
+            key: a.key.clone(),
+        };
+        let e = server_config(&settings(vec![missing]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("nope.pem") && e.contains("cannot read"), "{e}");
-        let mismatched = CertificateFiles { cert: a.cert.clone(), key: b.key.clone() };
-        let e = server_config(&settings(vec![mismatched])).unwrap_err().to_string();
+        let mismatched = CertificateFiles {
+            cert: a.cert.clone(),
+            key: b.key.clone(),
+        };
+        let e = server_config(&settings(vec![mismatched]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("b.key") && e.contains("does not match"), "{e}");
         std::fs::write(d.join("junk.key"), "not a key").unwrap();
-        let junk = CertificateFiles { cert: a.cert.clone(), key: d.join("junk.key") };
-        let e = server_config(&settings(vec![junk])).unwrap_err().to_string();
+        let junk = CertificateFiles {
+            cert: a.cert.clone(),
+            key: d.join("junk.key"),
+        };
+        let e = server_config(&settings(vec![junk]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("junk.key"), "{e}");
     }
 
