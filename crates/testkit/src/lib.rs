@@ -1,7 +1,7 @@
 //! Test helpers: scripted upstream servers and raw HTTP/1.1 clients on ephemeral loopback ports.
-//!
-//! Deliberately independent of `portico-http1` (plain `httparse` and hand-written framing) so
-//! tests do not check the codec against itself.
+
+// Deliberately independent of `portico-http1` (plain `httparse` and hand-written framing) so
+// tests do not check the codec against itself.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
