@@ -308,16 +308,31 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let max = ls.listener.limits.max_connections;
+    let mut draining = false;
     loop {
-        if *shutdown.borrow() {
-            return;
+        if !draining && *shutdown.borrow() {
+            draining = true;
         }
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.changed() => return,
+        let accepted = if draining {
+            // Shutting down: take the connections the kernel already completed (closing the
+            // socket would reset them), then stop. They get one response with `Connection: close`.
+            match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+                Ok(r) => r,
+                Err(_) => return,
+            }
+        } else {
+            tokio::select! {
+                r = listener.accept() => r,
+                // A change (or the sender gone) only ever means shutdown.
+                _ = shutdown.changed() => {
+                    draining = true;
+                    continue;
+                }
+            }
         };
         let (stream, peer) = match accepted {
             Ok(x) => x,
+            Err(_) if draining => return,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(listener = %ls.listener.name, "accept failed: {e}");
