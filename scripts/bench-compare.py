@@ -11,7 +11,12 @@ With --https the client leg is TLS 1.3 (ECDSA P-256 certificate made with openss
 exchange: wrk's OpenSSL offers it first, nginx pins it with ssl_ecdh_curve, HAProxy with curves);
 the upstream leg stays plain HTTP/1.1 keep-alive (performance.md P4).
 
+With --latency RATE the load is `portico bench --rate RATE` (open loop, coordinated-omission
+corrected) instead of wrk, "direct" (no proxy) joins the list, and the report adds p50/p99/p99.99/max
+latency per proxy (performance.md P12: latency added by the proxy at a fixed load). HTTP only.
+
 Usage: scripts/bench-compare.py [--duration 10] [--size 1k] [--connections 50] [--rounds 3] [--https]
+                                [--latency RATE]
 Installs nothing; needs nginx, haproxy, wrk (apt-get install -y nginx haproxy wrk).
 """
 import argparse
@@ -100,6 +105,15 @@ def make_cert(d):
         check=True, capture_output=True)
     open(both, "w").write(open(cert).read() + open(key).read())
     return cert, key, both
+
+
+def run_portico_bench(portico, url, duration, connections, rate, d):
+    out_json = f"{d}/bench.json"
+    cmd = ["taskset", "-c", "1", portico, "bench", "--rate", str(rate), "-c", str(connections),
+           "-d", f"{duration}s", "--warmup", "2s", "--json", out_json, url]
+    subprocess.run(cmd, capture_output=True, text=True)
+    r = json.load(open(out_json))
+    return r
 
 
 def nginx_conf(d, port, origin, https=False):
@@ -211,6 +225,7 @@ def main():
     ap.add_argument("--proxies", default="portico,nginx,haproxy")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--https", action="store_true", help="TLS 1.3 on the client leg (P4)")
+    ap.add_argument("--latency", type=int, metavar="RATE", help="open-loop latency at RATE req/s with portico bench, plus 'direct' (P12)")
     args = ap.parse_args()
 
     portico = os.path.join(ROOT, "target/release/portico")
@@ -223,28 +238,47 @@ def main():
     origin = f"127.0.0.1:{oport}"
     olog = open(f"{d}/origin.log", "w")
     oproc = subprocess.Popen(["taskset", "-c", "1", portico, "origin", "--listen", origin, "--workers", "1"], stdout=olog, stderr=subprocess.STDOUT)
+    if args.latency:
+        if args.https:
+            sys.exit("--latency is HTTP only for now (portico bench speaks http://)")
+        proxies = ["direct"] + proxies
     results = {p: [] for p in proxies}
     try:
         wait_port(oport, oproc)
         for rnd in range(args.rounds):
             for name in proxies:
                 port = free_port()
-                proc = start_proxy(name, d, port, origin, portico, args.https)
+                proc = None if name == "direct" else start_proxy(name, d, port, origin, portico, args.https)
                 scheme = "https" if args.https else "http"
-                url = f"{scheme}://localhost:{port}/bytes/{args.size}"
+                target = origin if name == "direct" else f"localhost:{port}"
+                url = f"{scheme}://{target}/bytes/{args.size}"
+                lat = None
                 try:
-                    run_wrk(url, 2, args.connections)  # warm-up, excluded
-                    pids = tree(proc.pid)
-                    u0, s0 = cpu_seconds(pids)
-                    w = run_wrk(url, args.duration, args.connections)
-                    u1, s1 = cpu_seconds(pids)
+                    pids = tree(proc.pid) if proc else []
+                    if args.latency:
+                        u0, s0 = cpu_seconds(pids)
+                        b = run_portico_bench(portico, url, args.duration, args.connections, args.latency, d)
+                        u1, s1 = cpu_seconds(pids)
+                        req = b["requests"]
+                        w = {"requests": req["completed"], "rps": b["achieved_rate"],
+                             "non2xx": req["completed"] - b["status_classes"].get("2xx", 0),
+                             "socket_errors": "" if req["errors"] == 0 and req["unsent"] == 0 else str(req)}
+                        lat = {k: b["latency"]["percentiles"][k] for k in ("p50", "p99", "p99.99")}
+                        lat["max"] = b["latency"]["max_ms"]
+                        lat["warnings"] = b["warnings"]
+                    else:
+                        run_wrk(url, 2, args.connections)  # warm-up, excluded
+                        u0, s0 = cpu_seconds(pids)
+                        w = run_wrk(url, args.duration, args.connections)
+                        u1, s1 = cpu_seconds(pids)
                     c0, c1 = u0 + s0, u1 + s1
                 finally:
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=15)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+                    if proc:
+                        proc.send_signal(signal.SIGTERM)
+                        try:
+                            proc.wait(timeout=15)
+                        except subprocess.TimeoutExpired:
+                            proc.kill()
                 void = w["requests"] == 0 or w["non2xx"] > 0 or w["socket_errors"] != ""
                 r = {
                     "round": rnd,
@@ -258,6 +292,8 @@ def main():
                     "non2xx": w["non2xx"],
                     "socket_errors": w["socket_errors"],
                 }
+                if lat:
+                    r["latency_ms"] = lat
                 if name == "portico":
                     text = open(f"{d}/portico.log").read()
                     m = re.findall(r"upstream_requests=(\d+) upstream_reused=(\d+)", text)
@@ -276,23 +312,37 @@ def main():
 
     summary = {}
     for name, rs in results.items():
-        ok = [r for r in rs if not r["void"] and r["us_per_req"]]
+        ok = [r for r in rs if not r["void"] and (r["us_per_req"] or name == "direct")]
         summary[name] = {
             "us_per_req_median": median([r["us_per_req"] for r in ok]),
             "user_us_per_req_median": median([r["user_us_per_req"] for r in ok]),
             "sys_us_per_req_median": median([r["sys_us_per_req"] for r in ok]),
             "rps_median": median([r["rps"] for r in ok]),
             "valid_rounds": len(ok),
+            "latency_ms_median": {k: median([r["latency_ms"][k] for r in ok]) for k in ("p50", "p99", "p99.99", "max")} if args.latency else None,
         }
     print()
     print(f"{'proxy':10} {'us/req':>8} {'user':>8} {'system':>8} {'req/s':>9} {'valid rounds':>13}   (medians)")
     for name, s in summary.items():
+        if name == "direct":
+            continue
         print(f"{name:10} {s['us_per_req_median'] or 0:8.2f} {s['user_us_per_req_median'] or 0:8.2f} {s['sys_us_per_req_median'] or 0:8.2f} {s['rps_median'] or 0:9.0f} {s['valid_rounds']:13}")
     base = summary.get("portico", {}).get("us_per_req_median")
     for peer in ("nginx", "haproxy"):
         p = summary.get(peer, {}).get("us_per_req_median")
         if base and p:
             print(f"portico / {peer} CPU per request: {base / p:.3f}x")
+    if args.latency:
+        print()
+        print(f"open-loop latency at {args.latency} req/s, ms (medians over rounds):")
+        print(f"{'proxy':10} {'p50':>8} {'p99':>8} {'p99.99':>8} {'max':>8}   added p99 vs direct")
+        direct = (summary.get("direct", {}).get("latency_ms_median") or {}).get("p99")
+        for name, s in summary.items():
+            lm = s.get("latency_ms_median") or {}
+            if not lm or lm.get("p99") is None:
+                continue
+            added = f"{(lm['p99'] - direct) * 1000:8.0f} us" if direct is not None else ""
+            print(f"{name:10} {lm['p50']:8.3f} {lm['p99']:8.3f} {lm['p99.99']:8.3f} {lm['max']:8.3f}   {added}")
     manifest = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "kernel": os.uname().release,
