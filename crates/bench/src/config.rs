@@ -6,30 +6,56 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The `portico bench` flags, as parsed by the command line (values already typed where a
-/// parser below applies, e.g. [`parse_duration`]).
-#[derive(Debug, Clone)]
+/// The `portico bench` flags: the command line parses straight into this (clap `Args`), and tests
+/// build it from [`Flags::default`].
+#[derive(Debug, Clone, clap::Args)]
 pub struct Flags {
+    /// Target URL (http:// only).
     pub url: String,
-    /// Offered rate in requests per second (open loop).
+    /// Offered rate, requests/s over all connections (open loop).
+    #[arg(long, short = 'R')]
     pub rate: Option<f64>,
-    /// Closed loop: each connection sends its next request as soon as a response completes.
+    /// Closed loop: each connection sends its next request when the previous one completes.
+    #[arg(long)]
     pub closed: bool,
+    /// Connections over all threads (kept open unless --close).
+    #[arg(long, short, default_value_t = 10)]
     pub connections: usize,
+    /// Threads, each a single-threaded runtime owning connections/threads connections.
+    #[arg(long, short, default_value_t = 1)]
     pub threads: usize,
+    /// Measured duration (default 10s), e.g. 30s, 2m.
+    #[arg(long, short, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// Measured requests over all connections, instead of a duration.
+    #[arg(long, short = 'n')]
     pub requests: Option<u64>,
+    /// Warm-up before the measured phase, excluded from the results.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub warmup: Duration,
+    /// Request method.
+    #[arg(long, short, default_value = "GET")]
     pub method: String,
-    /// `Name: value` strings.
+    /// Request header 'Name: value' (repeatable).
+    #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
-    /// The body, or `@FILE` to read it from a file.
+    /// Request body, or @FILE.
+    #[arg(long)]
     pub body: Option<String>,
-    /// A new connection per request (`Connection: close`).
+    /// A new connection per request (Connection: close).
+    #[arg(long)]
     pub close: bool,
+    /// Per-request timeout.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Write the results as JSON to FILE.
+    #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write the latency percentile distribution (.hgrm, HdrHistogram plotter format) to FILE.
+    #[arg(long)]
     pub hgrm: Option<PathBuf>,
+    /// Measure the CPU time of this process and its descendants (repeatable).
+    #[arg(long = "pid")]
     pub pids: Vec<u32>,
 }
 

@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -49,55 +48,7 @@ enum Command {
         workers: Option<usize>,
     },
     /// Load-test an HTTP server: open loop at a fixed rate (coordinated-omission corrected) or closed loop.
-    Bench {
-        /// Target URL (http:// only).
-        url: String,
-        /// Offered rate, requests/s over all connections (open loop).
-        #[arg(long, short = 'R')]
-        rate: Option<f64>,
-        /// Closed loop: each connection sends its next request when the previous one completes.
-        #[arg(long)]
-        closed: bool,
-        /// Connections over all threads (kept open unless --close).
-        #[arg(long, short, default_value_t = 10)]
-        connections: usize,
-        /// Threads, each a single-threaded runtime owning connections/threads connections.
-        #[arg(long, short, default_value_t = 1)]
-        threads: usize,
-        /// Measured duration (default 10s), e.g. 30s, 2m.
-        #[arg(long, short, value_parser = portico_bench::parse_duration)]
-        duration: Option<Duration>,
-        /// Measured requests over all connections, instead of a duration.
-        #[arg(long, short = 'n')]
-        requests: Option<u64>,
-        /// Warm-up before the measured phase, excluded from the results.
-        #[arg(long, default_value = "0s", value_parser = portico_bench::parse_duration)]
-        warmup: Duration,
-        /// Request method.
-        #[arg(long, short, default_value = "GET")]
-        method: String,
-        /// Request header 'Name: value' (repeatable).
-        #[arg(long = "header", short = 'H')]
-        headers: Vec<String>,
-        /// Request body, or @FILE.
-        #[arg(long)]
-        body: Option<String>,
-        /// A new connection per request (Connection: close).
-        #[arg(long)]
-        close: bool,
-        /// Per-request timeout.
-        #[arg(long, default_value = "5s", value_parser = portico_bench::parse_duration)]
-        timeout: Duration,
-        /// Write the results as JSON to FILE.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Write the latency percentile distribution (.hgrm, HdrHistogram plotter format) to FILE.
-        #[arg(long)]
-        hgrm: Option<PathBuf>,
-        /// Measure the CPU time of this process and its descendants (repeatable).
-        #[arg(long = "pid")]
-        pids: Vec<u32>,
-    },
+    Bench(portico_bench::Flags),
 }
 
 fn main() -> ExitCode {
@@ -138,42 +89,7 @@ fn main() -> ExitCode {
             Ok(cfg) => run(cfg, workers),
             Err(msg) => fail(&msg),
         },
-        Command::Bench {
-            url,
-            rate,
-            closed,
-            connections,
-            threads,
-            duration,
-            requests,
-            warmup,
-            method,
-            headers,
-            body,
-            close,
-            timeout,
-            json,
-            hgrm,
-            pids,
-        } => {
-            let flags = portico_bench::Flags {
-                url,
-                rate,
-                closed,
-                connections,
-                threads,
-                duration,
-                requests,
-                warmup,
-                method,
-                headers,
-                body,
-                close,
-                timeout,
-                json,
-                hgrm,
-                pids,
-            };
+        Command::Bench(flags) => {
             let mut err = std::io::stderr();
             let progress = std::io::stdout()
                 .is_terminal()
