@@ -1,7 +1,7 @@
 //! Integration tests: a real proxy, scripted upstreams and raw clients on ephemeral loopback ports.
 
 use portico_proxy::{start, Running};
-use portico_testkit::{exchange_raw, status_of, Client, Reply, TestUpstream};
+use portico_testkit::{exchange_raw, read_past_head, status_of, Client, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
@@ -353,11 +353,7 @@ fn websocket_upgrade_is_tunnelled_after_101() {
     std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         let mut buf = [0u8; 4096];
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let n = s.read(&mut buf).unwrap();
-            head.extend_from_slice(&buf[..n]);
-        }
+        let (head, _) = read_past_head(&mut s).unwrap();
         let h = String::from_utf8_lossy(&head).to_ascii_lowercase();
         assert!(
             h.contains("upgrade: websocket") && h.contains("connection: upgrade"),
@@ -379,12 +375,7 @@ fn websocket_upgrade_is_tunnelled_after_101() {
         b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
     )
     .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut buf).unwrap();
-        got.extend_from_slice(&buf[..n]);
-    }
+    let (got, _) = read_past_head(&mut s).unwrap();
     assert!(got.starts_with(b"HTTP/1.1 101"));
     s.write_all(b"ping-frame").unwrap();
     let mut echo = [0u8; 10];
@@ -852,16 +843,11 @@ fn early_success_head_does_not_stop_the_upload() {
     std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut got = Vec::new();
+        let (got, head_len) = read_past_head(&mut s).unwrap();
         let mut buf = [0u8; 65536];
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).unwrap();
-            got.extend_from_slice(&buf[..n]);
-        }
         s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
             .unwrap();
         head_sent.send(()).unwrap();
-        let head_len = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
         let mut body = got.len() - head_len;
         while body < 100_000 {
             let n = s.read(&mut buf).unwrap();
@@ -908,11 +894,7 @@ fn idle_pooled_connections_close_after_the_idle_timeout_without_traffic() {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut buf = [0u8; 4096];
-        let mut got = Vec::new();
-        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).unwrap();
-            got.extend_from_slice(&buf[..n]);
-        }
+        read_past_head(&mut s).unwrap();
         s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             .unwrap();
         // The proxy keeps the connection idle, then must close it on its own.

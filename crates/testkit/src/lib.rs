@@ -412,3 +412,20 @@ pub fn status_of(raw: &[u8]) -> Option<u16> {
         .parse()
         .ok()
 }
+
+/// Read from a raw socket until a complete message head has arrived. Returns every byte read
+/// (bytes after the head may be included) and the length of the head.
+pub fn read_past_head<R: Read>(r: &mut R) -> io::Result<(Vec<u8>, usize)> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok((got, end + 4));
+        }
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+}
