@@ -66,6 +66,19 @@ fn terminate(mut child: Child) -> (std::process::ExitStatus, String) {
     (status, err)
 }
 
+/// `portico check --config PATH`: exit code and standard error.
+fn check(path: &std::path::Path) -> (Option<i32>, String) {
+    let out = Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn version_and_help() {
     let out = Command::new(BIN).arg("--version").output().unwrap();
@@ -91,13 +104,8 @@ fn check_reports_file_line_column_and_key() {
     let d = temp_dir("check");
     let path = d.join("bad.toml");
     std::fs::write(&path, "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:99999\"\n[[listeners.routes]]\nrespond = { status = 200 }\n").unwrap();
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(2));
     let want = format!("{}:3:11: listeners[0].address:", path.display());
     assert!(err.contains(&want), "want {want} in {err}");
 }
@@ -157,13 +165,8 @@ fn check_reads_tls_files_and_names_the_missing_one() {
         "[[listeners]]\nname = \"s\"\naddress = \"127.0.0.1:0\"\n[listeners.tls]\ncertificates = [{ cert = \"missing.pem\", key = \"missing.key\" }]\n[[listeners.routes]]\nrespond = { status = 200 }\n",
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(2));
     // Relative paths resolve against the configuration file's directory.
     let want = format!("listener s: TLS: {}", d.join("missing.pem").display());
     assert!(err.contains(&want), "want {want} in {err}");
