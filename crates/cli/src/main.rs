@@ -62,7 +62,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config, workers } => match load(config.as_deref()) {
-            Ok(cfg) => run(cfg, workers),
+            Ok(cfg) => run(cfg, workers, Box::new(move || load(config.as_deref()))),
             Err(msg) => fail(&msg),
         },
         Command::Check { config } => match load(config.as_deref()) {
@@ -85,8 +85,12 @@ fn main() -> ExitCode {
             root,
             listen,
             workers,
-        } => match origin_config(root, listen) {
-            Ok(cfg) => run(cfg, workers),
+        } => match origin_config(root.clone(), listen) {
+            Ok(cfg) => run(
+                cfg,
+                workers,
+                Box::new(move || origin_config(root.clone(), listen)),
+            ),
             Err(msg) => fail(&msg),
         },
         Command::Bench(flags) => {
@@ -145,7 +149,7 @@ fn toml_string(s: &str) -> String {
     out
 }
 
-fn run(cfg: Config, workers: Option<usize>) -> ExitCode {
+fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource) -> ExitCode {
     let workers = workers
         .or(cfg.workers.map(|w| w.get() as usize))
         .unwrap_or_else(|| {
@@ -157,12 +161,15 @@ fn run(cfg: Config, workers: Option<usize>) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),
     };
+    running.control().set_source(source);
     // Listening addresses go to stdout (scripts and tests wait for them); logs go to stderr.
     for (name, addr) in running.addrs() {
         println!("portico: listener {name} on http://{addr}/");
     }
-    tracing::info!("{workers} worker(s); Ctrl-C or SIGTERM stops gracefully");
-    if let Err(e) = wait_for_signal() {
+    tracing::info!(
+        "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
+    );
+    if let Err(e) = wait_for_signal(running.control()) {
         tracing::error!("cannot wait for signals: {e}");
     }
     tracing::info!("shutting down: no new connections, finishing requests in flight");
@@ -173,7 +180,9 @@ fn run(cfg: Config, workers: Option<usize>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn wait_for_signal() -> std::io::Result<()> {
+/// Wait for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile (an invalid one is
+/// logged and refused, and the running one stays).
+fn wait_for_signal(control: &portico_proxy::Control) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -181,10 +190,21 @@ fn wait_for_signal() -> std::io::Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        let mut hup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => return Ok(()),
+                _ = int.recv() => return Ok(()),
+                _ = hup.recv() => match control.reload() {
+                    Ok(s) => tracing::info!(
+                        generation = s.generation,
+                        added = ?s.added,
+                        removed = ?s.removed,
+                        "configuration reloaded"
+                    ),
+                    Err(e) => tracing::error!("reload refused, the running configuration stays: {e}"),
+                },
+            }
         }
-        Ok(())
     })
 }

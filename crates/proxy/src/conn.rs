@@ -3,7 +3,7 @@
 use crate::date::with_date;
 use crate::error::ProxyError;
 use crate::forward;
-use crate::server::{ListenerState, Shared, Worker};
+use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
@@ -79,7 +79,8 @@ pub async fn send_all(stream: &mut ClientStream, buf: &[u8]) -> std::io::Result<
 /// Everything a connection task needs besides its socket.
 pub struct Ctx {
     pub ls: Arc<ListenerState>,
-    pub shared: Arc<Shared>,
+    /// The snapshot this connection's current request runs on (refreshed between requests).
+    pub shared: Snapshot,
     pub worker: Rc<Worker>,
     pub shutdown: watch::Receiver<bool>,
 }
@@ -179,6 +180,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             }
         };
         c.requests += 1;
+        refresh(&mut ctx);
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = handle(&mut c, &ctx, &head).await;
         ctx.shared.stats.record(outcome.termination);
@@ -187,6 +189,19 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             let lingering = outcome.termination != Termination::OK;
             close(&mut c, lingering).await;
             return;
+        }
+    }
+}
+
+/// Move the connection to the newest configuration snapshot before a request starts. A listener
+/// that a reload removed keeps its last state; its stop signal ends the connection after this
+/// request.
+fn refresh(ctx: &mut Ctx) {
+    let newest = ctx.worker.snapshot();
+    if newest.generation != ctx.shared.generation {
+        if let Some(ls) = newest.listener(ctx.ls.slot) {
+            ctx.ls = ls.clone();
+            ctx.shared = newest;
         }
     }
 }

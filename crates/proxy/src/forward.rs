@@ -44,7 +44,6 @@ pub async fn proxy(
     let Some(guard) = upstream.pick(key, None) else {
         return fail(c, ctx, head, ProxyError::NoServer, Phase::Connect, false).await;
     };
-    let server = guard.index();
     let addr = guard.address();
 
     // The request head for the upstream, built once (retries resend the same bytes).
@@ -100,7 +99,7 @@ pub async fn proxy(
         let pooled = if fresh_only {
             None
         } else {
-            ctx.worker.pool.take(p.upstream, server)
+            ctx.worker.pool.take(addr)
         };
         let reused = pooled.is_some();
         let mut up = match pooled {
@@ -202,7 +201,8 @@ pub async fn proxy(
             // The upstream exchange is complete: free the connection and the server's active
             // slot before the last client write, so neither waits on a slow client.
             if up_reusable {
-                ctx.worker.pool.put(p.upstream, server, up);
+                let cap = group.keepalive.div_ceil(shared.workers);
+                ctx.worker.pool.put(addr, up, cap, group.idle_timeout);
             }
             drop(guard);
             match flush(c, &mut sent).await {

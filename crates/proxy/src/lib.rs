@@ -13,5 +13,5 @@ pub mod stats;
 pub mod stream;
 
 pub use error::ProxyError;
-pub use server::{start, Running, StartError};
+pub use server::{start, ConfigSource, Control, ReloadError, ReloadSummary, Running, StartError};
 pub use stats::{Stats, Termination};

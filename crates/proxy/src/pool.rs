@@ -1,7 +1,11 @@
-//! Per-worker idle keep-alive pools of upstream connections, one list per server.
+//! Per-worker idle keep-alive pools of upstream connections, one list per server address.
 
 use bytes::BytesMut;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
@@ -23,87 +27,121 @@ impl UpConn {
 struct Idle {
     conn: UpConn,
     since: Instant,
+    timeout: Duration,
 }
 
-/// Idle connections of one worker: `[group][server]` -> most recently used last.
+impl Idle {
+    fn expired(&self, now: Instant) -> bool {
+        now.duration_since(self.since) >= self.timeout
+    }
+}
+
+/// Idle connections of one worker, by server address (most recently used last).
+///
+/// Keyed by address rather than by group and server index so that a configuration reload,
+/// which renumbers groups and servers, neither misfiles a connection returned by a request that
+/// started under the old configuration nor throws away warm connections to servers that stay.
 pub struct Pool {
-    idle: RefCell<Vec<Vec<Vec<Idle>>>>,
-    caps: Vec<usize>,
-    timeouts: Vec<Duration>,
+    idle: RefCell<HashMap<SocketAddr, Vec<Idle>>>,
+    /// Idle connections in this pool (for the process-wide gauge).
+    len: Cell<i64>,
+    /// Idle connections over all workers.
+    gauge: Arc<AtomicI64>,
 }
 
 impl Pool {
-    /// `groups[i]` = (server count, idle cap per server, idle timeout) for upstream group `i`.
-    pub fn new(groups: &[(usize, usize, Duration)]) -> Self {
+    /// `gauge` counts idle connections over every worker's pool.
+    pub fn new(gauge: Arc<AtomicI64>) -> Self {
         Pool {
-            idle: RefCell::new(
-                groups
-                    .iter()
-                    .map(|&(n, _, _)| (0..n).map(|_| Vec::new()).collect())
-                    .collect(),
-            ),
-            caps: groups.iter().map(|&(_, cap, _)| cap).collect(),
-            timeouts: groups.iter().map(|&(_, _, t)| t).collect(),
+            idle: RefCell::new(HashMap::new()),
+            len: Cell::new(0),
+            gauge,
+        }
+    }
+
+    fn adjust(&self, by: i64) {
+        if by != 0 {
+            self.len.set(self.len.get() + by);
+            self.gauge.fetch_add(by, Ordering::Relaxed);
         }
     }
 
     /// Take the most recently used live idle connection to this server, if any. Connections past
-    /// the idle timeout are purged by `put`, so this reads no clock.
-    pub fn take(&self, group: usize, server: usize) -> Option<UpConn> {
+    /// the idle timeout are purged by `put` and the sweeper, so this reads no clock.
+    pub fn take(&self, addr: SocketAddr) -> Option<UpConn> {
         let mut idle = self.idle.borrow_mut();
-        let list = idle.get_mut(group)?.get_mut(server)?;
+        let list = idle.get_mut(&addr)?;
+        let before = list.len();
+        let mut found = None;
         while let Some(entry) = list.pop() {
             if is_idle_alive(&entry.conn) {
-                return Some(entry.conn);
+                found = Some(entry.conn);
+                break;
             }
         }
-        None
+        let removed = (before - list.len()) as i64;
+        drop(idle);
+        self.adjust(-removed);
+        found
     }
 
-    /// Return a connection whose last exchange completed cleanly. Drops the oldest connections
-    /// beyond the per-server cap and those idle longer than the group's idle timeout.
-    pub fn put(&self, group: usize, server: usize, conn: UpConn) {
-        if !conn.rbuf.is_empty() || self.caps.get(group).is_none_or(|&c| c == 0) {
+    /// Return a connection whose last exchange completed cleanly. Keeps at most `cap` idle
+    /// connections to this server (dropping the oldest) and drops those idle longer than their
+    /// timeout.
+    pub fn put(&self, addr: SocketAddr, conn: UpConn, cap: usize, timeout: Duration) {
+        if !conn.rbuf.is_empty() || cap == 0 {
             return;
         }
-        let mut idle = self.idle.borrow_mut();
-        let Some(list) = idle.get_mut(group).and_then(|g| g.get_mut(server)) else {
-            return;
-        };
         let now = Instant::now();
-        let timeout = self.timeouts[group];
-        let expired = list
-            .iter()
-            .take_while(|e| now.duration_since(e.since) >= timeout)
-            .count();
-        let over = (list.len() + 1).saturating_sub(self.caps[group]);
-        list.drain(..expired.max(over));
-        list.push(Idle { conn, since: now });
+        let mut idle = self.idle.borrow_mut();
+        let list = idle.entry(addr).or_default();
+        let before = list.len();
+        let expired = list.iter().take_while(|e| e.expired(now)).count();
+        let over = (list.len() + 1).saturating_sub(cap);
+        list.drain(..expired.max(over).min(list.len()));
+        list.push(Idle {
+            conn,
+            since: now,
+            timeout,
+        });
+        let delta = list.len() as i64 - before as i64;
+        drop(idle);
+        self.adjust(delta);
     }
 
-    /// Close connections idle longer than their group's idle timeout (called periodically, so
-    /// idle connections are closed even when no traffic comes to `put`).
+    /// Close connections idle longer than their timeout (called periodically, so idle
+    /// connections are closed even when no traffic comes to `put`).
     pub fn purge_expired(&self) {
         let now = Instant::now();
-        for (g, servers) in self.idle.borrow_mut().iter_mut().enumerate() {
-            let timeout = self.timeouts[g];
-            for list in servers.iter_mut() {
-                let expired = list
-                    .iter()
-                    .take_while(|e| now.duration_since(e.since) >= timeout)
-                    .count();
-                list.drain(..expired);
-            }
-        }
+        let mut removed = 0;
+        self.idle.borrow_mut().retain(|_, list| {
+            let before = list.len();
+            list.retain(|e| !e.expired(now));
+            removed += before - list.len();
+            !list.is_empty()
+        });
+        self.adjust(-(removed as i64));
+    }
+
+    /// Close every idle connection to `addr` (a server disabled or removed).
+    pub fn close(&self, addr: SocketAddr) {
+        let n = self.idle.borrow_mut().remove(&addr).map_or(0, |l| l.len());
+        self.adjust(-(n as i64));
     }
 
     /// Close every idle connection (shutdown).
     pub fn clear(&self) {
-        for g in self.idle.borrow_mut().iter_mut() {
-            for s in g.iter_mut() {
-                s.clear();
-            }
-        }
+        let n: usize = self.idle.borrow_mut().drain().map(|(_, l)| l.len()).sum();
+        self.adjust(-(n as i64));
+    }
+
+    /// Idle connections in this worker's pool.
+    pub fn len(&self) -> usize {
+        self.len.get() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

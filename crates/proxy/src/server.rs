@@ -1,38 +1,58 @@
-//! Process start-up: bind listeners, run one single-threaded runtime per worker, drain on shutdown.
+//! Process start-up and reload: bind listeners, one single-threaded runtime per worker, configuration snapshots swapped atomically, drain on shutdown.
 
 use crate::access_log::AccessLogger;
 use crate::conn;
 use crate::pool::Pool;
 use crate::stats::Stats;
 use crate::stream::ClientStream;
+use arc_swap::ArcSwap;
 use portico_config::{Action, Config, Listener};
 use portico_origin::Origin;
 use portico_upstream::Upstream;
 use socket2::{Domain, Protocol, Socket, Type};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
-use tokio::sync::{watch, Notify};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch, Notify};
 
-/// A listener's immutable runtime state, shared by every worker.
+/// A listener's runtime state in one configuration snapshot.
 pub struct ListenerState {
     pub listener: Listener,
+    /// The bound socket set ([`ListenerSlot::id`]) this listener accepts on.
+    pub slot: u64,
     pub limits: portico_http1::Limits,
     /// One origin handler per route (Some for `static` and `origin` actions).
     pub origins: Vec<Option<Origin>>,
-    /// Open connections on this listener across all workers.
-    pub active: AtomicU32,
     /// TLS termination (the handshake runs in the connection's task).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
-/// Process-wide state shared by all workers.
+/// A bound listener: its sockets outlive configuration snapshots while its name and configured
+/// address stay the same, so a reload never closes a listening socket it keeps.
+pub struct ListenerSlot {
+    pub id: u64,
+    pub name: String,
+    /// The address as configured (port 0 stays 0): a changed address is a new listener.
+    configured: SocketAddr,
+    /// The address actually bound.
+    pub addr: SocketAddr,
+    /// Open connections on this listener across all workers and snapshots.
+    pub active: AtomicU32,
+    /// Set when the listener is removed by a reload or the process shuts down: accept loops
+    /// take what is in the backlog and stop, idle connections close, busy ones finish.
+    stop: watch::Sender<bool>,
+}
+
+/// One immutable configuration snapshot, shared by all workers. Requests run to completion on
+/// the snapshot they started with; the next request on a connection sees the newest one.
 pub struct Shared {
+    /// 0 before the first configuration, then +1 per applied configuration.
+    pub generation: u64,
     pub config: Arc<Config>,
     pub listeners: Vec<Arc<ListenerState>>,
     pub upstreams: Vec<Arc<Upstream>>,
@@ -41,15 +61,51 @@ pub struct Shared {
     pub workers: usize,
 }
 
+impl Shared {
+    /// The state of the listener accepting on `slot` in this snapshot.
+    pub fn listener(&self, slot: u64) -> Option<&Arc<ListenerState>> {
+        self.listeners.iter().find(|l| l.slot == slot)
+    }
+}
+
+/// A worker's handle on a snapshot: cloning it is a thread-local count, unlike the `Arc` inside,
+/// whose count all workers would contend for on every request.
+#[derive(Clone)]
+#[allow(clippy::redundant_allocation)] // the extra allocation is the point: a non-atomic count
+pub struct Snapshot(Rc<Arc<Shared>>);
+
+impl std::ops::Deref for Snapshot {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 /// State owned by one worker thread.
 pub struct Worker {
     pub pool: Pool,
     /// Connections open on this worker (drain waits for zero).
     pub open: Cell<usize>,
     pub idle_notify: Notify,
+    control: Arc<Control>,
+    /// This worker's copy of the current snapshot: `Rc` clones stay on this core, the shared
+    /// `Arc`'s count is touched once per reload per worker instead of once per request.
+    snapshot: RefCell<Snapshot>,
 }
 
-/// Failure to start.
+impl Worker {
+    /// The newest configuration snapshot (one atomic load when nothing changed).
+    pub fn snapshot(&self) -> Snapshot {
+        let generation = self.control.generation.load(Ordering::Acquire);
+        let mut cur = self.snapshot.borrow_mut();
+        if cur.generation != generation {
+            *cur = Snapshot(Rc::new(self.control.current.load_full()));
+        }
+        cur.clone()
+    }
+}
+
+/// Failure to start or to apply a new configuration (a reload that fails changes nothing).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot listen on {addr} (listener {name}): {source}")]
@@ -67,33 +123,299 @@ pub enum StartError {
         name: String,
         source: portico_tls::TlsError,
     },
+    #[error("shutting down")]
+    ShuttingDown,
 }
 
-/// A running proxy: its bound addresses, a shutdown trigger and its counters.
-pub struct Running {
-    addrs: Vec<(String, SocketAddr)>,
+/// Why a reload was refused (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The configuration source failed: file unreadable or invalid (the message names the file,
+    /// line, column and key).
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Apply(#[from] StartError),
+    #[error("this process has no configuration source to reload from")]
+    NoSource,
+}
+
+/// Where `reload` reads the configuration from (the CLI reads the `--config` file).
+pub type ConfigSource = Box<dyn Fn() -> Result<Config, String> + Send + Sync>;
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadSummary {
+    pub generation: u64,
+    /// Listener names: newly bound, closed, and kept with their sockets.
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub kept: Vec<String>,
+}
+
+enum Cmd {
+    /// Start accepting on this worker's socket of a new listener.
+    Listen(Arc<ListenerSlot>, std::net::TcpListener),
+}
+
+/// The process-wide control plane: the current snapshot, the bound listeners, the workers'
+/// command channels. Reloads and admin changes go through it; workers only read.
+pub struct Control {
+    current: ArcSwap<Shared>,
+    generation: AtomicU64,
+    pub stats: Arc<Stats>,
+    /// Idle upstream connections over all workers' pools.
+    pub idle_upstream: Arc<AtomicI64>,
+    pub workers: usize,
+    pub started: Instant,
+    inner: Mutex<Inner>,
+    source: Mutex<Option<ConfigSource>>,
+    /// Tells worker threads to drain and exit.
     shutdown: watch::Sender<bool>,
+}
+
+struct Inner {
+    slots: Vec<Arc<ListenerSlot>>,
+    next_slot: u64,
+    senders: Vec<mpsc::UnboundedSender<Cmd>>,
+    shutting_down: bool,
+}
+
+impl Control {
+    /// The current configuration snapshot.
+    pub fn snapshot(&self) -> Arc<Shared> {
+        self.current.load_full()
+    }
+
+    /// Bound listeners: (name, address).
+    pub fn addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.lock()
+            .slots
+            .iter()
+            .map(|s| (s.name.clone(), s.addr))
+            .collect()
+    }
+
+    /// Open connections on the listener named `name`.
+    pub fn listener_connections(&self, name: &str) -> u32 {
+        self.lock()
+            .slots
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0, |s| s.active.load(Ordering::Relaxed))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Validate-and-swap: build everything the new configuration needs (sockets, TLS, upstream
+    /// state carried over by group name and server address, access log) and only then publish
+    /// it. Any failure leaves the running configuration untouched.
+    pub fn apply(&self, config: Config) -> Result<ReloadSummary, StartError> {
+        let mut inner = self.lock();
+        if inner.shutting_down {
+            return Err(StartError::ShuttingDown);
+        }
+        let old = self.current.load_full();
+        let access_log = match &config.access_log {
+            Some(al) => Some(AccessLogger::open(al).map_err(|source| {
+                StartError::AccessLog {
+                    path: al
+                        .path
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "stdout".into()),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+
+        // Listeners: keep the sockets of those with the same name and configured address.
+        let mut slots: Vec<Arc<ListenerSlot>> = Vec::new();
+        let mut fresh: Vec<(Arc<ListenerSlot>, Vec<std::net::TcpListener>)> = Vec::new();
+        let mut next_slot = inner.next_slot;
+        for l in &config.listeners {
+            let kept = inner
+                .slots
+                .iter()
+                .find(|s| s.name == l.name && s.configured == l.address);
+            if let Some(s) = kept {
+                slots.push(s.clone());
+                continue;
+            }
+            let err = |source| StartError::Bind {
+                name: l.name.clone(),
+                addr: l.address,
+                source,
+            };
+            let first = bind(l.address).map_err(err)?;
+            let actual = first.local_addr().map_err(err)?;
+            let mut sockets = vec![first];
+            for _ in 1..self.workers {
+                sockets.push(bind(actual).map_err(err)?);
+            }
+            next_slot += 1;
+            let slot = Arc::new(ListenerSlot {
+                id: next_slot,
+                name: l.name.clone(),
+                configured: l.address,
+                addr: actual,
+                active: AtomicU32::new(0),
+                stop: watch::channel(false).0,
+            });
+            slots.push(slot.clone());
+            fresh.push((slot, sockets));
+        }
+        let mut listeners = Vec::new();
+        for (l, slot) in config.listeners.iter().zip(&slots) {
+            let tls = match &l.tls {
+                Some(t) => Some(tokio_rustls::TlsAcceptor::from(
+                    portico_tls::server_config(t).map_err(|source| StartError::Tls {
+                        name: l.name.clone(),
+                        source,
+                    })?,
+                )),
+                None => None,
+            };
+            listeners.push(Arc::new(listener_state(l, slot.id, tls)));
+        }
+        let upstreams = config
+            .upstreams
+            .iter()
+            .map(|g| {
+                let _prev = old.upstreams.iter().find(|u| u.group().name == g.name);
+                Arc::new(Upstream::new(g.clone()))
+            })
+            .collect();
+
+        // Commit: nothing below can fail.
+        let generation = old.generation + 1;
+        self.current.store(Arc::new(Shared {
+            generation,
+            config: Arc::new(config),
+            listeners,
+            upstreams,
+            stats: self.stats.clone(),
+            access_log,
+            workers: self.workers,
+        }));
+        self.generation.store(generation, Ordering::Release);
+        let mut summary = ReloadSummary {
+            generation,
+            ..Default::default()
+        };
+        for (slot, sockets) in fresh {
+            summary.added.push(slot.name.clone());
+            for (tx, socket) in inner.senders.iter().zip(sockets) {
+                let _ = tx.send(Cmd::Listen(slot.clone(), socket));
+            }
+        }
+        for s in &inner.slots {
+            if slots.iter().any(|k| Arc::ptr_eq(k, s)) {
+                summary.kept.push(s.name.clone());
+            } else {
+                summary.removed.push(s.name.clone());
+                let _ = s.stop.send(true);
+            }
+        }
+        inner.slots = slots;
+        inner.next_slot = next_slot;
+        Ok(summary)
+    }
+
+    /// Set where [`Control::reload`] reads the configuration from.
+    pub fn set_source(&self, source: ConfigSource) {
+        *self.source.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    /// Read the configuration from its source and apply it (SIGHUP, admin API). An invalid
+    /// configuration is refused and the running one stays.
+    pub fn reload(&self) -> Result<ReloadSummary, ReloadError> {
+        let config = {
+            let source = self.source.lock().unwrap_or_else(|e| e.into_inner());
+            let source = source.as_ref().ok_or(ReloadError::NoSource)?;
+            source().map_err(ReloadError::Config)?
+        };
+        let summary = self.apply(config)?;
+        Ok(summary)
+    }
+
+    /// Stop accepting everywhere and let the workers drain.
+    pub fn shutdown(&self) {
+        let mut inner = self.lock();
+        inner.shutting_down = true;
+        for s in &inner.slots {
+            let _ = s.stop.send(true);
+        }
+        let _ = self.shutdown.send(true);
+    }
+}
+
+fn listener_state(
+    l: &Listener,
+    slot: u64,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> ListenerState {
+    let origins = l
+        .routes
+        .iter()
+        .map(|r| match &r.action {
+            Action::Static(s) => Some(Origin::new(s.root.clone(), s.index.clone(), false)),
+            Action::Origin(s) => Some(Origin::new(s.root.clone(), s.index.clone(), true)),
+            _ => None,
+        })
+        .collect();
+    ListenerState {
+        listener: l.clone(),
+        slot,
+        limits: portico_http1::Limits {
+            max_headers: l.limits.max_headers,
+            max_head_bytes: l.limits.max_head_bytes,
+            max_request_line: l.limits.max_request_line,
+        },
+        origins,
+        tls,
+    }
+}
+
+/// A running proxy: its control plane, and the worker threads.
+pub struct Running {
+    control: Arc<Control>,
     threads: Vec<JoinHandle<()>>,
-    stats: Arc<Stats>,
 }
 
 impl Running {
     /// The bound address of the listener with this name (useful with port 0).
     pub fn addr(&self, name: &str) -> Option<SocketAddr> {
-        self.addrs.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+        self.control
+            .addrs()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a)
     }
 
-    pub fn addrs(&self) -> &[(String, SocketAddr)] {
-        &self.addrs
+    pub fn addrs(&self) -> Vec<(String, SocketAddr)> {
+        self.control.addrs()
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
-        &self.stats
+        &self.control.stats
+    }
+
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
+    }
+
+    /// Apply a new configuration without a restart (see [`Control::apply`]).
+    pub fn reload(&self, config: Config) -> Result<ReloadSummary, StartError> {
+        self.control.apply(config)
     }
 
     /// Begin a graceful shutdown: stop accepting, let in-flight requests finish.
     pub fn shutdown(&self) {
-        let _ = self.shutdown.send(true);
+        self.control.shutdown();
     }
 
     /// Wait until every worker has drained and exited.
@@ -115,117 +437,76 @@ fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
-/// Bind every listener (one SO_REUSEPORT socket per worker) and start `workers` threads.
+/// Start `workers` threads and apply `config` (bind every listener, one SO_REUSEPORT socket per
+/// worker).
 pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
     let workers = workers.max(1);
-    let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
-    let access_log = match &config.access_log {
-        Some(al) => Some(AccessLogger::open(al).map_err(|source| {
-            StartError::AccessLog {
-                path: al
-                    .path
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| "stdout".into()),
-                source,
-            }
-        })?),
-        None => None,
-    };
-    // sockets[worker][listener]
-    let mut sockets: Vec<Vec<std::net::TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
-    let mut addrs = Vec::new();
-    for l in &config.listeners {
-        let err = |source| StartError::Bind {
-            name: l.name.clone(),
-            addr: l.address,
-            source,
-        };
-        let first = bind(l.address).map_err(err)?;
-        let actual = first.local_addr().map_err(err)?;
-        sockets[0].push(first);
-        for w in sockets.iter_mut().skip(1) {
-            w.push(bind(actual).map_err(err)?);
-        }
-        addrs.push((l.name.clone(), actual));
-    }
-    let mut acceptors = Vec::new();
-    for l in &config.listeners {
-        acceptors.push(match &l.tls {
-            Some(t) => Some(tokio_rustls::TlsAcceptor::from(
-                portico_tls::server_config(t).map_err(|source| StartError::Tls {
-                    name: l.name.clone(),
-                    source,
-                })?,
-            )),
-            None => None,
-        });
-    }
-    let listeners = config
-        .listeners
-        .iter()
-        .zip(acceptors)
-        .map(|(l, tls)| {
-            let origins = l
-                .routes
-                .iter()
-                .map(|r| match &r.action {
-                    Action::Static(s) => Some(Origin::new(s.root.clone(), s.index.clone(), false)),
-                    Action::Origin(s) => Some(Origin::new(s.root.clone(), s.index.clone(), true)),
-                    _ => None,
-                })
-                .collect();
-            Arc::new(ListenerState {
-                listener: l.clone(),
-                limits: portico_http1::Limits {
-                    max_headers: l.limits.max_headers,
-                    max_head_bytes: l.limits.max_head_bytes,
-                    max_request_line: l.limits.max_request_line,
-                },
-                origins,
-                active: AtomicU32::new(0),
-                tls,
-            })
-        })
-        .collect();
-    let upstreams = config
-        .upstreams
-        .iter()
-        .map(|g| Arc::new(Upstream::new(g.clone())))
-        .collect();
-    let shared = Arc::new(Shared {
-        config,
-        listeners,
-        upstreams,
+    let empty = Shared {
+        generation: 0,
+        config: Arc::new(Config {
+            listeners: Vec::new(),
+            upstreams: Vec::new(),
+            access_log: None,
+            drain_timeout: config.drain_timeout,
+            workers: None,
+        }),
+        listeners: Vec::new(),
+        upstreams: Vec::new(),
         stats: stats.clone(),
-        access_log,
+        access_log: None,
         workers,
+    };
+    let mut receivers = Vec::new();
+    let mut senders = Vec::new();
+    for _ in 0..workers {
+        let (tx, rx) = mpsc::unbounded_channel();
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    let control = Arc::new(Control {
+        current: ArcSwap::from_pointee(empty),
+        generation: AtomicU64::new(0),
+        stats,
+        idle_upstream: Arc::new(AtomicI64::new(0)),
+        workers,
+        started: Instant::now(),
+        inner: Mutex::new(Inner {
+            slots: Vec::new(),
+            next_slot: 0,
+            senders,
+            shutting_down: false,
+        }),
+        source: Mutex::new(None),
+        shutdown: watch::channel(false).0,
     });
-    let (tx, rx) = watch::channel(false);
-    let mut threads = Vec::new();
-    for (i, socks) in sockets.into_iter().enumerate() {
-        let shared = shared.clone();
-        let rx = rx.clone();
+    let mut running = Running {
+        control: control.clone(),
+        threads: Vec::new(),
+    };
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let control = control.clone();
         let t = std::thread::Builder::new()
             .name(format!("portico-worker-{i}"))
-            .spawn(move || worker_main(shared, socks, rx))
-            .map_err(StartError::Thread)?;
-        threads.push(t);
+            .spawn(move || worker_main(control, rx));
+        match t {
+            Ok(t) => running.threads.push(t),
+            Err(e) => {
+                running.shutdown();
+                running.wait();
+                return Err(StartError::Thread(e));
+            }
+        }
     }
-    Ok(Running {
-        addrs,
-        shutdown: tx,
-        threads,
-        stats,
-    })
+    if let Err(e) = control.apply(config) {
+        running.shutdown();
+        running.wait();
+        return Err(e);
+    }
+    Ok(running)
 }
 
-fn worker_main(
-    shared: Arc<Shared>,
-    sockets: Vec<std::net::TcpListener>,
-    shutdown: watch::Receiver<bool>,
-) {
+fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -238,41 +519,36 @@ fn worker_main(
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let groups: Vec<_> = shared
-            .config
-            .upstreams
-            .iter()
-            .map(|g| {
-                (
-                    g.servers.len(),
-                    g.keepalive.div_ceil(shared.workers),
-                    g.idle_timeout,
-                )
-            })
-            .collect();
+        let mut shutdown = control.shutdown.subscribe();
         let worker = Rc::new(Worker {
-            pool: Pool::new(&groups),
+            pool: Pool::new(control.idle_upstream.clone()),
             open: Cell::new(0),
             idle_notify: Notify::new(),
+            snapshot: RefCell::new(Snapshot(Rc::new(control.current.load_full()))),
+            control,
         });
-        let mut accepts = Vec::new();
-        for (i, std_listener) in sockets.into_iter().enumerate() {
-            let listener = match tokio::net::TcpListener::from_std(std_listener) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::error!("cannot register listener: {e}");
-                    continue;
+        let loops: Rc<RefCell<Vec<tokio::task::JoinHandle<()>>>> = Rc::default();
+        let listen = {
+            let (worker, loops) = (worker.clone(), loops.clone());
+            tokio::task::spawn_local(async move {
+                while let Some(Cmd::Listen(slot, socket)) = commands.recv().await {
+                    let listener = match tokio::net::TcpListener::from_std(socket) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(listener = %slot.name, "cannot register listener: {e}");
+                            continue;
+                        }
+                    };
+                    let mut loops = loops.borrow_mut();
+                    loops.retain(|h| !h.is_finished());
+                    loops.push(tokio::task::spawn_local(accept_loop(
+                        listener,
+                        slot,
+                        worker.clone(),
+                    )));
                 }
-            };
-            let ls = shared.listeners[i].clone();
-            accepts.push(tokio::task::spawn_local(accept_loop(
-                listener,
-                ls,
-                shared.clone(),
-                worker.clone(),
-                shutdown.clone(),
-            )));
-        }
+            })
+        };
         // Close idle upstream connections past their idle timeout even without traffic.
         let sweeper = {
             let worker = worker.clone();
@@ -284,11 +560,18 @@ fn worker_main(
                 }
             })
         };
-        for a in accepts {
+        while !*shutdown.borrow_and_update() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+        listen.abort();
+        let pending: Vec<_> = loops.borrow_mut().drain(..).collect();
+        for a in pending {
             let _ = a.await;
         }
         // Draining: wait for open connections to finish, bounded by the drain timeout.
-        let drain = shared.config.drain_timeout;
+        let drain = worker.snapshot().config.drain_timeout;
         let _ = tokio::time::timeout(drain, async {
             while worker.open.get() > 0 {
                 worker.idle_notify.notified().await;
@@ -302,20 +585,18 @@ fn worker_main(
 
 async fn accept_loop(
     listener: tokio::net::TcpListener,
-    ls: Arc<ListenerState>,
-    shared: Arc<Shared>,
+    slot: Arc<ListenerSlot>,
     worker: Rc<Worker>,
-    mut shutdown: watch::Receiver<bool>,
 ) {
-    let max = ls.listener.limits.max_connections;
+    let mut stop = slot.stop.subscribe();
     let mut draining = false;
     loop {
-        if !draining && *shutdown.borrow() {
+        if !draining && *stop.borrow_and_update() {
             draining = true;
         }
         let accepted = if draining {
-            // Shutting down: take the connections the kernel already completed (closing the
-            // socket would reset them), then stop. They get one response with `Connection: close`.
+            // Stopping: take the connections the kernel already completed (closing the socket
+            // would reset them), then stop. They get one response with `Connection: close`.
             match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
                 Ok(r) => r,
                 Err(_) => return,
@@ -323,19 +604,20 @@ async fn accept_loop(
         } else {
             tokio::select! {
                 r = listener.accept() => r,
-                // A change (or the sender gone) only ever means shutdown.
-                _ = shutdown.changed() => {
+                // A change (or the sender gone) only ever means stop.
+                _ = stop.changed() => {
                     draining = true;
                     continue;
                 }
             }
         };
+        let shared = worker.snapshot();
         let (stream, peer) = match accepted {
             Ok(x) => x,
             Err(_) if draining => return,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(listener = %ls.listener.name, "accept failed: {e}");
+                tracing::warn!(listener = %slot.name, "accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -344,8 +626,13 @@ async fn accept_loop(
             .stats
             .connections_accepted
             .fetch_add(1, Ordering::Relaxed);
-        if ls.active.fetch_add(1, Ordering::AcqRel) >= max {
-            ls.active.fetch_sub(1, Ordering::AcqRel);
+        // Only between a reload's removal of this listener and this loop seeing the stop.
+        let Some(ls) = shared.listener(slot.id).cloned() else {
+            continue;
+        };
+        let max = ls.listener.limits.max_connections;
+        if slot.active.fetch_add(1, Ordering::AcqRel) >= max {
+            slot.active.fetch_sub(1, Ordering::AcqRel);
             shared
                 .stats
                 .connections_refused
@@ -356,14 +643,14 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         worker.open.set(worker.open.get() + 1);
         let guard = OpenGuard {
-            ls: ls.clone(),
+            slot: slot.clone(),
             worker: worker.clone(),
         };
         let ctx = conn::Ctx {
-            ls: ls.clone(),
-            shared: shared.clone(),
+            ls,
+            shared,
             worker: worker.clone(),
-            shutdown: shutdown.clone(),
+            shutdown: slot.stop.subscribe(),
         };
         tokio::task::spawn_local(async move {
             let stream = match &ctx.ls.tls {
@@ -399,13 +686,13 @@ async fn accept_loop(
 }
 
 struct OpenGuard {
-    ls: Arc<ListenerState>,
+    slot: Arc<ListenerSlot>,
     worker: Rc<Worker>,
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.ls.active.fetch_sub(1, Ordering::AcqRel);
+        self.slot.active.fetch_sub(1, Ordering::AcqRel);
         self.worker.open.set(self.worker.open.get() - 1);
         if self.worker.open.get() == 0 {
             self.worker.idle_notify.notify_waiters();
