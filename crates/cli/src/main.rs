@@ -157,6 +157,12 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
                 .map(|n| n.get())
                 .unwrap_or(1)
         });
+    // Signal handlers are installed before the listeners are announced: a SIGTERM sent as soon
+    // as the addresses are printed must stop gracefully, not kill the process.
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
+    };
     let running = match portico_proxy::start(cfg, workers) {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),
@@ -169,9 +175,7 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
     tracing::info!(
         "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
     );
-    if let Err(e) = wait_for_signal(running.control()) {
-        tracing::error!("cannot wait for signals: {e}");
-    }
+    signals.wait(running.control());
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     running.shutdown();
     let stats = running.stats().clone();
@@ -180,31 +184,50 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
     ExitCode::SUCCESS
 }
 
-/// Wait for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile (an invalid one is
-/// logged and refused, and the running one stays).
-fn wait_for_signal(control: &portico_proxy::Control) -> std::io::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+/// SIGTERM, SIGINT and SIGHUP handlers on a small runtime of the main thread.
+struct Signals {
+    rt: tokio::runtime::Runtime,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut hup = signal(SignalKind::hangup())?;
-        loop {
-            tokio::select! {
-                _ = term.recv() => return Ok(()),
-                _ = int.recv() => return Ok(()),
-                _ = hup.recv() => match control.reload() {
-                    Ok(s) => tracing::info!(
-                        generation = s.generation,
-                        added = ?s.added,
-                        removed = ?s.removed,
-                        "configuration reloaded"
-                    ),
-                    Err(e) => tracing::error!("reload refused, the running configuration stays: {e}"),
-                },
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _guard = rt.enter();
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+            rt,
+        })
+    }
+
+    /// Wait for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile (an invalid one
+    /// is logged and refused, and the running one stays).
+    fn wait(mut self, control: &portico_proxy::Control) {
+        self.rt.block_on(async {
+            loop {
+                // A reload signalled before a stop is applied before it.
+                tokio::select! {
+                    biased;
+                    _ = self.hup.recv() => match control.reload() {
+                        Ok(s) => tracing::info!(
+                            generation = s.generation,
+                            added = ?s.added,
+                            removed = ?s.removed,
+                            "configuration reloaded"
+                        ),
+                        Err(e) => tracing::error!("reload refused, the running configuration stays: {e}"),
+                    },
+                    _ = self.term.recv() => return,
+                    _ = self.int.recv() => return,
+                }
             }
-        }
-    })
+        })
+    }
 }

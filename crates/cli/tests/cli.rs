@@ -171,3 +171,41 @@ fn check_reads_tls_files_and_names_the_missing_one() {
     let want = format!("listener s: TLS: {}", d.join("missing.pem").display());
     assert!(err.contains(&want), "want {want} in {err}");
 }
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[test]
+fn sighup_reloads_and_refuses_an_invalid_file() {
+    let d = temp_dir("hup");
+    let path = d.join("p.toml");
+    let cfg = |body: &str| {
+        format!("[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nrespond = {{ status = 200, body = \"{body}\" }}\n")
+    };
+    std::fs::write(&path, cfg("one")).unwrap();
+    let (child, addrs) = spawn(
+        &["run", "--config", path.to_str().unwrap(), "--workers", "2"],
+        1,
+    );
+    assert!(get(addrs[0], "/").ends_with("one"));
+    std::fs::write(&path, cfg("two")).unwrap();
+    signal(&child, "HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !get(addrs[0], "/").ends_with("two") {
+        assert!(std::time::Instant::now() < deadline, "reload not applied");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // An invalid file is refused with its location; the running configuration stays.
+    std::fs::write(&path, "[[listeners]]\nname = 5\n").unwrap();
+    signal(&child, "HUP");
+    let (status, err) = terminate(child);
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(err.contains("reload refused"), "{err}");
+    assert!(err.contains(&format!("{}:2:8", path.display())), "{err}");
+}
