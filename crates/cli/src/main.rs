@@ -172,6 +172,9 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
     for (name, addr) in running.addrs() {
         println!("portico: listener {name} on http://{addr}/");
     }
+    if let Some(addr) = running.admin_addr() {
+        println!("portico: admin on http://{addr}/ (dashboard, /metrics, /api/status)");
+    }
     tracing::info!(
         "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
     );

@@ -77,6 +77,21 @@ pub fn explain(config: &Config) -> String {
             let _ = writeln!(out, "access log: {format} to {target}");
         }
     }
+    match &config.admin {
+        None => {}
+        Some(a) => {
+            let auth = if a.token.is_some() {
+                "bearer token required"
+            } else {
+                "no token (loopback only)"
+            };
+            let _ = writeln!(
+                out,
+                "admin: http://{}/ (status API, /metrics, dashboard), {auth}",
+                a.address
+            );
+        }
+    }
     let workers = config
         .workers
         .map_or_else(|| "one per core".to_string(), |w| w.to_string());

@@ -14,10 +14,21 @@ pub struct Config {
     /// Upstream groups by index; routes refer to them by index into this vector.
     pub upstreams: Vec<Arc<UpstreamGroup>>,
     pub access_log: Option<AccessLog>,
+    /// The admin listener (status API, metrics, dashboard); None = no admin listener.
+    pub admin: Option<Admin>,
     /// Graceful shutdown: how long in-flight requests get to finish after SIGTERM/SIGINT.
     pub drain_timeout: Duration,
     /// Worker threads; None = available cores. The CLI flag overrides it.
     pub workers: Option<NonZeroU32>,
+}
+
+/// The admin listener: the status and change API, Prometheus `/metrics` and the dashboard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    pub address: SocketAddr,
+    /// Required as `Authorization: Bearer TOKEN` when set; validation requires one when the
+    /// address is not a loopback address.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone)]

@@ -16,6 +16,7 @@ pub(crate) struct RawConfig {
     pub workers: Option<Spanned<Int>>,
     pub drain_timeout: Option<Spanned<Scalar>>,
     pub access_log: Option<RawAccessLog>,
+    pub admin: Option<Spanned<RawAdmin>>,
     pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
     pub upstreams: Option<Entries<RawUpstream>>,
 }
@@ -25,6 +26,13 @@ pub(crate) struct RawConfig {
 pub(crate) struct RawAccessLog {
     pub path: Option<Spanned<String>>,
     pub format: Option<Spanned<String>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an admin table")]
+pub(crate) struct RawAdmin {
+    pub address: Option<Spanned<String>>,
+    pub token: Option<Spanned<String>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -10,15 +10,15 @@ use toml::Spanned;
 
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
-    AccessLog, AccessLogFormat, Action, Balance, CertificateFiles, Config, HeaderRules, HostMatch,
-    Listener, ListenerLimits, Matcher, PathMatch, ProxyAction, Route, Server, StaticAction,
-    TlsSettings, TlsVersion, UpstreamGroup, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
+    AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, Config, HeaderRules,
+    HostMatch, Listener, ListenerLimits, Matcher, PathMatch, ProxyAction, Route, Server,
+    StaticAction, TlsSettings, TlsVersion, UpstreamGroup, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_RESPONSE_HEADER_TIMEOUT,
 };
 use crate::raw::{
-    Entries, Int, RawAccessLog, RawBalance, RawConfig, RawHeaderRules, RawLimits, RawListener,
-    RawRespond, RawRoute, RawTls, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
+    Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawLimits,
+    RawListener, RawRespond, RawRoute, RawTls, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -93,12 +93,17 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
+    let admin = raw
+        .admin
+        .as_ref()
+        .and_then(|a| admin(&mut ctx, a, &listeners));
 
     if ctx.errors.is_empty() {
         Ok(Config {
             listeners,
             upstreams,
             access_log,
+            admin,
             drain_timeout,
             workers,
         })
@@ -350,6 +355,61 @@ fn access_log(ctx: &mut Ctx<'_>, raw: &RawAccessLog) -> AccessLog {
         }
     };
     AccessLog { path, format }
+}
+
+// ---------------------------------------------------------------------------------------------
+// admin
+
+fn admin(ctx: &mut Ctx<'_>, raw: &Spanned<RawAdmin>, listeners: &[Listener]) -> Option<Admin> {
+    let a = raw.get_ref();
+    let Some(addr_raw) = &a.address else {
+        ctx.error(
+            start(raw),
+            "admin",
+            "admin needs an `address`, e.g. address = \"127.0.0.1:9901\"",
+        );
+        return None;
+    };
+    let address = match parse_address(addr_raw.get_ref(), true) {
+        Ok(addr) => addr,
+        Err(message) => {
+            ctx.error(start(addr_raw), "admin.address", message);
+            return None;
+        }
+    };
+    if let Some(l) = listeners.iter().find(|l| conflicts(l.address, address)) {
+        ctx.error(
+            start(addr_raw),
+            "admin.address",
+            format!(
+                "address {address} overlaps listener {:?} on {}",
+                l.name, l.address
+            ),
+        );
+    }
+    let token = match &a.token {
+        None => None,
+        Some(t)
+            if t.get_ref().is_empty()
+                || t.get_ref().bytes().any(|b| !(0x21..0x7f).contains(&b)) =>
+        {
+            ctx.error(
+                start(t),
+                "admin.token",
+                "the token must be non-empty printable ASCII without spaces",
+            );
+            None
+        }
+        Some(t) => Some(t.get_ref().clone()),
+    };
+    if token.is_none() && a.token.is_none() && !address.ip().is_loopback() {
+        ctx.error(
+            start(addr_raw),
+            "admin.address",
+            format!("the admin listener on non-loopback {address} needs a `token`: anyone who reaches it could change the proxy"),
+        );
+    }
+    Some(Admin { address, token })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -620,3 +620,34 @@ fn tls_paths_resolve_against_the_config_directory() {
     assert_eq!(tls.certificates[0].key, std::path::Path::new("/abs/a.key"));
     assert_eq!(tls.versions.len(), 2, "TLS 1.2 and 1.3 by default");
 }
+
+#[test]
+fn admin_needs_a_token_off_loopback_and_its_own_port() {
+    let l = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nrespond = { status = 200 }\n";
+    let e = err(&format!("[admin]\naddress = \"0.0.0.0:9901\"\n{l}"));
+    assert!(
+        e.starts_with("t.toml:2:11: admin.address: the admin listener on non-loopback 0.0.0.0:9901 needs a `token`"),
+        "{e}"
+    );
+    let e = err(&format!("[admin]\naddress = \"127.0.0.1:8080\"\n{l}"));
+    assert!(
+        e.starts_with("t.toml:2:11: admin.address: address 127.0.0.1:8080 overlaps listener"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "[admin]\naddress = \"127.0.0.1:9901\"\ntoken = \"a b\"\n{l}"
+    ));
+    assert!(e.starts_with("t.toml:3:9: admin.token:"), "{e}");
+    let e = err(&format!("[admin]\ntoken = \"x\"\n{l}"));
+    assert!(
+        e.starts_with("t.toml:1:1: admin: admin needs an `address`"),
+        "{e}"
+    );
+    // With a token, any address is allowed.
+    let ok = parse(
+        &format!("[admin]\naddress = \"0.0.0.0:9901\"\ntoken = \"x\"\n{l}"),
+        "t.toml",
+    )
+    .unwrap();
+    assert_eq!(ok.admin.unwrap().token.as_deref(), Some("x"));
+}

@@ -132,13 +132,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     };
     let accepted = Instant::now();
     loop {
-        // Only the access log needs the start of later requests: skip the clock read otherwise.
-        let started = if c.requests == 0 || ctx.shared.access_log.is_none() {
-            accepted
-        } else {
-            Instant::now()
-        };
-        let head = match read_head(&mut c, &mut ctx, started).await {
+        let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
             Ok(Some(h)) => h,
             Ok(None) => return,
             Err(e) => {
@@ -171,7 +165,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                                 bytes_sent: sent.unwrap_or(0),
                                 upstream: None,
                             },
-                            started,
+                            accepted,
                         );
                     }
                     close(&mut c, true).await;
@@ -182,7 +176,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         c.requests += 1;
         refresh(&mut ctx);
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = handle(&mut c, &ctx, &head).await;
+        let outcome = handle(&mut c, &ctx, &head, started).await;
         ctx.shared.stats.record(outcome.termination);
         log_access(&ctx, &c, Some(&head), &outcome, started);
         if !outcome.keep_alive {
@@ -250,20 +244,22 @@ pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
     false
 }
 
-/// Wait for a complete request head. `Ok(None)`: the connection ended cleanly between requests
-/// (EOF, reset, idle timeout or shutdown).
+/// Wait for a complete request head and say when the request began (accept for the first
+/// request, its first byte for later ones). `Ok(None)`: the connection ended cleanly between
+/// requests (EOF, reset, idle timeout or shutdown).
 ///
 /// The parser runs only when the bytes read could complete the head or break a limit, so a head
 /// trickled in tiny pieces costs linear, not quadratic, work.
 async fn read_head(
     c: &mut Conn,
     ctx: &mut Ctx,
-    started: Instant,
-) -> Result<Option<RequestHead>, ProxyError> {
+    accepted: Instant,
+) -> Result<Option<(RequestHead, Instant)>, ProxyError> {
     let limits = &ctx.ls.listener.limits;
+    let mut began = (c.requests == 0).then_some(accepted);
     // A new connection gets the head deadline at once; a kept-alive one waits idle first.
     let mut deadline = if c.requests == 0 {
-        Some(tokio::time::Instant::from_std(started) + limits.head_timeout)
+        Some(tokio::time::Instant::from_std(accepted) + limits.head_timeout)
     } else {
         None
     };
@@ -286,13 +282,15 @@ async fn read_head(
             line_checked |= newline;
             if worth_parsing {
                 match parse_request(&mut c.rbuf, &ctx.ls.limits) {
-                    Ok(Some(h)) => return Ok(Some(h)),
+                    Ok(Some(h)) => return Ok(Some((h, began.unwrap_or_else(Instant::now)))),
                     Ok(None) => {}
                     Err(e) => return Err(ProxyError::BadHead(e)),
                 }
             }
             if deadline.is_none() {
-                deadline = Some(tokio::time::Instant::now() + limits.head_timeout);
+                let now = tokio::time::Instant::now();
+                began = Some(now.into_std());
+                deadline = Some(now + limits.head_timeout);
             }
         }
         if c.rbuf.capacity() - c.rbuf.len() < 1024 {
@@ -332,7 +330,7 @@ pub fn may_keep_alive(c: &Conn, ctx: &Ctx, head: &RequestHead) -> bool {
     head.keep_alive && !*ctx.shutdown.borrow() && (max == 0 || c.requests < max)
 }
 
-async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
+async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -> Outcome {
     let ls = &*ctx.ls;
     let routes = &ls.listener.routes;
     let idx = crate::route::select(
@@ -345,7 +343,15 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
     let Some(idx) = idx else {
         return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;
     };
-    let route = &routes[idx];
+    let outcome = run_route(c, ctx, head, idx).await;
+    // A response the client never got (status 0 or a failed write) still counts its latency.
+    ls.route_stats[idx].record(outcome.status, started.elapsed());
+    outcome
+}
+
+async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
+    let ls = &*ctx.ls;
+    let route = &ls.listener.routes[idx];
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
             if n > route.max_body_bytes {

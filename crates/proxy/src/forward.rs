@@ -41,7 +41,9 @@ pub async fn proxy(
     let upstream = &shared.upstreams[p.upstream];
     let group = &**upstream.group();
     let key = hash_key(&group.balance, c, head);
+    let group_stats = &shared.group_stats[p.upstream];
     let Some(guard) = upstream.pick(key, None) else {
+        group_stats.no_server.fetch_add(1, Ordering::Relaxed);
         return fail(c, ctx, head, ProxyError::NoServer, Phase::Connect, false).await;
     };
     let addr = guard.address();
@@ -95,6 +97,7 @@ pub async fn proxy(
     }
     let mut interim = Vec::new();
     let mut fresh_only = false;
+    let asked = std::time::Instant::now();
     let (mut up, reused, resp, body_done) = loop {
         let pooled = if fresh_only {
             None
@@ -151,6 +154,9 @@ pub async fn proxy(
             }
         }
     };
+    if let Some(h) = group_stats.header_time.get(guard.index()) {
+        h.observe(asked.elapsed());
+    }
     shared
         .stats
         .upstream_requests

@@ -1,11 +1,13 @@
 //! The data plane: listeners, per-connection tasks, routing, forwarding, local responses.
 
 pub mod access_log;
+pub mod admin;
 pub mod conn;
 pub mod date;
 pub mod error;
 pub mod forward;
 pub mod headers;
+pub mod metrics;
 pub mod pool;
 pub mod route;
 pub mod server;

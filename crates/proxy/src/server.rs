@@ -1,7 +1,9 @@
 //! Process start-up and reload: bind listeners, one single-threaded runtime per worker, configuration snapshots swapped atomically, drain on shutdown.
 
 use crate::access_log::AccessLogger;
+use crate::admin::AdminServer;
 use crate::conn;
+use crate::metrics::{GroupStats, Histogram, RouteStats};
 use crate::pool::Pool;
 use crate::stats::Stats;
 use crate::stream::ClientStream;
@@ -11,6 +13,7 @@ use portico_origin::Origin;
 use portico_upstream::Upstream;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -30,6 +33,8 @@ pub struct ListenerState {
     pub origins: Vec<Option<Origin>>,
     /// TLS termination (the handshake runs in the connection's task).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Counters per route, indexed like `listener.routes`.
+    pub route_stats: Vec<Arc<RouteStats>>,
 }
 
 /// A bound listener: its sockets outlive configuration snapshots while its name and configured
@@ -56,6 +61,8 @@ pub struct Shared {
     pub config: Arc<Config>,
     pub listeners: Vec<Arc<ListenerState>>,
     pub upstreams: Vec<Arc<Upstream>>,
+    /// Proxy-side counters per upstream group, indexed like `upstreams`.
+    pub group_stats: Vec<GroupStats>,
     pub stats: Arc<Stats>,
     pub access_log: Option<AccessLogger>,
     pub workers: usize,
@@ -176,6 +183,10 @@ pub struct Control {
 
 struct Inner {
     slots: Vec<Arc<ListenerSlot>>,
+    /// Counters carried across reloads: by (listener, route) name and by group name.
+    route_stats: HashMap<(String, String), Arc<RouteStats>>,
+    no_server: HashMap<String, Arc<AtomicU64>>,
+    header_time: HashMap<(String, SocketAddr), Arc<Histogram>>,
     next_slot: u64,
     senders: Vec<mpsc::UnboundedSender<Cmd>>,
     shutting_down: bool,
@@ -218,6 +229,9 @@ impl Control {
             return Err(StartError::ShuttingDown);
         }
         let old = self.current.load_full();
+        if old.generation > 0 && old.config.admin != config.admin {
+            tracing::warn!("admin listener settings change only on restart; the admin listener keeps its address and token");
+        }
         let access_log = match &config.access_log {
             Some(al) => Some(AccessLogger::open(al).map_err(|source| {
                 StartError::AccessLog {
@@ -268,8 +282,19 @@ impl Control {
             slots.push(slot.clone());
             fresh.push((slot, sockets));
         }
+        let mut route_stats = HashMap::new();
         let mut listeners = Vec::new();
         for (l, slot) in config.listeners.iter().zip(&slots) {
+            let counters: Vec<Arc<RouteStats>> = l
+                .routes
+                .iter()
+                .map(|r| {
+                    let key = (l.name.clone(), r.name.clone());
+                    let stats = inner.route_stats.get(&key).cloned().unwrap_or_default();
+                    route_stats.insert(key, stats.clone());
+                    stats
+                })
+                .collect();
             let tls = match &l.tls {
                 Some(t) => Some(tokio_rustls::TlsAcceptor::from(
                     portico_tls::server_config(t).map_err(|source| StartError::Tls {
@@ -279,7 +304,7 @@ impl Control {
                 )),
                 None => None,
             };
-            listeners.push(Arc::new(listener_state(l, slot.id, tls)));
+            listeners.push(Arc::new(listener_state(l, slot.id, tls, counters)));
         }
         let upstreams = config
             .upstreams
@@ -287,6 +312,30 @@ impl Control {
             .map(|g| {
                 let _prev = old.upstreams.iter().find(|u| u.group().name == g.name);
                 Arc::new(Upstream::new(g.clone()))
+            })
+            .collect();
+        let mut no_server = HashMap::new();
+        let mut header_time = HashMap::new();
+        let groups: Vec<GroupStats> = config
+            .upstreams
+            .iter()
+            .map(|g| {
+                let refused = inner.no_server.get(&g.name).cloned().unwrap_or_default();
+                no_server.insert(g.name.clone(), refused.clone());
+                let times = g
+                    .servers
+                    .iter()
+                    .map(|srv| {
+                        let key = (g.name.clone(), srv.address);
+                        let h = inner.header_time.get(&key).cloned().unwrap_or_default();
+                        header_time.insert(key, h.clone());
+                        h
+                    })
+                    .collect();
+                GroupStats {
+                    no_server: refused,
+                    header_time: times,
+                }
             })
             .collect();
 
@@ -297,6 +346,7 @@ impl Control {
             config: Arc::new(config),
             listeners,
             upstreams,
+            group_stats: groups,
             stats: self.stats.clone(),
             access_log,
             workers: self.workers,
@@ -322,6 +372,10 @@ impl Control {
         }
         inner.slots = slots;
         inner.next_slot = next_slot;
+        // Counters of removed routes and groups go: label cardinality follows the config.
+        inner.route_stats = route_stats;
+        inner.no_server = no_server;
+        inner.header_time = header_time;
         Ok(summary)
     }
 
@@ -357,6 +411,7 @@ fn listener_state(
     l: &Listener,
     slot: u64,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    route_stats: Vec<Arc<RouteStats>>,
 ) -> ListenerState {
     let origins = l
         .routes
@@ -377,13 +432,15 @@ fn listener_state(
         },
         origins,
         tls,
+        route_stats,
     }
 }
 
-/// A running proxy: its control plane, and the worker threads.
+/// A running proxy: its control plane, the worker threads, the admin listener.
 pub struct Running {
     control: Arc<Control>,
     threads: Vec<JoinHandle<()>>,
+    admin: Option<AdminServer>,
 }
 
 impl Running {
@@ -408,6 +465,11 @@ impl Running {
         &self.control
     }
 
+    /// The bound address of the admin listener, if configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(AdminServer::addr)
+    }
+
     /// Apply a new configuration without a restart (see [`Control::apply`]).
     pub fn reload(&self, config: Config) -> Result<ReloadSummary, StartError> {
         self.control.apply(config)
@@ -418,10 +480,13 @@ impl Running {
         self.control.shutdown();
     }
 
-    /// Wait until every worker has drained and exited.
-    pub fn wait(self) {
-        for t in self.threads {
+    /// Wait until every worker has drained and exited (the admin listener stays up meanwhile).
+    pub fn wait(mut self) {
+        for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if let Some(a) = self.admin.take() {
+            a.stop();
         }
     }
 }
@@ -448,11 +513,13 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             listeners: Vec::new(),
             upstreams: Vec::new(),
             access_log: None,
+            admin: None,
             drain_timeout: config.drain_timeout,
             workers: None,
         }),
         listeners: Vec::new(),
         upstreams: Vec::new(),
+        group_stats: Vec::new(),
         stats: stats.clone(),
         access_log: None,
         workers,
@@ -473,6 +540,9 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         started: Instant::now(),
         inner: Mutex::new(Inner {
             slots: Vec::new(),
+            route_stats: HashMap::new(),
+            no_server: HashMap::new(),
+            header_time: HashMap::new(),
             next_slot: 0,
             senders,
             shutting_down: false,
@@ -480,9 +550,11 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,
     });
+    let admin = config.admin.clone();
     let mut running = Running {
         control: control.clone(),
         threads: Vec::new(),
+        admin: None,
     };
     for (i, rx) in receivers.into_iter().enumerate() {
         let control = control.clone();
@@ -502,6 +574,20 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         running.shutdown();
         running.wait();
         return Err(e);
+    }
+    if let Some(cfg) = admin {
+        match AdminServer::start(control, &cfg) {
+            Ok(a) => running.admin = Some(a),
+            Err(source) => {
+                running.shutdown();
+                running.wait();
+                return Err(StartError::Bind {
+                    name: "admin".into(),
+                    addr: cfg.address,
+                    source,
+                });
+            }
+        }
     }
     Ok(running)
 }

@@ -64,6 +64,39 @@ impl Termination {
         Termination { side, phase, cause }
     }
 
+    /// (side, phase, cause) in snake case, for metric labels.
+    pub fn labels(&self) -> (&'static str, &'static str, &'static str) {
+        let side = match self.side {
+            Side::None => "none",
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+            Side::Proxy => "proxy",
+        };
+        let phase = match self.phase {
+            Phase::RequestHead => "request_head",
+            Phase::Route => "route",
+            Phase::RequestBody => "request_body",
+            Phase::Connect => "connect",
+            Phase::ResponseHead => "response_head",
+            Phase::ResponseBody => "response_body",
+            Phase::Tunnel => "tunnel",
+            Phase::Done => "done",
+        };
+        let cause = match self.cause {
+            Cause::Ok => "ok",
+            Cause::BadRequest => "bad_request",
+            Cause::Limit => "limit",
+            Cause::Timeout => "timeout",
+            Cause::Closed => "closed",
+            Cause::Io => "io",
+            Cause::NoServer => "no_server",
+            Cause::Refused => "refused",
+            Cause::BadResponse => "bad_response",
+            Cause::Shutdown => "shutdown",
+        };
+        (side, phase, cause)
+    }
+
     /// Short code like HAProxy's termination state, e.g. `--` for success, `CH` client during head.
     pub fn code(&self) -> String {
         let s = match self.side {

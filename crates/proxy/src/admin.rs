@@ -1,0 +1,616 @@
+//! The admin listener: status and change API, Prometheus `/metrics` and the live dashboard, on its own thread.
+
+use crate::metrics::{Exposition, HistogramSnapshot, BUCKETS_US};
+use crate::server::{Control, Shared};
+use crate::stats::Stats;
+use bytes::BytesMut;
+use portico_config::{Action, Admin};
+use portico_http1::{parse_request, Framing};
+use serde_json::{json, Value};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+/// Largest admin request body.
+const MAX_BODY: usize = 64 * 1024;
+/// An admin connection idle (or stalled mid-request) this long is closed.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// The running admin listener.
+pub struct AdminServer {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl AdminServer {
+    /// Bind `cfg.address` and serve on a thread of its own, so a busy data plane never delays
+    /// the operator and the operator never delays the data plane.
+    pub fn start(control: Arc<Control>, cfg: &Admin) -> io::Result<AdminServer> {
+        let std_listener = std::net::TcpListener::bind(cfg.address)?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let (stop, mut stopped) = watch::channel(false);
+        let token = cfg.token.clone().map(Arc::<str>::from);
+        let thread = std::thread::Builder::new()
+            .name("portico-admin".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!("admin runtime failed to start: {e}");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!("cannot register the admin listener: {e}");
+                            return;
+                        }
+                    };
+                    loop {
+                        tokio::select! {
+                            r = listener.accept() => match r {
+                                Ok((stream, _)) => {
+                                    let _ = stream.set_nodelay(true);
+                                    tokio::spawn(serve(stream, control.clone(), token.clone()));
+                                }
+                                Err(e) => {
+                                    tracing::warn!("admin accept failed: {e}");
+                                    tokio::time::sleep(Duration::from_millis(10)).await;
+                                }
+                            },
+                            _ = stopped.changed() => return,
+                        }
+                    }
+                });
+            })?;
+        Ok(AdminServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop serving and wait for the thread.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for AdminServer {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// One admin request, as the handlers see it.
+#[derive(Debug)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub authorization: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// One admin response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn json(status: u16, v: &Value) -> Response {
+        let mut body = serde_json::to_vec_pretty(v).unwrap_or_default();
+        body.push(b'\n');
+        Response {
+            status,
+            content_type: "application/json",
+            body,
+        }
+    }
+
+    fn error(status: u16, message: impl Into<String>) -> Response {
+        Response::json(status, &json!({ "error": message.into() }))
+    }
+}
+
+async fn serve(mut stream: TcpStream, control: Arc<Control>, token: Option<Arc<str>>) {
+    let mut buf = BytesMut::with_capacity(4096);
+    let limits = portico_http1::Limits::default();
+    loop {
+        let head = loop {
+            match parse_request(&mut buf, &limits) {
+                Ok(Some(h)) => break h,
+                Ok(None) => {}
+                Err(e) => {
+                    let r = Response::error(400, format!("bad request: {e}"));
+                    let _ = write(&mut stream, &r, false).await;
+                    return;
+                }
+            }
+            match tokio::time::timeout(IDLE, stream.read_buf(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+        };
+        let len = match head.framing {
+            Framing::None => 0,
+            Framing::Length(n) if n <= MAX_BODY as u64 => n as usize,
+            _ => {
+                let r = Response::error(
+                    413,
+                    "admin request bodies are limited to 64 KiB, with Content-Length",
+                );
+                let _ = write(&mut stream, &r, false).await;
+                return;
+            }
+        };
+        while buf.len() < len {
+            match tokio::time::timeout(IDLE, stream.read_buf(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+        }
+        let body = buf.split_to(len).to_vec();
+        let req = Request {
+            method: head.method().as_str().to_string(),
+            path: head.path().to_string(),
+            query: head.query().map(str::to_string),
+            authorization: head
+                .field("authorization")
+                .map(|v| String::from_utf8_lossy(v).into_owned()),
+            body,
+        };
+        let resp = handle(&control, token.as_deref(), &req);
+        tracing::debug!(method = %req.method, path = %req.path, status = resp.status, "admin");
+        if write(&mut stream, &resp, head.keep_alive).await.is_err() || !head.keep_alive {
+            return;
+        }
+    }
+}
+
+async fn write(stream: &mut TcpStream, r: &Response, keep_alive: bool) -> io::Result<()> {
+    let reason = match r.status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        422 => "Unprocessable Content",
+        _ => "Error",
+    };
+    let mut out = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\n",
+        r.status,
+        r.content_type,
+        r.body.len()
+    );
+    if r.status == 401 {
+        out.push_str("WWW-Authenticate: Bearer realm=\"portico admin\"\r\n");
+    }
+    if !keep_alive {
+        out.push_str("Connection: close\r\n");
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(&r.body);
+    stream.write_all(&bytes).await
+}
+
+/// Whether the request carries the token: `Authorization: Bearer TOKEN`, or `?token=TOKEN` (so a
+/// browser can open the dashboard, which passes it on to its API calls).
+fn authorized(token: Option<&str>, req: &Request) -> bool {
+    let Some(token) = token else { return true };
+    let bearer = req
+        .authorization
+        .as_deref()
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(str::trim);
+    let query = req
+        .query
+        .as_deref()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("token=")));
+    [bearer, query]
+        .into_iter()
+        .flatten()
+        .any(|t| constant_time_eq(t.as_bytes(), token.as_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Route one admin request (sans-io apart from the control plane it reads and changes).
+pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response {
+    if !authorized(token, req) {
+        return Response::error(401, "a bearer token is required");
+    }
+    let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    match (req.method.as_str(), segments.as_slice()) {
+        ("GET" | "HEAD", [""]) => Response {
+            status: 200,
+            content_type: "text/html; charset=utf-8",
+            body: DASHBOARD.as_bytes().to_vec(),
+        },
+        ("GET" | "HEAD", ["metrics"]) => Response {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: metrics(control).into_bytes(),
+        },
+        ("GET" | "HEAD", ["api", "status"]) => Response::json(200, &status(control)),
+        ("GET" | "HEAD", ["api", "config"]) => {
+            let shared = control.snapshot();
+            Response::json(
+                200,
+                &json!({
+                    "generation": shared.generation,
+                    "explain": portico_config::explain(&shared.config),
+                    "groups": groups_json(&shared),
+                }),
+            )
+        }
+        ("POST", ["api", "reload"]) => match control.reload() {
+            Ok(s) => Response::json(
+                200,
+                &json!({
+                    "generation": s.generation,
+                    "added": s.added,
+                    "removed": s.removed,
+                    "kept": s.kept,
+                }),
+            ),
+            Err(e) => Response::error(
+                422,
+                format!("reload refused, the running configuration stays: {e}"),
+            ),
+        },
+        (_, [""] | ["metrics"] | ["api", "status"] | ["api", "config"] | ["api", "reload"]) => {
+            Response::error(405, "method not allowed")
+        }
+        _ => Response::error(404, "no such admin resource"),
+    }
+}
+
+fn histogram_json(h: &HistogramSnapshot) -> Value {
+    json!({
+        "count": h.count(),
+        "sum_us": h.sum_us,
+        "buckets": h.counts.to_vec(),
+        "p50": h.quantile(0.50),
+        "p95": h.quantile(0.95),
+        "p99": h.quantile(0.99),
+    })
+}
+
+fn action_text(a: &Action, shared: &Shared) -> String {
+    match a {
+        Action::Proxy(p) => format!(
+            "proxy {}",
+            shared
+                .config
+                .upstreams
+                .get(p.upstream)
+                .map_or("?", |g| g.name.as_str())
+        ),
+        Action::Static(_) => "static".into(),
+        Action::Origin(_) => "origin".into(),
+        Action::Redirect { status, .. } => format!("redirect {status}"),
+        Action::Fixed { status, .. } => format!("respond {status}"),
+    }
+}
+
+fn groups_json(shared: &Shared) -> Vec<Value> {
+    shared
+        .upstreams
+        .iter()
+        .zip(&shared.group_stats)
+        .map(|(u, gs)| {
+            let g = u.group();
+            let servers: Vec<Value> = g
+                .servers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let time = gs.header_time.get(i).map(|h| h.snapshot());
+                    json!({
+                        "index": i,
+                        "address": s.address.to_string(),
+                        "weight": s.weight,
+                        "active": u.active(i),
+                        "header_time": time.as_ref().map(histogram_json),
+                    })
+                })
+                .collect();
+            json!({
+                "name": g.name,
+                "balance": format!("{:?}", g.balance),
+                "no_server": gs.no_server.load(Relaxed),
+                "header_time": histogram_json(&gs.header_time_total()),
+                "servers": servers,
+            })
+        })
+        .collect()
+}
+
+fn counters(stats: &Stats, control: &Control) -> Value {
+    json!({
+        "connections_accepted": stats.connections_accepted.load(Relaxed),
+        "connections_refused": stats.connections_refused.load(Relaxed),
+        "requests": stats.requests.load(Relaxed),
+        "upstream_requests": stats.upstream_requests.load(Relaxed),
+        "upstream_reused": stats.upstream_reused.load(Relaxed),
+        "upstream_connects": stats.upstream_connects.load(Relaxed),
+        "upstream_retries": stats.upstream_retries.load(Relaxed),
+        "upstream_idle_connections": control.idle_upstream.load(Relaxed),
+        "tls_handshake_failures": stats.tls_handshake_failures.load(Relaxed),
+    })
+}
+
+/// The whole state as JSON: what the dashboard polls and an operator scripts against.
+pub fn status(control: &Control) -> Value {
+    let shared = control.snapshot();
+    let listeners: Vec<Value> = shared
+        .listeners
+        .iter()
+        .map(|ls| {
+            let l = &ls.listener;
+            let routes: Vec<Value> = l
+                .routes
+                .iter()
+                .zip(&ls.route_stats)
+                .map(|(r, rs)| {
+                    let classes: Vec<u64> = rs.responses.iter().map(|c| c.load(Relaxed)).collect();
+                    json!({
+                        "name": r.name,
+                        "action": action_text(&r.action, &shared),
+                        "responses": classes,
+                        "latency": histogram_json(&rs.latency.snapshot()),
+                    })
+                })
+                .collect();
+            json!({
+                "name": l.name,
+                "address": control
+                    .addrs()
+                    .into_iter()
+                    .find(|(n, _)| *n == l.name)
+                    .map(|(_, a)| a.to_string()),
+                "tls": l.tls.is_some(),
+                "connections": control.listener_connections(&l.name),
+                "routes": routes,
+            })
+        })
+        .collect();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_seconds": control.started.elapsed().as_secs_f64(),
+        "generation": shared.generation,
+        "workers": control.workers,
+        "buckets_us": BUCKETS_US.to_vec(),
+        "counters": counters(&shared.stats, control),
+        "listeners": listeners,
+        "groups": groups_json(&shared),
+    })
+}
+
+/// The Prometheus exposition of every counter, gauge and histogram.
+pub fn metrics(control: &Control) -> String {
+    let shared = control.snapshot();
+    let stats = &shared.stats;
+    let mut e = Exposition::new();
+    e.family("portico_info", "gauge", "Portico version.");
+    e.sample(
+        "portico_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1.0,
+    );
+    e.family("portico_uptime_seconds", "gauge", "Seconds since start.");
+    e.sample(
+        "portico_uptime_seconds",
+        &[],
+        control.started.elapsed().as_secs_f64(),
+    );
+    e.family(
+        "portico_config_generation",
+        "gauge",
+        "Configurations applied since start (1 = the initial one).",
+    );
+    e.sample("portico_config_generation", &[], shared.generation as f64);
+    let global = [
+        (
+            "portico_connections_accepted_total",
+            "Downstream connections accepted.",
+            &stats.connections_accepted,
+        ),
+        (
+            "portico_connections_refused_total",
+            "Downstream connections closed at once by a listener's max_connections.",
+            &stats.connections_refused,
+        ),
+        (
+            "portico_requests_total",
+            "Downstream requests (including refused heads).",
+            &stats.requests,
+        ),
+        (
+            "portico_upstream_requests_total",
+            "Requests that got an upstream response head.",
+            &stats.upstream_requests,
+        ),
+        (
+            "portico_upstream_reused_total",
+            "Upstream requests sent on a pooled keep-alive connection.",
+            &stats.upstream_reused,
+        ),
+        (
+            "portico_upstream_connects_total",
+            "Upstream connections opened.",
+            &stats.upstream_connects,
+        ),
+        (
+            "portico_upstream_retries_total",
+            "Requests retried on a new connection after a stale pooled one failed.",
+            &stats.upstream_retries,
+        ),
+        (
+            "portico_tls_handshake_failures_total",
+            "TLS handshakes that failed or timed out.",
+            &stats.tls_handshake_failures,
+        ),
+    ];
+    for (name, help, v) in global {
+        e.family(name, "counter", help);
+        e.sample(name, &[], v.load(Relaxed) as f64);
+    }
+    e.family(
+        "portico_upstream_idle_connections",
+        "gauge",
+        "Idle pooled upstream connections over all workers.",
+    );
+    e.sample(
+        "portico_upstream_idle_connections",
+        &[],
+        control.idle_upstream.load(Relaxed) as f64,
+    );
+
+    e.family(
+        "portico_listener_connections",
+        "gauge",
+        "Open downstream connections per listener.",
+    );
+    for ls in &shared.listeners {
+        let name = ls.listener.name.as_str();
+        e.sample(
+            "portico_listener_connections",
+            &[("listener", name)],
+            f64::from(control.listener_connections(name)),
+        );
+    }
+    const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+    e.family(
+        "portico_route_responses_total",
+        "counter",
+        "Responses per route by status class.",
+    );
+    for ls in &shared.listeners {
+        for (r, rs) in ls.listener.routes.iter().zip(&ls.route_stats) {
+            for (class, c) in CLASSES.iter().zip(&rs.responses) {
+                let labels = [
+                    ("listener", ls.listener.name.as_str()),
+                    ("route", r.name.as_str()),
+                    ("class", class),
+                ];
+                e.sample(
+                    "portico_route_responses_total",
+                    &labels,
+                    c.load(Relaxed) as f64,
+                );
+            }
+        }
+    }
+    e.family(
+        "portico_request_duration_seconds",
+        "histogram",
+        "Downstream request duration per route, from the request's first byte to the end of the response.",
+    );
+    for ls in &shared.listeners {
+        for (r, rs) in ls.listener.routes.iter().zip(&ls.route_stats) {
+            let labels = [
+                ("listener", ls.listener.name.as_str()),
+                ("route", r.name.as_str()),
+            ];
+            e.histogram(
+                "portico_request_duration_seconds",
+                &labels,
+                &rs.latency.snapshot(),
+            );
+        }
+    }
+    e.family(
+        "portico_group_no_server_total",
+        "counter",
+        "Requests refused with 503 because no server of the group could take them.",
+    );
+    for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
+        e.sample(
+            "portico_group_no_server_total",
+            &[("group", u.group().name.as_str())],
+            gs.no_server.load(Relaxed) as f64,
+        );
+    }
+    e.family(
+        "portico_server_active_requests",
+        "gauge",
+        "Requests in flight per upstream server.",
+    );
+    for u in &shared.upstreams {
+        let g = u.group();
+        for (i, s) in g.servers.iter().enumerate() {
+            let addr = s.address.to_string();
+            e.sample(
+                "portico_server_active_requests",
+                &[("group", g.name.as_str()), ("server", &addr)],
+                f64::from(u.active(i)),
+            );
+        }
+    }
+    e.family(
+        "portico_upstream_header_duration_seconds",
+        "histogram",
+        "Time from asking for an upstream connection to the upstream's response head, per server.",
+    );
+    for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
+        let g = u.group();
+        for (s, h) in g.servers.iter().zip(&gs.header_time) {
+            let addr = s.address.to_string();
+            e.histogram(
+                "portico_upstream_header_duration_seconds",
+                &[("group", g.name.as_str()), ("server", &addr)],
+                &h.snapshot(),
+            );
+        }
+    }
+    e.family(
+        "portico_terminations_total",
+        "counter",
+        "Finished requests by termination record: which side ended it, in which phase, why.",
+    );
+    for (t, n) in stats.termination_counts() {
+        let (side, phase, cause) = t.labels();
+        e.sample(
+            "portico_terminations_total",
+            &[("side", side), ("phase", phase), ("cause", cause)],
+            n as f64,
+        );
+    }
+    e.finish()
+}

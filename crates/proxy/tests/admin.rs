@@ -1,0 +1,193 @@
+//! Admin listener tests: status JSON, Prometheus metrics read back by a parser, token, reload over HTTP.
+
+use portico_proxy::{start, Running};
+use portico_testkit::{Client, Reply, TestUpstream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+fn proxy(up: SocketAddr, admin_extra: &str) -> Running {
+    let toml = format!(
+        r#"
+[admin]
+address = "127.0.0.1:0"
+{admin_extra}
+
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+name = "api"
+path = "/api/**"
+proxy = "b"
+
+[[listeners.routes]]
+respond = {{ status = 404, body = "none" }}
+
+[upstreams.b]
+servers = ["{up}"]
+"#
+    );
+    let cfg = portico_config::parse(&toml, "test.toml").unwrap();
+    start(cfg, 2).unwrap()
+}
+
+/// One admin request on a new connection: (status, body).
+fn admin(addr: SocketAddr, method: &str, path: &str, headers: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n{headers}\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+fn json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let (status, body) = admin(addr, "GET", path, "");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn status_and_metrics_count_what_happened() {
+    let up = TestUpstream::start(|_| Reply::ok("hi"));
+    let p = proxy(up.addr, "");
+    let a = p.admin_addr().unwrap();
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for _ in 0..5 {
+        let r = c
+            .request(b"GET /api/x HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let r = c
+        .request(b"GET /other HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 404);
+
+    let st = json(a, "/api/status");
+    assert_eq!(st["generation"], 1);
+    let routes = &st["listeners"][0]["routes"];
+    assert_eq!(routes[0]["name"], "api");
+    assert_eq!(routes[0]["action"], "proxy b");
+    assert_eq!(routes[0]["responses"][1], 5);
+    assert_eq!(routes[0]["latency"]["count"], 5);
+    assert_eq!(routes[1]["responses"][3], 1);
+    assert_eq!(st["listeners"][0]["connections"], 1);
+    let server = &st["groups"][0]["servers"][0];
+    assert_eq!(server["address"], up.addr.to_string());
+    assert_eq!(server["header_time"]["count"], 5);
+    assert_eq!(st["counters"]["upstream_requests"], 5);
+
+    let (status, text) = admin(a, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text parses");
+    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
+        match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: unexpected {other:?}"),
+        }
+    };
+    assert_eq!(
+        value(
+            "portico_route_responses_total",
+            &[("route", "api"), ("class", "2xx")]
+        ),
+        5.0
+    );
+    assert_eq!(value("portico_upstream_requests_total", &[]), 5.0);
+    assert_eq!(
+        value("portico_listener_connections", &[("listener", "p")]),
+        1.0
+    );
+    // Histograms: the parser groups buckets; the +Inf bucket equals the count.
+    let hist = scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == "portico_request_duration_seconds" && s.labels.get("route") == Some("api")
+        })
+        .expect("route histogram");
+    match &hist.value {
+        prometheus_parse::Value::Histogram(buckets) => {
+            let last = buckets.last().unwrap();
+            assert!(last.less_than.is_infinite());
+            assert_eq!(last.count, 5.0);
+            assert!(buckets.windows(2).all(|w| w[0].count <= w[1].count));
+        }
+        other => panic!("not a histogram: {other:?}"),
+    }
+    // Every family has HELP and TYPE, every sample belongs to a declared family.
+    for s in &scrape.samples {
+        let family = ["_sum", "_count"]
+            .iter()
+            .find_map(|sfx| s.metric.strip_suffix(sfx))
+            .filter(|f| scrape.docs.contains_key(*f))
+            .unwrap_or(&s.metric);
+        assert!(scrape.docs.contains_key(family), "no HELP for {}", s.metric);
+    }
+    // HTTP errors of the admin API itself.
+    assert_eq!(admin(a, "GET", "/nope", "").0, 404);
+    assert_eq!(admin(a, "DELETE", "/metrics", "").0, 405);
+    let (status, page) = admin(a, "GET", "/", "");
+    assert_eq!(status, 200);
+    assert!(page.contains("<html") || page.contains("<!doctype html"));
+}
+
+#[test]
+fn token_is_required_when_configured() {
+    let up = TestUpstream::start(|_| Reply::ok("hi"));
+    let p = proxy(up.addr, "token = \"s3cret\"");
+    let a = p.admin_addr().unwrap();
+    assert_eq!(admin(a, "GET", "/api/status", "").0, 401);
+    assert_eq!(
+        admin(a, "GET", "/api/status", "Authorization: Bearer wrong\r\n").0,
+        401
+    );
+    assert_eq!(
+        admin(a, "GET", "/api/status", "Authorization: Bearer s3cret\r\n").0,
+        200
+    );
+    assert_eq!(admin(a, "GET", "/?token=s3cret", "").0, 200);
+    assert_eq!(admin(a, "GET", "/metrics?token=s3cre", "").0, 401);
+}
+
+#[test]
+fn reload_over_http_without_a_source_is_refused_and_with_one_applies() {
+    let up = TestUpstream::start(|_| Reply::ok("hi"));
+    let p = proxy(up.addr, "");
+    let a = p.admin_addr().unwrap();
+    let (status, body) = admin(a, "POST", "/api/reload", "");
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("no configuration source"), "{body}");
+    let text = "[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nrespond = { status = 200, body = \"new\" }\n";
+    p.control().set_source(Box::new(move || {
+        portico_config::parse(text, "new.toml").map_err(|e| e.to_string())
+    }));
+    let (status, body) = admin(a, "POST", "/api/reload", "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(a, "/api/status")["generation"], 2);
+    let r = Client::connect(p.addr("p").unwrap())
+        .unwrap()
+        .request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.text(), "new");
+    // The group is gone with the reload, and so are its metrics.
+    let (_, metrics) = admin(a, "GET", "/metrics", "");
+    assert!(!metrics.contains("group=\"b\""), "{metrics}");
+}
