@@ -4,7 +4,7 @@ use crate::metrics::{Exposition, HistogramSnapshot, BUCKETS_US};
 use crate::server::{Control, Shared};
 use crate::stats::Stats;
 use bytes::BytesMut;
-use portico_config::{Action, Admin};
+use portico_config::{Action, Admin, Balance};
 use portico_http1::{parse_request, Framing};
 use serde_json::{json, Value};
 use std::io;
@@ -328,6 +328,17 @@ fn action_text(a: &Action, shared: &Shared) -> String {
     }
 }
 
+fn balance_name(b: &Balance) -> String {
+    match b {
+        Balance::RoundRobin => "round_robin".into(),
+        Balance::LeastConnections => "least_connections".into(),
+        Balance::TwoRandomChoices => "two_random_choices".into(),
+        Balance::HashClientIp => "hash client_ip".into(),
+        Balance::HashHeader(h) => format!("hash header {h}"),
+        Balance::HashCookie(c) => format!("hash cookie {c}"),
+    }
+}
+
 fn groups_json(shared: &Shared) -> Vec<Value> {
     shared
         .upstreams
@@ -352,7 +363,7 @@ fn groups_json(shared: &Shared) -> Vec<Value> {
                 .collect();
             json!({
                 "name": g.name,
-                "balance": format!("{:?}", g.balance),
+                "balance": balance_name(&g.balance),
                 "no_server": gs.no_server.load(Relaxed),
                 "header_time": histogram_json(&gs.header_time_total()),
                 "servers": servers,
