@@ -6,6 +6,7 @@ pub mod date;
 pub mod error;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod pool;
 pub mod route;
 pub mod server;
@@ -13,5 +14,6 @@ pub mod stats;
 pub mod stream;
 
 pub use error::ProxyError;
+pub use health::HealthChecker;
 pub use server::{start, Running, StartError};
 pub use stats::{Stats, Termination};

@@ -2,6 +2,7 @@
 
 use crate::access_log::AccessLogger;
 use crate::conn;
+use crate::health::HealthChecker;
 use crate::pool::Pool;
 use crate::stats::Stats;
 use crate::stream::ClientStream;
@@ -75,6 +76,9 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     threads: Vec<JoinHandle<()>>,
     stats: Arc<Stats>,
+    upstreams: Vec<Arc<Upstream>>,
+    /// Present when a group has a health check; stopped once the workers have exited.
+    health: Option<HealthChecker>,
 }
 
 impl Running {
@@ -91,6 +95,11 @@ impl Running {
         &self.stats
     }
 
+    /// The shared state of the upstream group with this name (health, counters, admin state).
+    pub fn upstream(&self, name: &str) -> Option<&Arc<Upstream>> {
+        self.upstreams.iter().find(|u| u.group().name == name)
+    }
+
     /// Begin a graceful shutdown: stop accepting, let in-flight requests finish.
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
@@ -100,6 +109,9 @@ impl Running {
     pub fn wait(self) {
         for t in self.threads {
             let _ = t.join();
+        }
+        if let Some(health) = self.health {
+            health.stop();
         }
     }
 }
@@ -189,15 +201,20 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             })
         })
         .collect();
-    let upstreams = config
+    let upstreams: Vec<Arc<Upstream>> = config
         .upstreams
         .iter()
         .map(|g| Arc::new(Upstream::new(g.clone())))
         .collect();
+    let health = if config.upstreams.iter().any(|g| g.health_check.is_some()) {
+        Some(HealthChecker::start(upstreams.clone()).map_err(StartError::Thread)?)
+    } else {
+        None
+    };
     let shared = Arc::new(Shared {
         config,
         listeners,
-        upstreams,
+        upstreams: upstreams.clone(),
         stats: stats.clone(),
         access_log,
         workers,
@@ -218,6 +235,8 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         shutdown: tx,
         threads,
         stats,
+        upstreams,
+        health,
     })
 }
 
