@@ -380,3 +380,32 @@ fn probe_checks_status_body_and_timeout() {
     let (ok, detail) = rt.block_on(portico_proxy::health::probe(closed_port(), &tcp));
     assert!(!ok && detail.starts_with("connect: "), "{detail}");
 }
+
+#[test]
+fn refused_connects_eject_a_server_and_count_as_failures() {
+    let b = TestUpstream::start(|_| Reply::ok("b"));
+    let p = proxy(
+        &config(&format!(
+            r#"[upstreams.main]
+servers = {}
+passive = {{ max_failures = 2, ejection = "30s" }}
+"#,
+            servers(&[closed_port(), b.addr])
+        )),
+        2,
+    );
+    let statuses: Vec<u16> = (0..12).map(|_| get(&p).0).collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 502).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    let st = &status(&p, "main")[0];
+    assert!(st.ejected);
+    assert_eq!((st.failures, st.ejections, st.requests), (2, 1, 2));
+}
