@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use crate::model::{
-    AccessLogFormat, Action, Balance, Config, HeaderRules, HostMatch, ListenerLimits, Matcher,
-    PathMatch, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+    AccessLogFormat, Action, Balance, Config, HeaderRules, HealthCheckKind, HostMatch,
+    ListenerLimits, Matcher, PathMatch, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
 
@@ -61,6 +61,15 @@ pub fn explain(config: &Config) -> String {
         );
         for server in &group.servers {
             let _ = writeln!(out, "  server {} weight {}", server.address, server.weight);
+        }
+        let _ = writeln!(out, "  health_check: {}", health_summary(group));
+        let _ = writeln!(out, "  passive: {}", passive_summary(group));
+        if let Some(fallback) = group.fallback.and_then(|i| config.upstreams.get(i)) {
+            let _ = writeln!(
+                out,
+                "  fallback: {:?} when no server is available",
+                fallback.name
+            );
         }
     }
     match &config.access_log {
@@ -319,4 +328,61 @@ fn upstream_summary(group: &UpstreamGroup) -> String {
         format_duration(group.idle_timeout),
         group.keepalive,
     )
+}
+
+fn health_summary(group: &UpstreamGroup) -> String {
+    let Some(h) = &group.health_check else {
+        return "off (servers are only taken out by passive checks and the admin)".to_string();
+    };
+    let probe = match &h.kind {
+        HealthCheckKind::Tcp => "tcp connect".to_string(),
+        HealthCheckKind::Http(c) => {
+            let host = c
+                .host
+                .as_ref()
+                .map_or_else(|| "the server address".to_string(), |h| h.clone());
+            let (lo, hi) = c.expect_status;
+            let status = if lo == hi {
+                lo.to_string()
+            } else {
+                format!("{lo}-{hi}")
+            };
+            let body = c
+                .expect_body
+                .as_ref()
+                .map_or_else(String::new, |b| format!(", body contains {b:?}"));
+            format!(
+                "http {} {} (Host {host}) expecting {status}{body}",
+                c.method, c.path
+            )
+        }
+    };
+    format!(
+        "{probe}; every {}, timeout {}; down after {} failed, up after {} passed",
+        format_duration(h.interval),
+        format_duration(h.timeout),
+        h.fall,
+        h.rise
+    )
+}
+
+fn passive_summary(group: &UpstreamGroup) -> String {
+    let p = &group.passive;
+    let ejection = if p.max_failures == 0 {
+        "off".to_string()
+    } else {
+        format!(
+            "eject after {} consecutive failures for {} (doubling on repeats, at most {}), at most {}% of servers",
+            p.max_failures,
+            format_duration(p.ejection),
+            format_duration(p.max_ejection),
+            p.max_ejected_percent
+        )
+    };
+    let slow_start = if p.slow_start.is_zero() {
+        "off".to_string()
+    } else {
+        format_duration(p.slow_start)
+    };
+    format!("{ejection}; slow_start {slow_start}")
 }

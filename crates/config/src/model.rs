@@ -213,7 +213,94 @@ pub struct UpstreamGroup {
     pub response_header_timeout: Duration,
     /// Idle pooled connection closed after this (default 60 s); also the read/write inactivity timeout while streaming.
     pub idle_timeout: Duration,
+    /// Active health checks (`[upstreams.NAME.health_check]`); None = servers are never probed.
+    pub health_check: Option<HealthCheck>,
+    /// Passive checks, ejection and slow start (`[upstreams.NAME.passive]`; defaults when absent).
+    pub passive: PassiveCheck,
+    /// Index into `Config::upstreams` of the group that takes requests when no server of this one
+    /// is available (all down, ejected, draining or disabled). Never this group; no cycles.
+    pub fallback: Option<usize>,
 }
+
+/// Active health check of every server of a group: one probe per server per `interval`, for the
+/// whole process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub kind: HealthCheckKind,
+    /// Time between the start of two probes of one server (default 5 s).
+    pub interval: Duration,
+    /// A probe (connect, request, response) must finish within this (default 2 s; < `interval`).
+    pub timeout: Duration,
+    /// Consecutive successful probes that bring a down server back up (default 2).
+    pub rise: u32,
+    /// Consecutive failed probes that mark an up server down (default 3).
+    pub fall: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthCheckKind {
+    /// A TCP connect that succeeds within the timeout.
+    Tcp,
+    /// An HTTP/1.1 request whose response status (and optionally body) is as expected.
+    Http(HttpCheck),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCheck {
+    /// Uppercase method token (default "GET").
+    pub method: String,
+    /// Origin-form request target (default "/").
+    pub path: String,
+    /// Host header; None = the server's address.
+    pub host: Option<String>,
+    /// Accepted statuses, inclusive (default 200-399).
+    pub expect_status: (u16, u16),
+    /// The first 64 KiB of the body must contain this string.
+    pub expect_body: Option<String>,
+}
+
+/// Passive checks: servers failing real requests are ejected for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassiveCheck {
+    /// Consecutive failures (connect errors, timeouts, resets before a response, 5xx responses)
+    /// that eject a server (default 5; 0 = passive checks off).
+    pub max_failures: u32,
+    /// First ejection time (default 10 s); doubles on each repeat ejection.
+    pub ejection: Duration,
+    /// Longest ejection (default 5 min).
+    pub max_ejection: Duration,
+    /// Never eject more than this percentage of the group's servers (default 50).
+    pub max_ejected_percent: u32,
+    /// A recovered or newly added server's weight ramps linearly from 1 to its weight over this
+    /// time (default 0 = off).
+    pub slow_start: Duration,
+}
+
+impl PassiveCheck {
+    /// The documented defaults.
+    pub const DEFAULT: PassiveCheck = PassiveCheck {
+        max_failures: 5,
+        ejection: Duration::from_secs(10),
+        max_ejection: Duration::from_secs(300),
+        max_ejected_percent: 50,
+        slow_start: Duration::ZERO,
+    };
+}
+
+impl Default for PassiveCheck {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Health check `interval` when not configured.
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+/// Health check `timeout` when not configured.
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Health check `rise` when not configured.
+pub const DEFAULT_RISE: u32 = 2;
+/// Health check `fall` when not configured.
+pub const DEFAULT_FALL: u32 = 3;
 
 #[derive(Debug, Clone)]
 pub struct Server {

@@ -139,6 +139,35 @@ pub(crate) struct RawUpstream {
     pub connect_timeout: Option<Spanned<Scalar>>,
     pub response_header_timeout: Option<Spanned<Scalar>>,
     pub idle_timeout: Option<Spanned<Scalar>>,
+    pub health_check: Option<RawHealthCheck>,
+    pub passive: Option<RawPassive>,
+    pub fallback: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a health_check table")]
+pub(crate) struct RawHealthCheck {
+    #[serde(rename = "type")]
+    pub kind: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub method: Option<Spanned<String>>,
+    pub host: Option<Spanned<String>>,
+    pub expect_status: Option<Spanned<Scalar>>,
+    pub expect_body: Option<Spanned<String>>,
+    pub interval: Option<Spanned<Scalar>>,
+    pub timeout: Option<Spanned<Scalar>>,
+    pub rise: Option<Spanned<Int>>,
+    pub fall: Option<Spanned<Int>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a passive table")]
+pub(crate) struct RawPassive {
+    pub max_failures: Option<Spanned<Int>>,
+    pub ejection: Option<Spanned<Scalar>>,
+    pub max_ejection: Option<Spanned<Scalar>>,
+    pub max_ejected_percent: Option<Spanned<Int>>,
+    pub slow_start: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -11,14 +11,16 @@ use toml::Spanned;
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, Config, HeaderRules,
-    HostMatch, Listener, ListenerLimits, Matcher, PathMatch, ProxyAction, Route, Server,
-    StaticAction, TlsSettings, TlsVersion, UpstreamGroup, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_RESPONSE_HEADER_TIMEOUT,
+    HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits, Matcher,
+    PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, TlsSettings, TlsVersion,
+    UpstreamGroup, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE,
 };
 use crate::raw::{
-    Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawLimits,
-    RawListener, RawRespond, RawRoute, RawTls, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
+    Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
+    RawLimits, RawListener, RawPassive, RawRespond, RawRoute, RawTls, RawUpstream, Scalar,
+    ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -417,10 +419,336 @@ fn admin(ctx: &mut Ctx<'_>, raw: &Spanned<RawAdmin>, listeners: &[Listener]) -> 
 
 fn upstreams(ctx: &mut Ctx<'_>, raw: Option<&Entries<RawUpstream>>) -> Vec<Arc<UpstreamGroup>> {
     let Some(raw) = raw else { return Vec::new() };
-    raw.0
+    let mut groups: Vec<UpstreamGroup> = raw
+        .0
         .iter()
-        .map(|(name, up)| Arc::new(upstream(ctx, name, up)))
-        .collect()
+        .map(|(name, up)| upstream(ctx, name, up))
+        .collect();
+    fallbacks(ctx, raw, &mut groups);
+    groups.into_iter().map(Arc::new).collect()
+}
+
+/// Resolve every `fallback` to a group index: it must name another defined group, and following
+/// fallbacks must never come back to where it started.
+fn fallbacks(ctx: &mut Ctx<'_>, raw: &Entries<RawUpstream>, groups: &mut [UpstreamGroup]) {
+    let names: Vec<&str> = raw.0.iter().map(|(n, _)| n.get_ref().as_str()).collect();
+    for (i, (name, up)) in raw.0.iter().enumerate() {
+        let Some(fallback) = &up.fallback else {
+            continue;
+        };
+        let key = sub(&sub("upstreams", name.get_ref()), "fallback");
+        match names.iter().position(|n| *n == fallback.get_ref()) {
+            None => {
+                let known: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+                ctx.error(
+                    start(fallback),
+                    &key,
+                    format!(
+                        "unknown upstream group {:?}; defined groups: {}",
+                        fallback.get_ref(),
+                        known.join(", ")
+                    ),
+                );
+            }
+            Some(j) if j == i => {
+                ctx.error(start(fallback), &key, "a group cannot fall back to itself")
+            }
+            Some(j) => {
+                if let Some(g) = groups.get_mut(i) {
+                    g.fallback = Some(j);
+                }
+            }
+        }
+    }
+    // A cycle is reported once, at the fallback of its first group in file order.
+    for (i, (name, up)) in raw.0.iter().enumerate() {
+        let Some(fallback) = &up.fallback else {
+            continue;
+        };
+        let mut path = vec![name.get_ref().as_str()];
+        let mut at = groups.get(i).and_then(|g| g.fallback);
+        while let Some(j) = at {
+            path.push(names.get(j).copied().unwrap_or("?"));
+            if j <= i || path.len() > groups.len() {
+                break;
+            }
+            at = groups.get(j).and_then(|g| g.fallback);
+        }
+        if at == Some(i) {
+            ctx.error(
+                start(fallback),
+                &sub(&sub("upstreams", name.get_ref()), "fallback"),
+                format!("fallback cycle: {}", path.join(" -> ")),
+            );
+        }
+    }
+    if !ctx.errors.is_empty() {
+        // Never hand a cyclic or dangling chain to anyone (the config is refused anyway).
+        for g in groups.iter_mut() {
+            g.fallback = None;
+        }
+    }
+}
+
+fn health_check(ctx: &mut Ctx<'_>, key: &str, at: usize, raw: &RawHealthCheck) -> HealthCheck {
+    let is_tcp = match &raw.kind {
+        None => false,
+        Some(k) => match k.get_ref().as_str() {
+            "http" => false,
+            "tcp" => true,
+            other => {
+                ctx.error(
+                    start(k),
+                    &sub(key, "type"),
+                    format!("unknown health check type {other:?}; expected \"http\" or \"tcp\""),
+                );
+                false
+            }
+        },
+    };
+    let interval = duration(
+        ctx,
+        raw.interval.as_ref(),
+        &sub(key, "interval"),
+        DEFAULT_CHECK_INTERVAL,
+        false,
+    );
+    let timeout = duration(
+        ctx,
+        raw.timeout.as_ref(),
+        &sub(key, "timeout"),
+        DEFAULT_CHECK_TIMEOUT,
+        false,
+    );
+    if timeout >= interval {
+        let (at, which) = match (&raw.timeout, &raw.interval) {
+            (Some(t), _) => (start(t), "timeout"),
+            (None, Some(i)) => (start(i), "interval"),
+            (None, None) => (at, "timeout"),
+        };
+        ctx.error(
+            at,
+            &sub(key, which),
+            format!(
+                "timeout ({}) must be shorter than interval ({})",
+                crate::units::format_duration(timeout),
+                crate::units::format_duration(interval)
+            ),
+        );
+    }
+    let rise = int(
+        ctx,
+        raw.rise.as_ref(),
+        &sub(key, "rise"),
+        i64::from(DEFAULT_RISE),
+        1,
+        1000,
+    );
+    let fall = int(
+        ctx,
+        raw.fall.as_ref(),
+        &sub(key, "fall"),
+        i64::from(DEFAULT_FALL),
+        1,
+        1000,
+    );
+    let http_only = [
+        ("path", raw.path.as_ref().map(start)),
+        ("method", raw.method.as_ref().map(start)),
+        ("host", raw.host.as_ref().map(start)),
+        ("expect_status", raw.expect_status.as_ref().map(start)),
+        ("expect_body", raw.expect_body.as_ref().map(start)),
+    ];
+    let kind = if is_tcp {
+        for (option, at) in http_only {
+            if let Some(at) = at {
+                ctx.error(
+                    at,
+                    &sub(key, option),
+                    format!("`{option}` only applies to type = \"http\" health checks"),
+                );
+            }
+        }
+        HealthCheckKind::Tcp
+    } else {
+        HealthCheckKind::Http(http_check(ctx, key, raw))
+    };
+    HealthCheck {
+        kind,
+        interval,
+        timeout,
+        rise: u32::try_from(rise).unwrap_or(DEFAULT_RISE),
+        fall: u32::try_from(fall).unwrap_or(DEFAULT_FALL),
+    }
+}
+
+fn http_check(ctx: &mut Ctx<'_>, key: &str, raw: &RawHealthCheck) -> HttpCheck {
+    let path = match &raw.path {
+        None => "/".to_string(),
+        Some(p) => {
+            let text = p.get_ref();
+            if !text.starts_with('/')
+                || text.contains([' ', '#'])
+                || text.chars().any(|c| c.is_control() || !c.is_ascii())
+            {
+                ctx.error(
+                    start(p),
+                    &sub(key, "path"),
+                    format!("health check path {text:?} must start with '/' and contain only visible ASCII (no spaces or fragment)"),
+                );
+            }
+            text.clone()
+        }
+    };
+    let method = match &raw.method {
+        None => "GET".to_string(),
+        Some(m) => {
+            if !is_token(m.get_ref()) {
+                ctx.error(
+                    start(m),
+                    &sub(key, "method"),
+                    format!(
+                        "invalid method {:?}: must be a token such as \"GET\" or \"HEAD\"",
+                        m.get_ref()
+                    ),
+                );
+            }
+            m.get_ref().to_ascii_uppercase()
+        }
+    };
+    let host = raw.host.as_ref().map(|h| {
+        let message = if h.get_ref().is_empty() {
+            Some("host must not be empty".to_string())
+        } else {
+            header_value_error(h.get_ref()).or_else(|| {
+                h.get_ref()
+                    .contains(' ')
+                    .then(|| format!("invalid host {:?}: no spaces", h.get_ref()))
+            })
+        };
+        if let Some(message) = message {
+            ctx.error(start(h), &sub(key, "host"), message);
+        }
+        h.get_ref().clone()
+    });
+    let expect_status = match &raw.expect_status {
+        None => (200, 399),
+        Some(s) => match status_range(s.get_ref()) {
+            Ok(range) => range,
+            Err(message) => {
+                ctx.error(start(s), &sub(key, "expect_status"), message);
+                (200, 399)
+            }
+        },
+    };
+    let expect_body = raw.expect_body.as_ref().map(|b| {
+        if b.get_ref().is_empty() {
+            ctx.error(
+                start(b),
+                &sub(key, "expect_body"),
+                "expect_body must not be empty",
+            );
+        }
+        b.get_ref().clone()
+    });
+    HttpCheck {
+        method,
+        path,
+        host,
+        expect_status,
+        expect_body,
+    }
+}
+
+/// `200`, `"200"` or `"200-399"`: an inclusive range within 100-599.
+fn status_range(value: &Scalar) -> Result<(u16, u16), String> {
+    let expected = "expected a status such as 200 or a range such as \"200-399\" (within 100-599)";
+    let (lo, hi) = match value {
+        Scalar::Int(n) => (*n, *n),
+        Scalar::Str(text) => {
+            let (lo, hi) = text.split_once('-').unwrap_or((text, text));
+            match (lo.trim().parse::<i64>(), hi.trim().parse::<i64>()) {
+                (Ok(lo), Ok(hi)) => (lo, hi),
+                _ => return Err(format!("invalid status range {text:?}: {expected}")),
+            }
+        }
+        _ => return Err(expected.to_string()),
+    };
+    let valid = |n: i64| (100..=599).contains(&n);
+    if !valid(lo) || !valid(hi) {
+        return Err(format!("status range {lo}-{hi} is outside 100-599"));
+    }
+    if lo > hi {
+        return Err(format!(
+            "status range {lo}-{hi} is empty (the first status is larger)"
+        ));
+    }
+    Ok((lo as u16, hi as u16))
+}
+
+fn passive(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawPassive>) -> PassiveCheck {
+    let d = PassiveCheck::DEFAULT;
+    let Some(raw) = raw else { return d };
+    let max_failures = int(
+        ctx,
+        raw.max_failures.as_ref(),
+        &sub(key, "max_failures"),
+        i64::from(d.max_failures),
+        0,
+        1_000_000,
+    );
+    let ejection = duration(
+        ctx,
+        raw.ejection.as_ref(),
+        &sub(key, "ejection"),
+        d.ejection,
+        false,
+    );
+    let max_ejection = duration(
+        ctx,
+        raw.max_ejection.as_ref(),
+        &sub(key, "max_ejection"),
+        d.max_ejection.max(ejection),
+        false,
+    );
+    if max_ejection < ejection {
+        let (at, which) = match (&raw.max_ejection, &raw.ejection) {
+            (Some(m), _) => (start(m), "max_ejection"),
+            (None, Some(e)) => (start(e), "ejection"),
+            (None, None) => (0, "max_ejection"),
+        };
+        ctx.error(
+            at,
+            &sub(key, which),
+            format!(
+                "max_ejection ({}) must not be shorter than ejection ({})",
+                crate::units::format_duration(max_ejection),
+                crate::units::format_duration(ejection)
+            ),
+        );
+    }
+    let max_ejected_percent = int(
+        ctx,
+        raw.max_ejected_percent.as_ref(),
+        &sub(key, "max_ejected_percent"),
+        i64::from(d.max_ejected_percent),
+        0,
+        100,
+    );
+    let slow_start = duration(
+        ctx,
+        raw.slow_start.as_ref(),
+        &sub(key, "slow_start"),
+        d.slow_start,
+        true,
+    );
+    PassiveCheck {
+        max_failures: u32::try_from(max_failures).unwrap_or(d.max_failures),
+        ejection,
+        max_ejection,
+        max_ejected_percent: u32::try_from(max_ejected_percent).unwrap_or(d.max_ejected_percent),
+        slow_start,
+    }
 }
 
 fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> UpstreamGroup {
@@ -485,6 +813,11 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         DEFAULT_IDLE_TIMEOUT,
         false,
     );
+    let health_check = raw
+        .health_check
+        .as_ref()
+        .map(|h| health_check(ctx, &sub(&key, "health_check"), start(name), h));
+    let passive = passive(ctx, &sub(&key, "passive"), raw.passive.as_ref());
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -494,6 +827,10 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         connect_timeout,
         response_header_timeout,
         idle_timeout,
+        health_check,
+        passive,
+        // resolved by `fallbacks` once every group name is known
+        fallback: None,
     }
 }
 

@@ -464,6 +464,8 @@ listener \"public\" on 0.0.0.0:8080
 upstream \"api\": least_connections; connect_timeout 5s, response_header_timeout 1m, idle_timeout 1m; keepalive 64 idle per server; max_connections_per_server unlimited
   server 127.0.0.1:9001 weight 1
   server 127.0.0.1:9002 weight 3
+  health_check: off (servers are only taken out by passive checks and the admin)
+  passive: eject after 5 consecutive failures for 10s (doubling on repeats, at most 5m), at most 50% of servers; slow_start off
 access log: off
 workers: one per core; drain_timeout 30s
 ";

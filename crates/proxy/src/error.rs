@@ -23,8 +23,10 @@ pub enum ProxyError {
     ClientIo(io::Error),
     #[error("no route matches")]
     NoRoute,
-    #[error("no upstream server available")]
+    #[error("every upstream server is at its connection limit")]
     NoServer,
+    #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
+    Unavailable,
     #[error("upstream connect failed: {0}")]
     ConnectFailed(io::Error),
     #[error("upstream connect timed out")]
@@ -56,7 +58,7 @@ impl ProxyError {
             ProxyError::HeadTimeout | ProxyError::BodyTooSlow => 408,
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
-            ProxyError::NoServer => 503,
+            ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::ConnectFailed(_)
             | ProxyError::BadResponse(_)
             | ProxyError::UpstreamClosed => 502,
@@ -85,6 +87,7 @@ impl ProxyError {
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
+            ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 (Side::Upstream, Cause::Timeout)
@@ -111,6 +114,11 @@ mod tests {
         assert_eq!(ProxyError::ConnectTimeout.status(), 504);
         assert_eq!(ProxyError::ResponseTimeout.status(), 504);
         assert_eq!(ProxyError::NoServer.status(), 503);
+        assert_eq!(ProxyError::Unavailable.status(), 503);
+        assert_ne!(
+            ProxyError::Unavailable.termination(Phase::Connect),
+            ProxyError::NoServer.termination(Phase::Connect)
+        );
         assert_eq!(ProxyError::BodyTooLarge.status(), 413);
         assert_eq!(ProxyError::HeadTimeout.status(), 408);
         assert_eq!(ProxyError::NoRoute.status(), 404);

@@ -15,10 +15,11 @@ use portico_http1::{
     encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
     ResponseHead, Version,
 };
+use portico_upstream::{PickError, Report};
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -38,14 +39,33 @@ pub async fn proxy(
     p: &ProxyAction,
 ) -> Outcome {
     let shared = &*ctx.shared;
-    let upstream = &shared.upstreams[p.upstream];
-    let group = &**upstream.group();
-    let key = hash_key(&group.balance, c, head);
-    let group_stats = &shared.group_stats[p.upstream];
-    let Some(guard) = upstream.pick(key, None) else {
-        group_stats.no_server.fetch_add(1, Ordering::Relaxed);
-        return fail(c, ctx, head, ProxyError::NoServer, Phase::Connect, false).await;
+    // The route's group, or its fallback (and so on) when no server of it is available.
+    let mut gi = p.upstream;
+    let mut hops = 0;
+    let (upstream, guard) = loop {
+        let upstream = &shared.upstreams[gi];
+        let key = hash_key(&upstream.group().balance, c, head);
+        let e = match upstream.pick_at(key, None, Instant::now()) {
+            Ok(guard) => break (upstream, guard),
+            Err(PickError::AtLimit) => ProxyError::NoServer,
+            Err(PickError::Unavailable) => match upstream.group().fallback {
+                // Validation forbids cycles; `hops` only keeps this loop finite regardless.
+                Some(f) if f < shared.upstreams.len() && hops < shared.upstreams.len() => {
+                    gi = f;
+                    hops += 1;
+                    continue;
+                }
+                _ => ProxyError::Unavailable,
+            },
+        };
+        shared.group_stats[gi]
+            .no_server
+            .fetch_add(1, Ordering::Relaxed);
+        return fail(c, ctx, head, e, Phase::Connect, false).await;
     };
+    let group_stats = &shared.group_stats[gi];
+    let group = &**upstream.group();
+    let server = guard.index();
     let addr = guard.address();
 
     // The request head for the upstream, built once (retries resend the same bytes).
@@ -115,7 +135,14 @@ pub async fn proxy(
                         .fetch_add(1, Ordering::Relaxed);
                     u
                 }
-                Err(e) => return fail(c, ctx, head, e, Phase::Connect, body.is_none()).await,
+                Err(e) => {
+                    let report = match e {
+                        ProxyError::ConnectTimeout => Report::Timeout,
+                        _ => Report::ConnectError,
+                    };
+                    upstream.report(server, report, Instant::now());
+                    return fail(c, ctx, head, e, Phase::Connect, body.is_none()).await;
+                }
             },
         };
         let r = exchange(
@@ -132,7 +159,11 @@ pub async fn proxy(
         )
         .await;
         match r {
-            Ok((resp, body_done)) => break (up, reused, resp, body_done),
+            Ok((resp, body_done)) => {
+                let status = resp.status();
+                upstream.report(server, Report::Response { status }, Instant::now());
+                break (up, reused, resp, body_done);
+            }
             Err((e, _))
                 if reused
                     && retryable
@@ -147,6 +178,9 @@ pub async fn proxy(
                 fresh_only = true;
             }
             Err((e, phase)) => {
+                if let Some(report) = failure_report(&e, reused) {
+                    upstream.report(server, report, Instant::now());
+                }
                 let body_done = body.as_ref().is_none_or(|b| b.is_done());
                 let mut o = fail(c, ctx, head, e, phase, body_done).await;
                 o.upstream = Some(addr);
@@ -258,6 +292,18 @@ fn absolute_authority(target: &str) -> Option<&str> {
     let auth = &rest[..end];
     // Drop userinfo if present (never forwarded).
     Some(auth.rsplit_once('@').map_or(auth, |(_, h)| h)).filter(|a| !a.is_empty())
+}
+
+/// What a failed exchange says about the server, for passive checks: timeouts, and resets
+/// before a response. A reused connection closed under us is the keep-alive race (the server
+/// closed it while idle), not a failing server; client-side errors say nothing about it.
+fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
+    match e {
+        ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => Some(Report::Timeout),
+        _ if reused && is_stale(e) => None,
+        ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_) => Some(Report::Reset),
+        _ => None,
+    }
 }
 
 /// A reused connection that died before answering: the server closed it while idle.

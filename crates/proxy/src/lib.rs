@@ -7,6 +7,7 @@ pub mod date;
 pub mod error;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod metrics;
 pub mod pool;
 pub mod route;
@@ -15,5 +16,6 @@ pub mod stats;
 pub mod stream;
 
 pub use error::ProxyError;
+pub use health::HealthChecker;
 pub use server::{start, ConfigSource, Control, ReloadError, ReloadSummary, Running, StartError};
 pub use stats::{Stats, Termination};

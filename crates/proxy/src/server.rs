@@ -3,6 +3,7 @@
 use crate::access_log::AccessLogger;
 use crate::admin::AdminServer;
 use crate::conn;
+use crate::health::HealthChecker;
 use crate::metrics::{GroupStats, Histogram, RouteStats};
 use crate::pool::Pool;
 use crate::stats::Stats;
@@ -190,12 +191,24 @@ struct Inner {
     next_slot: u64,
     senders: Vec<mpsc::UnboundedSender<Cmd>>,
     shutting_down: bool,
+    /// Present while a group has a health check (one probe per server for the process).
+    health: Option<HealthChecker>,
 }
 
 impl Control {
     /// The current configuration snapshot.
     pub fn snapshot(&self) -> Arc<Shared> {
         self.current.load_full()
+    }
+
+    /// The current state of the upstream group with this name.
+    pub fn upstream(&self, name: &str) -> Option<Arc<Upstream>> {
+        let shared = self.current.load();
+        shared
+            .upstreams
+            .iter()
+            .find(|u| u.group().name == name)
+            .cloned()
     }
 
     /// Bound listeners: (name, address).
@@ -306,12 +319,15 @@ impl Control {
             };
             listeners.push(Arc::new(listener_state(l, slot.id, tls, counters)));
         }
-        let upstreams = config
+        let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
             .iter()
             .map(|g| {
-                let _prev = old.upstreams.iter().find(|u| u.group().name == g.name);
-                Arc::new(Upstream::new(g.clone()))
+                // Health, admin state, weights and counters of servers that stay are carried.
+                match old.upstreams.iter().find(|u| u.group().name == g.name) {
+                    Some(prev) => Arc::new(Upstream::new_carrying(g.clone(), prev)),
+                    None => Arc::new(Upstream::new(g.clone())),
+                }
             })
             .collect();
         let mut no_server = HashMap::new();
@@ -338,6 +354,17 @@ impl Control {
                 }
             })
             .collect();
+
+        let checked = config.upstreams.iter().any(|g| g.health_check.is_some());
+        if checked {
+            match &inner.health {
+                Some(h) => h.update(upstreams.clone()),
+                None => {
+                    let h = HealthChecker::start(upstreams.clone()).map_err(StartError::Thread)?;
+                    inner.health = Some(h);
+                }
+            }
+        }
 
         // Commit: nothing below can fail.
         let generation = old.generation + 1;
@@ -368,6 +395,11 @@ impl Control {
             } else {
                 summary.removed.push(s.name.clone());
                 let _ = s.stop.send(true);
+            }
+        }
+        if !checked {
+            if let Some(h) = inner.health.take() {
+                h.stop();
             }
         }
         inner.slots = slots;
@@ -465,6 +497,11 @@ impl Running {
         &self.control
     }
 
+    /// The shared state of the upstream group with this name (health, counters, admin state).
+    pub fn upstream(&self, name: &str) -> Option<Arc<Upstream>> {
+        self.control.upstream(name)
+    }
+
     /// The bound address of the admin listener, if configured.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(AdminServer::addr)
@@ -484,6 +521,9 @@ impl Running {
     pub fn wait(mut self) {
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if let Some(h) = self.control.lock().health.take() {
+            h.stop();
         }
         if let Some(a) = self.admin.take() {
             a.stop();
@@ -546,6 +586,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             next_slot: 0,
             senders,
             shutting_down: false,
+            health: None,
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,

@@ -35,15 +35,19 @@ pub enum Cause {
     Timeout,
     Closed,
     Io,
+    /// Every server at its connection limit (or no route).
     NoServer,
     Refused,
     BadResponse,
     Shutdown,
+    /// No server of the group (or its fallbacks) can take requests: all down, ejected, draining
+    /// or disabled.
+    Unavailable,
 }
 
 const SIDES: usize = 4;
 const PHASES: usize = 8;
-const CAUSES: usize = 10;
+const CAUSES: usize = 11;
 
 /// One termination record: exactly one per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +97,7 @@ impl Termination {
             Cause::Refused => "refused",
             Cause::BadResponse => "bad_response",
             Cause::Shutdown => "shutdown",
+            Cause::Unavailable => "unavailable",
         };
         (side, phase, cause)
     }
@@ -196,6 +201,7 @@ impl Stats {
             Cause::Refused,
             Cause::BadResponse,
             Cause::Shutdown,
+            Cause::Unavailable,
         ];
         let mut out = Vec::new();
         for &side in &sides {

@@ -72,7 +72,19 @@ fn status_and_metrics_count_what_happened() {
         .unwrap();
     assert_eq!(r.status, 404);
 
-    let st = json(a, "/api/status");
+    // Counters are recorded just after the response is written: poll until the last one lands.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let st = loop {
+        let st = json(a, "/api/status");
+        if st["listeners"][0]["routes"][1]["responses"][3] == 1 {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "404 never counted: {st}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
     assert_eq!(st["generation"], 1);
     let routes = &st["listeners"][0]["routes"];
     assert_eq!(routes[0]["name"], "api");

@@ -115,6 +115,117 @@ impl TestUpstream {
     }
 }
 
+/// A scripted upstream that can be stopped (listener closed, open connections shut down, so
+/// connects are refused) and started again on the same address: a server that dies and comes back.
+pub struct StoppableUpstream {
+    pub addr: SocketAddr,
+    pub requests: Arc<Mutex<Vec<Captured>>>,
+    handler: Arc<Handler>,
+    running: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+    acceptor: Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+impl StoppableUpstream {
+    pub fn start(
+        handler: impl Fn(&Captured) -> Reply + Send + Sync + 'static,
+    ) -> StoppableUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind test upstream");
+        let addr = listener.local_addr().expect("local addr");
+        let up = StoppableUpstream {
+            addr,
+            requests: Arc::new(Mutex::new(Vec::new())),
+            handler: Arc::new(handler),
+            running: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            open: Arc::new(Mutex::new(Vec::new())),
+            acceptor: Mutex::new(None),
+        };
+        up.accept_on(listener);
+        up
+    }
+
+    fn accept_on(&self, listener: TcpListener) {
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
+        let (handler, log, running, open) = (
+            self.handler.clone(),
+            self.requests.clone(),
+            self.running.clone(),
+            self.open.clone(),
+        );
+        let t = thread::spawn(move || {
+            let mut index = 0;
+            while running.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nonblocking(false);
+                        if let (Ok(mut o), Ok(clone)) = (open.lock(), stream.try_clone()) {
+                            o.push(clone);
+                        }
+                        let (h, l) = (handler.clone(), log.clone());
+                        let i = index;
+                        index += 1;
+                        thread::spawn(move || {
+                            let _ = serve_conn(stream, i, &*h, &l);
+                        });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(2)),
+                }
+            }
+            // The listener is dropped here: new connects are refused.
+        });
+        if let Ok(mut a) = self.acceptor.lock() {
+            *a = Some(t);
+        }
+    }
+
+    /// Close the listener and every open connection.
+    pub fn stop(&self) {
+        self.running.store(false, Ordering::SeqCst);
+        let t = self.acceptor.lock().ok().and_then(|mut a| a.take());
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+        if let Ok(mut open) = self.open.lock() {
+            for s in open.drain(..) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// Listen on the same address again.
+    pub fn restart(&self) {
+        let mut tries = 0;
+        let listener = loop {
+            match TcpListener::bind(self.addr) {
+                Ok(l) => break l,
+                Err(e) if tries < 100 => {
+                    tries += 1;
+                    let _ = e;
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("rebind {}: {e}", self.addr),
+            }
+        };
+        self.running.store(true, Ordering::SeqCst);
+        self.accept_on(listener);
+    }
+
+    pub fn requests(&self) -> Vec<Captured> {
+        self.requests.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for StoppableUpstream {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 fn serve_conn(
     stream: TcpStream,
     index: usize,

@@ -1,7 +1,7 @@
 //! Unit tests for the balancer: algorithms in isolation and the shared `Upstream` under threads.
 
 use super::*;
-use portico_config::Server;
+use portico_config::{PassiveCheck, Server};
 use select::{least_connections, two_random_choices};
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<UpstreamGroup> {
         connect_timeout: Duration::from_secs(1),
         response_header_timeout: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(1),
+        health_check: None,
+        passive: PassiveCheck::DEFAULT,
+        fallback: None,
     })
 }
 

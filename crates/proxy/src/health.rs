@@ -1,0 +1,218 @@
+//! Active health checks: one probe per server per interval for the whole process, on its own thread.
+
+use bytes::BytesMut;
+use portico_config::{HealthCheck, HealthCheckKind, HttpCheck};
+use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
+use portico_upstream::Upstream;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// At most this much of a probe response body is read when looking for `expect_body`.
+pub const MAX_PROBE_BODY: usize = 64 * 1024;
+
+/// What the checker thread is told: the set of groups to probe, or to stop.
+enum Command {
+    Probe(Vec<Arc<Upstream>>),
+    Stop,
+}
+
+/// The process's health checker: a thread `portico-health` with a single-threaded runtime that
+/// probes every server of every group with a `health_check` once per interval and hands each
+/// result to [`Upstream::probe_result`]. Workers never probe, so the probe rate does not grow
+/// with the worker count. Dropping it stops it too.
+pub struct HealthChecker {
+    commands: watch::Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HealthChecker {
+    /// Start probing `upstreams` (groups without a health check are skipped).
+    pub fn start(upstreams: Vec<Arc<Upstream>>) -> io::Result<HealthChecker> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (commands, rx) = watch::channel(Command::Probe(upstreams));
+        let thread = std::thread::Builder::new()
+            .name("portico-health".into())
+            .spawn(move || rt.block_on(run(rx)))?;
+        Ok(HealthChecker {
+            commands,
+            thread: Some(thread),
+        })
+    }
+
+    /// Probe this set from now on (after a reload): every probe restarts, with new jitter.
+    pub fn update(&self, upstreams: Vec<Arc<Upstream>>) {
+        let _ = self.commands.send(Command::Probe(upstreams));
+    }
+
+    /// Stop probing and wait for the thread to end (probes in flight are abandoned).
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for HealthChecker {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+async fn run(mut rx: watch::Receiver<Command>) {
+    loop {
+        let mut probes = tokio::task::JoinSet::new();
+        let stop = match &*rx.borrow_and_update() {
+            Command::Stop => true,
+            Command::Probe(upstreams) => {
+                for up in upstreams {
+                    let Some(check) = up.group().health_check.clone() else {
+                        continue;
+                    };
+                    for (i, server) in up.group().servers.iter().enumerate() {
+                        probes.spawn(probe_loop(Arc::clone(up), i, server.address, check.clone()));
+                    }
+                }
+                false
+            }
+        };
+        if stop {
+            return;
+        }
+        // A change (or the checker dropped) ends this set of probes.
+        let gone = rx.changed().await.is_err();
+        probes.abort_all();
+        if gone {
+            return;
+        }
+    }
+}
+
+/// Probe one server forever: a first probe after a random delay of up to a quarter of the
+/// interval (so a group's servers are not all probed at the same instant), then one per interval.
+async fn probe_loop(up: Arc<Upstream>, server: usize, addr: SocketAddr, check: HealthCheck) {
+    let jitter = check.interval.mul_f64(fastrand::f64() / 4.0);
+    let start = tokio::time::Instant::now() + jitter;
+    let mut tick = tokio::time::interval_at(start, check.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let (ok, detail) = probe(addr, &check).await;
+        tracing::trace!(group = %up.group().name, %addr, ok, "health probe: {detail}");
+        up.probe_result(server, ok, detail, Instant::now());
+    }
+}
+
+/// One probe under the check's timeout: whether it passed, and what happened in words.
+pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> (bool, String) {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(check.timeout, async {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        match &check.kind {
+            HealthCheckKind::Tcp => Ok("connected".to_string()),
+            HealthCheckKind::Http(http) => http_probe(stream, addr, http).await,
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    match outcome {
+        Err(_) => (
+            false,
+            format!("timed out after {}ms", millis(check.timeout)),
+        ),
+        Ok(Err(why)) => (false, why),
+        Ok(Ok(what)) => (true, format!("{what} in {}ms", millis(took))),
+    }
+}
+
+fn millis(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+async fn http_probe(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    check: &HttpCheck,
+) -> Result<String, String> {
+    let host = check.host.clone().unwrap_or_else(|| addr.to_string());
+    let request = format!(
+        "{} {} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: portico-health\r\nAccept: */*\r\n\r\n",
+        check.method, check.path
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let method = Method::from_token(&check.method).unwrap_or(Method::Get);
+    let limits = Limits::default();
+    let mut buf = BytesMut::with_capacity(4096);
+    let head = loop {
+        match parse_response(&mut buf, &method, &limits) {
+            // Interim responses are skipped; the final one decides.
+            Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => continue,
+            Ok(Some(h)) => break h,
+            Ok(None) => {}
+            Err(e) => return Err(format!("invalid response: {e}")),
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) => return Err("closed before a response".to_string()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    };
+    let status = head.status();
+    let (lo, hi) = check.expect_status;
+    if !(lo..=hi).contains(&status) {
+        return Err(format!("HTTP {status}, expected {lo}-{hi}"));
+    }
+    let Some(expected) = &check.expect_body else {
+        return Ok(format!("HTTP {status}"));
+    };
+    let mut decoder = BodyDecoder::new(head.framing);
+    let mut body: Vec<u8> = Vec::new();
+    let found = |body: &[u8]| {
+        body.windows(expected.len().max(1))
+            .any(|w| w == expected.as_bytes())
+    };
+    loop {
+        match decoder
+            .decode(&mut buf, MAX_PROBE_BODY)
+            .map_err(|e| format!("invalid body: {e}"))?
+        {
+            Decoded::Data(d) => {
+                let room = MAX_PROBE_BODY.saturating_sub(body.len());
+                body.extend_from_slice(&d[..d.len().min(room)]);
+                if found(&body) {
+                    return Ok(format!("HTTP {status}, body matched"));
+                }
+                if body.len() >= MAX_PROBE_BODY {
+                    break;
+                }
+            }
+            Decoded::Done { .. } => break,
+            Decoded::NeedMore => match stream.read_buf(&mut buf).await {
+                Ok(0) => {
+                    // A close-delimited body ends here.
+                    let _ = decoder.on_eof();
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("read: {e}")),
+            },
+        }
+    }
+    Err(format!(
+        "HTTP {status}, body does not contain {expected:?} (first {} bytes read)",
+        body.len()
+    ))
+}
