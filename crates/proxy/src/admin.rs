@@ -4,15 +4,16 @@ use crate::metrics::{Exposition, HistogramSnapshot, BUCKETS_US};
 use crate::server::{Control, Shared};
 use crate::stats::Stats;
 use bytes::BytesMut;
-use portico_config::{Action, Admin, Balance};
+use portico_config::{Action, Admin, Balance, Config, Server, UpstreamGroup};
 use portico_http1::{parse_request, Framing};
+use portico_upstream::{AdminState, Health, ServerStatus, Upstream};
 use serde_json::{json, Value};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -293,11 +294,193 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                 format!("reload refused, the running configuration stays: {e}"),
             ),
         },
-        (_, [""] | ["metrics"] | ["api", "status"] | ["api", "config"] | ["api", "reload"]) => {
-            Response::error(405, "method not allowed")
+        ("POST", ["api", "groups", group, "servers"]) => add_server(control, group, &req.body),
+        ("DELETE", ["api", "groups", group, "servers", server]) => {
+            remove_server(control, group, server)
         }
+        (
+            "POST",
+            ["api", "groups", group, "servers", server, action @ ("drain" | "disable" | "enable")],
+        ) => {
+            let state = match *action {
+                "drain" => AdminState::Draining,
+                "disable" => AdminState::Disabled,
+                _ => AdminState::Enabled,
+            };
+            with_server(control, group, server, |u, i| {
+                u.set_admin(i, state);
+                tracing::info!(group, server = %u.group().servers[i].address, state = admin_name(state), "admin: server state changed");
+                Ok(())
+            })
+        }
+        ("POST" | "PUT", ["api", "groups", group, "servers", server, "weight"]) => {
+            let text = String::from_utf8_lossy(&req.body);
+            let Ok(weight) = text.trim().parse::<u32>() else {
+                return Response::error(
+                    400,
+                    format!(
+                        "the body must be a weight, an integer from 1, found {:?}",
+                        text.trim()
+                    ),
+                );
+            };
+            with_server(control, group, server, |u, i| {
+                if !u.set_weight(i, weight) {
+                    return Err(Response::error(
+                        400,
+                        "weight must be at least 1 (use disable to take a server out)",
+                    ));
+                }
+                tracing::info!(group, server = %u.group().servers[i].address, weight, "admin: server weight changed");
+                Ok(())
+            })
+        }
+        (_, [""] | ["metrics"] | ["api", "status"] | ["api", "config"] | ["api", "reload"])
+        | (_, ["api", "groups", _, "servers", ..]) => Response::error(405, "method not allowed"),
         _ => Response::error(404, "no such admin resource"),
     }
+}
+
+/// Find a group and one of its servers (by index or address) in the current snapshot, run `f`,
+/// and answer with the server's new status.
+fn with_server(
+    control: &Control,
+    group: &str,
+    server: &str,
+    f: impl FnOnce(&Upstream, usize) -> Result<(), Response>,
+) -> Response {
+    let Some(u) = control.upstream(group) else {
+        return Response::error(404, format!("no upstream group {group:?}"));
+    };
+    let Some(i) = server_index(u.group(), server) else {
+        return Response::error(
+            404,
+            format!("group {group:?} has no server {server:?} (give its index or address)"),
+        );
+    };
+    if let Err(r) = f(&u, i) {
+        return r;
+    }
+    let shared = control.snapshot();
+    let groups = groups_json(&shared);
+    let server = groups
+        .iter()
+        .find(|g| g["name"] == group)
+        .and_then(|g| g["servers"].get(i))
+        .cloned()
+        .unwrap_or(Value::Null);
+    Response::json(200, &server)
+}
+
+fn server_index(group: &UpstreamGroup, server: &str) -> Option<usize> {
+    if let Ok(i) = server.parse::<usize>() {
+        return (i < group.servers.len()).then_some(i);
+    }
+    let addr: SocketAddr = server.parse().ok()?;
+    group.servers.iter().position(|s| s.address == addr)
+}
+
+/// Apply the current configuration with one group changed: the change goes through the same
+/// path as a reload (state of the servers that stay is carried over).
+fn change_group(
+    control: &Control,
+    group: &str,
+    change: impl FnOnce(&mut UpstreamGroup) -> Result<(), Response>,
+) -> Response {
+    let shared = control.snapshot();
+    let mut config: Config = (*shared.config).clone();
+    let Some(slot) = config.upstreams.iter_mut().find(|g| g.name == group) else {
+        return Response::error(404, format!("no upstream group {group:?}"));
+    };
+    let mut g = (**slot).clone();
+    if let Err(r) = change(&mut g) {
+        return r;
+    }
+    *slot = Arc::new(g);
+    match control.apply(config) {
+        Ok(s) => {
+            let shared = control.snapshot();
+            let groups = groups_json(&shared);
+            let g = groups
+                .into_iter()
+                .find(|g| g["name"] == group)
+                .unwrap_or(Value::Null);
+            Response::json(200, &json!({ "generation": s.generation, "group": g }))
+        }
+        Err(e) => Response::error(409, format!("change refused: {e}")),
+    }
+}
+
+fn add_server(control: &Control, group: &str, body: &[u8]) -> Response {
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Response::error(
+                400,
+                format!(
+                "the body must be JSON like {{\"address\": \"10.0.0.5:8080\", \"weight\": 1}}: {e}"
+            ),
+            )
+        }
+    };
+    let Some(address) = v["address"]
+        .as_str()
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+    else {
+        return Response::error(
+            400,
+            "\"address\" must be an IP address with a port, e.g. \"10.0.0.5:8080\"",
+        );
+    };
+    let weight = match &v["weight"] {
+        Value::Null => 1,
+        w => match w
+            .as_u64()
+            .and_then(|w| u32::try_from(w).ok())
+            .filter(|w| (1..=1000).contains(w))
+        {
+            Some(w) => w,
+            None => return Response::error(400, "\"weight\" must be an integer from 1 to 1000"),
+        },
+    };
+    let r = change_group(control, group, |g| {
+        if g.servers.iter().any(|s| s.address == address) {
+            return Err(Response::error(
+                409,
+                format!("group {group:?} already has server {address}"),
+            ));
+        }
+        g.servers.push(Server { address, weight });
+        Ok(())
+    });
+    if r.status == 200 {
+        tracing::info!(group, %address, weight, "admin: server added");
+    }
+    r
+}
+
+fn remove_server(control: &Control, group: &str, server: &str) -> Response {
+    let mut removed = None;
+    let r = change_group(control, group, |g| {
+        let Some(i) = server_index(g, server) else {
+            return Err(Response::error(
+                404,
+                format!("group {group:?} has no server {server:?} (give its index or address)"),
+            ));
+        };
+        if g.servers.len() == 1 {
+            return Err(Response::error(
+                409,
+                "cannot remove the last server of a group",
+            ));
+        }
+        removed = Some(g.servers.remove(i).address);
+        Ok(())
+    });
+    if let Some(address) = removed.filter(|_| r.status == 200) {
+        tracing::info!(group, %address, "admin: server removed");
+    }
+    r
 }
 
 fn histogram_json(h: &HistogramSnapshot) -> Value {
@@ -328,6 +511,21 @@ fn action_text(a: &Action, shared: &Shared) -> String {
     }
 }
 
+fn health_name(h: Health) -> &'static str {
+    match h {
+        Health::Up => "up",
+        Health::Down => "down",
+    }
+}
+
+fn admin_name(a: AdminState) -> &'static str {
+    match a {
+        AdminState::Enabled => "enabled",
+        AdminState::Draining => "draining",
+        AdminState::Disabled => "disabled",
+    }
+}
+
 fn balance_name(b: &Balance) -> String {
     match b {
         Balance::RoundRobin => "round_robin".into(),
@@ -346,17 +544,28 @@ fn groups_json(shared: &Shared) -> Vec<Value> {
         .zip(&shared.group_stats)
         .map(|(u, gs)| {
             let g = u.group();
-            let servers: Vec<Value> = g
-                .servers
-                .iter()
+            let servers: Vec<Value> = u
+                .status(Instant::now())
+                .into_iter()
                 .enumerate()
-                .map(|(i, s)| {
+                .map(|(i, st)| {
                     let time = gs.header_time.get(i).map(|h| h.snapshot());
                     json!({
                         "index": i,
-                        "address": s.address.to_string(),
-                        "weight": s.weight,
-                        "active": u.active(i),
+                        "address": st.address.to_string(),
+                        "weight": st.weight,
+                        "effective_weight": st.effective_weight,
+                        "health": health_name(st.health),
+                        "admin": admin_name(st.admin),
+                        "ejected": st.ejected,
+                        "active": st.active,
+                        "consecutive_failures": st.consecutive_failures,
+                        "requests": st.requests,
+                        "responses": st.responses.to_vec(),
+                        "failures": st.failures,
+                        "ejections": st.ejections,
+                        "health_transitions": st.health_transitions,
+                        "last_check": st.last_check,
                         "header_time": time.as_ref().map(histogram_json),
                     })
                 })
@@ -578,20 +787,75 @@ pub fn metrics(control: &Control) -> String {
             gs.no_server.load(Relaxed) as f64,
         );
     }
+    let now = Instant::now();
+    let servers: Vec<(String, Vec<ServerStatus>)> = shared
+        .upstreams
+        .iter()
+        .map(|u| (u.group().name.clone(), u.status(now)))
+        .collect();
+    type Field = fn(&ServerStatus) -> f64;
+    let per_server: [(&str, &str, &str, Field); 9] = [
+        ("portico_server_active_requests", "gauge", "Requests in flight per upstream server.", |s| f64::from(s.active)),
+        ("portico_server_healthy", "gauge", "1 when active checks say up and passive checks have not ejected the server.", |s| f64::from(u8::from(s.health == Health::Up && !s.ejected))),
+        ("portico_server_effective_weight", "gauge", "The weight picks use now: 0 when the server cannot be picked, lower during slow start.", |s| f64::from(s.effective_weight)),
+        ("portico_server_weight", "gauge", "Configured or admin-set weight.", |s| f64::from(s.weight)),
+        ("portico_server_requests_total", "counter", "Requests sent to the server.", |s| s.requests as f64),
+        ("portico_server_failures_total", "counter", "Connect errors, timeouts and resets before a response.", |s| s.failures as f64),
+        ("portico_server_consecutive_failures", "gauge", "Consecutive failed requests (passive checks).", |s| f64::from(s.consecutive_failures)),
+        ("portico_server_ejections_total", "counter", "Times passive checks ejected the server.", |s| s.ejections as f64),
+        ("portico_server_health_transitions_total", "counter", "Up/down changes made by active health checks.", |s| s.health_transitions as f64),
+    ];
+    for (name, kind, help, field) in per_server {
+        e.family(name, kind, help);
+        for (group, list) in &servers {
+            for st in list {
+                let addr = st.address.to_string();
+                e.sample(name, &[("group", group), ("server", &addr)], field(st));
+            }
+        }
+    }
     e.family(
-        "portico_server_active_requests",
+        "portico_server_admin_state",
         "gauge",
-        "Requests in flight per upstream server.",
+        "The operator's state for the server: 1 for the current state.",
     );
-    for u in &shared.upstreams {
-        let g = u.group();
-        for (i, s) in g.servers.iter().enumerate() {
-            let addr = s.address.to_string();
-            e.sample(
-                "portico_server_active_requests",
-                &[("group", g.name.as_str()), ("server", &addr)],
-                f64::from(u.active(i)),
-            );
+    for (group, list) in &servers {
+        for st in list {
+            let addr = st.address.to_string();
+            for state in [
+                AdminState::Enabled,
+                AdminState::Draining,
+                AdminState::Disabled,
+            ] {
+                let labels = [
+                    ("group", group.as_str()),
+                    ("server", &addr),
+                    ("state", admin_name(state)),
+                ];
+                e.sample(
+                    "portico_server_admin_state",
+                    &labels,
+                    f64::from(u8::from(st.admin == state)),
+                );
+            }
+        }
+    }
+    e.family(
+        "portico_server_responses_total",
+        "counter",
+        "Upstream responses per server by status class.",
+    );
+    for (group, list) in &servers {
+        for st in list {
+            let addr = st.address.to_string();
+            for (class, n) in CLASSES.iter().zip(st.responses) {
+                let labels = [
+                    ("group", group.as_str()),
+                    ("server", &addr),
+                    ("class", class),
+                ];
+                e.sample("portico_server_responses_total", &labels, n as f64);
+            }
         }
     }
     e.family(

@@ -203,3 +203,152 @@ fn reload_over_http_without_a_source_is_refused_and_with_one_applies() {
     let (_, metrics) = admin(a, "GET", "/metrics", "");
     assert!(!metrics.contains("group=\"b\""), "{metrics}");
 }
+
+fn admin_body(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    (status, out.split_once("\r\n\r\n").unwrap().1.to_string())
+}
+
+/// Which upstream answered each of `n` requests spread over several connections (and so over
+/// both workers).
+fn spread(proxy: SocketAddr, n: usize) -> Vec<String> {
+    let mut conns: Vec<Client> = (0..8).map(|_| Client::connect(proxy).unwrap()).collect();
+    (0..n)
+        .map(|i| {
+            conns[i % 8]
+                .request(b"GET /api/x HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap()
+                .text()
+        })
+        .collect()
+}
+
+#[test]
+fn server_changes_apply_to_every_worker_and_read_back() {
+    let a_up = TestUpstream::start(|_| Reply::ok("a"));
+    let b_up = TestUpstream::start(|_| Reply::ok("b"));
+    let c_up = TestUpstream::start(|_| Reply::ok("c"));
+    let toml = format!(
+        "[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{}\", \"{}\"]\n",
+        a_up.addr, b_up.addr
+    );
+    let p = start(portico_config::parse(&toml, "t.toml").unwrap(), 2).unwrap();
+    let (a, px) = (p.admin_addr().unwrap(), p.addr("p").unwrap());
+    let b_addr = b_up.addr.to_string();
+
+    // Disable b (by address): every worker stops sending to it.
+    let (st, body) = admin(
+        a,
+        "POST",
+        &format!("/api/groups/b/servers/{b_addr}/disable"),
+        "",
+    );
+    assert_eq!(st, 200, "{body}");
+    assert!(body.contains("\"admin\": \"disabled\""), "{body}");
+    assert!(spread(px, 40).iter().all(|t| t == "a"));
+    // Enable it again (by index) and weight it 3:1.
+    assert_eq!(
+        admin(a, "POST", "/api/groups/b/servers/1/enable", "").0,
+        200
+    );
+    let (st, body) = admin_body(a, "PUT", "/api/groups/b/servers/1/weight", "3");
+    assert_eq!(st, 200, "{body}");
+    let got = spread(px, 40);
+    let bs = got.iter().filter(|t| *t == "b").count();
+    assert_eq!(
+        bs, 30,
+        "smooth weighted round robin 3:1 over 40 requests: {got:?}"
+    );
+    // Drain a: no new requests.
+    assert_eq!(admin(a, "POST", "/api/groups/b/servers/0/drain", "").0, 200);
+    assert!(spread(px, 20).iter().all(|t| t == "b"));
+    assert_eq!(
+        admin(a, "POST", "/api/groups/b/servers/0/enable", "").0,
+        200
+    );
+
+    // Add c: it takes traffic, shows in the effective configuration, and the others keep their
+    // state (b's weight 3 survives the change).
+    let (st, body) = admin_body(
+        a,
+        "POST",
+        "/api/groups/b/servers",
+        &format!("{{\"address\": \"{}\", \"weight\": 1}}", c_up.addr),
+    );
+    assert_eq!(st, 200, "{body}");
+    assert!(spread(px, 50).iter().any(|t| t == "c"));
+    let cfg = json(a, "/api/config");
+    assert!(cfg["explain"]
+        .as_str()
+        .unwrap()
+        .contains(&c_up.addr.to_string()));
+    let servers = &cfg["groups"][0]["servers"];
+    assert_eq!(servers[1]["weight"], 3);
+    assert_eq!(servers[2]["address"], c_up.addr.to_string());
+    // Duplicates, bad bodies, unknown servers and groups are refused with a reason.
+    let dup = format!("{{\"address\": \"{}\"}}", c_up.addr);
+    assert_eq!(admin_body(a, "POST", "/api/groups/b/servers", &dup).0, 409);
+    assert_eq!(
+        admin_body(a, "POST", "/api/groups/b/servers", "{\"address\": \"x\"}").0,
+        400
+    );
+    assert_eq!(
+        admin_body(a, "PUT", "/api/groups/b/servers/0/weight", "0").0,
+        400
+    );
+    assert_eq!(
+        admin(a, "POST", "/api/groups/b/servers/9/disable", "").0,
+        404
+    );
+    assert_eq!(
+        admin(a, "POST", "/api/groups/nope/servers/0/disable", "").0,
+        404
+    );
+
+    // Remove a and c; the last server cannot be removed.
+    assert_eq!(
+        admin(
+            a,
+            "DELETE",
+            &format!("/api/groups/b/servers/{}", a_up.addr),
+            ""
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        admin(
+            a,
+            "DELETE",
+            &format!("/api/groups/b/servers/{}", c_up.addr),
+            ""
+        )
+        .0,
+        200
+    );
+    assert!(spread(px, 20).iter().all(|t| t == "b"));
+    assert_eq!(admin(a, "DELETE", "/api/groups/b/servers/0", "").0, 409);
+    let (_, metrics) = admin(a, "GET", "/metrics", "");
+    let admin_lines: Vec<&str> = metrics.lines().filter(|l| l.contains("admin_state")).collect();
+    assert!(
+        metrics.contains(&format!(
+            "portico_server_admin_state{{group=\"b\",server=\"{b_addr}\",state=\"enabled\"}} 1"
+        )),
+        "{admin_lines:?}"
+    );
+    assert!(
+        !metrics.contains(&format!("server=\"{}\"", a_up.addr)),
+        "removed server's series stay: {metrics}"
+    );
+}
