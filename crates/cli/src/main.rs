@@ -48,7 +48,7 @@ enum Command {
         workers: Option<usize>,
     },
     /// Load-test an HTTP server: open loop at a fixed rate (coordinated-omission corrected) or closed loop.
-    Bench(portico_bench::Flags),
+    Bench(Box<portico_bench::Flags>),
 }
 
 fn main() -> ExitCode {
@@ -89,7 +89,8 @@ fn main() -> ExitCode {
             Ok(cfg) => run(cfg, workers),
             Err(msg) => fail(&msg),
         },
-        Command::Bench(flags) => {
+        Command::Bench(mut flags) => {
+            flags.command = Some(command_line());
             let mut err = std::io::stderr();
             let progress = std::io::stdout()
                 .is_terminal()
@@ -100,6 +101,30 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// This process's command line, quoted for a POSIX shell where needed.
+fn command_line() -> String {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.first_mut() {
+        // The program as `portico`, wherever it was run from.
+        if first.ends_with("/portico") {
+            *first = "portico".to_string();
+        }
+    }
+    args.iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,@%+".contains(&b));
+            if plain {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn fail(msg: &str) -> ExitCode {
