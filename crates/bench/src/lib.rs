@@ -7,15 +7,18 @@ pub mod deadline;
 pub mod error;
 pub mod hgrm;
 pub mod pacer;
+pub mod page;
 pub mod report;
 pub mod request;
 pub mod run;
 pub mod schedule;
 pub mod stats;
+pub mod svg;
 pub mod sweep;
 
 pub use config::{parse_duration, parse_header, parse_url, Config, Flags, Mode, Stop};
 pub use error::BenchError;
+pub use page::ReportFlags;
 pub use report::Report;
 pub use run::{run, Progress};
 pub use sweep::{Job, SweepReport};

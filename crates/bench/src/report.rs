@@ -704,3 +704,41 @@ fn size(bytes: f64) -> String {
         format!("{bytes:.0}B")
     }
 }
+
+/// A report of a run whose requests took `latencies_ms`, plus `errors` failures (open loop at
+/// `rate`, else closed loop), for tests.
+#[cfg(test)]
+pub fn test_report(rate: Option<f64>, latencies_ms: &[u64], errors: u64, lag_ms: u64) -> Report {
+    use crate::schedule::Timing;
+    use crate::stats::{ErrorKind, Recorder};
+    use std::time::Duration;
+    let cfg = Config::from_flags(&crate::config::Flags {
+        url: "http://127.0.0.1:1/".into(),
+        rate,
+        closed: rate.is_none(),
+        ..crate::config::Flags::default()
+    })
+    .unwrap();
+    let ms = Duration::from_millis;
+    let mut rec = Recorder::new(Default::default());
+    for l in latencies_ms {
+        let t = Timing {
+            intended: ms(0),
+            free: ms(0),
+            sent: ms(lag_ms),
+            done: ms(*l),
+        };
+        rec.response(true, true, &t, 200, 10, ms(0));
+    }
+    for _ in 0..errors {
+        let t = Timing {
+            intended: ms(0),
+            free: ms(0),
+            sent: ms(0),
+            done: ms(1),
+        };
+        rec.error(true, true, &t, ErrorKind::Reset, ms(0));
+    }
+    rec.scheduled = latencies_ms.len() as u64 + errors;
+    Report::build(&cfg, &rec, &Measured::default())
+}

@@ -954,39 +954,8 @@ mod tests {
         ));
     }
 
-    /// A report of an open-loop run whose requests took `latencies_ms`, plus `errors` failures.
     fn report(latencies_ms: &[u64], errors: u64, lag_ms: u64) -> Report {
-        use crate::schedule::Timing;
-        use crate::stats::{ErrorKind, Recorder};
-        use std::time::Duration;
-        let cfg = Config::from_flags(&Flags {
-            url: "http://127.0.0.1:1/".into(),
-            rate: Some(100.0),
-            ..Flags::default()
-        })
-        .unwrap();
-        let ms = Duration::from_millis;
-        let mut rec = Recorder::new(Default::default());
-        for l in latencies_ms {
-            let t = Timing {
-                intended: ms(0),
-                free: ms(0),
-                sent: ms(lag_ms),
-                done: ms(*l),
-            };
-            rec.response(true, true, &t, 200, 10, ms(0));
-        }
-        for _ in 0..errors {
-            let t = Timing {
-                intended: ms(0),
-                free: ms(0),
-                sent: ms(0),
-                done: ms(1),
-            };
-            rec.error(true, true, &t, ErrorKind::Reset, ms(0));
-        }
-        rec.scheduled = latencies_ms.len() as u64 + errors;
-        Report::build(&cfg, &rec, &crate::report::Measured::default())
+        crate::report::test_report(Some(100.0), latencies_ms, errors, lag_ms)
     }
 
     #[test]
