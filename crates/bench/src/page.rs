@@ -195,12 +195,23 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
             })
             .collect()
     };
-    let rate_chart = |title: &str, y: &str, series: Vec<Series>| LineChart {
+    // SLO bounds at a percentile, as reference lines on that percentile's chart.
+    let slo_lines = |p: f64| -> Vec<(f64, String)> {
+        let mut v: Vec<(f64, String)> = Vec::new();
+        for slo in sweeps.iter().filter_map(|s| s.slo.as_ref()) {
+            if slo.percentile == p && !v.iter().any(|(y, _)| *y == slo.below_ms) {
+                v.push((slo.below_ms, format!("SLO {}", slo.text)));
+            }
+        }
+        v
+    };
+    let rate_chart = |title: &str, y: &str, series: Vec<Series>, hlines| LineChart {
         title: title.to_string(),
         x_label: "offered rate (requests/s)".to_string(),
         y_label: y.to_string(),
         x_axis: XAxis::Linear,
         series,
+        hlines,
     };
     if !sweeps.is_empty() {
         svgs.push((
@@ -212,6 +223,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
                 "Average latency vs offered rate",
                 "average latency (ms)",
                 per_rate(&|f| Some(f.mean_ms)),
+                Vec::new(),
             )),
         ));
         svgs.push((
@@ -222,6 +234,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
                 "p95 latency vs offered rate",
                 "p95 latency (ms)",
                 per_rate(&|f| Some(f.p95_ms)),
+                slo_lines(95.0),
             )),
         ));
         svgs.push((
@@ -232,6 +245,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
                 "p99 latency vs offered rate",
                 "p99 latency (ms)",
                 per_rate(&|f| Some(f.p99_ms)),
+                slo_lines(99.0),
             )),
         ));
         let cpu = per_rate(&|f| f.cpu_percent_of_core);
@@ -245,6 +259,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
                     "CPU of the system under test vs offered rate",
                     "CPU (% of one core)",
                     cpu,
+                    Vec::new(),
                 )),
             ));
             svgs.push((
@@ -254,6 +269,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
                     "CPU per request vs offered rate",
                     "CPU per request (µs)",
                     per_rate(&|f| f.cpu_us_per_request),
+                    Vec::new(),
                 )),
             ));
         }
@@ -292,6 +308,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
             y_label: "latency (ms)".into(),
             x_axis: XAxis::Nines,
             series: dist_series,
+            hlines: Vec::new(),
         }),
     ));
 
@@ -690,6 +707,10 @@ mod tests {
         let nines = &page.svgs[5].1;
         assert!(nines.contains("proxy @ 1,000 req/s"), "{nines}");
         assert!(nines.contains(">90%<"));
+        assert!(
+            page.svgs[2].1.contains(">SLO p99&lt;10ms<"),
+            "the SLO on the p99 chart"
+        );
     }
 
     #[test]

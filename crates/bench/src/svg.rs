@@ -49,6 +49,8 @@ pub struct LineChart {
     pub y_label: String,
     pub x_axis: XAxis,
     pub series: Vec<Series>,
+    /// Dashed horizontal reference lines (y, label), e.g. an SLO bound.
+    pub hlines: Vec<(f64, String)>,
 }
 
 /// The nines-axis position of percentile `p` (0..100): log10(1/(1-p/100)); None at 100% and
@@ -187,6 +189,7 @@ pub fn line_chart(c: &LineChart) -> String {
     let y_max = series
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
+        .chain(c.hlines.iter().map(|(y, _)| *y).filter(|y| y.is_finite()))
         .fold(0.0, f64::max);
     let legend_w = series
         .iter()
@@ -279,6 +282,19 @@ pub fn line_chart(c: &LineChart) -> String {
         TOP + PLOT_H / 2.0,
         escape(&c.y_label)
     );
+    for (y, label) in c.hlines.iter().filter(|(y, _)| y.is_finite()) {
+        let _ = writeln!(
+            out,
+            "<line x1=\"{LEFT:.1}\" y1=\"{0:.1}\" x2=\"{1:.1}\" y2=\"{0:.1}\" stroke=\"#c00\" \
+             stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\
+             <text x=\"{2:.1}\" y=\"{3:.1}\" text-anchor=\"end\" fill=\"#c00\">{4}</text>",
+            py(*y),
+            LEFT + plot_w,
+            LEFT + plot_w - 6.0,
+            py(*y) - 5.0,
+            escape(label)
+        );
+    }
     // Lines, markers, legend.
     for (n, (i, s, pts)) in series.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
@@ -462,6 +478,7 @@ mod tests {
                     markers: true,
                 },
             ],
+            hlines: vec![(1.5, "SLO p99 < 1.5 ms".into())],
         };
         let svg = line_chart(&c);
         assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -473,6 +490,11 @@ mod tests {
         );
         assert_eq!(svg.matches("<circle").count(), 2);
         assert!(svg.contains(">2,000<"));
+        assert!(svg.contains(">SLO p99 &lt; 1.5 ms<") && svg.contains("stroke-dasharray"));
+        assert!(
+            svg.contains(">1.5<"),
+            "the y axis reaches the reference line"
+        );
         let nines = line_chart(&LineChart {
             x_axis: XAxis::Nines,
             series: vec![Series {
@@ -480,6 +502,7 @@ mod tests {
                 points: vec![(0.0, 0.1), (90.0, 0.2), (99.9, 1.0), (100.0, 9.0)],
                 markers: false,
             }],
+            hlines: vec![],
             ..c
         });
         assert!(nines.contains(">99.9%<"));
