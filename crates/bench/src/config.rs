@@ -57,6 +57,27 @@ pub struct Flags {
     /// Measure the CPU time of this process and its descendants (repeatable).
     #[arg(long = "pid")]
     pub pids: Vec<u32>,
+    /// Rate sweep: open-loop steps at START:END:STEP requests/s (or a list R1,R2,...), each with
+    /// the warm-up and the duration.
+    #[arg(long, value_name = "START:END:STEP")]
+    pub sweep: Option<String>,
+    /// Sweep: runs per offered rate (default 1).
+    #[arg(long, value_name = "N")]
+    pub repeat: Option<u32>,
+    /// Sweep: service level objective, e.g. 'p99<10ms' (also zero errors, zero non-2xx, every
+    /// request sent and finished, generator not lagging); reports the knee.
+    #[arg(long, value_name = "pP<LATENCY")]
+    pub slo: Option<String>,
+    /// Sweep with --slo: bisection steps between the last passing and the first failing rate
+    /// (default 4).
+    #[arg(long, value_name = "N")]
+    pub bisect: Option<u32>,
+    /// Name of the run in reports (default: the URL).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// The command line, stored in the JSON (set by the CLI, not a flag).
+    #[arg(skip)]
+    pub command: Option<String>,
 }
 
 impl Default for Flags {
@@ -78,6 +99,12 @@ impl Default for Flags {
             json: None,
             hgrm: None,
             pids: Vec::new(),
+            sweep: None,
+            repeat: None,
+            slo: None,
+            bisect: None,
+            label: None,
+            command: None,
         }
     }
 }
@@ -131,6 +158,10 @@ pub struct Config {
     pub close: bool,
     pub timeout: Duration,
     pub pids: Vec<u32>,
+    /// `--label`.
+    pub label: Option<String>,
+    /// The command line, for the JSON.
+    pub command: Option<String>,
 }
 
 /// How long requests still in flight after the last scheduled send may take to finish before
@@ -150,7 +181,8 @@ impl Config {
             (Some(_), true) => return Err(flag("--rate and --closed exclude each other")),
             (None, false) => {
                 return Err(flag(
-                    "choose --rate R (open loop, requests/s) or --closed (closed loop)",
+                    "choose --rate R (open loop, requests/s), --closed (closed loop) or \
+                     --sweep START:END:STEP (open-loop rate sweep)",
                 ))
             }
             (Some(r), false) if !(r.is_finite() && r > 0.0 && r <= 1e9) => {
@@ -236,6 +268,8 @@ impl Config {
             close: f.close,
             timeout: f.timeout,
             pids: f.pids.clone(),
+            label: f.label.clone(),
+            command: f.command.clone(),
         })
     }
 

@@ -35,6 +35,9 @@ pub enum BenchError {
     /// A `.hgrm` text that does not follow the percentile-distribution format.
     #[error("bad .hgrm text, line {line}: {reason}")]
     Hgrm { line: usize, reason: String },
+    /// A `--json` result that `portico bench report` cannot read.
+    #[error("{}: {reason}", path.display())]
+    Json { path: PathBuf, reason: String },
     /// Writing the human summary failed.
     #[error("writing the summary: {0}")]
     Output(#[source] std::io::Error),

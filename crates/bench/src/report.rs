@@ -3,15 +3,19 @@
 use crate::config::{Config, Mode, Stop};
 use crate::stats::{ErrorKind, Recorder};
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-/// Version of the JSON layout.
-pub const JSON_VERSION: u32 = 1;
+/// Version of the JSON layout (2: `kind`, `label`, `command`, `started`, `host`, `p95`,
+/// `spectrum`; sweeps).
+pub const JSON_VERSION: u32 = 2;
 
-/// Percentiles printed and reported.
+/// Percentiles printed in the summary.
 pub const PERCENTILES: [f64; 8] = [50.0, 75.0, 90.0, 99.0, 99.9, 99.99, 99.999, 99.9999];
+
+/// Percentiles in the JSON `percentiles` maps: the printed ones and p95 (the reports plot it).
+pub const JSON_PERCENTILES: [f64; 9] = [50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 99.99, 99.999, 99.9999];
 
 /// Generator lag (p99) above which the run is flagged: the client, not the server, was late.
 pub const MAX_GENERATOR_LAG_MS: f64 = 1.0;
@@ -20,7 +24,7 @@ pub const MAX_GENERATOR_LAG_MS: f64 = 1.0;
 const QUEUED_WARN_SHARE: f64 = 0.01;
 
 /// Every measured request, accounted for: `scheduled == completed + errors + in_flight + unsent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Accounting {
     /// Open loop: requests the schedule put in the measured phase. Closed loop: requests sent.
     pub scheduled: u64,
@@ -37,7 +41,7 @@ pub struct Accounting {
 }
 
 /// Warm-up requests, excluded from everything else.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Warmup {
     pub seconds: f64,
     pub completed: u64,
@@ -46,14 +50,14 @@ pub struct Warmup {
 }
 
 /// A latency distribution in milliseconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Dist {
     pub count: u64,
     pub mean_ms: f64,
     pub stdev_ms: f64,
     pub min_ms: f64,
     pub max_ms: f64,
-    /// Keys `p50`, `p75`, `p90`, `p99`, `p99.9`, `p99.99`, `p99.999`, `p99.9999`.
+    /// Keys `p50`, `p75`, `p90`, `p95`, `p99`, `p99.9`, `p99.99`, `p99.999`, `p99.9999`.
     pub percentiles: BTreeMap<String, f64>,
 }
 
@@ -68,14 +72,14 @@ impl Dist {
             stdev_ms: h.stdev() / 1000.0,
             min_ms: ms(h.min()),
             max_ms: ms(h.max()),
-            percentiles: PERCENTILES
+            percentiles: JSON_PERCENTILES
                 .iter()
                 .map(|p| (format!("p{p}"), ms(h.value_at_quantile(p / 100.0))))
                 .collect(),
         }
     }
 
-    /// The value at percentile `p` (one of [`PERCENTILES`]), ms.
+    /// The value at percentile `p` (one of [`JSON_PERCENTILES`]), ms; 0 when absent.
     pub fn at(&self, p: f64) -> f64 {
         self.percentiles
             .get(&format!("p{p}"))
@@ -85,7 +89,7 @@ impl Dist {
 }
 
 /// CPU time of the processes named by `--pid` during the measured phase.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CpuReport {
     pub pids: Vec<u32>,
     /// Processes in the trees at the end (roots and descendants).
@@ -99,7 +103,7 @@ pub struct CpuReport {
 }
 
 /// CPU time of the load generator itself during the measured phase.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GeneratorCpu {
     pub seconds: f64,
     pub percent_of_core: f64,
@@ -107,7 +111,7 @@ pub struct GeneratorCpu {
 }
 
 /// One second of the measured phase, by completion time.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SecondReport {
     pub second: u64,
     pub completed: u64,
@@ -127,16 +131,69 @@ pub struct Measured {
     pub self_ticks: Option<u64>,
     /// Problems found while measuring (e.g. a `--pid` process that went away).
     pub notes: Vec<String>,
+    /// Wall-clock start of the measured phase.
+    pub started: Option<std::time::SystemTime>,
+}
+
+/// The machine a run ran on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Host {
+    /// `model name` of /proc/cpuinfo.
+    pub cpu: String,
+    /// Logical CPUs online.
+    pub cpus: usize,
+    /// /proc/sys/kernel/osrelease.
+    pub kernel: String,
+}
+
+impl Host {
+    /// This machine (empty strings for what cannot be read).
+    pub fn this() -> Host {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_default();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|k| k.trim().to_string())
+            .unwrap_or_default();
+        Host {
+            cpu,
+            cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            kernel,
+        }
+    }
 }
 
 /// The full result of a run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub version: u32,
+    /// `run` (a sweep's JSON has `sweep`).
+    #[serde(default = "kind_run")]
+    pub kind: String,
+    /// Name of the run in reports: `--label`, else the URL.
+    #[serde(default)]
+    pub label: String,
+    /// The command line that ran it, when known.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Version of the `portico` that ran it.
+    #[serde(default)]
+    pub portico_version: String,
+    /// Start of the measured phase, UTC, RFC 3339.
+    #[serde(default)]
+    pub started: String,
+    #[serde(default)]
+    pub host: Host,
     pub target: String,
     pub method: String,
     /// `open` or `closed`.
-    pub mode: &'static str,
+    pub mode: String,
     /// Open loop: requests/s offered.
     pub offered_rate: Option<f64>,
     pub connections: usize,
@@ -176,9 +233,56 @@ pub struct Report {
     pub generator_cpu: Option<GeneratorCpu>,
     pub timeline: Vec<SecondReport>,
     pub warnings: Vec<String>,
-    /// The latency histogram (µs), for `.hgrm` output.
-    #[serde(skip)]
+    /// The latency percentile distribution as the `.hgrm` rows give it: `[percentile (0..=100),
+    /// latency ms]`, 5 ticks per half distance to 100%, the last row the maximum.
+    #[serde(default)]
+    pub spectrum: Vec<(f64, f64)>,
+    /// The latency histogram (µs), for `.hgrm` output (not in the JSON).
+    #[serde(skip, default = "crate::stats::new_histogram")]
     pub latency_histogram: Histogram<u64>,
+}
+
+fn kind_run() -> String {
+    "run".to_string()
+}
+
+/// The percentile spectrum of a histogram of µs, in ms (see [`Report::spectrum`]).
+pub fn spectrum(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    h.iter_quantiles(crate::hgrm::TICKS_PER_HALF_DISTANCE)
+        .map(|v| {
+            (
+                v.quantile_iterated_to() * 100.0,
+                v.value_iterated_to() as f64 / 1000.0,
+            )
+        })
+        .collect()
+}
+
+/// `t` as RFC 3339 UTC to the second, e.g. `2026-11-22T10:04:05Z`.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 impl Report {
@@ -254,9 +358,15 @@ impl Report {
         });
         let mut r = Report {
             version: JSON_VERSION,
+            kind: kind_run(),
+            label: cfg.label.clone().unwrap_or_else(|| cfg.target.url.clone()),
+            command: cfg.command.clone(),
+            portico_version: env!("CARGO_PKG_VERSION").to_string(),
+            started: m.started.map(rfc3339).unwrap_or_default(),
+            host: Host::this(),
             target: cfg.target.url.clone(),
             method: cfg.method.as_str().to_string(),
-            mode: if open { "open" } else { "closed" },
+            mode: if open { "open" } else { "closed" }.to_string(),
             offered_rate: match cfg.mode {
                 Mode::Open { rate } => Some(rate),
                 Mode::Closed => None,
@@ -296,6 +406,7 @@ impl Report {
             generator_cpu,
             timeline,
             warnings: Vec::new(),
+            spectrum: spectrum(&rec.latency),
             latency_histogram: rec.latency.clone(),
         };
         r.warnings = r.find_warnings(&m.notes);
@@ -592,4 +703,42 @@ fn size(bytes: f64) -> String {
     } else {
         format!("{bytes:.0}B")
     }
+}
+
+/// A report of a run whose requests took `latencies_ms`, plus `errors` failures (open loop at
+/// `rate`, else closed loop), for tests.
+#[cfg(test)]
+pub fn test_report(rate: Option<f64>, latencies_ms: &[u64], errors: u64, lag_ms: u64) -> Report {
+    use crate::schedule::Timing;
+    use crate::stats::{ErrorKind, Recorder};
+    use std::time::Duration;
+    let cfg = Config::from_flags(&crate::config::Flags {
+        url: "http://127.0.0.1:1/".into(),
+        rate,
+        closed: rate.is_none(),
+        ..crate::config::Flags::default()
+    })
+    .unwrap();
+    let ms = Duration::from_millis;
+    let mut rec = Recorder::new(Default::default());
+    for l in latencies_ms {
+        let t = Timing {
+            intended: ms(0),
+            free: ms(0),
+            sent: ms(lag_ms),
+            done: ms(*l),
+        };
+        rec.response(true, true, &t, 200, 10, ms(0));
+    }
+    for _ in 0..errors {
+        let t = Timing {
+            intended: ms(0),
+            free: ms(0),
+            sent: ms(0),
+            done: ms(1),
+        };
+        rec.error(true, true, &t, ErrorKind::Reset, ms(0));
+    }
+    rec.scheduled = latencies_ms.len() as u64 + errors;
+    Report::build(&cfg, &rec, &Measured::default())
 }

@@ -413,6 +413,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
     let mut first_error = None;
     let mut remaining = cfg.threads;
     let mut start_sample: Option<(Option<cpu::TreeSample>, Option<u64>)> = None;
+    let mut started = None;
     let mut notes = Vec::new();
     let mut next_tick = t0 + PROGRESS_EVERY;
     let (mut last_completed, mut last_tick) = (0u64, t0);
@@ -434,6 +435,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
         let now = Instant::now();
         if start_sample.is_none() && now >= tw {
             start_sample = Some(sample(&mut notes));
+            started = Some(std::time::SystemTime::now());
         }
         let wake = if start_sample.is_none() {
             tw.min(next_tick)
@@ -517,6 +519,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
         cpu_ticks,
         self_ticks,
         notes,
+        started: started.or_else(|| Some(std::time::SystemTime::now())),
     };
     Ok(Report::build(cfg, &merged, &measured))
 }

@@ -252,7 +252,10 @@ fn warmup_is_excluded_and_files_are_written() {
         ..flags(up.addr, "/")
     };
     let mut out = Vec::new();
-    let r = portico_bench::execute(&f, &mut out, None).unwrap();
+    let r = portico_bench::execute(&f, &mut out, None)
+        .unwrap()
+        .into_run()
+        .unwrap();
     assert_accounted(&r.requests);
     // 0.4 s of warm-up at 500/s (200 slots), then 500 measured requests.
     assert_eq!(r.requests.scheduled, 500);
@@ -270,6 +273,15 @@ fn warmup_is_excluded_and_files_are_written() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["requests"]["completed"], 500);
     assert_eq!(v["mode"], "open");
+    assert_eq!(v["kind"], "run");
+    assert_eq!(v["label"], f.url.as_str(), "the label defaults to the URL");
+    assert!(v["latency"]["percentiles"]["p95"].is_number());
+    let spectrum = v["spectrum"].as_array().unwrap();
+    assert!(spectrum.len() > 10);
+    assert_eq!(spectrum.last().unwrap()[0], 100.0);
+    // The JSON reads back into a report.
+    let back: Report = serde_json::from_value(v.clone()).unwrap();
+    assert_eq!(back.requests, r.requests);
     assert!(v["latency"]["percentiles"]["p99.9999"].is_number());
     let timeline = v["timeline"].as_array().unwrap();
     assert!(!timeline.is_empty());
@@ -308,4 +320,72 @@ fn bad_flags_are_typed_errors() {
         ..Flags::default()
     };
     assert!(portico_bench::execute(&f, &mut Vec::new(), None).is_err());
+}
+
+#[test]
+fn a_tiny_sweep_writes_every_step_and_the_knee() {
+    let up = TestUpstream::start(|_| Reply::ok("swept"));
+    let dir = std::env::temp_dir().join(format!("portico-bench-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("sweep.json");
+    let f = Flags {
+        sweep: Some("100:200:100".into()),
+        duration: Some(ms(1000)),
+        connections: 4,
+        slo: Some("p99<2s".into()),
+        // If the shared machine makes the generator lag (a failed step), one bisection at most.
+        bisect: Some(1),
+        label: Some("test server".into()),
+        pids: vec![std::process::id()],
+        json: Some(json.clone()),
+        ..flags(up.addr, "/")
+    };
+    let mut out = Vec::new();
+    let s = portico_bench::execute(&f, &mut out, None)
+        .unwrap()
+        .into_sweep()
+        .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("Sweep @ GET"), "{text}");
+    assert!(text.contains("Knee (p99<2s"), "{text}");
+    assert!((2..=3).contains(&s.steps.len()), "{}", s.steps.len());
+
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["kind"], "sweep");
+    assert_eq!(v["label"], "test server");
+    assert_eq!(v["rates"], serde_json::json!([100.0, 200.0]));
+    assert_eq!(v["slo"]["percentile"], 99.0);
+    assert_eq!(v["slo"]["below_ms"], 2000.0);
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps[0]["rate"], 100.0);
+    assert_eq!(steps[0]["phase"], "sweep");
+    assert_eq!(steps[1]["rate"], 200.0);
+    for step in steps {
+        let runs = step["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 1);
+        let run = &runs[0];
+        // Each run has the single-run JSON's shape.
+        assert_eq!(run["kind"], "run");
+        assert_eq!(run["mode"], "open");
+        assert_eq!(run["offered_rate"], step["rate"]);
+        let r: Report = serde_json::from_value(run.clone()).unwrap();
+        assert_accounted(&r.requests);
+        assert!(r.requests.completed > 0);
+        assert!(r.cpu.is_some(), "CPU sampled per step");
+        assert!(step["figures"]["cpu_percent_of_core"].is_number());
+        assert!(step["figures"]["p95_ms"].is_number());
+        assert!(step["pass"].is_boolean());
+        assert_eq!(step["verdicts"].as_array().unwrap().len(), 1);
+    }
+    assert_eq!(steps[0]["runs"][0]["requests"]["scheduled"], 100);
+    assert_eq!(steps[1]["runs"][0]["requests"]["scheduled"], 200);
+    // The knee is reported either way: 200 req/s when both steps passed.
+    assert!(v["knee"]["note"].is_string());
+    if steps.iter().all(|s| s["pass"] == true) {
+        assert_eq!(v["knee"]["rate"], 200.0);
+    }
+    let back: portico_bench::SweepReport = serde_json::from_value(v).unwrap();
+    assert_eq!(back.steps.len(), s.steps.len());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -47,8 +47,31 @@ enum Command {
         #[arg(long, short)]
         workers: Option<usize>,
     },
-    /// Load-test an HTTP server: open loop at a fixed rate (coordinated-omission corrected) or closed loop.
-    Bench(portico_bench::Flags),
+    /// Load-test an HTTP server: open loop at a fixed rate (coordinated-omission corrected), closed
+    /// loop, or a rate sweep; `portico bench report` turns results into an HTML report.
+    Bench(Box<BenchCommand>),
+}
+
+/// `portico bench [OPTIONS] URL`, or `portico bench report ...`.
+#[derive(clap::Args)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    subcommand_value_name = "report",
+    subcommand_help_heading = "Reports",
+    disable_help_subcommand = true
+)]
+struct BenchCommand {
+    #[command(subcommand)]
+    job: Option<BenchJob>,
+    #[command(flatten)]
+    flags: Option<portico_bench::Flags>,
+}
+
+#[derive(Subcommand)]
+enum BenchJob {
+    /// Write DIR/index.html (charts inline) and SVG files from one or more --json results.
+    Report(portico_bench::ReportFlags),
 }
 
 fn main() -> ExitCode {
@@ -93,17 +116,54 @@ fn main() -> ExitCode {
             ),
             Err(msg) => fail(&msg),
         },
-        Command::Bench(flags) => {
-            let mut err = std::io::stderr();
-            let progress = std::io::stdout()
-                .is_terminal()
-                .then_some(&mut err as &mut dyn std::io::Write);
-            match portico_bench::execute(&flags, &mut std::io::stdout(), progress) {
-                Ok(_) => ExitCode::SUCCESS,
+        Command::Bench(bench) => match (bench.job, bench.flags) {
+            (Some(BenchJob::Report(r)), _) => match portico_bench::page::write(&r) {
+                Ok(index) => {
+                    println!("wrote {}", index.display());
+                    ExitCode::SUCCESS
+                }
                 Err(e) => fail(&e.to_string()),
-            }
+            },
+            (None, Some(flags)) => run_bench(flags),
+            (None, None) => fail("portico bench: a URL is required (see portico bench --help)"),
+        },
+    }
+}
+
+fn run_bench(mut flags: portico_bench::Flags) -> ExitCode {
+    flags.command = Some(command_line());
+    let mut err = std::io::stderr();
+    let progress = std::io::stdout()
+        .is_terminal()
+        .then_some(&mut err as &mut dyn std::io::Write);
+    match portico_bench::execute(&flags, &mut std::io::stdout(), progress) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+/// This process's command line, quoted for a POSIX shell where needed.
+fn command_line() -> String {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.first_mut() {
+        // The program as `portico`, wherever it was run from.
+        if first.ends_with("/portico") {
+            *first = "portico".to_string();
         }
     }
+    args.iter()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,@%+".contains(&b));
+            if plain {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn fail(msg: &str) -> ExitCode {

@@ -84,7 +84,7 @@ fn version_and_help() {
     let out = Command::new(BIN).arg("--version").output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("portico "));
-    for cmd in ["run", "check", "origin"] {
+    for cmd in ["run", "check", "origin", "bench"] {
         let out = Command::new(BIN).args([cmd, "--help"]).output().unwrap();
         assert!(out.status.success(), "{cmd} --help");
     }
@@ -208,4 +208,68 @@ fn sighup_reloads_and_refuses_an_invalid_file() {
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("reload refused"), "{err}");
     assert!(err.contains(&format!("{}:2:8", path.display())), "{err}");
+}
+
+#[test]
+fn bench_sweeps_the_origin_and_reports_it() {
+    let (origin, addrs) = spawn(&["origin", "--listen", "127.0.0.1:0", "--workers", "1"], 1);
+    let dir = temp_dir("bench-report");
+    let json = dir.join("sweep.json");
+    let url = format!("http://{}/bytes/100", addrs[0]);
+    let pid = origin.id().to_string();
+    let out = Command::new(BIN)
+        .args(["bench", "--sweep", "100,200", "-d", "1s", "-c", "2"])
+        .args(["--slo", "p99<1s", "--bisect", "1", "--label", "the origin"])
+        .args(["--pid", &pid, "--json"])
+        .arg(&json)
+        .arg(&url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("Knee (p99<1s"), "{text}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let command = v["command"].as_str().unwrap();
+    assert!(
+        command.starts_with("portico bench --sweep 100,200 -d 1s -c 2 --slo 'p99<1s'"),
+        "{command}"
+    );
+    assert!(command.contains("--label 'the origin'"), "{command}");
+
+    let site = dir.join("site");
+    let out = Command::new(BIN)
+        .args(["bench", "report", "--title", "Origin sweep", "--out"])
+        .arg(&site)
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let html = std::fs::read_to_string(site.join("index.html")).unwrap();
+    assert!(html.contains("<h1>Origin sweep</h1>"));
+    assert!(html.contains("the origin @ "));
+    for svg in [
+        "latency-p95.svg",
+        "percentiles.svg",
+        "cpu-percent.svg",
+        "throughput.svg",
+    ] {
+        let s = std::fs::read_to_string(site.join(svg)).unwrap();
+        assert!(html.contains(&s), "{svg} inline");
+    }
+
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"kind\": \"sweep\", \"steps\": 3}").unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "report", "--out"])
+        .arg(&site)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.json: not a sweep result"), "{err}");
+    let (status, _) = terminate(origin);
+    assert!(status.success());
+    let _ = std::fs::remove_dir_all(&dir);
 }

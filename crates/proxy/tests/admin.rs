@@ -340,7 +340,10 @@ fn server_changes_apply_to_every_worker_and_read_back() {
     assert!(spread(px, 20).iter().all(|t| t == "b"));
     assert_eq!(admin(a, "DELETE", "/api/groups/b/servers/0", "").0, 409);
     let (_, metrics) = admin(a, "GET", "/metrics", "");
-    let admin_lines: Vec<&str> = metrics.lines().filter(|l| l.contains("admin_state")).collect();
+    let admin_lines: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.contains("admin_state"))
+        .collect();
     assert!(
         metrics.contains(&format!(
             "portico_server_admin_state{{group=\"b\",server=\"{b_addr}\",state=\"enabled\"}} 1"
