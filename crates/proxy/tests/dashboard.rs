@@ -1,0 +1,157 @@
+//! The admin dashboard in a real headless browser (Debian's chromium): it loads, shows live numbers under load, and a down server as down.
+//!
+//! Ignored by plain `cargo test` (it needs `/usr/bin/chromium`); `scripts/test.sh` installs
+//! chromium and runs it with `--ignored`. Set `PORTICO_CHROMIUM` to use another binary.
+
+use portico_proxy::{start, Running};
+use portico_testkit::{Client, Reply, TestUpstream};
+use portico_upstream::Health;
+use std::net::{SocketAddr, TcpListener};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn chromium() -> String {
+    std::env::var("PORTICO_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
+
+/// Load the page in headless chromium, let its timers run for `budget_ms` of virtual time, and
+/// return the DOM as the page's script left it.
+fn dump_dom(url: &str, budget_ms: u32) -> String {
+    let profile = std::env::temp_dir().join(format!("portico-chromium-{}", std::process::id()));
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .arg("--timeout=30000")
+        .arg("--dump-dom")
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}); scripts/test.sh installs it", chromium()));
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of the first element carrying `attr` (e.g. `data-server="1.2.3.4:5"`), tags removed.
+fn row_text(dom: &str, attr: &str) -> String {
+    let Some(at) = dom.find(attr) else {
+        panic!("no element with {attr} in the page:\n{dom}")
+    };
+    // From the end of the element's opening tag to the end of its row.
+    let at = dom[at..].find('>').map_or(dom.len(), |e| at + e + 1);
+    let end = dom[at..].find("</tr>").map_or(dom.len(), |e| at + e);
+    let mut text = String::new();
+    let mut in_tag = false;
+    for ch in dom[at..end].replace("&nbsp;", " ").chars() {
+        match ch {
+            '<' => in_tag = true,
+            '>' => {
+                in_tag = false;
+                text.push(' ');
+            }
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The numeric value of `data-updates` on <body>: how many polls the page rendered.
+fn updates(dom: &str) -> u64 {
+    dom.split("data-updates=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs chromium; scripts/test.sh runs it"]
+fn dashboard_shows_live_numbers_and_a_down_server() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let dead: SocketAddr = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let toml = format!(
+        r#"
+[admin]
+address = "127.0.0.1:0"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+name = "api"
+proxy = "b"
+[upstreams.b]
+servers = ["{}", "{dead}"]
+health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, rise = 1 }}
+"#,
+        up.addr
+    );
+    let p: Running = start(portico_config::parse(&toml, "t.toml").unwrap(), 2).unwrap();
+    let admin = p.admin_addr().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.upstream("b").unwrap().status(Instant::now())[1].health != Health::Down {
+        assert!(Instant::now() < deadline, "the dead server never went down");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // Steady load while the browser watches; bounded by a flag and a deadline.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let load = {
+        let (stop, sent, addr) = (stop.clone(), sent.clone(), p.addr("p").unwrap());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr).unwrap();
+            let until = Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                let r = c.request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+                assert_eq!(r.status, 200);
+                sent.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    while sent.load(Ordering::Relaxed) < 20 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let url = format!("http://{admin}/");
+    let first = dump_dom(&url, 4000);
+    let second = dump_dom(&url, 4000);
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+
+    assert!(updates(&first) >= 2, "the page polled fewer than twice:\n{first}");
+    // The down server is shown down, the live one up.
+    let dead_row = row_text(&first, &format!("data-server=\"{dead}\""));
+    assert!(dead_row.contains(" down "), "{dead_row}");
+    let live_row = row_text(&first, &format!("data-server=\"{}\"", up.addr));
+    assert!(live_row.contains(" up "), "{live_row}");
+    // Requests per second under load: a positive rate, computed from two polls.
+    let route = row_text(&first, "data-route=\"api\"");
+    let fields: Vec<&str> = route.split(' ').collect();
+    // api, action words ("proxy", "b"), req/s, 4xx/s, 5xx/s, p50.., total
+    assert_eq!(fields[..3], ["api", "proxy", "b"], "{route}");
+    let rps: f64 = fields[3].parse().unwrap_or(0.0);
+    assert!(rps > 0.0, "no request rate shown: {route}");
+    // The totals moved between the two page loads.
+    let total = |dom: &str| -> u64 {
+        let row = row_text(dom, "data-route=\"api\"");
+        row.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(total(&second) > total(&first), "the numbers did not change under load");
+}
