@@ -71,10 +71,14 @@ fn main() -> ExitCode {
                 // Certificates and keys are read and checked as `run` would.
                 for l in &cfg.listeners {
                     if let Some(tls) = &l.tls {
-                        if let Err(e) = portico_tls::server_config(tls) {
+                        let resumption = portico_tls::Resumption::new();
+                        if let Err(e) = portico_tls::server_config(tls, &resumption) {
                             return fail(&format!("listener {}: TLS: {e}", l.name));
                         }
                     }
+                }
+                for warning in certificate_warnings(&cfg) {
+                    eprintln!("warning: {warning}");
                 }
                 println!("configuration OK");
                 ExitCode::SUCCESS
@@ -100,6 +104,20 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Certificates that expired, are not valid yet or expire within 30 days, per listener.
+fn certificate_warnings(cfg: &Config) -> Vec<String> {
+    let now = std::time::SystemTime::now();
+    cfg.listeners
+        .iter()
+        .filter_map(|l| Some((l, l.tls.as_ref()?)))
+        .flat_map(|(l, tls)| {
+            portico_tls::certificate_warnings(tls, now)
+                .into_iter()
+                .map(move |w| format!("listener {}: TLS: {w}", l.name))
+        })
+        .collect()
 }
 
 fn fail(msg: &str) -> ExitCode {
@@ -153,6 +171,9 @@ fn run(cfg: Config, workers: Option<usize>) -> ExitCode {
                 .map(|n| n.get())
                 .unwrap_or(1)
         });
+    for warning in certificate_warnings(&cfg) {
+        tracing::warn!("{warning}");
+    }
     let running = match portico_proxy::start(cfg, workers) {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),

@@ -154,10 +154,13 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
     for l in &config.listeners {
         acceptors.push(match &l.tls {
             Some(t) => Some(tokio_rustls::TlsAcceptor::from(
-                portico_tls::server_config(t).map_err(|source| StartError::Tls {
-                    name: l.name.clone(),
-                    source,
-                })?,
+                // One Resumption per listener: a rebuilt config (reload) should reuse it.
+                portico_tls::server_config(t, &portico_tls::Resumption::new()).map_err(
+                    |source| StartError::Tls {
+                        name: l.name.clone(),
+                        source,
+                    },
+                )?,
             )),
             None => None,
         });
