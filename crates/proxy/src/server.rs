@@ -375,7 +375,10 @@ async fn accept_loop(
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
                     match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => ClientStream::Tls(Box::new(tls)),
+                        Ok(Ok(tls)) => {
+                            ctx.shared.stats.count_handshake(tls.get_ref().1);
+                            ClientStream::Tls(Box::new(tls))
+                        }
                         Ok(Err(e)) => {
                             ctx.shared
                                 .stats
