@@ -174,6 +174,7 @@ def portico_conf(d, port, origin, https=False):
     tls = f"""[listeners.tls]
 certificates = [{{ cert = "{d}/cert.pem", key = "{d}/key.pem" }}]
 versions = "1.3"
+groups = ["X25519"]
 """ if https else ""
     return f"""
 [[listeners]]

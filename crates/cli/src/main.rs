@@ -94,10 +94,14 @@ fn main() -> ExitCode {
                 // Certificates and keys are read and checked as `run` would.
                 for l in &cfg.listeners {
                     if let Some(tls) = &l.tls {
-                        if let Err(e) = portico_tls::server_config(tls) {
+                        let resumption = portico_tls::Resumption::new();
+                        if let Err(e) = portico_tls::server_config(tls, &resumption) {
                             return fail(&format!("listener {}: TLS: {e}", l.name));
                         }
                     }
+                }
+                for warning in certificate_warnings(&cfg) {
+                    eprintln!("warning: {warning}");
                 }
                 println!("configuration OK");
                 ExitCode::SUCCESS
@@ -166,6 +170,20 @@ fn command_line() -> String {
         .join(" ")
 }
 
+/// Certificates that expired, are not valid yet or expire within 30 days, per listener.
+fn certificate_warnings(cfg: &Config) -> Vec<String> {
+    let now = std::time::SystemTime::now();
+    cfg.listeners
+        .iter()
+        .filter_map(|l| Some((l, l.tls.as_ref()?)))
+        .flat_map(|(l, tls)| {
+            portico_tls::certificate_warnings(tls, now)
+                .into_iter()
+                .map(move |w| format!("listener {}: TLS: {w}", l.name))
+        })
+        .collect()
+}
+
 fn fail(msg: &str) -> ExitCode {
     eprintln!("error: {msg}");
     ExitCode::from(2)
@@ -217,6 +235,9 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
                 .map(|n| n.get())
                 .unwrap_or(1)
         });
+    for warning in certificate_warnings(&cfg) {
+        tracing::warn!("{warning}");
+    }
     // Signal handlers are installed before the listeners are announced: a SIGTERM sent as soon
     // as the addresses are printed must stop gracefully, not kill the process.
     let signals = match Signals::install() {

@@ -273,3 +273,28 @@ fn bench_sweeps_the_origin_and_reports_it() {
     assert!(status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_warns_about_an_expired_certificate_and_passes() {
+    let d = temp_dir("check-expired");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["old.test".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(d.join("old.pem"), cert.pem()).unwrap();
+    std::fs::write(d.join("old.key"), key.serialize_pem()).unwrap();
+    let path = d.join("tls.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"s\"\naddress = \"127.0.0.1:0\"\n[listeners.tls]\ncertificates = [{ cert = \"old.pem\", key = \"old.key\" }]\n[[listeners.routes]]\nrespond = { status = 200 }\n",
+    )
+    .unwrap();
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(0), "{err}");
+    let want = format!(
+        "warning: listener s: TLS: {}: certificate (CN=rcgen self signed cert) expired on 2021-01-01 00:00:00 UTC",
+        d.join("old.pem").display()
+    );
+    assert!(err.contains(&want), "want {want} in {err}");
+}

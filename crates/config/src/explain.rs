@@ -23,7 +23,27 @@ pub fn explain(config: &Config) -> String {
                     crate::model::TlsVersion::Tls13 => "1.3",
                 })
                 .collect();
-            let _ = writeln!(out, "  tls: TLS {}", versions.join(", "));
+            let resumption = match (tls.session_tickets, tls.session_cache) {
+                (true, 0) => "tickets".to_string(),
+                (true, n) => format!("tickets, cache {n}"),
+                (false, 0) => "no resumption".to_string(),
+                (false, n) => format!("cache {n}"),
+            };
+            let _ = writeln!(out, "  tls: TLS {}; {resumption}", versions.join(", "));
+            if let Some(suites) = &tls.cipher_suites {
+                let _ = writeln!(out, "    cipher suites {}", suites.join(", "));
+            }
+            if let Some(groups) = &tls.groups {
+                let _ = writeln!(out, "    groups {}", groups.join(", "));
+            }
+            if let Some(ca) = &tls.client_auth {
+                let mode = if ca.required { "required" } else { "optional" };
+                let _ = writeln!(
+                    out,
+                    "    client certificates {mode}, CA {}",
+                    ca.ca.display()
+                );
+            }
             for (i, c) in tls.certificates.iter().enumerate() {
                 let default = if i == 0 { " (default)" } else { "" };
                 let _ = writeln!(

@@ -63,6 +63,61 @@ pub struct TlsSettings {
     pub certificates: Vec<CertificateFiles>,
     /// Allowed protocol versions (default TLS 1.2 and 1.3).
     pub versions: Vec<TlsVersion>,
+    /// Cipher suites in preference order, names from [`CIPHER_SUITES`]; None = the provider's
+    /// default set (all AEAD with forward secrecy).
+    pub cipher_suites: Option<Vec<&'static str>>,
+    /// Key-exchange groups in preference order, names from [`KX_GROUPS`]; None = the provider's
+    /// defaults.
+    pub groups: Option<Vec<&'static str>>,
+    /// Stateless session tickets (TLS 1.2 and 1.3) with rotating keys (default on).
+    pub session_tickets: bool,
+    /// Server-side session cache entries (default 10_000); 0 = no cache.
+    pub session_cache: usize,
+    /// Client certificate verification (mTLS); None = no client certificates requested.
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// Default `session_cache` size.
+pub const DEFAULT_SESSION_CACHE: usize = 10_000;
+
+/// Cipher suites a listener may name, with the protocol version each belongs to: the aws-lc-rs
+/// provider's set, all AEAD with forward secrecy (ECDHE for TLS 1.2). Spelled as IANA names.
+pub const CIPHER_SUITES: [(&str, TlsVersion); 9] = [
+    ("TLS13_AES_256_GCM_SHA384", TlsVersion::Tls13),
+    ("TLS13_AES_128_GCM_SHA256", TlsVersion::Tls13),
+    ("TLS13_CHACHA20_POLY1305_SHA256", TlsVersion::Tls13),
+    ("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", TlsVersion::Tls12),
+    ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", TlsVersion::Tls12),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        TlsVersion::Tls12,
+    ),
+    ("TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", TlsVersion::Tls12),
+    ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", TlsVersion::Tls12),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        TlsVersion::Tls12,
+    ),
+];
+
+/// Key-exchange groups a listener may name, and whether each also works with TLS 1.2 (the
+/// post-quantum hybrids are TLS 1.3 only).
+pub const KX_GROUPS: [(&str, bool); 5] = [
+    ("X25519", true),
+    ("secp256r1", true),
+    ("secp384r1", true),
+    ("X25519MLKEM768", false),
+    ("secp256r1MLKEM768", false),
+];
+
+/// mTLS: client certificates verified against a CA bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuth {
+    /// PEM file of the CA certificates client certificates must chain to.
+    pub ca: PathBuf,
+    /// true: a handshake without a valid client certificate fails; false: a certificate is
+    /// verified when presented and the connection is accepted without one.
+    pub required: bool,
 }
 
 /// One certificate chain (PEM, leaf first) and its private key (PEM: PKCS#8, SEC1 or PKCS#1).

@@ -50,6 +50,21 @@ pub(crate) struct RawListener {
 pub(crate) struct RawTls {
     pub certificates: Option<Spanned<Vec<Spanned<RawCertificate>>>>,
     pub versions: Option<Spanned<StrList>>,
+    pub cipher_suites: Option<Spanned<StrList>>,
+    pub groups: Option<Spanned<StrList>>,
+    pub session_tickets: Option<Spanned<bool>>,
+    pub session_cache: Option<Spanned<Int>>,
+    pub client_auth: Option<RawClientAuth>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a client_auth table { ca = \"ca.pem\", required = true }"
+)]
+pub(crate) struct RawClientAuth {
+    pub ca: Option<Spanned<String>>,
+    pub required: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

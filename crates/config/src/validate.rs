@@ -10,12 +10,13 @@ use toml::Spanned;
 
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
-    AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, Config, HeaderRules,
-    HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits, Matcher,
-    PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, TlsSettings, TlsVersion,
-    UpstreamGroup, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE,
+    AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
+    HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
+    Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, TlsSettings,
+    TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE,
+    DEFAULT_SESSION_CACHE, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
@@ -28,6 +29,8 @@ use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 const MAX_WORKERS: i64 = 1024;
 /// Largest `max_head_bytes` / `max_request_line` accepted: 1 MiB.
 const MAX_HEAD_LIMIT: u64 = 1 << 20;
+/// Largest TLS `session_cache` (entries).
+const MAX_SESSION_CACHE: i64 = 10_000_000;
 /// Largest server `weight`.
 const MAX_WEIGHT: i64 = 1000;
 /// Status codes `redirect_status` accepts.
@@ -1097,10 +1100,118 @@ fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option<TlsSetting
             }
         }
     }
+    let cipher_suites = t.cipher_suites.as_ref().and_then(|list| {
+        let names: Vec<&str> = CIPHER_SUITES.iter().map(|(n, _)| *n).collect();
+        let suites = names_from(ctx, &sub(key, "cipher_suites"), list, &names, "cipher suite")?;
+        // Every enabled version needs at least one of its suites.
+        for v in &versions {
+            if !suites
+                .iter()
+                .any(|s| CIPHER_SUITES.iter().any(|(n, sv)| n == s && sv == v))
+            {
+                let (label, prefix) = match v {
+                    TlsVersion::Tls12 => ("1.2", "TLS_ECDHE_"),
+                    TlsVersion::Tls13 => ("1.3", "TLS13_"),
+                };
+                ctx.error(
+                    start(list),
+                    &sub(key, "cipher_suites"),
+                    format!(
+                        "no cipher suite for TLS {label}, which `versions` enables: add a {prefix}* suite or remove \"{label}\" from `versions`"
+                    ),
+                );
+            }
+        }
+        Some(suites)
+    });
+    let groups = t.groups.as_ref().and_then(|list| {
+        let names: Vec<&str> = KX_GROUPS.iter().map(|(n, _)| *n).collect();
+        let groups = names_from(ctx, &sub(key, "groups"), list, &names, "key-exchange group")?;
+        let tls12_ok = groups
+            .iter()
+            .any(|g| KX_GROUPS.iter().any(|(n, classic)| n == g && *classic));
+        if versions.contains(&TlsVersion::Tls12) && !tls12_ok {
+            ctx.error(
+                start(list),
+                &sub(key, "groups"),
+                "TLS 1.2 cannot use the post-quantum hybrid groups: add X25519, secp256r1 or secp384r1, or set versions = \"1.3\"",
+            );
+        }
+        Some(groups)
+    });
+    let session_tickets = t.session_tickets.as_ref().is_none_or(|b| *b.get_ref());
+    let session_cache = int(
+        ctx,
+        t.session_cache.as_ref(),
+        &sub(key, "session_cache"),
+        DEFAULT_SESSION_CACHE as i64,
+        0,
+        MAX_SESSION_CACHE,
+    ) as usize;
+    let client_auth = t.client_auth.as_ref().and_then(|c| match &c.ca {
+        None => {
+            ctx.error(
+                start(raw),
+                &sub(key, "client_auth"),
+                "client_auth needs `ca` (a PEM file of the CA certificates client certificates must chain to)",
+            );
+            None
+        }
+        Some(p) if p.get_ref().trim().is_empty() => {
+            ctx.error(
+                start(p),
+                &sub(&sub(key, "client_auth"), "ca"),
+                "must be a file path",
+            );
+            None
+        }
+        Some(p) => Some(ClientAuth {
+            ca: relative_to_config(ctx.file, p.get_ref()),
+            required: c.required.as_ref().is_none_or(|b| *b.get_ref()),
+        }),
+    });
     (!certificates.is_empty() && !versions.is_empty()).then_some(TlsSettings {
         certificates,
         versions,
+        cipher_suites,
+        groups,
+        session_tickets,
+        session_cache,
+        client_auth,
     })
+}
+
+/// A non-empty list of names from `known` (matched ignoring ASCII case, returned as spelled in
+/// `known`, duplicates dropped); None after reporting an unknown name or an empty list.
+fn names_from(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    list: &Spanned<StrList>,
+    known: &[&'static str],
+    what: &str,
+) -> Option<Vec<&'static str>> {
+    let items = list.get_ref().items(start(list));
+    if items.is_empty() {
+        ctx.error(start(list), key, format!("must name at least one {what}"));
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (name, at) in items {
+        match known.iter().find(|k| k.eq_ignore_ascii_case(name.trim())) {
+            Some(k) if !out.contains(k) => out.push(*k),
+            Some(_) => {}
+            None => {
+                ok = false;
+                ctx.error(
+                    at,
+                    key,
+                    format!("unknown {what} {name:?}; accepted: {}", known.join(", ")),
+                );
+            }
+        }
+    }
+    ok.then_some(out)
 }
 
 /// A path from the configuration, relative to the directory of the file it came from.

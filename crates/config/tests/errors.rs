@@ -651,3 +651,120 @@ fn admin_needs_a_token_off_loopback_and_its_own_port() {
     .unwrap();
     assert_eq!(ok.admin.unwrap().token.as_deref(), Some("x"));
 }
+
+/// A TLS listener whose `[listeners.tls]` table ends the file, so `extra` lines go into it.
+fn tls_with(extra: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n[listeners.tls]\ncertificates = [{{ cert = \"a.pem\", key = \"a.key\" }}]\n{extra}"
+    )
+}
+
+#[test]
+fn tls_unknown_suite_and_group_names_list_the_accepted_ones() {
+    let e = err(&tls_with(
+        "cipher_suites = [\"TLS13_AES_128_GCM_SHA256\", \"TLS_RSA_WITH_AES_128_CBC_SHA\"]\nversions = \"1.3\"\n",
+    ));
+    assert!(
+        e.starts_with("t.toml:7:46: listeners[0].tls.cipher_suites: unknown cipher suite \"TLS_RSA_WITH_AES_128_CBC_SHA\"; accepted: TLS13_AES_256_GCM_SHA384, TLS13_AES_128_GCM_SHA256,"),
+        "{e}"
+    );
+    let e = err(&tls_with("groups = [\"X25519\", \"ffdhe2048\"]\n"));
+    assert_eq!(
+        e,
+        "t.toml:7:21: listeners[0].tls.groups: unknown key-exchange group \"ffdhe2048\"; accepted: X25519, secp256r1, secp384r1, X25519MLKEM768, secp256r1MLKEM768"
+    );
+    let e = err(&tls_with("groups = []\n"));
+    assert_eq!(
+        e,
+        "t.toml:7:10: listeners[0].tls.groups: must name at least one key-exchange group"
+    );
+}
+
+#[test]
+fn tls_suites_must_cover_every_enabled_version() {
+    let e = err(&tls_with(
+        "cipher_suites = [\"TLS13_AES_128_GCM_SHA256\"]\n",
+    ));
+    assert_eq!(
+        e,
+        "t.toml:7:17: listeners[0].tls.cipher_suites: no cipher suite for TLS 1.2, which `versions` enables: add a TLS_ECDHE_* suite or remove \"1.2\" from `versions`"
+    );
+    let e = err(&tls_with(
+        "versions = \"1.3\"\ncipher_suites = \"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256\"\n",
+    ));
+    assert!(e.contains("no cipher suite for TLS 1.3"), "{e}");
+    let e = err(&tls_with("groups = \"X25519MLKEM768\"\n"));
+    assert!(
+        e.starts_with("t.toml:7:10: listeners[0].tls.groups: TLS 1.2 cannot use the post-quantum hybrid groups"),
+        "{e}"
+    );
+    // Names match ignoring case and come back spelled canonically.
+    let cfg = parse(
+        &tls_with("versions = \"1.3\"\ncipher_suites = [\"tls13_aes_128_gcm_sha256\"]\ngroups = [\"x25519mlkem768\", \"X25519\"]\n"),
+        "t.toml",
+    )
+    .unwrap();
+    let tls = cfg.listeners[0].tls.as_ref().unwrap();
+    assert_eq!(
+        tls.cipher_suites.as_deref(),
+        Some(&["TLS13_AES_128_GCM_SHA256"][..])
+    );
+    assert_eq!(
+        tls.groups.as_deref(),
+        Some(&["X25519MLKEM768", "X25519"][..])
+    );
+}
+
+#[test]
+fn tls_resumption_and_client_auth_keys() {
+    let cfg = parse(&tls_with(""), "/etc/p/p.toml").unwrap();
+    let tls = cfg.listeners[0].tls.as_ref().unwrap();
+    assert!(tls.session_tickets);
+    assert_eq!(tls.session_cache, 10_000);
+    assert_eq!(tls.cipher_suites, None);
+    assert_eq!(tls.groups, None);
+    assert_eq!(tls.client_auth, None);
+
+    let cfg = parse(
+        &tls_with(
+            "session_tickets = false\nsession_cache = 0\nclient_auth = { ca = \"ca.pem\" }\n",
+        ),
+        "/etc/p/p.toml",
+    )
+    .unwrap();
+    let tls = cfg.listeners[0].tls.as_ref().unwrap();
+    assert!(!tls.session_tickets);
+    assert_eq!(tls.session_cache, 0);
+    let ca = tls.client_auth.as_ref().unwrap();
+    assert_eq!(ca.ca, std::path::Path::new("/etc/p/ca.pem"));
+    assert!(ca.required, "required by default");
+    let cfg = parse(
+        &tls_with("client_auth = { ca = \"ca.pem\", required = false }\n"),
+        "t.toml",
+    )
+    .unwrap();
+    assert!(
+        !cfg.listeners[0]
+            .tls
+            .as_ref()
+            .unwrap()
+            .client_auth
+            .as_ref()
+            .unwrap()
+            .required
+    );
+
+    assert_eq!(
+        err(&tls_with("session_cache = -1\n")),
+        "t.toml:7:17: listeners[0].tls.session_cache: must not be negative, found -1"
+    );
+    let e = err(&tls_with("client_auth = { required = true }\n"));
+    assert!(
+        e.starts_with("t.toml:5:1: listeners[0].tls.client_auth: client_auth needs `ca`"),
+        "{e}"
+    );
+    let e = err(&tls_with(
+        "client_auth = { ca = \"ca.pem\", optional = true }\n",
+    ));
+    assert!(e.contains("unknown field `optional`"), "{e}");
+}

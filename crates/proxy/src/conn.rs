@@ -90,6 +90,8 @@ pub struct Conn {
     pub stream: ClientStream,
     pub peer: SocketAddr,
     pub client_ip: String,
+    /// The verified client certificate's subject (mTLS listeners), computed once per connection.
+    pub client_cert_subject: Option<String>,
     pub rbuf: BytesMut,
     pub wbuf: BytesMut,
     /// The request head being sent upstream (kept to reuse its allocation).
@@ -122,6 +124,7 @@ impl Outcome {
 /// Serve one accepted connection until it closes.
 pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let mut c = Conn {
+        client_cert_subject: stream.client_cert_subject(),
         stream,
         peer,
         client_ip: peer.ip().to_string(),

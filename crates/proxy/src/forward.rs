@@ -98,6 +98,7 @@ pub async fn proxy(
             proto: if c.stream.is_tls() { "https" } else { "http" },
             authority: &authority,
             absolute: absolute.is_some(),
+            client_cert_subject: c.client_cert_subject.as_deref(),
         },
     );
 

@@ -13,7 +13,13 @@ pub struct Forwarding<'a> {
     pub authority: &'a str,
     /// `authority` came from an absolute-form target and overrides the client's Host field.
     pub absolute: bool,
+    /// The verified client certificate's subject, sent as [`CLIENT_CERT_SUBJECT`].
+    pub client_cert_subject: Option<&'a str>,
 }
+
+/// The header carrying the verified mTLS client certificate's subject (RFC 4514) upstream. A
+/// copy sent by the client is always removed, so upstreams can trust it.
+pub const CLIENT_CERT_SUBJECT: &str = "X-Client-Cert-Subject";
 
 fn listed(names: &[String], name: &str) -> bool {
     names.iter().any(|n| n.eq_ignore_ascii_case(name))
@@ -49,7 +55,7 @@ pub fn upstream_request(
             host_value = Some(value);
             continue;
         }
-        if head.is_hop_by_hop(name) {
+        if head.is_hop_by_hop(name) || name.eq_ignore_ascii_case(CLIENT_CERT_SUBJECT) {
             continue;
         }
         if name.eq_ignore_ascii_case("content-length")
@@ -107,6 +113,9 @@ pub fn upstream_request(
             encode::field(out, "X-Forwarded-Host", h);
         }
         encode::field(out, "X-Real-IP", fwd.client_ip.as_bytes());
+    }
+    if let Some(subject) = fwd.client_cert_subject {
+        encode::field(out, CLIENT_CERT_SUBJECT, subject.as_bytes());
     }
     if action.via {
         write_via(out, via, head.version());

@@ -193,6 +193,8 @@ struct Inner {
     shutting_down: bool,
     /// Present while a group has a health check (one probe per server for the process).
     health: Option<HealthChecker>,
+    /// TLS session resumption state (ticket key rotator, session cache) per listener name.
+    resumption: HashMap<String, portico_tls::Resumption>,
 }
 
 impl Control {
@@ -296,6 +298,7 @@ impl Control {
             fresh.push((slot, sockets));
         }
         let mut route_stats = HashMap::new();
+        let mut resumption_kept = HashMap::new();
         let mut listeners = Vec::new();
         for (l, slot) in config.listeners.iter().zip(&slots) {
             let counters: Vec<Arc<RouteStats>> = l
@@ -309,12 +312,23 @@ impl Control {
                 })
                 .collect();
             let tls = match &l.tls {
-                Some(t) => Some(tokio_rustls::TlsAcceptor::from(
-                    portico_tls::server_config(t).map_err(|source| StartError::Tls {
-                        name: l.name.clone(),
-                        source,
-                    })?,
-                )),
+                Some(t) => {
+                    // Ticket keys and the session cache stay with the listener's name, so
+                    // clients resume across reloads (and certificate changes).
+                    let resumption = inner
+                        .resumption
+                        .get(&l.name)
+                        .cloned()
+                        .unwrap_or_else(portico_tls::Resumption::new);
+                    resumption_kept.insert(l.name.clone(), resumption.clone());
+                    let config = portico_tls::server_config(t, &resumption).map_err(|source| {
+                        StartError::Tls {
+                            name: l.name.clone(),
+                            source,
+                        }
+                    })?;
+                    Some(tokio_rustls::TlsAcceptor::from(config))
+                }
                 None => None,
             };
             listeners.push(Arc::new(listener_state(l, slot.id, tls, counters)));
@@ -406,6 +420,7 @@ impl Control {
         inner.next_slot = next_slot;
         // Counters of removed routes and groups go: label cardinality follows the config.
         inner.route_stats = route_stats;
+        inner.resumption = resumption_kept;
         inner.no_server = no_server;
         inner.header_time = header_time;
         Ok(summary)
@@ -587,6 +602,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             senders,
             shutting_down: false,
             health: None,
+            resumption: HashMap::new(),
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,
@@ -786,7 +802,10 @@ async fn accept_loop(
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
                     match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => ClientStream::Tls(Box::new(tls)),
+                        Ok(Ok(tls)) => {
+                            ctx.shared.stats.count_handshake(tls.get_ref().1);
+                            ClientStream::Tls(Box::new(tls))
+                        }
                         Ok(Err(e)) => {
                             ctx.shared
                                 .stats

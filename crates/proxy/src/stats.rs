@@ -141,6 +141,10 @@ pub struct Stats {
     pub upstream_connects: AtomicU64,
     pub upstream_retries: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
+    /// Completed TLS handshakes with a full key exchange (including after a HelloRetryRequest).
+    pub tls_handshakes_full: AtomicU64,
+    /// Completed TLS handshakes that resumed a session (ticket or session cache).
+    pub tls_handshakes_resumed: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -155,6 +159,8 @@ impl Default for Stats {
             upstream_connects: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
+            tls_handshakes_full: AtomicU64::new(0),
+            tls_handshakes_resumed: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -167,6 +173,15 @@ fn slot(t: Termination) -> usize {
 }
 
 impl Stats {
+    /// Count one completed TLS handshake as full or resumed.
+    pub fn count_handshake(&self, conn: &tokio_rustls::rustls::ServerConnection) {
+        match conn.handshake_kind() {
+            Some(tokio_rustls::rustls::HandshakeKind::Resumed) => &self.tls_handshakes_resumed,
+            _ => &self.tls_handshakes_full,
+        }
+        .fetch_add(1, Relaxed);
+    }
+
     /// Count one finished request with its termination record.
     pub fn record(&self, t: Termination) {
         self.terminations[slot(t)].fetch_add(1, Relaxed);
@@ -228,9 +243,11 @@ impl Stats {
             reused as f64 * 100.0 / up as f64
         };
         let mut s = format!(
-            "connections={} refused={} tls_handshake_failures={} requests={} upstream_requests={} upstream_reused={} ({share:.3}%) upstream_connects={} retries={}",
+            "connections={} refused={} tls_handshakes_full={} tls_handshakes_resumed={} tls_handshake_failures={} requests={} upstream_requests={} upstream_reused={} ({share:.3}%) upstream_connects={} retries={}",
             self.connections_accepted.load(Relaxed),
             self.connections_refused.load(Relaxed),
+            self.tls_handshakes_full.load(Relaxed),
+            self.tls_handshakes_resumed.load(Relaxed),
             self.tls_handshake_failures.load(Relaxed),
             self.requests.load(Relaxed),
             up,

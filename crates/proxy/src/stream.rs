@@ -17,6 +17,16 @@ impl ClientStream {
     pub fn is_tls(&self) -> bool {
         matches!(self, ClientStream::Tls(_))
     }
+
+    /// The subject of the client certificate verified during the handshake (mTLS), if any.
+    pub fn client_cert_subject(&self) -> Option<String> {
+        match self {
+            ClientStream::Plain(_) => None,
+            ClientStream::Tls(s) => {
+                portico_tls::client_subject(s.get_ref().1.peer_certificates()?.first()?)
+            }
+        }
+    }
 }
 
 impl AsyncRead for ClientStream {

@@ -34,7 +34,12 @@ fn dump_dom(url: &str, budget_ms: u32) -> String {
         .arg("--dump-dom")
         .arg(url)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e}); scripts/test.sh installs it", chromium()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}); scripts/test.sh installs it",
+                chromium()
+            )
+        });
     let _ = std::fs::remove_dir_all(&profile);
     assert!(
         out.status.success(),
@@ -135,7 +140,10 @@ health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, 
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
 
-    assert!(updates(&first) >= 2, "the page polled fewer than twice:\n{first}");
+    assert!(
+        updates(&first) >= 2,
+        "the page polled fewer than twice:\n{first}"
+    );
     // The down server is shown down, the live one up.
     let dead_row = row_text(&first, &format!("data-server=\"{dead}\""));
     assert!(dead_row.contains(" down "), "{dead_row}");
@@ -153,5 +161,8 @@ health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, 
         let row = row_text(dom, "data-route=\"api\"");
         row.rsplit(' ').next().unwrap().parse().unwrap()
     };
-    assert!(total(&second) > total(&first), "the numbers did not change under load");
+    assert!(
+        total(&second) > total(&first),
+        "the numbers did not change under load"
+    );
 }

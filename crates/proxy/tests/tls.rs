@@ -1,8 +1,9 @@
-//! TLS termination end to end: real handshakes from a rustls client, SNI, ALPN, forwarded proto.
+//! TLS termination end to end: real handshakes from a rustls client, SNI, ALPN, resumption, mTLS.
 
 use portico_proxy::{start, Running};
 use portico_testkit::{Reply, TestUpstream};
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::HandshakeKind;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,10 @@ use std::time::Duration;
 
 struct Pki {
     ca: CertificateDer<'static>,
+    ca_path: PathBuf,
+    /// A client certificate (CN=alice, O=Example) signed by the CA, and its key.
+    client_chain: Vec<CertificateDer<'static>>,
+    client_key: PrivateKeyDer<'static>,
     /// (cert path, key path, cert DER) per leaf
     leaves: Vec<(PathBuf, PathBuf, CertificateDer<'static>)>,
 }
@@ -23,6 +28,19 @@ fn pki(dir: &Path, leaves: &[&[&str]]) -> Pki {
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     let ca = ca_params.self_signed(&ca_key).unwrap();
+    let ca_path = dir.join("ca.pem");
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let client_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut client_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params.distinguished_name = rcgen::DistinguishedName::new();
+    client_params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "Example");
+    client_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "alice");
+    client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let client = client_params.signed_by(&client_key, &ca, &ca_key).unwrap();
     let leaves = leaves
         .iter()
         .enumerate()
@@ -44,11 +62,19 @@ fn pki(dir: &Path, leaves: &[&[&str]]) -> Pki {
         .collect();
     Pki {
         ca: ca.der().clone(),
+        ca_path,
+        client_chain: vec![client.der().clone()],
+        client_key: PrivateKeyDer::try_from(client_key.serialize_der()).unwrap(),
         leaves,
     }
 }
 
 fn tls_proxy(pki: &Pki, upstream: SocketAddr) -> Running {
+    tls_proxy_with(pki, upstream, "")
+}
+
+/// A TLS listener "tls" proxying to `upstream`, with `extra` lines in its `[listeners.tls]`.
+fn tls_proxy_with(pki: &Pki, upstream: SocketAddr, extra: &str) -> Running {
     let certs: Vec<String> = pki
         .leaves
         .iter()
@@ -67,6 +93,7 @@ name = "tls"
 address = "127.0.0.1:0"
 [listeners.tls]
 certificates = [{}]
+{extra}
 [[listeners.routes]]
 proxy = "b"
 [upstreams.b]
@@ -78,28 +105,57 @@ servers = ["{upstream}"]
     start(cfg, 1).expect("start")
 }
 
-fn client(
+type Client = rustls::StreamOwned<rustls::ClientConnection, TcpStream>;
+
+/// A client configuration trusting the test CA; with the CA's client certificate when `cert`.
+fn client_config(
     pki: &Pki,
-    addr: SocketAddr,
-    sni: &str,
-    alpn: &[&[u8]],
-) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    provider: rustls::crypto::CryptoProvider,
+    cert: bool,
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(pki.ca.clone()).unwrap();
-    let mut cfg = rustls::ClientConfig::builder_with_provider(portico_tls::provider())
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_safe_default_protocol_versions()
         .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let conn = rustls::ClientConnection::new(
-        Arc::new(cfg),
-        ServerName::try_from(sni.to_string()).unwrap(),
-    )
-    .unwrap();
+        .with_root_certificates(roots);
+    Arc::new(if cert {
+        builder
+            .with_client_auth_cert(pki.client_chain.clone(), pki.client_key.clone_key())
+            .unwrap()
+    } else {
+        builder.with_no_client_auth()
+    })
+}
+
+fn connect(cfg: &Arc<rustls::ClientConfig>, addr: SocketAddr, sni: &str) -> Client {
+    let conn =
+        rustls::ClientConnection::new(cfg.clone(), ServerName::try_from(sni.to_string()).unwrap())
+            .unwrap();
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     rustls::StreamOwned::new(conn, tcp)
+}
+
+fn client(pki: &Pki, addr: SocketAddr, sni: &str, alpn: &[&[u8]]) -> Client {
+    let mut cfg =
+        (*client_config(pki, rustls::crypto::aws_lc_rs::default_provider(), false)).clone();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    connect(&Arc::new(cfg), addr, sni)
+}
+
+/// One GET on a new connection: the response body and how the handshake went.
+fn get(cfg: &Arc<rustls::ClientConfig>, addr: SocketAddr, extra: &str) -> (Vec<u8>, HandshakeKind) {
+    let mut s = connect(cfg, addr, "localhost");
+    s.write_all(format!("GET / HTTP/1.1\r\nHost: localhost\r\n{extra}\r\n").as_bytes())
+        .unwrap();
+    let (head, body) = read_response(&mut s);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    (body, s.conn.handshake_kind().unwrap())
+}
+
+fn counter(p: &Running, f: impl Fn(&portico_proxy::Stats) -> &std::sync::atomic::AtomicU64) -> u64 {
+    f(p.stats()).load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Read one response with a Content-Length body.
@@ -212,4 +268,151 @@ respond = { status = 200 }
         e.contains("listener tls") && e.contains("/nonexistent/portico.pem"),
         "{e}"
     );
+}
+
+#[test]
+fn pinned_group_and_suite_are_negotiated_and_a_disabled_group_is_refused() {
+    let dir = std::env::temp_dir().join(format!("portico-tls-pin-{}", std::process::id()));
+    let pki = pki(&dir, &[&["localhost"]]);
+    let up = TestUpstream::start(|_| Reply::ok("x"));
+    let p = tls_proxy_with(
+        &pki,
+        up.addr,
+        "versions = \"1.3\"\ncipher_suites = [\"TLS13_AES_128_GCM_SHA256\"]\ngroups = [\"X25519\"]",
+    );
+    let addr = p.addr("tls").unwrap();
+    let cfg = client_config(&pki, rustls::crypto::aws_lc_rs::default_provider(), false);
+    let mut s = connect(&cfg, addr, "localhost");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut s).1, b"x");
+    assert_eq!(
+        s.conn.negotiated_cipher_suite().unwrap().suite(),
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+    );
+    assert_eq!(
+        s.conn.negotiated_key_exchange_group().unwrap().name(),
+        rustls::NamedGroup::X25519
+    );
+
+    let mut p384 = rustls::crypto::aws_lc_rs::default_provider();
+    p384.kx_groups = vec![rustls::crypto::aws_lc_rs::kx_group::SECP384R1];
+    let mut s = connect(&client_config(&pki, p384, false), addr, "localhost");
+    assert!(s.write_all(b"GET / HTTP/1.1\r\n\r\n").is_err() || s.read(&mut [0u8; 16]).is_err());
+    // One worker: the failed handshake was counted before the next connection was accepted.
+    assert_eq!(get(&cfg, addr, "").0, b"x");
+    assert_eq!(counter(&p, |s| &s.tls_handshake_failures), 1);
+    assert_eq!(up.requests().len(), 2);
+}
+
+#[test]
+fn resumption_with_tickets_with_the_session_cache_and_off() {
+    let dir = std::env::temp_dir().join(format!("portico-tls-resume-{}", std::process::id()));
+    let pki = pki(&dir, &[&["localhost"]]);
+    let up = TestUpstream::start(|_| Reply::ok("r"));
+    let provider = || rustls::crypto::aws_lc_rs::default_provider();
+    let tls12 = || {
+        let mut p = provider();
+        p.cipher_suites
+            .retain(|s| s.version().version == rustls::ProtocolVersion::TLSv1_2);
+        p
+    };
+    for (extra, resumes) in [
+        ("", true),
+        ("session_tickets = false", true),
+        ("session_tickets = false\nsession_cache = 0", false),
+    ] {
+        let p = tls_proxy_with(&pki, up.addr, extra);
+        let addr = p.addr("tls").unwrap();
+        for (version, cfg) in [
+            ("1.3", client_config(&pki, provider(), false)),
+            ("1.2", client_config(&pki, tls12(), false)),
+        ] {
+            assert_eq!(get(&cfg, addr, "").1, HandshakeKind::Full);
+            let expected = if resumes {
+                HandshakeKind::Resumed
+            } else {
+                HandshakeKind::Full
+            };
+            assert_eq!(get(&cfg, addr, "").1, expected, "{extra:?} TLS {version}");
+        }
+        let (full, resumed) = if resumes { (2, 2) } else { (4, 0) };
+        assert_eq!(counter(&p, |s| &s.tls_handshakes_full), full, "{extra:?}");
+        assert_eq!(
+            counter(&p, |s| &s.tls_handshakes_resumed),
+            resumed,
+            "{extra:?}"
+        );
+    }
+}
+
+#[test]
+fn mtls_forwards_the_verified_subject_and_never_a_client_sent_one() {
+    let dir = std::env::temp_dir().join(format!("portico-tls-mtls-{}", std::process::id()));
+    let pki = pki(&dir, &[&["localhost"]]);
+    let up = TestUpstream::start(|_| Reply::ok("m"));
+    let provider = || rustls::crypto::aws_lc_rs::default_provider();
+    let spoof = "X-Client-Cert-Subject: CN=mallory\r\nx-client-cert-subject: CN=eve\r\n";
+
+    let required = tls_proxy_with(
+        &pki,
+        up.addr,
+        &format!("client_auth = {{ ca = \"{}\" }}", pki.ca_path.display()),
+    );
+    let addr = required.addr("tls").unwrap();
+    let with_cert = client_config(&pki, provider(), true);
+    assert_eq!(get(&with_cert, addr, spoof).0, b"m");
+    let seen = up.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header_count("x-client-cert-subject"), 1);
+    assert_eq!(
+        seen[0].header("x-client-cert-subject"),
+        Some("CN=alice,O=Example")
+    );
+    // A resumed session keeps the verified identity.
+    assert_eq!(get(&with_cert, addr, "").1, HandshakeKind::Resumed);
+    assert_eq!(
+        up.requests()[1].header("x-client-cert-subject"),
+        Some("CN=alice,O=Example")
+    );
+
+    // Required: no certificate, no request.
+    let mut s = connect(&client_config(&pki, provider(), false), addr, "localhost");
+    let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let mut out = Vec::new();
+    assert!(s.read_to_end(&mut out).is_err() || out.is_empty());
+    // One worker: the failed handshake was counted before the next connection was accepted.
+    assert_eq!(get(&with_cert, addr, "").0, b"m");
+    assert_eq!(counter(&required, |s| &s.tls_handshake_failures), 1);
+    assert_eq!(up.requests().len(), 3);
+
+    // Optional: accepted without a certificate, and a client-sent subject is still removed.
+    let optional = tls_proxy_with(
+        &pki,
+        up.addr,
+        &format!(
+            "client_auth = {{ ca = \"{}\", required = false }}",
+            pki.ca_path.display()
+        ),
+    );
+    let addr = optional.addr("tls").unwrap();
+    assert_eq!(
+        get(&client_config(&pki, provider(), false), addr, spoof).0,
+        b"m"
+    );
+    assert_eq!(up.requests()[3].header_count("x-client-cert-subject"), 0);
+    assert_eq!(get(&with_cert, addr, "").0, b"m");
+    assert_eq!(
+        up.requests()[4].header("x-client-cert-subject"),
+        Some("CN=alice,O=Example")
+    );
+
+    // A plain TLS listener removes the field too.
+    let plain = tls_proxy(&pki, up.addr);
+    let addr = plain.addr("tls").unwrap();
+    assert_eq!(
+        get(&client_config(&pki, provider(), false), addr, spoof).0,
+        b"m"
+    );
+    assert_eq!(up.requests()[5].header_count("x-client-cert-subject"), 0);
 }

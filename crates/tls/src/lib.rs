@@ -1,13 +1,17 @@
-//! TLS termination: PEM certificates and keys, SNI selection, the rustls server configuration.
+//! TLS termination: PEM certificates and keys, SNI selection, resumption, mTLS, the rustls server configuration.
 
-use portico_config::{CertificateFiles, TlsSettings, TlsVersion};
+use portico_config::{CertificateFiles, ClientAuth, TlsSettings, TlsVersion};
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::{
+    ClientHello, NoServerSessionStorage, ProducesTickets, ResolvesServerCert,
+    ServerSessionMemoryCache, StoresServerSessions, WebPkiClientVerifier,
+};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why a listener's TLS configuration cannot be built; always names the file at fault.
 #[derive(Debug, thiserror::Error)]
@@ -31,10 +35,96 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(aws_lc_rs::default_provider())
 }
 
+/// The provider restricted to the listener's cipher suites and key-exchange groups, in the
+/// configured order (the provider's defaults where the listener names none).
+fn listener_provider(settings: &TlsSettings) -> CryptoProvider {
+    let mut provider = aws_lc_rs::default_provider();
+    if let Some(names) = &settings.cipher_suites {
+        let all = provider.cipher_suites;
+        provider.cipher_suites = names
+            .iter()
+            .filter_map(|n| all.iter().find(|s| s.suite().as_str() == Some(*n)).copied())
+            .collect();
+    }
+    if let Some(names) = &settings.groups {
+        let all = aws_lc_rs::ALL_KX_GROUPS;
+        provider.kx_groups = names
+            .iter()
+            .filter_map(|n| all.iter().find(|g| g.name().as_str() == Some(*n)).copied())
+            .collect();
+    }
+    provider
+}
+
+/// Session resumption state of one listener: the ticket key rotator and the server-side session
+/// cache. Create one per listener and pass it to every [`server_config`] built for that listener,
+/// so a rebuilt configuration (a reload) keeps resuming the sessions of the previous one. Cloning
+/// shares the state.
+#[derive(Clone, Default)]
+pub struct Resumption {
+    inner: Arc<Mutex<ResumptionState>>,
+}
+
+#[derive(Default)]
+struct ResumptionState {
+    /// Created on first use and kept: rotates its keys every 6 hours, accepting the previous key.
+    ticketer: Option<Arc<dyn ProducesTickets>>,
+    /// Kept while the configured size stays the same.
+    cache: Option<(usize, Arc<ServerSessionMemoryCache>)>,
+}
+
+impl std::fmt::Debug for Resumption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resumption")
+    }
+}
+
+/// The ticketer (None when tickets are off) and the session storage of one configuration.
+type ResumptionParts = (
+    Option<Arc<dyn ProducesTickets>>,
+    Arc<dyn StoresServerSessions>,
+);
+
+impl Resumption {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The ticketer (None when tickets are off) and session storage for `settings`.
+    fn parts(&self, settings: &TlsSettings) -> Result<ResumptionParts, TlsError> {
+        let mut state = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let ticketer = if settings.session_tickets {
+            if state.ticketer.is_none() {
+                state.ticketer = Some(aws_lc_rs::Ticketer::new()?);
+            }
+            state.ticketer.clone()
+        } else {
+            None
+        };
+        let storage: Arc<dyn StoresServerSessions> = match settings.session_cache {
+            0 => Arc::new(NoServerSessionStorage {}),
+            n => match &state.cache {
+                Some((size, cache)) if *size == n => cache.clone(),
+                _ => {
+                    let cache = ServerSessionMemoryCache::new(n);
+                    state.cache = Some((n, cache.clone()));
+                    cache
+                }
+            },
+        };
+        Ok((ticketer, storage))
+    }
+}
+
 /// Build the server configuration of one listener: its certificates (loaded and checked now),
-/// versions, and ALPN `http/1.1`.
-pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let provider = provider();
+/// versions, cipher suites, groups, client certificate verification, resumption (from
+/// `resumption`, shared with earlier configurations of the same listener), and ALPN `http/1.1`.
+/// The result is one `Arc` shared by all workers.
+pub fn server_config(
+    settings: &TlsSettings,
+    resumption: &Resumption,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let provider = Arc::new(listener_provider(settings));
     let certs = settings
         .certificates
         .iter()
@@ -48,12 +138,60 @@ pub fn server_config(settings: &TlsSettings) -> Result<Arc<rustls::ServerConfig>
             TlsVersion::Tls13 => &rustls::version::TLS13,
         })
         .collect();
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(SniResolver { certs }));
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)?;
+    let builder = match &settings.client_auth {
+        None => builder.with_no_client_auth(),
+        Some(auth) => builder.with_client_cert_verifier(client_verifier(auth, provider)?),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(SniResolver { certs }));
+    let (ticketer, storage) = resumption.parts(settings)?;
+    match ticketer {
+        Some(t) => config.ticketer = t,
+        // Without tickets, TLS 1.3 resumes through the cache (stateful tickets); with neither,
+        // sending tickets would be useless.
+        None if settings.session_cache == 0 => config.send_tls13_tickets = 0,
+        None => {}
+    }
+    config.session_storage = storage;
+    // No h2 until HTTP/2 is served.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The mTLS verifier: client certificates must chain to a CA of `auth.ca`.
+fn client_verifier(
+    auth: &ClientAuth,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let cas = read_certificates(&auth.ca)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in cas {
+        roots
+            .add(ca)
+            .map_err(|e| file_error(&auth.ca, format!("unusable CA certificate: {e}")))?;
+    }
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let builder = if auth.required {
+        builder
+    } else {
+        builder.allow_unauthenticated()
+    };
+    builder
+        .build()
+        .map_err(|e| file_error(&auth.ca, format!("cannot verify clients with it: {e}")))
+}
+
+/// Every CERTIFICATE block of a PEM file (at least one).
+fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(path, format!("cannot read certificates: {e}")))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(path, format!("invalid PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(file_error(path, "no CERTIFICATE block found"));
+    }
+    Ok(certs)
 }
 
 /// Load a PEM chain and its key, and check that the key belongs to the leaf certificate.
@@ -61,19 +199,18 @@ pub fn load_certified_key(
     files: &CertificateFiles,
     provider: &CryptoProvider,
 ) -> Result<Arc<CertifiedKey>, TlsError> {
-    let chain = CertificateDer::pem_file_iter(&files.cert)
-        .map_err(|e| file_error(&files.cert, format!("cannot read certificates: {e}")))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_error(&files.cert, format!("invalid PEM certificate: {e}")))?;
-    if chain.is_empty() {
-        return Err(file_error(&files.cert, "no CERTIFICATE block found"));
-    }
+    let chain = read_certificates(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| file_error(&files.key, format!("cannot read a private key: {e}")))?;
     let signer = provider
         .key_provider
         .load_private_key(key)
-        .map_err(|e| file_error(&files.key, format!("unsupported private key: {e}")))?;
+        .map_err(|e| {
+            file_error(
+                &files.key,
+                format!("unsupported private key (use ECDSA P-256/P-384/P-521, RSA of 2048 bits or more, or Ed25519): {e}"),
+            )
+        })?;
     let certified = CertifiedKey::new(chain, signer);
     certified.keys_match().map_err(|_| {
         file_error(
@@ -116,6 +253,152 @@ fn valid_for(cert: &CertifiedKey, name: &ServerName<'_>) -> bool {
         .is_some_and(|ee| ee.verify_is_valid_for_subject_name(name).is_ok())
 }
 
+/// Warn this long before a certificate expires.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Warnings about the listener's certificates at time `now`, each naming the file and the date:
+/// a certificate (leaf or chain, or a client CA) that has expired, is not valid yet, or expires
+/// within [`EXPIRY_WARNING`]. Files that cannot be read are left to [`server_config`]'s errors.
+pub fn certificate_warnings(settings: &TlsSettings, now: SystemTime) -> Vec<String> {
+    let now = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let soon = EXPIRY_WARNING.as_secs() as i64;
+    let files = settings
+        .certificates
+        .iter()
+        .map(|c| (&c.cert, "certificate"))
+        .chain(
+            settings
+                .client_auth
+                .iter()
+                .map(|a| (&a.ca, "CA certificate")),
+        );
+    let mut out = Vec::new();
+    for (path, what) in files {
+        let Ok(certs) = read_certificates(path) else {
+            continue;
+        };
+        for (i, der) in certs.iter().enumerate() {
+            let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+                out.push(format!(
+                    "{}: {what} {} cannot be parsed as X.509",
+                    path.display(),
+                    i + 1
+                ));
+                continue;
+            };
+            let which = if certs.len() > 1 {
+                format!("{what} {} ({})", i + 1, subject(&cert))
+            } else {
+                format!("{what} ({})", subject(&cert))
+            };
+            let (from, until) = (
+                cert.validity().not_before.timestamp(),
+                cert.validity().not_after.timestamp(),
+            );
+            let message = if until < now {
+                format!("expired on {}", utc(until))
+            } else if from > now {
+                format!("is not valid before {}", utc(from))
+            } else if until - now < soon {
+                format!(
+                    "expires on {} (in {} days)",
+                    utc(until),
+                    (until - now) / 86_400
+                )
+            } else {
+                continue;
+            };
+            out.push(format!("{}: {which} {message}", path.display()));
+        }
+    }
+    out
+}
+
+/// A verified client certificate's subject as an RFC 4514 string (`CN=alice,O=Example`, most
+/// specific first), printable ASCII only (anything else hex-escaped), for a request header.
+pub fn client_subject(der: &CertificateDer<'_>) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(subject(&cert))
+}
+
+fn subject(cert: &x509_parser::certificate::X509Certificate<'_>) -> String {
+    let registry = x509_parser::objects::oid_registry();
+    let mut out = String::new();
+    let rdns: Vec<_> = cert.subject().iter_rdn().collect();
+    for (i, rdn) in rdns.iter().rev().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        for (j, attr) in rdn.iter().enumerate() {
+            if j > 0 {
+                out.push('+');
+            }
+            match x509_parser::objects::oid2abbrev(attr.attr_type(), registry) {
+                Ok(abbrev) => out.push_str(abbrev),
+                Err(_) => out.push_str(&attr.attr_type().to_id_string()),
+            }
+            out.push('=');
+            match attr.as_str() {
+                Ok(value) => escape_dn_value(&mut out, value),
+                Err(_) => {
+                    // Not a string: `#` and the hex of its DER encoding (RFC 4514 2.4).
+                    out.push('#');
+                    use x509_parser::asn1_rs::ToDer;
+                    for b in attr.attr_value().to_der_vec().unwrap_or_default() {
+                        out.push_str(&format!("{b:02x}"));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// RFC 4514 2.4 escaping, plus `\HH` for every byte outside printable ASCII so the value is a
+/// safe header field value.
+fn escape_dn_value(out: &mut String, value: &str) {
+    let last = value.len().saturating_sub(1);
+    for (i, b) in value.bytes().enumerate() {
+        let special = matches!(b, b'"' | b'+' | b',' | b';' | b'<' | b'>' | b'\\')
+            || (i == 0 && matches!(b, b'#' | b' '))
+            || (i == last && b == b' ');
+        if !(0x20..0x7f).contains(&b) {
+            out.push_str(&format!("\\{b:02x}"));
+        } else if special {
+            out.push('\\');
+            out.push(b as char);
+        } else {
+            out.push(b as char);
+        }
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time.
+fn utc(t: i64) -> String {
+    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod handshakes;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,13 +430,22 @@ mod tests {
         TlsSettings {
             certificates,
             versions: vec![TlsVersion::Tls12, TlsVersion::Tls13],
+            cipher_suites: None,
+            groups: None,
+            session_tickets: true,
+            session_cache: portico_config::DEFAULT_SESSION_CACHE,
+            client_auth: None,
         }
     }
 
     #[test]
     fn builds_with_matching_files() {
         let d = temp_dir("ok");
-        let cfg = server_config(&settings(vec![write_pair(&d, "a", &["a.test"])])).unwrap();
+        let cfg = server_config(
+            &settings(vec![write_pair(&d, "a", &["a.test"])]),
+            &Resumption::new(),
+        )
+        .unwrap();
         assert_eq!(cfg.alpn_protocols, vec![b"http/1.1".to_vec()]);
     }
 
@@ -166,7 +458,7 @@ mod tests {
             cert: d.join("nope.pem"),
             key: a.key.clone(),
         };
-        let e = server_config(&settings(vec![missing]))
+        let e = server_config(&settings(vec![missing]), &Resumption::new())
             .unwrap_err()
             .to_string();
         assert!(e.contains("nope.pem") && e.contains("cannot read"), "{e}");
@@ -174,7 +466,7 @@ mod tests {
             cert: a.cert.clone(),
             key: b.key.clone(),
         };
-        let e = server_config(&settings(vec![mismatched]))
+        let e = server_config(&settings(vec![mismatched]), &Resumption::new())
             .unwrap_err()
             .to_string();
         assert!(e.contains("b.key") && e.contains("does not match"), "{e}");
@@ -183,7 +475,7 @@ mod tests {
             cert: a.cert.clone(),
             key: d.join("junk.key"),
         };
-        let e = server_config(&settings(vec![junk]))
+        let e = server_config(&settings(vec![junk]), &Resumption::new())
             .unwrap_err()
             .to_string();
         assert!(e.contains("junk.key"), "{e}");
