@@ -408,7 +408,7 @@ impl Control {
                 summary.kept.push(s.name.clone());
             } else {
                 summary.removed.push(s.name.clone());
-                let _ = s.stop.send(true);
+                s.stop.send_replace(true);
             }
         }
         if !checked {
@@ -448,9 +448,9 @@ impl Control {
         let mut inner = self.lock();
         inner.shutting_down = true;
         for s in &inner.slots {
-            let _ = s.stop.send(true);
+            s.stop.send_replace(true);
         }
-        let _ = self.shutdown.send(true);
+        self.shutdown.send_replace(true);
     }
 }
 
