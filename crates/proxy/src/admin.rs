@@ -861,7 +861,7 @@ pub fn metrics(control: &Control) -> String {
     e.family(
         "portico_upstream_header_duration_seconds",
         "histogram",
-        "Time from asking for an upstream connection to the upstream's response head, per server.",
+        "Time from picking an upstream server to its response head, per server.",
     );
     for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
         let g = u.group();

@@ -194,12 +194,13 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
 /// that a reload removed keeps its last state; its stop signal ends the connection after this
 /// request.
 fn refresh(ctx: &mut Ctx) {
+    if ctx.worker.generation() == ctx.shared.generation {
+        return;
+    }
     let newest = ctx.worker.snapshot();
-    if newest.generation != ctx.shared.generation {
-        if let Some(ls) = newest.listener(ctx.ls.slot) {
-            ctx.ls = ls.clone();
-            ctx.shared = newest;
-        }
+    if let Some(ls) = newest.listener(ctx.ls.slot) {
+        ctx.ls = ls.clone();
+        ctx.shared = newest;
     }
 }
 

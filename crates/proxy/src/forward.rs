@@ -42,10 +42,12 @@ pub async fn proxy(
     // The route's group, or its fallback (and so on) when no server of it is available.
     let mut gi = p.upstream;
     let mut hops = 0;
+    // One clock read serves the pick (ejection expiry, slow start) and the header-time metric.
+    let asked = Instant::now();
     let (upstream, guard) = loop {
         let upstream = &shared.upstreams[gi];
         let key = hash_key(&upstream.group().balance, c, head);
-        let e = match upstream.pick_at(key, None, Instant::now()) {
+        let e = match upstream.pick_at(key, None, asked) {
             Ok(guard) => break (upstream, guard),
             Err(PickError::AtLimit) => ProxyError::NoServer,
             Err(PickError::Unavailable) => match upstream.group().fallback {
@@ -118,7 +120,6 @@ pub async fn proxy(
     }
     let mut interim = Vec::new();
     let mut fresh_only = false;
-    let asked = std::time::Instant::now();
     let (mut up, reused, resp, body_done) = loop {
         let pooled = if fresh_only {
             None

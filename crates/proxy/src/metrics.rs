@@ -119,8 +119,8 @@ impl RouteStats {
 pub struct GroupStats {
     /// Requests refused because no server could take them.
     pub no_server: Arc<AtomicU64>,
-    /// Per server (indexed like the group's servers): from asking for a connection to the
-    /// upstream's response head, connect included.
+    /// Per server (indexed like the group's servers): from picking the server to the upstream's
+    /// response head (connect and any `100 Continue` included).
     pub header_time: Vec<Arc<Histogram>>,
 }
 

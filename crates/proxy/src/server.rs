@@ -102,6 +102,11 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// The generation of the newest configuration snapshot.
+    pub fn generation(&self) -> u64 {
+        self.control.generation.load(Ordering::Acquire)
+    }
+
     /// The newest configuration snapshot (one atomic load when nothing changed).
     pub fn snapshot(&self) -> Snapshot {
         let generation = self.control.generation.load(Ordering::Acquire);
