@@ -6,13 +6,15 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v varnishtest >/dev/null 2>&1 || need_apt+=(varnish)
+# the dashboard test loads the admin page in a real headless browser
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
   else
-    echo "==> missing ${need_apt[*]}: run as root or install them (varnishtest scenarios need varnish)" >&2
+    echo "==> missing ${need_apt[*]}: run as root or install them (varnishtest needs varnish, the dashboard test chromium)" >&2
     exit 1
   fi
 fi
@@ -24,6 +26,8 @@ echo "==> cargo clippy (warnings denied)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked 2>&1 | tee target/cargo-test.log
+echo "==> dashboard in headless chromium"
+PORTICO_CHROMIUM="$(command -v chromium)" cargo test --locked -p portico-proxy --test dashboard -- --ignored
 echo "==> varnishtest scenarios"
 cargo build --release --locked -p portico
 scripts/vtc.sh
