@@ -7,42 +7,26 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// A group from the balancer tests' builder, with a TCP health check and quick passive checks.
 fn group_with(
     weights: &[u32],
     balance: Balance,
     edit: impl FnOnce(&mut UpstreamGroup),
 ) -> Arc<UpstreamGroup> {
-    let mut g = UpstreamGroup {
-        name: "g".into(),
-        servers: weights
-            .iter()
-            .enumerate()
-            .map(|(i, &weight)| Server {
-                address: SocketAddr::from(([10, 0, 0, i as u8 + 1], 8080)),
-                weight,
-            })
-            .collect(),
-        balance,
-        keepalive: 64,
-        max_connections_per_server: 0,
-        connect_timeout: Duration::from_secs(1),
-        response_header_timeout: Duration::from_secs(1),
-        idle_timeout: Duration::from_secs(1),
-        health_check: Some(HealthCheck {
-            kind: HealthCheckKind::Tcp,
-            interval: Duration::from_secs(1),
-            timeout: ms(500),
-            rise: 2,
-            fall: 3,
-        }),
-        passive: PassiveCheck {
-            max_failures: 3,
-            ejection: ms(100),
-            max_ejection: ms(1000),
-            max_ejected_percent: 50,
-            slow_start: Duration::ZERO,
-        },
-        fallback: None,
+    let mut g = Arc::unwrap_or_clone(crate::tests::group(weights, balance, 0));
+    g.health_check = Some(HealthCheck {
+        kind: HealthCheckKind::Tcp,
+        interval: Duration::from_secs(1),
+        timeout: ms(500),
+        rise: 2,
+        fall: 3,
+    });
+    g.passive = PassiveCheck {
+        max_failures: 3,
+        ejection: ms(100),
+        max_ejection: ms(1000),
+        max_ejected_percent: 50,
+        slow_start: Duration::ZERO,
     };
     edit(&mut g);
     Arc::new(g)

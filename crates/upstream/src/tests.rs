@@ -5,7 +5,7 @@ use portico_config::{PassiveCheck, Server};
 use select::{least_connections, two_random_choices};
 use std::time::Duration;
 
-fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<UpstreamGroup> {
+pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<UpstreamGroup> {
     Arc::new(UpstreamGroup {
         name: "g".into(),
         servers: weights
