@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 
 use crate::model::{
     AccessLogFormat, Action, Balance, Config, HeaderRules, HealthCheckKind, HostMatch,
-    ListenerLimits, Matcher, PathMatch, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+    ListenerLimits, Matcher, PathMatch, ProxyAction, RetryPolicy, Route, StaticAction,
+    UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
 
@@ -324,7 +325,25 @@ fn route_extras(route: &Route) -> Vec<String> {
     }
     out.extend(rules("request", &route.request_headers));
     out.extend(rules("response", &route.response_headers));
+    if let Action::Proxy(ProxyAction { retry: Some(r), .. }) = &route.action {
+        out.push(retry_summary(r));
+    }
     out
+}
+
+fn retry_summary(r: &RetryPolicy) -> String {
+    let methods = if r.non_idempotent {
+        "any method"
+    } else {
+        "idempotent methods"
+    };
+    format!(
+        "retry: up to {} on {} ({methods}, requests without a body), another server when one is available; budget {}% of requests + {}/s",
+        r.retries,
+        r.on.names().join(", "),
+        r.budget * 100.0,
+        r.min_per_second
+    )
 }
 
 fn upstream_summary(group: &UpstreamGroup) -> String {

@@ -590,6 +590,8 @@ fn counters(stats: &Stats, control: &Control) -> Value {
         "upstream_reused": stats.upstream_reused.load(Relaxed),
         "upstream_connects": stats.upstream_connects.load(Relaxed),
         "upstream_retries": stats.upstream_retries.load(Relaxed),
+        "retries": stats.retries.load(Relaxed),
+        "retries_budget_exhausted": stats.retries_budget_exhausted.load(Relaxed),
         "upstream_idle_connections": control.idle_upstream.load(Relaxed),
         "tls_handshake_failures": stats.tls_handshake_failures.load(Relaxed),
     })
@@ -700,6 +702,16 @@ pub fn metrics(control: &Control) -> String {
             "portico_upstream_retries_total",
             "Requests retried on a new connection after a stale pooled one failed.",
             &stats.upstream_retries,
+        ),
+        (
+            "portico_retries_total",
+            "Attempts sent again to another server under a route's retry policy.",
+            &stats.retries,
+        ),
+        (
+            "portico_retries_budget_exhausted_total",
+            "Retries a route's retry policy asked for and its retry budget refused.",
+            &stats.retries_budget_exhausted,
         ),
         (
             "portico_tls_handshake_failures_total",

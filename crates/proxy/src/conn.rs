@@ -3,6 +3,7 @@
 use crate::date::with_date;
 use crate::error::ProxyError;
 use crate::forward;
+use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
@@ -372,7 +373,10 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
         }
     }
     match &route.action {
-        Action::Proxy(p) => forward::proxy(c, ctx, head, route, p).await,
+        Action::Proxy(p) => match ls.resilience.get(idx) {
+            Some(res) => forward::proxy(c, ctx, head, route, p, res).await,
+            None => forward::proxy(c, ctx, head, route, p, &RouteResilience::default()).await,
+        },
         Action::Static(_) | Action::Origin(_) => {
             let Some(origin) = ls.origins[idx].as_ref() else {
                 return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;

@@ -10,6 +10,8 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod pool;
+pub mod resilience;
+pub mod retry;
 pub mod route;
 pub mod server;
 pub mod stats;
