@@ -4,8 +4,8 @@ use std::fmt::Write as _;
 
 use crate::model::{
     AccessLogFormat, Action, Balance, Config, HeaderRules, HealthCheckKind, HostMatch,
-    ListenerLimits, Matcher, PathMatch, ProxyAction, RetryPolicy, Route, StaticAction,
-    UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+    ListenerLimits, Matcher, PathMatch, ProxyAction, RateLimitKey, RetryPolicy, Route,
+    StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
 
@@ -327,6 +327,17 @@ fn route_extras(route: &Route) -> Vec<String> {
     out.extend(rules("response", &route.response_headers));
     if let Action::Proxy(ProxyAction { retry: Some(r), .. }) = &route.action {
         out.push(retry_summary(r));
+    }
+    if let Some(l) = &route.rate_limit {
+        let by = match &l.key {
+            RateLimitKey::ClientIp => "client IP".to_string(),
+            RateLimitKey::Header(h) => format!("header {h} (else client IP)"),
+            RateLimitKey::Cookie(c) => format!("cookie {c} (else client IP)"),
+        };
+        out.push(format!(
+            "rate_limit: {}/s per {by}, burst {}, at most {} keys; over it 429 with Retry-After",
+            l.rate, l.burst, l.max_keys
+        ));
     }
     out
 }

@@ -165,7 +165,36 @@ pub struct Route {
     pub max_body_bytes: u64,
     pub request_headers: HeaderRules,
     pub response_headers: HeaderRules,
+    /// Requests per key (`[listeners.routes.rate_limit]`); None = unlimited.
+    pub rate_limit: Option<RateLimit>,
 }
+
+/// A token bucket per key, shared by every worker: `burst` tokens at most, `rate` new tokens per
+/// second; a request takes one, and a request finding none gets 429 with `Retry-After`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added per second (> 0; fractions allowed: 0.5 = one request every 2 s).
+    pub rate: f64,
+    /// Bucket size: requests allowed at once after an idle period (default: `rate` rounded up).
+    pub burst: u32,
+    pub key: RateLimitKey,
+    /// Most keys tracked at once (default 100_000); idle buckets are dropped first when full.
+    pub max_keys: usize,
+}
+
+/// What a rate limit counts requests by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RateLimitKey {
+    /// The client's IP address (the default).
+    ClientIp,
+    /// This request header's value (lowercased name); requests without it count by client IP.
+    Header(String),
+    /// This cookie's value (name as written); requests without it count by client IP.
+    Cookie(String),
+}
+
+/// Rate limit `max_keys` when not configured.
+pub const DEFAULT_RATE_LIMIT_KEYS: usize = 100_000;
 
 #[derive(Debug, Clone, Default)]
 pub struct Matcher {

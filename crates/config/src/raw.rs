@@ -122,6 +122,18 @@ pub(crate) struct RawRoute {
     pub response_headers: Option<RawHeaderRules>,
     // resilience
     pub retry: Option<RawRetry>,
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+/// `[listeners.routes.rate_limit]`: a token bucket per client IP, header value or cookie value.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a rate_limit table")]
+pub(crate) struct RawRateLimit {
+    pub rate: Option<Spanned<Number>>,
+    pub burst: Option<Spanned<Int>>,
+    pub header: Option<Spanned<String>>,
+    pub cookie: Option<Spanned<String>>,
+    pub max_keys: Option<Spanned<Int>>,
 }
 
 /// `[listeners.routes.retry]`: retries of failed proxied requests.

@@ -12,17 +12,17 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
-    Matcher, PassiveCheck, PathMatch, ProxyAction, RetryOn, RetryPolicy, Route, Server,
-    StaticAction, TlsSettings, TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL,
-    DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND,
-    DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
+    Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey, RetryOn, RetryPolicy,
+    Route, Server, StaticAction, TlsSettings, TlsVersion, UpstreamGroup, CIPHER_SUITES,
+    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,
+    DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
-    RawLimits, RawListener, RawPassive, RawRespond, RawRetry, RawRoute, RawTls, RawUpstream,
-    Scalar, ServerSpec, StrList, StrOrBool,
+    RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute, RawTls,
+    RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -1366,6 +1366,10 @@ fn route(
         &sub(key, "response_headers"),
         r.response_headers.as_ref(),
     );
+    let rate_limit = r
+        .rate_limit
+        .as_ref()
+        .and_then(|raw| rate_limit(ctx, &sub(key, "rate_limit"), start(item), raw));
     let action = action(ctx, key, start(item), r, &matcher, upstreams)?;
     Some(Route {
         name,
@@ -1374,6 +1378,100 @@ fn route(
         max_body_bytes,
         request_headers,
         response_headers,
+        rate_limit,
+    })
+}
+
+fn rate_limit(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    route_at: usize,
+    raw: &RawRateLimit,
+) -> Option<RateLimit> {
+    let Some(rate_value) = &raw.rate else {
+        let at = [
+            raw.burst.as_ref().map(start),
+            raw.header.as_ref().map(start),
+            raw.cookie.as_ref().map(start),
+            raw.max_keys.as_ref().map(start),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(route_at);
+        ctx.error(
+            at,
+            &sub(key, "rate"),
+            "a rate_limit needs `rate`, the requests allowed per second (such as rate = 10)",
+        );
+        return None;
+    };
+    let rate = rate_value.get_ref().0;
+    if !(rate > 0.0 && rate <= 1e9) {
+        ctx.error(
+            start(rate_value),
+            &sub(key, "rate"),
+            format!("must be a number of requests per second above 0 (at most 1e9), found {rate}"),
+        );
+        return None;
+    }
+    let default_burst = (rate.ceil() as i64).max(1);
+    let burst = int(
+        ctx,
+        raw.burst.as_ref(),
+        &sub(key, "burst"),
+        default_burst,
+        1,
+        1_000_000_000,
+    );
+    let max_keys = int(
+        ctx,
+        raw.max_keys.as_ref(),
+        &sub(key, "max_keys"),
+        DEFAULT_RATE_LIMIT_KEYS as i64,
+        1,
+        100_000_000,
+    );
+    let by = match (&raw.header, &raw.cookie) {
+        (Some(h), Some(c)) => {
+            let (later, at) = if start(c) > start(h) {
+                ("cookie", start(c))
+            } else {
+                ("header", start(h))
+            };
+            ctx.error(
+                at,
+                &sub(key, later),
+                "a rate limit counts by one key: set `header` or `cookie`, not both (neither = the client IP)",
+            );
+            RateLimitKey::ClientIp
+        }
+        (Some(h), None) => {
+            if let Some(message) = header_name_error(h.get_ref()) {
+                ctx.error(start(h), &sub(key, "header"), message);
+            }
+            RateLimitKey::Header(h.get_ref().to_ascii_lowercase())
+        }
+        (None, Some(c)) => {
+            if !is_token(c.get_ref()) {
+                ctx.error(
+                    start(c),
+                    &sub(key, "cookie"),
+                    format!(
+                        "invalid cookie name {:?}: a token (letters, digits and !#$%&'*+-.^_`|~)",
+                        c.get_ref()
+                    ),
+                );
+            }
+            RateLimitKey::Cookie(c.get_ref().clone())
+        }
+        (None, None) => RateLimitKey::ClientIp,
+    };
+    Some(RateLimit {
+        rate,
+        burst: u32::try_from(burst).unwrap_or(u32::MAX),
+        key: by,
+        max_keys: usize::try_from(max_keys).unwrap_or(DEFAULT_RATE_LIMIT_KEYS),
     })
 }
 

@@ -1,6 +1,8 @@
-//! Route resilience keys (`retry`): defaults, parsing, errors and `explain`.
+//! Route resilience keys (`retry`, `rate_limit`): defaults, parsing, errors and `explain`.
 
-use portico_config::{explain, parse, Action, ProxyAction, RetryOn, RetryPolicy};
+use portico_config::{
+    explain, parse, Action, ProxyAction, RateLimit, RateLimitKey, RetryOn, RetryPolicy,
+};
 
 const UPSTREAM: &str = "[upstreams.a]\nservers = [\"127.0.0.1:1\"]\n";
 
@@ -83,4 +85,52 @@ fn retry_only_on_proxy_routes() {
         e,
         "t.toml:5:21: listeners[0].routes[0].retry: `retry` only applies to proxy routes; this route's action is `origin`"
     );
+}
+
+fn limit_of(route: &str) -> Option<RateLimit> {
+    let c = parse(&with(route), "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    c.listeners[0].routes[0].rate_limit.clone()
+}
+
+#[test]
+fn rate_limit_defaults_and_keys() {
+    assert_eq!(limit_of(""), None);
+    let l = limit_of("rate_limit = { rate = 2.5 }").unwrap();
+    assert_eq!(l.rate, 2.5);
+    assert_eq!(l.burst, 3, "the burst defaults to the rate rounded up");
+    assert_eq!(l.key, RateLimitKey::ClientIp);
+    assert_eq!(l.max_keys, 100_000);
+    let l = limit_of("[listeners.routes.rate_limit]\nrate = 100\nburst = 20\nheader = \"X-Api-Key\"\nmax_keys = 50\n").unwrap();
+    assert_eq!((l.burst, l.max_keys), (20, 50));
+    assert_eq!(l.key, RateLimitKey::Header("x-api-key".into()));
+    let l = limit_of("rate_limit = { rate = 0.1, cookie = \"sid\" }").unwrap();
+    assert_eq!((l.burst, l.key), (1, RateLimitKey::Cookie("sid".into())));
+    let text = explain(&parse(&with("rate_limit = { rate = 5, cookie = \"sid\" }"), "t").unwrap());
+    assert!(
+        text.contains("rate_limit: 5/s per cookie sid (else client IP), burst 5"),
+        "{text}"
+    );
+}
+
+#[test]
+fn rate_limit_errors_name_the_key_and_position() {
+    assert_eq!(
+        err("[listeners.routes.rate_limit]\nburst = 5\n"),
+        "t.toml:6:9: listeners[0].routes[0].rate_limit.rate: a rate_limit needs `rate`, the requests allowed per second (such as rate = 10)"
+    );
+    assert_eq!(
+        err("[listeners.routes.rate_limit]\nrate = 0\n"),
+        "t.toml:6:8: listeners[0].routes[0].rate_limit.rate: must be a number of requests per second above 0 (at most 1e9), found 0"
+    );
+    assert_eq!(
+        err("[listeners.routes.rate_limit]\nrate = 1\nburst = 0\n"),
+        "t.toml:7:9: listeners[0].routes[0].rate_limit.burst: must be at least 1, found 0"
+    );
+    assert_eq!(
+        err("rate_limit = { rate = 1, header = \"a\", cookie = \"b\" }"),
+        "t.toml:5:49: listeners[0].routes[0].rate_limit.cookie: a rate limit counts by one key: set `header` or `cookie`, not both (neither = the client IP)"
+    );
+    assert!(err("rate_limit = { rate = 1, header = \"a b\" }").contains("invalid header name"));
+    assert!(err("rate_limit = { rate = 1, cookie = \"a;b\" }").contains("invalid cookie name"));
+    assert!(err("rate_limit = { rate = 1, max_keys = 0 }").contains("must be at least 1"));
 }

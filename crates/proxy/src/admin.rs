@@ -592,6 +592,7 @@ fn counters(stats: &Stats, control: &Control) -> Value {
         "upstream_retries": stats.upstream_retries.load(Relaxed),
         "retries": stats.retries.load(Relaxed),
         "retries_budget_exhausted": stats.retries_budget_exhausted.load(Relaxed),
+        "rate_limited": stats.rate_limited.load(Relaxed),
         "upstream_idle_connections": control.idle_upstream.load(Relaxed),
         "tls_handshake_failures": stats.tls_handshake_failures.load(Relaxed),
     })
@@ -712,6 +713,11 @@ pub fn metrics(control: &Control) -> String {
             "portico_retries_budget_exhausted_total",
             "Retries a route's retry policy asked for and its retry budget refused.",
             &stats.retries_budget_exhausted,
+        ),
+        (
+            "portico_rate_limited_total",
+            "Requests refused with 429 by a route's rate limit.",
+            &stats.rate_limited,
         ),
         (
             "portico_tls_handshake_failures_total",

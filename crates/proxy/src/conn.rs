@@ -3,12 +3,13 @@
 use crate::date::with_date;
 use crate::error::ProxyError;
 use crate::forward;
+use crate::ratelimit::{retry_after_secs, RateLimiter};
 use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
-use portico_config::{Action, Route};
+use portico_config::{Action, RateLimit, RateLimitKey, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;
 use std::net::SocketAddr;
@@ -357,6 +358,14 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -
 async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
     let ls = &*ctx.ls;
     let route = &ls.listener.routes[idx];
+    if let (Some(limit), Some(limiter)) = (
+        &route.rate_limit,
+        ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
+    ) {
+        if let Err(wait) = check_rate(c, head, limit, limiter) {
+            return rate_limited(c, ctx, head, wait).await;
+        }
+    }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
             if n > route.max_body_bytes {
@@ -427,6 +436,63 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
     }
 }
 
+/// Take a token from the bucket of this request's key: the header or cookie value when the
+/// limit names one and the request has it, else the client IP (in its own key space).
+fn check_rate(
+    c: &Conn,
+    head: &RequestHead,
+    limit: &RateLimit,
+    limiter: &RateLimiter,
+) -> Result<(), std::time::Duration> {
+    let ip = (0, c.client_ip.as_bytes());
+    let (kind, key) = match &limit.key {
+        RateLimitKey::ClientIp => ip,
+        RateLimitKey::Header(name) => head.field(name).map_or(ip, |v| (1, v)),
+        RateLimitKey::Cookie(name) => head
+            .field("cookie")
+            .and_then(|v| forward::cookie_value(v, name.as_bytes()))
+            .map_or(ip, |v| (2, v)),
+    };
+    limiter.check(kind, key, Instant::now())
+}
+
+/// Answer 429 with `Retry-After` (whole seconds until the key's next token, at least 1).
+async fn rate_limited(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    wait: std::time::Duration,
+) -> Outcome {
+    ctx.shared
+        .stats
+        .rate_limited
+        .fetch_add(1, Ordering::Relaxed);
+    let e = ProxyError::RateLimited;
+    tracing::debug!(peer = %c.peer, target = head.target(), "{e}");
+    // The body (if any) is not read: the connection closes after the answer.
+    let ka =
+        matches!(head.framing, Framing::None | Framing::Length(0)) && may_keep_alive(c, ctx, head);
+    let secs = retry_after_secs(wait).to_string();
+    let status = e.status();
+    let r = write_simple(
+        c,
+        status,
+        "text/plain",
+        error_body(status),
+        ka,
+        Some(head),
+        &[("Retry-After", secs.as_str())],
+    )
+    .await;
+    Outcome {
+        termination: e.termination(Phase::Route),
+        status,
+        keep_alive: ka && r.is_ok(),
+        bytes_sent: r.unwrap_or(0),
+        upstream: None,
+    }
+}
+
 fn local_outcome(r: Result<u64, ProxyError>, status: u16, ka: bool) -> Outcome {
     match r {
         Ok(n) => Outcome::ok(status, ka, n),
@@ -486,6 +552,7 @@ pub fn error_body(status: u16) -> &'static [u8] {
         408 => b"408 Request Timeout\n",
         413 => b"413 Content Too Large\n",
         414 => b"414 URI Too Long\n",
+        429 => b"429 Too Many Requests: retry after the time in Retry-After\n",
         431 => b"431 Request Header Fields Too Large\n",
         501 => b"501 Not Implemented\n",
         502 => b"502 Bad Gateway: the upstream server could not be reached or answered badly\n",

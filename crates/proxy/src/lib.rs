@@ -10,6 +10,7 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod pool;
+pub mod ratelimit;
 pub mod resilience;
 pub mod retry;
 pub mod route;

@@ -1,5 +1,6 @@
-//! Per-route resilience state shared by every worker: the retry budget (and its carry-over across reloads).
+//! Per-route resilience state shared by every worker: retry budget and rate-limit buckets, carried across reloads.
 
+use crate::ratelimit::RateLimiter;
 use crate::retry::RetryBudget;
 use crate::server::ListenerState;
 use portico_config::{Action, Listener, Route};
@@ -11,11 +12,13 @@ use std::time::Instant;
 pub struct RouteResilience {
     /// Present when the route has a `retry` table.
     pub retry_budget: Option<Arc<RetryBudget>>,
+    /// Present when the route has a `rate_limit` table.
+    pub rate_limit: Option<Arc<RateLimiter>>,
 }
 
 /// The state for each route of `l`. A route of the same name in `previous` (the listener of the
 /// same name in the running snapshot) with the same settings hands its state over, so a reload
-/// neither refills a retry budget nor forgets it.
+/// neither refills a retry budget or a client's rate-limit bucket nor forgets them.
 pub fn for_listener(l: &Listener, previous: Option<&ListenerState>) -> Vec<RouteResilience> {
     let now = Instant::now();
     l.routes
@@ -27,9 +30,26 @@ pub fn for_listener(l: &Listener, previous: Option<&ListenerState>) -> Vec<Route
             });
             RouteResilience {
                 retry_budget: retry_budget(r, before, now),
+                rate_limit: rate_limit(r, before),
             }
         })
         .collect()
+}
+
+fn rate_limit(r: &Route, before: Option<(&Route, &RouteResilience)>) -> Option<Arc<RateLimiter>> {
+    let limit = r.rate_limit.as_ref()?;
+    if let Some((old, state)) = before {
+        if old.rate_limit.as_ref() == Some(limit) {
+            if let Some(kept) = &state.rate_limit {
+                return Some(kept.clone());
+            }
+        }
+    }
+    Some(Arc::new(RateLimiter::new(
+        limit.rate,
+        limit.burst,
+        limit.max_keys,
+    )))
 }
 
 fn retry_budget(

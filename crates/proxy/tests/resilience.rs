@@ -169,3 +169,115 @@ fn retries_stop_at_the_budget_share_when_the_whole_group_fails() {
     );
     p.shutdown();
 }
+
+/// One listener "p" answering 200 itself on a route limited by `limit` (a rate_limit table).
+fn limited(limit: &str) -> String {
+    format!(
+        "drain_timeout = \"2s\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nrespond = {{ status = 200, body = \"ok\" }}\nrate_limit = {limit}\n"
+    )
+}
+
+fn get_with(p: &Running, extra: &str) -> portico_testkit::Response {
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let raw = format!("GET /x HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{extra}\r\n");
+    c.request(raw.as_bytes()).unwrap()
+}
+
+#[test]
+fn over_the_limit_is_429_with_retry_after_per_key() {
+    let p = proxy(&limited("{ rate = 0.5, burst = 2, header = \"x-key\" }"), 2);
+    for _ in 0..2 {
+        assert_eq!(get_with(&p, "X-Key: a\r\n").status, 200);
+    }
+    let r = get_with(&p, "X-Key: a\r\n");
+    assert_eq!(r.status, 429);
+    // The next token comes in 2 s (0.5 per second); never less than 1.
+    let after: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&after), "Retry-After {after}");
+    // Another key has its own bucket; requests without the header count by client IP.
+    assert_eq!(get_with(&p, "X-Key: b\r\n").status, 200);
+    assert_eq!(get_with(&p, "").status, 200);
+    assert_eq!(get_with(&p, "").status, 200);
+    assert_eq!(get_with(&p, "").status, 429);
+    assert_eq!(p.stats().rate_limited.load(Relaxed), 2);
+    let metrics = portico_proxy::admin::metrics(p.control());
+    assert!(
+        metrics.contains("\nportico_rate_limited_total 2\n"),
+        "{metrics}"
+    );
+    p.shutdown();
+}
+
+#[test]
+fn the_rate_limit_is_exact_across_workers() {
+    let (rate, burst) = (20.0, 10.0);
+    let p = proxy(&limited("{ rate = 20, burst = 10 }"), 2);
+    let addr = p.addr("p").unwrap();
+    let run_for = std::time::Duration::from_millis(1000);
+    let started = std::time::Instant::now();
+    // Several clients at once, a new connection per request: the kernel spreads the
+    // connections over both workers' sockets, and all of them share one bucket (one client IP).
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut ok, mut limited) = (0u64, 0u64);
+                while started.elapsed() < run_for {
+                    let mut c = Client::connect(addr).unwrap();
+                    let r = c
+                        .request(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                        .unwrap();
+                    match r.status {
+                        200 => ok += 1,
+                        429 => limited += 1,
+                        s => panic!("status {s}"),
+                    }
+                }
+                (ok, limited)
+            })
+        })
+        .collect();
+    let (mut ok, mut limited) = (0, 0);
+    for t in threads {
+        let (o, l) = t.join().unwrap();
+        ok += o;
+        limited += l;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    // Every token that existed while requests kept coming was taken, and no more: the burst
+    // plus the rate over the run (less at most a few tokens minted after the last requests).
+    let most = burst + rate * elapsed;
+    eprintln!("allowed {ok}, limited {limited}, bound {most:.2}");
+    assert!(
+        ok as f64 <= most + 1.0,
+        "{ok} allowed, at most {most:.1} expected"
+    );
+    assert!(
+        ok as f64 >= most - rate * 0.25 - 1.0,
+        "{ok} allowed, about {most:.1} expected"
+    );
+    assert!(limited > 0);
+    assert_eq!(p.stats().rate_limited.load(Relaxed), limited);
+    p.shutdown();
+}
+
+#[test]
+fn a_reload_keeps_the_buckets_of_an_unchanged_limit_and_resets_a_changed_one() {
+    let text = limited("{ rate = 0.01, burst = 1 }");
+    let p = proxy(&text, 1);
+    assert_eq!(get_with(&p, "").status, 200);
+    assert_eq!(get_with(&p, "").status, 429);
+    // The same limit: the empty bucket stays empty (a reload is no way around a limit).
+    p.reload(portico_config::parse(&text, "t").unwrap())
+        .unwrap();
+    assert_eq!(get_with(&p, "").status, 429);
+    // A new limit starts with full buckets.
+    let changed = limited("{ rate = 0.01, burst = 2 }");
+    p.reload(portico_config::parse(&changed, "t").unwrap())
+        .unwrap();
+    assert_eq!(get_with(&p, "").status, 200);
+    p.shutdown();
+}
