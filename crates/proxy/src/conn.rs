@@ -8,6 +8,7 @@ use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
+use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
 use portico_config::{Action, RateLimit, RateLimitKey, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
@@ -99,6 +100,8 @@ pub struct Conn {
     /// The request head being sent upstream (kept to reuse its allocation).
     pub ubuf: BytesMut,
     pub requests: u64,
+    /// Phase timings of the current request, for the access log.
+    pub timings: Timings,
 }
 
 /// What one request did to the connection.
@@ -134,6 +137,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         wbuf: BytesMut::with_capacity(8 * 1024),
         ubuf: BytesMut::with_capacity(1024),
         requests: 0,
+        timings: Timings::default(),
     };
     let accepted = Instant::now();
     loop {
@@ -159,6 +163,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                             &[],
                         )
                         .await;
+                        // No head: no phases but the total (not the previous request's).
+                        c.timings = Timings::default();
                         log_access(
                             &ctx,
                             &c,
@@ -179,6 +185,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             }
         };
         c.requests += 1;
+        // The one clock read at the head: the head phase, and the pick time of a proxied request.
+        c.timings = Timings::begin(Instant::now());
         refresh(&mut ctx);
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = handle(&mut c, &ctx, &head, started).await;
@@ -227,7 +235,7 @@ async fn close(c: &mut Conn, lingering: bool) {
 
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
-        log.write(c.peer, head, o, started.elapsed());
+        log.write(c.peer, head, o, &c.timings.phases(started));
     }
 }
 
@@ -351,7 +359,10 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -
     };
     let outcome = run_route(c, ctx, head, idx).await;
     // A response the client never got (status 0 or a failed write) still counts its latency.
-    ls.route_stats[idx].record(outcome.status, started.elapsed());
+    // The same clock read ends the access log's timings.
+    let done = Instant::now();
+    ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
+    c.timings.done = Some(done);
     outcome
 }
 

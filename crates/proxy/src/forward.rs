@@ -42,14 +42,10 @@ pub async fn proxy(
     p: &ProxyAction,
     res: &RouteResilience,
 ) -> Outcome {
-    // One clock read serves the budget, the pick (ejection expiry, slow start) and the
-    // header-time metric.
-    let mut retry = Retry::new(
-        p.retry.as_ref(),
-        res.retry_budget.as_deref(),
-        head,
-        Instant::now(),
-    );
+    // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
+    // the header-time metric.
+    let now = c.timings.head.unwrap_or_else(Instant::now);
+    let mut retry = Retry::new(p.retry.as_ref(), res.retry_budget.as_deref(), head, now);
     loop {
         if let Some(outcome) = attempt(c, ctx, head, route, p, &mut retry).await {
             return outcome;
@@ -149,17 +145,19 @@ async fn attempt(
     }
     let mut interim = Vec::new();
     let mut fresh_only = false;
-    let (mut up, reused, resp, body_done) = loop {
+    let (mut up, reused, resp, body_done, got) = loop {
         let pooled = if fresh_only {
             None
         } else {
             ctx.worker.pool.take(addr)
         };
         let reused = pooled.is_some();
+        c.timings.connect = None;
         let mut up = match pooled {
             Some(u) => u,
             None => match connect(addr, group.connect_timeout).await {
-                Ok(u) => {
+                Ok((u, took)) => {
+                    c.timings.connect = Some(took);
                     shared
                         .stats
                         .upstream_connects
@@ -195,8 +193,11 @@ async fn attempt(
         match r {
             Ok((resp, body_done)) => {
                 let status = resp.status();
-                upstream.report(server, Report::Response { status }, Instant::now());
-                break (up, reused, resp, body_done);
+                // One clock read: passive checks, the header-time metric, the access log.
+                let got = Instant::now();
+                upstream.report(server, Report::Response { status }, got);
+                c.timings.response = Some(got);
+                break (up, reused, resp, body_done, got);
             }
             Err((e, _))
                 if reused
@@ -238,7 +239,7 @@ async fn attempt(
         }
     };
     if let Some(h) = group_stats.header_time.get(guard.index()) {
-        h.observe(asked.elapsed());
+        h.observe(got.saturating_duration_since(asked));
     }
     shared
         .stats
@@ -389,13 +390,16 @@ pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     })
 }
 
-async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
+/// Open a connection to `addr` under timeout `t`; also says how long the connect took.
+async fn connect(addr: SocketAddr, t: Duration) -> Result<(UpConn, Duration), ProxyError> {
+    let begun = Instant::now();
     match timeout(t, TcpStream::connect(addr)).await {
         Err(_) => Err(ProxyError::ConnectTimeout),
         Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
         Ok(Ok(s)) => {
+            let took = begun.elapsed();
             let _ = s.set_nodelay(true);
-            Ok(UpConn::new(s))
+            Ok((UpConn::new(s), took))
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod route;
 pub mod server;
 pub mod stats;
 pub mod stream;
+pub mod timing;
 
 pub use error::ProxyError;
 pub use health::HealthChecker;

@@ -281,3 +281,52 @@ fn a_reload_keeps_the_buckets_of_an_unchanged_limit_and_resets_a_changed_one() {
     assert_eq!(get_with(&p, "").status, 200);
     p.shutdown();
 }
+
+#[test]
+fn the_access_log_carries_phase_timings() {
+    let dir = std::env::temp_dir().join(format!("portico-phases-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let up = TestUpstream::start(|r| {
+        if r.target == "/slow" {
+            Reply::Stall(std::time::Duration::from_millis(50))
+        } else {
+            Reply::ok("fast")
+        }
+    });
+    let toml = format!(
+        "access_log = {{ path = \"{}\", format = \"json\" }}\n{}",
+        path.display(),
+        config(RETRY_ROUTE, &[up.addr])
+    );
+    let p = proxy(&toml, 1);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for target in ["/first", "/slow"] {
+        let raw = format!("GET {target} HTTP/1.1\r\nHost: t\r\n\r\n");
+        assert_eq!(c.request(raw.as_bytes()).unwrap().status, 200);
+    }
+    drop(c);
+    p.shutdown();
+    p.wait();
+    let log = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    let secs = |v: &serde_json::Value, k: &str| v[k].as_f64();
+    let (first, slow) = (&lines[0], &lines[1]);
+    assert_eq!(first["target"], "/first");
+    // A new upstream connection: its connect time is logged; the reused one has none.
+    assert!(secs(first, "connect_s").is_some(), "{log}");
+    assert!(secs(slow, "connect_s").is_none(), "{log}");
+    for v in [first, slow] {
+        let head = secs(v, "head_s").expect("head_s");
+        let ttfb = secs(v, "ttfb_s").expect("ttfb_s");
+        let total = secs(v, "duration_s").expect("duration_s");
+        assert!(head <= ttfb && ttfb <= total, "{log}");
+    }
+    // The upstream waited 50 ms before its head.
+    assert!(secs(slow, "ttfb_s").unwrap() >= 0.05, "{log}");
+}
