@@ -352,7 +352,7 @@ fn retry_summary(r: &RetryPolicy) -> String {
         "retry: up to {} on {} ({methods}, requests without a body), another server when one is available; budget {}% of requests + {}/s",
         r.retries,
         r.on.names().join(", "),
-        r.budget * 100.0,
+        (r.budget * 1000.0).round() / 10.0,
         r.min_per_second
     )
 }

@@ -374,6 +374,9 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
         ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
     ) {
         if let Err(wait) = check_rate(c, head, limit, limiter) {
+            ls.route_stats[idx]
+                .rate_limited
+                .fetch_add(1, Ordering::Relaxed);
             return rate_limited(c, ctx, head, wait).await;
         }
     }
@@ -393,10 +396,11 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
         }
     }
     match &route.action {
-        Action::Proxy(p) => match ls.resilience.get(idx) {
-            Some(res) => forward::proxy(c, ctx, head, route, p, res).await,
-            None => forward::proxy(c, ctx, head, route, p, &RouteResilience::default()).await,
-        },
+        Action::Proxy(p) => {
+            let default = RouteResilience::default();
+            let res = ls.resilience.get(idx).unwrap_or(&default);
+            forward::proxy(c, ctx, head, route, p, res, &ls.route_stats[idx]).await
+        }
         Action::Static(_) | Action::Origin(_) => {
             let Some(origin) = ls.origins[idx].as_ref() else {
                 return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;

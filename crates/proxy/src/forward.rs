@@ -6,6 +6,7 @@ use crate::conn::{
 };
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, Forwarding};
+use crate::metrics::RouteStats;
 use crate::pool::UpConn;
 use crate::resilience::RouteResilience;
 use crate::retry::{Retry, RetryCause};
@@ -41,11 +42,13 @@ pub async fn proxy(
     route: &Route,
     p: &ProxyAction,
     res: &RouteResilience,
+    counters: &RouteStats,
 ) -> Outcome {
     // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
     // the header-time metric.
     let now = c.timings.head.unwrap_or_else(Instant::now);
-    let mut retry = Retry::new(p.retry.as_ref(), res.retry_budget.as_deref(), head, now);
+    let budget = res.retry_budget.as_deref();
+    let mut retry = Retry::new(p.retry.as_ref(), budget, head, now, counters);
     loop {
         if let Some(outcome) = attempt(c, ctx, head, route, p, &mut retry).await {
             return outcome;

@@ -1,5 +1,6 @@
 //! Route retries: the process-wide retry budget (sans-io, time passed in) and the per-request retry decision.
 
+use crate::metrics::RouteStats;
 use crate::stats::Stats;
 use portico_config::{RetryPolicy, RETRY_BUDGET_WINDOW};
 use portico_http1::{Framing, RequestHead};
@@ -135,6 +136,8 @@ pub struct Retry<'a> {
     started: Instant,
     group: usize,
     tried: Vec<usize>,
+    /// The route's counters (retries and refusals are counted per route too).
+    counters: &'a RouteStats,
 }
 
 impl<'a> Retry<'a> {
@@ -146,6 +149,7 @@ impl<'a> Retry<'a> {
         budget: Option<&'a RetryBudget>,
         head: &RequestHead,
         now: Instant,
+        counters: &'a RouteStats,
     ) -> Self {
         let policy = match (policy, budget) {
             (Some(p), Some(b))
@@ -165,6 +169,7 @@ impl<'a> Retry<'a> {
             started: now,
             group: usize::MAX,
             tried: Vec::new(),
+            counters,
         }
     }
 
@@ -215,6 +220,9 @@ impl<'a> Retry<'a> {
             stats
                 .retries_budget_exhausted
                 .fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .retries_budget_exhausted
+                .fetch_add(1, Ordering::Relaxed);
             tracing::debug!(
                 ?cause,
                 "retry refused: the route's retry budget is exhausted"
@@ -222,6 +230,7 @@ impl<'a> Retry<'a> {
             return false;
         }
         stats.retries.fetch_add(1, Ordering::Relaxed);
+        self.counters.retries.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(?cause, server, "retrying on another server");
         self.left -= 1;
         self.started = now;

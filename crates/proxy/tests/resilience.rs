@@ -97,6 +97,10 @@ fn a_503_is_retried_on_the_other_server_and_never_reaches_the_client() {
     assert_eq!(p.stats().retries.load(Relaxed), 3);
     let metrics = portico_proxy::admin::metrics(p.control());
     assert!(metrics.contains("\nportico_retries_total 3\n"), "{metrics}");
+    assert!(
+        metrics.contains("\nportico_route_retries_total{listener=\"p\",route=\"p#0\"} 3\n"),
+        "{metrics}"
+    );
     p.shutdown();
 }
 
@@ -227,6 +231,15 @@ fn over_the_limit_is_429_with_retry_after_per_key() {
     let metrics = portico_proxy::admin::metrics(p.control());
     assert!(
         metrics.contains("\nportico_rate_limited_total 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nportico_route_rate_limited_total{listener=\"p\",route=\"p#0\"} 2\n"),
+        "{metrics}"
+    );
+    // Routes without the feature have no series.
+    assert!(
+        !metrics.contains("portico_route_retries_total{"),
         "{metrics}"
     );
     p.shutdown();
