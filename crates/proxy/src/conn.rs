@@ -468,7 +468,8 @@ fn check_rate(
             .and_then(|v| forward::cookie_value(v, name.as_bytes()))
             .map_or(ip, |v| (2, v)),
     };
-    limiter.check(kind, key, Instant::now())
+    // The clock read at the head is recent enough (a bucket ignores time running backwards).
+    limiter.check(kind, key, c.timings.head.unwrap_or_else(Instant::now))
 }
 
 /// Answer 429 with `Retry-After` (whole seconds until the key's next token, at least 1).
