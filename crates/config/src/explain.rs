@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 
 use crate::model::{
     AccessLogFormat, Action, Balance, Config, HeaderRules, HealthCheckKind, HostMatch,
-    ListenerLimits, Matcher, PathMatch, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+    ListenerLimits, Matcher, PathMatch, ProxyAction, RateLimitKey, RetryPolicy, Route,
+    StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
 
@@ -324,7 +325,36 @@ fn route_extras(route: &Route) -> Vec<String> {
     }
     out.extend(rules("request", &route.request_headers));
     out.extend(rules("response", &route.response_headers));
+    if let Action::Proxy(ProxyAction { retry: Some(r), .. }) = &route.action {
+        out.push(retry_summary(r));
+    }
+    if let Some(l) = &route.rate_limit {
+        let by = match &l.key {
+            RateLimitKey::ClientIp => "client IP".to_string(),
+            RateLimitKey::Header(h) => format!("header {h} (else client IP)"),
+            RateLimitKey::Cookie(c) => format!("cookie {c} (else client IP)"),
+        };
+        out.push(format!(
+            "rate_limit: {}/s per {by}, burst {}, at most {} keys; over it 429 with Retry-After",
+            l.rate, l.burst, l.max_keys
+        ));
+    }
     out
+}
+
+fn retry_summary(r: &RetryPolicy) -> String {
+    let methods = if r.non_idempotent {
+        "any method"
+    } else {
+        "idempotent methods"
+    };
+    format!(
+        "retry: up to {} on {} ({methods}, requests without a body), another server when one is available; budget {}% of requests + {}/s",
+        r.retries,
+        r.on.names().join(", "),
+        (r.budget * 1000.0).round() / 10.0,
+        r.min_per_second
+    )
 }
 
 fn upstream_summary(group: &UpstreamGroup) -> String {

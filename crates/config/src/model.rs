@@ -165,7 +165,36 @@ pub struct Route {
     pub max_body_bytes: u64,
     pub request_headers: HeaderRules,
     pub response_headers: HeaderRules,
+    /// Requests per key (`[listeners.routes.rate_limit]`); None = unlimited.
+    pub rate_limit: Option<RateLimit>,
 }
+
+/// A token bucket per key, shared by every worker: `burst` tokens at most, `rate` new tokens per
+/// second; a request takes one, and a request finding none gets 429 with `Retry-After`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimit {
+    /// Tokens added per second (> 0; fractions allowed: 0.5 = one request every 2 s).
+    pub rate: f64,
+    /// Bucket size: requests allowed at once after an idle period (default: `rate` rounded up).
+    pub burst: u32,
+    pub key: RateLimitKey,
+    /// Most keys tracked at once (default 100_000); idle buckets are dropped first when full.
+    pub max_keys: usize,
+}
+
+/// What a rate limit counts requests by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RateLimitKey {
+    /// The client's IP address (the default).
+    ClientIp,
+    /// This request header's value (lowercased name); requests without it count by client IP.
+    Header(String),
+    /// This cookie's value (name as written); requests without it count by client IP.
+    Cookie(String),
+}
+
+/// Rate limit `max_keys` when not configured.
+pub const DEFAULT_RATE_LIMIT_KEYS: usize = 100_000;
 
 #[derive(Debug, Clone, Default)]
 pub struct Matcher {
@@ -235,7 +264,90 @@ pub struct ProxyAction {
     pub via: bool,
     /// Keep the client's Host header (default true); false sends the upstream server address.
     pub preserve_host: bool,
+    /// Retries of failed attempts (`[listeners.routes.retry]`); None = no retries (the one
+    /// retry of a stale pooled connection still happens).
+    pub retry: Option<RetryPolicy>,
 }
+
+/// When and how often a failed proxied request is sent again, to another server of the group.
+/// Only requests without a body are retried (the body is streamed, never buffered), and only
+/// idempotent methods unless `non_idempotent`; upgrade requests never.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (default 1).
+    pub retries: u32,
+    /// Which failures are retried.
+    pub on: RetryOn,
+    /// Also retry POST, PATCH and other non-idempotent methods (default false).
+    pub non_idempotent: bool,
+    /// Retries may be at most this share of the route's requests over the last
+    /// [`RETRY_BUDGET_WINDOW`] (default 0.2), plus the floor below. Shared by all workers.
+    pub budget: f64,
+    /// Retries always allowed per second regardless of traffic, over the window (default 10).
+    pub min_per_second: u32,
+}
+
+/// The failures a [`RetryPolicy`] retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryOn {
+    /// The TCP connect failed (refused, unreachable) or timed out: nothing was sent.
+    pub connect: bool,
+    /// The server closed or reset the connection before any response byte.
+    pub reset: bool,
+    /// No response head within the group's `response_header_timeout`.
+    pub timeout: bool,
+    /// A 502 response head.
+    pub status_502: bool,
+    /// A 503 response head.
+    pub status_503: bool,
+    /// A 504 response head.
+    pub status_504: bool,
+}
+
+impl RetryOn {
+    /// The default `on` list: connect, reset, 502, 503, 504 (not timeout: a timed-out request
+    /// has already waited `response_header_timeout`).
+    pub const DEFAULT: RetryOn = RetryOn {
+        connect: true,
+        reset: true,
+        timeout: false,
+        status_502: true,
+        status_503: true,
+        status_504: true,
+    };
+
+    /// Whether a response with this status is retried.
+    pub fn status(&self, status: u16) -> bool {
+        match status {
+            502 => self.status_502,
+            503 => self.status_503,
+            504 => self.status_504,
+            _ => false,
+        }
+    }
+
+    /// The names, in the order of the `on` key's documentation.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.connect, "connect"),
+            (self.reset, "reset"),
+            (self.timeout, "timeout"),
+            (self.status_502, "502"),
+            (self.status_503, "503"),
+            (self.status_504, "504"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+}
+
+/// The window over which a retry budget compares retries with requests.
+pub const RETRY_BUDGET_WINDOW: Duration = Duration::from_secs(10);
+/// Retry `budget` when not configured.
+pub const DEFAULT_RETRY_BUDGET: f64 = 0.2;
+/// Retry `min_per_second` when not configured.
+pub const DEFAULT_RETRY_MIN_PER_SECOND: u32 = 10;
 
 #[derive(Debug, Clone)]
 pub struct StaticAction {

@@ -120,6 +120,57 @@ pub(crate) struct RawRoute {
     // header rules
     pub request_headers: Option<RawHeaderRules>,
     pub response_headers: Option<RawHeaderRules>,
+    // resilience
+    pub retry: Option<RawRetry>,
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+/// `[listeners.routes.rate_limit]`: a token bucket per client IP, header value or cookie value.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a rate_limit table")]
+pub(crate) struct RawRateLimit {
+    pub rate: Option<Spanned<Number>>,
+    pub burst: Option<Spanned<Int>>,
+    pub header: Option<Spanned<String>>,
+    pub cookie: Option<Spanned<String>>,
+    pub max_keys: Option<Spanned<Int>>,
+}
+
+/// `[listeners.routes.retry]`: retries of failed proxied requests.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a retry table")]
+pub(crate) struct RawRetry {
+    pub retries: Option<Spanned<Int>>,
+    pub on: Option<Spanned<StrList>>,
+    pub non_idempotent: Option<Spanned<bool>>,
+    pub budget: Option<Spanned<Number>>,
+    pub min_per_second: Option<Spanned<Int>>,
+}
+
+/// An integer or a float (`budget = 0.2`, `budget = 1`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Number(pub f64);
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Number, E> {
+                Ok(Number(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Number, E> {
+                Ok(Number(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Number, E> {
+                Ok(Number(v))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

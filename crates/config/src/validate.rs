@@ -12,16 +12,17 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
-    Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, TlsSettings,
-    TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE,
-    DEFAULT_SESSION_CACHE, KX_GROUPS,
+    Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey, RetryOn, RetryPolicy,
+    Route, Server, StaticAction, TlsSettings, TlsVersion, UpstreamGroup, CIPHER_SUITES,
+    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,
+    DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
-    RawLimits, RawListener, RawPassive, RawRespond, RawRoute, RawTls, RawUpstream, Scalar,
-    ServerSpec, StrList, StrOrBool,
+    RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute, RawTls,
+    RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -1365,6 +1366,10 @@ fn route(
         &sub(key, "response_headers"),
         r.response_headers.as_ref(),
     );
+    let rate_limit = r
+        .rate_limit
+        .as_ref()
+        .and_then(|raw| rate_limit(ctx, &sub(key, "rate_limit"), start(item), raw));
     let action = action(ctx, key, start(item), r, &matcher, upstreams)?;
     Some(Route {
         name,
@@ -1373,6 +1378,100 @@ fn route(
         max_body_bytes,
         request_headers,
         response_headers,
+        rate_limit,
+    })
+}
+
+fn rate_limit(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    route_at: usize,
+    raw: &RawRateLimit,
+) -> Option<RateLimit> {
+    let Some(rate_value) = &raw.rate else {
+        let at = [
+            raw.burst.as_ref().map(start),
+            raw.header.as_ref().map(start),
+            raw.cookie.as_ref().map(start),
+            raw.max_keys.as_ref().map(start),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(route_at);
+        ctx.error(
+            at,
+            &sub(key, "rate"),
+            "a rate_limit needs `rate`, the requests allowed per second (such as rate = 10)",
+        );
+        return None;
+    };
+    let rate = rate_value.get_ref().0;
+    if !(rate > 0.0 && rate <= 1e9) {
+        ctx.error(
+            start(rate_value),
+            &sub(key, "rate"),
+            format!("must be a number of requests per second above 0 (at most 1e9), found {rate}"),
+        );
+        return None;
+    }
+    let default_burst = (rate.ceil() as i64).max(1);
+    let burst = int(
+        ctx,
+        raw.burst.as_ref(),
+        &sub(key, "burst"),
+        default_burst,
+        1,
+        1_000_000_000,
+    );
+    let max_keys = int(
+        ctx,
+        raw.max_keys.as_ref(),
+        &sub(key, "max_keys"),
+        DEFAULT_RATE_LIMIT_KEYS as i64,
+        1,
+        100_000_000,
+    );
+    let by = match (&raw.header, &raw.cookie) {
+        (Some(h), Some(c)) => {
+            let (later, at) = if start(c) > start(h) {
+                ("cookie", start(c))
+            } else {
+                ("header", start(h))
+            };
+            ctx.error(
+                at,
+                &sub(key, later),
+                "a rate limit counts by one key: set `header` or `cookie`, not both (neither = the client IP)",
+            );
+            RateLimitKey::ClientIp
+        }
+        (Some(h), None) => {
+            if let Some(message) = header_name_error(h.get_ref()) {
+                ctx.error(start(h), &sub(key, "header"), message);
+            }
+            RateLimitKey::Header(h.get_ref().to_ascii_lowercase())
+        }
+        (None, Some(c)) => {
+            if !is_token(c.get_ref()) {
+                ctx.error(
+                    start(c),
+                    &sub(key, "cookie"),
+                    format!(
+                        "invalid cookie name {:?}: a token (letters, digits and !#$%&'*+-.^_`|~)",
+                        c.get_ref()
+                    ),
+                );
+            }
+            RateLimitKey::Cookie(c.get_ref().clone())
+        }
+        (None, None) => RateLimitKey::ClientIp,
+    };
+    Some(RateLimit {
+        rate,
+        burst: u32::try_from(burst).unwrap_or(u32::MAX),
+        key: by,
+        max_keys: usize::try_from(max_keys).unwrap_or(DEFAULT_RATE_LIMIT_KEYS),
     })
 }
 
@@ -1711,6 +1810,11 @@ fn misplaced_options(ctx: &mut Ctx<'_>, key: &str, route_at: usize, r: &RawRoute
             }
         }
     }
+    if kind != "proxy" {
+        if let Some(retry) = &r.retry {
+            misplaced.push(("retry", retry_at(retry).unwrap_or(route_at), "proxy routes"));
+        }
+    }
     if kind != "static" && kind != "origin" {
         if let Some(index) = &r.index {
             misplaced.push(("index", start(index), "static and origin routes"));
@@ -1858,6 +1962,10 @@ fn proxy(
     }
     let flag =
         |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
+    let retry = r
+        .retry
+        .as_ref()
+        .map(|raw| retry(ctx, &sub(key, "retry"), raw));
     Some(ProxyAction {
         upstream,
         strip_prefix,
@@ -1865,7 +1973,107 @@ fn proxy(
         forwarded_headers: flag(&r.forwarded_headers, true),
         via: flag(&r.via, false),
         preserve_host: flag(&r.preserve_host, true),
+        retry,
     })
+}
+
+/// The position of a retry table's first key (tables carry no span of their own).
+fn retry_at(r: &RawRetry) -> Option<usize> {
+    [
+        r.retries.as_ref().map(start),
+        r.on.as_ref().map(start),
+        r.non_idempotent.as_ref().map(start),
+        r.budget.as_ref().map(start),
+        r.min_per_second.as_ref().map(start),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+}
+
+/// Names the retry `on` list accepts.
+const RETRY_ON: &str = "\"connect\", \"reset\", \"timeout\", \"502\", \"503\", \"504\"";
+
+fn retry(ctx: &mut Ctx<'_>, key: &str, raw: &RawRetry) -> RetryPolicy {
+    let retries = int(ctx, raw.retries.as_ref(), &sub(key, "retries"), 1, 0, 10);
+    let on = match &raw.on {
+        None => RetryOn::DEFAULT,
+        Some(list) => {
+            let okey = sub(key, "on");
+            let mut on = RetryOn {
+                connect: false,
+                reset: false,
+                timeout: false,
+                status_502: false,
+                status_503: false,
+                status_504: false,
+            };
+            let items = list.get_ref().items(start(list));
+            if items.is_empty() {
+                ctx.error(
+                    start(list),
+                    &okey,
+                    format!("an empty list retries nothing; name one or more of {RETRY_ON}, or remove the retry table"),
+                );
+            }
+            for (i, (name, at)) in items.into_iter().enumerate() {
+                let flag = match name.as_str() {
+                    "connect" => &mut on.connect,
+                    "reset" => &mut on.reset,
+                    "timeout" => &mut on.timeout,
+                    "502" => &mut on.status_502,
+                    "503" => &mut on.status_503,
+                    "504" => &mut on.status_504,
+                    _ => {
+                        let ikey = if matches!(list.get_ref(), StrList::One(_)) {
+                            okey.clone()
+                        } else {
+                            format!("{okey}[{i}]")
+                        };
+                        ctx.error(
+                            at,
+                            &ikey,
+                            format!("unknown retry condition {name:?}; expected {RETRY_ON}"),
+                        );
+                        continue;
+                    }
+                };
+                *flag = true;
+            }
+            on
+        }
+    };
+    let budget = match &raw.budget {
+        None => DEFAULT_RETRY_BUDGET,
+        Some(b) => {
+            let v = b.get_ref().0;
+            if (0.0..=1.0).contains(&v) {
+                v
+            } else {
+                ctx.error(
+                    start(b),
+                    &sub(key, "budget"),
+                    format!("must be a share of requests between 0 and 1 (such as 0.2), found {v}"),
+                );
+                DEFAULT_RETRY_BUDGET
+            }
+        }
+    };
+    let min_per_second = int(
+        ctx,
+        raw.min_per_second.as_ref(),
+        &sub(key, "min_per_second"),
+        i64::from(DEFAULT_RETRY_MIN_PER_SECOND),
+        0,
+        1_000_000,
+    );
+    RetryPolicy {
+        retries: u32::try_from(retries).unwrap_or(1),
+        on,
+        non_idempotent: raw.non_idempotent.as_ref().is_some_and(|b| *b.get_ref()),
+        budget,
+        min_per_second: u32::try_from(min_per_second).unwrap_or(DEFAULT_RETRY_MIN_PER_SECOND),
+    }
 }
 
 fn respond(ctx: &mut Ctx<'_>, key: &str, raw: &RawRespond) -> Action {

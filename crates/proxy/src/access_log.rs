@@ -1,6 +1,7 @@
-//! Access log: one line per request, combined format or JSON lines, with the termination record.
+//! Access log: one line per request, combined format or JSON lines, with phase timings and the termination record.
 
 use crate::conn::Outcome;
+use crate::timing::Phases;
 use portico_config::{AccessLog, AccessLogFormat};
 use portico_http1::RequestHead;
 use std::fmt::Write as _;
@@ -36,9 +37,9 @@ impl AccessLogger {
         peer: SocketAddr,
         head: Option<&RequestHead>,
         o: &Outcome,
-        elapsed: Duration,
+        phases: &Phases,
     ) {
-        let line = format_line(self.format, peer, head, o, elapsed, SystemTime::now());
+        let line = format_line(self.format, peer, head, o, phases, SystemTime::now());
         if let Ok(mut out) = self.out.lock() {
             let _ = out.write_all(line.as_bytes());
         }
@@ -58,15 +59,24 @@ fn json_escape(s: &str, out: &mut String) {
     }
 }
 
-/// Format one access-log line (ending in '\n').
+/// Seconds with microsecond precision, or `-` when the phase did not happen.
+fn seconds_or_dash(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_string(), |d| format!("{:.6}", d.as_secs_f64()))
+}
+
+/// Format one access-log line (ending in '\n'). Combined: the Apache/nginx combined format,
+/// then the total seconds, the termination code, and the head, upstream connect and time to
+/// first upstream byte in seconds (`-` when absent). JSON: the same facts as named fields, the
+/// phases as `head_s`, `connect_s` and `ttfb_s` (absent when the phase did not happen).
 pub fn format_line(
     format: AccessLogFormat,
     peer: SocketAddr,
     head: Option<&RequestHead>,
     o: &Outcome,
-    elapsed: Duration,
+    phases: &Phases,
     now: SystemTime,
 ) -> String {
+    let elapsed = phases.total;
     let method = head.map(|h| h.method().as_str()).unwrap_or("-");
     let target = head.map(|h| h.target()).unwrap_or("-");
     let field = |n: &str| {
@@ -78,7 +88,7 @@ pub fn format_line(
         AccessLogFormat::Combined => {
             let _ = writeln!(
                 s,
-                "{} - - [{}] \"{} {} HTTP/1.1\" {} {} \"{}\" \"{}\" {:.6} {}",
+                "{} - - [{}] \"{} {} HTTP/1.1\" {} {} \"{}\" \"{}\" {:.6} {} {} {} {}",
                 peer.ip(),
                 httpdate::fmt_http_date(now),
                 method,
@@ -93,6 +103,9 @@ pub fn format_line(
                     .replace('"', "%22"),
                 elapsed.as_secs_f64(),
                 o.termination.code(),
+                seconds_or_dash(phases.head),
+                seconds_or_dash(phases.connect),
+                seconds_or_dash(phases.ttfb),
             );
         }
         AccessLogFormat::Json => {
@@ -116,8 +129,84 @@ pub fn format_line(
             if let Some(u) = o.upstream {
                 let _ = write!(s, ",\"upstream\":\"{u}\"");
             }
+            for (name, d) in [
+                ("head_s", phases.head),
+                ("connect_s", phases.connect),
+                ("ttfb_s", phases.ttfb),
+            ] {
+                if let Some(d) = d {
+                    let _ = write!(s, ",\"{name}\":{:.6}", d.as_secs_f64());
+                }
+            }
             s.push_str("}\n");
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Termination;
+    use bytes::BytesMut;
+    use std::time::UNIX_EPOCH;
+
+    fn line(format: AccessLogFormat, phases: &Phases) -> String {
+        let mut buf =
+            BytesMut::from(&b"GET /a?b HTTP/1.1\r\nHost: h\r\nUser-Agent: ua\r\n\r\n"[..]);
+        let head = portico_http1::parse_request(&mut buf, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap();
+        let o = Outcome {
+            termination: Termination::OK,
+            status: 200,
+            keep_alive: true,
+            bytes_sent: 12,
+            upstream: Some("10.0.0.1:80".parse().unwrap()),
+        };
+        let peer = "192.0.2.1:5555".parse().unwrap();
+        format_line(format, peer, Some(&head), &o, phases, UNIX_EPOCH)
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn combined_appends_total_termination_and_phases() {
+        let fresh = Phases {
+            head: Some(MS / 4),
+            connect: Some(MS),
+            ttfb: Some(3 * MS),
+            total: 5 * MS,
+        };
+        assert_eq!(
+            line(AccessLogFormat::Combined, &fresh),
+            "192.0.2.1 - - [Thu, 01 Jan 1970 00:00:00 GMT] \"GET /a?b HTTP/1.1\" 200 12 \"-\" \"ua\" 0.005000 -- 0.000250 0.001000 0.003000\n"
+        );
+        // A reused connection has no connect phase; a local response no upstream phases.
+        let reused = Phases {
+            connect: None,
+            ..fresh
+        };
+        assert!(line(AccessLogFormat::Combined, &reused)
+            .ends_with(" 0.005000 -- 0.000250 - 0.003000\n"));
+    }
+
+    #[test]
+    fn json_names_each_phase_and_leaves_out_those_that_did_not_happen() {
+        let reused = Phases {
+            head: Some(MS / 4),
+            connect: None,
+            ttfb: Some(3 * MS),
+            total: 5 * MS,
+        };
+        let l = line(AccessLogFormat::Json, &reused);
+        assert!(l.contains("\"duration_s\":0.005000"), "{l}");
+        assert!(
+            l.ends_with(",\"upstream\":\"10.0.0.1:80\",\"head_s\":0.000250,\"ttfb_s\":0.003000}\n"),
+            "{l}"
+        );
+        assert!(!l.contains("connect_s"), "{l}");
+        let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(v["ttfb_s"].as_f64(), Some(0.003));
+    }
 }

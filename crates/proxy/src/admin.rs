@@ -1,16 +1,16 @@
 //! The admin listener: status and change API, Prometheus `/metrics` and the live dashboard, on its own thread.
 
-use crate::metrics::{Exposition, HistogramSnapshot, BUCKETS_US};
+use crate::metrics::{Exposition, HistogramSnapshot, RouteStats, BUCKETS_US};
 use crate::server::{Control, Shared};
 use crate::stats::Stats;
 use bytes::BytesMut;
-use portico_config::{Action, Admin, Balance, Config, Server, UpstreamGroup};
+use portico_config::{Action, Admin, Balance, Config, Route, Server, UpstreamGroup};
 use portico_http1::{parse_request, Framing};
 use portico_upstream::{AdminState, Health, ServerStatus, Upstream};
 use serde_json::{json, Value};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -590,6 +590,9 @@ fn counters(stats: &Stats, control: &Control) -> Value {
         "upstream_reused": stats.upstream_reused.load(Relaxed),
         "upstream_connects": stats.upstream_connects.load(Relaxed),
         "upstream_retries": stats.upstream_retries.load(Relaxed),
+        "retries": stats.retries.load(Relaxed),
+        "retries_budget_exhausted": stats.retries_budget_exhausted.load(Relaxed),
+        "rate_limited": stats.rate_limited.load(Relaxed),
         "upstream_idle_connections": control.idle_upstream.load(Relaxed),
         "tls_handshake_failures": stats.tls_handshake_failures.load(Relaxed),
     })
@@ -614,6 +617,9 @@ pub fn status(control: &Control) -> Value {
                         "action": action_text(&r.action, &shared),
                         "responses": classes,
                         "latency": histogram_json(&rs.latency.snapshot()),
+                        "retries": rs.retries.load(Relaxed),
+                        "retries_budget_exhausted": rs.retries_budget_exhausted.load(Relaxed),
+                        "rate_limited": rs.rate_limited.load(Relaxed),
                     })
                 })
                 .collect();
@@ -641,6 +647,14 @@ pub fn status(control: &Control) -> Value {
         "groups": groups_json(&shared),
     })
 }
+
+/// A per-route counter family: name, help, the counter, and which routes have it.
+type RouteCounter = (
+    &'static str,
+    &'static str,
+    fn(&RouteStats) -> &AtomicU64,
+    fn(&Route) -> bool,
+);
 
 /// The Prometheus exposition of every counter, gauge and histogram.
 pub fn metrics(control: &Control) -> String {
@@ -702,6 +716,21 @@ pub fn metrics(control: &Control) -> String {
             &stats.upstream_retries,
         ),
         (
+            "portico_retries_total",
+            "Attempts sent again to another server under a route's retry policy.",
+            &stats.retries,
+        ),
+        (
+            "portico_retries_budget_exhausted_total",
+            "Retries a route's retry policy asked for and its retry budget refused.",
+            &stats.retries_budget_exhausted,
+        ),
+        (
+            "portico_rate_limited_total",
+            "Requests refused with 429 by a route's rate limit.",
+            &stats.rate_limited,
+        ),
+        (
             "portico_tls_handshake_failures_total",
             "TLS handshakes that failed or timed out.",
             &stats.tls_handshake_failures,
@@ -754,6 +783,40 @@ pub fn metrics(control: &Control) -> String {
                     &labels,
                     c.load(Relaxed) as f64,
                 );
+            }
+        }
+    }
+    let route_counters: [RouteCounter; 3] = [
+        (
+            "portico_route_retries_total",
+            "Retries per route (routes with a retry policy).",
+            |rs| &rs.retries,
+            |r| matches!(&r.action, Action::Proxy(p) if p.retry.is_some()),
+        ),
+        (
+            "portico_route_retries_budget_exhausted_total",
+            "Retries refused by the route's retry budget (routes with a retry policy).",
+            |rs| &rs.retries_budget_exhausted,
+            |r| matches!(&r.action, Action::Proxy(p) if p.retry.is_some()),
+        ),
+        (
+            "portico_route_rate_limited_total",
+            "Requests refused with 429 by the route's rate limit (routes with a rate limit).",
+            |rs| &rs.rate_limited,
+            |r| r.rate_limit.is_some(),
+        ),
+    ];
+    for (name, help, counter, applies) in route_counters {
+        e.family(name, "counter", help);
+        for ls in &shared.listeners {
+            for (r, rs) in ls.listener.routes.iter().zip(&ls.route_stats) {
+                if applies(r) {
+                    let labels = [
+                        ("listener", ls.listener.name.as_str()),
+                        ("route", r.name.as_str()),
+                    ];
+                    e.sample(name, &labels, counter(rs).load(Relaxed) as f64);
+                }
             }
         }
     }

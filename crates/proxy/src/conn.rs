@@ -3,11 +3,14 @@
 use crate::date::with_date;
 use crate::error::ProxyError;
 use crate::forward;
+use crate::ratelimit::{retry_after_secs, RateLimiter};
+use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
+use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
-use portico_config::{Action, Route};
+use portico_config::{Action, RateLimit, RateLimitKey, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;
 use std::net::SocketAddr;
@@ -97,6 +100,8 @@ pub struct Conn {
     /// The request head being sent upstream (kept to reuse its allocation).
     pub ubuf: BytesMut,
     pub requests: u64,
+    /// Phase timings of the current request, for the access log.
+    pub timings: Timings,
 }
 
 /// What one request did to the connection.
@@ -132,6 +137,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         wbuf: BytesMut::with_capacity(8 * 1024),
         ubuf: BytesMut::with_capacity(1024),
         requests: 0,
+        timings: Timings::default(),
     };
     let accepted = Instant::now();
     loop {
@@ -157,6 +163,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                             &[],
                         )
                         .await;
+                        // No head: no phases but the total (not the previous request's).
+                        c.timings = Timings::default();
                         log_access(
                             &ctx,
                             &c,
@@ -177,6 +185,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             }
         };
         c.requests += 1;
+        // The one clock read at the head: the head phase, and the pick time of a proxied request.
+        c.timings = Timings::begin(Instant::now());
         refresh(&mut ctx);
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = handle(&mut c, &ctx, &head, started).await;
@@ -225,7 +235,7 @@ async fn close(c: &mut Conn, lingering: bool) {
 
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
-        log.write(c.peer, head, o, started.elapsed());
+        log.write(c.peer, head, o, &c.timings.phases(started));
     }
 }
 
@@ -349,13 +359,27 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -
     };
     let outcome = run_route(c, ctx, head, idx).await;
     // A response the client never got (status 0 or a failed write) still counts its latency.
-    ls.route_stats[idx].record(outcome.status, started.elapsed());
+    // The same clock read ends the access log's timings.
+    let done = Instant::now();
+    ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
+    c.timings.done = Some(done);
     outcome
 }
 
 async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
     let ls = &*ctx.ls;
     let route = &ls.listener.routes[idx];
+    if let (Some(limit), Some(limiter)) = (
+        &route.rate_limit,
+        ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
+    ) {
+        if let Err(wait) = check_rate(c, head, limit, limiter) {
+            ls.route_stats[idx]
+                .rate_limited
+                .fetch_add(1, Ordering::Relaxed);
+            return rate_limited(c, ctx, head, wait).await;
+        }
+    }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
             if n > route.max_body_bytes {
@@ -372,7 +396,11 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
         }
     }
     match &route.action {
-        Action::Proxy(p) => forward::proxy(c, ctx, head, route, p).await,
+        Action::Proxy(p) => {
+            let default = RouteResilience::default();
+            let res = ls.resilience.get(idx).unwrap_or(&default);
+            forward::proxy(c, ctx, head, route, p, res, &ls.route_stats[idx]).await
+        }
         Action::Static(_) | Action::Origin(_) => {
             let Some(origin) = ls.origins[idx].as_ref() else {
                 return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;
@@ -420,6 +448,64 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
             .await;
             local_outcome(r, *status, ka)
         }
+    }
+}
+
+/// Take a token from the bucket of this request's key: the header or cookie value when the
+/// limit names one and the request has it, else the client IP (in its own key space).
+fn check_rate(
+    c: &Conn,
+    head: &RequestHead,
+    limit: &RateLimit,
+    limiter: &RateLimiter,
+) -> Result<(), std::time::Duration> {
+    let ip = (0, c.client_ip.as_bytes());
+    let (kind, key) = match &limit.key {
+        RateLimitKey::ClientIp => ip,
+        RateLimitKey::Header(name) => head.field(name).map_or(ip, |v| (1, v)),
+        RateLimitKey::Cookie(name) => head
+            .field("cookie")
+            .and_then(|v| forward::cookie_value(v, name.as_bytes()))
+            .map_or(ip, |v| (2, v)),
+    };
+    // The clock read at the head is recent enough (a bucket ignores time running backwards).
+    limiter.check(kind, key, c.timings.head.unwrap_or_else(Instant::now))
+}
+
+/// Answer 429 with `Retry-After` (whole seconds until the key's next token, at least 1).
+async fn rate_limited(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    wait: std::time::Duration,
+) -> Outcome {
+    ctx.shared
+        .stats
+        .rate_limited
+        .fetch_add(1, Ordering::Relaxed);
+    let e = ProxyError::RateLimited;
+    tracing::debug!(peer = %c.peer, target = head.target(), "{e}");
+    // The body (if any) is not read: the connection closes after the answer.
+    let ka =
+        matches!(head.framing, Framing::None | Framing::Length(0)) && may_keep_alive(c, ctx, head);
+    let secs = retry_after_secs(wait).to_string();
+    let status = e.status();
+    let r = write_simple(
+        c,
+        status,
+        "text/plain",
+        error_body(status),
+        ka,
+        Some(head),
+        &[("Retry-After", secs.as_str())],
+    )
+    .await;
+    Outcome {
+        termination: e.termination(Phase::Route),
+        status,
+        keep_alive: ka && r.is_ok(),
+        bytes_sent: r.unwrap_or(0),
+        upstream: None,
     }
 }
 
@@ -482,6 +568,7 @@ pub fn error_body(status: u16) -> &'static [u8] {
         408 => b"408 Request Timeout\n",
         413 => b"413 Content Too Large\n",
         414 => b"414 URI Too Long\n",
+        429 => b"429 Too Many Requests: retry after the time in Retry-After\n",
         431 => b"431 Request Header Fields Too Large\n",
         501 => b"501 Not Implemented\n",
         502 => b"502 Bad Gateway: the upstream server could not be reached or answered badly\n",

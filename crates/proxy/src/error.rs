@@ -23,6 +23,8 @@ pub enum ProxyError {
     ClientIo(io::Error),
     #[error("no route matches")]
     NoRoute,
+    #[error("the route's rate limit is exceeded for this client")]
+    RateLimited,
     #[error("every upstream server is at its connection limit")]
     NoServer,
     #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
@@ -58,6 +60,7 @@ impl ProxyError {
             ProxyError::HeadTimeout | ProxyError::BodyTooSlow => 408,
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
+            ProxyError::RateLimited => 429,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::ConnectFailed(_)
             | ProxyError::BadResponse(_)
@@ -86,6 +89,7 @@ impl ProxyError {
             ProxyError::ClientClosed => (Side::Client, Cause::Closed),
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
+            ProxyError::RateLimited => (Side::Client, Cause::Limit),
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
             ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
@@ -122,6 +126,7 @@ mod tests {
         assert_eq!(ProxyError::BodyTooLarge.status(), 413);
         assert_eq!(ProxyError::HeadTimeout.status(), 408);
         assert_eq!(ProxyError::NoRoute.status(), 404);
+        assert_eq!(ProxyError::RateLimited.status(), 429);
     }
 
     #[test]

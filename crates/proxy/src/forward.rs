@@ -6,7 +6,10 @@ use crate::conn::{
 };
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, Forwarding};
+use crate::metrics::RouteStats;
 use crate::pool::UpConn;
+use crate::resilience::RouteResilience;
+use crate::retry::{Retry, RetryCause};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
@@ -30,24 +33,49 @@ const MAX_INTERIM: usize = 8;
 /// Far-away deadline used while a request body is still streaming (the body has its own timeouts).
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Proxy one request to the route's upstream group.
+/// Proxy one request to the route's upstream group, retrying failed attempts on other servers
+/// as the route's `retry` policy and budget allow.
 pub async fn proxy(
     c: &mut Conn,
     ctx: &Ctx,
     head: &RequestHead,
     route: &Route,
     p: &ProxyAction,
+    res: &RouteResilience,
+    counters: &RouteStats,
 ) -> Outcome {
+    // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
+    // the header-time metric.
+    let now = c.timings.head.unwrap_or_else(Instant::now);
+    let budget = res.retry_budget.as_deref();
+    let mut retry = Retry::new(p.retry.as_ref(), budget, head, now, counters);
+    loop {
+        if let Some(outcome) = attempt(c, ctx, head, route, p, &mut retry).await {
+            return outcome;
+        }
+    }
+}
+
+/// One attempt: pick a server (not one that failed this request before, when another can take
+/// it), exchange, relay. None = the attempt failed before anything reached the client and
+/// `retry` granted another one.
+async fn attempt(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    retry: &mut Retry<'_>,
+) -> Option<Outcome> {
     let shared = &*ctx.shared;
     // The route's group, or its fallback (and so on) when no server of it is available.
     let mut gi = p.upstream;
     let mut hops = 0;
-    // One clock read serves the pick (ejection expiry, slow start) and the header-time metric.
-    let asked = Instant::now();
+    let asked = retry.started();
     let (upstream, guard) = loop {
         let upstream = &shared.upstreams[gi];
         let key = hash_key(&upstream.group().balance, c, head);
-        let e = match upstream.pick_at(key, None, asked) {
+        let e = match upstream.pick_at_excluding(key, retry.excluded(gi), asked) {
             Ok(guard) => break (upstream, guard),
             Err(PickError::AtLimit) => ProxyError::NoServer,
             Err(PickError::Unavailable) => match upstream.group().fallback {
@@ -63,7 +91,7 @@ pub async fn proxy(
         shared.group_stats[gi]
             .no_server
             .fetch_add(1, Ordering::Relaxed);
-        return fail(c, ctx, head, e, Phase::Connect, false).await;
+        return Some(fail(c, ctx, head, e, Phase::Connect, false).await);
     };
     let group_stats = &shared.group_stats[gi];
     let group = &**upstream.group();
@@ -115,22 +143,24 @@ pub async fn proxy(
     };
     if body.is_some() {
         if let Err(e) = send_continue(c, head).await {
-            return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+            return Some(fail(c, ctx, head, e, Phase::RequestBody, false).await);
         }
     }
     let mut interim = Vec::new();
     let mut fresh_only = false;
-    let (mut up, reused, resp, body_done) = loop {
+    let (mut up, reused, resp, body_done, got) = loop {
         let pooled = if fresh_only {
             None
         } else {
             ctx.worker.pool.take(addr)
         };
         let reused = pooled.is_some();
+        c.timings.connect = None;
         let mut up = match pooled {
             Some(u) => u,
             None => match connect(addr, group.connect_timeout).await {
-                Ok(u) => {
+                Ok((u, took)) => {
+                    c.timings.connect = Some(took);
                     shared
                         .stats
                         .upstream_connects
@@ -143,7 +173,10 @@ pub async fn proxy(
                         _ => Report::ConnectError,
                     };
                     upstream.report(server, report, Instant::now());
-                    return fail(c, ctx, head, e, Phase::Connect, body.is_none()).await;
+                    if retry.allows(RetryCause::Connect, gi, server, &shared.stats) {
+                        return None;
+                    }
+                    return Some(fail(c, ctx, head, e, Phase::Connect, body.is_none()).await);
                 }
             },
         };
@@ -163,8 +196,11 @@ pub async fn proxy(
         match r {
             Ok((resp, body_done)) => {
                 let status = resp.status();
-                upstream.report(server, Report::Response { status }, Instant::now());
-                break (up, reused, resp, body_done);
+                // One clock read: passive checks, the header-time metric, the access log.
+                let got = Instant::now();
+                upstream.report(server, Report::Response { status }, got);
+                c.timings.response = Some(got);
+                break (up, reused, resp, body_done, got);
             }
             Err((e, _))
                 if reused
@@ -183,15 +219,30 @@ pub async fn proxy(
                 if let Some(report) = failure_report(&e, reused) {
                     upstream.report(server, report, Instant::now());
                 }
+                // Retried only when no response byte arrived (and so none reached the client).
+                let cause = match e {
+                    ProxyError::ResponseTimeout => Some(RetryCause::Timeout),
+                    ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
+                        if phase == Phase::ResponseHead
+                            && up.rbuf.is_empty()
+                            && interim.is_empty() =>
+                    {
+                        Some(RetryCause::Reset)
+                    }
+                    _ => None,
+                };
+                if cause.is_some_and(|cause| retry.allows(cause, gi, server, &shared.stats)) {
+                    return None;
+                }
                 let body_done = body.as_ref().is_none_or(|b| b.is_done());
                 let mut o = fail(c, ctx, head, e, phase, body_done).await;
                 o.upstream = Some(addr);
-                return o;
+                return Some(o);
             }
         }
     };
     if let Some(h) = group_stats.header_time.get(guard.index()) {
-        h.observe(asked.elapsed());
+        h.observe(got.saturating_duration_since(asked));
     }
     shared
         .stats
@@ -200,20 +251,27 @@ pub async fn proxy(
     if reused {
         shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
     }
+    // A retried response is dropped before any of it (or of its interim responses) is sent;
+    // its connection closes with it.
+    if retry.on_status(resp.status())
+        && retry.allows(RetryCause::Status(resp.status()), gi, server, &shared.stats)
+    {
+        return None;
+    }
     // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
     if head.version() == Version::Http11 {
         for h in interim {
             if send_all(&mut c.stream, &h).await.is_err() {
-                return client_gone(resp.status(), addr);
+                return Some(client_gone(resp.status(), addr));
             }
         }
     }
     if resp.status() == 101 {
         if !head.upgrade {
             let e = ProxyError::UnexpectedUpgrade;
-            return fail(c, ctx, head, e, Phase::ResponseHead, body_done).await;
+            return Some(fail(c, ctx, head, e, Phase::ResponseHead, body_done).await);
         }
-        return tunnel(c, up, &resp, route, p, head, addr, group.idle_timeout).await;
+        return Some(tunnel(c, up, &resp, route, p, head, addr, group.idle_timeout).await);
     }
 
     let cf = headers::client_framing(resp.framing, head.version());
@@ -230,7 +288,7 @@ pub async fn proxy(
         keep_alive,
     );
     let status = resp.status();
-    match relay_body(
+    let outcome = match relay_body(
         c,
         &mut up,
         resp.framing,
@@ -271,7 +329,8 @@ pub async fn proxy(
             bytes_sent: 0,
             upstream: Some(addr),
         },
-    }
+    };
+    Some(outcome)
 }
 
 fn client_gone(status: u16, addr: SocketAddr) -> Outcome {
@@ -334,13 +393,16 @@ pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     })
 }
 
-async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
+/// Open a connection to `addr` under timeout `t`; also says how long the connect took.
+async fn connect(addr: SocketAddr, t: Duration) -> Result<(UpConn, Duration), ProxyError> {
+    let begun = Instant::now();
     match timeout(t, TcpStream::connect(addr)).await {
         Err(_) => Err(ProxyError::ConnectTimeout),
         Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
         Ok(Ok(s)) => {
+            let took = begun.elapsed();
             let _ = s.set_nodelay(true);
-            Ok(UpConn::new(s))
+            Ok((UpConn::new(s), took))
         }
     }
 }

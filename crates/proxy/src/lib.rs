@@ -10,10 +10,14 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod pool;
+pub mod ratelimit;
+pub mod resilience;
+pub mod retry;
 pub mod route;
 pub mod server;
 pub mod stats;
 pub mod stream;
+pub mod timing;
 
 pub use error::ProxyError;
 pub use health::HealthChecker;

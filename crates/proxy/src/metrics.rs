@@ -99,6 +99,12 @@ pub struct RouteStats {
     /// From the request's first byte (accept for a connection's first request) to the end of
     /// the response.
     pub latency: Histogram,
+    /// Retries granted by the route's retry policy and budget.
+    pub retries: AtomicU64,
+    /// Retries the policy asked for and the route's budget refused.
+    pub retries_budget_exhausted: AtomicU64,
+    /// Requests refused with 429 by the route's rate limit.
+    pub rate_limited: AtomicU64,
 }
 
 impl RouteStats {

@@ -60,6 +60,7 @@ mod tests {
             max_body_bytes: 0,
             request_headers: HeaderRules::default(),
             response_headers: HeaderRules::default(),
+            rate_limit: None,
         }
     }
 

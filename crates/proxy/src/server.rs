@@ -6,6 +6,7 @@ use crate::conn;
 use crate::health::HealthChecker;
 use crate::metrics::{GroupStats, Histogram, RouteStats};
 use crate::pool::Pool;
+use crate::resilience::RouteResilience;
 use crate::stats::Stats;
 use crate::stream::ClientStream;
 use arc_swap::ArcSwap;
@@ -36,6 +37,8 @@ pub struct ListenerState {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Counters per route, indexed like `listener.routes`.
     pub route_stats: Vec<Arc<RouteStats>>,
+    /// Retry budgets per route (shared by all workers), indexed like `listener.routes`.
+    pub resilience: Vec<RouteResilience>,
 }
 
 /// A bound listener: its sockets outlive configuration snapshots while its name and configured
@@ -336,7 +339,11 @@ impl Control {
                 }
                 None => None,
             };
-            listeners.push(Arc::new(listener_state(l, slot.id, tls, counters)));
+            let previous = old.listeners.iter().find(|p| p.listener.name == l.name);
+            let resilience = crate::resilience::for_listener(l, previous.map(|p| &**p));
+            listeners.push(Arc::new(listener_state(
+                l, slot.id, tls, counters, resilience,
+            )));
         }
         let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
@@ -464,6 +471,7 @@ fn listener_state(
     slot: u64,
     tls: Option<tokio_rustls::TlsAcceptor>,
     route_stats: Vec<Arc<RouteStats>>,
+    resilience: Vec<RouteResilience>,
 ) -> ListenerState {
     let origins = l
         .routes
@@ -485,6 +493,7 @@ fn listener_state(
         origins,
         tls,
         route_stats,
+        resilience,
     }
 }
 

@@ -140,6 +140,12 @@ pub struct Stats {
     pub upstream_reused: AtomicU64,
     pub upstream_connects: AtomicU64,
     pub upstream_retries: AtomicU64,
+    /// Attempts sent again to another server under a route's `retry` policy.
+    pub retries: AtomicU64,
+    /// Retries a route's policy asked for and its retry budget refused.
+    pub retries_budget_exhausted: AtomicU64,
+    /// Requests refused with 429 by a route's rate limit.
+    pub rate_limited: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
     /// Completed TLS handshakes with a full key exchange (including after a HelloRetryRequest).
     pub tls_handshakes_full: AtomicU64,
@@ -158,6 +164,9 @@ impl Default for Stats {
             upstream_reused: AtomicU64::new(0),
             upstream_connects: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            retries_budget_exhausted: AtomicU64::new(0),
+            rate_limited: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
             tls_handshakes_full: AtomicU64::new(0),
             tls_handshakes_resumed: AtomicU64::new(0),
@@ -255,6 +264,12 @@ impl Stats {
             self.upstream_connects.load(Relaxed),
             self.upstream_retries.load(Relaxed),
         );
+        s.push_str(&format!(
+            " route_retries={} retries_budget_exhausted={} rate_limited={}",
+            self.retries.load(Relaxed),
+            self.retries_budget_exhausted.load(Relaxed),
+            self.rate_limited.load(Relaxed),
+        ));
         for (t, n) in self.termination_counts() {
             s.push_str(&format!(" {t}={n}"));
         }

@@ -177,7 +177,7 @@ impl Upstream {
     /// ejection's end notices it is over, and slow start ramps count as full weight. None when no
     /// server can take the request.
     pub fn pick(&self, key: Option<&[u8]>, exclude: Option<usize>) -> Option<ServerGuard> {
-        self.pick_inner(key, exclude, None).ok()
+        self.pick_inner(key, exclude.as_slice(), None).ok()
     }
 
     /// Choose a server at time `now` and count one active request on it.
@@ -194,6 +194,18 @@ impl Upstream {
         &self,
         key: Option<&[u8]>,
         exclude: Option<usize>,
+        now: Instant,
+    ) -> Result<ServerGuard, PickError> {
+        self.pick_inner(key, exclude.as_slice(), Some(now))
+    }
+
+    /// [`Upstream::pick_at`] skipping several servers (a retry after more than one failed
+    /// attempt): the servers in `exclude` are skipped when another server can take the request;
+    /// when none can, the excluded ones are candidates again.
+    pub fn pick_at_excluding(
+        &self,
+        key: Option<&[u8]>,
+        exclude: &[usize],
         now: Instant,
     ) -> Result<ServerGuard, PickError> {
         self.pick_inner(key, exclude, Some(now))
@@ -425,7 +437,7 @@ impl Upstream {
     fn pick_inner(
         &self,
         key: Option<&[u8]>,
-        exclude: Option<usize>,
+        exclude: &[usize],
         now: Option<Instant>,
     ) -> Result<ServerGuard, PickError> {
         SCRATCH
@@ -439,7 +451,7 @@ impl Upstream {
     fn pick_with(
         &self,
         key: Option<&[u8]>,
-        exclude: Option<usize>,
+        exclude: &[usize],
         now: Option<Instant>,
         weights: &mut Vec<u32>,
     ) -> Result<ServerGuard, PickError> {
@@ -447,11 +459,9 @@ impl Upstream {
         if let Some(guard) = self.pick_excluding(key, exclude, weights) {
             return Ok(guard);
         }
-        if let Some(x) = exclude {
-            if x < weights.len() {
-                if let Some(guard) = self.pick_excluding(key, None, weights) {
-                    return Ok(guard);
-                }
+        if exclude.iter().any(|&x| x < weights.len()) {
+            if let Some(guard) = self.pick_excluding(key, &[], weights) {
+                return Ok(guard);
             }
         }
         if weights.iter().any(|&w| w > 0) {
@@ -494,7 +504,7 @@ impl Upstream {
     fn pick_excluding(
         &self,
         key: Option<&[u8]>,
-        exclude: Option<usize>,
+        exclude: &[usize],
         weights: &[u32],
     ) -> Option<ServerGuard> {
         let load = |i: usize| self.active(i);
@@ -536,7 +546,7 @@ impl Upstream {
     /// once per server).
     fn acquire_with(
         &self,
-        exclude: Option<usize>,
+        exclude: &[usize],
         weights: &[u32],
         mut select: impl FnMut(&dyn Fn(usize) -> bool) -> Option<usize>,
     ) -> Option<ServerGuard> {
@@ -544,7 +554,7 @@ impl Upstream {
         while lost.len() <= weights.len() {
             let eligible = |i: usize| {
                 weights.get(i).is_some_and(|&w| w > 0)
-                    && Some(i) != exclude
+                    && !exclude.contains(&i)
                     && self.has_room(i)
                     && !lost.contains(&i)
             };

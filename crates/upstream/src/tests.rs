@@ -306,6 +306,22 @@ fn exclude_works_and_falls_back() {
 }
 
 #[test]
+fn exclude_several_skips_each_and_falls_back_when_all_are_excluded() {
+    let now = Instant::now();
+    for balance in all_balances() {
+        let up = Upstream::new(group(&[1, 1, 1], balance.clone(), 0));
+        for _ in 0..20 {
+            let g = up.pick_at_excluding(Some(b"k"), &[0, 2], now).unwrap();
+            assert_eq!(g.index(), 1, "{balance:?}");
+        }
+        // Every server excluded: one of them is used rather than none.
+        assert!(up.pick_at_excluding(None, &[0, 1, 2], now).is_ok());
+        // An empty list is a plain pick.
+        assert!(up.pick_at_excluding(Some(b"k"), &[], now).is_ok());
+    }
+}
+
+#[test]
 fn guard_drop_decrements() {
     for balance in all_balances() {
         let up = Upstream::new(group(&[1], balance, 0));

@@ -1,0 +1,79 @@
+//! Per-route resilience state shared by every worker: retry budget and rate-limit buckets, carried across reloads.
+
+use crate::ratelimit::RateLimiter;
+use crate::retry::RetryBudget;
+use crate::server::ListenerState;
+use portico_config::{Action, Listener, Route};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One route's process-wide resilience state, indexed like the listener's routes.
+#[derive(Debug, Default)]
+pub struct RouteResilience {
+    /// Present when the route has a `retry` table.
+    pub retry_budget: Option<Arc<RetryBudget>>,
+    /// Present when the route has a `rate_limit` table.
+    pub rate_limit: Option<Arc<RateLimiter>>,
+}
+
+/// The state for each route of `l`. A route of the same name in `previous` (the listener of the
+/// same name in the running snapshot) with the same settings hands its state over, so a reload
+/// neither refills a retry budget or a client's rate-limit bucket nor forgets them.
+pub fn for_listener(l: &Listener, previous: Option<&ListenerState>) -> Vec<RouteResilience> {
+    let now = Instant::now();
+    l.routes
+        .iter()
+        .map(|r| {
+            let before = previous.and_then(|p| {
+                let i = p.listener.routes.iter().position(|o| o.name == r.name)?;
+                Some((&p.listener.routes[i], p.resilience.get(i)?))
+            });
+            RouteResilience {
+                retry_budget: retry_budget(r, before, now),
+                rate_limit: rate_limit(r, before),
+            }
+        })
+        .collect()
+}
+
+fn rate_limit(r: &Route, before: Option<(&Route, &RouteResilience)>) -> Option<Arc<RateLimiter>> {
+    let limit = r.rate_limit.as_ref()?;
+    if let Some((old, state)) = before {
+        if old.rate_limit.as_ref() == Some(limit) {
+            if let Some(kept) = &state.rate_limit {
+                return Some(kept.clone());
+            }
+        }
+    }
+    Some(Arc::new(RateLimiter::new(
+        limit.rate,
+        limit.burst,
+        limit.max_keys,
+    )))
+}
+
+fn retry_budget(
+    r: &Route,
+    before: Option<(&Route, &RouteResilience)>,
+    now: Instant,
+) -> Option<Arc<RetryBudget>> {
+    let policy = match &r.action {
+        Action::Proxy(p) => p.retry.as_ref()?,
+        _ => return None,
+    };
+    if let Some((old, state)) = before {
+        if let (Action::Proxy(op), Some(b)) = (&old.action, &state.retry_budget) {
+            let same = op.retry.as_ref().is_some_and(|o| {
+                o.budget == policy.budget && o.min_per_second == policy.min_per_second
+            });
+            if same {
+                return Some(b.clone());
+            }
+        }
+    }
+    Some(Arc::new(RetryBudget::new(
+        policy.budget,
+        policy.min_per_second,
+        now,
+    )))
+}
