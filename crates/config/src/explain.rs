@@ -84,6 +84,14 @@ pub fn explain(config: &Config) -> String {
         }
         let _ = writeln!(out, "  health_check: {}", health_summary(group));
         let _ = writeln!(out, "  passive: {}", passive_summary(group));
+        if group.queue > 0 {
+            let _ = writeln!(
+                out,
+                "  queue: up to {} requests wait at most {} for a server below max_connections_per_server, then 503",
+                group.queue,
+                format_duration(group.queue_timeout)
+            );
+        }
         if let Some(fallback) = group.fallback.and_then(|i| config.upstreams.get(i)) {
             let _ = writeln!(
                 out,

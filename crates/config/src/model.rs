@@ -275,6 +275,11 @@ pub struct UpstreamGroup {
     /// Index into `Config::upstreams` of the group that takes requests when no server of this one
     /// is available (all down, ejected, draining or disabled). Never this group; no cycles.
     pub fallback: Option<usize>,
+    /// Requests that may wait, process-wide, for a server slot when every available server is
+    /// at `max_connections_per_server` (default 0: none wait, 503 at once). Needs a limit.
+    pub queue: u32,
+    /// Longest wait in that queue before a 503 (default 1 s).
+    pub queue_timeout: Duration,
 }
 
 /// Active health check of every server of a group: one probe per server per `interval`, for the
@@ -392,6 +397,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upstream `idle_timeout` when not configured.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upstream `queue_timeout` when not configured.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl ListenerLimits {
     /// The documented defaults of every limit.

@@ -157,6 +157,8 @@ pub(crate) struct RawUpstream {
     pub health_check: Option<RawHealthCheck>,
     pub passive: Option<RawPassive>,
     pub fallback: Option<Spanned<String>>,
+    pub queue: Option<Spanned<Int>>,
+    pub queue_timeout: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

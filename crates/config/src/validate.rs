@@ -15,8 +15,8 @@ use crate::model::{
     Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, TlsSettings,
     TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE,
-    DEFAULT_SESSION_CACHE, KX_GROUPS,
+    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
@@ -33,6 +33,8 @@ const MAX_HEAD_LIMIT: u64 = 1 << 20;
 const MAX_SESSION_CACHE: i64 = 10_000_000;
 /// Largest server `weight`.
 const MAX_WEIGHT: i64 = 1000;
+/// Largest upstream `queue` (waiting requests per group).
+const MAX_QUEUE: i64 = 1_000_000;
 /// Status codes `redirect_status` accepts.
 const REDIRECT_STATUSES: [u16; 5] = [301, 302, 303, 307, 308];
 /// Headers header rules may not touch: message framing and hop-by-hop headers the proxy manages.
@@ -821,6 +823,7 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         .as_ref()
         .map(|h| health_check(ctx, &sub(&key, "health_check"), start(name), h));
     let passive = passive(ctx, &sub(&key, "passive"), raw.passive.as_ref());
+    let (queue, queue_timeout) = queue(ctx, &key, raw, max_connections_per_server);
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -834,7 +837,41 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         passive,
         // resolved by `fallbacks` once every group name is known
         fallback: None,
+        queue,
+        queue_timeout,
     }
+}
+
+/// `queue` and `queue_timeout`: a queue only makes sense behind a per-server limit, and a
+/// timeout only with a queue.
+fn queue(ctx: &mut Ctx<'_>, key: &str, raw: &RawUpstream, limit: i64) -> (u32, Duration) {
+    let size = int(ctx, raw.queue.as_ref(), &sub(key, "queue"), 0, 0, MAX_QUEUE);
+    let timeout = duration(
+        ctx,
+        raw.queue_timeout.as_ref(),
+        &sub(key, "queue_timeout"),
+        DEFAULT_QUEUE_TIMEOUT,
+        false,
+    );
+    if let Some(q) = &raw.queue {
+        if size > 0 && limit == 0 {
+            ctx.error(
+                start(q),
+                &sub(key, "queue"),
+                "a queue needs `max_connections_per_server` (requests wait for a server below that limit)",
+            );
+        }
+    }
+    if let Some(t) = &raw.queue_timeout {
+        if raw.queue.as_ref().is_none_or(|q| q.get_ref().0 == 0) {
+            ctx.error(
+                start(t),
+                &sub(key, "queue_timeout"),
+                "queue_timeout needs a queue: set `queue` to the number of requests that may wait",
+            );
+        }
+    }
+    (u32::try_from(size).unwrap_or(0), timeout)
 }
 
 fn servers(ctx: &mut Ctx<'_>, key: &str, list: &[Spanned<ServerSpec>]) -> Vec<Server> {

@@ -47,6 +47,10 @@ pub enum ProxyError {
     UpstreamClosed,
     #[error("upstream I/O error: {0}")]
     UpstreamIo(io::Error),
+    #[error("every upstream server is at its connection limit and the group's queue is full")]
+    QueueFull,
+    #[error("no upstream server slot freed within the group's queue_timeout")]
+    QueueTimeout,
 }
 
 impl ProxyError {
@@ -59,6 +63,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
+            ProxyError::QueueFull | ProxyError::QueueTimeout => 503,
             ProxyError::ConnectFailed(_)
             | ProxyError::BadResponse(_)
             | ProxyError::UpstreamClosed => 502,
@@ -98,6 +103,8 @@ impl ProxyError {
             | ProxyError::UnexpectedUpgrade => (Side::Upstream, Cause::BadResponse),
             ProxyError::UpstreamClosed => (Side::Upstream, Cause::Closed),
             ProxyError::UpstreamIo(_) => (Side::Upstream, Cause::Io),
+            ProxyError::QueueFull => (Side::Proxy, Cause::QueueFull),
+            ProxyError::QueueTimeout => (Side::Proxy, Cause::QueueTimeout),
         };
         Termination::new(side, phase, cause)
     }
@@ -115,6 +122,12 @@ mod tests {
         assert_eq!(ProxyError::ResponseTimeout.status(), 504);
         assert_eq!(ProxyError::NoServer.status(), 503);
         assert_eq!(ProxyError::Unavailable.status(), 503);
+        assert_eq!(ProxyError::QueueFull.status(), 503);
+        assert_eq!(ProxyError::QueueTimeout.status(), 503);
+        assert_ne!(
+            ProxyError::QueueFull.termination(Phase::Connect),
+            ProxyError::QueueTimeout.termination(Phase::Connect)
+        );
         assert_ne!(
             ProxyError::Unavailable.termination(Phase::Connect),
             ProxyError::NoServer.termination(Phase::Connect)

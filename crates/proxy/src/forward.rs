@@ -43,12 +43,24 @@ pub async fn proxy(
     let mut gi = p.upstream;
     let mut hops = 0;
     // One clock read serves the pick (ejection expiry, slow start) and the header-time metric.
-    let asked = Instant::now();
+    let mut asked = Instant::now();
     let (upstream, guard) = loop {
         let upstream = &shared.upstreams[gi];
         let key = hash_key(&upstream.group().balance, c, head);
         let e = match upstream.pick_at(key, None, asked) {
             Ok(guard) => break (upstream, guard),
+            Err(PickError::AtLimit) if upstream.group().queue > 0 => {
+                let g = upstream.group();
+                let queue = &shared.group_stats[gi].queue;
+                match queue.wait(upstream, key, g.queue, g.queue_timeout).await {
+                    Ok(guard) => {
+                        // Header time counts from the pick, not from joining the queue.
+                        asked = Instant::now();
+                        break (upstream, guard);
+                    }
+                    Err(e) => e,
+                }
+            }
             Err(PickError::AtLimit) => ProxyError::NoServer,
             Err(PickError::Unavailable) => match upstream.group().fallback {
                 // Validation forbids cycles; `hops` only keeps this loop finite regardless.

@@ -10,6 +10,7 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod pool;
+pub mod queue;
 pub mod route;
 pub mod server;
 pub mod stats;

@@ -193,6 +193,8 @@ struct Inner {
     route_stats: HashMap<(String, String), Arc<RouteStats>>,
     no_server: HashMap<String, Arc<AtomicU64>>,
     header_time: HashMap<(String, SocketAddr), Arc<Histogram>>,
+    /// Group queues (waiting requests and their counters), by group name.
+    queues: HashMap<String, Arc<crate::queue::GroupQueue>>,
     next_slot: u64,
     senders: Vec<mpsc::UnboundedSender<Cmd>>,
     shutting_down: bool,
@@ -351,6 +353,7 @@ impl Control {
             .collect();
         let mut no_server = HashMap::new();
         let mut header_time = HashMap::new();
+        let mut queues = HashMap::new();
         let groups: Vec<GroupStats> = config
             .upstreams
             .iter()
@@ -367,12 +370,21 @@ impl Control {
                         h
                     })
                     .collect();
+                let queue = inner.queues.get(&g.name).cloned().unwrap_or_default();
+                queues.insert(g.name.clone(), queue.clone());
                 GroupStats {
                     no_server: refused,
                     header_time: times,
+                    queue,
                 }
             })
             .collect();
+        for (u, gs) in upstreams.iter().zip(&groups) {
+            // Only queueing groups hear about released slots: the others pay nothing.
+            if u.group().queue > 0 {
+                u.set_release_hook(gs.queue.clone());
+            }
+        }
 
         let checked = config.upstreams.iter().any(|g| g.health_check.is_some());
         if checked {
@@ -428,6 +440,7 @@ impl Control {
         inner.resumption = resumption_kept;
         inner.no_server = no_server;
         inner.header_time = header_time;
+        inner.queues = queues;
         Ok(summary)
     }
 
@@ -603,6 +616,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             route_stats: HashMap::new(),
             no_server: HashMap::new(),
             header_time: HashMap::new(),
+            queues: HashMap::new(),
             next_slot: 0,
             senders,
             shutting_down: false,

@@ -43,11 +43,15 @@ pub enum Cause {
     /// No server of the group (or its fallbacks) can take requests: all down, ejected, draining
     /// or disabled.
     Unavailable,
+    /// Every server at its limit and the group's queue full.
+    QueueFull,
+    /// Waited in the group's queue for `queue_timeout` without a server slot.
+    QueueTimeout,
 }
 
 const SIDES: usize = 4;
 const PHASES: usize = 8;
-const CAUSES: usize = 11;
+const CAUSES: usize = 13;
 
 /// One termination record: exactly one per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +102,8 @@ impl Termination {
             Cause::BadResponse => "bad_response",
             Cause::Shutdown => "shutdown",
             Cause::Unavailable => "unavailable",
+            Cause::QueueFull => "queue_full",
+            Cause::QueueTimeout => "queue_timeout",
         };
         (side, phase, cause)
     }
@@ -217,6 +223,8 @@ impl Stats {
             Cause::BadResponse,
             Cause::Shutdown,
             Cause::Unavailable,
+            Cause::QueueFull,
+            Cause::QueueTimeout,
         ];
         let mut out = Vec::new();
         for &side in &sides {
