@@ -84,6 +84,13 @@ pub fn explain(config: &Config) -> String {
         }
         let _ = writeln!(out, "  health_check: {}", health_summary(group));
         let _ = writeln!(out, "  passive: {}", passive_summary(group));
+        if let Some(s) = &group.sticky_cookie {
+            let _ = writeln!(
+                out,
+                "  sticky_cookie: Set-Cookie: {} (the value names the chosen server)",
+                s.set_cookie("ID")
+            );
+        }
         if group.queue > 0 {
             let _ = writeln!(
                 out,

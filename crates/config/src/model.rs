@@ -280,6 +280,47 @@ pub struct UpstreamGroup {
     pub queue: u32,
     /// Longest wait in that queue before a 503 (default 1 s).
     pub queue_timeout: Duration,
+    /// Session persistence by a cookie Portico sets (`sticky_cookie`); None = off.
+    pub sticky_cookie: Option<StickyCookie>,
+}
+
+/// Session persistence: responses set a cookie naming the chosen server (an opaque id derived
+/// from its address), and requests carrying it go to that server while it is available.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StickyCookie {
+    /// A token.
+    pub name: String,
+    /// The `Path` attribute (default "/").
+    pub path: String,
+    /// The `Max-Age` attribute in seconds; None = a session cookie (default).
+    pub max_age: Option<u64>,
+    /// The `HttpOnly` attribute (default true: scripts have no use for it).
+    pub http_only: bool,
+    /// The `Secure` attribute (default false).
+    pub secure: bool,
+    /// The `SameSite` attribute: "Strict", "Lax" or "None"; None = not sent (default).
+    pub same_site: Option<&'static str>,
+}
+
+impl StickyCookie {
+    /// A `Set-Cookie` value giving the cookie `value`, with every attribute.
+    pub fn set_cookie(&self, value: &str) -> String {
+        let mut out = format!("{}={value}; Path={}", self.name, self.path);
+        if let Some(age) = self.max_age {
+            out.push_str(&format!("; Max-Age={age}"));
+        }
+        if self.http_only {
+            out.push_str("; HttpOnly");
+        }
+        if self.secure {
+            out.push_str("; Secure");
+        }
+        if let Some(s) = self.same_site {
+            out.push_str("; SameSite=");
+            out.push_str(s);
+        }
+        out
+    }
 }
 
 /// Active health check of every server of a group: one probe per server per `interval`, for the

@@ -12,16 +12,16 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
-    Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, TlsSettings,
-    TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
+    Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, StickyCookie,
+    TlsSettings, TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL,
+    DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
     DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
-    RawLimits, RawListener, RawPassive, RawRespond, RawRoute, RawTls, RawUpstream, Scalar,
-    ServerSpec, StrList, StrOrBool,
+    RawLimits, RawListener, RawPassive, RawRespond, RawRoute, RawSticky, RawTls, RawUpstream,
+    Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -824,6 +824,10 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         .map(|h| health_check(ctx, &sub(&key, "health_check"), start(name), h));
     let passive = passive(ctx, &sub(&key, "passive"), raw.passive.as_ref());
     let (queue, queue_timeout) = queue(ctx, &key, raw, max_connections_per_server);
+    let sticky_cookie = raw
+        .sticky_cookie
+        .as_ref()
+        .and_then(|s| sticky_cookie(ctx, &sub(&key, "sticky_cookie"), s));
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -839,7 +843,107 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         fallback: None,
         queue,
         queue_timeout,
+        sticky_cookie,
     }
+}
+
+/// `sticky_cookie`: a token name and attributes a browser keeps as written.
+fn sticky_cookie(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawSticky>) -> Option<StickyCookie> {
+    let bad_name = |name: &str| {
+        (!is_token(name))
+            .then(|| format!("invalid cookie name {name:?}: must be a non-empty token"))
+    };
+    let table = match raw.get_ref() {
+        RawSticky::Name(name) => {
+            if let Some(message) = bad_name(name) {
+                ctx.error(start(raw), key, message);
+                return None;
+            }
+            return Some(StickyCookie {
+                name: name.clone(),
+                path: "/".into(),
+                max_age: None,
+                http_only: true,
+                secure: false,
+                same_site: None,
+            });
+        }
+        RawSticky::Table(t) => t,
+    };
+    let Some(name) = &table.name else {
+        ctx.error(
+            start(raw),
+            key,
+            "sticky_cookie table needs a `name`, e.g. { name = \"PORTICO_SRV\" }",
+        );
+        return None;
+    };
+    if let Some(message) = bad_name(name.get_ref()) {
+        ctx.error(start(name), &sub(key, "name"), message);
+    }
+    let path = match &table.path {
+        None => "/".to_string(),
+        Some(p) => {
+            let text = p.get_ref();
+            if !text.starts_with('/') || text.chars().any(|c| c == ';' || c.is_control()) {
+                ctx.error(
+                    start(p),
+                    &sub(key, "path"),
+                    format!("invalid cookie path {text:?}: must start with '/' and contain no ';' or control characters"),
+                );
+            }
+            text.clone()
+        }
+    };
+    let max_age = table.max_age.as_ref().map(|m| {
+        let d = duration(
+            ctx,
+            Some(m),
+            &sub(key, "max_age"),
+            Duration::from_secs(1),
+            false,
+        );
+        if d.subsec_nanos() != 0 {
+            ctx.error(
+                start(m),
+                &sub(key, "max_age"),
+                "Max-Age is whole seconds: use a duration such as \"30s\", \"10m\" or \"1h\"",
+            );
+        }
+        d.as_secs()
+    });
+    let secure = table.secure.as_ref().is_some_and(|s| *s.get_ref());
+    let same_site = table.samesite.as_ref().and_then(|s| {
+        let value = match s.get_ref().to_ascii_lowercase().as_str() {
+            "strict" => "Strict",
+            "lax" => "Lax",
+            "none" => "None",
+            other => {
+                ctx.error(
+                    start(s),
+                    &sub(key, "samesite"),
+                    format!("unknown SameSite value {other:?}; expected \"strict\", \"lax\" or \"none\""),
+                );
+                return None;
+            }
+        };
+        if value == "None" && !secure {
+            ctx.error(
+                start(s),
+                &sub(key, "samesite"),
+                "samesite = \"none\" needs secure = true (browsers drop such cookies otherwise)",
+            );
+        }
+        Some(value)
+    });
+    Some(StickyCookie {
+        name: name.get_ref().clone(),
+        path,
+        max_age,
+        http_only: table.httponly.as_ref().is_none_or(|h| *h.get_ref()),
+        secure,
+        same_site,
+    })
 }
 
 /// `queue` and `queue_timeout`: a queue only makes sense behind a per-server limit, and a

@@ -65,3 +65,61 @@ fn queue_errors_name_the_key() {
     );
     assert!(parse_all(&group("queue = 0"), "t.toml").is_ok());
 }
+
+#[test]
+fn sticky_cookie_short_and_long_forms() {
+    let c = parse(&group("sticky_cookie = \"SRV\""), "t.toml").unwrap();
+    let s = c.upstreams[0].sticky_cookie.as_ref().unwrap();
+    assert_eq!(s.set_cookie("x"), "SRV=x; Path=/; HttpOnly");
+    let c = parse(
+        &group("[upstreams.api.sticky_cookie]\nname = \"S\"\npath = \"/app\"\nmax_age = \"1h\"\nhttponly = false\nsecure = true\nsamesite = \"none\""),
+        "t.toml",
+    )
+    .unwrap();
+    let s = c.upstreams[0].sticky_cookie.as_ref().unwrap();
+    assert_eq!(
+        s.set_cookie("x"),
+        "S=x; Path=/app; Max-Age=3600; Secure; SameSite=None"
+    );
+    let text = portico_config::explain(&c);
+    assert!(
+        text.contains("sticky_cookie: Set-Cookie: S=ID; Path=/app"),
+        "{text}"
+    );
+    assert!(parse(&group(""), "t.toml").unwrap().upstreams[0]
+        .sticky_cookie
+        .is_none());
+}
+
+#[test]
+fn sticky_cookie_errors_name_the_key() {
+    assert_eq!(
+        err(&group("sticky_cookie = \"a b\"")),
+        "t.toml:3:17: upstreams.api.sticky_cookie: invalid cookie name \"a b\": must be a non-empty token"
+    );
+    assert_eq!(
+        err(&group("sticky_cookie = { path = \"/\" }")),
+        "t.toml:3:17: upstreams.api.sticky_cookie: sticky_cookie table needs a `name`, e.g. { name = \"PORTICO_SRV\" }"
+    );
+    assert_eq!(
+        err(&group("sticky_cookie = { name = \"S\", path = \"x;y\" }")),
+        "t.toml:3:38: upstreams.api.sticky_cookie.path: invalid cookie path \"x;y\": must start with '/' and contain no ';' or control characters"
+    );
+    assert_eq!(
+        err(&group("sticky_cookie = { name = \"S\", max_age = \"1500ms\" }")),
+        "t.toml:3:41: upstreams.api.sticky_cookie.max_age: Max-Age is whole seconds: use a duration such as \"30s\", \"10m\" or \"1h\""
+    );
+    assert_eq!(
+        err(&group("sticky_cookie = { name = \"S\", samesite = \"none\" }")),
+        "t.toml:3:42: upstreams.api.sticky_cookie.samesite: samesite = \"none\" needs secure = true (browsers drop such cookies otherwise)"
+    );
+    assert_eq!(
+        err(&group("sticky_cookie = { name = \"S\", samesite = \"loose\" }")),
+        "t.toml:3:42: upstreams.api.sticky_cookie.samesite: unknown SameSite value \"loose\"; expected \"strict\", \"lax\" or \"none\""
+    );
+    let e = err(&group("sticky_cookie = { name = \"S\", maxage = \"1h\" }"));
+    assert!(
+        e.starts_with("t.toml:3:31: upstreams.api.sticky_cookie.maxage: unknown field `maxage`"),
+        "{e}"
+    );
+}

@@ -46,6 +46,12 @@ pub async fn proxy(
     let mut asked = Instant::now();
     let (upstream, guard) = loop {
         let upstream = &shared.upstreams[gi];
+        // A sticky cookie naming an available server with room wins over the balancer.
+        if let Some(id) = crate::sticky::request_id(upstream, head) {
+            if let Some(guard) = upstream.pick_sticky_at(id, asked) {
+                break (upstream, guard);
+            }
+        }
         let key = hash_key(&upstream.group().balance, c, head);
         let e = match upstream.pick_at(key, None, asked) {
             Ok(guard) => break (upstream, guard),
@@ -81,6 +87,7 @@ pub async fn proxy(
     let group = &**upstream.group();
     let server = guard.index();
     let addr = guard.address();
+    let set_cookie = crate::sticky::set_cookie(upstream, head, server);
 
     // The request head for the upstream, built once (retries resend the same bytes).
     let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
@@ -241,6 +248,9 @@ pub async fn proxy(
         head.version(),
         keep_alive,
     );
+    if let Some(cookie) = &set_cookie {
+        crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
+    }
     let status = resp.status();
     match relay_body(
         c,

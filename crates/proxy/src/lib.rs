@@ -14,6 +14,7 @@ pub mod queue;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod sticky;
 pub mod stream;
 
 pub use error::ProxyError;

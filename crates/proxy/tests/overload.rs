@@ -192,3 +192,144 @@ fn without_a_queue_a_full_group_answers_503_at_once() {
     hold.open();
     assert_eq!(a.read_response(false).unwrap().status, 200);
 }
+
+/// One admin request on a new connection: the status.
+fn admin_post(addr: SocketAddr, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out[9..12].parse().unwrap()
+}
+
+/// The `NAME=value` part of a Set-Cookie header.
+fn cookie_pair(r: &portico_testkit::Response) -> Option<String> {
+    r.header("set-cookie")
+        .map(|v| v.split(';').next().unwrap_or("").to_string())
+}
+
+#[test]
+fn sticky_cookie_is_set_honoured_and_set_again_when_its_server_is_disabled() {
+    let ups: Vec<TestUpstream> = (0..3)
+        .map(|i| TestUpstream::start(move |_| Reply::ok(&format!("s{i}"))))
+        .collect();
+    let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+    let list: Vec<String> = addrs.iter().map(|s| format!("\"{s}\"")).collect();
+    let p = run(
+        &format!(
+            r#"
+[admin]
+address = "127.0.0.1:0"
+
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+proxy = "g"
+
+[upstreams.g]
+servers = [{}]
+balance = "least_connections"
+sticky_cookie = {{ name = "PORTICO_SRV", max_age = "1h" }}
+"#,
+            list.join(", ")
+        ),
+        2,
+    );
+    let addr = p.addr("p").unwrap();
+    // A new client: the balancer picks, the response names the server.
+    let first = Client::connect(addr)
+        .unwrap()
+        .request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert_eq!(first.status, 200);
+    let set = first
+        .header("set-cookie")
+        .expect("Set-Cookie on the first response");
+    assert!(set.ends_with("; Path=/; Max-Age=3600; HttpOnly"), "{set}");
+    let cookie = cookie_pair(&first).unwrap();
+    let server = first.text();
+    assert!(
+        !addrs.iter().any(|a| set.contains(&a.to_string())),
+        "the id does not show the address: {set}"
+    );
+
+    // With the cookie, every request (new connections, other workers) goes to that server and
+    // the cookie is not set again; without it the balancer spreads them.
+    let with = format!("GET / HTTP/1.1\r\nHost: t\r\nCookie: a=b; {cookie}\r\n\r\n");
+    let mut seen_without = std::collections::HashSet::new();
+    for _ in 0..12 {
+        let r = Client::connect(addr)
+            .unwrap()
+            .request(with.as_bytes())
+            .unwrap();
+        assert_eq!(r.text(), server);
+        assert_eq!(r.header("set-cookie"), None);
+        let r = Client::connect(addr)
+            .unwrap()
+            .request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        seen_without.insert(r.text());
+    }
+    assert!(
+        seen_without.len() >= 2,
+        "balancer never spread: {seen_without:?}"
+    );
+
+    // Its server is disabled: the balancer picks another and the cookie names the new one.
+    let index = server[1..].parse::<usize>().unwrap();
+    let a = p.admin_addr().unwrap();
+    let path = format!("/api/groups/g/servers/{}/disable", addrs[index]);
+    assert_eq!(admin_post(a, &path), 200);
+    let r = Client::connect(addr)
+        .unwrap()
+        .request(with.as_bytes())
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_ne!(r.text(), server);
+    let moved = cookie_pair(&r).expect("cookie set again");
+    assert_ne!(moved, cookie);
+    // And the new cookie sticks to the new server.
+    let again = format!("GET / HTTP/1.1\r\nHost: t\r\nCookie: {moved}\r\n\r\n");
+    for _ in 0..5 {
+        let r2 = Client::connect(addr)
+            .unwrap()
+            .request(again.as_bytes())
+            .unwrap();
+        assert_eq!(r2.text(), r.text());
+        assert_eq!(r2.header("set-cookie"), None);
+    }
+    // Enabled again, the old cookie finds its server again; ids come from addresses, so a
+    // reload that reorders the servers keeps them.
+    assert_eq!(
+        admin_post(a, &format!("/api/groups/g/servers/{}/enable", addrs[index])),
+        200
+    );
+    let r = Client::connect(addr)
+        .unwrap()
+        .request(with.as_bytes())
+        .unwrap();
+    assert_eq!(r.text(), server);
+    let reversed: Vec<String> = list.iter().rev().cloned().collect();
+    let cfg = format!(
+        "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"g\"\n[upstreams.g]\nservers = [{}]\nsticky_cookie = \"PORTICO_SRV\"\n",
+        reversed.join(", ")
+    );
+    p.reload(portico_config::parse(&cfg, "reload.toml").unwrap())
+        .unwrap();
+    for _ in 0..4 {
+        let r = Client::connect(addr)
+            .unwrap()
+            .request(with.as_bytes())
+            .unwrap();
+        assert_eq!(r.text(), server);
+        assert_eq!(r.header("set-cookie"), None);
+    }
+}

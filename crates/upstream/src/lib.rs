@@ -4,6 +4,7 @@ pub mod hash;
 pub mod ring;
 pub mod select;
 mod state;
+pub mod sticky;
 
 use portico_config::{Balance, UpstreamGroup, DEFAULT_FALL, DEFAULT_RISE};
 use ring::Ring;
@@ -88,6 +89,8 @@ pub struct Upstream {
     policy: Policy,
     /// Serializes ejection decisions, so `max_ejected_percent` holds under concurrent failures.
     eject: Mutex<()>,
+    /// Sticky cookie values per server (empty without `sticky_cookie`), see [`sticky`].
+    sticky_ids: Box<[String]>,
 }
 
 impl fmt::Debug for Upstream {
@@ -175,6 +178,7 @@ impl Upstream {
         };
         Upstream {
             limit: shared.group.max_connections_per_server,
+            sticky_ids: sticky::ids(&shared.group),
             shared,
             policy,
             eject: Mutex::new(()),
@@ -572,14 +576,19 @@ impl Upstream {
                 if let Some(s) = self.shared.servers.get(i) {
                     s.requests.fetch_add(1, Ordering::Relaxed);
                 }
-                return Some(ServerGuard {
-                    shared: Arc::clone(&self.shared),
-                    index: i,
-                });
+                return Some(self.guard(i));
             }
             lost.push(i);
         }
         None
+    }
+
+    /// The guard of a slot just acquired on `server`.
+    fn guard(&self, server: usize) -> ServerGuard {
+        ServerGuard {
+            shared: Arc::clone(&self.shared),
+            index: server,
+        }
     }
 
     fn has_room(&self, server: usize) -> bool {
