@@ -54,6 +54,14 @@ pub fn explain(config: &Config) -> String {
                 );
             }
         }
+        if let Some(shed) = &listener.shed {
+            let _ = writeln!(
+                out,
+                "  shed: fast 503 for new requests while a worker's event loop lags more than {} (after {} above it)",
+                format_duration(shed.target),
+                format_duration(shed.interval)
+            );
+        }
         let limits = limits_diff(&listener.limits);
         if !limits.is_empty() {
             let _ = writeln!(out, "  limits: {}", limits.join(", "));

@@ -53,6 +53,26 @@ pub struct Listener {
     pub tls: Option<TlsSettings>,
     /// Routes in file order; the first match wins.
     pub routes: Vec<Route>,
+    /// Adaptive load shedding (`[listeners.shed]`); None = off (the default).
+    pub shed: Option<Shed>,
+}
+
+/// Load shedding: while a worker's event loop lags more than `target` (after lagging more for a
+/// whole `interval`), new requests on this listener get a fast 503 with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shed {
+    /// Event-loop lag above which a worker counts as saturated (default 20 ms).
+    pub target: Duration,
+    /// How long the lag must stay above `target` before shedding starts (default 100 ms).
+    pub interval: Duration,
+}
+
+impl Shed {
+    /// The documented defaults.
+    pub const DEFAULT: Shed = Shed {
+        target: Duration::from_millis(20),
+        interval: Duration::from_millis(100),
+    };
 }
 
 /// TLS termination settings of a listener (files are read when the listener starts).

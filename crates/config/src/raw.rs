@@ -43,6 +43,17 @@ pub(crate) struct RawListener {
     pub limits: Option<RawLimits>,
     pub tls: Option<Spanned<RawTls>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+    pub shed: Option<RawShed>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a shed table { target = \"20ms\", interval = \"100ms\" }"
+)]
+pub(crate) struct RawShed {
+    pub target: Option<Spanned<Scalar>>,
+    pub interval: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -12,7 +12,7 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
-    Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, StaticAction, StickyCookie,
+    Matcher, PassiveCheck, PathMatch, ProxyAction, Route, Server, Shed, StaticAction, StickyCookie,
     TlsSettings, TlsVersion, UpstreamGroup, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
@@ -20,8 +20,8 @@ use crate::model::{
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
-    RawLimits, RawListener, RawPassive, RawRespond, RawRoute, RawSticky, RawTls, RawUpstream,
-    Scalar, ServerSpec, StrList, StrOrBool,
+    RawLimits, RawListener, RawPassive, RawRespond, RawRoute, RawShed, RawSticky, RawTls,
+    RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -1130,6 +1130,7 @@ fn listeners(
         }
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
         let tls = l.tls.as_ref().and_then(|t| tls(ctx, &sub(&key, "tls"), t));
+        let shed = l.shed.as_ref().map(|s| shed(ctx, &sub(&key, "shed"), s));
         let routes = match &l.routes {
             None => {
                 ctx.error(
@@ -1162,9 +1163,56 @@ fn listeners(
             limits,
             tls,
             routes,
+            shed,
         });
     }
     out
+}
+
+/// `[listeners.shed]`: lag target and interval; the target must be shorter than the interval
+/// (a lag that never lasts as long as the target's own length cannot be told from noise).
+fn shed(ctx: &mut Ctx<'_>, key: &str, raw: &RawShed) -> Shed {
+    let d = Shed::DEFAULT;
+    let target = duration(
+        ctx,
+        raw.target.as_ref(),
+        &sub(key, "target"),
+        d.target,
+        false,
+    );
+    let interval = duration(
+        ctx,
+        raw.interval.as_ref(),
+        &sub(key, "interval"),
+        d.interval.max(target),
+        false,
+    );
+    if target < Duration::from_millis(1) {
+        if let Some(t) = &raw.target {
+            ctx.error(
+                start(t),
+                &sub(key, "target"),
+                "must be at least 1ms (event-loop lag is measured with millisecond timers)",
+            );
+        }
+    }
+    if interval < target {
+        let (at, which) = match (&raw.interval, &raw.target) {
+            (Some(i), _) => (start(i), "interval"),
+            (None, Some(t)) => (start(t), "target"),
+            (None, None) => (0, "interval"),
+        };
+        ctx.error(
+            at,
+            &sub(key, which),
+            format!(
+                "interval ({}) must not be shorter than target ({})",
+                crate::units::format_duration(interval),
+                crate::units::format_duration(target)
+            ),
+        );
+    }
+    Shed { target, interval }
 }
 
 /// Two listen addresses cannot both be bound: same port (not 0) and same IP, or one is the

@@ -123,3 +123,51 @@ fn sticky_cookie_errors_name_the_key() {
         "{e}"
     );
 }
+
+fn listener(shed: &str) -> String {
+    format!("[[listeners]]\naddress = \"127.0.0.1:8080\"\n{shed}\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n")
+}
+
+#[test]
+fn shed_is_off_by_default_and_typed_when_set() {
+    let c = parse(&listener(""), "t.toml").unwrap();
+    assert_eq!(c.listeners[0].shed, None);
+    let c = parse(&listener("shed = {}"), "t.toml").unwrap();
+    assert_eq!(c.listeners[0].shed, Some(portico_config::Shed::DEFAULT));
+    let c = parse(
+        &listener("[listeners.shed]\ntarget = \"5ms\"\ninterval = \"50ms\""),
+        "t.toml",
+    )
+    .unwrap();
+    let s = c.listeners[0].shed.unwrap();
+    assert_eq!(
+        (s.target, s.interval),
+        (Duration::from_millis(5), Duration::from_millis(50))
+    );
+    let text = portico_config::explain(&c);
+    assert!(
+        text.contains("shed: fast 503 for new requests while a worker's event loop lags more than 5ms (after 50ms above it)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn shed_errors_name_the_key() {
+    assert_eq!(
+        err(&listener("shed = { target = \"500us\" }")),
+        "t.toml:3:19: listeners[0].shed.target: must be at least 1ms (event-loop lag is measured with millisecond timers)"
+    );
+    assert_eq!(
+        err(&listener("shed = { target = \"50ms\", interval = \"10ms\" }")),
+        "t.toml:3:38: listeners[0].shed.interval: interval (10ms) must not be shorter than target (50ms)"
+    );
+    assert_eq!(
+        err(&listener("shed = { target = 5 }")),
+        "t.toml:3:19: listeners[0].shed.target: expected a duration string such as \"5s\" (units: us, ms, s, m, h), found the integer 5"
+    );
+    let e = err(&listener("shed = { targett = \"5ms\" }"));
+    assert!(
+        e.starts_with("t.toml:3:10: listeners[0].shed.targett: unknown field `targett`"),
+        "{e}"
+    );
+}

@@ -600,6 +600,8 @@ fn counters(stats: &Stats, control: &Control) -> Value {
         "upstream_retries": stats.upstream_retries.load(Relaxed),
         "upstream_idle_connections": control.idle_upstream.load(Relaxed),
         "tls_handshake_failures": stats.tls_handshake_failures.load(Relaxed),
+        "requests_shed": stats.requests_shed.load(Relaxed),
+        "shedding": stats.shedding.load(Relaxed),
     })
 }
 
@@ -714,11 +716,22 @@ pub fn metrics(control: &Control) -> String {
             "TLS handshakes that failed or timed out.",
             &stats.tls_handshake_failures,
         ),
+        (
+            "portico_requests_shed_total",
+            "Requests answered 503 at once because their worker was saturated (load shedding).",
+            &stats.requests_shed,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);
         e.sample(name, &[], v.load(Relaxed) as f64);
     }
+    e.family(
+        "portico_shedding",
+        "gauge",
+        "Workers shedding new requests now (counted once per listener with shed).",
+    );
+    e.sample("portico_shedding", &[], stats.shedding.load(Relaxed) as f64);
     e.family(
         "portico_upstream_idle_connections",
         "gauge",

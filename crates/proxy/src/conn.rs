@@ -356,6 +356,9 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -
 async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
     let ls = &*ctx.ls;
     let route = &ls.listener.routes[idx];
+    if crate::load::shed_now(ctx) {
+        return crate::load::shed(c, ctx, head).await;
+    }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
             if n > route.max_body_bytes {

@@ -51,6 +51,8 @@ pub enum ProxyError {
     QueueFull,
     #[error("no upstream server slot freed within the group's queue_timeout")]
     QueueTimeout,
+    #[error("shed: the worker is saturated")]
+    Shed,
 }
 
 impl ProxyError {
@@ -63,7 +65,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
-            ProxyError::QueueFull | ProxyError::QueueTimeout => 503,
+            ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
             | ProxyError::BadResponse(_)
             | ProxyError::UpstreamClosed => 502,
@@ -105,6 +107,7 @@ impl ProxyError {
             ProxyError::UpstreamIo(_) => (Side::Upstream, Cause::Io),
             ProxyError::QueueFull => (Side::Proxy, Cause::QueueFull),
             ProxyError::QueueTimeout => (Side::Proxy, Cause::QueueTimeout),
+            ProxyError::Shed => (Side::Proxy, Cause::Shed),
         };
         Termination::new(side, phase, cause)
     }

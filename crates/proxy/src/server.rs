@@ -99,12 +99,19 @@ pub struct Worker {
     /// This worker's copy of the current snapshot: `Rc` clones stay on this core, the shared
     /// `Arc`'s count is touched once per reload per worker instead of once per request.
     snapshot: RefCell<Snapshot>,
+    /// Event-loop lag and load shedding state of this worker.
+    pub load: crate::load::WorkerLoad,
 }
 
 impl Worker {
     /// The generation of the newest configuration snapshot.
     pub fn generation(&self) -> u64 {
         self.control.generation.load(Ordering::Acquire)
+    }
+
+    /// The process's control plane.
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
     }
 
     /// The newest configuration snapshot (one atomic load when nothing changed).
@@ -185,6 +192,8 @@ pub struct Control {
     source: Mutex<Option<ConfigSource>>,
     /// Tells worker threads to drain and exit.
     shutdown: watch::Sender<bool>,
+    /// Testing aid (microseconds, 0 = off), see [`Control::simulate_saturation`].
+    stall_us: AtomicU64,
 }
 
 struct Inner {
@@ -461,6 +470,24 @@ impl Control {
         Ok(summary)
     }
 
+    /// Testing aid: saturate every worker whose listeners shed, by blocking its thread for
+    /// `slice` between two of its lag samples (as a CPU-bound burst would), until called with
+    /// None. Nothing else uses it.
+    pub fn simulate_saturation(&self, slice: Option<Duration>) {
+        let us = slice.map_or(0, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
+        self.stall_us.store(us, Ordering::Relaxed);
+    }
+
+    /// The stall [`Control::simulate_saturation`] asks for, if any.
+    pub fn simulated_stall(&self) -> Option<Duration> {
+        match self.stall_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
     /// Stop accepting everywhere and let the workers drain.
     pub fn shutdown(&self) {
         let mut inner = self.lock();
@@ -625,6 +652,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,
+        stall_us: AtomicU64::new(0),
     });
     let admin = config.admin.clone();
     let mut running = Running {
@@ -688,6 +716,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
             idle_notify: Notify::new(),
             snapshot: RefCell::new(Snapshot(Rc::new(control.current.load_full()))),
             control,
+            load: crate::load::WorkerLoad::default(),
         });
         let loops: Rc<RefCell<Vec<tokio::task::JoinHandle<()>>>> = Rc::default();
         let listen = {
@@ -722,6 +751,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
                 }
             })
         };
+        let prober = tokio::task::spawn_local(crate::load::probe(worker.clone()));
         while !*shutdown.borrow_and_update() {
             if shutdown.changed().await.is_err() {
                 break;
@@ -741,6 +771,8 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
         })
         .await;
         sweeper.abort();
+        prober.abort();
+        worker.load.reset(&worker.control.stats);
         worker.pool.clear();
     });
 }

@@ -167,6 +167,14 @@ fn full_queue_answers_503_at_once() {
     eventually("queue_full counted", || {
         proxy_cause(&p, Cause::QueueFull) == 1
     });
+    let metrics = portico_proxy::admin::metrics(p.control());
+    for line in [
+        "portico_group_queue_full_total{group=\"g\"} 1\n",
+        "portico_group_queue_waiting{group=\"g\"} 1\n",
+        "portico_terminations_total{side=\"proxy\",phase=\"connect\",cause=\"queue_full\"} 1\n",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
 
     hold.open();
     assert_eq!(a.read_response(false).unwrap().status, 200);
@@ -331,5 +339,111 @@ sticky_cookie = {{ name = "PORTICO_SRV", max_age = "1h" }}
             .unwrap();
         assert_eq!(r.text(), server);
         assert_eq!(r.header("set-cookie"), None);
+    }
+}
+
+fn shedding(p: &Running) -> i64 {
+    p.stats()
+        .shedding
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn saturated_worker_sheds_new_requests_fast_while_admitted_ones_finish() {
+    let hold = Hold::new();
+    let up = held_upstream(&hold);
+    let p = run(
+        &format!(
+            r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+shed = {{ target = "5ms", interval = "20ms" }}
+
+[[listeners.routes]]
+path = "/held"
+proxy = "g"
+
+[[listeners.routes]]
+respond = {{ status = 200, body = "fast" }}
+
+[[listeners]]
+name = "internal"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+respond = {{ status = 200, body = "internal" }}
+
+[upstreams.g]
+servers = ["{}"]
+"#,
+            up.addr
+        ),
+        1,
+    );
+    let addr = p.addr("p").unwrap();
+    let internal = p.addr("internal").unwrap();
+    let get = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n";
+    assert_eq!(
+        Client::connect(addr).unwrap().request(get).unwrap().status,
+        200
+    );
+    // Admitted before the worker saturates: held by the upstream.
+    let mut admitted = Client::connect(addr).unwrap();
+    admitted
+        .send(b"GET /held HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    assert!(hold.wait_held(1));
+    let mut kept = Client::connect(addr).unwrap();
+    assert_eq!(kept.request(get).unwrap().status, 200);
+
+    // Every lag sample now comes at least 20 ms late (4x the target): the worker sheds.
+    p.control()
+        .simulate_saturation(Some(Duration::from_millis(25)));
+    eventually("the worker starts shedding", || shedding(&p) == 1);
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let r = Client::connect(addr).unwrap().request(get).unwrap();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert!(r.text().contains("overloaded"), "{}", r.text());
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "shed answer took {:?}",
+            asked.elapsed()
+        );
+    }
+    // A kept-alive connection gets the same answer and stays open.
+    assert_eq!(kept.request(get).unwrap().status, 503);
+    // A listener without `shed` on the same worker still serves.
+    let r = Client::connect(internal).unwrap().request(get).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "internal"));
+    // The admitted request completes normally while the worker is still saturated.
+    hold.open();
+    let r = admitted.read_response(false).unwrap();
+    assert_eq!((r.status, r.text().as_str()), (200, "/held"));
+    assert_eq!(shedding(&p), 1);
+
+    // Load gone: the first sample back under target stops shedding.
+    p.control().simulate_saturation(None);
+    eventually("shedding stops", || shedding(&p) == 0);
+    assert_eq!(kept.request(get).unwrap().status, 200);
+    let shed = p
+        .stats()
+        .requests_shed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(shed, 6);
+    eventually("every shed request recorded", || {
+        p.stats()
+            .terminations(Termination::new(Side::Proxy, Phase::Route, Cause::Shed))
+            == 6
+    });
+    let metrics = portico_proxy::admin::metrics(p.control());
+    for line in [
+        "portico_requests_shed_total 6\n",
+        "portico_shedding 0\n",
+        "portico_terminations_total{side=\"proxy\",phase=\"route\",cause=\"shed\"} 6\n",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
 }
