@@ -96,3 +96,90 @@ impl GroupQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn upstream(limit: u32, queue: u32) -> (Arc<Upstream>, Arc<GroupQueue>) {
+        let cfg = portico_config::parse(
+            &format!(
+                "[upstreams.g]\nservers = [\"10.0.0.1:80\"]\nmax_connections_per_server = {limit}\nqueue = {queue}\n[[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"g\"\n"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        let u = Arc::new(Upstream::new(Arc::clone(&cfg.upstreams[0])));
+        let q = Arc::new(GroupQueue::default());
+        assert!(u.set_release_hook(q.clone()));
+        (u, q)
+    }
+
+    /// Wait on a runtime of its own on another thread, as a request on another worker would.
+    fn waiter(
+        u: &Arc<Upstream>,
+        q: &Arc<GroupQueue>,
+        timeout: Duration,
+    ) -> std::thread::JoinHandle<Result<usize, String>> {
+        let (u, q) = (u.clone(), q.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                q.wait(&u, None, 2, timeout)
+                    .await
+                    .map(|g| g.index())
+                    .map_err(|e| e.to_string())
+            })
+        })
+    }
+
+    fn until(cond: impl Fn() -> bool) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < end, "condition never held");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn released_slots_wake_waiters_on_other_threads_and_a_full_queue_refuses() {
+        let (u, q) = upstream(1, 2);
+        let held = u.pick(None, None).unwrap();
+        let a = waiter(&u, &q, Duration::from_secs(10));
+        let b = waiter(&u, &q, Duration::from_secs(10));
+        until(|| q.waiting() == 2);
+        // Two wait: a third is refused at once, without waiting.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let third = rt.block_on(q.wait(&u, None, 2, Duration::from_secs(10)));
+        assert!(matches!(third, Err(ProxyError::QueueFull)));
+        assert_eq!(q.full.load(Ordering::Relaxed), 1);
+        // Each release admits one waiter; the admitted one releases in turn when it finishes.
+        drop(held);
+        let first = [a, b].into_iter().map(|t| t.join().unwrap());
+        for r in first {
+            assert_eq!(r, Ok(0));
+        }
+        assert_eq!(q.waiting(), 0);
+        assert_eq!(q.admitted.load(Ordering::Relaxed), 2);
+        assert_eq!(u.active(0), 0);
+    }
+
+    #[test]
+    fn a_waiter_without_a_released_slot_times_out() {
+        let (u, q) = upstream(1, 2);
+        let _held = u.pick(None, None).unwrap();
+        let t0 = Instant::now();
+        let r = waiter(&u, &q, Duration::from_millis(50)).join().unwrap();
+        assert_eq!(r, Err(ProxyError::QueueTimeout.to_string()));
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        assert_eq!(q.timeouts.load(Ordering::Relaxed), 1);
+        assert_eq!(q.waiting(), 0, "the place is given back");
+    }
+}
