@@ -828,6 +828,17 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         .sticky_cookie
         .as_ref()
         .and_then(|s| sticky_cookie(ctx, &sub(&key, "sticky_cookie"), s));
+    if let (Some(s), Balance::HashCookie(hashed), Some(at)) =
+        (&sticky_cookie, &balance, raw.sticky_cookie.as_ref())
+    {
+        if s.name == *hashed {
+            ctx.error(
+                start(at),
+                &sub(&key, "sticky_cookie"),
+                format!("cookie {hashed:?} is already the hash_cookie key: Portico would overwrite the client's value; use another name"),
+            );
+        }
+    }
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,

@@ -117,6 +117,10 @@ fn sticky_cookie_errors_name_the_key() {
         err(&group("sticky_cookie = { name = \"S\", samesite = \"loose\" }")),
         "t.toml:3:42: upstreams.api.sticky_cookie.samesite: unknown SameSite value \"loose\"; expected \"strict\", \"lax\" or \"none\""
     );
+    assert_eq!(
+        err(&group("balance = { hash_cookie = \"S\" }\nsticky_cookie = \"S\"")),
+        "t.toml:4:17: upstreams.api.sticky_cookie: cookie \"S\" is already the hash_cookie key: Portico would overwrite the client's value; use another name"
+    );
     let e = err(&group("sticky_cookie = { name = \"S\", maxage = \"1h\" }"));
     assert!(
         e.starts_with("t.toml:3:31: upstreams.api.sticky_cookie.maxage: unknown field `maxage`"),
