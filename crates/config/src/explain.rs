@@ -55,6 +55,14 @@ pub fn explain(config: &Config) -> String {
                 );
             }
         }
+        if let Some(shed) = &listener.shed {
+            let _ = writeln!(
+                out,
+                "  shed: fast 503 for new requests while a worker's event loop lags more than {} (after {} above it)",
+                format_duration(shed.target),
+                format_duration(shed.interval)
+            );
+        }
         let limits = limits_diff(&listener.limits);
         if !limits.is_empty() {
             let _ = writeln!(out, "  limits: {}", limits.join(", "));
@@ -85,6 +93,21 @@ pub fn explain(config: &Config) -> String {
         }
         let _ = writeln!(out, "  health_check: {}", health_summary(group));
         let _ = writeln!(out, "  passive: {}", passive_summary(group));
+        if let Some(s) = &group.sticky_cookie {
+            let _ = writeln!(
+                out,
+                "  sticky_cookie: Set-Cookie: {} (the value names the chosen server)",
+                s.set_cookie("ID")
+            );
+        }
+        if group.queue > 0 {
+            let _ = writeln!(
+                out,
+                "  queue: up to {} requests wait at most {} for a server below max_connections_per_server, then 503",
+                group.queue,
+                format_duration(group.queue_timeout)
+            );
+        }
         if let Some(fallback) = group.fallback.and_then(|i| config.upstreams.get(i)) {
             let _ = writeln!(
                 out,

@@ -53,6 +53,26 @@ pub struct Listener {
     pub tls: Option<TlsSettings>,
     /// Routes in file order; the first match wins.
     pub routes: Vec<Route>,
+    /// Adaptive load shedding (`[listeners.shed]`); None = off (the default).
+    pub shed: Option<Shed>,
+}
+
+/// Load shedding: while a worker's event loop lags more than `target` (after lagging more for a
+/// whole `interval`), new requests on this listener get a fast 503 with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shed {
+    /// Event-loop lag above which a worker counts as saturated (default 20 ms).
+    pub target: Duration,
+    /// How long the lag must stay above `target` before shedding starts (default 100 ms).
+    pub interval: Duration,
+}
+
+impl Shed {
+    /// The documented defaults.
+    pub const DEFAULT: Shed = Shed {
+        target: Duration::from_millis(20),
+        interval: Duration::from_millis(100),
+    };
 }
 
 /// TLS termination settings of a listener (files are read when the listener starts).
@@ -387,6 +407,52 @@ pub struct UpstreamGroup {
     /// Index into `Config::upstreams` of the group that takes requests when no server of this one
     /// is available (all down, ejected, draining or disabled). Never this group; no cycles.
     pub fallback: Option<usize>,
+    /// Requests that may wait, process-wide, for a server slot when every available server is
+    /// at `max_connections_per_server` (default 0: none wait, 503 at once). Needs a limit.
+    pub queue: u32,
+    /// Longest wait in that queue before a 503 (default 1 s).
+    pub queue_timeout: Duration,
+    /// Session persistence by a cookie Portico sets (`sticky_cookie`); None = off.
+    pub sticky_cookie: Option<StickyCookie>,
+}
+
+/// Session persistence: responses set a cookie naming the chosen server (an opaque id derived
+/// from its address), and requests carrying it go to that server while it is available.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StickyCookie {
+    /// A token.
+    pub name: String,
+    /// The `Path` attribute (default "/").
+    pub path: String,
+    /// The `Max-Age` attribute in seconds; None = a session cookie (default).
+    pub max_age: Option<u64>,
+    /// The `HttpOnly` attribute (default true: scripts have no use for it).
+    pub http_only: bool,
+    /// The `Secure` attribute (default false).
+    pub secure: bool,
+    /// The `SameSite` attribute: "Strict", "Lax" or "None"; None = not sent (default).
+    pub same_site: Option<&'static str>,
+}
+
+impl StickyCookie {
+    /// A `Set-Cookie` value giving the cookie `value`, with every attribute.
+    pub fn set_cookie(&self, value: &str) -> String {
+        let mut out = format!("{}={value}; Path={}", self.name, self.path);
+        if let Some(age) = self.max_age {
+            out.push_str(&format!("; Max-Age={age}"));
+        }
+        if self.http_only {
+            out.push_str("; HttpOnly");
+        }
+        if self.secure {
+            out.push_str("; Secure");
+        }
+        if let Some(s) = self.same_site {
+            out.push_str("; SameSite=");
+            out.push_str(s);
+        }
+        out
+    }
 }
 
 /// Active health check of every server of a group: one probe per server per `interval`, for the
@@ -504,6 +570,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upstream `idle_timeout` when not configured.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upstream `queue_timeout` when not configured.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl ListenerLimits {
     /// The documented defaults of every limit.

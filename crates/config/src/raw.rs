@@ -43,6 +43,17 @@ pub(crate) struct RawListener {
     pub limits: Option<RawLimits>,
     pub tls: Option<Spanned<RawTls>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+    pub shed: Option<RawShed>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a shed table { target = \"20ms\", interval = \"100ms\" }"
+)]
+pub(crate) struct RawShed {
+    pub target: Option<Spanned<Scalar>>,
+    pub interval: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -208,6 +219,47 @@ pub(crate) struct RawUpstream {
     pub health_check: Option<RawHealthCheck>,
     pub passive: Option<RawPassive>,
     pub fallback: Option<Spanned<String>>,
+    pub queue: Option<Spanned<Int>>,
+    pub queue_timeout: Option<Spanned<Scalar>>,
+    pub sticky_cookie: Option<Spanned<RawSticky>>,
+}
+
+/// `sticky_cookie = "NAME"` or `sticky_cookie = { name = "NAME", path = "/", ... }`.
+#[derive(Debug)]
+pub(crate) enum RawSticky {
+    Name(String),
+    Table(RawStickyTable),
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a sticky_cookie table")]
+pub(crate) struct RawStickyTable {
+    pub name: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub max_age: Option<Spanned<Scalar>>,
+    pub httponly: Option<Spanned<bool>>,
+    pub secure: Option<Spanned<bool>>,
+    pub samesite: Option<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawSticky {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawSticky;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a cookie name or { name = \"NAME\", path = \"/\", max_age = \"1h\", httponly = true, secure = true, samesite = \"lax\" }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawSticky, E> {
+                Ok(RawSticky::Name(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawSticky, A::Error> {
+                RawStickyTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawSticky::Table)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

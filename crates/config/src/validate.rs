@@ -13,16 +13,17 @@ use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
     Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey, RetryOn, RetryPolicy,
-    Route, Server, StaticAction, TlsSettings, TlsVersion, UpstreamGroup, CIPHER_SUITES,
-    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,
-    DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
+    Route, Server, Shed, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup,
+    CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND,
+    DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
-    RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute, RawTls,
-    RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
+    RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute, RawShed,
+    RawSticky, RawTls, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -34,6 +35,8 @@ const MAX_HEAD_LIMIT: u64 = 1 << 20;
 const MAX_SESSION_CACHE: i64 = 10_000_000;
 /// Largest server `weight`.
 const MAX_WEIGHT: i64 = 1000;
+/// Largest upstream `queue` (waiting requests per group).
+const MAX_QUEUE: i64 = 1_000_000;
 /// Status codes `redirect_status` accepts.
 const REDIRECT_STATUSES: [u16; 5] = [301, 302, 303, 307, 308];
 /// Headers header rules may not touch: message framing and hop-by-hop headers the proxy manages.
@@ -822,6 +825,22 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         .as_ref()
         .map(|h| health_check(ctx, &sub(&key, "health_check"), start(name), h));
     let passive = passive(ctx, &sub(&key, "passive"), raw.passive.as_ref());
+    let (queue, queue_timeout) = queue(ctx, &key, raw, max_connections_per_server);
+    let sticky_cookie = raw
+        .sticky_cookie
+        .as_ref()
+        .and_then(|s| sticky_cookie(ctx, &sub(&key, "sticky_cookie"), s));
+    if let (Some(s), Balance::HashCookie(hashed), Some(at)) =
+        (&sticky_cookie, &balance, raw.sticky_cookie.as_ref())
+    {
+        if s.name == *hashed {
+            ctx.error(
+                start(at),
+                &sub(&key, "sticky_cookie"),
+                format!("cookie {hashed:?} is already the hash_cookie key: Portico would overwrite the client's value; use another name"),
+            );
+        }
+    }
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -835,7 +854,141 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         passive,
         // resolved by `fallbacks` once every group name is known
         fallback: None,
+        queue,
+        queue_timeout,
+        sticky_cookie,
     }
+}
+
+/// `sticky_cookie`: a token name and attributes a browser keeps as written.
+fn sticky_cookie(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawSticky>) -> Option<StickyCookie> {
+    let bad_name = |name: &str| {
+        (!is_token(name))
+            .then(|| format!("invalid cookie name {name:?}: must be a non-empty token"))
+    };
+    let table = match raw.get_ref() {
+        RawSticky::Name(name) => {
+            if let Some(message) = bad_name(name) {
+                ctx.error(start(raw), key, message);
+                return None;
+            }
+            return Some(StickyCookie {
+                name: name.clone(),
+                path: "/".into(),
+                max_age: None,
+                http_only: true,
+                secure: false,
+                same_site: None,
+            });
+        }
+        RawSticky::Table(t) => t,
+    };
+    let Some(name) = &table.name else {
+        ctx.error(
+            start(raw),
+            key,
+            "sticky_cookie table needs a `name`, e.g. { name = \"PORTICO_SRV\" }",
+        );
+        return None;
+    };
+    if let Some(message) = bad_name(name.get_ref()) {
+        ctx.error(start(name), &sub(key, "name"), message);
+    }
+    let path = match &table.path {
+        None => "/".to_string(),
+        Some(p) => {
+            let text = p.get_ref();
+            if !text.starts_with('/') || text.chars().any(|c| c == ';' || c.is_control()) {
+                ctx.error(
+                    start(p),
+                    &sub(key, "path"),
+                    format!("invalid cookie path {text:?}: must start with '/' and contain no ';' or control characters"),
+                );
+            }
+            text.clone()
+        }
+    };
+    let max_age = table.max_age.as_ref().map(|m| {
+        let d = duration(
+            ctx,
+            Some(m),
+            &sub(key, "max_age"),
+            Duration::from_secs(1),
+            false,
+        );
+        if d.subsec_nanos() != 0 {
+            ctx.error(
+                start(m),
+                &sub(key, "max_age"),
+                "Max-Age is whole seconds: use a duration such as \"30s\", \"10m\" or \"1h\"",
+            );
+        }
+        d.as_secs()
+    });
+    let secure = table.secure.as_ref().is_some_and(|s| *s.get_ref());
+    let same_site = table.samesite.as_ref().and_then(|s| {
+        let value = match s.get_ref().to_ascii_lowercase().as_str() {
+            "strict" => "Strict",
+            "lax" => "Lax",
+            "none" => "None",
+            other => {
+                ctx.error(
+                    start(s),
+                    &sub(key, "samesite"),
+                    format!("unknown SameSite value {other:?}; expected \"strict\", \"lax\" or \"none\""),
+                );
+                return None;
+            }
+        };
+        if value == "None" && !secure {
+            ctx.error(
+                start(s),
+                &sub(key, "samesite"),
+                "samesite = \"none\" needs secure = true (browsers drop such cookies otherwise)",
+            );
+        }
+        Some(value)
+    });
+    Some(StickyCookie {
+        name: name.get_ref().clone(),
+        path,
+        max_age,
+        http_only: table.httponly.as_ref().is_none_or(|h| *h.get_ref()),
+        secure,
+        same_site,
+    })
+}
+
+/// `queue` and `queue_timeout`: a queue only makes sense behind a per-server limit, and a
+/// timeout only with a queue.
+fn queue(ctx: &mut Ctx<'_>, key: &str, raw: &RawUpstream, limit: i64) -> (u32, Duration) {
+    let size = int(ctx, raw.queue.as_ref(), &sub(key, "queue"), 0, 0, MAX_QUEUE);
+    let timeout = duration(
+        ctx,
+        raw.queue_timeout.as_ref(),
+        &sub(key, "queue_timeout"),
+        DEFAULT_QUEUE_TIMEOUT,
+        false,
+    );
+    if let Some(q) = &raw.queue {
+        if size > 0 && limit == 0 {
+            ctx.error(
+                start(q),
+                &sub(key, "queue"),
+                "a queue needs `max_connections_per_server` (requests wait for a server below that limit)",
+            );
+        }
+    }
+    if let Some(t) = &raw.queue_timeout {
+        if raw.queue.as_ref().is_none_or(|q| q.get_ref().0 == 0) {
+            ctx.error(
+                start(t),
+                &sub(key, "queue_timeout"),
+                "queue_timeout needs a queue: set `queue` to the number of requests that may wait",
+            );
+        }
+    }
+    (u32::try_from(size).unwrap_or(0), timeout)
 }
 
 fn servers(ctx: &mut Ctx<'_>, key: &str, list: &[Spanned<ServerSpec>]) -> Vec<Server> {
@@ -990,6 +1143,7 @@ fn listeners(
         }
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
         let tls = l.tls.as_ref().and_then(|t| tls(ctx, &sub(&key, "tls"), t));
+        let shed = l.shed.as_ref().map(|s| shed(ctx, &sub(&key, "shed"), s));
         let routes = match &l.routes {
             None => {
                 ctx.error(
@@ -1022,9 +1176,56 @@ fn listeners(
             limits,
             tls,
             routes,
+            shed,
         });
     }
     out
+}
+
+/// `[listeners.shed]`: lag target and interval; the target must be shorter than the interval
+/// (a lag that never lasts as long as the target's own length cannot be told from noise).
+fn shed(ctx: &mut Ctx<'_>, key: &str, raw: &RawShed) -> Shed {
+    let d = Shed::DEFAULT;
+    let target = duration(
+        ctx,
+        raw.target.as_ref(),
+        &sub(key, "target"),
+        d.target,
+        false,
+    );
+    let interval = duration(
+        ctx,
+        raw.interval.as_ref(),
+        &sub(key, "interval"),
+        d.interval.max(target),
+        false,
+    );
+    if target < Duration::from_millis(1) {
+        if let Some(t) = &raw.target {
+            ctx.error(
+                start(t),
+                &sub(key, "target"),
+                "must be at least 1ms (event-loop lag is measured with millisecond timers)",
+            );
+        }
+    }
+    if interval < target {
+        let (at, which) = match (&raw.interval, &raw.target) {
+            (Some(i), _) => (start(i), "interval"),
+            (None, Some(t)) => (start(t), "target"),
+            (None, None) => (0, "interval"),
+        };
+        ctx.error(
+            at,
+            &sub(key, which),
+            format!(
+                "interval ({}) must not be shorter than target ({})",
+                crate::units::format_duration(interval),
+                crate::units::format_duration(target)
+            ),
+        );
+    }
+    Shed { target, interval }
 }
 
 /// Two listen addresses cannot both be bound: same port (not 0) and same IP, or one is the

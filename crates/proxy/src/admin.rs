@@ -574,6 +574,14 @@ fn groups_json(shared: &Shared) -> Vec<Value> {
                 "name": g.name,
                 "balance": balance_name(&g.balance),
                 "no_server": gs.no_server.load(Relaxed),
+                "queue": {
+                    "size": g.queue,
+                    "waiting": gs.queue.waiting(),
+                    "queued": gs.queue.queued.load(Relaxed),
+                    "admitted": gs.queue.admitted.load(Relaxed),
+                    "full": gs.queue.full.load(Relaxed),
+                    "timeouts": gs.queue.timeouts.load(Relaxed),
+                },
                 "header_time": histogram_json(&gs.header_time_total()),
                 "servers": servers,
             })
@@ -595,6 +603,8 @@ fn counters(stats: &Stats, control: &Control) -> Value {
         "rate_limited": stats.rate_limited.load(Relaxed),
         "upstream_idle_connections": control.idle_upstream.load(Relaxed),
         "tls_handshake_failures": stats.tls_handshake_failures.load(Relaxed),
+        "requests_shed": stats.requests_shed.load(Relaxed),
+        "shedding": stats.shedding.load(Relaxed),
     })
 }
 
@@ -735,11 +745,22 @@ pub fn metrics(control: &Control) -> String {
             "TLS handshakes that failed or timed out.",
             &stats.tls_handshake_failures,
         ),
+        (
+            "portico_requests_shed_total",
+            "Requests answered 503 at once because their worker was saturated (load shedding).",
+            &stats.requests_shed,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);
         e.sample(name, &[], v.load(Relaxed) as f64);
     }
+    e.family(
+        "portico_shedding",
+        "gauge",
+        "Workers shedding new requests now (counted once per listener with shed).",
+    );
+    e.sample("portico_shedding", &[], stats.shedding.load(Relaxed) as f64);
     e.family(
         "portico_upstream_idle_connections",
         "gauge",
@@ -849,6 +870,51 @@ pub fn metrics(control: &Control) -> String {
             &[("group", u.group().name.as_str())],
             gs.no_server.load(Relaxed) as f64,
         );
+    }
+    e.family(
+        "portico_group_queue_waiting",
+        "gauge",
+        "Requests waiting in the group's queue for a server below max_connections_per_server.",
+    );
+    for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
+        e.sample(
+            "portico_group_queue_waiting",
+            &[("group", u.group().name.as_str())],
+            f64::from(gs.queue.waiting()),
+        );
+    }
+    type QueueField = fn(&crate::queue::GroupQueue) -> u64;
+    let queue: [(&str, &str, QueueField); 4] = [
+        (
+            "portico_group_queued_total",
+            "Requests that waited in the group's queue.",
+            |q| q.queued.load(Relaxed),
+        ),
+        (
+            "portico_group_queue_admitted_total",
+            "Waiting requests that got a server.",
+            |q| q.admitted.load(Relaxed),
+        ),
+        (
+            "portico_group_queue_full_total",
+            "Requests refused with 503 because the group's queue was full.",
+            |q| q.full.load(Relaxed),
+        ),
+        (
+            "portico_group_queue_timeouts_total",
+            "Waiting requests refused with 503 after the group's queue_timeout.",
+            |q| q.timeouts.load(Relaxed),
+        ),
+    ];
+    for (name, help, field) in queue {
+        e.family(name, "counter", help);
+        for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
+            e.sample(
+                name,
+                &[("group", u.group().name.as_str())],
+                field(&gs.queue) as f64,
+            );
+        }
     }
     let now = Instant::now();
     let servers: Vec<(String, Vec<ServerStatus>)> = shared

@@ -369,6 +369,9 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -
 async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
     let ls = &*ctx.ls;
     let route = &ls.listener.routes[idx];
+    if crate::load::shed_now(ctx) {
+        return crate::load::shed(c, ctx, head).await;
+    }
     if let (Some(limit), Some(limiter)) = (
         &route.rate_limit,
         ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),

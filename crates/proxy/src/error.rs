@@ -49,6 +49,12 @@ pub enum ProxyError {
     UpstreamClosed,
     #[error("upstream I/O error: {0}")]
     UpstreamIo(io::Error),
+    #[error("every upstream server is at its connection limit and the group's queue is full")]
+    QueueFull,
+    #[error("no upstream server slot freed within the group's queue_timeout")]
+    QueueTimeout,
+    #[error("shed: the worker is saturated")]
+    Shed,
 }
 
 impl ProxyError {
@@ -62,6 +68,7 @@ impl ProxyError {
             ProxyError::NoRoute => 404,
             ProxyError::RateLimited => 429,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
+            ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
             | ProxyError::BadResponse(_)
             | ProxyError::UpstreamClosed => 502,
@@ -102,6 +109,9 @@ impl ProxyError {
             | ProxyError::UnexpectedUpgrade => (Side::Upstream, Cause::BadResponse),
             ProxyError::UpstreamClosed => (Side::Upstream, Cause::Closed),
             ProxyError::UpstreamIo(_) => (Side::Upstream, Cause::Io),
+            ProxyError::QueueFull => (Side::Proxy, Cause::QueueFull),
+            ProxyError::QueueTimeout => (Side::Proxy, Cause::QueueTimeout),
+            ProxyError::Shed => (Side::Proxy, Cause::Shed),
         };
         Termination::new(side, phase, cause)
     }
@@ -119,6 +129,12 @@ mod tests {
         assert_eq!(ProxyError::ResponseTimeout.status(), 504);
         assert_eq!(ProxyError::NoServer.status(), 503);
         assert_eq!(ProxyError::Unavailable.status(), 503);
+        assert_eq!(ProxyError::QueueFull.status(), 503);
+        assert_eq!(ProxyError::QueueTimeout.status(), 503);
+        assert_ne!(
+            ProxyError::QueueFull.termination(Phase::Connect),
+            ProxyError::QueueTimeout.termination(Phase::Connect)
+        );
         assert_ne!(
             ProxyError::Unavailable.termination(Phase::Connect),
             ProxyError::NoServer.termination(Phase::Connect)

@@ -71,12 +71,33 @@ async fn attempt(
     // The route's group, or its fallback (and so on) when no server of it is available.
     let mut gi = p.upstream;
     let mut hops = 0;
-    let asked = retry.started();
+    let mut asked = retry.started();
     let (upstream, guard) = loop {
         let upstream = &shared.upstreams[gi];
+        // A sticky cookie naming an available server with room wins over the balancer, unless
+        // that server already failed this request (a retry goes elsewhere).
+        if let Some(id) = crate::sticky::request_id(upstream, head) {
+            if let Some(guard) = upstream.pick_sticky_at(id, asked) {
+                if !retry.excluded(gi).contains(&guard.index()) {
+                    break (upstream, guard);
+                }
+            }
+        }
         let key = hash_key(&upstream.group().balance, c, head);
         let e = match upstream.pick_at_excluding(key, retry.excluded(gi), asked) {
             Ok(guard) => break (upstream, guard),
+            Err(PickError::AtLimit) if upstream.group().queue > 0 => {
+                let g = upstream.group();
+                let queue = &shared.group_stats[gi].queue;
+                match queue.wait(upstream, key, g.queue, g.queue_timeout).await {
+                    Ok(guard) => {
+                        // Header time counts from the pick, not from joining the queue.
+                        asked = Instant::now();
+                        break (upstream, guard);
+                    }
+                    Err(e) => e,
+                }
+            }
             Err(PickError::AtLimit) => ProxyError::NoServer,
             Err(PickError::Unavailable) => match upstream.group().fallback {
                 // Validation forbids cycles; `hops` only keeps this loop finite regardless.
@@ -97,6 +118,7 @@ async fn attempt(
     let group = &**upstream.group();
     let server = guard.index();
     let addr = guard.address();
+    let set_cookie = crate::sticky::set_cookie(upstream, head, server);
 
     // The request head for the upstream, built once (retries resend the same bytes).
     let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
@@ -287,6 +309,9 @@ async fn attempt(
         head.version(),
         keep_alive,
     );
+    if let Some(cookie) = &set_cookie {
+        crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
+    }
     let status = resp.status();
     let outcome = match relay_body(
         c,

@@ -8,14 +8,18 @@ pub mod error;
 pub mod forward;
 pub mod headers;
 pub mod health;
+pub mod load;
 pub mod metrics;
 pub mod pool;
+pub mod queue;
 pub mod ratelimit;
 pub mod resilience;
 pub mod retry;
 pub mod route;
 pub mod server;
+pub mod shed;
 pub mod stats;
+pub mod sticky;
 pub mod stream;
 pub mod timing;
 

@@ -128,6 +128,8 @@ pub struct GroupStats {
     /// Per server (indexed like the group's servers): from picking the server to the upstream's
     /// response head (connect and any `100 Continue` included).
     pub header_time: Vec<Arc<Histogram>>,
+    /// The group's bounded queue (its counters and the wake-up of waiting requests).
+    pub queue: Arc<crate::queue::GroupQueue>,
 }
 
 impl GroupStats {

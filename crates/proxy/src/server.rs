@@ -102,12 +102,19 @@ pub struct Worker {
     /// This worker's copy of the current snapshot: `Rc` clones stay on this core, the shared
     /// `Arc`'s count is touched once per reload per worker instead of once per request.
     snapshot: RefCell<Snapshot>,
+    /// Event-loop lag and load shedding state of this worker.
+    pub load: crate::load::WorkerLoad,
 }
 
 impl Worker {
     /// The generation of the newest configuration snapshot.
     pub fn generation(&self) -> u64 {
         self.control.generation.load(Ordering::Acquire)
+    }
+
+    /// The process's control plane.
+    pub fn control(&self) -> &Arc<Control> {
+        &self.control
     }
 
     /// The newest configuration snapshot (one atomic load when nothing changed).
@@ -188,6 +195,8 @@ pub struct Control {
     source: Mutex<Option<ConfigSource>>,
     /// Tells worker threads to drain and exit.
     shutdown: watch::Sender<bool>,
+    /// Testing aid (microseconds, 0 = off), see [`Control::simulate_saturation`].
+    stall_us: AtomicU64,
 }
 
 struct Inner {
@@ -196,6 +205,8 @@ struct Inner {
     route_stats: HashMap<(String, String), Arc<RouteStats>>,
     no_server: HashMap<String, Arc<AtomicU64>>,
     header_time: HashMap<(String, SocketAddr), Arc<Histogram>>,
+    /// Group queues (waiting requests and their counters), by group name.
+    queues: HashMap<String, Arc<crate::queue::GroupQueue>>,
     next_slot: u64,
     senders: Vec<mpsc::UnboundedSender<Cmd>>,
     shutting_down: bool,
@@ -358,6 +369,7 @@ impl Control {
             .collect();
         let mut no_server = HashMap::new();
         let mut header_time = HashMap::new();
+        let mut queues = HashMap::new();
         let groups: Vec<GroupStats> = config
             .upstreams
             .iter()
@@ -374,12 +386,21 @@ impl Control {
                         h
                     })
                     .collect();
+                let queue = inner.queues.get(&g.name).cloned().unwrap_or_default();
+                queues.insert(g.name.clone(), queue.clone());
                 GroupStats {
                     no_server: refused,
                     header_time: times,
+                    queue,
                 }
             })
             .collect();
+        for (u, gs) in upstreams.iter().zip(&groups) {
+            // Only queueing groups hear about released slots: the others pay nothing.
+            if u.group().queue > 0 {
+                u.set_release_hook(gs.queue.clone());
+            }
+        }
 
         let checked = config.upstreams.iter().any(|g| g.health_check.is_some());
         if checked {
@@ -435,6 +456,7 @@ impl Control {
         inner.resumption = resumption_kept;
         inner.no_server = no_server;
         inner.header_time = header_time;
+        inner.queues = queues;
         Ok(summary)
     }
 
@@ -453,6 +475,24 @@ impl Control {
         };
         let summary = self.apply(config)?;
         Ok(summary)
+    }
+
+    /// Testing aid: saturate every worker whose listeners shed, by blocking its thread for
+    /// `slice` between two of its lag samples (as a CPU-bound burst would), until called with
+    /// None. Nothing else uses it.
+    pub fn simulate_saturation(&self, slice: Option<Duration>) {
+        let us = slice.map_or(0, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
+        self.stall_us.store(us, Ordering::Relaxed);
+    }
+
+    /// The stall [`Control::simulate_saturation`] asks for, if any.
+    pub fn simulated_stall(&self) -> Option<Duration> {
+        match self.stall_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
     }
 
     /// Stop accepting everywhere and let the workers drain.
@@ -612,6 +652,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             route_stats: HashMap::new(),
             no_server: HashMap::new(),
             header_time: HashMap::new(),
+            queues: HashMap::new(),
             next_slot: 0,
             senders,
             shutting_down: false,
@@ -620,6 +661,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,
+        stall_us: AtomicU64::new(0),
     });
     let admin = config.admin.clone();
     let mut running = Running {
@@ -683,6 +725,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
             idle_notify: Notify::new(),
             snapshot: RefCell::new(Snapshot(Rc::new(control.current.load_full()))),
             control,
+            load: crate::load::WorkerLoad::default(),
         });
         let loops: Rc<RefCell<Vec<tokio::task::JoinHandle<()>>>> = Rc::default();
         let listen = {
@@ -717,6 +760,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
                 }
             })
         };
+        let prober = tokio::task::spawn_local(crate::load::probe(worker.clone()));
         while !*shutdown.borrow_and_update() {
             if shutdown.changed().await.is_err() {
                 break;
@@ -736,6 +780,8 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
         })
         .await;
         sweeper.abort();
+        prober.abort();
+        worker.load.reset(&worker.control.stats);
         worker.pool.clear();
     });
 }

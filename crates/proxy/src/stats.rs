@@ -1,7 +1,7 @@
 //! Process-wide counters: requests, upstream reuse, and one termination record per request.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 /// Which side ended (or completed) an exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +43,17 @@ pub enum Cause {
     /// No server of the group (or its fallbacks) can take requests: all down, ejected, draining
     /// or disabled.
     Unavailable,
+    /// Every server at its limit and the group's queue full.
+    QueueFull,
+    /// Waited in the group's queue for `queue_timeout` without a server slot.
+    QueueTimeout,
+    /// Refused at once because the worker was saturated (load shedding).
+    Shed,
 }
 
 const SIDES: usize = 4;
 const PHASES: usize = 8;
-const CAUSES: usize = 11;
+const CAUSES: usize = 14;
 
 /// One termination record: exactly one per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +104,9 @@ impl Termination {
             Cause::BadResponse => "bad_response",
             Cause::Shutdown => "shutdown",
             Cause::Unavailable => "unavailable",
+            Cause::QueueFull => "queue_full",
+            Cause::QueueTimeout => "queue_timeout",
+            Cause::Shed => "shed",
         };
         (side, phase, cause)
     }
@@ -151,6 +160,10 @@ pub struct Stats {
     pub tls_handshakes_full: AtomicU64,
     /// Completed TLS handshakes that resumed a session (ticket or session cache).
     pub tls_handshakes_resumed: AtomicU64,
+    /// Requests answered 503 by load shedding.
+    pub requests_shed: AtomicU64,
+    /// (worker, listener) pairs shedding now.
+    pub shedding: AtomicI64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -170,6 +183,8 @@ impl Default for Stats {
             tls_handshake_failures: AtomicU64::new(0),
             tls_handshakes_full: AtomicU64::new(0),
             tls_handshakes_resumed: AtomicU64::new(0),
+            requests_shed: AtomicU64::new(0),
+            shedding: AtomicI64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -226,6 +241,9 @@ impl Stats {
             Cause::BadResponse,
             Cause::Shutdown,
             Cause::Unavailable,
+            Cause::QueueFull,
+            Cause::QueueTimeout,
+            Cause::Shed,
         ];
         let mut out = Vec::new();
         for &side in &sides {

@@ -6,7 +6,7 @@
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -73,6 +73,92 @@ impl Reply {
 }
 
 type Handler = dyn Fn(&Captured) -> Reply + Send + Sync;
+
+/// Holds requests inside a test upstream's handler until the test lets them go, so a test can
+/// keep a server busy for exactly as long as it needs without sleeping. Clone it into the handler
+/// and call [`Hold::wait`] there.
+#[derive(Clone, Default)]
+pub struct Hold {
+    inner: Arc<(Mutex<HoldState>, Condvar)>,
+}
+
+#[derive(Default)]
+struct HoldState {
+    /// Handlers blocked in `wait` now.
+    held: usize,
+    /// Handlers that may leave `wait` (one each).
+    permits: usize,
+    /// Everything passes, now and later.
+    open: bool,
+}
+
+impl Hold {
+    pub fn new() -> Hold {
+        Hold::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, HoldState> {
+        self.inner.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Block (in a handler) until [`Hold::release`] or [`Hold::open`] lets this request go, or
+    /// [`IO_TIMEOUT`] passes (so a failing test cannot hang forever).
+    pub fn wait(&self) {
+        let (_, cv) = &*self.inner;
+        let mut st = self.state();
+        st.held += 1;
+        cv.notify_all();
+        let deadline = std::time::Instant::now() + IO_TIMEOUT;
+        while !st.open && st.permits == 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        st.permits = st.permits.saturating_sub(1);
+        st.held -= 1;
+        cv.notify_all();
+    }
+
+    /// Requests blocked in [`Hold::wait`] now.
+    pub fn held(&self) -> usize {
+        self.state().held
+    }
+
+    /// Wait until at least `n` requests are held; false after [`IO_TIMEOUT`].
+    pub fn wait_held(&self, n: usize) -> bool {
+        let (_, cv) = &*self.inner;
+        let mut st = self.state();
+        let deadline = std::time::Instant::now() + IO_TIMEOUT;
+        while st.held < n {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Let `n` held (or future) requests go, one each.
+    pub fn release(&self, n: usize) {
+        self.state().permits += n;
+        self.inner.1.notify_all();
+    }
+
+    /// Let every request go, now and later.
+    pub fn open(&self) {
+        self.state().open = true;
+        self.inner.1.notify_all();
+    }
+}
 
 /// A scripted HTTP/1.1 upstream on an ephemeral port; serves until the process exits.
 pub struct TestUpstream {

@@ -4,6 +4,7 @@ pub mod hash;
 pub mod ring;
 pub mod select;
 mod state;
+pub mod sticky;
 
 use portico_config::{Balance, UpstreamGroup, DEFAULT_FALL, DEFAULT_RISE};
 use ring::Ring;
@@ -13,7 +14,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 pub use state::{AdminState, Health, Report, ServerStatus};
@@ -35,6 +36,15 @@ struct Shared {
     group: Arc<UpstreamGroup>,
     /// Per server, indexed like `group.servers`.
     servers: Box<[Arc<ServerState>]>,
+    /// Told when a guard gives its slot back (set once, by whoever queues requests).
+    release: OnceLock<Arc<dyn ReleaseHook>>,
+}
+
+/// Told each time a [`ServerGuard`] of a group gives its slot back, so requests waiting for a
+/// slot can pick again (the proxy's bounded queue). Called on the releasing thread inside
+/// `drop`: implementations must be short and never block (e.g. an atomic check, then a wake-up).
+pub trait ReleaseHook: Send + Sync {
+    fn released(&self);
 }
 
 /// How servers are chosen; the locks are held only for one O(n) selection, never across I/O.
@@ -79,6 +89,8 @@ pub struct Upstream {
     policy: Policy,
     /// Serializes ejection decisions, so `max_ejected_percent` holds under concurrent failures.
     eject: Mutex<()>,
+    /// Sticky cookie values per server (empty without `sticky_cookie`), see [`sticky`].
+    sticky_ids: Box<[String]>,
 }
 
 impl fmt::Debug for Upstream {
@@ -148,7 +160,11 @@ impl Upstream {
 
     fn with_servers(group: Arc<UpstreamGroup>, servers: Box<[Arc<ServerState>]>) -> Self {
         let n = group.servers.len();
-        let shared = Arc::new(Shared { group, servers });
+        let shared = Arc::new(Shared {
+            group,
+            servers,
+            release: OnceLock::new(),
+        });
         let policy = match shared.group.balance {
             Balance::RoundRobin => Policy::RoundRobin(Mutex::new(Swrr::new(n))),
             Balance::LeastConnections => Policy::LeastConnections(Mutex::new(Swrr::new(n))),
@@ -162,6 +178,7 @@ impl Upstream {
         };
         Upstream {
             limit: shared.group.max_connections_per_server,
+            sticky_ids: sticky::ids(&shared.group),
             shared,
             policy,
             eject: Mutex::new(()),
@@ -170,6 +187,12 @@ impl Upstream {
 
     pub fn group(&self) -> &Arc<UpstreamGroup> {
         &self.shared.group
+    }
+
+    /// Install the hook told about every released slot of this group (guards handed out before
+    /// included); false when one is already installed. Groups without a hook pay nothing on release.
+    pub fn set_release_hook(&self, hook: Arc<dyn ReleaseHook>) -> bool {
+        self.shared.release.set(hook).is_ok()
     }
 
     /// Choose a server and count one active request on it, without a clock: like
@@ -563,14 +586,19 @@ impl Upstream {
                 if let Some(s) = self.shared.servers.get(i) {
                     s.requests.fetch_add(1, Ordering::Relaxed);
                 }
-                return Some(ServerGuard {
-                    shared: Arc::clone(&self.shared),
-                    index: i,
-                });
+                return Some(self.guard(i));
             }
             lost.push(i);
         }
         None
+    }
+
+    /// The guard of a slot just acquired on `server`.
+    fn guard(&self, server: usize) -> ServerGuard {
+        ServerGuard {
+            shared: Arc::clone(&self.shared),
+            index: server,
+        }
     }
 
     fn has_room(&self, server: usize) -> bool {
@@ -693,6 +721,9 @@ impl Drop for ServerGuard {
             let _ = s
                 .active
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+        }
+        if let Some(hook) = self.shared.release.get() {
+            hook.released();
         }
     }
 }

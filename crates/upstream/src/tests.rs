@@ -25,6 +25,9 @@ pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<Upstre
         health_check: None,
         passive: PassiveCheck::DEFAULT,
         fallback: None,
+        queue: 0,
+        queue_timeout: Duration::from_secs(1),
+        sticky_cookie: None,
     })
 }
 
@@ -414,4 +417,29 @@ fn send_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Upstream>();
     assert_send_sync::<ServerGuard>();
+}
+
+// ---- release hook (the proxy's queue) ----
+
+#[test]
+fn release_hook_hears_every_released_slot_after_the_count_drops() {
+    use std::sync::atomic::AtomicUsize;
+    struct Count(Arc<Upstream>, AtomicUsize);
+    impl ReleaseHook for Arc<Count> {
+        fn released(&self) {
+            // The slot is already free when the hook runs: a waiter picking now succeeds.
+            assert_eq!(self.0.active(0), 0);
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let u = Arc::new(Upstream::new(group(&[1], Balance::RoundRobin, 1)));
+    let g = u.pick(None, None).unwrap();
+    let hook = Arc::new(Count(u.clone(), AtomicUsize::new(0)));
+    assert!(u.set_release_hook(Arc::new(hook.clone())));
+    assert!(!u.set_release_hook(Arc::new(hook.clone())), "set once");
+    assert!(u.pick(None, None).is_none(), "at the limit");
+    drop(g);
+    assert_eq!(hook.1.load(Ordering::SeqCst), 1);
+    drop(u.pick(None, None).unwrap());
+    assert_eq!(hook.1.load(Ordering::SeqCst), 2);
 }

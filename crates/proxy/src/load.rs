@@ -1,0 +1,152 @@
+//! Per-worker load: the event-loop lag probe, each listener's shedding state, the fast 503 for shed requests.
+
+use crate::conn::{may_keep_alive, write_simple, Conn, Ctx, Outcome};
+use crate::error::ProxyError;
+use crate::server::Worker;
+use crate::shed::{Change, Shedder};
+use crate::stats::{Phase, Stats};
+use portico_http1::{Framing, RequestHead};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Time between two lag samples while a listener sheds (100 timer wake-ups per second per worker).
+pub const PROBE: Duration = Duration::from_millis(10);
+/// How often a worker looks whether a reload turned shedding on, while no listener sheds.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+const SHED_BODY: &[u8] = b"503 Service Unavailable: overloaded, retry later\n";
+
+/// One worker's shedding state, per listener (by slot) that has `shed` configured. Only this
+/// worker's thread touches it.
+#[derive(Debug, Default)]
+pub struct WorkerLoad {
+    shedders: RefCell<Vec<(u64, Shedder)>>,
+}
+
+impl WorkerLoad {
+    /// Whether new requests on the listener accepting on `slot` are shed on this worker now.
+    pub fn shedding(&self, slot: u64) -> bool {
+        self.shedders
+            .borrow()
+            .iter()
+            .any(|(s, sh)| *s == slot && sh.shedding())
+    }
+
+    /// Forget every listener's state (the worker stops probing).
+    pub fn reset(&self, stats: &Stats) {
+        self.observe(&[], Duration::ZERO, Instant::now(), stats);
+    }
+
+    /// Apply one lag sample to every listener of `listeners` (slot, settings) that sheds.
+    fn observe(
+        &self,
+        listeners: &[(u64, portico_config::Shed)],
+        lag: Duration,
+        now: Instant,
+        stats: &Stats,
+    ) {
+        let mut shedders = self.shedders.borrow_mut();
+        // Listeners that no longer shed (removed, or `shed` turned off by a reload) stop.
+        shedders.retain(|(slot, sh)| {
+            let keep = listeners.iter().any(|(s, _)| s == slot);
+            if !keep && sh.shedding() {
+                stats.shedding.fetch_sub(1, Ordering::Relaxed);
+            }
+            keep
+        });
+        for &(slot, settings) in listeners {
+            let i = match shedders.iter().position(|(s, _)| *s == slot) {
+                Some(i) => i,
+                None => {
+                    shedders.push((slot, Shedder::new(settings)));
+                    shedders.len() - 1
+                }
+            };
+            let Some((_, sh)) = shedders.get_mut(i) else {
+                continue;
+            };
+            sh.configure(settings);
+            match sh.observe(lag, now) {
+                Change::Started => {
+                    stats.shedding.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        worker = std::thread::current().name().unwrap_or("?"),
+                        lag_ms = lag.as_millis() as u64,
+                        target_ms = settings.target.as_millis() as u64,
+                        "worker saturated: shedding new requests (503 + Retry-After)"
+                    );
+                }
+                Change::Stopped => {
+                    stats.shedding.fetch_sub(1, Ordering::Relaxed);
+                    tracing::info!(
+                        worker = std::thread::current().name().unwrap_or("?"),
+                        lag_ms = lag.as_millis() as u64,
+                        "worker caught up: shedding stopped"
+                    );
+                }
+                Change::None => {}
+            }
+        }
+    }
+}
+
+/// The worker's lag probe: while a listener of the current snapshot sheds, sample how late a
+/// [`PROBE`] timer fires and feed the [`Shedder`]s. Runs until the worker aborts it.
+pub async fn probe(worker: Rc<Worker>) {
+    let mut listeners = Vec::new();
+    loop {
+        let snapshot = worker.snapshot();
+        listeners.clear();
+        listeners.extend(
+            snapshot
+                .listeners
+                .iter()
+                .filter_map(|l| l.listener.shed.map(|s| (l.slot, s))),
+        );
+        if listeners.is_empty() {
+            worker.load.reset(&snapshot.stats);
+            drop(snapshot);
+            tokio::time::sleep(IDLE_CHECK).await;
+            continue;
+        }
+        let deadline = tokio::time::Instant::now() + PROBE;
+        if let Some(stall) = worker.control().simulated_stall() {
+            // Testing aid: hold the thread as a CPU-bound burst would, then let other tasks run.
+            std::thread::sleep(stall);
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep_until(deadline).await;
+        let now = tokio::time::Instant::now();
+        let lag = now.saturating_duration_since(deadline);
+        worker
+            .load
+            .observe(&listeners, lag, now.into_std(), &snapshot.stats);
+    }
+}
+
+/// Whether this request is shed: its listener sheds and this worker is saturated.
+pub fn shed_now(ctx: &Ctx) -> bool {
+    ctx.ls.listener.shed.is_some() && ctx.worker.load.shedding(ctx.ls.slot)
+}
+
+/// Answer a shed request at once: 503 with `Retry-After`, nothing else done for it. The
+/// connection stays open when the request has no body left to read.
+pub async fn shed(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
+    ctx.shared
+        .stats
+        .requests_shed
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(peer = %c.peer, target = head.target(), "request shed: worker saturated");
+    let body_done = matches!(head.framing, Framing::None | Framing::Length(0));
+    let keep_alive = body_done && may_keep_alive(c, ctx, head);
+    let sent = write_simple(c, 503, "text/plain", SHED_BODY, keep_alive, Some(head), &[]).await;
+    Outcome {
+        termination: ProxyError::Shed.termination(Phase::Route),
+        status: 503,
+        keep_alive: keep_alive && sent.is_ok(),
+        bytes_sent: sent.unwrap_or(0),
+        upstream: None,
+    }
+}
