@@ -706,6 +706,21 @@ pub fn metrics(control: &Control) -> String {
             "TLS handshakes that failed or timed out.",
             &stats.tls_handshake_failures,
         ),
+        (
+            "portico_upstream_tls_handshakes_full_total",
+            "TLS handshakes with upstream servers that made a full key exchange.",
+            &stats.upstream_tls_full,
+        ),
+        (
+            "portico_upstream_tls_handshakes_resumed_total",
+            "TLS handshakes with upstream servers that resumed a session.",
+            &stats.upstream_tls_resumed,
+        ),
+        (
+            "portico_upstream_tls_handshake_failures_total",
+            "TLS handshakes with upstream servers that failed (certificate, name, protocol).",
+            &stats.upstream_tls_failures,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);

@@ -6,9 +6,10 @@ use crate::conn::{
 };
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, Forwarding};
-use crate::pool::UpConn;
+use crate::pool::{PoolKey, UpConn, UpStream};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
+use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
 use portico_config::{Balance, ProxyAction, Route};
 use portico_http1::{
@@ -69,6 +70,11 @@ pub async fn proxy(
     let group = &**upstream.group();
     let server = guard.index();
     let addr = guard.address();
+    let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
+    let pool_key = PoolKey {
+        addr,
+        tls: tls.map_or(0, |t| t.pool_id),
+    };
 
     // The request head for the upstream, built once (retries resend the same bytes).
     let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
@@ -124,17 +130,24 @@ pub async fn proxy(
         let pooled = if fresh_only {
             None
         } else {
-            ctx.worker.pool.take(addr)
+            ctx.worker.pool.take(pool_key)
         };
         let reused = pooled.is_some();
         let mut up = match pooled {
             Some(u) => u,
-            None => match connect(addr, group.connect_timeout).await {
+            None => match connect(addr, group.connect_timeout, tls).await {
                 Ok(u) => {
                     shared
                         .stats
                         .upstream_connects
                         .fetch_add(1, Ordering::Relaxed);
+                    if tls.is_some() {
+                        match u.stream.resumed() {
+                            true => &shared.stats.upstream_tls_resumed,
+                            false => &shared.stats.upstream_tls_full,
+                        }
+                        .fetch_add(1, Ordering::Relaxed);
+                    }
                     u
                 }
                 Err(e) => {
@@ -142,6 +155,18 @@ pub async fn proxy(
                         ProxyError::ConnectTimeout => Report::Timeout,
                         _ => Report::ConnectError,
                     };
+                    if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, tls) {
+                        shared
+                            .stats
+                            .upstream_tls_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            group = %group.name,
+                            server = %addr,
+                            server_name = ?tls.origination.server_name(addr),
+                            "TLS handshake with upstream failed: {why}"
+                        );
+                    }
                     upstream.report(server, report, Instant::now());
                     return fail(c, ctx, head, e, Phase::Connect, body.is_none()).await;
                 }
@@ -244,7 +269,7 @@ pub async fn proxy(
             // slot before the last client write, so neither waits on a slow client.
             if up_reusable {
                 let cap = group.keepalive.div_ceil(shared.workers);
-                ctx.worker.pool.put(addr, up, cap, group.idle_timeout);
+                ctx.worker.pool.put(pool_key, up, cap, group.idle_timeout);
             }
             drop(guard);
             match flush(c, &mut sent).await {
@@ -334,14 +359,33 @@ pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     })
 }
 
-async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
-    match timeout(t, TcpStream::connect(addr)).await {
+/// Connect to `addr`, and for a TLS group finish the handshake, all under `t`.
+async fn connect(
+    addr: SocketAddr,
+    t: Duration,
+    tls: Option<&GroupTls>,
+) -> Result<UpConn, ProxyError> {
+    let Some(tls) = tls else {
+        return match timeout(t, TcpStream::connect(addr)).await {
+            Err(_) => Err(ProxyError::ConnectTimeout),
+            Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                Ok(UpConn::new(UpStream::Plain(s)))
+            }
+        };
+    };
+    let connected = timeout(t, async {
+        let s = TcpStream::connect(addr)
+            .await
+            .map_err(ProxyError::ConnectFailed)?;
+        let _ = s.set_nodelay(true);
+        tls.handshake(addr, s).await
+    })
+    .await;
+    match connected {
         Err(_) => Err(ProxyError::ConnectTimeout),
-        Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(UpConn::new(s))
-        }
+        Ok(r) => r.map(UpConn::new),
     }
 }
 
@@ -367,7 +411,12 @@ async fn exchange(
         Err(e) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
     };
     if written < ubuf.len() {
-        match timeout(idle, up.stream.write_all(&ubuf[written..])).await {
+        // TLS: the records must leave rustls's buffer too (a no-op for plain sockets).
+        let write = async {
+            up.stream.write_all(&ubuf[written..]).await?;
+            up.stream.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
             Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
             Ok(Ok(())) => {}
@@ -421,7 +470,11 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> Result<(), ProxyError> {
     let mut scratch = BytesMut::new();
     while let Some(data) = body.next(client, rbuf).await? {
-        match timeout(idle, write_framed(upstream, &mut scratch, &data, chunked)).await {
+        let write = async {
+            write_framed(upstream, &mut scratch, &data, chunked).await?;
+            upstream.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
             Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
             Ok(Ok(())) => {}
@@ -430,7 +483,11 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     if chunked {
         scratch.clear();
         encode::last_chunk(&mut scratch, &body.trailers);
-        match timeout(idle, upstream.write_all(&scratch)).await {
+        let write = async {
+            upstream.write_all(&scratch).await?;
+            upstream.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
             Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
         }
@@ -590,6 +647,7 @@ async fn tunnel(
         }
         if !c.rbuf.is_empty() {
             up.stream.write_all(&c.rbuf).await?;
+            up.stream.flush().await?;
             c.rbuf.clear();
         }
         relay_both_ways(&mut c.stream, &mut up.stream, idle).await
@@ -613,7 +671,7 @@ async fn tunnel(
 /// `TimedOut` when neither side sends anything for `idle`.
 async fn relay_both_ways(
     a: &mut ClientStream,
-    b: &mut TcpStream,
+    b: &mut UpStream,
     idle: Duration,
 ) -> std::io::Result<(u64, u64)> {
     let (mut ar, mut aw) = tokio::io::split(a);
@@ -633,6 +691,7 @@ async fn relay_both_ways(
                     bw.shutdown().await?;
                 } else {
                     bw.write_all(&abuf[..n]).await?;
+                    bw.flush().await?;
                     a_to_b += n as u64;
                 }
             }
@@ -643,6 +702,7 @@ async fn relay_both_ways(
                     aw.shutdown().await?;
                 } else {
                     aw.write_all(&bbuf[..n]).await?;
+                    aw.flush().await?;
                     b_to_a += n as u64;
                 }
             }

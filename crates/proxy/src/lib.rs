@@ -14,6 +14,7 @@ pub mod route;
 pub mod server;
 pub mod stats;
 pub mod stream;
+pub mod upstream_tls;
 
 pub use error::ProxyError;
 pub use health::HealthChecker;

@@ -64,6 +64,8 @@ pub struct Shared {
     pub upstreams: Vec<Arc<Upstream>>,
     /// Proxy-side counters per upstream group, indexed like `upstreams`.
     pub group_stats: Vec<GroupStats>,
+    /// TLS origination per upstream group, indexed like `upstreams` (None = plain HTTP).
+    pub upstream_tls: Vec<Option<Arc<crate::upstream_tls::GroupTls>>>,
     pub stats: Arc<Stats>,
     pub access_log: Option<AccessLogger>,
     pub workers: usize,
@@ -136,6 +138,11 @@ pub enum StartError {
         name: String,
         source: portico_tls::TlsError,
     },
+    #[error("upstream {name}: TLS: {source}")]
+    UpstreamTls {
+        name: String,
+        source: portico_tls::TlsError,
+    },
     #[error("shutting down")]
     ShuttingDown,
 }
@@ -200,6 +207,9 @@ struct Inner {
     health: Option<HealthChecker>,
     /// TLS session resumption state (ticket key rotator, session cache) per listener name.
     resumption: HashMap<String, portico_tls::Resumption>,
+    /// Client session stores per upstream group name, with the pool id of the TLS settings
+    /// they were made under (kept by a reload only while those settings stay the same).
+    client_sessions: HashMap<String, (u64, portico_tls::ClientSessions)>,
 }
 
 impl Control {
@@ -349,6 +359,32 @@ impl Control {
                 }
             })
             .collect();
+        let mut sessions_kept = HashMap::new();
+        let mut upstream_tls = Vec::new();
+        for g in &config.upstreams {
+            let Some(t) = &g.tls else {
+                upstream_tls.push(None);
+                continue;
+            };
+            // Sessions resumed under other settings (another CA, name or client certificate)
+            // would skip what the new settings verify: keep the store only if they are equal.
+            let id = crate::upstream_tls::settings_id(t);
+            let sessions = match inner.client_sessions.get(&g.name) {
+                Some((kept, s)) if *kept == id => s.clone(),
+                _ => portico_tls::ClientSessions::new(t.session_cache),
+            };
+            sessions_kept.insert(g.name.clone(), (id, sessions.clone()));
+            let origination = portico_tls::client_config(t, &sessions).map_err(|source| {
+                StartError::UpstreamTls {
+                    name: g.name.clone(),
+                    source,
+                }
+            })?;
+            upstream_tls.push(Some(Arc::new(crate::upstream_tls::GroupTls::new(
+                t,
+                origination,
+            ))));
+        }
         let mut no_server = HashMap::new();
         let mut header_time = HashMap::new();
         let groups: Vec<GroupStats> = config
@@ -393,6 +429,7 @@ impl Control {
             listeners,
             upstreams,
             group_stats: groups,
+            upstream_tls,
             stats: self.stats.clone(),
             access_log,
             workers: self.workers,
@@ -426,6 +463,7 @@ impl Control {
         // Counters of removed routes and groups go: label cardinality follows the config.
         inner.route_stats = route_stats;
         inner.resumption = resumption_kept;
+        inner.client_sessions = sessions_kept;
         inner.no_server = no_server;
         inner.header_time = header_time;
         Ok(summary)
@@ -580,6 +618,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         listeners: Vec::new(),
         upstreams: Vec::new(),
         group_stats: Vec::new(),
+        upstream_tls: Vec::new(),
         stats: stats.clone(),
         access_log: None,
         workers,
@@ -608,6 +647,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             shutting_down: false,
             health: None,
             resumption: HashMap::new(),
+            client_sessions: HashMap::new(),
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,

@@ -43,11 +43,14 @@ pub enum Cause {
     /// No server of the group (or its fallbacks) can take requests: all down, ejected, draining
     /// or disabled.
     Unavailable,
+    /// The TLS handshake with the upstream failed (certificate not trusted or not valid for the
+    /// server name, no common version, the server refused ours).
+    Tls,
 }
 
 const SIDES: usize = 4;
 const PHASES: usize = 8;
-const CAUSES: usize = 11;
+const CAUSES: usize = 12;
 
 /// One termination record: exactly one per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +101,7 @@ impl Termination {
             Cause::BadResponse => "bad_response",
             Cause::Shutdown => "shutdown",
             Cause::Unavailable => "unavailable",
+            Cause::Tls => "tls",
         };
         (side, phase, cause)
     }
@@ -145,6 +149,10 @@ pub struct Stats {
     pub tls_handshakes_full: AtomicU64,
     /// Completed TLS handshakes that resumed a session (ticket or session cache).
     pub tls_handshakes_resumed: AtomicU64,
+    /// TLS handshakes with upstream servers: completed with a full key exchange, resumed, failed.
+    pub upstream_tls_full: AtomicU64,
+    pub upstream_tls_resumed: AtomicU64,
+    pub upstream_tls_failures: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -161,6 +169,9 @@ impl Default for Stats {
             tls_handshake_failures: AtomicU64::new(0),
             tls_handshakes_full: AtomicU64::new(0),
             tls_handshakes_resumed: AtomicU64::new(0),
+            upstream_tls_full: AtomicU64::new(0),
+            upstream_tls_resumed: AtomicU64::new(0),
+            upstream_tls_failures: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -217,6 +228,7 @@ impl Stats {
             Cause::BadResponse,
             Cause::Shutdown,
             Cause::Unavailable,
+            Cause::Tls,
         ];
         let mut out = Vec::new();
         for &side in &sides {

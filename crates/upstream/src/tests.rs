@@ -25,6 +25,7 @@ pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<Upstre
         health_check: None,
         passive: PassiveCheck::DEFAULT,
         fallback: None,
+        tls: None,
     })
 }
 

@@ -1,0 +1,330 @@
+//! TLS origination end to end: portico speaking HTTPS to an in-test tokio-rustls upstream.
+
+use portico_proxy::stats::{Cause, Phase, Side};
+use portico_proxy::{start, Running, Termination};
+use portico_testkit::Client;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::HandshakeKind;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A CA, a server certificate for `upstream.test` and 127.0.0.1, and a client certificate
+/// (CN=portico), all signed by the CA and written as PEM files.
+struct Pki {
+    dir: PathBuf,
+    ca: CertificateDer<'static>,
+    server_chain: Vec<CertificateDer<'static>>,
+    server_key: PrivateKeyDer<'static>,
+    client_cert: CertificateDer<'static>,
+}
+
+fn pki(name: &str) -> Pki {
+    let dir = std::env::temp_dir().join(format!("portico-tlsup-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+
+    let server_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let server_params =
+        rcgen::CertificateParams::new(vec!["upstream.test".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let server = server_params.signed_by(&server_key, &ca, &ca_key).unwrap();
+
+    let client_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut client_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params.distinguished_name = rcgen::DistinguishedName::new();
+    client_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "portico");
+    client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let client = client_params.signed_by(&client_key, &ca, &ca_key).unwrap();
+    std::fs::write(dir.join("client.pem"), client.pem()).unwrap();
+    std::fs::write(dir.join("client.key"), client_key.serialize_pem()).unwrap();
+
+    Pki {
+        dir,
+        ca: ca.der().clone(),
+        server_chain: vec![server.der().clone(), ca.der().clone()],
+        server_key: PrivateKeyDer::try_from(server_key.serialize_der()).unwrap(),
+        client_cert: client.der().clone(),
+    }
+}
+
+/// What the upstream saw of one completed handshake.
+#[derive(Debug, Clone)]
+struct Seen {
+    kind: HandshakeKind,
+    sni: Option<String>,
+    client_cert: Option<CertificateDer<'static>>,
+}
+
+/// An HTTPS/1.1 server on its own thread: answers every request `200 tls-upstream`, keeps
+/// connections alive, records accepts and handshakes.
+struct TlsUpstream {
+    addr: SocketAddr,
+    accepts: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl TlsUpstream {
+    /// `require_client_cert`: mTLS, client certificates must chain to the test CA.
+    fn start(pki: &Pki, require_client_cert: bool) -> TlsUpstream {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = if require_client_cert {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(pki.ca.clone()).unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let config = builder
+            .with_single_cert(pki.server_chain.clone(), pki.server_key.clone_key())
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepts, failed, seen) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(Mutex::new(Vec::new())),
+        );
+        let up = TlsUpstream {
+            addr,
+            accepts: accepts.clone(),
+            failed: failed.clone(),
+            seen: seen.clone(),
+        };
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    let Ok((tcp, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    accepts.fetch_add(1, Ordering::SeqCst);
+                    let (acceptor, failed, seen) = (acceptor.clone(), failed.clone(), seen.clone());
+                    tokio::spawn(async move {
+                        let Ok(mut tls) = acceptor.accept(tcp).await else {
+                            failed.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        };
+                        let conn = tls.get_ref().1;
+                        seen.lock().unwrap().push(Seen {
+                            kind: conn.handshake_kind().unwrap(),
+                            sni: conn.server_name().map(str::to_string),
+                            client_cert: conn.peer_certificates().map(|c| c[0].clone()),
+                        });
+                        serve_http(&mut tls).await;
+                    });
+                }
+            });
+        });
+        up
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Answer body-less requests until the client closes.
+async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            buf.drain(..end + 4);
+            let body = "tls-upstream";
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() || s.flush().await.is_err() {
+                return;
+            }
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// A plain listener "web" proxying to group "b" = the TLS upstream, with `group` lines in
+/// `[upstreams.b]` and `tls` lines in `[upstreams.b.tls]` (after `ca_file`).
+fn proxy(pki: &Pki, upstream: SocketAddr, group: &str, tls: &str) -> Running {
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "web"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{upstream}"]
+{group}
+[upstreams.b.tls]
+ca_file = "{}"
+{tls}
+"#,
+        pki.dir.join("ca.pem").display()
+    );
+    let cfg =
+        portico_config::parse(&toml, "tls-upstream-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+/// Poll `done` until it holds, for at most 10 s.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn get(c: &mut Client) -> portico_testkit::Response {
+    c.request(b"GET / HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .unwrap()
+}
+
+#[test]
+fn https_upstream_is_verified_and_its_connection_reused() {
+    let pki = pki("reuse");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"upstream.test\"");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    for _ in 0..3 {
+        let r = get(&mut c);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.text(), "tls-upstream");
+    }
+    // One TLS connection carried all three requests.
+    assert_eq!(up.accepts.load(Ordering::SeqCst), 1);
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].sni.as_deref(), Some("upstream.test"));
+    assert!(seen[0].client_cert.is_none());
+    let stats = p.stats();
+    assert_eq!(stats.upstream_reused.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.upstream_tls_full.load(Ordering::Relaxed), 1);
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn default_server_name_is_the_ip_address_and_sessions_resume() {
+    let pki = pki("resume");
+    let up = TlsUpstream::start(&pki, false);
+    // No server_name: the certificate is verified for 127.0.0.1 (no SNI for an IP address).
+    // keepalive = 0: every request opens a new connection, which resumes the first session.
+    let p = proxy(&pki, up.addr, "keepalive = 0", "");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    for _ in 0..3 {
+        assert_eq!(get(&mut c).status, 200);
+    }
+    assert_eq!(up.accepts.load(Ordering::SeqCst), 3);
+    let kinds: Vec<HandshakeKind> = up.seen().iter().map(|s| s.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            HandshakeKind::Full,
+            HandshakeKind::Resumed,
+            HandshakeKind::Resumed
+        ]
+    );
+    assert!(up.seen().iter().all(|s| s.sni.is_none()));
+    assert_eq!(p.stats().upstream_tls_resumed.load(Ordering::Relaxed), 2);
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn wrong_server_name_is_a_502_with_a_tls_termination() {
+    let pki = pki("wrongname");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"other.test\"");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    let r = get(&mut c);
+    assert_eq!(r.status, 502);
+    // The connection is refused by portico: the upstream never completes a handshake.
+    assert!(up.seen().is_empty());
+    let stats = p.stats();
+    assert_eq!(stats.upstream_tls_failures.load(Ordering::Relaxed), 1);
+    // The record is counted once the response is written: wait for it.
+    let t = Termination::new(Side::Upstream, Phase::Connect, Cause::Tls);
+    eventually("the TLS termination record", || stats.terminations(t) == 1);
+    // Counted as a connect error for passive checks.
+    let status = p.upstream("b").unwrap().status(Instant::now());
+    assert_eq!(status[0].failures, 1, "{status:?}");
+    assert_eq!(status[0].consecutive_failures, 1, "{status:?}");
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn untrusted_upstream_certificate_is_refused() {
+    let pki = pki("untrusted");
+    let other = self::pki("untrusted-other");
+    // The upstream's certificate comes from `other`'s CA; portico trusts `pki`'s.
+    let up = TlsUpstream::start(&other, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"upstream.test\"");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    assert_eq!(get(&mut c).status, 502);
+    assert_eq!(p.stats().upstream_tls_failures.load(Ordering::Relaxed), 1);
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn client_certificate_is_presented_to_an_mtls_upstream() {
+    let pki = pki("mtls");
+    let up = TlsUpstream::start(&pki, true);
+    let cert = format!(
+        "server_name = \"upstream.test\"\ncertificate = {{ cert = \"{}\", key = \"{}\" }}",
+        pki.dir.join("client.pem").display(),
+        pki.dir.join("client.key").display()
+    );
+    let p = proxy(&pki, up.addr, "", &cert);
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    let r = get(&mut c);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].client_cert.as_ref(), Some(&pki.client_cert));
+    p.shutdown();
+    p.wait();
+
+    // Without it the upstream refuses the connection: a 502, never a 200.
+    let p = proxy(&pki, up.addr, "", "server_name = \"upstream.test\"");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    assert_eq!(get(&mut c).status, 502);
+    eventually("the upstream refusing the handshake", || {
+        up.failed.load(Ordering::SeqCst) > 0
+    });
+    p.shutdown();
+    p.wait();
+}
