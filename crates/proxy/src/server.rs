@@ -3,7 +3,7 @@
 use crate::access_log::AccessLogger;
 use crate::admin::AdminServer;
 use crate::conn;
-use crate::health::HealthChecker;
+use crate::health::{HealthChecker, ProbeTarget};
 use crate::metrics::{GroupStats, Histogram, RouteStats};
 use crate::pool::Pool;
 use crate::stats::Stats;
@@ -412,10 +412,18 @@ impl Control {
 
         let checked = config.upstreams.iter().any(|g| g.health_check.is_some());
         if checked {
+            let targets: Vec<ProbeTarget> = upstreams
+                .iter()
+                .zip(&upstream_tls)
+                .map(|(u, tls)| ProbeTarget {
+                    upstream: u.clone(),
+                    tls: tls.clone(),
+                })
+                .collect();
             match &inner.health {
-                Some(h) => h.update(upstreams.clone()),
+                Some(h) => h.update(targets),
                 None => {
-                    let h = HealthChecker::start(upstreams.clone()).map_err(StartError::Thread)?;
+                    let h = HealthChecker::start(targets).map_err(StartError::Thread)?;
                     inner.health = Some(h);
                 }
             }

@@ -3,6 +3,7 @@
 use portico_proxy::stats::{Cause, Phase, Side};
 use portico_proxy::{start, Running, Termination};
 use portico_testkit::Client;
+use portico_upstream::Health;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::HandshakeKind;
 use std::net::SocketAddr;
@@ -325,6 +326,38 @@ fn client_certificate_is_presented_to_an_mtls_upstream() {
     eventually("the upstream refusing the handshake", || {
         up.failed.load(Ordering::SeqCst) > 0
     });
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn health_probes_of_an_https_group_speak_tls() {
+    let pki = pki("health");
+    let up = TlsUpstream::start(&pki, false);
+    let check = "health_check = { path = \"/healthz\", interval = \"200ms\", timeout = \"150ms\", rise = 1, fall = 1 }";
+    let p = proxy(&pki, up.addr, check, "server_name = \"upstream.test\"");
+    let last = |p: &Running| p.upstream("b").unwrap().status(Instant::now())[0].clone();
+    eventually("an HTTP 200 probe over TLS", || {
+        last(&p).last_check.is_some_and(|c| c.contains("HTTP 200"))
+    });
+    assert_eq!(last(&p).health, Health::Up);
+    // No client sent anything: the handshakes the upstream saw are the probes'.
+    let seen = up.seen();
+    assert!(!seen.is_empty());
+    assert!(seen
+        .iter()
+        .all(|s| s.sni.as_deref() == Some("upstream.test")));
+    p.shutdown();
+    p.wait();
+
+    // A certificate that is not valid for the name takes the server down.
+    let p = proxy(&pki, up.addr, check, "server_name = \"other.test\"");
+    eventually("the server down after a failed TLS probe", || {
+        let s = last(&p);
+        s.health == Health::Down && s.last_check.is_some_and(|c| c.contains("TLS handshake"))
+    });
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    assert_eq!(get(&mut c).status, 503);
     p.shutdown();
     p.wait();
 }
