@@ -721,6 +721,16 @@ pub fn metrics(control: &Control) -> String {
             "TLS handshakes with upstream servers that failed (certificate, name, protocol).",
             &stats.upstream_tls_failures,
         ),
+        (
+            "portico_tls_certificate_reloads_total",
+            "Listener certificates loaded again because their files changed.",
+            &stats.tls_certificate_reloads,
+        ),
+        (
+            "portico_tls_certificate_reload_failures_total",
+            "Changed listener certificate files that were refused (the previous certificates stay).",
+            &stats.tls_certificate_reload_failures,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);

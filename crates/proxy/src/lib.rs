@@ -2,6 +2,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod cert_watch;
 pub mod conn;
 pub mod date;
 pub mod error;

@@ -32,8 +32,9 @@ pub struct ListenerState {
     pub limits: portico_http1::Limits,
     /// One origin handler per route (Some for `static` and `origin` actions).
     pub origins: Vec<Option<Origin>>,
-    /// TLS termination (the handshake runs in the connection's task).
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// TLS termination (the handshake runs in the connection's task); its configuration is
+    /// replaced when watched certificate files change.
+    pub tls: Option<Arc<crate::cert_watch::ListenerTls>>,
     /// Counters per route, indexed like `listener.routes`.
     pub route_stats: Vec<Arc<RouteStats>>,
 }
@@ -336,13 +337,13 @@ impl Control {
                         .cloned()
                         .unwrap_or_else(portico_tls::Resumption::new);
                     resumption_kept.insert(l.name.clone(), resumption.clone());
-                    let config = portico_tls::server_config(t, &resumption).map_err(|source| {
-                        StartError::Tls {
+                    let tls = crate::cert_watch::ListenerTls::new(&l.name, t, resumption).map_err(
+                        |source| StartError::Tls {
                             name: l.name.clone(),
                             source,
-                        }
-                    })?;
-                    Some(tokio_rustls::TlsAcceptor::from(config))
+                        },
+                    )?;
+                    Some(Arc::new(tls))
                 }
                 None => None,
             };
@@ -508,7 +509,7 @@ impl Control {
 fn listener_state(
     l: &Listener,
     slot: u64,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<crate::cert_watch::ListenerTls>>,
     route_stats: Vec<Arc<RouteStats>>,
 ) -> ListenerState {
     let origins = l
@@ -539,6 +540,8 @@ pub struct Running {
     control: Arc<Control>,
     threads: Vec<JoinHandle<()>>,
     admin: Option<AdminServer>,
+    /// Polls the files of TLS listeners with `watch` on.
+    watcher: Option<crate::cert_watch::CertWatcher>,
 }
 
 impl Running {
@@ -594,6 +597,7 @@ impl Running {
         if let Some(a) = self.admin.take() {
             a.stop();
         }
+        drop(self.watcher.take());
     }
 }
 
@@ -665,6 +669,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         control: control.clone(),
         threads: Vec::new(),
         admin: None,
+        watcher: None,
     };
     for (i, rx) in receivers.into_iter().enumerate() {
         let control = control.clone();
@@ -684,6 +689,10 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         running.shutdown();
         running.wait();
         return Err(e);
+    }
+    match crate::cert_watch::CertWatcher::start(Arc::downgrade(&control)) {
+        Ok(w) => running.watcher = Some(w),
+        Err(e) => tracing::warn!("certificate files will not be watched (a reload re-reads them): cannot start the watcher thread: {e}"),
     }
     if let Some(cfg) = admin {
         match AdminServer::start(control, &cfg) {
@@ -851,7 +860,8 @@ async fn accept_loop(
         tokio::task::spawn_local(async move {
             let stream = match &ctx.ls.tls {
                 None => ClientStream::Plain(stream),
-                Some(acceptor) => {
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
                     match tokio::time::timeout(deadline, acceptor.accept(stream)).await {

@@ -153,6 +153,9 @@ pub struct Stats {
     pub upstream_tls_full: AtomicU64,
     pub upstream_tls_resumed: AtomicU64,
     pub upstream_tls_failures: AtomicU64,
+    /// Listener certificates loaded again because their files changed, and changed files refused.
+    pub tls_certificate_reloads: AtomicU64,
+    pub tls_certificate_reload_failures: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -172,6 +175,8 @@ impl Default for Stats {
             upstream_tls_full: AtomicU64::new(0),
             upstream_tls_resumed: AtomicU64::new(0),
             upstream_tls_failures: AtomicU64::new(0),
+            tls_certificate_reloads: AtomicU64::new(0),
+            tls_certificate_reload_failures: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),

@@ -361,3 +361,199 @@ fn health_probes_of_an_https_group_speak_tls() {
     p.shutdown();
     p.wait();
 }
+
+/// A self-signed certificate for `localhost` and its key as PEM.
+fn self_signed() -> (String, String, CertificateDer<'static>) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem(), cert.der().clone())
+}
+
+/// Replace `path` at once (write a temporary file, rename it over), as certificate tools do.
+fn replace(path: &std::path::Path, content: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+type TlsClient = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+/// A TLS connection to the listener trusting `roots`, without resumption (so every handshake
+/// shows the certificate the listener serves now).
+fn tls_connect(addr: SocketAddr, roots: &[CertificateDer<'static>]) -> TlsClient {
+    let mut store = rustls::RootCertStore::empty();
+    for r in roots {
+        store.add(r.clone()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(store)
+    .with_no_client_auth();
+    cfg.resumption = rustls::client::Resumption::disabled();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock).unwrap();
+    }
+    s
+}
+
+/// One GET on a TLS connection: the status.
+fn tls_get(s: &mut TlsClient) -> u16 {
+    use std::io::{Read, Write};
+    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).unwrap(), 1, "connection ended inside a head");
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    head[9..12].parse().unwrap()
+}
+
+fn served_certificate(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+) -> CertificateDer<'static> {
+    let s = tls_connect(addr, roots);
+    s.conn.peer_certificates().unwrap()[0].clone()
+}
+
+#[test]
+fn listener_certificate_files_are_watched_and_swapped_without_dropping_connections() {
+    let dir = std::env::temp_dir().join(format!("portico-tlsup-watch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert_path, key_path) = (dir.join("site.pem"), dir.join("site.key"));
+    let (a_pem, a_key, a_der) = self_signed();
+    let (b_pem, b_key, b_der) = self_signed();
+    std::fs::write(&cert_path, &a_pem).unwrap();
+    std::fs::write(&key_path, &a_key).unwrap();
+    let roots = [a_der.clone(), b_der.clone()];
+
+    let up = portico_testkit::TestUpstream::start(|_| portico_testkit::Reply::ok("hello"));
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "tls"
+address = "127.0.0.1:0"
+[listeners.tls]
+certificates = [{{ cert = "{}", key = "{}" }}]
+watch_interval = "50ms"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        cert_path.display(),
+        key_path.display(),
+        up.addr
+    );
+    let cfg = portico_config::parse(&toml, "watch-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let p = start(cfg, 1).expect("start");
+    let addr = p.addr("tls").unwrap();
+
+    // A connection opened with certificate A.
+    let mut old = tls_connect(addr, &roots);
+    assert_eq!(old.conn.peer_certificates().unwrap()[0], a_der);
+    assert_eq!(tls_get(&mut old), 200);
+
+    // Certificate B replaces A on disk: new handshakes get B, without a reload.
+    replace(&key_path, &b_key);
+    replace(&cert_path, &b_pem);
+    eventually("new handshakes serving the new certificate", || {
+        served_certificate(addr, &roots) == b_der
+    });
+    assert!(p.stats().tls_certificate_reloads.load(Ordering::Relaxed) >= 1);
+    // The connection opened before carries on.
+    assert_eq!(tls_get(&mut old), 200);
+    assert_eq!(tls_get(&mut old), 200);
+
+    // A broken replacement is refused and B stays.
+    let failures = p
+        .stats()
+        .tls_certificate_reload_failures
+        .load(Ordering::Relaxed);
+    replace(
+        &cert_path,
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+    );
+    eventually("the broken certificate refused", || {
+        p.stats()
+            .tls_certificate_reload_failures
+            .load(Ordering::Relaxed)
+            > failures
+    });
+    assert_eq!(served_certificate(addr, &roots), b_der);
+    let mut new = tls_connect(addr, &roots);
+    assert_eq!(tls_get(&mut new), 200);
+    assert_eq!(tls_get(&mut old), 200);
+
+    // Fixed again (A this time): loaded.
+    replace(&key_path, &a_key);
+    replace(&cert_path, &a_pem);
+    eventually("the fixed certificate loaded", || {
+        served_certificate(addr, &roots) == a_der
+    });
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn a_reload_rereads_the_certificate_files_of_an_unwatched_listener() {
+    let dir = std::env::temp_dir().join(format!("portico-tlsup-nowatch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert_path, key_path) = (dir.join("site.pem"), dir.join("site.key"));
+    let (a_pem, a_key, a_der) = self_signed();
+    let (b_pem, b_key, b_der) = self_signed();
+    std::fs::write(&cert_path, &a_pem).unwrap();
+    std::fs::write(&key_path, &a_key).unwrap();
+    let roots = [a_der.clone(), b_der.clone()];
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "tls"
+address = "127.0.0.1:0"
+[listeners.tls]
+certificates = [{{ cert = "{}", key = "{}" }}]
+watch = false
+[[listeners.routes]]
+respond = {{ status = 200, body = "ok" }}
+"#,
+        cert_path.display(),
+        key_path.display(),
+    );
+    let cfg = portico_config::parse(&toml, "nowatch-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    let p = start(cfg.clone(), 1).expect("start");
+    let addr = p.addr("tls").unwrap();
+    assert_eq!(served_certificate(addr, &roots), a_der);
+    // A reload (SIGHUP, the admin API) re-reads the files.
+    replace(&key_path, &b_key);
+    replace(&cert_path, &b_pem);
+    p.reload(cfg).unwrap();
+    assert_eq!(served_certificate(addr, &roots), b_der);
+    p.shutdown();
+    p.wait();
+}
