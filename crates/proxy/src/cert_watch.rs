@@ -18,7 +18,12 @@ const MAX_TICK: Duration = Duration::from_secs(1);
 /// What identifies a file's content cheaply: modification time, size and inode (a rename over
 /// the file, as certificate tools do, changes the inode). None = the file cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp(Option<(SystemTime, u64, u64)>);
+pub struct Stamp(Option<(SystemTime, u64, u64)>);
+
+/// The stamps of `paths`, in order.
+pub fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
+    paths.iter().map(stamp).collect()
+}
 
 fn stamp(path: &PathBuf) -> Stamp {
     use std::os::unix::fs::MetadataExt;

@@ -585,7 +585,13 @@ async fn relay_body(
                 if up.rbuf.capacity() - up.rbuf.len() < 4096 {
                     up.rbuf.reserve(MAX_CHUNK);
                 }
-                match timeout(idle, up.stream.read_buf(&mut up.rbuf)).await {
+                let read = match timeout(idle, up.stream.read_buf(&mut up.rbuf)).await {
+                    // A TLS server closing without close_notify (common) ends a close-delimited
+                    // body as a plain close would; framed bodies still fail the decoder below.
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ok(0)),
+                    r => r,
+                };
+                match read {
                     Err(_) => return Err(ProxyError::UpstreamIdle),
                     Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
                     Ok(Ok(0)) => {

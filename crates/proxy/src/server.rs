@@ -174,6 +174,13 @@ pub struct ReloadSummary {
     pub kept: Vec<String>,
 }
 
+/// A group's TLS origination as a reload may keep it: (settings id, file stamps, state).
+type KeptGroupTls = (
+    u64,
+    Vec<crate::cert_watch::Stamp>,
+    Arc<crate::upstream_tls::GroupTls>,
+);
+
 enum Cmd {
     /// Start accepting on this worker's socket of a new listener.
     Listen(Arc<ListenerSlot>, std::net::TcpListener),
@@ -208,9 +215,9 @@ struct Inner {
     health: Option<HealthChecker>,
     /// TLS session resumption state (ticket key rotator, session cache) per listener name.
     resumption: HashMap<String, portico_tls::Resumption>,
-    /// Client session stores per upstream group name, with the pool id of the TLS settings
-    /// they were made under (kept by a reload only while those settings stay the same).
-    client_sessions: HashMap<String, (u64, portico_tls::ClientSessions)>,
+    /// TLS origination per upstream group name, with the pool id of its settings and the stamps
+    /// of its files (kept by a reload only while both stay the same).
+    upstream_tls: HashMap<String, KeptGroupTls>,
 }
 
 impl Control {
@@ -360,31 +367,36 @@ impl Control {
                 }
             })
             .collect();
-        let mut sessions_kept = HashMap::new();
+        let mut tls_kept = HashMap::new();
         let mut upstream_tls = Vec::new();
         for g in &config.upstreams {
             let Some(t) = &g.tls else {
                 upstream_tls.push(None);
                 continue;
             };
-            // Sessions resumed under other settings (another CA, name or client certificate)
-            // would skip what the new settings verify: keep the store only if they are equal.
             let id = crate::upstream_tls::settings_id(t);
-            let sessions = match inner.client_sessions.get(&g.name) {
-                Some((kept, s)) if *kept == id => s.clone(),
-                _ => portico_tls::ClientSessions::new(t.session_cache),
-            };
-            sessions_kept.insert(g.name.clone(), (id, sessions.clone()));
-            let origination = portico_tls::client_config(t, &sessions).map_err(|source| {
-                StartError::UpstreamTls {
-                    name: g.name.clone(),
-                    source,
+            let files = crate::cert_watch::stamps(&crate::upstream_tls::files(t));
+            let tls = match inner.upstream_tls.get(&g.name) {
+                // Same settings and unchanged files: the same rustls configuration, so its
+                // sessions keep resuming (rustls resumes a session only under the verifier and
+                // client certificate that made it, which is also what keeps this safe).
+                Some((kept_id, kept_files, kept)) if *kept_id == id && *kept_files == files => {
+                    kept.clone()
                 }
-            })?;
-            upstream_tls.push(Some(Arc::new(crate::upstream_tls::GroupTls::new(
-                t,
-                origination,
-            ))));
+                _ => {
+                    let sessions = portico_tls::ClientSessions::new(t.session_cache);
+                    let origination =
+                        portico_tls::client_config(t, &sessions).map_err(|source| {
+                            StartError::UpstreamTls {
+                                name: g.name.clone(),
+                                source,
+                            }
+                        })?;
+                    Arc::new(crate::upstream_tls::GroupTls::new(t, origination))
+                }
+            };
+            tls_kept.insert(g.name.clone(), (id, files, tls.clone()));
+            upstream_tls.push(Some(tls));
         }
         let mut no_server = HashMap::new();
         let mut header_time = HashMap::new();
@@ -472,7 +484,7 @@ impl Control {
         // Counters of removed routes and groups go: label cardinality follows the config.
         inner.route_stats = route_stats;
         inner.resumption = resumption_kept;
-        inner.client_sessions = sessions_kept;
+        inner.upstream_tls = tls_kept;
         inner.no_server = no_server;
         inner.header_time = header_time;
         Ok(summary)
@@ -659,7 +671,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             shutting_down: false,
             health: None,
             resumption: HashMap::new(),
-            client_sessions: HashMap::new(),
+            upstream_tls: HashMap::new(),
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,

@@ -47,6 +47,21 @@ impl GroupTls {
     }
 }
 
+/// The files a group's TLS origination is built from (CA file, client certificate and key).
+pub fn files(settings: &UpstreamTls) -> Vec<std::path::PathBuf> {
+    settings
+        .ca_file
+        .iter()
+        .cloned()
+        .chain(
+            settings
+                .certificate
+                .iter()
+                .flat_map(|c| [c.cert.clone(), c.key.clone()]),
+        )
+        .collect()
+}
+
 /// The pool identity of a group's TLS settings (see [`GroupTls::pool_id`]).
 pub fn settings_id(settings: &UpstreamTls) -> u64 {
     let mut h = std::hash::DefaultHasher::new();

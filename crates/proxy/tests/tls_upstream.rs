@@ -157,7 +157,15 @@ async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: 
     let mut chunk = [0u8; 4096];
     loop {
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.drain(..end + 4);
+            let head: Vec<u8> = buf.drain(..end + 4).collect();
+            if head.starts_with(b"GET /close ") {
+                // A close-delimited body, then the socket dropped without close_notify.
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-close")
+                    .await;
+                let _ = s.flush().await;
+                return;
+            }
             let body = "tls-upstream";
             let resp = format!(
                 "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
@@ -177,7 +185,14 @@ async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: 
 /// A plain listener "web" proxying to group "b" = the TLS upstream, with `group` lines in
 /// `[upstreams.b]` and `tls` lines in `[upstreams.b.tls]` (after `ca_file`).
 fn proxy(pki: &Pki, upstream: SocketAddr, group: &str, tls: &str) -> Running {
-    let toml = format!(
+    let toml = proxy_toml(pki, upstream, group, tls);
+    let cfg =
+        portico_config::parse(&toml, "tls-upstream-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+fn proxy_toml(pki: &Pki, upstream: SocketAddr, group: &str, tls: &str) -> String {
+    format!(
         r#"
 [[listeners]]
 name = "web"
@@ -192,10 +207,7 @@ ca_file = "{}"
 {tls}
 "#,
         pki.dir.join("ca.pem").display()
-    );
-    let cfg =
-        portico_config::parse(&toml, "tls-upstream-test.toml").unwrap_or_else(|e| panic!("{e}"));
-    start(cfg, 1).expect("start")
+    )
 }
 
 /// Poll `done` until it holds, for at most 10 s.
@@ -259,6 +271,42 @@ fn default_server_name_is_the_ip_address_and_sessions_resume() {
     );
     assert!(up.seen().iter().all(|s| s.sni.is_none()));
     assert_eq!(p.stats().upstream_tls_resumed.load(Ordering::Relaxed), 2);
+
+    // A reload that keeps the group's TLS settings keeps its sessions: still resumed.
+    let same =
+        portico_config::parse(&proxy_toml(&pki, up.addr, "keepalive = 0", ""), "t.toml").unwrap();
+    p.reload(same).unwrap();
+    assert_eq!(get(&mut c).status, 200);
+    assert_eq!(
+        up.seen().last().unwrap().kind,
+        HandshakeKind::Resumed,
+        "{:?}",
+        up.seen()
+    );
+    // Other settings (here the session cache size) start a new store: a full handshake.
+    let other = portico_config::parse(
+        &proxy_toml(&pki, up.addr, "keepalive = 0", "session_cache = 8"),
+        "t.toml",
+    )
+    .unwrap();
+    p.reload(other).unwrap();
+    assert_eq!(get(&mut c).status, 200);
+    assert_eq!(up.seen().last().unwrap().kind, HandshakeKind::Full);
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn close_delimited_body_from_a_tls_upstream_without_close_notify() {
+    let pki = pki("close");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"upstream.test\"");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    let r = c
+        .request(b"GET /close HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "until-close");
     p.shutdown();
     p.wait();
 }

@@ -12,9 +12,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The client session store of one upstream group: TLS 1.3 tickets and TLS 1.2 sessions by
-/// server name, shared by every worker. Create one per group and hand it to every
-/// [`client_config`] of that group while its TLS settings stay the same, so a reload keeps
-/// resuming sessions. Cloning shares the store.
+/// server name, shared by every worker through the group's configuration. rustls resumes a
+/// session only under the certificate verifier and client certificate that made it, so a new
+/// [`client_config`] cannot resume the sessions of an earlier one: to keep resuming across a
+/// reload, keep the whole [`Origination`]. Cloning shares the store.
 #[derive(Clone)]
 pub struct ClientSessions {
     store: Option<Arc<dyn ClientSessionStore>>,
