@@ -166,3 +166,41 @@ impl Pool {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_pooled_apart_by_transport() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connect = || async {
+                let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let peer = listener.accept().await.unwrap();
+                (UpConn::new(UpStream::Plain(s)), peer)
+            };
+            let pool = Pool::new(Arc::new(AtomicI64::new(0)));
+            let plain = PoolKey::plain(addr);
+            let tls = PoolKey { addr, tls: 7 };
+            let (a, _pa) = connect().await;
+            pool.put(plain, a, 4, Duration::from_secs(60));
+            // A plain connection is never handed out for TLS to the same address.
+            assert!(pool.take(tls).is_none());
+            assert!(pool.take(plain).is_some());
+            let (b, _pb) = connect().await;
+            let (c, _pc) = connect().await;
+            pool.put(plain, b, 4, Duration::from_secs(60));
+            pool.put(tls, c, 4, Duration::from_secs(60));
+            assert_eq!(pool.len(), 2);
+            // Closing a server closes both kinds.
+            pool.close(addr);
+            assert!(pool.is_empty());
+        });
+    }
+}

@@ -203,10 +203,15 @@ proxy = "b"
 servers = ["{upstream}"]
 {group}
 [upstreams.b.tls]
-ca_file = "{}"
+{ca}
 {tls}
 "#,
-        pki.dir.join("ca.pem").display()
+        // verify = false refuses a ca_file
+        ca = if tls.contains("verify = false") {
+            String::new()
+        } else {
+            format!("ca_file = \"{}\"", pki.dir.join("ca.pem").display())
+        }
     )
 }
 
@@ -344,6 +349,20 @@ fn untrusted_upstream_certificate_is_refused() {
     let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
     assert_eq!(get(&mut c).status, 502);
     assert_eq!(p.stats().upstream_tls_failures.load(Ordering::Relaxed), 1);
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn verify_false_accepts_an_untrusted_upstream_certificate() {
+    let other = pki("unverified");
+    let up = TlsUpstream::start(&other, false);
+    let pki = pki("unverified-ours");
+    let p = proxy(&pki, up.addr, "", "verify = false");
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    let r = get(&mut c);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "tls-upstream");
     p.shutdown();
     p.wait();
 }

@@ -199,3 +199,60 @@ impl ServerCertVerifier for NoVerification {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> UpstreamTls {
+        UpstreamTls {
+            ca_file: None,
+            server_name: None,
+            certificate: None,
+            verify: true,
+            versions: vec![TlsVersion::Tls12, TlsVersion::Tls13],
+            session_cache: 16,
+        }
+    }
+
+    #[test]
+    fn system_roots_load_and_the_default_name_is_the_server_ip() {
+        // scripts/test.sh installs ca-certificates, so the system store is not empty.
+        let o = client_config(&settings(), &ClientSessions::new(16)).unwrap();
+        assert_eq!(o.config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        let addr: SocketAddr = "10.0.0.7:8443".parse().unwrap();
+        assert_eq!(
+            o.server_name(addr),
+            ServerName::IpAddress("10.0.0.7".parse::<std::net::IpAddr>().unwrap().into())
+        );
+        let named = UpstreamTls {
+            server_name: Some("api.internal".into()),
+            ..settings()
+        };
+        let o = client_config(&named, &ClientSessions::new(0)).unwrap();
+        assert_eq!(
+            o.server_name(addr),
+            ServerName::try_from("api.internal").unwrap()
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_file() {
+        let missing = UpstreamTls {
+            ca_file: Some("/nonexistent/portico-ca.pem".into()),
+            ..settings()
+        };
+        let e = client_config(&missing, &ClientSessions::new(0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/portico-ca.pem"), "{e}");
+        let bad_name = UpstreamTls {
+            server_name: Some("not a name".into()),
+            ..settings()
+        };
+        assert!(matches!(
+            client_config(&bad_name, &ClientSessions::new(0)),
+            Err(TlsError::ServerName(_))
+        ));
+    }
+}
