@@ -92,7 +92,10 @@ pub async fn proxy(
     let authority = match absolute {
         Some(a) => a.to_string(),
         None if p.preserve_host && head.field("host").is_some() => String::new(),
-        None => addr.to_string(),
+        None => match tls.and_then(|t| t.host(addr)) {
+            Some(host) => host,
+            None => addr.to_string(),
+        },
     };
     c.ubuf.clear();
     headers::upstream_request(
@@ -163,7 +166,7 @@ pub async fn proxy(
                         tracing::warn!(
                             group = %group.name,
                             server = %addr,
-                            server_name = ?tls.origination.server_name(addr),
+                            server_name = %tls.origination.server_name(addr).to_str(),
                             "TLS handshake with upstream failed: {why}"
                         );
                     }

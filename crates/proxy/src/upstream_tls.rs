@@ -20,6 +20,9 @@ pub struct GroupTls {
     /// with other TLS settings to the same address (never 0, which is plain TCP). A hash of the
     /// settings, so connections pooled before a reload that keeps them stay usable.
     pub pool_id: u64,
+    /// The configured `server_name` when it is a DNS name: the `Host` sent when the client's is
+    /// not forwarded.
+    host: Option<String>,
 }
 
 impl GroupTls {
@@ -28,7 +31,21 @@ impl GroupTls {
             connector: tokio_rustls::TlsConnector::from(origination.config.clone()),
             origination,
             pool_id: settings_id(settings),
+            host: settings
+                .server_name
+                .clone()
+                .filter(|n| n.parse::<std::net::IpAddr>().is_err()),
         }
+    }
+
+    /// The `Host` for the server at `addr` when the client's is not forwarded: the configured
+    /// DNS `server_name`, with the port unless it is 443. None = use the address.
+    pub fn host(&self, addr: SocketAddr) -> Option<String> {
+        let name = self.host.as_deref()?;
+        Some(match addr.port() {
+            443 => name.to_string(),
+            port => format!("{name}:{port}"),
+        })
     }
 
     /// The TLS handshake with the server at `addr` over a connected socket. A failure (bad

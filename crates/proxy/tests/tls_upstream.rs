@@ -158,6 +158,23 @@ async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: 
     loop {
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head: Vec<u8> = buf.drain(..end + 4).collect();
+            if head.starts_with(b"GET /echo-host ") {
+                // The body is the Host the request came with.
+                let text = String::from_utf8_lossy(&head).to_string();
+                let host = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("host: ").or(l.strip_prefix("Host: ")))
+                    .unwrap_or("")
+                    .to_string();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{host}",
+                    host.len()
+                );
+                if s.write_all(resp.as_bytes()).await.is_err() || s.flush().await.is_err() {
+                    return;
+                }
+                continue;
+            }
             if head.starts_with(b"GET /close ") {
                 // A close-delimited body, then the socket dropped without close_notify.
                 let _ = s
@@ -185,7 +202,19 @@ async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: 
 /// A plain listener "web" proxying to group "b" = the TLS upstream, with `group` lines in
 /// `[upstreams.b]` and `tls` lines in `[upstreams.b.tls]` (after `ca_file`).
 fn proxy(pki: &Pki, upstream: SocketAddr, group: &str, tls: &str) -> Running {
-    let toml = proxy_toml(pki, upstream, group, tls);
+    proxy_with_route(pki, upstream, "", group, tls)
+}
+
+/// As [`proxy`], with `route` lines in the listener's route.
+fn proxy_with_route(
+    pki: &Pki,
+    upstream: SocketAddr,
+    route: &str,
+    group: &str,
+    tls: &str,
+) -> Running {
+    let toml = proxy_toml(pki, upstream, group, tls)
+        .replace("proxy = \"b\"\n", &format!("proxy = \"b\"\n{route}\n"));
     let cfg =
         portico_config::parse(&toml, "tls-upstream-test.toml").unwrap_or_else(|e| panic!("{e}"));
     start(cfg, 1).expect("start")
@@ -621,6 +650,27 @@ respond = {{ status = 200, body = "ok" }}
     replace(&cert_path, &b_pem);
     p.reload(cfg).unwrap();
     assert_eq!(served_certificate(addr, &roots), b_der);
+    p.shutdown();
+    p.wait();
+}
+
+#[test]
+fn host_is_the_server_name_when_the_client_host_is_not_preserved() {
+    let pki = pki("host");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy_with_route(
+        &pki,
+        up.addr,
+        "preserve_host = false",
+        "",
+        "server_name = \"upstream.test\"",
+    );
+    let mut c = Client::connect(p.addr("web").unwrap()).unwrap();
+    let r = c
+        .request(b"GET /echo-host HTTP/1.1\r\nHost: app.test\r\n\r\n")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), format!("upstream.test:{}", up.addr.port()));
     p.shutdown();
     p.wait();
 }
