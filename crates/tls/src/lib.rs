@@ -1,4 +1,4 @@
-//! TLS termination: PEM certificates and keys, SNI selection, resumption, mTLS, the rustls server configuration.
+//! TLS settings -> rustls: listener server configurations (PEM files, SNI, resumption, mTLS) and upstream client configurations (`client`).
 
 use portico_config::{CertificateFiles, ClientAuth, TlsSettings, TlsVersion, UpstreamTls};
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
