@@ -154,10 +154,10 @@ pub async fn probe_with(
             .map_err(|e| format!("connect: {e}"))?;
         let stream = match tls {
             None => UpStream::Plain(tcp),
-            Some(tls) => tls
-                .handshake(addr, tcp)
-                .await
-                .map_err(|e| format!("TLS handshake: {e}"))?,
+            Some(tls) => tls.handshake(addr, tcp).await.map_err(|e| match e {
+                crate::error::ProxyError::TlsHandshake(why) => format!("TLS handshake: {why}"),
+                other => other.to_string(),
+            })?,
         };
         let connected = if tls.is_some() {
             "TLS handshake done"
