@@ -8,6 +8,8 @@ need_apt=()
 command -v varnishtest >/dev/null 2>&1 || need_apt+=(varnish)
 # the dashboard test loads the admin page in a real headless browser
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# upstream TLS without ca_file verifies against the system roots (a portico-tls unit test loads them)
+[ -s /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"

@@ -100,6 +100,15 @@ fn main() -> ExitCode {
                         }
                     }
                 }
+                // Upstream CA files and client certificates too.
+                for g in &cfg.upstreams {
+                    if let Some(tls) = &g.tls {
+                        let sessions = portico_tls::ClientSessions::new(0);
+                        if let Err(e) = portico_tls::client_config(tls, &sessions) {
+                            return fail(&format!("upstream {}: TLS: {e}", g.name));
+                        }
+                    }
+                }
                 for warning in certificate_warnings(&cfg) {
                     eprintln!("warning: {warning}");
                 }
@@ -170,7 +179,8 @@ fn command_line() -> String {
         .join(" ")
 }
 
-/// Certificates that expired, are not valid yet or expire within 30 days, per listener.
+/// Certificates that expired, are not valid yet or expire within 30 days, per listener and
+/// upstream group; upstream groups that do not verify certificates.
 fn certificate_warnings(cfg: &Config) -> Vec<String> {
     let now = std::time::SystemTime::now();
     cfg.listeners
@@ -181,6 +191,23 @@ fn certificate_warnings(cfg: &Config) -> Vec<String> {
                 .into_iter()
                 .map(move |w| format!("listener {}: TLS: {w}", l.name))
         })
+        .chain(
+            cfg.upstreams
+                .iter()
+                .filter_map(|g| Some((g, g.tls.as_ref()?)))
+                .flat_map(|(g, tls)| {
+                    let unverified = (!tls.verify).then(|| {
+                        format!(
+                            "upstream {}: TLS: verify = false: server certificates are not checked, so anyone on the path can impersonate these servers",
+                            g.name
+                        )
+                    });
+                    portico_tls::upstream_certificate_warnings(tls, now)
+                        .into_iter()
+                        .map(move |w| format!("upstream {}: TLS: {w}", g.name))
+                        .chain(unverified)
+                }),
+        )
         .collect()
 }
 

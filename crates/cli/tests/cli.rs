@@ -172,6 +172,25 @@ fn check_reads_tls_files_and_names_the_missing_one() {
     assert!(err.contains(&want), "want {want} in {err}");
 }
 
+#[test]
+fn check_reads_upstream_tls_files_and_warns_about_unverified_groups() {
+    let d = temp_dir("check-upstream-tls");
+    let path = d.join("up.toml");
+    let base = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"a\"\n[upstreams.a]\nservers = [\"127.0.0.1:9443\"]\n[upstreams.a.tls]\n";
+    std::fs::write(&path, format!("{base}ca_file = \"missing-ca.pem\"\n")).unwrap();
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(2));
+    let want = format!("upstream a: TLS: {}", d.join("missing-ca.pem").display());
+    assert!(err.contains(&want), "want {want} in {err}");
+    std::fs::write(&path, format!("{base}verify = false\n")).unwrap();
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("warning: upstream a: TLS: verify = false"),
+        "{err}"
+    );
+}
+
 fn signal(child: &Child, sig: &str) {
     let st = Command::new("kill")
         .arg(format!("-{sig}"))

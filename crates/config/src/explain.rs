@@ -31,6 +31,16 @@ pub fn explain(config: &Config) -> String {
                 (false, n) => format!("cache {n}"),
             };
             let _ = writeln!(out, "  tls: TLS {}; {resumption}", versions.join(", "));
+            match tls.watch {
+                Some(every) => {
+                    let _ = writeln!(
+                        out,
+                        "    files watched every {}: changed certificates load without a restart",
+                        format_duration(every)
+                    );
+                }
+                None => out.push_str("    files not watched: a reload re-reads them\n"),
+            }
             if let Some(suites) = &tls.cipher_suites {
                 let _ = writeln!(out, "    cipher suites {}", suites.join(", "));
             }
@@ -107,6 +117,9 @@ pub fn explain(config: &Config) -> String {
                 group.queue,
                 format_duration(group.queue_timeout)
             );
+        }
+        if let Some(tls) = &group.tls {
+            let _ = writeln!(out, "  tls: {}", upstream_tls_summary(tls));
         }
         if let Some(fallback) = group.fallback.and_then(|i| config.upstreams.get(i)) {
             let _ = writeln!(
@@ -400,6 +413,42 @@ fn upstream_summary(group: &UpstreamGroup) -> String {
         format_duration(group.response_header_timeout),
         format_duration(group.idle_timeout),
         group.keepalive,
+    )
+}
+
+fn upstream_tls_summary(tls: &crate::model::UpstreamTls) -> String {
+    let versions: Vec<&str> = tls
+        .versions
+        .iter()
+        .map(|v| match v {
+            crate::model::TlsVersion::Tls12 => "1.2",
+            crate::model::TlsVersion::Tls13 => "1.3",
+        })
+        .collect();
+    let verify = match (tls.verify, &tls.ca_file) {
+        (false, _) => "certificates NOT verified (verify = false)".to_string(),
+        (true, Some(ca)) => format!("verified against {}", ca.display()),
+        (true, None) => "verified against the system roots".to_string(),
+    };
+    let name = match &tls.server_name {
+        Some(n) => format!("server name {n}"),
+        None => "server name: each server's IP address".to_string(),
+    };
+    let client = match &tls.certificate {
+        Some(c) => format!(
+            "client certificate {} key {}",
+            c.cert.display(),
+            c.key.display()
+        ),
+        None => "no client certificate".to_string(),
+    };
+    let resumption = match tls.session_cache {
+        0 => "no resumption".to_string(),
+        n => format!("session cache {n}"),
+    };
+    format!(
+        "HTTPS, TLS {}; {verify}; {name}; {client}; {resumption}",
+        versions.join(", ")
     )
 }
 

@@ -95,7 +95,13 @@ pub struct TlsSettings {
     pub session_cache: usize,
     /// Client certificate verification (mTLS); None = no client certificates requested.
     pub client_auth: Option<ClientAuth>,
+    /// Poll the certificate, key and client CA files this often and load them again when they
+    /// change (default every 5 s); None = only a reload re-reads them (`watch = false`).
+    pub watch: Option<Duration>,
 }
+
+/// Default `watch_interval` of a TLS listener.
+pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Default `session_cache` size.
 pub const DEFAULT_SESSION_CACHE: usize = 10_000;
@@ -142,13 +148,13 @@ pub struct ClientAuth {
 
 /// One certificate chain (PEM, leaf first) and its private key (PEM: PKCS#8, SEC1 or PKCS#1).
 /// Relative paths in the file are resolved against the configuration file's directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CertificateFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TlsVersion {
     Tls12,
     Tls13,
@@ -407,6 +413,8 @@ pub struct UpstreamGroup {
     /// Index into `Config::upstreams` of the group that takes requests when no server of this one
     /// is available (all down, ejected, draining or disabled). Never this group; no cycles.
     pub fallback: Option<usize>,
+    /// HTTPS to the servers (`[upstreams.NAME.tls]`); None = plain HTTP.
+    pub tls: Option<UpstreamTls>,
     /// Requests that may wait, process-wide, for a server slot when every available server is
     /// at `max_connections_per_server` (default 0: none wait, 503 at once). Needs a limit.
     pub queue: u32,
@@ -454,6 +462,31 @@ impl StickyCookie {
         out
     }
 }
+
+/// TLS origination: how the proxy speaks HTTPS to the servers of a group (files are read when
+/// the configuration is applied, once per group, not per connection).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UpstreamTls {
+    /// PEM file of the CA certificates server certificates must chain to; None = the system's
+    /// root certificates (/etc/ssl/certs).
+    pub ca_file: Option<PathBuf>,
+    /// The name sent as SNI and that server certificates must be valid for (a DNS name or an IP
+    /// address); None = each server's own IP address (no SNI is sent for an IP address).
+    pub server_name: Option<String>,
+    /// A client certificate and key presented to the servers (mTLS to upstreams).
+    pub certificate: Option<CertificateFiles>,
+    /// Verify server certificates (default true). false accepts any certificate: `portico check`
+    /// and `portico run` warn about it.
+    pub verify: bool,
+    /// Allowed protocol versions (default TLS 1.2 and 1.3).
+    pub versions: Vec<TlsVersion>,
+    /// Client session cache entries for resumption to the servers, shared by all workers
+    /// (default 256); 0 = every connection makes a full handshake.
+    pub session_cache: usize,
+}
+
+/// Default upstream TLS `session_cache` size.
+pub const DEFAULT_UPSTREAM_SESSION_CACHE: usize = 256;
 
 /// Active health check of every server of a group: one probe per server per `interval`, for the
 /// whole process.

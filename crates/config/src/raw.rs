@@ -66,6 +66,8 @@ pub(crate) struct RawTls {
     pub session_tickets: Option<Spanned<bool>>,
     pub session_cache: Option<Spanned<Int>>,
     pub client_auth: Option<RawClientAuth>,
+    pub watch: Option<Spanned<bool>>,
+    pub watch_interval: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -219,6 +221,7 @@ pub(crate) struct RawUpstream {
     pub health_check: Option<RawHealthCheck>,
     pub passive: Option<RawPassive>,
     pub fallback: Option<Spanned<String>>,
+    pub tls: Option<RawUpstreamTls>,
     pub queue: Option<Spanned<Int>>,
     pub queue_timeout: Option<Spanned<Scalar>>,
     pub sticky_cookie: Option<Spanned<RawSticky>>,
@@ -260,6 +263,17 @@ impl<'de> Deserialize<'de> for RawSticky {
         }
         deserializer.deserialize_any(V)
     }
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an upstream tls table")]
+pub(crate) struct RawUpstreamTls {
+    pub ca_file: Option<Spanned<String>>,
+    pub server_name: Option<Spanned<String>>,
+    pub certificate: Option<RawCertificate>,
+    pub verify: Option<Spanned<bool>>,
+    pub versions: Option<Spanned<StrList>>,
+    pub session_cache: Option<Spanned<Int>>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

@@ -14,16 +14,17 @@ use crate::model::{
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
     Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey, RetryOn, RetryPolicy,
     Route, Server, Shed, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup,
-    CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS,
+    UpstreamTls, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS,
     DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND,
-    DEFAULT_RISE, DEFAULT_SESSION_CACHE, KX_GROUPS,
+    DEFAULT_RISE, DEFAULT_SESSION_CACHE, DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL,
+    KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
     RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute, RawShed,
-    RawSticky, RawTls, RawUpstream, Scalar, ServerSpec, StrList, StrOrBool,
+    RawSticky, RawTls, RawUpstream, RawUpstreamTls, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -841,6 +842,10 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
             );
         }
     }
+    let tls = raw
+        .tls
+        .as_ref()
+        .and_then(|t| upstream_tls(ctx, &sub(&key, "tls"), start(name), t));
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -857,6 +862,7 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         queue,
         queue_timeout,
         sticky_cookie,
+        tls,
     }
 }
 
@@ -1372,6 +1378,18 @@ fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option<TlsSetting
             required: c.required.as_ref().is_none_or(|b| *b.get_ref()),
         }),
     });
+    let watch_interval = duration(
+        ctx,
+        t.watch_interval.as_ref(),
+        &sub(key, "watch_interval"),
+        DEFAULT_WATCH_INTERVAL,
+        false,
+    );
+    let watch = t
+        .watch
+        .as_ref()
+        .is_none_or(|b| *b.get_ref())
+        .then_some(watch_interval);
     (!certificates.is_empty() && !versions.is_empty()).then_some(TlsSettings {
         certificates,
         versions,
@@ -1380,7 +1398,129 @@ fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option<TlsSetting
         session_tickets,
         session_cache,
         client_auth,
+        watch,
     })
+}
+
+/// TLS versions from a `versions` key (default 1.2 and 1.3).
+fn tls_versions(ctx: &mut Ctx<'_>, key: &str, raw: Option<&Spanned<StrList>>) -> Vec<TlsVersion> {
+    let Some(v) = raw else {
+        return vec![TlsVersion::Tls12, TlsVersion::Tls13];
+    };
+    let mut versions = Vec::new();
+    for (name, at) in v.get_ref().items(start(v)) {
+        match name.as_str() {
+            "1.2" => versions.push(TlsVersion::Tls12),
+            "1.3" => versions.push(TlsVersion::Tls13),
+            other => ctx.error(
+                at,
+                key,
+                format!("unsupported TLS version {other:?}: use \"1.2\" and/or \"1.3\""),
+            ),
+        }
+    }
+    if v.get_ref().items(0).is_empty() {
+        ctx.error(start(v), key, "must name at least one version");
+    }
+    versions
+}
+
+/// `[upstreams.NAME.tls]`; `at` is the group name's position (the table itself has no span).
+fn upstream_tls(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    at: usize,
+    t: &RawUpstreamTls,
+) -> Option<UpstreamTls> {
+    let before = ctx.errors.len();
+    let file_path = |ctx: &mut Ctx<'_>, value: &Spanned<String>, key: &str| {
+        if value.get_ref().trim().is_empty() {
+            ctx.error(start(value), key, "must be a file path");
+            None
+        } else {
+            Some(relative_to_config(ctx.file, value.get_ref()))
+        }
+    };
+    let ca_file = t
+        .ca_file
+        .as_ref()
+        .and_then(|p| file_path(ctx, p, &sub(key, "ca_file")));
+    let server_name = t.server_name.as_ref().map(|n| {
+        if let Some(message) = server_name_error(n.get_ref()) {
+            ctx.error(start(n), &sub(key, "server_name"), message);
+        }
+        n.get_ref().trim_end_matches('.').to_ascii_lowercase()
+    });
+    let certificate = t.certificate.as_ref().and_then(|c| {
+        let ckey = sub(key, "certificate");
+        match (&c.cert, &c.key) {
+            (Some(cert), Some(k)) => {
+                let cert = file_path(ctx, cert, &sub(&ckey, "cert"));
+                let k = file_path(ctx, k, &sub(&ckey, "key"));
+                Some(CertificateFiles {
+                    cert: cert?,
+                    key: k?,
+                })
+            }
+            _ => {
+                ctx.error(
+                    at,
+                    &ckey,
+                    "a client certificate needs both `cert` and `key` (PEM file paths): certificate = { cert = \"client.pem\", key = \"client.key\" }",
+                );
+                None
+            }
+        }
+    });
+    let verify = t.verify.as_ref().is_none_or(|b| *b.get_ref());
+    if let (false, Some(ca)) = (verify, &t.ca_file) {
+        ctx.error(
+            start(ca),
+            &sub(key, "ca_file"),
+            "ca_file has no effect with verify = false: remove one of them",
+        );
+    }
+    let versions = tls_versions(ctx, &sub(key, "versions"), t.versions.as_ref());
+    let session_cache = int(
+        ctx,
+        t.session_cache.as_ref(),
+        &sub(key, "session_cache"),
+        DEFAULT_UPSTREAM_SESSION_CACHE as i64,
+        0,
+        MAX_SESSION_CACHE,
+    ) as usize;
+    (ctx.errors.len() == before).then_some(UpstreamTls {
+        ca_file,
+        server_name,
+        certificate,
+        verify,
+        versions,
+        session_cache,
+    })
+}
+
+/// Why `name` cannot be a TLS server name: it must be a DNS name (no wildcard, no port) or an
+/// IP address.
+fn server_name_error(name: &str) -> Option<String> {
+    if name.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    let host = name.strip_suffix('.').unwrap_or(name);
+    let valid_label = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if host.is_empty() || host.len() > 253 || !host.split('.').all(valid_label) {
+        return Some(format!(
+            "invalid server name {name:?}: expected a DNS name such as \"api.internal.example\" or an IP address (no port, no wildcard)"
+        ));
+    }
+    None
 }
 
 /// A non-empty list of names from `known` (matched ignoring ASCII case, returned as spelled in

@@ -768,3 +768,93 @@ fn tls_resumption_and_client_auth_keys() {
     ));
     assert!(e.contains("unknown field `optional`"), "{e}");
 }
+
+/// Upstream "api" with a `[upstreams.api.tls]` table ending the file, so `extra` lines go into it.
+fn upstream_tls_with(extra: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"api\"\n{UP}[upstreams.api.tls]\n{extra}"
+    )
+}
+
+#[test]
+fn upstream_tls_keys_are_validated_at_their_position() {
+    assert_eq!(
+        err(&upstream_tls_with("server_name = \"*.example.com\"\n")),
+        "t.toml:8:15: upstreams.api.tls.server_name: invalid server name \"*.example.com\": expected a DNS name such as \"api.internal.example\" or an IP address (no port, no wildcard)"
+    );
+    assert_eq!(
+        err(&upstream_tls_with("server_name = \"api.test:443\"\n"))
+            .split(": invalid")
+            .next(),
+        Some("t.toml:8:15: upstreams.api.tls.server_name")
+    );
+    assert_eq!(
+        err(&upstream_tls_with("versions = \"1.0\"\n")),
+        "t.toml:8:12: upstreams.api.tls.versions: unsupported TLS version \"1.0\": use \"1.2\" and/or \"1.3\""
+    );
+    assert_eq!(
+        err(&upstream_tls_with("ca_file = \"\"\n")),
+        "t.toml:8:11: upstreams.api.tls.ca_file: must be a file path"
+    );
+    assert_eq!(
+        err(&upstream_tls_with("session_cache = -1\n")),
+        "t.toml:8:17: upstreams.api.tls.session_cache: must not be negative, found -1"
+    );
+    assert_eq!(
+        err(&upstream_tls_with("verify = false\nca_file = \"ca.pem\"\n")),
+        "t.toml:9:11: upstreams.api.tls.ca_file: ca_file has no effect with verify = false: remove one of them"
+    );
+    let e = err(&upstream_tls_with("certificate = { cert = \"c.pem\" }\n"));
+    assert!(
+        e.starts_with("t.toml:5:12: upstreams.api.tls.certificate: a client certificate needs both `cert` and `key`"),
+        "{e}"
+    );
+    let e = err(&upstream_tls_with("sni = \"x\"\n"));
+    assert!(e.contains("unknown field `sni`"), "{e}");
+}
+
+#[test]
+fn upstream_tls_defaults_and_paths() {
+    let cfg = parse(
+        &upstream_tls_with("ca_file = \"certs/ca.pem\"\nserver_name = \"API.Internal.\"\n"),
+        "/etc/portico/portico.toml",
+    )
+    .unwrap();
+    let tls = cfg.upstreams[0].tls.as_ref().unwrap();
+    assert_eq!(
+        tls.ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/portico/certs/ca.pem"))
+    );
+    assert_eq!(tls.server_name.as_deref(), Some("api.internal"));
+    assert!(tls.verify);
+    assert_eq!(tls.versions.len(), 2);
+    assert_eq!(
+        tls.session_cache,
+        portico_config::DEFAULT_UPSTREAM_SESSION_CACHE
+    );
+    assert!(tls.certificate.is_none());
+    // An empty table: HTTPS with the system roots and the servers' IP addresses as names.
+    let cfg = parse(&upstream_tls_with(""), "t.toml").unwrap();
+    let tls = cfg.upstreams[0].tls.as_ref().unwrap();
+    assert!(tls.ca_file.is_none() && tls.server_name.is_none());
+}
+
+#[test]
+fn listener_tls_watch_keys() {
+    let cfg = parse(&tls_with(""), "t.toml").unwrap();
+    assert_eq!(
+        cfg.listeners[0].tls.as_ref().unwrap().watch,
+        Some(portico_config::DEFAULT_WATCH_INTERVAL)
+    );
+    let cfg = parse(&tls_with("watch_interval = \"250ms\"\n"), "t.toml").unwrap();
+    assert_eq!(
+        cfg.listeners[0].tls.as_ref().unwrap().watch,
+        Some(std::time::Duration::from_millis(250))
+    );
+    let cfg = parse(&tls_with("watch = false\n"), "t.toml").unwrap();
+    assert_eq!(cfg.listeners[0].tls.as_ref().unwrap().watch, None);
+    assert_eq!(
+        err(&tls_with("watch_interval = \"0s\"\n")),
+        "t.toml:7:18: listeners[0].tls.watch_interval: must be greater than zero"
+    );
+}

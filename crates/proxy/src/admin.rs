@@ -750,6 +750,31 @@ pub fn metrics(control: &Control) -> String {
             "Requests answered 503 at once because their worker was saturated (load shedding).",
             &stats.requests_shed,
         ),
+        (
+            "portico_upstream_tls_handshakes_full_total",
+            "TLS handshakes with upstream servers that made a full key exchange.",
+            &stats.upstream_tls_full,
+        ),
+        (
+            "portico_upstream_tls_handshakes_resumed_total",
+            "TLS handshakes with upstream servers that resumed a session.",
+            &stats.upstream_tls_resumed,
+        ),
+        (
+            "portico_upstream_tls_handshake_failures_total",
+            "TLS handshakes with upstream servers that failed (certificate, name, protocol).",
+            &stats.upstream_tls_failures,
+        ),
+        (
+            "portico_tls_certificate_reloads_total",
+            "Listener certificates loaded again because their files changed.",
+            &stats.tls_certificate_reloads,
+        ),
+        (
+            "portico_tls_certificate_reload_failures_total",
+            "Changed listener certificate files that were refused (the previous certificates stay).",
+            &stats.tls_certificate_reload_failures,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);

@@ -33,6 +33,8 @@ pub enum ProxyError {
     ConnectFailed(io::Error),
     #[error("upstream connect timed out")]
     ConnectTimeout,
+    #[error("TLS handshake with the upstream failed: {0}")]
+    TlsHandshake(io::Error),
     #[error("upstream response head timed out")]
     ResponseTimeout,
     #[error("upstream idle timeout while streaming")]
@@ -74,6 +76,7 @@ impl ProxyError {
             | ProxyError::UpstreamClosed => 502,
             ProxyError::UpstreamIo(_) | ProxyError::BadResponseBody(_) => 502,
             ProxyError::TooManyInterim | ProxyError::UnexpectedUpgrade => 502,
+            ProxyError::TlsHandshake(_) => 502,
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 504
             }
@@ -100,6 +103,7 @@ impl ProxyError {
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
             ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
+            ProxyError::TlsHandshake(_) => (Side::Upstream, Cause::Tls),
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 (Side::Upstream, Cause::Timeout)
             }

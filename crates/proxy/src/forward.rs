@@ -7,11 +7,12 @@ use crate::conn::{
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming, Forwarding};
 use crate::metrics::RouteStats;
-use crate::pool::UpConn;
+use crate::pool::{PoolKey, UpConn, UpStream};
 use crate::resilience::RouteResilience;
 use crate::retry::{Retry, RetryCause};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
+use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
 use portico_config::{Balance, ProxyAction, Route};
 use portico_http1::{
@@ -119,6 +120,11 @@ async fn attempt(
     let server = guard.index();
     let addr = guard.address();
     let set_cookie = crate::sticky::set_cookie(upstream, head, server);
+    let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
+    let pool_key = PoolKey {
+        addr,
+        tls: tls.map_or(0, |t| t.pool_id),
+    };
 
     // The request head for the upstream, built once (retries resend the same bytes).
     let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
@@ -136,7 +142,10 @@ async fn attempt(
     let authority = match absolute {
         Some(a) => a.to_string(),
         None if p.preserve_host && head.field("host").is_some() => String::new(),
-        None => addr.to_string(),
+        None => match tls.and_then(|t| t.host(addr)) {
+            Some(host) => host,
+            None => addr.to_string(),
+        },
     };
     c.ubuf.clear();
     headers::upstream_request(
@@ -174,19 +183,26 @@ async fn attempt(
         let pooled = if fresh_only {
             None
         } else {
-            ctx.worker.pool.take(addr)
+            ctx.worker.pool.take(pool_key)
         };
         let reused = pooled.is_some();
         c.timings.connect = None;
         let mut up = match pooled {
             Some(u) => u,
-            None => match connect(addr, group.connect_timeout).await {
+            None => match connect(addr, group.connect_timeout, tls).await {
                 Ok((u, took)) => {
                     c.timings.connect = Some(took);
                     shared
                         .stats
                         .upstream_connects
                         .fetch_add(1, Ordering::Relaxed);
+                    if tls.is_some() {
+                        match u.stream.resumed() {
+                            true => &shared.stats.upstream_tls_resumed,
+                            false => &shared.stats.upstream_tls_full,
+                        }
+                        .fetch_add(1, Ordering::Relaxed);
+                    }
                     u
                 }
                 Err(e) => {
@@ -194,6 +210,18 @@ async fn attempt(
                         ProxyError::ConnectTimeout => Report::Timeout,
                         _ => Report::ConnectError,
                     };
+                    if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, tls) {
+                        shared
+                            .stats
+                            .upstream_tls_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            group = %group.name,
+                            server = %addr,
+                            server_name = %tls.origination.server_name(addr).to_str(),
+                            "TLS handshake with upstream failed: {why}"
+                        );
+                    }
                     upstream.report(server, report, Instant::now());
                     if retry.allows(RetryCause::Connect, gi, server, &shared.stats) {
                         return None;
@@ -327,7 +355,7 @@ async fn attempt(
             // slot before the last client write, so neither waits on a slow client.
             if up_reusable {
                 let cap = group.keepalive.div_ceil(shared.workers);
-                ctx.worker.pool.put(addr, up, cap, group.idle_timeout);
+                ctx.worker.pool.put(pool_key, up, cap, group.idle_timeout);
             }
             drop(guard);
             match flush(c, &mut sent).await {
@@ -418,17 +446,36 @@ pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     })
 }
 
-/// Open a connection to `addr` under timeout `t`; also says how long the connect took.
-async fn connect(addr: SocketAddr, t: Duration) -> Result<(UpConn, Duration), ProxyError> {
+/// Connect to `addr`, and for a TLS group finish the handshake, all under `t`; also says how
+/// long that took.
+async fn connect(
+    addr: SocketAddr,
+    t: Duration,
+    tls: Option<&GroupTls>,
+) -> Result<(UpConn, Duration), ProxyError> {
     let begun = Instant::now();
-    match timeout(t, TcpStream::connect(addr)).await {
+    let Some(tls) = tls else {
+        return match timeout(t, TcpStream::connect(addr)).await {
+            Err(_) => Err(ProxyError::ConnectTimeout),
+            Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
+            Ok(Ok(s)) => {
+                let took = begun.elapsed();
+                let _ = s.set_nodelay(true);
+                Ok((UpConn::new(UpStream::Plain(s)), took))
+            }
+        };
+    };
+    let connected = timeout(t, async {
+        let s = TcpStream::connect(addr)
+            .await
+            .map_err(ProxyError::ConnectFailed)?;
+        let _ = s.set_nodelay(true);
+        tls.handshake(addr, s).await
+    })
+    .await;
+    match connected {
         Err(_) => Err(ProxyError::ConnectTimeout),
-        Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
-        Ok(Ok(s)) => {
-            let took = begun.elapsed();
-            let _ = s.set_nodelay(true);
-            Ok((UpConn::new(s), took))
-        }
+        Ok(r) => r.map(|u| (UpConn::new(u), begun.elapsed())),
     }
 }
 
@@ -454,7 +501,12 @@ async fn exchange(
         Err(e) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
     };
     if written < ubuf.len() {
-        match timeout(idle, up.stream.write_all(&ubuf[written..])).await {
+        // TLS: the records must leave rustls's buffer too (a no-op for plain sockets).
+        let write = async {
+            up.stream.write_all(&ubuf[written..]).await?;
+            up.stream.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
             Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
             Ok(Ok(())) => {}
@@ -508,7 +560,11 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> Result<(), ProxyError> {
     let mut scratch = BytesMut::new();
     while let Some(data) = body.next(client, rbuf).await? {
-        match timeout(idle, write_framed(upstream, &mut scratch, &data, chunked)).await {
+        let write = async {
+            write_framed(upstream, &mut scratch, &data, chunked).await?;
+            upstream.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
             Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
             Ok(Ok(())) => {}
@@ -517,7 +573,11 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     if chunked {
         scratch.clear();
         encode::last_chunk(&mut scratch, &body.trailers);
-        match timeout(idle, upstream.write_all(&scratch)).await {
+        let write = async {
+            upstream.write_all(&scratch).await?;
+            upstream.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
             Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
         }
@@ -615,7 +675,13 @@ async fn relay_body(
                 if up.rbuf.capacity() - up.rbuf.len() < 4096 {
                     up.rbuf.reserve(MAX_CHUNK);
                 }
-                match timeout(idle, up.stream.read_buf(&mut up.rbuf)).await {
+                let read = match timeout(idle, up.stream.read_buf(&mut up.rbuf)).await {
+                    // A TLS server closing without close_notify (common) ends a close-delimited
+                    // body as a plain close would; framed bodies still fail the decoder below.
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ok(0)),
+                    r => r,
+                };
+                match read {
                     Err(_) => return Err(ProxyError::UpstreamIdle),
                     Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
                     Ok(Ok(0)) => {
@@ -677,6 +743,7 @@ async fn tunnel(
         }
         if !c.rbuf.is_empty() {
             up.stream.write_all(&c.rbuf).await?;
+            up.stream.flush().await?;
             c.rbuf.clear();
         }
         relay_both_ways(&mut c.stream, &mut up.stream, idle).await
@@ -700,7 +767,7 @@ async fn tunnel(
 /// `TimedOut` when neither side sends anything for `idle`.
 async fn relay_both_ways(
     a: &mut ClientStream,
-    b: &mut TcpStream,
+    b: &mut UpStream,
     idle: Duration,
 ) -> std::io::Result<(u64, u64)> {
     let (mut ar, mut aw) = tokio::io::split(a);
@@ -720,6 +787,7 @@ async fn relay_both_ways(
                     bw.shutdown().await?;
                 } else {
                     bw.write_all(&abuf[..n]).await?;
+                    bw.flush().await?;
                     a_to_b += n as u64;
                 }
             }
@@ -730,6 +798,7 @@ async fn relay_both_ways(
                     aw.shutdown().await?;
                 } else {
                     aw.write_all(&bbuf[..n]).await?;
+                    aw.flush().await?;
                     b_to_a += n as u64;
                 }
             }

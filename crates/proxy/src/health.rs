@@ -1,5 +1,6 @@
 //! Active health checks: one probe per server per interval for the whole process, on its own thread.
 
+use crate::upstream_tls::{GroupTls, UpStream};
 use bytes::BytesMut;
 use portico_config::{HealthCheck, HealthCheckKind, HttpCheck};
 use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
@@ -16,9 +17,17 @@ use tokio::sync::watch;
 /// At most this much of a probe response body is read when looking for `expect_body`.
 pub const MAX_PROBE_BODY: usize = 64 * 1024;
 
+/// A group to probe: its shared state and, for an HTTPS group, how to reach its servers (probes
+/// then make the TLS handshake too, with the group's settings).
+#[derive(Clone)]
+pub struct ProbeTarget {
+    pub upstream: Arc<Upstream>,
+    pub tls: Option<Arc<GroupTls>>,
+}
+
 /// What the checker thread is told: the set of groups to probe, or to stop.
 enum Command {
-    Probe(Vec<Arc<Upstream>>),
+    Probe(Vec<ProbeTarget>),
     Stop,
 }
 
@@ -33,7 +42,7 @@ pub struct HealthChecker {
 
 impl HealthChecker {
     /// Start probing `upstreams` (groups without a health check are skipped).
-    pub fn start(upstreams: Vec<Arc<Upstream>>) -> io::Result<HealthChecker> {
+    pub fn start(upstreams: Vec<ProbeTarget>) -> io::Result<HealthChecker> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -48,7 +57,7 @@ impl HealthChecker {
     }
 
     /// Probe this set from now on (after a reload): every probe restarts, with new jitter.
-    pub fn update(&self, upstreams: Vec<Arc<Upstream>>) {
+    pub fn update(&self, upstreams: Vec<ProbeTarget>) {
         let _ = self.commands.send(Command::Probe(upstreams));
     }
 
@@ -73,12 +82,19 @@ async fn run(mut rx: watch::Receiver<Command>) {
         let stop = match &*rx.borrow_and_update() {
             Command::Stop => true,
             Command::Probe(upstreams) => {
-                for up in upstreams {
+                for target in upstreams {
+                    let up = &target.upstream;
                     let Some(check) = up.group().health_check.clone() else {
                         continue;
                     };
                     for (i, server) in up.group().servers.iter().enumerate() {
-                        probes.spawn(probe_loop(Arc::clone(up), i, server.address, check.clone()));
+                        probes.spawn(probe_loop(
+                            Arc::clone(up),
+                            target.tls.clone(),
+                            i,
+                            server.address,
+                            check.clone(),
+                        ));
                     }
                 }
                 false
@@ -98,28 +114,58 @@ async fn run(mut rx: watch::Receiver<Command>) {
 
 /// Probe one server forever: a first probe after a random delay of up to a quarter of the
 /// interval (so a group's servers are not all probed at the same instant), then one per interval.
-async fn probe_loop(up: Arc<Upstream>, server: usize, addr: SocketAddr, check: HealthCheck) {
+async fn probe_loop(
+    up: Arc<Upstream>,
+    tls: Option<Arc<GroupTls>>,
+    server: usize,
+    addr: SocketAddr,
+    check: HealthCheck,
+) {
     let jitter = check.interval.mul_f64(fastrand::f64() / 4.0);
     let start = tokio::time::Instant::now() + jitter;
     let mut tick = tokio::time::interval_at(start, check.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let (ok, detail) = probe(addr, &check).await;
+        let (ok, detail) = probe_with(addr, &check, tls.as_deref()).await;
         tracing::trace!(group = %up.group().name, %addr, ok, "health probe: {detail}");
         up.probe_result(server, ok, detail, Instant::now());
     }
 }
 
-/// One probe under the check's timeout: whether it passed, and what happened in words.
+/// One probe of a plain HTTP server under the check's timeout: whether it passed, and what
+/// happened in words.
 pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> (bool, String) {
+    probe_with(addr, check, None).await
+}
+
+/// One probe under the check's timeout. With `tls` (an HTTPS group) the probe makes the TLS
+/// handshake as requests do, so a server with a bad certificate fails it (`tcp` checks too), and
+/// an `http` check sends its request over TLS.
+pub async fn probe_with(
+    addr: SocketAddr,
+    check: &HealthCheck,
+    tls: Option<&GroupTls>,
+) -> (bool, String) {
     let started = Instant::now();
     let outcome = tokio::time::timeout(check.timeout, async {
-        let stream = TcpStream::connect(addr)
+        let tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
+        let stream = match tls {
+            None => UpStream::Plain(tcp),
+            Some(tls) => tls.handshake(addr, tcp).await.map_err(|e| match e {
+                crate::error::ProxyError::TlsHandshake(why) => format!("TLS handshake: {why}"),
+                other => other.to_string(),
+            })?,
+        };
+        let connected = if tls.is_some() {
+            "TLS handshake done"
+        } else {
+            "connected"
+        };
         match &check.kind {
-            HealthCheckKind::Tcp => Ok("connected".to_string()),
+            HealthCheckKind::Tcp => Ok(connected.to_string()),
             HealthCheckKind::Http(http) => http_probe(stream, addr, http).await,
         }
     })
@@ -140,7 +186,7 @@ fn millis(d: Duration) -> u128 {
 }
 
 async fn http_probe(
-    mut stream: TcpStream,
+    mut stream: UpStream,
     addr: SocketAddr,
     check: &HttpCheck,
 ) -> Result<String, String> {
@@ -149,10 +195,12 @@ async fn http_probe(
         "{} {} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: portico-health\r\nAccept: */*\r\n\r\n",
         check.method, check.path
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("write: {e}"))?;
+    async {
+        stream.write_all(request.as_bytes()).await?;
+        stream.flush().await
+    }
+    .await
+    .map_err(|e| format!("write: {e}"))?;
     let method = Method::from_token(&check.method).unwrap_or(Method::Get);
     let limits = Limits::default();
     let mut buf = BytesMut::with_capacity(4096);

@@ -2,6 +2,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod cert_watch;
 pub mod conn;
 pub mod date;
 pub mod error;
@@ -22,6 +23,7 @@ pub mod stats;
 pub mod sticky;
 pub mod stream;
 pub mod timing;
+pub mod upstream_tls;
 
 pub use error::ProxyError;
 pub use health::HealthChecker;

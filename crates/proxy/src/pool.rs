@@ -1,4 +1,4 @@
-//! Per-worker idle keep-alive pools of upstream connections, one list per server address.
+//! Per-worker idle keep-alive pools of upstream connections, one list per server address and transport.
 
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
@@ -7,16 +7,32 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
+
+pub use crate::upstream_tls::UpStream;
+
+/// What a pooled connection can be reused for: the server address and the transport (0 = plain
+/// TCP, else [`crate::upstream_tls::GroupTls::pool_id`] of the TLS settings it was made with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub addr: SocketAddr,
+    pub tls: u64,
+}
+
+impl PoolKey {
+    /// Plain TCP to `addr`.
+    pub fn plain(addr: SocketAddr) -> Self {
+        PoolKey { addr, tls: 0 }
+    }
+}
 
 /// An upstream connection and its read buffer.
 pub struct UpConn {
-    pub stream: TcpStream,
+    pub stream: UpStream,
     pub rbuf: BytesMut,
 }
 
 impl UpConn {
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: UpStream) -> Self {
         UpConn {
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
@@ -36,13 +52,13 @@ impl Idle {
     }
 }
 
-/// Idle connections of one worker, by server address (most recently used last).
+/// Idle connections of one worker, by server address and transport (most recently used last).
 ///
 /// Keyed by address rather than by group and server index so that a configuration reload,
 /// which renumbers groups and servers, neither misfiles a connection returned by a request that
 /// started under the old configuration nor throws away warm connections to servers that stay.
 pub struct Pool {
-    idle: RefCell<HashMap<SocketAddr, Vec<Idle>>>,
+    idle: RefCell<HashMap<PoolKey, Vec<Idle>>>,
     /// Idle connections in this pool (for the process-wide gauge).
     len: Cell<i64>,
     /// Idle connections over all workers.
@@ -68,13 +84,13 @@ impl Pool {
 
     /// Take the most recently used live idle connection to this server, if any. Connections past
     /// the idle timeout are purged by `put` and the sweeper, so this reads no clock.
-    pub fn take(&self, addr: SocketAddr) -> Option<UpConn> {
+    pub fn take(&self, key: PoolKey) -> Option<UpConn> {
         let mut idle = self.idle.borrow_mut();
-        let list = idle.get_mut(&addr)?;
+        let list = idle.get_mut(&key)?;
         let before = list.len();
         let mut found = None;
-        while let Some(entry) = list.pop() {
-            if is_idle_alive(&entry.conn) {
+        while let Some(mut entry) = list.pop() {
+            if entry.conn.stream.is_idle_alive() {
                 found = Some(entry.conn);
                 break;
             }
@@ -88,13 +104,13 @@ impl Pool {
     /// Return a connection whose last exchange completed cleanly. Keeps at most `cap` idle
     /// connections to this server (dropping the oldest) and drops those idle longer than their
     /// timeout.
-    pub fn put(&self, addr: SocketAddr, conn: UpConn, cap: usize, timeout: Duration) {
+    pub fn put(&self, key: PoolKey, conn: UpConn, cap: usize, timeout: Duration) {
         if !conn.rbuf.is_empty() || cap == 0 {
             return;
         }
         let now = Instant::now();
         let mut idle = self.idle.borrow_mut();
-        let list = idle.entry(addr).or_default();
+        let list = idle.entry(key).or_default();
         let before = list.len();
         let expired = list.iter().take_while(|e| e.expired(now)).count();
         let over = (list.len() + 1).saturating_sub(cap);
@@ -123,9 +139,15 @@ impl Pool {
         self.adjust(-(removed as i64));
     }
 
-    /// Close every idle connection to `addr` (a server disabled or removed).
+    /// Close every idle connection to `addr`, plain or TLS (a server disabled or removed).
     pub fn close(&self, addr: SocketAddr) {
-        let n = self.idle.borrow_mut().remove(&addr).map_or(0, |l| l.len());
+        let mut n = 0;
+        self.idle.borrow_mut().retain(|k, l| {
+            if k.addr == addr {
+                n += l.len();
+            }
+            k.addr != addr
+        });
         self.adjust(-(n as i64));
     }
 
@@ -145,9 +167,40 @@ impl Pool {
     }
 }
 
-/// An idle connection must have nothing to read: data means a protocol error, EOF means closed.
-/// `try_read` answers from tokio's cached readiness without a syscall when nothing was signalled.
-fn is_idle_alive(conn: &UpConn) -> bool {
-    let mut probe = [0u8; 1];
-    matches!(conn.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_pooled_apart_by_transport() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connect = || async {
+                let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let peer = listener.accept().await.unwrap();
+                (UpConn::new(UpStream::Plain(s)), peer)
+            };
+            let pool = Pool::new(Arc::new(AtomicI64::new(0)));
+            let plain = PoolKey::plain(addr);
+            let tls = PoolKey { addr, tls: 7 };
+            let (a, _pa) = connect().await;
+            pool.put(plain, a, 4, Duration::from_secs(60));
+            // A plain connection is never handed out for TLS to the same address.
+            assert!(pool.take(tls).is_none());
+            assert!(pool.take(plain).is_some());
+            let (b, _pb) = connect().await;
+            let (c, _pc) = connect().await;
+            pool.put(plain, b, 4, Duration::from_secs(60));
+            pool.put(tls, c, 4, Duration::from_secs(60));
+            assert_eq!(pool.len(), 2);
+            // Closing a server closes both kinds.
+            pool.close(addr);
+            assert!(pool.is_empty());
+        });
+    }
 }

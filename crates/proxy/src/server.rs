@@ -3,7 +3,7 @@
 use crate::access_log::AccessLogger;
 use crate::admin::AdminServer;
 use crate::conn;
-use crate::health::HealthChecker;
+use crate::health::{HealthChecker, ProbeTarget};
 use crate::metrics::{GroupStats, Histogram, RouteStats};
 use crate::pool::Pool;
 use crate::resilience::RouteResilience;
@@ -33,8 +33,9 @@ pub struct ListenerState {
     pub limits: portico_http1::Limits,
     /// One origin handler per route (Some for `static` and `origin` actions).
     pub origins: Vec<Option<Origin>>,
-    /// TLS termination (the handshake runs in the connection's task).
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// TLS termination (the handshake runs in the connection's task); its configuration is
+    /// replaced when watched certificate files change.
+    pub tls: Option<Arc<crate::cert_watch::ListenerTls>>,
     /// Counters per route, indexed like `listener.routes`.
     pub route_stats: Vec<Arc<RouteStats>>,
     /// Retry budgets per route (shared by all workers), indexed like `listener.routes`.
@@ -67,6 +68,8 @@ pub struct Shared {
     pub upstreams: Vec<Arc<Upstream>>,
     /// Proxy-side counters per upstream group, indexed like `upstreams`.
     pub group_stats: Vec<GroupStats>,
+    /// TLS origination per upstream group, indexed like `upstreams` (None = plain HTTP).
+    pub upstream_tls: Vec<Option<Arc<crate::upstream_tls::GroupTls>>>,
     pub stats: Arc<Stats>,
     pub access_log: Option<AccessLogger>,
     pub workers: usize,
@@ -146,6 +149,11 @@ pub enum StartError {
         name: String,
         source: portico_tls::TlsError,
     },
+    #[error("upstream {name}: TLS: {source}")]
+    UpstreamTls {
+        name: String,
+        source: portico_tls::TlsError,
+    },
     #[error("shutting down")]
     ShuttingDown,
 }
@@ -175,6 +183,13 @@ pub struct ReloadSummary {
     pub removed: Vec<String>,
     pub kept: Vec<String>,
 }
+
+/// A group's TLS origination as a reload may keep it: (settings id, file stamps, state).
+type KeptGroupTls = (
+    u64,
+    Vec<crate::cert_watch::Stamp>,
+    Arc<crate::upstream_tls::GroupTls>,
+);
 
 enum Cmd {
     /// Start accepting on this worker's socket of a new listener.
@@ -214,6 +229,9 @@ struct Inner {
     health: Option<HealthChecker>,
     /// TLS session resumption state (ticket key rotator, session cache) per listener name.
     resumption: HashMap<String, portico_tls::Resumption>,
+    /// TLS origination per upstream group name, with the pool id of its settings and the stamps
+    /// of its files (kept by a reload only while both stay the same).
+    upstream_tls: HashMap<String, KeptGroupTls>,
 }
 
 impl Control {
@@ -340,13 +358,13 @@ impl Control {
                         .cloned()
                         .unwrap_or_else(portico_tls::Resumption::new);
                     resumption_kept.insert(l.name.clone(), resumption.clone());
-                    let config = portico_tls::server_config(t, &resumption).map_err(|source| {
-                        StartError::Tls {
+                    let tls = crate::cert_watch::ListenerTls::new(&l.name, t, resumption).map_err(
+                        |source| StartError::Tls {
                             name: l.name.clone(),
                             source,
-                        }
-                    })?;
-                    Some(tokio_rustls::TlsAcceptor::from(config))
+                        },
+                    )?;
+                    Some(Arc::new(tls))
                 }
                 None => None,
             };
@@ -367,6 +385,37 @@ impl Control {
                 }
             })
             .collect();
+        let mut tls_kept = HashMap::new();
+        let mut upstream_tls = Vec::new();
+        for g in &config.upstreams {
+            let Some(t) = &g.tls else {
+                upstream_tls.push(None);
+                continue;
+            };
+            let id = crate::upstream_tls::settings_id(t);
+            let files = crate::cert_watch::stamps(&crate::upstream_tls::files(t));
+            let tls = match inner.upstream_tls.get(&g.name) {
+                // Same settings and unchanged files: the same rustls configuration, so its
+                // sessions keep resuming (rustls resumes a session only under the verifier and
+                // client certificate that made it, which is also what keeps this safe).
+                Some((kept_id, kept_files, kept)) if *kept_id == id && *kept_files == files => {
+                    kept.clone()
+                }
+                _ => {
+                    let sessions = portico_tls::ClientSessions::new(t.session_cache);
+                    let origination =
+                        portico_tls::client_config(t, &sessions).map_err(|source| {
+                            StartError::UpstreamTls {
+                                name: g.name.clone(),
+                                source,
+                            }
+                        })?;
+                    Arc::new(crate::upstream_tls::GroupTls::new(t, origination))
+                }
+            };
+            tls_kept.insert(g.name.clone(), (id, files, tls.clone()));
+            upstream_tls.push(Some(tls));
+        }
         let mut no_server = HashMap::new();
         let mut header_time = HashMap::new();
         let mut queues = HashMap::new();
@@ -404,10 +453,18 @@ impl Control {
 
         let checked = config.upstreams.iter().any(|g| g.health_check.is_some());
         if checked {
+            let targets: Vec<ProbeTarget> = upstreams
+                .iter()
+                .zip(&upstream_tls)
+                .map(|(u, tls)| ProbeTarget {
+                    upstream: u.clone(),
+                    tls: tls.clone(),
+                })
+                .collect();
             match &inner.health {
-                Some(h) => h.update(upstreams.clone()),
+                Some(h) => h.update(targets),
                 None => {
-                    let h = HealthChecker::start(upstreams.clone()).map_err(StartError::Thread)?;
+                    let h = HealthChecker::start(targets).map_err(StartError::Thread)?;
                     inner.health = Some(h);
                 }
             }
@@ -421,6 +478,7 @@ impl Control {
             listeners,
             upstreams,
             group_stats: groups,
+            upstream_tls,
             stats: self.stats.clone(),
             access_log,
             workers: self.workers,
@@ -454,6 +512,7 @@ impl Control {
         // Counters of removed routes and groups go: label cardinality follows the config.
         inner.route_stats = route_stats;
         inner.resumption = resumption_kept;
+        inner.upstream_tls = tls_kept;
         inner.no_server = no_server;
         inner.header_time = header_time;
         inner.queues = queues;
@@ -509,7 +568,7 @@ impl Control {
 fn listener_state(
     l: &Listener,
     slot: u64,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<crate::cert_watch::ListenerTls>>,
     route_stats: Vec<Arc<RouteStats>>,
     resilience: Vec<RouteResilience>,
 ) -> ListenerState {
@@ -542,6 +601,8 @@ pub struct Running {
     control: Arc<Control>,
     threads: Vec<JoinHandle<()>>,
     admin: Option<AdminServer>,
+    /// Polls the files of TLS listeners with `watch` on.
+    watcher: Option<crate::cert_watch::CertWatcher>,
 }
 
 impl Running {
@@ -597,6 +658,7 @@ impl Running {
         if let Some(a) = self.admin.take() {
             a.stop();
         }
+        drop(self.watcher.take());
     }
 }
 
@@ -629,6 +691,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         listeners: Vec::new(),
         upstreams: Vec::new(),
         group_stats: Vec::new(),
+        upstream_tls: Vec::new(),
         stats: stats.clone(),
         access_log: None,
         workers,
@@ -658,6 +721,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             shutting_down: false,
             health: None,
             resumption: HashMap::new(),
+            upstream_tls: HashMap::new(),
         }),
         source: Mutex::new(None),
         shutdown: watch::channel(false).0,
@@ -668,6 +732,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         control: control.clone(),
         threads: Vec::new(),
         admin: None,
+        watcher: None,
     };
     for (i, rx) in receivers.into_iter().enumerate() {
         let control = control.clone();
@@ -687,6 +752,10 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         running.shutdown();
         running.wait();
         return Err(e);
+    }
+    match crate::cert_watch::CertWatcher::start(Arc::downgrade(&control)) {
+        Ok(w) => running.watcher = Some(w),
+        Err(e) => tracing::warn!("certificate files will not be watched (a reload re-reads them): cannot start the watcher thread: {e}"),
     }
     if let Some(cfg) = admin {
         match AdminServer::start(control, &cfg) {
@@ -858,7 +927,8 @@ async fn accept_loop(
         tokio::task::spawn_local(async move {
             let stream = match &ctx.ls.tls {
                 None => ClientStream::Plain(stream),
-                Some(acceptor) => {
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
                     match tokio::time::timeout(deadline, acceptor.accept(stream)).await {

@@ -49,11 +49,14 @@ pub enum Cause {
     QueueTimeout,
     /// Refused at once because the worker was saturated (load shedding).
     Shed,
+    /// The TLS handshake with the upstream failed (certificate not trusted or not valid for the
+    /// server name, no common version, the server refused ours).
+    Tls,
 }
 
 const SIDES: usize = 4;
 const PHASES: usize = 8;
-const CAUSES: usize = 14;
+const CAUSES: usize = 15;
 
 /// One termination record: exactly one per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +110,7 @@ impl Termination {
             Cause::QueueFull => "queue_full",
             Cause::QueueTimeout => "queue_timeout",
             Cause::Shed => "shed",
+            Cause::Tls => "tls",
         };
         (side, phase, cause)
     }
@@ -164,6 +168,13 @@ pub struct Stats {
     pub requests_shed: AtomicU64,
     /// (worker, listener) pairs shedding now.
     pub shedding: AtomicI64,
+    /// TLS handshakes with upstream servers: completed with a full key exchange, resumed, failed.
+    pub upstream_tls_full: AtomicU64,
+    pub upstream_tls_resumed: AtomicU64,
+    pub upstream_tls_failures: AtomicU64,
+    /// Listener certificates loaded again because their files changed, and changed files refused.
+    pub tls_certificate_reloads: AtomicU64,
+    pub tls_certificate_reload_failures: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -185,6 +196,11 @@ impl Default for Stats {
             tls_handshakes_resumed: AtomicU64::new(0),
             requests_shed: AtomicU64::new(0),
             shedding: AtomicI64::new(0),
+            upstream_tls_full: AtomicU64::new(0),
+            upstream_tls_resumed: AtomicU64::new(0),
+            upstream_tls_failures: AtomicU64::new(0),
+            tls_certificate_reloads: AtomicU64::new(0),
+            tls_certificate_reload_failures: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -244,6 +260,7 @@ impl Stats {
             Cause::QueueFull,
             Cause::QueueTimeout,
             Cause::Shed,
+            Cause::Tls,
         ];
         let mut out = Vec::new();
         for &side in &sides {

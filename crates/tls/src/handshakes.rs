@@ -77,6 +77,7 @@ fn settings(pki: &Pki) -> TlsSettings {
         session_tickets: true,
         session_cache: DEFAULT_SESSION_CACHE,
         client_auth: None,
+        watch: None,
     }
 }
 
@@ -437,6 +438,7 @@ fn expiry_warnings_name_the_file_and_date() {
         session_tickets: true,
         session_cache: 0,
         client_auth: None,
+        watch: None,
     };
     let w = certificate_warnings(&s, now);
     assert_eq!(w.len(), 3, "{w:#?}");

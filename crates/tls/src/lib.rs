@@ -1,6 +1,6 @@
-//! TLS termination: PEM certificates and keys, SNI selection, resumption, mTLS, the rustls server configuration.
+//! TLS settings -> rustls: listener server configurations (PEM files, SNI, resumption, mTLS) and upstream client configurations (`client`).
 
-use portico_config::{CertificateFiles, ClientAuth, TlsSettings, TlsVersion};
+use portico_config::{CertificateFiles, ClientAuth, TlsSettings, TlsVersion, UpstreamTls};
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::server::{
     ClientHello, NoServerSessionStorage, ProducesTickets, ResolvesServerCert,
@@ -9,7 +9,7 @@ use rustls::server::{
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,7 +20,12 @@ pub enum TlsError {
     File { path: String, message: String },
     #[error("TLS settings refused: {0}")]
     Rustls(#[from] rustls::Error),
+    #[error("server_name {0:?} is not a valid DNS name or IP address")]
+    ServerName(String),
 }
+
+mod client;
+pub use client::{client_config, ClientSessions, Origination};
 
 fn file_error(path: &Path, message: impl Into<String>) -> TlsError {
     TlsError::File {
@@ -183,7 +188,7 @@ fn client_verifier(
 }
 
 /// Every CERTIFICATE block of a PEM file (at least one).
-fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| file_error(path, format!("cannot read certificates: {e}")))?
         .collect::<Result<Vec<_>, _>>()
@@ -260,10 +265,6 @@ pub const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
 /// a certificate (leaf or chain, or a client CA) that has expired, is not valid yet, or expires
 /// within [`EXPIRY_WARNING`]. Files that cannot be read are left to [`server_config`]'s errors.
 pub fn certificate_warnings(settings: &TlsSettings, now: SystemTime) -> Vec<String> {
-    let now = now
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let soon = EXPIRY_WARNING.as_secs() as i64;
     let files = settings
         .certificates
         .iter()
@@ -274,6 +275,33 @@ pub fn certificate_warnings(settings: &TlsSettings, now: SystemTime) -> Vec<Stri
                 .iter()
                 .map(|a| (&a.ca, "CA certificate")),
         );
+    file_warnings(files, now)
+}
+
+/// Warnings about an upstream group's CA file and client certificate at time `now`, as
+/// [`certificate_warnings`] does for a listener.
+pub fn upstream_certificate_warnings(settings: &UpstreamTls, now: SystemTime) -> Vec<String> {
+    let files = settings
+        .ca_file
+        .iter()
+        .map(|p| (p, "CA certificate"))
+        .chain(
+            settings
+                .certificate
+                .iter()
+                .map(|c| (&c.cert, "client certificate")),
+        );
+    file_warnings(files, now)
+}
+
+fn file_warnings<'a>(
+    files: impl Iterator<Item = (&'a PathBuf, &'static str)>,
+    now: SystemTime,
+) -> Vec<String> {
+    let now = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let soon = EXPIRY_WARNING.as_secs() as i64;
     let mut out = Vec::new();
     for (path, what) in files {
         let Ok(certs) = read_certificates(path) else {
@@ -435,6 +463,7 @@ mod tests {
             session_tickets: true,
             session_cache: portico_config::DEFAULT_SESSION_CACHE,
             client_auth: None,
+            watch: None,
         }
     }
 

@@ -28,6 +28,7 @@ pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<Upstre
         queue: 0,
         queue_timeout: Duration::from_secs(1),
         sticky_cookie: None,
+        tls: None,
     })
 }
 
