@@ -47,6 +47,12 @@ pub enum ProxyError {
     UpstreamClosed,
     #[error("upstream I/O error: {0}")]
     UpstreamIo(io::Error),
+    #[error("malformed HTTP/2 request: {0}")]
+    Http2Malformed(&'static str),
+    #[error("CONNECT is not served over HTTP/2")]
+    Http2Connect,
+    #[error("internal error: {0}")]
+    Internal(&'static str),
 }
 
 impl ProxyError {
@@ -68,6 +74,9 @@ impl ProxyError {
                 504
             }
             ProxyError::ClientClosed | ProxyError::ClientIo(_) => 400,
+            ProxyError::Http2Malformed(_) => 400,
+            ProxyError::Http2Connect => 501,
+            ProxyError::Internal(_) => 500,
         }
     }
 
@@ -98,6 +107,10 @@ impl ProxyError {
             | ProxyError::UnexpectedUpgrade => (Side::Upstream, Cause::BadResponse),
             ProxyError::UpstreamClosed => (Side::Upstream, Cause::Closed),
             ProxyError::UpstreamIo(_) => (Side::Upstream, Cause::Io),
+            ProxyError::Http2Malformed(_) | ProxyError::Http2Connect => {
+                (Side::Client, Cause::BadRequest)
+            }
+            ProxyError::Internal(_) => (Side::Proxy, Cause::BadResponse),
         };
         Termination::new(side, phase, cause)
     }

@@ -299,7 +299,7 @@ fn absolute_authority(target: &str) -> Option<&str> {
 /// What a failed exchange says about the server, for passive checks: timeouts, and resets
 /// before a response. A reused connection closed under us is the keep-alive race (the server
 /// closed it while idle), not a failing server; client-side errors say nothing about it.
-fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
+pub(crate) fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
     match e {
         ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => Some(Report::Timeout),
         _ if reused && is_stale(e) => None,
@@ -309,7 +309,7 @@ fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
 }
 
 /// A reused connection that died before answering: the server closed it while idle.
-fn is_stale(e: &ProxyError) -> bool {
+pub(crate) fn is_stale(e: &ProxyError) -> bool {
     matches!(e, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_))
 }
 
@@ -334,7 +334,7 @@ pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     })
 }
 
-async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
+pub(crate) async fn connect(addr: SocketAddr, t: Duration) -> Result<UpConn, ProxyError> {
     match timeout(t, TcpStream::connect(addr)).await {
         Err(_) => Err(ProxyError::ConnectTimeout),
         Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
@@ -439,7 +439,7 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 }
 
 /// Read the final response head; interim 1xx heads (not 101) are collected raw for the client.
-async fn read_response_head<R: AsyncRead + Unpin>(
+pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
     ur: &mut R,
     rbuf: &mut BytesMut,
     method: &Method,

@@ -332,6 +332,7 @@ impl Control {
                             source,
                         }
                     })?;
+                    let config = portico_tls::with_alpn(config, l.http2.enabled);
                     Some(tokio_rustls::TlsAcceptor::from(config))
                 }
                 None => None,
@@ -830,7 +831,7 @@ async fn accept_loop(
                     }
                 }
             };
-            conn::serve(stream, peer, ctx).await;
+            crate::h2::dispatch(stream, peer, ctx).await;
             drop(guard);
         });
     }
