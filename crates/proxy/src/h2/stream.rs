@@ -108,6 +108,13 @@ impl Stream<'_> {
                 }
             }
         }
+        if !matches!(route.action, Action::Proxy(_)) {
+            // Local actions read the whole request first (as for HTTP/1): a malformed end of
+            // stream is then a stream error instead of racing the response.
+            if let Err(e) = self.drain(route.max_body_bytes).await {
+                return self.fail(Some(head), e, Phase::RequestBody).await;
+            }
+        }
         match &route.action {
             Action::Proxy(p) => self.proxy(head, route, p).await,
             Action::Static(_) | Action::Origin(_) => {
@@ -132,6 +139,30 @@ impl Stream<'_> {
                 self.local(head, *status, content_type, body.as_bytes(), &[])
                     .await
             }
+        }
+    }
+
+    /// Read and discard the request body and trailers, under the route's size limit.
+    async fn drain(&mut self, max: u64) -> Result<(), ProxyError> {
+        if self.body.is_end_stream() {
+            return Ok(());
+        }
+        let mut received = 0u64;
+        loop {
+            let next = match timeout(STALL_TIMEOUT, self.body.data()).await {
+                Err(_) => return Err(ProxyError::BodyTooSlow),
+                Ok(None) => break,
+                Ok(Some(r)) => r.map_err(h2_error)?,
+            };
+            received += next.len() as u64;
+            if max > 0 && received > max {
+                return Err(ProxyError::BodyTooLarge);
+            }
+            let _ = self.body.flow_control().release_capacity(next.len());
+        }
+        match timeout(STALL_TIMEOUT, self.body.trailers()).await {
+            Err(_) => Err(ProxyError::BodyTooSlow),
+            Ok(r) => r.map(|_| ()).map_err(h2_error),
         }
     }
 
@@ -221,8 +252,7 @@ impl Stream<'_> {
                 portico_origin::Body::Empty => Ok(0),
                 portico_origin::Body::Bytes(b) => {
                     let n = b.len() as u64;
-                    send_body(&mut send, b).await?;
-                    finish(&mut send)?;
+                    send_body(&mut send, b, true).await?;
                     Ok(n)
                 }
                 portico_origin::Body::File {
@@ -245,10 +275,9 @@ impl Stream<'_> {
                             )));
                         }
                         buf.truncate(n);
-                        send_body(&mut send, Bytes::from(buf)).await?;
                         left -= n as u64;
+                        send_body(&mut send, Bytes::from(buf), left == 0).await?;
                     }
-                    finish(&mut send)?;
                     Ok(len)
                 }
             }
@@ -509,7 +538,14 @@ fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
 
 /// Send `data` as DATA frames, waiting for flow-control capacity; a client that grants none
 /// for [`STALL_TIMEOUT`] is cut off.
-async fn send_body(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), ProxyError> {
+async fn send_body(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+) -> Result<(), ProxyError> {
+    if data.is_empty() && end {
+        return finish(send);
+    }
     while !data.is_empty() {
         send.reserve_capacity(data.len());
         let cap = match timeout(STALL_TIMEOUT, poll_fn(|cx| send.poll_capacity(cx))).await {
@@ -527,7 +563,8 @@ async fn send_body(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), 
             continue;
         }
         let chunk = data.split_to(cap.min(data.len()));
-        send.send_data(chunk, false).map_err(h2_error)?;
+        send.send_data(chunk, end && data.is_empty())
+            .map_err(h2_error)?;
     }
     Ok(())
 }
@@ -569,8 +606,7 @@ async fn send_simple(
     if end {
         return Ok(0);
     }
-    send_body(&mut send, Bytes::copy_from_slice(body)).await?;
-    finish(&mut send)?;
+    send_body(&mut send, Bytes::copy_from_slice(body), true).await?;
     Ok(body.len() as u64)
 }
 
@@ -775,7 +811,7 @@ async fn relay(
         match step {
             Decoded::Data(d) => {
                 sent += d.len() as u64;
-                send_body(send, d).await?;
+                send_body(send, d, false).await?;
             }
             Decoded::Done { trailers } => {
                 let map = trailers_from(&trailers);
