@@ -72,6 +72,10 @@ pub(super) async fn handle(
             (Some(head), o)
         }
     };
+    // A stream the client reset before its end (any phase) counts towards the rapid-reset limit.
+    if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
+        link.client_reset();
+    }
     s.shared.stats.record(outcome.termination);
     if let Some(log) = &s.shared.access_log {
         log.write(link.peer, head.as_ref(), &outcome, started.elapsed());
@@ -418,9 +422,6 @@ impl Stream<'_> {
                     if let Some(report) = failure_report(&e, reused) {
                         upstream.report(server, report, Instant::now());
                     }
-                    if matches!(e, ProxyError::ClientClosed) {
-                        self.link.client_reset();
-                    }
                     let mut o = self.fail(Some(head), e, phase).await;
                     o.upstream = Some(addr);
                     return o;
@@ -482,11 +483,7 @@ impl Stream<'_> {
                 }
             }
             Err(e) => {
-                if e.client_gone() {
-                    if matches!(e, ProxyError::ClientClosed) {
-                        self.link.client_reset();
-                    }
-                } else {
+                if !e.client_gone() {
                     send.send_reset(h2::Reason::INTERNAL_ERROR);
                 }
                 Outcome {
