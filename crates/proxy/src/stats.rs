@@ -145,6 +145,10 @@ pub struct Stats {
     pub tls_handshakes_full: AtomicU64,
     /// Completed TLS handshakes that resumed a session (ticket or session cache).
     pub tls_handshakes_resumed: AtomicU64,
+    /// Connections served as HTTP/2 (ALPN h2 or h2c).
+    pub h2_connections: AtomicU64,
+    /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for resetting too many streams.
+    pub h2_reset_floods: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -161,6 +165,8 @@ impl Default for Stats {
             tls_handshake_failures: AtomicU64::new(0),
             tls_handshakes_full: AtomicU64::new(0),
             tls_handshakes_resumed: AtomicU64::new(0),
+            h2_connections: AtomicU64::new(0),
+            h2_reset_floods: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),

@@ -400,6 +400,11 @@ async fn rapid_reset_gets_goaway_enhance_your_calm() {
     assert!(e.is_go_away(), "{e}");
     assert_eq!(e.reason(), Some(h2::Reason::ENHANCE_YOUR_CALM), "{e}");
     assert!(up.requests().len() <= 7, "the flood was cut off");
+    let flooded = p
+        .stats()
+        .h2_reset_floods
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(flooded, 1);
 }
 
 #[tokio::test]
@@ -528,4 +533,71 @@ servers = ["{}"]
     let tls = connect(vec![b"http/1.1".to_vec()]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One raw HTTP/2 frame.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn continuation_flood_ends_the_connection() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.http2]\nmax_header_list_size = \"4k\"");
+    let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.set_write_timeout(Some(T)).unwrap();
+    // Ten literal fields of ~100 bytes per frame (HPACK "literal without indexing, new name").
+    let mut block = Vec::new();
+    for i in 0..10u8 {
+        block.extend_from_slice(&[0x00, 0x03, b'x', b'-', b'a' + i, 100]);
+        block.extend_from_slice(&[b'v'; 100]);
+    }
+    let mut out = portico_proxy::h2::PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    let get = [0x82, 0x86, 0x84, 0x41, 0x01, b'a']; // :method GET, :scheme http, :path /, :authority a
+    out.extend(frame(0x1, 0, 1, &get)); // HEADERS without END_HEADERS
+    let _ = s.write_all(&out);
+    // Up to ~1 MB of CONTINUATION frames that never end the header block.
+    for _ in 0..1000 {
+        if s.write_all(&frame(0x9, 0, 1, &block)).is_err() {
+            break;
+        }
+    }
+    // The server must have ended the connection: GOAWAY (ENHANCE_YOUR_CALM) or a reset.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 16384];
+    let goaway_code = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break None,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break None,
+            Err(e) => panic!("the connection stayed open: {e}"),
+        }
+        // Walk the frames received so far looking for GOAWAY (type 7).
+        let mut at = 0;
+        let mut code = None;
+        while seen.len() >= at + 9 {
+            let len = u32::from_be_bytes([0, seen[at], seen[at + 1], seen[at + 2]]) as usize;
+            if seen.len() < at + 9 + len {
+                break;
+            }
+            if seen[at + 3] == 0x7 && len >= 8 {
+                let p = &seen[at + 9..at + 17];
+                code = Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+            }
+            at += 9 + len;
+        }
+        if code.is_some() {
+            break code;
+        }
+    };
+    if let Some(code) = goaway_code {
+        assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
+    }
+    assert!(up.requests().is_empty());
 }

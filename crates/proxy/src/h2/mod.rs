@@ -246,6 +246,10 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             return;
         }
     };
+    ctx.shared
+        .stats
+        .h2_connections
+        .fetch_add(1, Ordering::Relaxed);
     let mut draining = false;
     let mut served: u64 = 0;
     if *ctx.shutdown.borrow() {
@@ -259,7 +263,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
-                tracing::debug!(%peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
+                tracing::info!(%peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
+                ctx.shared.stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 draining = true;
             }
