@@ -81,6 +81,20 @@ pub fn classify(buf: &[u8]) -> Option<Sniffed> {
         .position(|&b| b != b'\r' && b != b'\n')
         .unwrap_or(buf.len());
     let rest = &buf[start..];
+    // The usual case, decided from the first bytes: a standard method and a space.
+    const METHODS: [&[u8]; 8] = [
+        b"GET ",
+        b"POST ",
+        b"HEAD ",
+        b"PUT ",
+        b"DELETE ",
+        b"OPTIONS ",
+        b"PATCH ",
+        b"TRACE ",
+    ];
+    if METHODS.iter().any(|m| rest.starts_with(m)) {
+        return Some(Sniffed::Http1);
+    }
     match rest.iter().position(|&b| b == b'\n') {
         Some(nl) => {
             let line = rest[..nl].strip_suffix(b"\r").unwrap_or(&rest[..nl]);
@@ -102,6 +116,17 @@ const SNIFF_MAX: usize = 8 * 1024;
 /// Peek (without consuming) until [`classify`] decides, under the head deadline. A connection
 /// that closes or stalls goes to the HTTP/1 path, which handles both.
 async fn sniff(s: &TcpStream, deadline: Duration) -> Sniffed {
+    // One small peek decides nearly every connection (the preface, or a method and a space).
+    let mut first = [0u8; PREFACE.len()];
+    match s.peek(&mut first).await {
+        Ok(0) | Err(_) => return Sniffed::Http1,
+        Ok(n) => {
+            // `classify` only answers once more bytes cannot change the answer.
+            if let Some(v) = classify(&first[..n]) {
+                return v;
+            }
+        }
+    }
     let mut buf = vec![0u8; SNIFF_MAX];
     let mut seen = 0;
     let mut backoff = Duration::from_millis(1);
@@ -328,7 +353,10 @@ mod tests {
             Some(Sniffed::Http1)
         );
         assert_eq!(classify(b"\r\nGET / HTTP/1.0\n"), Some(Sniffed::Http1));
-        assert_eq!(classify(b"GET / HTT"), None);
+        assert_eq!(classify(b"GET / HTT"), Some(Sniffed::Http1));
+        assert_eq!(classify(b"GE"), None);
+        assert_eq!(classify(b"BREW / HTT"), None);
+        assert_eq!(classify(b"BREW / HTTP/1.1\r\n"), Some(Sniffed::Http1));
         assert_eq!(
             classify(b"INVALID CONNECTION PREFACE\r\n\r\n"),
             Some(Sniffed::Neither)
