@@ -601,3 +601,31 @@ fn continuation_flood_ends_the_connection() {
     }
     assert!(up.requests().is_empty());
 }
+
+#[tokio::test]
+async fn origin_and_redirect_actions_answer_over_h2() {
+    let p = proxy(
+        r#"
+[[listeners]]
+name = "o"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+path = "/old"
+redirect = "/new"
+redirect_status = 308
+[[listeners.routes]]
+origin = true
+"#,
+    );
+    let (client, _conn) = h2c(p.addr("o").unwrap()).await;
+    let mut c = client.clone();
+    let got = get(&mut c, "http://o.test/bytes/20000").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body.len(), 20000);
+    assert_eq!(got.headers.get("content-length").unwrap(), "20000");
+    let got = get(&mut c, "http://o.test/?size=10&status=404").await;
+    assert_eq!((got.status, got.body.len()), (404, 10));
+    let got = get(&mut c, "http://o.test/old").await;
+    assert_eq!(got.status, 308);
+    assert_eq!(got.headers.get("location").unwrap(), "/new");
+}
