@@ -151,12 +151,12 @@ impl Stream<'_> {
         if self.body.is_end_stream() {
             return Ok(());
         }
+        let started = tokio::time::Instant::now();
+        let min_rate = self.ls.listener.limits.body_min_rate;
         let mut received = 0u64;
         loop {
-            let next = match timeout(STALL_TIMEOUT, self.body.data()).await {
-                Err(_) => return Err(ProxyError::BodyTooSlow),
-                Ok(None) => break,
-                Ok(Some(r)) => r.map_err(h2_error)?,
+            let Some(next) = next_data(&mut self.body, started, received, min_rate).await? else {
+                break;
             };
             received += next.len() as u64;
             if max > 0 && received > max {
@@ -395,6 +395,7 @@ impl Stream<'_> {
                     has_body.then_some(body),
                     chunked,
                     body_limit,
+                    self.ls.listener.limits.body_min_rate,
                     group.response_header_timeout,
                     group.idle_timeout,
                 );
@@ -495,6 +496,29 @@ impl Stream<'_> {
                 }
             }
         }
+    }
+}
+
+/// Grace period before the listener's `body_min_rate` is enforced (as for HTTP/1.1 bodies).
+const BODY_RATE_GRACE: Duration = Duration::from_secs(10);
+
+/// The next DATA of a request body, under the listener's minimum body rate (or
+/// [`STALL_TIMEOUT`] when no rate is set); `None` at the end of the body.
+async fn next_data(
+    body: &mut RecvStream,
+    started: tokio::time::Instant,
+    received: u64,
+    min_rate: u64,
+) -> Result<Option<Bytes>, ProxyError> {
+    let due = crate::conn::body_byte_due(started, received, min_rate, BODY_RATE_GRACE);
+    let r = match due {
+        Some(due) => tokio::time::timeout_at(due, body.data()).await,
+        None => timeout(STALL_TIMEOUT, body.data()).await,
+    };
+    match r {
+        Err(_) => Err(ProxyError::BodyTooSlow),
+        Ok(None) => Ok(None),
+        Ok(Some(r)) => r.map(Some).map_err(h2_error),
     }
 }
 
@@ -692,6 +716,7 @@ async fn exchange(
     body: Option<&mut RecvStream>,
     chunked: bool,
     max_body: u64,
+    min_rate: u64,
     header_timeout: Duration,
     idle: Duration,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
@@ -710,7 +735,7 @@ async fn exchange(
             Ok(r) => r.map(|h| (h, true)).map_err(|e| (e, Phase::ResponseHead)),
         };
     };
-    let body_fut = upload(body, &mut uw, chunked, max_body, idle);
+    let body_fut = upload(body, &mut uw, chunked, max_body, min_rate, idle);
     tokio::pin!(body_fut);
     let sleep = tokio::time::sleep(FAR);
     tokio::pin!(sleep);
@@ -743,15 +768,15 @@ async fn upload<W: AsyncWrite + Unpin>(
     w: &mut W,
     chunked: bool,
     max: u64,
+    min_rate: u64,
     idle: Duration,
 ) -> Result<(), ProxyError> {
     let mut scratch = BytesMut::new();
+    let started = tokio::time::Instant::now();
     let mut received = 0u64;
     loop {
-        let next = match timeout(STALL_TIMEOUT, body.data()).await {
-            Err(_) => return Err(ProxyError::BodyTooSlow),
-            Ok(None) => break,
-            Ok(Some(r)) => r.map_err(h2_error)?,
+        let Some(next) = next_data(body, started, received, min_rate).await? else {
+            break;
         };
         let n = next.len();
         received += n as u64;
