@@ -155,6 +155,13 @@ async fn sniff(s: &TcpStream, deadline: Duration) -> Sniffed {
         .unwrap_or(Sniffed::Http1)
 }
 
+/// The configuration a stream runs on: its listener's state in a snapshot. Streams share it by
+/// `Rc` (a thread-local count), not by cloning the `Arc`s all workers share.
+pub(crate) struct Current {
+    pub ls: Arc<ListenerState>,
+    pub shared: Snapshot,
+}
+
 /// State of one HTTP/2 connection shared with its stream tasks (all on this worker's thread).
 pub(crate) struct Link {
     pub worker: Rc<Worker>,
@@ -163,7 +170,7 @@ pub(crate) struct Link {
     pub tls: bool,
     pub client_cert_subject: Option<String>,
     slot: u64,
-    current: RefCell<(Arc<ListenerState>, Snapshot)>,
+    current: RefCell<Rc<Current>>,
     settings: Http2Settings,
     /// Streams whose task is running.
     active: Cell<usize>,
@@ -180,12 +187,15 @@ pub(crate) struct Link {
 impl Link {
     /// The newest snapshot and this listener's state in it (a listener a reload removed keeps
     /// its last state until the connection ends).
-    pub fn current(&self) -> (Arc<ListenerState>, Snapshot) {
+    pub fn current(&self) -> Rc<Current> {
         let mut cur = self.current.borrow_mut();
-        if self.worker.generation() != cur.1.generation {
+        if self.worker.generation() != cur.shared.generation {
             let newest = self.worker.snapshot();
             if let Some(ls) = newest.listener(self.slot) {
-                *cur = (ls.clone(), newest);
+                *cur = Rc::new(Current {
+                    ls: ls.clone(),
+                    shared: newest,
+                });
             }
         }
         cur.clone()
@@ -247,7 +257,10 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         tls: stream.is_tls(),
         client_cert_subject: stream.client_cert_subject(),
         slot: ctx.ls.slot,
-        current: RefCell::new((ctx.ls.clone(), ctx.shared.clone())),
+        current: RefCell::new(Rc::new(Current {
+            ls: ctx.ls.clone(),
+            shared: ctx.shared.clone(),
+        })),
         settings,
         active: Cell::new(0),
         idle_since: Cell::new(Instant::now()),

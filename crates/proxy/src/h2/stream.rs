@@ -1,13 +1,12 @@
 //! One HTTP/2 stream: translate, route, run the action (proxy over pooled HTTP/1.1, origin, redirect, respond), relay body and trailers under flow control, record once.
 
 use super::request::{to_http1, Reject};
-use super::Link;
+use super::{Current, Link};
 use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::forward::{connect, cookie_value, failure_report, is_stale, read_response_head};
 use crate::headers::{self, Forwarding};
 use crate::pool::UpConn;
-use crate::server::{ListenerState, Snapshot};
 use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
@@ -21,8 +20,8 @@ use portico_http1::{
 use portico_upstream::{PickError, Report};
 use std::future::poll_fn;
 use std::io;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::timeout;
@@ -33,8 +32,7 @@ const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 /// A stream being served.
 struct Stream<'a> {
     link: &'a Link,
-    ls: Arc<ListenerState>,
-    shared: Snapshot,
+    cur: Rc<Current>,
     respond: SendResponse<Bytes>,
     body: RecvStream,
 }
@@ -46,18 +44,17 @@ pub(super) async fn handle(
     respond: SendResponse<Bytes>,
 ) {
     let started = Instant::now();
-    let (ls, shared) = link.current();
-    shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let cur = link.current();
+    cur.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let has_body = !body.is_end_stream();
     let mut s = Stream {
         link,
-        ls,
-        shared,
+        cur,
         respond,
         body,
     };
-    let (head, outcome) = match to_http1(&parts, has_body, &s.ls.limits) {
+    let (head, outcome) = match to_http1(&parts, has_body, &s.cur.ls.limits) {
         Err(reject) => {
             let (e, what) = match reject {
                 Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
@@ -76,15 +73,16 @@ pub(super) async fn handle(
     if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
         link.client_reset();
     }
-    s.shared.stats.record(outcome.termination);
-    if let Some(log) = &s.shared.access_log {
+    s.cur.shared.stats.record(outcome.termination);
+    if let Some(log) = &s.cur.shared.access_log {
         log.write(link.peer, head.as_ref(), &outcome, started.elapsed());
     }
 }
 
 impl Stream<'_> {
     async fn run(&mut self, head: &RequestHead, started: Instant) -> Outcome {
-        let ls = self.ls.clone();
+        let cur = self.cur.clone();
+        let ls = &cur.ls;
         let idx = crate::route::select(
             &ls.listener.routes,
             head.method().as_str(),
@@ -122,8 +120,8 @@ impl Stream<'_> {
         match &route.action {
             Action::Proxy(p) => self.proxy(head, route, p).await,
             Action::Static(_) | Action::Origin(_) => {
-                let ls = self.ls.clone();
-                match ls.origins[idx].as_ref() {
+                let cur = self.cur.clone();
+                match cur.ls.origins[idx].as_ref() {
                     Some(origin) => self.origin(head, origin).await,
                     None => {
                         self.fail(Some(head), ProxyError::NoRoute, Phase::Route)
@@ -152,7 +150,7 @@ impl Stream<'_> {
             return Ok(());
         }
         let started = tokio::time::Instant::now();
-        let min_rate = self.ls.listener.limits.body_min_rate;
+        let min_rate = self.cur.ls.listener.limits.body_min_rate;
         let mut received = 0u64;
         loop {
             let Some(next) = next_data(&mut self.body, started, received, min_rate).await? else {
@@ -305,7 +303,8 @@ impl Stream<'_> {
     /// The proxy action over a pooled HTTP/1.1 upstream connection (the HTTP/2 counterpart of
     /// `forward::proxy`).
     async fn proxy(&mut self, head: &RequestHead, route: &Route, p: &ProxyAction) -> Outcome {
-        let shared = self.shared.clone();
+        let cur = self.cur.clone();
+        let shared = &cur.shared;
         let mut gi = p.upstream;
         let mut hops = 0;
         let asked = Instant::now();
@@ -395,7 +394,7 @@ impl Stream<'_> {
                     has_body.then_some(body),
                     chunked,
                     body_limit,
-                    self.ls.listener.limits.body_min_rate,
+                    self.cur.ls.listener.limits.body_min_rate,
                     group.response_header_timeout,
                     group.idle_timeout,
                 );
