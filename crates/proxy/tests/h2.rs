@@ -629,3 +629,32 @@ origin = true
     assert_eq!(got.status, 308);
     assert_eq!(got.headers.get("location").unwrap(), "/new");
 }
+
+#[tokio::test]
+async fn a_reload_that_removes_the_listener_sends_goaway() {
+    let up = TestUpstream::start(|_| Reply::Stall(Duration::from_millis(200)));
+    let p = plain_proxy(up.addr, "");
+    let (client, conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.ready().await.unwrap();
+    let (resp, _) = c
+        .send_request(request("GET", "http://a/slow", &[]), true)
+        .unwrap();
+    until("the request upstream", || !up.requests().is_empty()).await;
+    let other = portico_config::parse(
+        "[[listeners]]\nname = \"q\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nrespond = { status = 200 }\n",
+        "reload.toml",
+    )
+    .unwrap();
+    let summary = p.reload(other).unwrap();
+    assert_eq!(summary.removed, vec!["p".to_string()]);
+    // The stream in flight finishes, then the connection ends with GOAWAY NO_ERROR.
+    let got = read(resp).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"late".as_slice()));
+    let r = tokio::time::timeout(T, conn)
+        .await
+        .expect("connection ends")
+        .unwrap();
+    if let Err(e) = r {
+        assert_eq!(e.reason(), Some(h2::Reason::NO_ERROR), "{e}");
+    }
+}
