@@ -468,6 +468,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        // HTTP/2 listeners offer h2 first; the shared config is copied only when it changes.
+        let h2 = with_alpn(cfg.clone(), true);
+        assert_eq!(
+            h2.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        assert!(Arc::ptr_eq(&with_alpn(cfg.clone(), false), &cfg));
     }
 
     #[test]
