@@ -569,34 +569,7 @@ fn continuation_flood_ends_the_connection() {
         }
     }
     // The server must have ended the connection: GOAWAY (ENHANCE_YOUR_CALM) or a reset.
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 16384];
-    let goaway_code = loop {
-        match s.read(&mut buf) {
-            Ok(0) => break None,
-            Ok(n) => seen.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break None,
-            Err(e) => panic!("the connection stayed open: {e}"),
-        }
-        // Walk the frames received so far looking for GOAWAY (type 7).
-        let mut at = 0;
-        let mut code = None;
-        while seen.len() >= at + 9 {
-            let len = u32::from_be_bytes([0, seen[at], seen[at + 1], seen[at + 2]]) as usize;
-            if seen.len() < at + 9 + len {
-                break;
-            }
-            if seen[at + 3] == 0x7 && len >= 8 {
-                let p = &seen[at + 9..at + 17];
-                code = Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
-            }
-            at += 9 + len;
-        }
-        if code.is_some() {
-            break code;
-        }
-    };
-    if let Some(code) = goaway_code {
+    if let Some(code) = goaway_code(&mut s) {
         assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
     }
     assert!(up.requests().is_empty());
@@ -657,4 +630,55 @@ async fn a_reload_that_removes_the_listener_sends_goaway() {
     if let Err(e) = r {
         assert_eq!(e.reason(), Some(h2::Reason::NO_ERROR), "{e}");
     }
+}
+
+/// Read until the server's GOAWAY (its error code) or the end of the connection (`None`);
+/// panics if the connection stays open.
+fn goaway_code(s: &mut std::net::TcpStream) -> Option<u32> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+            Err(e) => panic!("the connection stayed open: {e}"),
+        }
+        // Walk the frames received so far looking for GOAWAY (type 7).
+        let mut at = 0;
+        while seen.len() >= at + 9 {
+            let len = u32::from_be_bytes([0, seen[at], seen[at + 1], seen[at + 2]]) as usize;
+            if seen.len() < at + 9 + len {
+                break;
+            }
+            if seen[at + 3] == 0x7 && len >= 8 {
+                let p = &seen[at + 9..at + 17];
+                return Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+            }
+            at += 9 + len;
+        }
+    }
+}
+
+#[test]
+fn hpack_bomb_ends_the_connection() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.http2]\nmax_header_list_size = \"4k\"");
+    let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.set_write_timeout(Some(T)).unwrap();
+    // One 3000-byte field added to the dynamic table, then referenced 2000 times: a 5 KB block
+    // that decodes to 6 MB.
+    let mut block = vec![0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+    block.extend_from_slice(&[0x40, 0x03, b'x', b'-', b'b', 0x7f, 0xb9, 0x16]);
+    block.extend_from_slice(&[b'v'; 3000]);
+    block.extend(std::iter::repeat_n(0xbe, 2000)); // indexed: dynamic entry 62
+    let mut out = portico_proxy::h2::PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4 | 0x1, 1, &block)); // HEADERS, END_HEADERS | END_STREAM
+    let _ = s.write_all(&out);
+    if let Some(code) = goaway_code(&mut s) {
+        assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
+    }
+    assert!(up.requests().is_empty());
 }
