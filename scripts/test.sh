@@ -33,3 +33,5 @@ PORTICO_CHROMIUM="$(command -v chromium)" cargo test --locked -p portico-proxy -
 echo "==> varnishtest scenarios"
 cargo build --release --locked -p portico
 scripts/vtc.sh
+echo "==> h2spec (HTTP/2 conformance on a TLS and an h2c listener)"
+scripts/h2spec.sh

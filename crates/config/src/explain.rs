@@ -77,6 +77,9 @@ pub fn explain(config: &Config) -> String {
         if !limits.is_empty() {
             let _ = writeln!(out, "  limits: {}", limits.join(", "));
         }
+        if let Some(line) = http2_line(listener) {
+            let _ = writeln!(out, "  {line}");
+        }
         for route in &listener.routes {
             let _ = writeln!(
                 out,
@@ -507,4 +510,63 @@ fn passive_summary(group: &UpstreamGroup) -> String {
         format_duration(p.slow_start)
     };
     format!("{ejection}; slow_start {slow_start}")
+}
+
+/// HTTP/2 settings that differ from the defaults (HTTP/2 is on by default: ALPN `h2` on TLS
+/// listeners, h2c with prior knowledge on plain ones), `None` when all are defaults.
+fn http2_line(listener: &crate::model::Listener) -> Option<String> {
+    let h = &listener.http2;
+    let d = crate::model::Http2Settings::DEFAULT;
+    if !h.enabled {
+        return Some("http2: off (HTTP/1.1 only)".into());
+    }
+    let mut diff = Vec::new();
+    let mut num = |name: &str, v: u32, dv: u32, size: bool| {
+        if v != dv {
+            let f = |n: u32| {
+                if size {
+                    format_size(u64::from(n))
+                } else {
+                    n.to_string()
+                }
+            };
+            diff.push(format!("{name} {} (default {})", f(v), f(dv)));
+        }
+    };
+    num(
+        "max_concurrent_streams",
+        h.max_concurrent_streams,
+        d.max_concurrent_streams,
+        false,
+    );
+    num(
+        "max_header_list_size",
+        h.max_header_list_size,
+        d.max_header_list_size,
+        true,
+    );
+    num(
+        "initial_window_size",
+        h.initial_window_size,
+        d.initial_window_size,
+        true,
+    );
+    num("max_frame_size", h.max_frame_size, d.max_frame_size, true);
+    num("max_resets", h.max_resets, d.max_resets, false);
+    if h.reset_window != d.reset_window {
+        diff.push(format!(
+            "reset_window {} (default {})",
+            format_duration(h.reset_window),
+            format_duration(d.reset_window)
+        ));
+    }
+    if diff.is_empty() {
+        return None;
+    }
+    let how = if listener.tls.is_some() {
+        "ALPN h2"
+    } else {
+        "h2c"
+    };
+    Some(format!("http2 ({how}): {}", diff.join(", ")))
 }

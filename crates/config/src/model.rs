@@ -53,6 +53,8 @@ pub struct Listener {
     pub tls: Option<TlsSettings>,
     /// Routes in file order; the first match wins.
     pub routes: Vec<Route>,
+    /// Downstream HTTP/2 (ALPN `h2` on TLS listeners, h2c with prior knowledge on plain ones).
+    pub http2: Http2Settings,
     /// Adaptive load shedding (`[listeners.shed]`); None = off (the default).
     pub shed: Option<Shed>,
 }
@@ -73,6 +75,46 @@ impl Shed {
         target: Duration::from_millis(20),
         interval: Duration::from_millis(100),
     };
+}
+
+/// Downstream HTTP/2 settings of a listener (`[listeners.http2]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Settings {
+    /// Serve HTTP/2 (default true): ALPN offers `h2` before `http/1.1` on TLS listeners, and a
+    /// plain connection starting with the client preface is HTTP/2 (h2c with prior knowledge).
+    pub enabled: bool,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS (default 100).
+    pub max_concurrent_streams: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE in bytes (default 64 KiB, like the HTTP/1 head limit).
+    pub max_header_list_size: u32,
+    /// SETTINGS_INITIAL_WINDOW_SIZE for request bodies, per stream (default 1 MiB); the
+    /// connection window is 4x this.
+    pub initial_window_size: u32,
+    /// SETTINGS_MAX_FRAME_SIZE (default 16 KiB, the protocol minimum).
+    pub max_frame_size: u32,
+    /// Rapid reset defence (CVE-2023-44487): more than this many streams reset by the client
+    /// within `reset_window` ends the connection with GOAWAY ENHANCE_YOUR_CALM (default 200).
+    pub max_resets: u32,
+    pub reset_window: Duration,
+}
+
+impl Http2Settings {
+    /// The documented defaults.
+    pub const DEFAULT: Http2Settings = Http2Settings {
+        enabled: true,
+        max_concurrent_streams: 100,
+        max_header_list_size: 64 * 1024,
+        initial_window_size: 1024 * 1024,
+        max_frame_size: 16 * 1024,
+        max_resets: 200,
+        reset_window: Duration::from_secs(10),
+    };
+}
+
+impl Default for Http2Settings {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 /// TLS termination settings of a listener (files are read when the listener starts).

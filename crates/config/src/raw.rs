@@ -43,6 +43,7 @@ pub(crate) struct RawListener {
     pub limits: Option<RawLimits>,
     pub tls: Option<Spanned<RawTls>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+    pub http2: Option<RawHttp2>,
     pub shed: Option<RawShed>,
 }
 
@@ -54,6 +55,18 @@ pub(crate) struct RawListener {
 pub(crate) struct RawShed {
     pub target: Option<Spanned<Scalar>>,
     pub interval: Option<Spanned<Scalar>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an http2 table")]
+pub(crate) struct RawHttp2 {
+    pub enabled: Option<Spanned<bool>>,
+    pub max_concurrent_streams: Option<Spanned<Int>>,
+    pub max_header_list_size: Option<Spanned<Scalar>>,
+    pub initial_window_size: Option<Spanned<Scalar>>,
+    pub max_frame_size: Option<Spanned<Scalar>>,
+    pub max_resets: Option<Spanned<Int>>,
+    pub reset_window: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

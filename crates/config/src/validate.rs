@@ -11,10 +11,10 @@ use toml::Spanned;
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
-    HeaderRules, HealthCheck, HealthCheckKind, HostMatch, HttpCheck, Listener, ListenerLimits,
-    Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey, RetryOn, RetryPolicy,
-    Route, Server, Shed, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup,
-    UpstreamTls, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
+    HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck, Listener,
+    ListenerLimits, Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey,
+    RetryOn, RetryPolicy, Route, Server, Shed, StaticAction, StickyCookie, TlsSettings, TlsVersion,
+    UpstreamGroup, UpstreamTls, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS,
     DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND,
@@ -23,8 +23,9 @@ use crate::model::{
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
-    RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute, RawShed,
-    RawSticky, RawTls, RawUpstream, RawUpstreamTls, Scalar, ServerSpec, StrList, StrOrBool,
+    RawHttp2, RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond, RawRetry, RawRoute,
+    RawShed, RawSticky, RawTls, RawUpstream, RawUpstreamTls, Scalar, ServerSpec, StrList,
+    StrOrBool,
 };
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
@@ -1150,6 +1151,7 @@ fn listeners(
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
         let tls = l.tls.as_ref().and_then(|t| tls(ctx, &sub(&key, "tls"), t));
         let shed = l.shed.as_ref().map(|s| shed(ctx, &sub(&key, "shed"), s));
+        let http2 = http2(ctx, &sub(&key, "http2"), l.http2.as_ref());
         let routes = match &l.routes {
             None => {
                 ctx.error(
@@ -1183,6 +1185,7 @@ fn listeners(
             tls,
             routes,
             shed,
+            http2,
         });
     }
     out
@@ -1232,6 +1235,70 @@ fn shed(ctx: &mut Ctx<'_>, key: &str, raw: &RawShed) -> Shed {
         );
     }
     Shed { target, interval }
+}
+
+/// `[listeners.http2]`: downstream HTTP/2 settings, in the ranges RFC 9113 6.5.2 allows.
+fn http2(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawHttp2>) -> Http2Settings {
+    let d = Http2Settings::DEFAULT;
+    let Some(raw) = raw else { return d };
+    let enabled = raw.enabled.as_ref().is_none_or(|b| *b.get_ref());
+    let max_concurrent_streams = int(
+        ctx,
+        raw.max_concurrent_streams.as_ref(),
+        &sub(key, "max_concurrent_streams"),
+        i64::from(d.max_concurrent_streams),
+        1,
+        10_000,
+    );
+    let max_header_list_size = size(
+        ctx,
+        raw.max_header_list_size.as_ref(),
+        &sub(key, "max_header_list_size"),
+        u64::from(d.max_header_list_size),
+        1024,
+        MAX_HEAD_LIMIT,
+    );
+    let initial_window_size = size(
+        ctx,
+        raw.initial_window_size.as_ref(),
+        &sub(key, "initial_window_size"),
+        u64::from(d.initial_window_size),
+        1024,
+        (1 << 31) - 1,
+    );
+    let max_frame_size = size(
+        ctx,
+        raw.max_frame_size.as_ref(),
+        &sub(key, "max_frame_size"),
+        u64::from(d.max_frame_size),
+        16 * 1024,
+        (1 << 24) - 1,
+    );
+    let max_resets = int(
+        ctx,
+        raw.max_resets.as_ref(),
+        &sub(key, "max_resets"),
+        i64::from(d.max_resets),
+        1,
+        i64::from(u32::MAX),
+    );
+    let reset_window = duration(
+        ctx,
+        raw.reset_window.as_ref(),
+        &sub(key, "reset_window"),
+        d.reset_window,
+        false,
+    );
+    Http2Settings {
+        enabled,
+        max_concurrent_streams: u32::try_from(max_concurrent_streams)
+            .unwrap_or(d.max_concurrent_streams),
+        max_header_list_size: u32::try_from(max_header_list_size).unwrap_or(d.max_header_list_size),
+        initial_window_size: u32::try_from(initial_window_size).unwrap_or(d.initial_window_size),
+        max_frame_size: u32::try_from(max_frame_size).unwrap_or(d.max_frame_size),
+        max_resets: u32::try_from(max_resets).unwrap_or(d.max_resets),
+        reset_window,
+    }
 }
 
 /// Two listen addresses cannot both be bound: same port (not 0) and same IP, or one is the

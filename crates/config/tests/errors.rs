@@ -18,7 +18,7 @@ fn unknown_key_typo_points_at_the_key() {
     let text = "[[listeners]]\nname = \"public\"\nadress = \"127.0.0.1:8080\"\n";
     assert_eq!(
         err(text),
-        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`, `shed`; did you mean `address`?"
+        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`, `http2`, `shed`; did you mean `address`?"
     );
 }
 
@@ -856,5 +856,25 @@ fn listener_tls_watch_keys() {
     assert_eq!(
         err(&tls_with("watch_interval = \"0s\"\n")),
         "t.toml:7:18: listeners[0].tls.watch_interval: must be greater than zero"
+    );
+}
+
+#[test]
+fn http2_settings_are_range_checked() {
+    let text = format!(
+        "{UP}[[listeners]]\naddress = \"127.0.0.1:0\"\nhttp2 = {{ max_frame_size = 1024 }}\n[[listeners.routes]]\nproxy = \"api\"\n"
+    );
+    let e = err(&text);
+    assert!(
+        e.contains("listeners[0].http2.max_frame_size: must be at least 16384 bytes"),
+        "{e}"
+    );
+    let text = format!(
+        "{UP}[[listeners]]\naddress = \"127.0.0.1:0\"\n[listeners.http2]\nreset_window = \"0s\"\n[[listeners.routes]]\nproxy = \"api\"\n"
+    );
+    let e = err(&text);
+    assert!(
+        e.contains("listeners[0].http2.reset_window: must be greater than zero"),
+        "{e}"
     );
 }

@@ -484,3 +484,25 @@ workers: one per core; drain_timeout 30s
         "{default}"
     );
 }
+
+#[test]
+fn explain_shows_http2_settings_that_differ() {
+    let text = r#"
+[[listeners]]
+address = "127.0.0.1:8080"
+http2 = { max_concurrent_streams = 10, reset_window = "1m" }
+[[listeners.routes]]
+respond = { status = 200 }
+[[listeners]]
+address = "127.0.0.1:8081"
+http2.enabled = false
+[[listeners.routes]]
+respond = { status = 200 }
+"#;
+    let out = explain(&parse(text, "t").unwrap());
+    assert!(
+        out.contains("  http2 (h2c): max_concurrent_streams 10 (default 100), reset_window 1m (default 10s)\n"),
+        "{out}"
+    );
+    assert!(out.contains("  http2: off (HTTP/1.1 only)\n"), "{out}");
+}

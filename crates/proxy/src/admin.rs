@@ -775,6 +775,16 @@ pub fn metrics(control: &Control) -> String {
             "Changed listener certificate files that were refused (the previous certificates stay).",
             &stats.tls_certificate_reload_failures,
         ),
+        (
+            "portico_h2_connections_total",
+            "Downstream connections served as HTTP/2 (ALPN h2 or h2c).",
+            &stats.h2_connections,
+        ),
+        (
+            "portico_h2_reset_floods_total",
+            "HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for resetting too many streams.",
+            &stats.h2_reset_floods,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);

@@ -42,6 +42,8 @@ pub struct ListenerTls {
     settings: TlsSettings,
     /// Shared with the listener's earlier and later configurations: a swap keeps resuming.
     resumption: portico_tls::Resumption,
+    /// Offer ALPN `h2` (the listener serves HTTP/2).
+    http2: bool,
     config: ArcSwap<tokio_rustls::rustls::ServerConfig>,
     watch: Mutex<WatchState>,
 }
@@ -53,19 +55,23 @@ struct WatchState {
 }
 
 impl ListenerTls {
-    /// Load the listener's files and build its configuration (an error names the file).
+    /// Load the listener's files and build its configuration (an error names the file); `http2`
+    /// adds `h2` to the ALPN list.
     pub fn new(
         name: &str,
         settings: &TlsSettings,
         resumption: portico_tls::Resumption,
+        http2: bool,
     ) -> Result<ListenerTls, portico_tls::TlsError> {
         // Stamps first: a change while the files are read is seen by the next check.
         let stamps = files(settings).iter().map(stamp).collect();
         let config = portico_tls::server_config(settings, &resumption)?;
+        let config = portico_tls::with_alpn(config, http2);
         Ok(ListenerTls {
             name: name.to_string(),
             settings: settings.clone(),
             resumption,
+            http2,
             config: ArcSwap::new(config),
             watch: Mutex::new(WatchState {
                 stamps,
@@ -97,7 +103,8 @@ impl ListenerTls {
         state.stamps = stamps;
         match portico_tls::server_config(&self.settings, &self.resumption) {
             Ok(config) => {
-                self.config.store(config);
+                self.config
+                    .store(portico_tls::with_alpn(config, self.http2));
                 stats
                     .tls_certificate_reloads
                     .fetch_add(1, Ordering::Relaxed);
@@ -209,7 +216,7 @@ mod tests {
             client_auth: None,
             watch,
         };
-        let tls = ListenerTls::new(name, &settings, portico_tls::Resumption::new()).unwrap();
+        let tls = ListenerTls::new(name, &settings, portico_tls::Resumption::new(), false).unwrap();
         (tls, files)
     }
 

@@ -57,6 +57,12 @@ pub enum ProxyError {
     QueueTimeout,
     #[error("shed: the worker is saturated")]
     Shed,
+    #[error("malformed HTTP/2 request: {0}")]
+    Http2Malformed(&'static str),
+    #[error("CONNECT is not served over HTTP/2")]
+    Http2Connect,
+    #[error("internal error: {0}")]
+    Internal(&'static str),
 }
 
 impl ProxyError {
@@ -81,6 +87,9 @@ impl ProxyError {
                 504
             }
             ProxyError::ClientClosed | ProxyError::ClientIo(_) => 400,
+            ProxyError::Http2Malformed(_) => 400,
+            ProxyError::Http2Connect => 501,
+            ProxyError::Internal(_) => 500,
         }
     }
 
@@ -116,6 +125,10 @@ impl ProxyError {
             ProxyError::QueueFull => (Side::Proxy, Cause::QueueFull),
             ProxyError::QueueTimeout => (Side::Proxy, Cause::QueueTimeout),
             ProxyError::Shed => (Side::Proxy, Cause::Shed),
+            ProxyError::Http2Malformed(_) | ProxyError::Http2Connect => {
+                (Side::Client, Cause::BadRequest)
+            }
+            ProxyError::Internal(_) => (Side::Proxy, Cause::BadResponse),
         };
         Termination::new(side, phase, cause)
     }

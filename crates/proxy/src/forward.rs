@@ -411,7 +411,7 @@ fn absolute_authority(target: &str) -> Option<&str> {
 /// What a failed exchange says about the server, for passive checks: timeouts, and resets
 /// before a response. A reused connection closed under us is the keep-alive race (the server
 /// closed it while idle), not a failing server; client-side errors say nothing about it.
-fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
+pub(crate) fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
     match e {
         ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => Some(Report::Timeout),
         _ if reused && is_stale(e) => None,
@@ -421,7 +421,7 @@ fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
 }
 
 /// A reused connection that died before answering: the server closed it while idle.
-fn is_stale(e: &ProxyError) -> bool {
+pub(crate) fn is_stale(e: &ProxyError) -> bool {
     matches!(e, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_))
 }
 
@@ -448,7 +448,7 @@ pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 
 /// Connect to `addr`, and for a TLS group finish the handshake, all under `t`; also says how
 /// long that took.
-async fn connect(
+pub(crate) async fn connect(
     addr: SocketAddr,
     t: Duration,
     tls: Option<&GroupTls>,
@@ -586,7 +586,7 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 }
 
 /// Read the final response head; interim 1xx heads (not 101) are collected raw for the client.
-async fn read_response_head<R: AsyncRead + Unpin>(
+pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
     ur: &mut R,
     rbuf: &mut BytesMut,
     method: &Method,

@@ -7,6 +7,7 @@ pub mod conn;
 pub mod date;
 pub mod error;
 pub mod forward;
+pub mod h2;
 pub mod headers;
 pub mod health;
 pub mod load;

@@ -358,12 +358,16 @@ impl Control {
                         .cloned()
                         .unwrap_or_else(portico_tls::Resumption::new);
                     resumption_kept.insert(l.name.clone(), resumption.clone());
-                    let tls = crate::cert_watch::ListenerTls::new(&l.name, t, resumption).map_err(
-                        |source| StartError::Tls {
-                            name: l.name.clone(),
-                            source,
-                        },
-                    )?;
+                    let tls = crate::cert_watch::ListenerTls::new(
+                        &l.name,
+                        t,
+                        resumption,
+                        l.http2.enabled,
+                    )
+                    .map_err(|source| StartError::Tls {
+                        name: l.name.clone(),
+                        source,
+                    })?;
                     Some(Arc::new(tls))
                 }
                 None => None,
@@ -955,7 +959,7 @@ async fn accept_loop(
                     }
                 }
             };
-            conn::serve(stream, peer, ctx).await;
+            crate::h2::dispatch(stream, peer, ctx).await;
             drop(guard);
         });
     }

@@ -175,6 +175,10 @@ pub struct Stats {
     /// Listener certificates loaded again because their files changed, and changed files refused.
     pub tls_certificate_reloads: AtomicU64,
     pub tls_certificate_reload_failures: AtomicU64,
+    /// Connections served as HTTP/2 (ALPN h2 or h2c).
+    pub h2_connections: AtomicU64,
+    /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for resetting too many streams.
+    pub h2_reset_floods: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -201,6 +205,8 @@ impl Default for Stats {
             upstream_tls_failures: AtomicU64::new(0),
             tls_certificate_reloads: AtomicU64::new(0),
             tls_certificate_reload_failures: AtomicU64::new(0),
+            h2_connections: AtomicU64::new(0),
+            h2_reset_floods: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),

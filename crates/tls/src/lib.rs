@@ -159,9 +159,30 @@ pub fn server_config(
         None => {}
     }
     config.session_storage = storage;
-    // No h2 until HTTP/2 is served.
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // `h2` is added by `with_alpn` for listeners that serve HTTP/2.
+    config.alpn_protocols = alpn_protocols(false);
     Ok(Arc::new(config))
+}
+
+/// The ALPN protocols a listener offers, in preference order: `h2` before `http/1.1` when it
+/// serves HTTP/2.
+pub fn alpn_protocols(http2: bool) -> Vec<Vec<u8>> {
+    if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    }
+}
+
+/// `config` with the ALPN list of [`alpn_protocols`] (a copy when it changes).
+pub fn with_alpn(config: Arc<rustls::ServerConfig>, http2: bool) -> Arc<rustls::ServerConfig> {
+    let alpn = alpn_protocols(http2);
+    if config.alpn_protocols == alpn {
+        return config;
+    }
+    let mut c = (*config).clone();
+    c.alpn_protocols = alpn;
+    Arc::new(c)
 }
 
 /// The mTLS verifier: client certificates must chain to a CA of `auth.ca`.
@@ -476,6 +497,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        // HTTP/2 listeners offer h2 first; the shared config is copied only when it changes.
+        let h2 = with_alpn(cfg.clone(), true);
+        assert_eq!(
+            h2.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        assert!(Arc::ptr_eq(&with_alpn(cfg.clone(), false), &cfg));
     }
 
     #[test]

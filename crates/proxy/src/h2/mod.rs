@@ -1,0 +1,379 @@
+//! Downstream HTTP/2: protocol choice per connection (ALPN `h2`, h2c prior knowledge), the connection loop (settings, drain, idle, rapid-reset defence), one local task per stream.
+
+mod request;
+mod stream;
+
+use crate::conn::{self, Ctx};
+use crate::server::{ListenerState, Snapshot, Worker};
+use crate::stats::{Cause, Phase, Side, Termination};
+use crate::stream::ClientStream;
+use bytes::Bytes;
+use portico_config::Http2Settings;
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+/// The HTTP/2 client connection preface (RFC 9113 3.4).
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Run an accepted (and TLS-terminated) connection as HTTP/2 or HTTP/1.1.
+pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
+    let settings = ctx.ls.listener.http2;
+    if !settings.enabled {
+        return conn::serve(stream, peer, ctx).await;
+    }
+    let proto = match &stream {
+        ClientStream::Tls(t) => {
+            if t.get_ref().1.alpn_protocol() == Some(b"h2") {
+                Sniffed::Http2
+            } else {
+                Sniffed::Http1
+            }
+        }
+        ClientStream::Plain(s) => sniff(s, ctx.ls.listener.limits.head_timeout).await,
+    };
+    match proto {
+        Sniffed::Http2 => serve(stream, peer, ctx).await,
+        Sniffed::Http1 => conn::serve(stream, peer, ctx).await,
+        Sniffed::Neither => {
+            // Not an HTTP/1.x request line and not the preface: an invalid preface is a
+            // connection error (RFC 9113 3.4), so the connection closes without an answer.
+            let stats = &ctx.shared.stats;
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            stats.record(Termination::new(
+                Side::Client,
+                Phase::RequestHead,
+                Cause::BadRequest,
+            ));
+            tracing::debug!(%peer, "neither HTTP/1.x nor the HTTP/2 preface: closed");
+            // Consume what was peeked so the close is a FIN, not a reset.
+            if let ClientStream::Plain(s) = &stream {
+                let mut buf = vec![0u8; SNIFF_MAX];
+                let _ = s.try_read(&mut buf);
+            }
+        }
+    }
+}
+
+/// What a plain connection's first bytes say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sniffed {
+    Http2,
+    Http1,
+    /// Neither an HTTP/1.x request line nor the HTTP/2 preface.
+    Neither,
+}
+
+/// Classify the first bytes of a plain connection; `None`: more bytes are needed.
+pub fn classify(buf: &[u8]) -> Option<Sniffed> {
+    let n = buf.len().min(PREFACE.len());
+    if buf[..n] == PREFACE[..n] {
+        return (buf.len() >= PREFACE.len()).then_some(Sniffed::Http2);
+    }
+    // Empty lines before a request are allowed (RFC 9112 2.2).
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    let rest = &buf[start..];
+    // The usual case, decided from the first bytes: a standard method and a space.
+    const METHODS: [&[u8]; 8] = [
+        b"GET ",
+        b"POST ",
+        b"HEAD ",
+        b"PUT ",
+        b"DELETE ",
+        b"OPTIONS ",
+        b"PATCH ",
+        b"TRACE ",
+    ];
+    if METHODS.iter().any(|m| rest.starts_with(m)) {
+        return Some(Sniffed::Http1);
+    }
+    match rest.iter().position(|&b| b == b'\n') {
+        Some(nl) => {
+            let line = rest[..nl].strip_suffix(b"\r").unwrap_or(&rest[..nl]);
+            if line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0") {
+                Some(Sniffed::Http1)
+            } else {
+                Some(Sniffed::Neither)
+            }
+        }
+        // A long line without an end: the HTTP/1 codec answers it (414).
+        None if buf.len() >= SNIFF_MAX => Some(Sniffed::Http1),
+        None => None,
+    }
+}
+
+/// Bytes peeked at most before deciding.
+const SNIFF_MAX: usize = 8 * 1024;
+
+/// Peek (without consuming) until [`classify`] decides, under the head deadline. A connection
+/// that closes or stalls goes to the HTTP/1 path, which handles both.
+async fn sniff(s: &TcpStream, deadline: Duration) -> Sniffed {
+    // One small peek decides nearly every connection (the preface, or a method and a space).
+    let mut first = [0u8; PREFACE.len()];
+    match s.peek(&mut first).await {
+        Ok(0) | Err(_) => return Sniffed::Http1,
+        Ok(n) => {
+            // `classify` only answers once more bytes cannot change the answer.
+            if let Some(v) = classify(&first[..n]) {
+                return v;
+            }
+        }
+    }
+    let mut buf = vec![0u8; SNIFF_MAX];
+    let mut seen = 0;
+    let mut backoff = Duration::from_millis(1);
+    let work = async {
+        loop {
+            let n = match s.peek(&mut buf).await {
+                Ok(0) | Err(_) => return Sniffed::Http1,
+                Ok(n) => n,
+            };
+            if let Some(v) = classify(&buf[..n]) {
+                return v;
+            }
+            // Peeking does not consume, so readiness stays set: wait a little for more bytes
+            // (a preface or request line split across segments is rare).
+            if n == seen {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(50));
+            } else {
+                backoff = Duration::from_millis(1);
+            }
+            seen = n;
+        }
+    };
+    tokio::time::timeout(deadline, work)
+        .await
+        .unwrap_or(Sniffed::Http1)
+}
+
+/// The configuration a stream runs on: its listener's state in a snapshot. Streams share it by
+/// `Rc` (a thread-local count), not by cloning the `Arc`s all workers share.
+pub(crate) struct Current {
+    pub ls: Arc<ListenerState>,
+    pub shared: Snapshot,
+}
+
+/// State of one HTTP/2 connection shared with its stream tasks (all on this worker's thread).
+pub(crate) struct Link {
+    pub worker: Rc<Worker>,
+    pub peer: SocketAddr,
+    pub client_ip: String,
+    pub tls: bool,
+    pub client_cert_subject: Option<String>,
+    slot: u64,
+    current: RefCell<Rc<Current>>,
+    settings: Http2Settings,
+    /// Streams whose task is running.
+    active: Cell<usize>,
+    /// When the last stream ended (or the connection began).
+    idle_since: Cell<Instant>,
+    /// Wakes the connection loop when `active` drops to zero.
+    idle: Notify,
+    /// Client resets in the current window: (window start, count).
+    resets: Cell<(Instant, u32)>,
+    /// Signalled once resets exceed the limit.
+    calm: Notify,
+}
+
+impl Link {
+    /// The newest snapshot and this listener's state in it (a listener a reload removed keeps
+    /// its last state until the connection ends).
+    pub fn current(&self) -> Rc<Current> {
+        let mut cur = self.current.borrow_mut();
+        if self.worker.generation() != cur.shared.generation {
+            let newest = self.worker.snapshot();
+            if let Some(ls) = newest.listener(self.slot) {
+                *cur = Rc::new(Current {
+                    ls: ls.clone(),
+                    shared: newest,
+                });
+            }
+        }
+        cur.clone()
+    }
+
+    fn stream_started(&self) {
+        self.active.set(self.active.get() + 1);
+    }
+
+    fn stream_ended(&self) {
+        self.active.set(self.active.get().saturating_sub(1));
+        if self.active.get() == 0 {
+            self.idle_since.set(Instant::now());
+            self.idle.notify_one();
+        }
+    }
+
+    /// Count a stream reset by the client; past the limit the connection gets GOAWAY
+    /// ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
+    pub fn client_reset(&self) {
+        let now = Instant::now();
+        let (start, n) = self.resets.get();
+        let (start, n) = if now.duration_since(start) > self.settings.reset_window {
+            (now, 1)
+        } else {
+            (start, n.saturating_add(1))
+        };
+        self.resets.set((start, n));
+        if n == self.settings.max_resets.saturating_add(1) {
+            self.calm.notify_one();
+        }
+    }
+}
+
+/// Serve an HTTP/2 connection until it closes: accept streams (one local task each), GOAWAY on
+/// shutdown or listener stop (streams in flight finish), on idleness, after
+/// `max_requests_per_connection` streams, and ENHANCE_YOUR_CALM on a reset flood.
+pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
+    let settings = ctx.ls.listener.http2;
+    let limits = ctx.ls.listener.limits;
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .max_header_list_size(settings.max_header_list_size)
+        .initial_window_size(settings.initial_window_size)
+        .initial_connection_window_size(
+            settings
+                .initial_window_size
+                .saturating_mul(4)
+                .min((1 << 31) - 1),
+        )
+        .max_frame_size(settings.max_frame_size)
+        // Streams reset before this task accepted them (h2 answers ENHANCE_YOUR_CALM itself).
+        .max_pending_accept_reset_streams(settings.max_resets.min(20) as usize);
+    let link = Rc::new(Link {
+        worker: ctx.worker.clone(),
+        peer,
+        client_ip: peer.ip().to_string(),
+        tls: stream.is_tls(),
+        client_cert_subject: stream.client_cert_subject(),
+        slot: ctx.ls.slot,
+        current: RefCell::new(Rc::new(Current {
+            ls: ctx.ls.clone(),
+            shared: ctx.shared.clone(),
+        })),
+        settings,
+        active: Cell::new(0),
+        idle_since: Cell::new(Instant::now()),
+        idle: Notify::new(),
+        resets: Cell::new((Instant::now(), 0)),
+        calm: Notify::new(),
+    });
+    let mut conn = match tokio::time::timeout(
+        limits.head_timeout,
+        builder.handshake::<_, Bytes>(stream),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "HTTP/2 handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "HTTP/2 preface not received in time");
+            return;
+        }
+    };
+    ctx.shared
+        .stats
+        .h2_connections
+        .fetch_add(1, Ordering::Relaxed);
+    let mut draining = false;
+    let mut served: u64 = 0;
+    if *ctx.shutdown.borrow() {
+        conn.graceful_shutdown();
+        draining = true;
+    }
+    loop {
+        let idle_armed = !draining && link.active.get() == 0;
+        let idle_at =
+            tokio::time::Instant::from_std(link.idle_since.get()) + limits.keepalive_timeout;
+        tokio::select! {
+            biased;
+            _ = link.calm.notified() => {
+                tracing::info!(%peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
+                ctx.shared.stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
+                conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                draining = true;
+            }
+            r = ctx.shutdown.changed(), if !draining => {
+                if r.is_err() || *ctx.shutdown.borrow() {
+                    conn.graceful_shutdown();
+                    draining = true;
+                }
+            }
+            _ = tokio::time::sleep_until(idle_at), if idle_armed => {
+                if link.active.get() == 0 {
+                    conn.graceful_shutdown();
+                    draining = true;
+                }
+            }
+            // Only wakes the loop to re-arm the idle timer.
+            _ = link.idle.notified(), if !idle_armed => {}
+            r = conn.accept() => match r {
+                None => break,
+                Some(Err(e)) => {
+                    tracing::debug!(%peer, "HTTP/2 connection ended: {e}");
+                    break;
+                }
+                Some(Ok((req, respond))) => {
+                    served += 1;
+                    link.stream_started();
+                    let link = link.clone();
+                    tokio::task::spawn_local(async move {
+                        stream::handle(&link, req, respond).await;
+                        link.stream_ended();
+                    });
+                    let max = limits.max_requests_per_connection;
+                    if !draining && max > 0 && served >= max {
+                        conn.graceful_shutdown();
+                        draining = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{classify, Sniffed, PREFACE, SNIFF_MAX};
+
+    #[test]
+    fn preface_is_http2_once_complete() {
+        assert_eq!(classify(PREFACE), Some(Sniffed::Http2));
+        assert_eq!(classify(&PREFACE[..10]), None);
+        assert_eq!(
+            classify(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"),
+            Some(Sniffed::Neither)
+        );
+    }
+
+    #[test]
+    fn request_lines_are_http1_and_garbage_is_neither() {
+        assert_eq!(
+            classify(b"GET / HTTP/1.1\r\nHost: a\r\n"),
+            Some(Sniffed::Http1)
+        );
+        assert_eq!(classify(b"\r\nGET / HTTP/1.0\n"), Some(Sniffed::Http1));
+        assert_eq!(classify(b"GET / HTT"), Some(Sniffed::Http1));
+        assert_eq!(classify(b"GE"), None);
+        assert_eq!(classify(b"BREW / HTT"), None);
+        assert_eq!(classify(b"BREW / HTTP/1.1\r\n"), Some(Sniffed::Http1));
+        assert_eq!(
+            classify(b"INVALID CONNECTION PREFACE\r\n\r\n"),
+            Some(Sniffed::Neither)
+        );
+        assert_eq!(classify(&vec![b'a'; SNIFF_MAX]), Some(Sniffed::Http1));
+    }
+}

@@ -1,0 +1,918 @@
+//! One HTTP/2 stream: translate, route, run the action (proxy over pooled HTTP/1.1, origin, redirect, respond), relay body and trailers under flow control, record once.
+
+use super::request::{to_http1, Reject};
+use super::{Current, Link};
+use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
+use crate::error::ProxyError;
+use crate::forward::{connect, cookie_value, failure_report, is_stale, read_response_head};
+use crate::headers::{self, Forwarding};
+use crate::pool::{PoolKey, UpConn};
+use crate::stats::{Phase, Termination};
+use crate::timing::Timings;
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use portico_config::{Action, Balance, HeaderRules, ProxyAction, Route};
+use portico_http1::{
+    encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
+    ResponseHead,
+};
+use portico_upstream::{PickError, Report};
+use std::future::poll_fn;
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::timeout;
+
+/// Far-away deadline while a request body is still streaming.
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A stream being served.
+struct Stream<'a> {
+    link: &'a Link,
+    cur: Rc<Current>,
+    respond: SendResponse<Bytes>,
+    body: RecvStream,
+    /// Phase timings for the access log (the head is complete when the stream arrives).
+    timings: Timings,
+}
+
+/// Serve one stream; exactly one termination record and one access-log line.
+pub(super) async fn handle(
+    link: &Link,
+    req: http::Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+) {
+    let started = Instant::now();
+    let cur = link.current();
+    cur.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+    let (parts, body) = req.into_parts();
+    let has_body = !body.is_end_stream();
+    let mut s = Stream {
+        link,
+        cur,
+        respond,
+        body,
+        timings: Timings::begin(started),
+    };
+    let (head, outcome) = match to_http1(&parts, has_body, &s.cur.ls.limits) {
+        Err(reject) => {
+            let (e, what) = match reject {
+                Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
+                Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
+                Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
+            };
+            tracing::debug!(peer = %link.peer, "HTTP/2 request refused: {what}");
+            (None, s.fail(None, e, Phase::RequestHead).await)
+        }
+        Ok(head) => {
+            let o = s.run(&head, started).await;
+            (Some(head), o)
+        }
+    };
+    // A stream the client reset before its end (any phase) counts towards the rapid-reset limit.
+    if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
+        link.client_reset();
+    }
+    s.cur.shared.stats.record(outcome.termination);
+    if let Some(log) = &s.cur.shared.access_log {
+        log.write(
+            link.peer,
+            head.as_ref(),
+            &outcome,
+            &s.timings.phases(started),
+        );
+    }
+}
+
+impl Stream<'_> {
+    async fn run(&mut self, head: &RequestHead, started: Instant) -> Outcome {
+        let cur = self.cur.clone();
+        let ls = &cur.ls;
+        let idx = crate::route::select(
+            &ls.listener.routes,
+            head.method().as_str(),
+            head.host(),
+            head.path(),
+            |n| head.field(n),
+        );
+        let Some(idx) = idx else {
+            return self
+                .fail(Some(head), ProxyError::NoRoute, Phase::Route)
+                .await;
+        };
+        let route = &ls.listener.routes[idx];
+        let outcome = self.run_route(head, route, idx).await;
+        ls.route_stats[idx].record(outcome.status, started.elapsed());
+        outcome
+    }
+
+    async fn run_route(&mut self, head: &RequestHead, route: &Route, idx: usize) -> Outcome {
+        if route.max_body_bytes > 0 {
+            if let Framing::Length(n) = head.framing {
+                if n > route.max_body_bytes {
+                    let e = ProxyError::BodyTooLarge;
+                    return self.fail(Some(head), e, Phase::RequestBody).await;
+                }
+            }
+        }
+        if !matches!(route.action, Action::Proxy(_)) {
+            // Local actions read the whole request first (as for HTTP/1): a malformed end of
+            // stream is then a stream error instead of racing the response.
+            if let Err(e) = self.drain(route.max_body_bytes).await {
+                return self.fail(Some(head), e, Phase::RequestBody).await;
+            }
+        }
+        match &route.action {
+            Action::Proxy(p) => self.proxy(head, route, p).await,
+            Action::Static(_) | Action::Origin(_) => {
+                let cur = self.cur.clone();
+                match cur.ls.origins[idx].as_ref() {
+                    Some(origin) => self.origin(head, origin).await,
+                    None => {
+                        self.fail(Some(head), ProxyError::NoRoute, Phase::Route)
+                            .await
+                    }
+                }
+            }
+            Action::Redirect { status, location } => {
+                let extra = [("location", location.as_str())];
+                self.local(head, *status, "text/plain", b"", &extra).await
+            }
+            Action::Fixed {
+                status,
+                content_type,
+                body,
+            } => {
+                self.local(head, *status, content_type, body.as_bytes(), &[])
+                    .await
+            }
+        }
+    }
+
+    /// Read and discard the request body and trailers, under the route's size limit.
+    async fn drain(&mut self, max: u64) -> Result<(), ProxyError> {
+        if self.body.is_end_stream() {
+            return Ok(());
+        }
+        let started = tokio::time::Instant::now();
+        let min_rate = self.cur.ls.listener.limits.body_min_rate;
+        let mut received = 0u64;
+        loop {
+            let Some(next) = next_data(&mut self.body, started, received, min_rate).await? else {
+                break;
+            };
+            received += next.len() as u64;
+            if max > 0 && received > max {
+                return Err(ProxyError::BodyTooLarge);
+            }
+            let _ = self.body.flow_control().release_capacity(next.len());
+        }
+        match timeout(STALL_TIMEOUT, self.body.trailers()).await {
+            Err(_) => Err(ProxyError::BodyTooSlow),
+            Ok(r) => r.map(|_| ()).map_err(h2_error),
+        }
+    }
+
+    /// Answer with an error status (unless the client is gone) and describe the failure.
+    async fn fail(&mut self, head: Option<&RequestHead>, e: ProxyError, phase: Phase) -> Outcome {
+        let status = e.status();
+        tracing::debug!(peer = %self.link.peer, target = head.map_or("-", |h| h.target()), "HTTP/2 request failed: {e}");
+        let sent = if e.client_gone() {
+            0
+        } else {
+            let head_only = head.is_some_and(|h| *h.method() == Method::Head);
+            send_simple(
+                &mut self.respond,
+                status,
+                "text/plain",
+                crate::conn::error_body(status),
+                &[],
+                head_only,
+            )
+            .await
+            .unwrap_or(0)
+        };
+        Outcome {
+            termination: e.termination(phase),
+            status,
+            keep_alive: true,
+            bytes_sent: sent,
+            upstream: None,
+        }
+    }
+
+    /// A response generated here (respond, redirect).
+    async fn local(
+        &mut self,
+        head: &RequestHead,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let head_only = *head.method() == Method::Head;
+        match send_simple(
+            &mut self.respond,
+            status,
+            content_type,
+            body,
+            extra,
+            head_only,
+        )
+        .await
+        {
+            Ok(n) => Outcome::ok(status, true, n),
+            Err(e) => Outcome {
+                termination: e.termination(Phase::ResponseBody),
+                status,
+                keep_alive: true,
+                bytes_sent: 0,
+                upstream: None,
+            },
+        }
+    }
+
+    /// The origin action: its HTTP/1 head is parsed back and sent as HTTP/2.
+    async fn origin(&mut self, head: &RequestHead, origin: &portico_origin::Origin) -> Outcome {
+        let mut buf = BytesMut::with_capacity(512);
+        let reply = origin.respond(head, &mut buf);
+        encode::end_head(&mut buf);
+        if let Some(d) = reply.delay {
+            tokio::time::sleep(d).await;
+        }
+        let status = reply.status;
+        let resp = match parse_response(&mut buf, head.method(), &Limits::default()) {
+            Ok(Some(r)) => r,
+            _ => {
+                let e = ProxyError::Internal("origin head did not parse");
+                return self.fail(Some(head), e, Phase::ResponseHead).await;
+            }
+        };
+        let response = response_from(&resp, &HeaderRules::default(), false);
+        let end = matches!(reply.body, portico_origin::Body::Empty);
+        let mut send = match self.respond.send_response(response, end) {
+            Ok(s) => s,
+            Err(e) => return client_failed(e, status, Phase::ResponseHead),
+        };
+        let r: Result<u64, ProxyError> = async {
+            match reply.body {
+                portico_origin::Body::Empty => Ok(0),
+                portico_origin::Body::Bytes(b) => {
+                    let n = b.len() as u64;
+                    send_body(&mut send, b, true).await?;
+                    Ok(n)
+                }
+                portico_origin::Body::File {
+                    mut file,
+                    offset,
+                    len,
+                } => {
+                    use std::io::{Read, Seek, SeekFrom};
+                    file.seek(SeekFrom::Start(offset))
+                        .map_err(ProxyError::ClientIo)?;
+                    let mut left = len;
+                    while left > 0 {
+                        let want = left.min(MAX_CHUNK as u64) as usize;
+                        let mut buf = vec![0u8; want];
+                        let n = file.read(&mut buf).map_err(ProxyError::ClientIo)?;
+                        if n == 0 {
+                            return Err(ProxyError::ClientIo(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "file shrank while serving",
+                            )));
+                        }
+                        buf.truncate(n);
+                        left -= n as u64;
+                        send_body(&mut send, Bytes::from(buf), left == 0).await?;
+                    }
+                    Ok(len)
+                }
+            }
+        }
+        .await;
+        match r {
+            Ok(n) => Outcome::ok(status, true, n),
+            Err(e) => {
+                send.send_reset(h2::Reason::INTERNAL_ERROR);
+                Outcome {
+                    termination: e.termination(Phase::ResponseBody),
+                    status,
+                    keep_alive: true,
+                    bytes_sent: 0,
+                    upstream: None,
+                }
+            }
+        }
+    }
+
+    /// The proxy action over a pooled HTTP/1.1 upstream connection (the HTTP/2 counterpart of
+    /// `forward::proxy`).
+    async fn proxy(&mut self, head: &RequestHead, route: &Route, p: &ProxyAction) -> Outcome {
+        let cur = self.cur.clone();
+        let shared = &cur.shared;
+        let mut gi = p.upstream;
+        let mut hops = 0;
+        let asked = Instant::now();
+        let (upstream, guard) = loop {
+            let upstream = &shared.upstreams[gi];
+            let key = hash_key(&upstream.group().balance, &self.link.client_ip, head);
+            let e = match upstream.pick_at(key, None, asked) {
+                Ok(guard) => break (upstream, guard),
+                Err(PickError::AtLimit) => ProxyError::NoServer,
+                Err(PickError::Unavailable) => match upstream.group().fallback {
+                    Some(f) if f < shared.upstreams.len() && hops < shared.upstreams.len() => {
+                        gi = f;
+                        hops += 1;
+                        continue;
+                    }
+                    _ => ProxyError::Unavailable,
+                },
+            };
+            shared.group_stats[gi]
+                .no_server
+                .fetch_add(1, Ordering::Relaxed);
+            return self.fail(Some(head), e, Phase::Connect).await;
+        };
+        let group = &**upstream.group();
+        let server = guard.index();
+        let addr = guard.address();
+        let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
+        let pool_key = PoolKey {
+            addr,
+            tls: tls.map_or(0, |t| t.pool_id),
+        };
+
+        let target = route.upstream_target(head.target());
+        let authority = if p.preserve_host && head.field("host").is_some() {
+            String::new()
+        } else {
+            addr.to_string()
+        };
+        let mut ubuf = BytesMut::with_capacity(1024);
+        headers::upstream_request(
+            &mut ubuf,
+            head,
+            &target,
+            p,
+            &route.request_headers,
+            &Forwarding {
+                client_ip: &self.link.client_ip,
+                proto: if self.link.tls { "https" } else { "http" },
+                authority: &authority,
+                absolute: false,
+                client_cert_subject: self.link.client_cert_subject.as_deref(),
+            },
+        );
+        let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
+        let chunked = head.framing == Framing::Chunked;
+        let retryable = head.method().is_idempotent() && !has_body;
+        let mut fresh_only = false;
+        let (mut up, reused, resp, body_done) = loop {
+            let pooled = if fresh_only {
+                None
+            } else {
+                self.link.worker.pool.take(pool_key)
+            };
+            let reused = pooled.is_some();
+            self.timings.connect = None;
+            let mut up = match pooled {
+                Some(u) => u,
+                None => match connect(addr, group.connect_timeout, tls).await {
+                    Ok((u, took)) => {
+                        self.timings.connect = Some(took);
+                        shared
+                            .stats
+                            .upstream_connects
+                            .fetch_add(1, Ordering::Relaxed);
+                        if tls.is_some() {
+                            match u.stream.resumed() {
+                                true => &shared.stats.upstream_tls_resumed,
+                                false => &shared.stats.upstream_tls_full,
+                            }
+                            .fetch_add(1, Ordering::Relaxed);
+                        }
+                        u
+                    }
+                    Err(e) => {
+                        let report = match e {
+                            ProxyError::ConnectTimeout => Report::Timeout,
+                            _ => Report::ConnectError,
+                        };
+                        upstream.report(server, report, Instant::now());
+                        return self.fail(Some(head), e, Phase::Connect).await;
+                    }
+                },
+            };
+            let body_limit = route.max_body_bytes;
+            let r = {
+                let Stream { respond, body, .. } = self;
+                let work = exchange(
+                    &mut up,
+                    &ubuf,
+                    head.method(),
+                    has_body.then_some(body),
+                    chunked,
+                    body_limit,
+                    self.cur.ls.listener.limits.body_min_rate,
+                    group.response_header_timeout,
+                    group.idle_timeout,
+                );
+                tokio::select! {
+                    r = work => r,
+                    _ = poll_fn(|cx| respond.poll_reset(cx)) => {
+                        Err((ProxyError::ClientClosed, Phase::ResponseHead))
+                    }
+                }
+            };
+            match r {
+                Ok((resp, body_done)) => {
+                    let status = resp.status();
+                    let got = Instant::now();
+                    upstream.report(server, Report::Response { status }, got);
+                    self.timings.response = Some(got);
+                    break (up, reused, resp, body_done);
+                }
+                Err((e, _)) if reused && retryable && up.rbuf.is_empty() && is_stale(&e) => {
+                    shared
+                        .stats
+                        .upstream_retries
+                        .fetch_add(1, Ordering::Relaxed);
+                    fresh_only = true;
+                }
+                Err((e, phase)) => {
+                    if let Some(report) = failure_report(&e, reused) {
+                        upstream.report(server, report, Instant::now());
+                    }
+                    let mut o = self.fail(Some(head), e, phase).await;
+                    o.upstream = Some(addr);
+                    return o;
+                }
+            }
+        };
+        if let Some(h) = shared.group_stats[gi].header_time.get(server) {
+            h.observe(asked.elapsed());
+        }
+        shared
+            .stats
+            .upstream_requests
+            .fetch_add(1, Ordering::Relaxed);
+        if reused {
+            shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
+        }
+        let status = resp.status();
+        if status == 101 {
+            let mut o = self
+                .fail(
+                    Some(head),
+                    ProxyError::UnexpectedUpgrade,
+                    Phase::ResponseHead,
+                )
+                .await;
+            o.upstream = Some(addr);
+            return o;
+        }
+        let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
+        let response = response_from(&resp, &route.response_headers, p.via);
+        let end = matches!(resp.framing, Framing::None | Framing::Length(0));
+        let mut send = match self.respond.send_response(response, end) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut o = client_failed(e, status, Phase::ResponseHead);
+                o.upstream = Some(addr);
+                return o;
+            }
+        };
+        let relayed = if end {
+            // Nothing to relay; a Length(0) body has nothing buffered either.
+            Ok(0)
+        } else {
+            relay(&mut up, &mut send, resp.framing, group.idle_timeout).await
+        };
+        match relayed {
+            Ok(sent) => {
+                if up_reusable {
+                    let cap = group.keepalive.div_ceil(shared.workers);
+                    self.link
+                        .worker
+                        .pool
+                        .put(pool_key, up, cap, group.idle_timeout);
+                }
+                drop(guard);
+                Outcome {
+                    termination: Termination::OK,
+                    status,
+                    keep_alive: true,
+                    bytes_sent: sent,
+                    upstream: Some(addr),
+                }
+            }
+            Err(e) => {
+                if !e.client_gone() {
+                    send.send_reset(h2::Reason::INTERNAL_ERROR);
+                }
+                Outcome {
+                    termination: e.termination(Phase::ResponseBody),
+                    status,
+                    keep_alive: true,
+                    bytes_sent: 0,
+                    upstream: Some(addr),
+                }
+            }
+        }
+    }
+}
+
+/// Grace period before the listener's `body_min_rate` is enforced (as for HTTP/1.1 bodies).
+const BODY_RATE_GRACE: Duration = Duration::from_secs(10);
+
+/// The next DATA of a request body, under the listener's minimum body rate (or
+/// [`STALL_TIMEOUT`] when no rate is set); `None` at the end of the body.
+async fn next_data(
+    body: &mut RecvStream,
+    started: tokio::time::Instant,
+    received: u64,
+    min_rate: u64,
+) -> Result<Option<Bytes>, ProxyError> {
+    let due = crate::conn::body_byte_due(started, received, min_rate, BODY_RATE_GRACE);
+    let r = match due {
+        Some(due) => tokio::time::timeout_at(due, body.data()).await,
+        None => timeout(STALL_TIMEOUT, body.data()).await,
+    };
+    match r {
+        Err(_) => Err(ProxyError::BodyTooSlow),
+        Ok(None) => Ok(None),
+        Ok(Some(r)) => r.map(Some).map_err(h2_error),
+    }
+}
+
+/// The hash input for hash balancing, if the group hashes.
+fn hash_key<'a>(balance: &Balance, client_ip: &'a str, head: &'a RequestHead) -> Option<&'a [u8]> {
+    match balance {
+        Balance::HashClientIp => Some(client_ip.as_bytes()),
+        Balance::HashHeader(name) => head.field(name),
+        Balance::HashCookie(name) => head
+            .field("cookie")
+            .and_then(|v| cookie_value(v, name.as_bytes())),
+        _ => None,
+    }
+}
+
+fn h2_error(e: h2::Error) -> ProxyError {
+    if e.is_reset() && e.is_remote() {
+        return ProxyError::ClientClosed;
+    }
+    if e.is_io() {
+        if let Some(io) = e.into_io() {
+            return ProxyError::ClientIo(io);
+        }
+        return ProxyError::ClientClosed;
+    }
+    ProxyError::ClientIo(io::Error::other(e.to_string()))
+}
+
+fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
+    Outcome {
+        termination: h2_error(e).termination(phase),
+        status,
+        keep_alive: true,
+        bytes_sent: 0,
+        upstream: None,
+    }
+}
+
+/// Send `data` as DATA frames, waiting for flow-control capacity; a client that grants none
+/// for [`STALL_TIMEOUT`] is cut off.
+async fn send_body(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+) -> Result<(), ProxyError> {
+    if data.is_empty() && end {
+        return finish(send);
+    }
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let cap = match timeout(STALL_TIMEOUT, poll_fn(|cx| send.poll_capacity(cx))).await {
+            Err(_) => {
+                return Err(ProxyError::ClientIo(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "client granted no flow-control window in time",
+                )))
+            }
+            Ok(None) => return Err(ProxyError::ClientClosed),
+            Ok(Some(Err(e))) => return Err(h2_error(e)),
+            Ok(Some(Ok(n))) => n,
+        };
+        if cap == 0 {
+            continue;
+        }
+        let chunk = data.split_to(cap.min(data.len()));
+        send.send_data(chunk, end && data.is_empty())
+            .map_err(h2_error)?;
+    }
+    Ok(())
+}
+
+fn finish(send: &mut SendStream<Bytes>) -> Result<(), ProxyError> {
+    send.send_data(Bytes::new(), true).map_err(h2_error)
+}
+
+/// A small complete response generated here; returns the body bytes sent.
+async fn send_simple(
+    respond: &mut SendResponse<Bytes>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+    head_only: bool,
+) -> Result<u64, ProxyError> {
+    let mut b = http::Response::builder()
+        .status(status)
+        .header("server", "portico");
+    for (n, v) in extra {
+        b = b.header(*n, *v);
+    }
+    if status == 503 {
+        b = b.header("retry-after", "1");
+    }
+    let bodyless = status == 204 || status == 304;
+    if !bodyless {
+        b = b
+            .header("content-type", content_type)
+            .header("content-length", body.len());
+    }
+    b = crate::date::with_date(|d| b.header("date", d));
+    let response = b
+        .body(())
+        .map_err(|e| ProxyError::ClientIo(io::Error::other(e)))?;
+    let end = head_only || bodyless || body.is_empty();
+    let mut send = respond.send_response(response, end).map_err(h2_error)?;
+    if end {
+        return Ok(0);
+    }
+    send_body(&mut send, Bytes::copy_from_slice(body), true).await?;
+    Ok(body.len() as u64)
+}
+
+fn listed(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// The HTTP/2 response for an HTTP/1 response head: hop-by-hop fields dropped (and
+/// content-length unless the body is length-delimited), route rules and Via applied.
+fn response_from(resp: &ResponseHead, rules: &HeaderRules, via: bool) -> http::Response<()> {
+    let mut headers = HeaderMap::new();
+    let mut prev_via: Option<&[u8]> = None;
+    let set = |n: &str| rules.set.iter().any(|(s, _)| s.eq_ignore_ascii_case(n));
+    for (name, value) in resp.fields() {
+        if resp.is_hop_by_hop(name) || listed(&rules.remove, name) || set(name) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("content-length")
+            && !matches!(resp.framing, Framing::Length(_) | Framing::None)
+        {
+            continue;
+        }
+        if via && name.eq_ignore_ascii_case("via") {
+            prev_via = Some(value);
+            continue;
+        }
+        append(&mut headers, name, value);
+    }
+    if via {
+        let mut v = Vec::with_capacity(32);
+        if let Some(p) = prev_via.filter(|p| !p.is_empty()) {
+            v.extend_from_slice(p);
+            v.extend_from_slice(b", ");
+        }
+        v.extend_from_slice(b"1.1 portico");
+        append(&mut headers, "via", &v);
+    }
+    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
+        append(&mut headers, n, v.as_bytes());
+    }
+    let mut r = http::Response::new(());
+    *r.status_mut() =
+        http::StatusCode::from_u16(resp.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *r.headers_mut() = headers;
+    r
+}
+
+/// Append a field if its name and value are valid in HTTP/2 (names are lowercased).
+fn append(headers: &mut HeaderMap, name: &str, value: &[u8]) {
+    if let (Ok(n), Ok(v)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_bytes(value),
+    ) {
+        headers.append(n, v);
+    }
+}
+
+/// Raw HTTP/1 trailer lines (`name: value\r\n`) -> HTTP/2 trailers (hop-by-hop names dropped).
+fn trailers_from(raw: &[u8]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for line in raw.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let Ok(name) = std::str::from_utf8(&line[..colon]) else {
+            continue;
+        };
+        if portico_http1::head::is_fixed_hop_by_hop(name)
+            || name.eq_ignore_ascii_case("content-length")
+        {
+            continue;
+        }
+        append(&mut map, name, line[colon + 1..].trim_ascii());
+    }
+    map
+}
+
+/// Write the head, stream the request body while waiting for the response head; return the
+/// final head and whether the request body was completely sent.
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
+    up: &mut UpConn,
+    ubuf: &[u8],
+    method: &Method,
+    body: Option<&mut RecvStream>,
+    chunked: bool,
+    max_body: u64,
+    min_rate: u64,
+    header_timeout: Duration,
+    idle: Duration,
+) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
+    match timeout(idle, up.stream.write_all(ubuf)).await {
+        Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
+        Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
+        Ok(Ok(())) => {}
+    }
+    let mut interim = Vec::new();
+    let (mut ur, mut uw) = up.stream.split();
+    let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, &mut interim);
+    tokio::pin!(head_fut);
+    let Some(body) = body else {
+        return match timeout(header_timeout, head_fut).await {
+            Err(_) => Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
+            Ok(r) => r.map(|h| (h, true)).map_err(|e| (e, Phase::ResponseHead)),
+        };
+    };
+    let body_fut = upload(body, &mut uw, chunked, max_body, min_rate, idle);
+    tokio::pin!(body_fut);
+    let sleep = tokio::time::sleep(FAR);
+    tokio::pin!(sleep);
+    let mut body_done = false;
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut head_fut => {
+                let h = r.map_err(|e| (e, Phase::ResponseHead))?;
+                if !body_done && h.status() < 300 {
+                    body_fut.await.map_err(|e| (e, Phase::RequestBody))?;
+                    body_done = true;
+                }
+                return Ok((h, body_done));
+            }
+            r = &mut body_fut, if !body_done => {
+                r.map_err(|e| (e, Phase::RequestBody))?;
+                body_done = true;
+                sleep.as_mut().reset(tokio::time::Instant::now() + header_timeout);
+            }
+            _ = &mut sleep => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
+        }
+    }
+}
+
+/// Stream the request body upstream (chunked when the client sent no content-length, with its
+/// trailers), releasing flow-control capacity as it is written.
+async fn upload<W: AsyncWrite + Unpin>(
+    body: &mut RecvStream,
+    w: &mut W,
+    chunked: bool,
+    max: u64,
+    min_rate: u64,
+    idle: Duration,
+) -> Result<(), ProxyError> {
+    let mut scratch = BytesMut::new();
+    let started = tokio::time::Instant::now();
+    let mut received = 0u64;
+    loop {
+        let Some(next) = next_data(body, started, received, min_rate).await? else {
+            break;
+        };
+        let n = next.len();
+        received += n as u64;
+        if max > 0 && received > max {
+            return Err(ProxyError::BodyTooLarge);
+        }
+        if n > 0 {
+            match timeout(
+                idle,
+                crate::conn::write_framed(w, &mut scratch, &next, chunked),
+            )
+            .await
+            {
+                Err(_) => return Err(ProxyError::UpstreamIdle),
+                Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
+                Ok(Ok(())) => {}
+            }
+        }
+        let _ = body.flow_control().release_capacity(n);
+    }
+    if chunked {
+        let trailers = match timeout(STALL_TIMEOUT, body.trailers()).await {
+            Err(_) => return Err(ProxyError::BodyTooSlow),
+            Ok(r) => r.map_err(h2_error)?,
+        };
+        let mut lines = BytesMut::new();
+        for (n, v) in trailers.iter().flatten() {
+            encode::field(&mut lines, n.as_str(), v.as_bytes());
+        }
+        scratch.clear();
+        encode::last_chunk(&mut scratch, &lines);
+        match timeout(idle, w.write_all(&scratch)).await {
+            Err(_) => return Err(ProxyError::UpstreamIdle),
+            Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
+        }
+    }
+    Ok(())
+}
+
+/// Relay the response body as DATA frames, its chunked trailers as HTTP/2 trailers (gRPC's
+/// `grpc-status`). Returns the body bytes sent once the upstream side is complete.
+async fn relay(
+    up: &mut UpConn,
+    send: &mut SendStream<Bytes>,
+    framing: Framing,
+    idle: Duration,
+) -> Result<u64, ProxyError> {
+    let mut dec = BodyDecoder::new(framing);
+    let mut sent = 0u64;
+    loop {
+        let step = dec
+            .decode(&mut up.rbuf, MAX_CHUNK)
+            .map_err(ProxyError::BadResponseBody)?;
+        match step {
+            Decoded::Data(d) => {
+                sent += d.len() as u64;
+                send_body(send, d, false).await?;
+            }
+            Decoded::Done { trailers } => {
+                let map = trailers_from(&trailers);
+                if map.is_empty() {
+                    finish(send)?;
+                } else {
+                    send.send_trailers(map).map_err(h2_error)?;
+                }
+                return Ok(sent);
+            }
+            Decoded::NeedMore => {
+                if up.rbuf.capacity() - up.rbuf.len() < 4096 {
+                    up.rbuf.reserve(MAX_CHUNK);
+                }
+                let read = tokio::select! {
+                    r = timeout(idle, up.stream.read_buf(&mut up.rbuf)) => r,
+                    r = poll_fn(|cx| send.poll_reset(cx)) => {
+                        return Err(match r {
+                            Ok(_) => ProxyError::ClientClosed,
+                            Err(e) => h2_error(e),
+                        });
+                    }
+                };
+                match read {
+                    Err(_) => return Err(ProxyError::UpstreamIdle),
+                    Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
+                    Ok(Ok(0)) => {
+                        if let Decoded::Done { .. } =
+                            dec.on_eof().map_err(ProxyError::BadResponseBody)?
+                        {
+                            finish(send)?;
+                            return Ok(sent);
+                        }
+                        return Err(ProxyError::UpstreamClosed);
+                    }
+                    Ok(Ok(_)) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trailers_from;
+
+    #[test]
+    fn chunked_trailers_become_http2_trailers() {
+        let t = trailers_from(b"grpc-status: 0\r\nGrpc-Message: ok \r\nTE: x\r\n");
+        assert_eq!(t.get("grpc-status").unwrap(), "0");
+        assert_eq!(t.get("grpc-message").unwrap(), "ok");
+        assert!(t.get("te").is_none());
+        assert!(trailers_from(b"").is_empty());
+    }
+}

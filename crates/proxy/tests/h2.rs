@@ -1,0 +1,684 @@
+//! Downstream HTTP/2 end to end: an in-process h2 client (h2c prior knowledge and TLS with ALPN
+//! h2) against a real portico and scripted HTTP/1.1 upstreams.
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use portico_proxy::{start, Running};
+use portico_testkit::{Reply, TestUpstream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+/// Every test step is bounded by this.
+const T: Duration = Duration::from_secs(10);
+
+fn proxy(toml: &str) -> Running {
+    let cfg = portico_config::parse(toml, "h2-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+/// A plain listener "p" whose single route proxies to `up`, with `extra` listener lines.
+fn plain_proxy(up: SocketAddr, extra: &str) -> Running {
+    proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+{extra}
+[[listeners.routes]]
+path = "/fixed"
+respond = {{ status = 201, body = "fixed" }}
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{up}"]
+"#
+    ))
+}
+
+type Conn = JoinHandle<Result<(), h2::Error>>;
+
+/// An h2c (prior knowledge) client on `addr`; the connection runs in its own task.
+async fn h2c(addr: SocketAddr) -> (SendRequest<Bytes>, Conn) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    (client, tokio::spawn(conn))
+}
+
+struct Got {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+    trailers: Option<http::HeaderMap>,
+}
+
+async fn read(resp: h2::client::ResponseFuture) -> Result<Got, h2::Error> {
+    let resp = tokio::time::timeout(T, resp)
+        .await
+        .expect("response in time")?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let mut body = resp.into_body();
+    let mut out = Vec::new();
+    while let Some(d) = tokio::time::timeout(T, body.data())
+        .await
+        .expect("body in time")
+    {
+        let d = d?;
+        let _ = body.flow_control().release_capacity(d.len());
+        out.extend_from_slice(&d);
+    }
+    let trailers = tokio::time::timeout(T, body.trailers())
+        .await
+        .expect("trailers")?;
+    Ok(Got {
+        status,
+        headers,
+        body: out,
+        trailers,
+    })
+}
+
+fn request(method: &str, uri: &str, fields: &[(&str, &str)]) -> http::Request<()> {
+    let mut b = http::Request::builder().method(method).uri(uri);
+    for (n, v) in fields {
+        b = b.header(*n, *v);
+    }
+    b.body(()).unwrap()
+}
+
+async fn get(client: &mut SendRequest<Bytes>, uri: &str) -> Got {
+    let mut c = tokio::time::timeout(T, client.clone().ready())
+        .await
+        .expect("ready in time")
+        .unwrap();
+    let (resp, _) = c.send_request(request("GET", uri, &[]), true).unwrap();
+    *client = c;
+    read(resp).await.unwrap()
+}
+
+/// Poll until `f` holds (bounded by `T`).
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + T;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn h2c_multiplexes_streams_to_pooled_http1_upstreams() {
+    let up = TestUpstream::start(|r| Reply::ok(&format!("you asked {}", r.target)));
+    let p = plain_proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let (client, conn) = h2c(addr).await;
+    // Eight streams in flight at once on one connection.
+    let mut pending = Vec::new();
+    for i in 0..8 {
+        let mut c = client.clone().ready().await.unwrap();
+        let req = request(
+            "GET",
+            &format!("http://app.test/item/{i}?q=1"),
+            &[("cookie", "a=1"), ("cookie", "b=2"), ("te", "trailers")],
+        );
+        let (resp, _) = c.send_request(req, true).unwrap();
+        pending.push((i, resp));
+    }
+    for (i, resp) in pending {
+        let got = read(resp).await.unwrap();
+        assert_eq!(got.status, 200);
+        assert_eq!(got.body, format!("you asked /item/{i}?q=1").as_bytes());
+        assert!(got.headers.get("connection").is_none());
+    }
+    let reqs = up.requests();
+    assert_eq!(reqs.len(), 8);
+    for r in &reqs {
+        assert_eq!(r.header("x-forwarded-proto"), Some("http"));
+        assert_eq!(r.header("x-forwarded-host"), Some("app.test"));
+        assert_eq!(r.header("x-forwarded-for"), Some("127.0.0.1"));
+        assert_eq!(r.header("host"), Some("app.test"), ":authority is the Host");
+        assert_eq!(r.header("cookie"), Some("a=1; b=2"));
+        assert_eq!(r.header("te"), None, "TE is hop-by-hop");
+    }
+    // Local route on the same connection.
+    let mut c = client.clone();
+    let got = get(&mut c, "http://app.test/fixed").await;
+    assert_eq!(
+        (got.status, got.body.as_slice()),
+        (201, b"fixed".as_slice())
+    );
+    // Sequential requests reuse upstream connections.
+    let before = up.connection_count();
+    for _ in 0..3 {
+        assert_eq!(get(&mut c, "http://app.test/again").await.status, 200);
+    }
+    assert!(
+        up.connection_count() <= before + 1,
+        "pooled connections reused"
+    );
+    let stats = p.stats();
+    assert_eq!(
+        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
+        12
+    );
+    assert_eq!(stats.terminations(portico_proxy::Termination::OK), 12);
+    drop(c);
+    drop(client);
+    let _ = tokio::time::timeout(T, conn).await;
+}
+
+#[tokio::test]
+async fn request_bodies_upload_chunked_or_with_length() {
+    let up = TestUpstream::start(|r| Reply::ok(&format!("got {}", r.body.len())));
+    let p = plain_proxy(up.addr, "");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let payload = Bytes::from(vec![b'x'; 200 * 1024]);
+
+    // No content-length: chunked upstream, sent in several DATA frames under flow control.
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, mut send) = c
+        .send_request(request("POST", "http://a/up", &[]), false)
+        .unwrap();
+    let mut rest = payload.clone();
+    while !rest.is_empty() {
+        send.reserve_capacity(rest.len());
+        let cap = std::future::poll_fn(|cx| send.poll_capacity(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        let n = cap.min(rest.len());
+        send.send_data(rest.split_to(n), rest.is_empty()).unwrap();
+    }
+    let got = read(resp).await.unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, b"got 204800");
+
+    // With content-length.
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, mut send) = c
+        .send_request(
+            request("PUT", "http://a/up", &[("content-length", "5")]),
+            false,
+        )
+        .unwrap();
+    send.send_data(Bytes::from_static(b"hello"), true).unwrap();
+    let got = read(resp).await.unwrap();
+    assert_eq!(got.body, b"got 5");
+
+    let reqs = up.requests();
+    assert_eq!(reqs[0].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(reqs[0].body.len(), payload.len());
+    assert_eq!(reqs[1].header("content-length"), Some("5"));
+    assert_eq!(reqs[1].body, b"hello");
+}
+
+/// A one-connection HTTP/1.1 upstream speaking like a gRPC gateway: it reads the chunked request
+/// with its trailers, then answers chunked with `grpc-status` trailers.
+fn grpc_upstream() -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The request ends with the last chunk's trailer section.
+        while !seen.windows(5).any(|w| w == b"\r\n0\r\n") || !seen.ends_with(b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(seen);
+        let _ = s.write_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntrailer: grpc-status\r\ntransfer-encoding: chunked\r\n\r\n\
+              7\r\n\0\0\0\0\x02ok\r\n0\r\ngrpc-status: 0\r\ngrpc-message: fine\r\n\r\n",
+        );
+        let _ = s.read(&mut buf);
+    });
+    (addr, rx)
+}
+
+#[tokio::test]
+async fn grpc_style_exchange_passes_trailers_both_ways() {
+    let (up, seen) = grpc_upstream();
+    let p = plain_proxy(up, "");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.ready().await.unwrap();
+    let req = request(
+        "POST",
+        "http://grpc.test/pkg.Svc/Call",
+        &[("content-type", "application/grpc"), ("te", "trailers")],
+    );
+    let (resp, mut send) = c.send_request(req, false).unwrap();
+    send.send_data(Bytes::from_static(b"\0\0\0\0\x03abc"), false)
+        .unwrap();
+    let mut t = http::HeaderMap::new();
+    t.insert("x-req-trailer", "yes".parse().unwrap());
+    send.send_trailers(t).unwrap();
+    let got = read(resp).await.unwrap();
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body, b"\0\0\0\0\x02ok");
+    let trailers = got.trailers.expect("response trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(trailers.get("grpc-message").unwrap(), "fine");
+    assert!(
+        got.headers.get("trailer").is_none(),
+        "hop-by-hop Trailer dropped"
+    );
+    let raw = String::from_utf8_lossy(&seen.recv_timeout(T).unwrap()).into_owned();
+    assert!(raw.starts_with("POST /pkg.Svc/Call HTTP/1.1\r\n"), "{raw}");
+    assert!(
+        raw.contains("transfer-encoding: chunked\r\n")
+            || raw.contains("Transfer-Encoding: chunked\r\n"),
+        "{raw}"
+    );
+    assert!(
+        raw.ends_with("\r\n0\r\nx-req-trailer: yes\r\n\r\n"),
+        "{raw}"
+    );
+}
+
+#[tokio::test]
+async fn section_8_violations_are_refused() {
+    let up = TestUpstream::start(|_| Reply::ok("should not be reached"));
+    let p = plain_proxy(up.addr, "");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+
+    // A value with leading whitespace (RFC 9113 8.2.1): 400, never forwarded.
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, _) = c
+        .send_request(request("GET", "http://a/x", &[("x-pad", " padded")]), true)
+        .unwrap();
+    assert_eq!(read(resp).await.unwrap().status, 400);
+
+    // CONNECT is not translated: 501.
+    let mut c = client.clone().ready().await.unwrap();
+    let req = http::Request::builder()
+        .method("CONNECT")
+        .uri("a.test:443")
+        .body(())
+        .unwrap();
+    let (resp, _) = c.send_request(req, true).unwrap();
+    assert_eq!(read(resp).await.unwrap().status, 501);
+
+    // content-length disagreeing with the DATA sent: a stream error, not a request upstream.
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, mut send) = c
+        .send_request(
+            request("POST", "http://a/x", &[("content-length", "10")]),
+            false,
+        )
+        .unwrap();
+    send.send_data(Bytes::from_static(b"short"), true).unwrap();
+    match read(resp).await {
+        Err(e) => assert_eq!(e.reason(), Some(h2::Reason::PROTOCOL_ERROR), "{e}"),
+        Ok(g) => assert!(g.status >= 400, "status {}", g.status),
+    }
+
+    // The connection is still usable, and the upstream saw nothing.
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/fixed").await.status, 201);
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn oversized_header_lists_are_refused() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = plain_proxy(
+        up.addr,
+        "[listeners.http2]\nmax_header_list_size = \"2k\"\n[listeners.limits]\nmax_headers = 5",
+    );
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    // Over SETTINGS_MAX_HEADER_LIST_SIZE: the h2 layer answers 431 (or refuses the stream).
+    let big = "v".repeat(4096);
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, _) = c
+        .send_request(request("GET", "http://a/x", &[("x-big", &big)]), true)
+        .unwrap();
+    match read(resp).await {
+        Ok(g) => assert_eq!(g.status, 431),
+        Err(e) => assert_eq!(e.reason(), Some(h2::Reason::REFUSED_STREAM), "{e}"),
+    }
+    // Within the h2 limit but over the listener's field count: 431 from the translation.
+    let fields: Vec<(String, String)> = (0..8).map(|i| (format!("x-{i}"), "1".into())).collect();
+    let refs: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, _) = c
+        .send_request(request("GET", "http://a/x", &refs), true)
+        .unwrap();
+    assert_eq!(read(resp).await.unwrap().status, 431);
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/small").await.status, 200);
+    assert_eq!(up.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn rapid_reset_gets_goaway_enhance_your_calm() {
+    let up = TestUpstream::start(|_| Reply::Stall(Duration::from_secs(20)));
+    let p = plain_proxy(
+        up.addr,
+        "[listeners.http2]\nmax_resets = 5\nreset_window = \"1m\"",
+    );
+    let (client, conn) = h2c(p.addr("p").unwrap()).await;
+    for i in 0..10 {
+        let Ok(ready) = tokio::time::timeout(T, client.clone().ready())
+            .await
+            .unwrap()
+        else {
+            break;
+        };
+        let mut c = ready;
+        let Ok((_resp, mut send)) = c.send_request(request("GET", "http://a/slow", &[]), true)
+        else {
+            break;
+        };
+        // Reset once the request is in flight upstream: the proxy's own counter sees it.
+        // (Or stop once the GOAWAY has ended the connection.)
+        until("the request upstream", || {
+            up.requests().len() > i || conn.is_finished()
+        })
+        .await;
+        if conn.is_finished() {
+            break;
+        }
+        send.send_reset(h2::Reason::CANCEL);
+    }
+    let r = tokio::time::timeout(T, conn)
+        .await
+        .expect("connection ends")
+        .unwrap();
+    let e = r.expect_err("GOAWAY");
+    assert!(e.is_go_away(), "{e}");
+    assert_eq!(e.reason(), Some(h2::Reason::ENHANCE_YOUR_CALM), "{e}");
+    assert!(up.requests().len() <= 7, "the flood was cut off");
+    let flooded = p
+        .stats()
+        .h2_reset_floods
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(flooded, 1);
+}
+
+#[tokio::test]
+async fn shutdown_sends_goaway_and_in_flight_streams_finish() {
+    let up = TestUpstream::start(|_| Reply::Stall(Duration::from_millis(300)));
+    let p = plain_proxy(up.addr, "");
+    let (client, conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.ready().await.unwrap();
+    let (resp, _) = c
+        .send_request(request("GET", "http://a/slow", &[]), true)
+        .unwrap();
+    until("the request upstream", || !up.requests().is_empty()).await;
+    p.shutdown();
+    let got = read(resp).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"late".as_slice()));
+    // The connection then closes cleanly (GOAWAY NO_ERROR).
+    let r = tokio::time::timeout(T, conn)
+        .await
+        .expect("connection ends")
+        .unwrap();
+    if let Err(e) = r {
+        assert_eq!(e.reason(), Some(h2::Reason::NO_ERROR), "{e}");
+    }
+    tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
+}
+
+#[tokio::test]
+async fn http1_still_served_on_h2c_listeners_and_garbage_closed() {
+    let up = TestUpstream::start(|_| Reply::ok("one"));
+    let p = plain_proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let r = tokio::task::spawn_blocking(move || {
+        let h1 = portico_testkit::exchange_raw(
+            addr,
+            b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        // Closed without a byte of answer (a reset would do too).
+        let bad = portico_testkit::exchange_raw(addr, b"INVALID CONNECTION PREFACE\r\n\r\n")
+            .unwrap_or_default();
+        (h1, bad)
+    })
+    .await
+    .unwrap();
+    assert!(
+        r.0.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&r.0)
+    );
+    assert!(
+        r.1.is_empty(),
+        "an invalid preface gets no HTTP/1 answer: {}",
+        String::from_utf8_lossy(&r.1)
+    );
+}
+
+// --- TLS with ALPN ---------------------------------------------------------------------------
+
+fn write_cert(dir: &Path) -> (PathBuf, PathBuf, rustls::pki_types::CertificateDer<'static>) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k, cert.der().clone())
+}
+
+#[tokio::test]
+async fn tls_alpn_selects_h2_and_http1_remains_available() {
+    let dir = std::env::temp_dir().join(format!("portico-h2-it-{}", std::process::id()));
+    let (cert, key, der) = write_cert(&dir);
+    let up = TestUpstream::start(|_| Reply::ok("over tls"));
+    let p = proxy(&format!(
+        r#"
+[[listeners]]
+name = "tls"
+address = "127.0.0.1:0"
+[listeners.tls]
+certificates = [{{ cert = "{}", key = "{}" }}]
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        cert.display(),
+        key.display(),
+        up.addr
+    ));
+    let addr = p.addr("tls").unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der).unwrap();
+    let connect = |alpn: Vec<Vec<u8>>| {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots.clone())
+        .with_no_client_auth();
+        cfg.alpn_protocols = alpn;
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            connector.connect(name, tcp).await.unwrap()
+        }
+    };
+    let tls = connect(vec![b"h2".to_vec(), b"http/1.1".to_vec()]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (client, _conn) = h2::client::handshake(tls).await.unwrap();
+    let _conn = tokio::spawn(_conn);
+    let mut c = client.clone();
+    let got = get(&mut c, "https://localhost/secure").await;
+    assert_eq!(
+        (got.status, got.body.as_slice()),
+        (200, b"over tls".as_slice())
+    );
+    assert_eq!(up.requests()[0].header("x-forwarded-proto"), Some("https"));
+
+    // A client that offers only http/1.1 gets it.
+    let tls = connect(vec![b"http/1.1".to_vec()]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One raw HTTP/2 frame.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+#[test]
+fn continuation_flood_ends_the_connection() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.http2]\nmax_header_list_size = \"4k\"");
+    let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.set_write_timeout(Some(T)).unwrap();
+    // Ten literal fields of ~100 bytes per frame (HPACK "literal without indexing, new name").
+    let mut block = Vec::new();
+    for i in 0..10u8 {
+        block.extend_from_slice(&[0x00, 0x03, b'x', b'-', b'a' + i, 100]);
+        block.extend_from_slice(&[b'v'; 100]);
+    }
+    let mut out = portico_proxy::h2::PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    let get = [0x82, 0x86, 0x84, 0x41, 0x01, b'a']; // :method GET, :scheme http, :path /, :authority a
+    out.extend(frame(0x1, 0, 1, &get)); // HEADERS without END_HEADERS
+    let _ = s.write_all(&out);
+    // Up to ~1 MB of CONTINUATION frames that never end the header block.
+    for _ in 0..1000 {
+        if s.write_all(&frame(0x9, 0, 1, &block)).is_err() {
+            break;
+        }
+    }
+    // The server must have ended the connection: GOAWAY (ENHANCE_YOUR_CALM) or a reset.
+    if let Some(code) = goaway_code(&mut s) {
+        assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
+    }
+    assert!(up.requests().is_empty());
+}
+
+#[tokio::test]
+async fn origin_and_redirect_actions_answer_over_h2() {
+    let p = proxy(
+        r#"
+[[listeners]]
+name = "o"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+path = "/old"
+redirect = "/new"
+redirect_status = 308
+[[listeners.routes]]
+origin = true
+"#,
+    );
+    let (client, _conn) = h2c(p.addr("o").unwrap()).await;
+    let mut c = client.clone();
+    let got = get(&mut c, "http://o.test/bytes/20000").await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body.len(), 20000);
+    assert_eq!(got.headers.get("content-length").unwrap(), "20000");
+    let got = get(&mut c, "http://o.test/?size=10&status=404").await;
+    assert_eq!((got.status, got.body.len()), (404, 10));
+    let got = get(&mut c, "http://o.test/old").await;
+    assert_eq!(got.status, 308);
+    assert_eq!(got.headers.get("location").unwrap(), "/new");
+}
+
+#[tokio::test]
+async fn a_reload_that_removes_the_listener_sends_goaway() {
+    let up = TestUpstream::start(|_| Reply::Stall(Duration::from_millis(200)));
+    let p = plain_proxy(up.addr, "");
+    let (client, conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.ready().await.unwrap();
+    let (resp, _) = c
+        .send_request(request("GET", "http://a/slow", &[]), true)
+        .unwrap();
+    until("the request upstream", || !up.requests().is_empty()).await;
+    let other = portico_config::parse(
+        "[[listeners]]\nname = \"q\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nrespond = { status = 200 }\n",
+        "reload.toml",
+    )
+    .unwrap();
+    let summary = p.reload(other).unwrap();
+    assert_eq!(summary.removed, vec!["p".to_string()]);
+    // The stream in flight finishes, then the connection ends with GOAWAY NO_ERROR.
+    let got = read(resp).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"late".as_slice()));
+    let r = tokio::time::timeout(T, conn)
+        .await
+        .expect("connection ends")
+        .unwrap();
+    if let Err(e) = r {
+        assert_eq!(e.reason(), Some(h2::Reason::NO_ERROR), "{e}");
+    }
+}
+
+/// Read until the server's GOAWAY (its error code) or the end of the connection (`None`);
+/// panics if the connection stays open.
+fn goaway_code(s: &mut std::net::TcpStream) -> Option<u32> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+            Err(e) => panic!("the connection stayed open: {e}"),
+        }
+        // Walk the frames received so far looking for GOAWAY (type 7).
+        let mut at = 0;
+        while seen.len() >= at + 9 {
+            let len = u32::from_be_bytes([0, seen[at], seen[at + 1], seen[at + 2]]) as usize;
+            if seen.len() < at + 9 + len {
+                break;
+            }
+            if seen[at + 3] == 0x7 && len >= 8 {
+                let p = &seen[at + 9..at + 17];
+                return Some(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
+            }
+            at += 9 + len;
+        }
+    }
+}
+
+#[test]
+fn hpack_bomb_ends_the_connection() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.http2]\nmax_header_list_size = \"4k\"");
+    let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.set_write_timeout(Some(T)).unwrap();
+    // One 3000-byte field added to the dynamic table, then referenced 2000 times: a 5 KB block
+    // that decodes to 6 MB.
+    let mut block = vec![0x82, 0x86, 0x84, 0x41, 0x01, b'a'];
+    block.extend_from_slice(&[0x40, 0x03, b'x', b'-', b'b', 0x7f, 0xb9, 0x16]);
+    block.extend_from_slice(&[b'v'; 3000]);
+    block.extend(std::iter::repeat_n(0xbe, 2000)); // indexed: dynamic entry 62
+    let mut out = portico_proxy::h2::PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4 | 0x1, 1, &block)); // HEADERS, END_HEADERS | END_STREAM
+    let _ = s.write_all(&out);
+    if let Some(code) = goaway_code(&mut s) {
+        assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
+    }
+    assert!(up.requests().is_empty());
+}
