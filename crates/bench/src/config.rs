@@ -10,7 +10,7 @@ use std::time::Duration;
 /// build it from [`Flags::default`].
 #[derive(Debug, Clone, clap::Args)]
 pub struct Flags {
-    /// Target URL (http:// only).
+    /// Target URL (http:// or https://).
     pub url: String,
     /// Offered rate, requests/s over all connections (open loop).
     #[arg(long, short = 'R')]
@@ -75,6 +75,27 @@ pub struct Flags {
     /// Name of the run in reports (default: the URL).
     #[arg(long)]
     pub label: Option<String>,
+    /// HTTPS: the TLS version to offer, 1.2 or 1.3 (default: both).
+    #[arg(long, value_name = "1.2|1.3")]
+    pub tls_version: Option<String>,
+    /// HTTPS: cipher suites to offer, in order, comma-separated (rustls names, e.g.
+    /// TLS13_AES_128_GCM_SHA256).
+    #[arg(long, value_name = "LIST")]
+    pub tls_ciphers: Option<String>,
+    /// HTTPS: key-exchange groups to offer, in order, comma-separated (X25519, secp256r1,
+    /// secp384r1, X25519MLKEM768...).
+    #[arg(long, value_name = "LIST")]
+    pub tls_groups: Option<String>,
+    /// HTTPS: session resumption (tickets and session IDs) on or off.
+    #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
+          value_parser = crate::tls::parse_on_off)]
+    pub tls_resume: bool,
+    /// HTTPS: do not verify the server's certificate (self-signed benchmark certificates).
+    #[arg(long, short = 'k')]
+    pub insecure: bool,
+    /// HTTPS: trust the CA certificates of this PEM file instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
     /// The command line, stored in the JSON (set by the CLI, not a flag).
     #[arg(skip)]
     pub command: Option<String>,
@@ -104,6 +125,12 @@ impl Default for Flags {
             slo: None,
             bisect: None,
             label: None,
+            tls_version: None,
+            tls_ciphers: None,
+            tls_groups: None,
+            tls_resume: true,
+            insecure: false,
+            cacert: None,
             command: None,
         }
     }
@@ -138,8 +165,10 @@ pub struct Target {
     pub port: u16,
     /// The request target: path and query, at least `/`.
     pub path: String,
-    /// The `Host` field value: host, with the port when it is not 80.
+    /// The `Host` field value: host, with the port when it is not the scheme's default.
     pub authority: String,
+    /// `https://`.
+    pub tls: bool,
 }
 
 /// A validated benchmark configuration.
@@ -158,6 +187,8 @@ pub struct Config {
     pub close: bool,
     pub timeout: Duration,
     pub pids: Vec<u32>,
+    /// `https://`: the client configuration.
+    pub tls: Option<crate::tls::TlsClient>,
     /// `--label`.
     pub label: Option<String>,
     /// The command line, for the JSON.
@@ -253,6 +284,32 @@ impl Config {
                 None => b.as_bytes().to_vec(),
             },
         };
+        let tls = if target.tls {
+            Some(crate::tls::TlsClient::new(
+                &crate::tls::TlsOptions {
+                    version: f.tls_version.clone(),
+                    ciphers: f.tls_ciphers.clone(),
+                    groups: f.tls_groups.clone(),
+                    insecure: f.insecure,
+                    cacert: f.cacert.clone(),
+                    resume: f.tls_resume,
+                },
+                &target.host,
+            )?)
+        } else {
+            let tls_flags = [
+                ("--tls-version", f.tls_version.is_some()),
+                ("--tls-ciphers", f.tls_ciphers.is_some()),
+                ("--tls-groups", f.tls_groups.is_some()),
+                ("--tls-resume off", !f.tls_resume),
+                ("--insecure", f.insecure),
+                ("--cacert", f.cacert.is_some()),
+            ];
+            if let Some((name, _)) = tls_flags.iter().find(|(_, given)| *given) {
+                return Err(flag(format!("{name} needs an https:// URL")));
+            }
+            None
+        };
         let addr = resolve(&target)?;
         Ok(Config {
             target,
@@ -268,6 +325,7 @@ impl Config {
             close: f.close,
             timeout: f.timeout,
             pids: f.pids.clone(),
+            tls,
             label: f.label.clone(),
             command: f.command.clone(),
         })
@@ -296,7 +354,7 @@ fn resolve(t: &Target) -> Result<SocketAddr, BenchError> {
     })
 }
 
-/// Parse `http://host[:port][/path][?query]`. `https://` and other schemes are refused (for now).
+/// Parse `http://host[:port][/path][?query]` or `https://...`. Other schemes are refused.
 pub fn parse_url(url: &str) -> Result<Target, BenchError> {
     let bad = |reason: &str| BenchError::Url {
         url: url.to_string(),
@@ -306,13 +364,14 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
         .get(..8)
         .map(str::to_ascii_lowercase)
         .unwrap_or_default();
-    let rest = if lower.starts_with("http://") {
-        url.get(7..).unwrap_or_default()
+    let (rest, tls) = if lower.starts_with("http://") {
+        (url.get(7..).unwrap_or_default(), false)
     } else if lower.starts_with("https://") {
-        return Err(bad("https:// is not supported yet (http:// only)"));
+        (url.get(8..).unwrap_or_default(), true)
     } else {
-        return Err(bad("expected http://HOST[:PORT]/PATH"));
+        return Err(bad("expected http://HOST[:PORT]/PATH or https://..."));
     };
+    let default_port = if tls { 443 } else { 80 };
     let rest = rest.split('#').next().unwrap_or_default();
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(split);
@@ -342,7 +401,7 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
         return Err(bad("bad host"));
     }
     let port = match port {
-        None => 80,
+        None => default_port,
         Some(p) => p
             .parse::<u16>()
             .ok()
@@ -366,7 +425,7 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
     } else {
         host.to_string()
     };
-    let authority = if port == 80 {
+    let authority = if port == default_port {
         host_in_field
     } else {
         format!("{host_in_field}:{port}")
@@ -377,6 +436,7 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
         port,
         path,
         authority,
+        tls,
     })
 }
 
@@ -448,8 +508,14 @@ mod tests {
             (t.host.as_str(), t.path.as_str(), t.authority.as_str()),
             ("::1", "/?q", "[::1]:9")
         );
+        let t = parse_url("https://localhost:8443/x").unwrap();
+        assert!(t.tls);
+        assert_eq!((t.port, t.authority.as_str()), (8443, "localhost:8443"));
+        let t = parse_url("HTTPS://h/").unwrap();
+        assert_eq!((t.port, t.authority.as_str(), t.tls), (443, "h", true));
+        assert!(!parse_url("http://h:443/").unwrap().tls);
         for bad in [
-            "https://x/",
+            "https:///",
             "ftp://x/",
             "http:///",
             "http://x:0/",
@@ -532,6 +598,20 @@ mod tests {
             },
             Flags {
                 body: Some("@/nonexistent/file".into()),
+                ..base.clone()
+            },
+            Flags {
+                insecure: true,
+                ..base.clone()
+            },
+            Flags {
+                tls_groups: Some("X25519".into()),
+                ..base.clone()
+            },
+            Flags {
+                url: "https://127.0.0.1:1/".into(),
+                insecure: true,
+                tls_version: Some("1.0".into()),
                 ..base.clone()
             },
         ];

@@ -15,6 +15,7 @@ pub mod schedule;
 pub mod stats;
 pub mod svg;
 pub mod sweep;
+pub mod tls;
 
 pub use config::{parse_duration, parse_header, parse_url, Config, Flags, Mode, Stop};
 pub use error::BenchError;

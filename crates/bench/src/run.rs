@@ -120,6 +120,9 @@ impl Worker {
         }
         let (flow, close) = {
             let mut rec = self.rec.borrow_mut();
+            if let Some(o) = conn.take_opened() {
+                rec.opened(measured, &o);
+            }
             match r {
                 Some(Ok(resp)) => {
                     rec.response(measured, open, &t, resp.status, resp.bytes, since);
@@ -261,7 +264,7 @@ fn worker(
         let tasks: Vec<_> = mine
             .iter()
             .map(|_| {
-                let mut c = Conn::new(cfg.addr, cfg.close);
+                let mut c = Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close);
                 let (close, timeout) = (cfg.close, cfg.timeout);
                 tokio::task::spawn_local(async move {
                     if !close {
@@ -273,7 +276,10 @@ fn worker(
             .collect();
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
-            out.push(t.await.unwrap_or_else(|_| Conn::new(cfg.addr, cfg.close)));
+            out.push(
+                t.await
+                    .unwrap_or_else(|_| Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close)),
+            );
         }
         out
     });
@@ -287,6 +293,12 @@ fn worker(
         Stop::Requests(_) => None,
     };
     let mut rec = Recorder::new(live);
+    let mut conns = conns;
+    for c in &mut conns {
+        if let Some(o) = c.take_opened() {
+            rec.opened(false, &o);
+        }
+    }
     let shared = Arc::new(Shared::new(t0));
     let mut sleeper = None;
     let mut pacer = None;

@@ -307,12 +307,23 @@ fn warmup_is_excluded_and_files_are_written() {
 #[test]
 fn bad_flags_are_typed_errors() {
     let f = Flags {
-        url: "https://127.0.0.1/".into(),
+        url: "ftp://127.0.0.1/".into(),
         rate: Some(1.0),
         ..Flags::default()
     };
     let e = portico_bench::execute(&f, &mut Vec::new(), None).unwrap_err();
-    assert!(e.to_string().contains("https"), "{e}");
+    assert!(e.to_string().contains("https://"), "{e}");
+    let f = Flags {
+        url: "http://127.0.0.1/".into(),
+        rate: Some(1.0),
+        insecure: true,
+        ..Flags::default()
+    };
+    let e = portico_bench::execute(&f, &mut Vec::new(), None).unwrap_err();
+    assert!(
+        e.to_string().contains("--insecure needs an https:// URL"),
+        "{e}"
+    );
     let f = Flags {
         url: "http://127.0.0.1:1/".into(),
         rate: Some(1.0),
