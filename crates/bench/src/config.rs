@@ -10,8 +10,16 @@ use std::time::Duration;
 /// build it from [`Flags::default`].
 #[derive(Debug, Clone, clap::Args)]
 pub struct Flags {
-    /// Target URL (http:// or https://).
+    /// Target URL (http:// or https://); more URLs may follow (same scheme, host and port),
+    /// requested in turn.
+    #[arg(default_value = "", hide_default_value = true, value_name = "URL")]
     pub url: String,
+    /// More target URLs, requested in turn with the first.
+    #[arg(value_name = "URL")]
+    pub more_urls: Vec<String>,
+    /// Read more target URLs from FILE, one per line (blank lines and # comments skipped).
+    #[arg(long, value_name = "FILE")]
+    pub urls_file: Option<PathBuf>,
     /// Offered rate, requests/s over all connections (open loop).
     #[arg(long, short = 'R')]
     pub rate: Option<f64>,
@@ -105,6 +113,8 @@ impl Default for Flags {
     fn default() -> Self {
         Flags {
             url: String::new(),
+            more_urls: Vec::new(),
+            urls_file: None,
             rate: None,
             closed: false,
             connections: 10,
@@ -174,7 +184,10 @@ pub struct Target {
 /// A validated benchmark configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The first URL.
     pub target: Target,
+    /// Every URL, the first included, requested in turn (one on a single-URL run).
+    pub targets: Vec<Target>,
     pub addr: SocketAddr,
     pub mode: Mode,
     pub connections: usize,
@@ -207,7 +220,11 @@ pub const MAX_THREADS: usize = 1024;
 impl Config {
     /// Validate the flags (reads `--body @FILE` and resolves the host).
     pub fn from_flags(f: &Flags) -> Result<Config, BenchError> {
-        let target = parse_url(&f.url)?;
+        let targets = all_targets(f)?;
+        let target = targets
+            .first()
+            .cloned()
+            .ok_or_else(|| flag("a URL is required (or --urls-file FILE)"))?;
         let mode = match (f.rate, f.closed) {
             (Some(_), true) => return Err(flag("--rate and --closed exclude each other")),
             (None, false) => {
@@ -313,6 +330,7 @@ impl Config {
         let addr = resolve(&target)?;
         Ok(Config {
             target,
+            targets,
             addr,
             mode,
             connections: f.connections,
@@ -339,6 +357,54 @@ impl Config {
 
 fn flag(msg: impl Into<String>) -> BenchError {
     BenchError::Flag(msg.into())
+}
+
+/// Most URLs one run may take.
+pub const MAX_URLS: usize = 10_000;
+
+/// The URL argument(s) and `--urls-file`, parsed; all on the first URL's scheme, host and port
+/// (one set of connections serves them all).
+fn all_targets(f: &Flags) -> Result<Vec<Target>, BenchError> {
+    let mut urls: Vec<String> = std::iter::once(&f.url)
+        .chain(&f.more_urls)
+        .filter(|u| !u.is_empty())
+        .cloned()
+        .collect();
+    if let Some(path) = &f.urls_file {
+        let text = std::fs::read_to_string(path).map_err(|source| BenchError::File {
+            path: path.clone(),
+            source,
+        })?;
+        urls.extend(urls_of_file(&text));
+    }
+    if urls.len() > MAX_URLS {
+        return Err(flag(format!("{} URLs: at most {MAX_URLS}", urls.len())));
+    }
+    let targets = urls
+        .iter()
+        .map(|u| parse_url(u))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(first) = targets.first() {
+        if let Some(other) = targets.iter().find(|t| {
+            (t.tls, t.host.to_ascii_lowercase(), t.port)
+                != (first.tls, first.host.to_ascii_lowercase(), first.port)
+        }) {
+            return Err(flag(format!(
+                "{}: every URL of a run must have the scheme, host and port of the first ({})",
+                other.url, first.url
+            )));
+        }
+    }
+    Ok(targets)
+}
+
+/// The URLs of a `--urls-file` text: one per line, trimmed; blank lines and `#` comments skipped.
+pub fn urls_of_file(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect()
 }
 
 fn resolve(t: &Target) -> Result<SocketAddr, BenchError> {
@@ -526,6 +592,36 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn several_urls_share_one_origin() {
+        let base = Flags {
+            url: "http://127.0.0.1:1/a".into(),
+            more_urls: vec!["http://127.0.0.1:1/b?x".into()],
+            rate: Some(1.0),
+            ..Flags::default()
+        };
+        let c = Config::from_flags(&base).unwrap();
+        let paths: Vec<&str> = c.targets.iter().map(|t| t.path.as_str()).collect();
+        assert_eq!(paths, ["/a", "/b?x"]);
+        let e = Config::from_flags(&Flags {
+            more_urls: vec!["http://127.0.0.1:2/".into()],
+            ..base.clone()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("scheme, host and port"), "{e}");
+        let e = Config::from_flags(&Flags {
+            url: String::new(),
+            more_urls: Vec::new(),
+            ..base
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("a URL is required"), "{e}");
+        assert_eq!(
+            urls_of_file("# list\nhttp://h/a\n\n  http://h/b  \n#http://h/c\n"),
+            ["http://h/a", "http://h/b"]
+        );
     }
 
     #[test]

@@ -110,6 +110,14 @@ pub struct GeneratorCpu {
     pub us_per_request: Option<f64>,
 }
 
+/// Several URLs: the measured requests of one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UrlReport {
+    pub url: String,
+    pub completed: u64,
+    pub errors: u64,
+}
+
 /// TLS handshakes, full and resumed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Handshakes {
@@ -244,6 +252,9 @@ pub struct Report {
     /// HTTPS runs.
     #[serde(default)]
     pub tls: Option<TlsReport>,
+    /// Runs on several URLs (requested in turn): each one's measured requests. Empty for one URL.
+    #[serde(default)]
+    pub urls: Vec<UrlReport>,
     /// Completed requests by status code.
     pub status: BTreeMap<String, u64>,
     /// Completed requests by class (`2xx`...).
@@ -442,6 +453,22 @@ impl Report {
                     resumed: rec.setup_tls_resumed,
                 },
             }),
+            urls: if cfg.targets.len() > 1 {
+                cfg.targets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let (completed, errors) = rec.per_url.get(i).copied().unwrap_or_default();
+                        UrlReport {
+                            url: t.url.clone(),
+                            completed,
+                            errors,
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             status,
             status_classes: classes,
             errors,
@@ -548,6 +575,20 @@ impl Report {
             _ => "test".to_string(),
         };
         let _ = writeln!(s, "Running {planned} @ {} {}", self.method, self.target);
+        if !self.urls.is_empty() {
+            let _ = writeln!(
+                s,
+                "  {} URLs requested in turn (same connections): {}",
+                self.urls.len(),
+                self.urls
+                    .iter()
+                    .take(10)
+                    .map(|u| format!("{} ({} done, {} failed)", u.url, u.completed, u.errors))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if self.urls.len() > 10 { ", ..." } else { "" }
+            );
+        }
         let conn = if self.keep_alive {
             "keep-alive"
         } else {

@@ -161,6 +161,8 @@ pub struct Recorder {
     pub setup_tls_resumed: u64,
     /// What the first TLS handshake negotiated.
     pub negotiated: Option<Handshake>,
+    /// Several URLs: measured requests per URL index, (completed, failed).
+    pub per_url: Vec<(u64, u64)>,
     live: Arc<Live>,
 }
 
@@ -190,7 +192,20 @@ impl Recorder {
             setup_tls_full: 0,
             setup_tls_resumed: 0,
             negotiated: None,
+            per_url: Vec::new(),
             live,
+        }
+    }
+
+    /// A measured request to URL `index` completed (`ok`) or failed (`failed`); neither when it
+    /// was cut at the end.
+    pub fn url_outcome(&mut self, index: usize, ok: bool, failed: bool) {
+        if self.per_url.len() <= index {
+            self.per_url.resize(index + 1, (0, 0));
+        }
+        if let Some(slot) = self.per_url.get_mut(index) {
+            slot.0 += u64::from(ok);
+            slot.1 += u64::from(failed);
         }
     }
 
@@ -347,6 +362,13 @@ impl Recorder {
         if self.negotiated.is_none() {
             self.negotiated = other.negotiated;
         }
+        if self.per_url.len() < other.per_url.len() {
+            self.per_url.resize(other.per_url.len(), (0, 0));
+        }
+        for (a, b) in self.per_url.iter_mut().zip(&other.per_url) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
         if self.timeline.len() < other.timeline.len() {
             self.timeline.resize_with(other.timeline.len(), || Second {
                 completed: 0,
@@ -440,6 +462,17 @@ mod tests {
             [(90, 0), (0, 0), (10, 1)]
         );
         assert!(a.timeline[2].latency.value_at_quantile(0.5) >= 99_000);
+    }
+
+    #[test]
+    fn per_url_counts_merge_by_index() {
+        let mut a = Recorder::new(Arc::default());
+        let mut b = Recorder::new(Arc::default());
+        a.url_outcome(1, true, false);
+        b.url_outcome(2, false, true);
+        b.url_outcome(1, true, false);
+        a.merge(&b).unwrap();
+        assert_eq!(a.per_url, [(0, 0), (2, 0), (0, 1)]);
     }
 
     #[test]
