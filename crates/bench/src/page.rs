@@ -118,7 +118,7 @@ fn unique_labels(inputs: &mut [(String, Input)]) {
 }
 
 /// The run of a step whose p99 is the median of its runs.
-fn median_run(step: &Step) -> Option<&Report> {
+pub(crate) fn median_run(step: &Step) -> Option<&Report> {
     let mut runs: Vec<&Report> = step.runs.iter().collect();
     runs.sort_by(|a, b| a.latency.at(99.0).total_cmp(&b.latency.at(99.0)));
     runs.get(runs.len().saturating_sub(1) / 2).copied()
@@ -164,7 +164,7 @@ fn fmt_opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("–".to_string(), |v| format!("{v:.prec$}"))
 }
 
-fn rate_text(v: f64) -> String {
+pub(crate) fn rate_text(v: f64) -> String {
     svg::tick_text(v, if v.fract() == 0.0 { 1.0 } else { 0.1 })
 }
 
@@ -565,6 +565,17 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
             )));
         }
     }
+    // A `bench compare` manifest: its own page, from the results beside it.
+    if let [only] = flags.files.as_slice() {
+        if let Some(m) = read_manifest(only)? {
+            let mut m = m;
+            if let Some(t) = &flags.title {
+                m.title = t.clone();
+            }
+            let dir = only.parent().unwrap_or(Path::new("."));
+            return crate::compare_page::write(&m, dir, &flags.out);
+        }
+    }
     let mut inputs = Vec::new();
     for path in &flags.files {
         inputs.push((path.display().to_string(), Input::load(path)?));
@@ -586,6 +597,27 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
     let index = flags.out.join("index.html");
     std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
     Ok(index)
+}
+
+/// `path` as a `bench compare` manifest, if it is one (`"kind": "compare"`).
+fn read_manifest(path: &Path) -> Result<Option<crate::compare::Manifest>, BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BenchError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let v: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => return Ok(None),
+    };
+    if v.get("kind").and_then(|k| k.as_str()) != Some("compare") {
+        return Ok(None);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| BenchError::Json {
+            path: path.to_path_buf(),
+            reason: format!("not a bench compare manifest: {e}"),
+        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,617 @@
+//! The `bench compare` page: proxies side by side (RPS, CPS, MB/s and CPU bars, latency and CPU against the offered rate, percentile spectra), a table and the manifest.
+
+use crate::compare::{Manifest, Metric, ScenarioEntry};
+use crate::error::BenchError;
+use crate::page::{median_run, rate_text, Input, Page};
+use crate::report::{rfc3339, Report};
+use crate::svg::{self, escape, BarGroup, LineChart, Series, XAxis};
+use crate::sweep::{Step, SweepReport};
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+/// Results by (proxy, scenario).
+pub type Results = HashMap<(String, String), Input>;
+
+/// Load every result the manifest names from `dir` (missing or unreadable ones are left out; the
+/// page says so).
+pub fn load(m: &Manifest, dir: &Path) -> Results {
+    let mut out = HashMap::new();
+    for r in &m.results {
+        if let Some(i) = m.load_result(dir, &r.proxy, &r.scenario) {
+            out.insert((r.proxy.clone(), r.scenario.clone()), i);
+        }
+    }
+    out
+}
+
+/// The proxies that have at least one result, with their palette index (their place in the
+/// manifest, so that each keeps its colour whatever the others did).
+fn shown(m: &Manifest, res: &Results) -> Vec<(String, usize)> {
+    m.proxies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| res.keys().any(|(proxy, _)| proxy == &p.name))
+        .map(|(i, p)| (p.name.clone(), i))
+        .collect()
+}
+
+fn run_of<'a>(res: &'a Results, proxy: &str, scenario: &str) -> Option<&'a Report> {
+    match res.get(&(proxy.to_string(), scenario.to_string()))? {
+        Input::Run(r) => Some(r),
+        Input::Sweep(_) => None,
+    }
+}
+
+fn sweep_of<'a>(res: &'a Results, proxy: &str, scenario: &str) -> Option<&'a SweepReport> {
+    match res.get(&(proxy.to_string(), scenario.to_string()))? {
+        Input::Sweep(s) => Some(s),
+        Input::Run(_) => None,
+    }
+}
+
+/// A grouped bar chart over the scenarios of `metrics`, one bar per proxy.
+fn bars(
+    title: &str,
+    x_label: &str,
+    proxies: &[(String, usize)],
+    scenarios: &[&ScenarioEntry],
+    res: &Results,
+    value: &dyn Fn(&Report) -> Option<f64>,
+) -> Option<String> {
+    let groups: Vec<BarGroup> = scenarios
+        .iter()
+        .map(|s| BarGroup {
+            label: s.title.clone(),
+            values: proxies
+                .iter()
+                .map(|(p, _)| run_of(res, p, &s.name).and_then(value))
+                .collect(),
+        })
+        .filter(|g| g.values.iter().any(Option::is_some))
+        .collect();
+    if groups.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = proxies.iter().map(|(p, _)| p.clone()).collect();
+    let colors: Vec<usize> = proxies.iter().map(|(_, c)| *c).collect();
+    Some(svg::grouped_bar_chart(
+        title, x_label, &names, &colors, &groups,
+    ))
+}
+
+/// The offered rate at which the spectra are compared: the highest rate every proxy's sweep ran
+/// and met the SLO at, else the lowest rate they all ran.
+pub fn common_rate(sweeps: &[&SweepReport]) -> Option<f64> {
+    let first = sweeps.first()?;
+    let rates: Vec<f64> = first
+        .by_rate()
+        .iter()
+        .map(|st| st.rate)
+        .filter(|r| {
+            sweeps
+                .iter()
+                .all(|s| s.steps.iter().any(|st| st.rate == *r))
+        })
+        .collect();
+    let passing = rates.iter().copied().filter(|r| {
+        sweeps.iter().all(|s| {
+            s.steps
+                .iter()
+                .filter(|st| st.rate == *r)
+                .all(|st| st.pass != Some(false))
+        })
+    });
+    passing
+        .fold(None, |a: Option<f64>, r| Some(a.map_or(r, |a| a.max(r))))
+        .or_else(|| rates.iter().copied().reduce(f64::min))
+}
+
+fn step_at(s: &SweepReport, rate: f64) -> Option<&Step> {
+    s.by_rate().into_iter().find(|st| st.rate == rate)
+}
+
+fn f2(v: Option<f64>, prec: usize) -> String {
+    v.filter(|v| v.is_finite()).map_or("–".to_string(), |v| {
+        if v >= 1000.0 {
+            svg::tick_text(v, 1.0)
+        } else {
+            format!("{v:.prec$}")
+        }
+    })
+}
+
+/// Build the page.
+pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
+    let proxies = shown(m, res);
+    let of = |metric: Metric| -> Vec<&ScenarioEntry> {
+        m.scenarios.iter().filter(|s| s.metric == metric).collect()
+    };
+    let mut svgs: Vec<(String, String, String)> = Vec::new();
+    let conns = m.connections;
+    if let Some(s) = bars(
+        "Requests per second (closed loop, keep-alive)",
+        "completed requests/s",
+        &proxies,
+        &of(Metric::Rps),
+        res,
+        &|r| Some(r.achieved_rate),
+    ) {
+        svgs.push((
+            "compare-rps.svg".into(),
+            format!(
+                "Saturation throughput: {conns} connections sending their next request as soon as \
+                 the previous response arrived (closed loop, like wrk). Higher is better."
+            ),
+            s,
+        ));
+    }
+    if let Some(s) = bars(
+        "New connections per second",
+        "connections/s (one request each)",
+        &proxies,
+        &of(Metric::Cps),
+        res,
+        &|r| Some(r.connections_per_s),
+    ) {
+        svgs.push((
+            "compare-cps.svg".into(),
+            "A new connection (and, for HTTPS, a TLS 1.3 handshake with X25519, full or resumed as \
+             named) for every request, closed loop. Higher is better."
+                .into(),
+            s,
+        ));
+    }
+    if let Some(s) = bars(
+        "Throughput, 1 MB responses",
+        "MB/s (10^6 bytes)",
+        &proxies,
+        &of(Metric::Throughput),
+        res,
+        &|r| Some(r.bytes_per_s / 1e6),
+    ) {
+        svgs.push((
+            "compare-throughput.svg".into(),
+            "Response bytes per second with 1 MB responses, closed loop, keep-alive. Higher is better."
+                .into(),
+            s,
+        ));
+    }
+    let closed: Vec<&ScenarioEntry> = m
+        .scenarios
+        .iter()
+        .filter(|s| s.metric != Metric::Latency)
+        .collect();
+    let measured: Vec<(String, usize)> = proxies
+        .iter()
+        .filter(|(p, _)| p != "direct")
+        .cloned()
+        .collect();
+    if let Some(s) = bars(
+        "Proxy CPU time per request",
+        "µs of CPU (user + system) per request",
+        &measured,
+        &closed,
+        res,
+        &|r| r.cpu.as_ref().and_then(|c| c.us_per_request),
+    ) {
+        svgs.push((
+            "compare-cpu.svg".into(),
+            "CPU time of the proxy's processes (from /proc) during each closed-loop run, divided by \
+             the requests completed (for the new-connection scenarios that is per connection). \
+             Lower is better; direct has no proxy and so no bar."
+                .into(),
+            s,
+        ));
+    }
+    // The latency sweep, one line per proxy.
+    let sweeps: Vec<(&str, usize, &SweepReport)> = proxies
+        .iter()
+        .filter_map(|(p, c)| Some((p.as_str(), *c, sweep_of(res, p, "latency")?)))
+        .collect();
+    let mut spectrum_rate = None;
+    if !sweeps.is_empty() {
+        let per_rate = |f: &dyn Fn(&Step) -> Option<f64>| -> Vec<Series> {
+            sweeps
+                .iter()
+                .map(|(p, _, s)| Series {
+                    label: p.to_string(),
+                    points: s
+                        .by_rate()
+                        .iter()
+                        .filter_map(|st| f(st).map(|y| (st.rate, y)))
+                        .collect(),
+                    markers: true,
+                })
+                .collect()
+        };
+        // Colours follow the proxies' indexes: pad the series list with empty ones.
+        let coloured = |series: Vec<Series>| -> Vec<Series> {
+            let mut out: Vec<Series> = Vec::new();
+            for ((_, c, _), s) in sweeps.iter().zip(series) {
+                while out.len() < *c {
+                    out.push(Series {
+                        label: String::new(),
+                        points: Vec::new(),
+                        markers: false,
+                    });
+                }
+                out.push(s);
+            }
+            out
+        };
+        let slo = sweeps.iter().find_map(|(_, _, s)| s.slo.clone());
+        let chart = |title: &str, y: &str, series: Vec<Series>, hl: Vec<(f64, String)>| {
+            svg::line_chart(&LineChart {
+                title: title.to_string(),
+                x_label: "offered rate (requests/s)".into(),
+                y_label: y.to_string(),
+                x_axis: XAxis::Linear,
+                series: coloured(series),
+                hlines: hl,
+            })
+        };
+        let p99_line = slo
+            .as_ref()
+            .filter(|s| s.percentile == 99.0)
+            .map(|s| vec![(s.below_ms, format!("SLO {}", s.text))])
+            .unwrap_or_default();
+        svgs.push((
+            "compare-latency-p99.svg".into(),
+            "p99 latency against the offered rate (open loop, from each request's intended send \
+             time: coordinated omission corrected). Lower and further right is better."
+                .into(),
+            chart(
+                "p99 latency vs offered rate",
+                "p99 latency (ms)",
+                per_rate(&|st| Some(st.figures.p99_ms)),
+                p99_line,
+            ),
+        ));
+        svgs.push((
+            "compare-latency-mean.svg".into(),
+            "Average latency against the offered rate (open loop, corrected).".into(),
+            chart(
+                "Average latency vs offered rate",
+                "average latency (ms)",
+                per_rate(&|st| Some(st.figures.mean_ms)),
+                Vec::new(),
+            ),
+        ));
+        let cpu = per_rate(&|st| st.figures.cpu_percent_of_core);
+        if cpu.iter().any(|s| !s.points.is_empty()) {
+            svgs.push((
+                "compare-cpu-percent.svg".into(),
+                "CPU of the proxy's processes against the offered rate, % of one core (the proxy \
+                 has one worker on one core)."
+                    .into(),
+                chart(
+                    "Proxy CPU vs offered rate",
+                    "CPU (% of one core)",
+                    cpu,
+                    Vec::new(),
+                ),
+            ));
+        }
+        let all: Vec<&SweepReport> = sweeps.iter().map(|(_, _, s)| *s).collect();
+        spectrum_rate = common_rate(&all);
+        if let Some(rate) = spectrum_rate {
+            let series = sweeps
+                .iter()
+                .map(|(p, _, s)| Series {
+                    label: p.to_string(),
+                    points: step_at(s, rate)
+                        .and_then(median_run)
+                        .map(|r| r.spectrum.clone())
+                        .unwrap_or_default(),
+                    markers: false,
+                })
+                .collect();
+            svgs.push((
+                "compare-percentiles.svg".into(),
+                format!(
+                    "Latency by percentile at {} req/s offered (the highest rate every proxy met \
+                     the SLO at, else the lowest), on the HdrHistogram plotter's axis: each tick \
+                     adds a nine. Lower is better.",
+                    rate_text(rate)
+                ),
+                svg::line_chart(&LineChart {
+                    title: format!("Latency by percentile at {} req/s", rate_text(rate)),
+                    x_label: "percentile".into(),
+                    y_label: "latency (ms)".into(),
+                    x_axis: XAxis::Nines,
+                    series: coloured(series),
+                    hlines: Vec::new(),
+                }),
+            ));
+        }
+    }
+
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{t}</title>\n\
+         <style>\nbody {{ font-family: DejaVu Sans, Verdana, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 78em; padding: 0 1em; color: #222; }}\n\
+         table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}\n\
+         th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; vertical-align: top; }}\n\
+         th {{ background: #f3f3f3; }} td.l, th.l {{ text-align: left; }}\n\
+         tr.first td {{ border-top: 2px solid #888; }}\n\
+         figure {{ margin: 1.5em 0; }} figcaption {{ color: #555; font-size: 0.9em; max-width: 50em; }}\n\
+         code, pre {{ font-size: 0.85em; }} code {{ word-break: break-all; }} .skip {{ color: #a60; }} .fail {{ color: #b00; }}\n\
+         </style>\n</head>\n<body>\n<h1>{t}</h1>\n",
+        t = escape(&m.title)
+    );
+    let _ = writeln!(
+        h,
+        "<p>{} to {} on {} ({} CPUs), Linux {}. {}. Each run: {} s measured after a {} s warm-up \
+         that is excluded from the results; {} client connections. Closed-loop runs measure \
+         saturation throughput and CPU; latency claims come from the open-loop sweep only.</p>",
+        escape(&m.started),
+        escape(&m.finished),
+        escape(&m.host.cpu),
+        m.host.cpus,
+        escape(&m.host.kernel),
+        escape(&m.pinning),
+        m.duration_s,
+        m.warmup_s,
+        m.connections
+    );
+    // What did not run.
+    let mut notes: Vec<String> = Vec::new();
+    for p in &m.proxies {
+        if let Some(why) = &p.skipped {
+            notes.push(format!(
+                "<b>{}</b>: skipped, {}",
+                escape(&p.name),
+                escape(why)
+            ));
+        }
+        if let Some(e) = &p.error {
+            notes.push(format!(
+                "<b>{}</b>: <span class=\"fail\">{}</span>",
+                escape(&p.name),
+                escape(e)
+            ));
+        }
+    }
+    for r in &m.results {
+        let proxy_skipped = m
+            .proxies
+            .iter()
+            .any(|p| p.name == r.proxy && (p.skipped.is_some() || p.error.is_some()));
+        if proxy_skipped {
+            continue;
+        }
+        if let Some(why) = &r.skipped {
+            notes.push(format!(
+                "<b>{}</b> × {}: skipped, {}",
+                escape(&r.proxy),
+                escape(&r.scenario),
+                escape(why)
+            ));
+        }
+        if let Some(e) = &r.error {
+            notes.push(format!(
+                "<b>{}</b> × {}: <span class=\"fail\">{}</span>",
+                escape(&r.proxy),
+                escape(&r.scenario),
+                escape(e)
+            ));
+        }
+    }
+    if let Some(t) = &m.tls {
+        notes.push(format!("HTTPS: {}", escape(t)));
+    }
+    if !notes.is_empty() {
+        h.push_str("<ul class=\"skip\">\n");
+        for n in &notes {
+            let _ = writeln!(h, "<li>{n}</li>");
+        }
+        h.push_str("</ul>\n");
+    }
+    // Charts.
+    h.push_str("<h2>Charts</h2>\n");
+    for (file, caption, s) in &svgs {
+        let _ = write!(
+            h,
+            "<figure id=\"{}\">\n{s}<figcaption>{} (<code>{}</code>)</figcaption>\n</figure>\n",
+            escape(file.trim_end_matches(".svg")),
+            escape(caption),
+            escape(file)
+        );
+    }
+    // The table.
+    h.push_str(
+        "<h2>Results</h2>\n<table>\n<tr><th class=\"l\">scenario</th><th class=\"l\">proxy</th>\
+         <th>req/s</th><th>conn/s</th><th>MB/s</th><th>proxy CPU % of a core</th>\
+         <th>proxy CPU µs / req</th><th>p50 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th>\
+         <th>non-2xx</th><th>TLS handshakes full / resumed</th><th class=\"l\">notes</th></tr>\n",
+    );
+    for s in &m.scenarios {
+        let mut first = true;
+        for (p, _) in &proxies {
+            let row_class = if first { " class=\"first\"" } else { "" };
+            let scen = if first {
+                format!("{}<br><code>{}</code>", escape(&s.title), escape(&s.name))
+            } else {
+                String::new()
+            };
+            first = false;
+            let (cells, note) = match res.get(&(p.clone(), s.name.clone())) {
+                Some(Input::Run(r)) => (row_cells(r), warn_note(&r.warnings)),
+                Some(Input::Sweep(sw)) => {
+                    let at = spectrum_rate.and_then(|rate| step_at(sw, rate));
+                    let cells = at
+                        .and_then(median_run)
+                        .map(row_cells)
+                        .unwrap_or_else(|| empty_cells(11));
+                    let knee = sw.conclusion();
+                    let at_text = at
+                        .map(|st| format!("figures at {} req/s offered. ", rate_text(st.rate)))
+                        .unwrap_or_default();
+                    (cells, format!("{at_text}{}", escape(&knee)))
+                }
+                None => {
+                    let why = m
+                        .results
+                        .iter()
+                        .find(|r| &r.proxy == p && r.scenario == s.name)
+                        .and_then(|r| r.skipped.clone().or(r.error.clone()))
+                        .unwrap_or_else(|| "no result".into());
+                    (empty_cells(11), escape(&why))
+                }
+            };
+            let _ = writeln!(
+                h,
+                "<tr{row_class}><td class=\"l\">{scen}</td><td class=\"l\">{}</td>{cells}<td class=\"l\">{note}</td></tr>",
+                escape(p)
+            );
+        }
+    }
+    h.push_str("</table>\n");
+    // Manifest.
+    let _ = writeln!(
+        h,
+        "<h2>Manifest</h2>\n<p>Page made {} by portico {}. Origin: <code>{}</code> ({}). \
+         Load generator: <code>portico bench</code> ({}){}. The raw results are the JSON files \
+         named below, with <code>manifest.json</code>.</p>",
+        escape(generated),
+        env!("CARGO_PKG_VERSION"),
+        escape(&m.origin.command.join(" ")),
+        escape(&m.origin.version),
+        escape(&m.generator.version),
+        m.generator
+            .cpus
+            .as_ref()
+            .map(|c| format!(" on CPU {}", escape(c)))
+            .unwrap_or_default()
+    );
+    if let Some(c) = &m.command {
+        let _ = writeln!(h, "<p>Command: <code>{}</code></p>", escape(c));
+    }
+    h.push_str(
+        "<table>\n<tr><th class=\"l\">proxy</th><th class=\"l\">version</th><th class=\"l\">CPU</th>\
+         <th class=\"l\">command</th><th class=\"l\">configuration</th></tr>\n",
+    );
+    for p in &m.proxies {
+        let env: Vec<String> = p
+            .environment
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let cmd = format!("{} {}", env.join(" "), p.command.join(" "));
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\">{}</td><td class=\"l\"><code>{}</code></td>\
+             <td class=\"l\">{}</td></tr>",
+            escape(&p.name),
+            escape(p.version.as_deref().or(p.skipped.as_deref()).unwrap_or("")),
+            escape(p.cpus.as_deref().unwrap_or("not pinned")),
+            escape(cmd.trim()),
+            match (&p.config_file, &p.config) {
+                (Some(f), Some(c)) => format!(
+                    "<details><summary><code>{}</code></summary><pre>{}</pre></details>",
+                    escape(f),
+                    escape(c)
+                ),
+                _ => "–".to_string(),
+            }
+        );
+    }
+    h.push_str("</table>\n<table>\n<tr><th class=\"l\">scenario</th><th class=\"l\">what</th><th class=\"l\">path</th><th class=\"l\">generator command (per proxy)</th></tr>\n");
+    for s in &m.scenarios {
+        let cmds: Vec<String> = m
+            .results
+            .iter()
+            .filter(|r| r.scenario == s.name && !r.command.is_empty())
+            .map(|r| {
+                format!(
+                    "{}: <code>{}</code>{}",
+                    escape(&r.proxy),
+                    escape(&r.command.join(" ")),
+                    r.file
+                        .as_ref()
+                        .map(|f| format!(" → <code>{}</code>", escape(f)))
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            h,
+            "<tr><td class=\"l\"><code>{}</code></td><td class=\"l\">{}</td><td class=\"l\"><code>{}</code></td>\
+             <td class=\"l\"><details><summary>{} runs</summary>{}</details></td></tr>",
+            escape(&s.name),
+            escape(&s.title),
+            escape(&s.path),
+            cmds.len(),
+            cmds.join("<br>")
+        );
+    }
+    h.push_str("</table>\n</body>\n</html>\n");
+    Page {
+        html: h,
+        svgs: svgs.into_iter().map(|(f, _, s)| (f, s)).collect(),
+    }
+}
+
+fn empty_cells(n: usize) -> String {
+    "<td>–</td>".repeat(n)
+}
+
+fn warn_note(w: &[String]) -> String {
+    match w.len() {
+        0 => String::new(),
+        1 => format!("<span class=\"fail\">warning</span>: {}", escape(&w[0])),
+        n => format!(
+            "<span class=\"fail\">{n} warnings</span>: {}",
+            escape(&w.join(" / "))
+        ),
+    }
+}
+
+fn row_cells(r: &Report) -> String {
+    let non_2xx: u64 = r
+        .status_classes
+        .iter()
+        .filter(|(k, _)| k.as_str() != "2xx")
+        .map(|(_, n)| n)
+        .sum();
+    let tls = r
+        .tls
+        .as_ref()
+        .map(|t| format!("{} / {}", t.handshakes.full, t.handshakes.resumed))
+        .unwrap_or_else(|| "–".into());
+    let conn = if r.connections_opened > 0 {
+        f2(Some(r.connections_per_s), 0)
+    } else {
+        "–".into()
+    };
+    format!(
+        "<td>{}</td><td>{conn}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+         <td>{}</td><td>{non_2xx}</td><td>{tls}</td>",
+        f2(Some(r.achieved_rate), 0),
+        f2(Some(r.bytes_per_s / 1e6), 1),
+        f2(r.cpu.as_ref().map(|c| c.percent_of_core), 1),
+        f2(r.cpu.as_ref().and_then(|c| c.us_per_request), 2),
+        f2(Some(r.latency.at(50.0)), 3),
+        f2(Some(r.latency.at(99.0)), 3),
+        f2(Some(r.latency.max_ms), 3),
+        r.requests.errors,
+    )
+}
+
+/// Write `index.html` and the SVGs into `out` from a manifest whose result files are under
+/// `dir`; returns the page's path.
+pub fn write(m: &Manifest, dir: &Path, out: &Path) -> Result<PathBuf, BenchError> {
+    let res = load(m, dir);
+    let page = build(m, &res, &rfc3339(std::time::SystemTime::now()));
+    let file_err = |path: PathBuf| move |source| BenchError::File { path, source };
+    std::fs::create_dir_all(out).map_err(file_err(out.to_path_buf()))?;
+    for (name, text) in &page.svgs {
+        let p = out.join(name);
+        std::fs::write(&p, text).map_err(file_err(p.clone()))?;
+    }
+    let index = out.join("index.html");
+    std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
+    Ok(index)
+}
