@@ -132,6 +132,8 @@ pub enum Metric {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scenario {
     pub name: &'static str,
+    /// A few words, for chart labels.
+    pub short: &'static str,
     pub title: &'static str,
     pub path: &'static str,
     pub metric: Metric,
@@ -142,8 +144,10 @@ pub struct Scenario {
     pub resume: bool,
 }
 
+#[allow(clippy::too_many_arguments)] // a table row, argument per column
 const fn sc(
     name: &'static str,
+    short: &'static str,
     title: &'static str,
     path: &'static str,
     metric: Metric,
@@ -153,6 +157,7 @@ const fn sc(
 ) -> Scenario {
     Scenario {
         name,
+        short,
         title,
         path,
         metric,
@@ -166,6 +171,7 @@ const fn sc(
 pub const SCENARIOS: [Scenario; 11] = [
     sc(
         "rps-0k",
+        "RPS 0 KB",
         "HTTP requests/s, 0 KB",
         "/bytes/0",
         Metric::Rps,
@@ -175,6 +181,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "rps-1k",
+        "RPS 1 KB",
         "HTTP requests/s, 1 KB",
         "/bytes/1k",
         Metric::Rps,
@@ -184,6 +191,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "rps-10k",
+        "RPS 10 KB",
         "HTTP requests/s, 10 KB",
         "/bytes/10k",
         Metric::Rps,
@@ -193,6 +201,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "rps-100k",
+        "RPS 100 KB",
         "HTTP requests/s, 100 KB",
         "/bytes/100k",
         Metric::Rps,
@@ -202,6 +211,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "cps",
+        "CPS HTTP",
         "HTTP new connection per request, 0 KB",
         "/bytes/0",
         Metric::Cps,
@@ -211,6 +221,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "throughput-1m",
+        "1 MB HTTP",
         "HTTP throughput, 1 MB",
         "/bytes/1m",
         Metric::Throughput,
@@ -220,6 +231,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "latency",
+        "latency 1 KB",
         "HTTP latency vs offered rate, 1 KB",
         "/bytes/1k",
         Metric::Latency,
@@ -229,6 +241,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "https-rps-1k",
+        "RPS 1 KB HTTPS",
         "HTTPS requests/s, 1 KB",
         "/bytes/1k",
         Metric::Rps,
@@ -238,6 +251,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "https-cps",
+        "CPS HTTPS full",
         "HTTPS new connection per request, full handshakes, 0 KB",
         "/bytes/0",
         Metric::Cps,
@@ -247,6 +261,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "https-cps-resumed",
+        "CPS HTTPS resumed",
         "HTTPS new connection per request, resumed sessions, 0 KB",
         "/bytes/0",
         Metric::Cps,
@@ -256,6 +271,7 @@ pub const SCENARIOS: [Scenario; 11] = [
     ),
     sc(
         "https-throughput-1m",
+        "1 MB HTTPS",
         "HTTPS throughput, 1 MB",
         "/bytes/1m",
         Metric::Throughput,
@@ -462,6 +478,9 @@ pub struct ProxyEntry {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ScenarioEntry {
     pub name: String,
+    /// A few words, for chart labels (the name when empty).
+    #[serde(default)]
+    pub short: String,
     pub title: String,
     pub path: String,
     pub metric: Metric,
@@ -1086,6 +1105,7 @@ pub fn compare(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchEr
             .iter()
             .map(|s| ScenarioEntry {
                 name: s.name.into(),
+                short: s.short.into(),
                 title: s.title.into(),
                 path: s.path.into(),
                 metric: s.metric,

@@ -62,7 +62,7 @@ fn bars(
     let groups: Vec<BarGroup> = scenarios
         .iter()
         .map(|s| BarGroup {
-            label: s.title.clone(),
+            label: short_of(s).to_string(),
             values: proxies
                 .iter()
                 .map(|(p, _)| run_of(res, p, &s.name).and_then(value))
@@ -327,6 +327,38 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         }
     }
 
+    let any_knee = sweeps
+        .iter()
+        .any(|(_, _, s)| s.knee.as_ref().and_then(|k| k.rate).is_some());
+    if any_knee {
+        let slo = sweeps
+            .iter()
+            .find_map(|(_, _, s)| s.slo.as_ref().map(|x| x.text.clone()))
+            .unwrap_or_default();
+        let names: Vec<String> = sweeps.iter().map(|(p, _, _)| p.to_string()).collect();
+        let colors: Vec<usize> = sweeps.iter().map(|(_, c, _)| *c).collect();
+        let group = BarGroup {
+            label: format!("knee, {slo}"),
+            values: sweeps
+                .iter()
+                .map(|(_, _, s)| s.knee.as_ref().and_then(|k| k.rate))
+                .collect(),
+        };
+        svgs.push((
+            "compare-knee.svg".into(),
+            format!(
+                "The knee: the highest offered rate of the sweep at which p99 and every other                  condition of the SLO held ({slo}, no errors, every request sent and finished, the                  generator on schedule). n/a: not even the lowest rate met it. Higher is better."
+            ),
+            svg::grouped_bar_chart(
+                "Highest offered rate meeting the SLO",
+                "offered requests/s",
+                &names,
+                &colors,
+                &[group],
+            ),
+        ));
+    }
+
     let mut h = String::new();
     let _ = write!(
         h,
@@ -335,7 +367,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
          table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}\n\
          th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; vertical-align: top; }}\n\
          th {{ background: #f3f3f3; }} td.l, th.l {{ text-align: left; }}\n\
-         tr.first td {{ border-top: 2px solid #888; }}\n\
+         tr.first td {{ border-top: 2px solid #888; }} td.scen {{ min-width: 14em; }}\n\
          figure {{ margin: 1.5em 0; }} figcaption {{ color: #555; font-size: 0.9em; max-width: 50em; }}\n\
          code, pre {{ font-size: 0.85em; }} code {{ word-break: break-all; }} .skip {{ color: #a60; }} .fail {{ color: #b00; }}\n\
          </style>\n</head>\n<body>\n<h1>{t}</h1>\n",
@@ -432,7 +464,12 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         for (p, _) in &proxies {
             let row_class = if first { " class=\"first\"" } else { "" };
             let scen = if first {
-                format!("{}<br><code>{}</code>", escape(&s.title), escape(&s.name))
+                format!(
+                    "<b>{}</b><br>{}<br><code>{}</code>",
+                    escape(short_of(s)),
+                    escape(&s.title),
+                    escape(&s.name)
+                )
             } else {
                 String::new()
             };
@@ -445,7 +482,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                         .and_then(median_run)
                         .map(row_cells)
                         .unwrap_or_else(|| empty_cells(11));
-                    let knee = sw.conclusion();
+                    let knee = knee_text(sw);
                     let at_text = at
                         .map(|st| format!("figures at {} req/s offered. ", rate_text(st.rate)))
                         .unwrap_or_default();
@@ -463,7 +500,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
             };
             let _ = writeln!(
                 h,
-                "<tr{row_class}><td class=\"l\">{scen}</td><td class=\"l\">{}</td>{cells}<td class=\"l\">{note}</td></tr>",
+                "<tr{row_class}><td class=\"l scen\">{scen}</td><td class=\"l\">{}</td>{cells}<td class=\"l\">{note}</td></tr>",
                 escape(p)
             );
         }
@@ -554,6 +591,40 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
     }
 }
 
+/// A scenario's chart label.
+fn short_of(s: &ScenarioEntry) -> &str {
+    if s.short.is_empty() {
+        &s.name
+    } else {
+        &s.short
+    }
+}
+
+/// The knee of a sweep in a few words.
+pub fn knee_text(s: &SweepReport) -> String {
+    match (&s.slo, &s.knee) {
+        (Some(slo), Some(k)) => match (k.rate, k.failed_at) {
+            (Some(r), Some(f)) => format!(
+                "knee {} req/s for {} ({} req/s failed)",
+                rate_text(r),
+                slo.text,
+                rate_text(f)
+            ),
+            (Some(r), None) => format!(
+                "knee at or above {} req/s for {} (every rate met it)",
+                rate_text(r),
+                slo.text
+            ),
+            (None, _) => format!(
+                "no rate met {} (lowest: {} req/s)",
+                slo.text,
+                rate_text(s.rates.first().copied().unwrap_or(0.0))
+            ),
+        },
+        _ => "no SLO".to_string(),
+    }
+}
+
 fn empty_cells(n: usize) -> String {
     "<td>–</td>".repeat(n)
 }
@@ -614,4 +685,171 @@ pub fn write(m: &Manifest, dir: &Path, out: &Path) -> Result<PathBuf, BenchError
     let index = out.join("index.html");
     std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
     Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::{ProcessEntry, ProxyEntry, ResultEntry, SCENARIOS};
+    use crate::report::{test_report, CpuReport, Host};
+
+    fn proxy(name: &str, skipped: Option<&str>) -> ProxyEntry {
+        ProxyEntry {
+            name: name.into(),
+            version: Some(format!("{name} 1.0")),
+            command: vec![name.into()],
+            environment: Vec::new(),
+            cpus: Some("0".into()),
+            config_file: None,
+            config: None,
+            skipped: skipped.map(String::from),
+            error: None,
+        }
+    }
+
+    fn manifest() -> Manifest {
+        let scen = |n: &str| {
+            let s = SCENARIOS.iter().find(|s| s.name == n).unwrap();
+            ScenarioEntry {
+                name: s.name.into(),
+                short: s.short.into(),
+                title: s.title.into(),
+                path: s.path.into(),
+                metric: s.metric,
+                https: s.https,
+                close: s.close,
+                resume: s.resume,
+            }
+        };
+        let result = |p: &str, s: &str| ResultEntry {
+            proxy: p.into(),
+            scenario: s.into(),
+            file: None,
+            command: vec!["portico".into(), "bench".into()],
+            skipped: None,
+            error: None,
+        };
+        Manifest {
+            version: 1,
+            kind: "compare".into(),
+            title: "T <1>".into(),
+            started: "2026-01-01T00:00:00Z".into(),
+            finished: "2026-01-01T00:01:00Z".into(),
+            command: Some("portico bench compare --out x".into()),
+            portico_version: "portico 0.1.0".into(),
+            host: Host {
+                cpu: "Test CPU".into(),
+                cpus: 2,
+                kernel: "6.1-test".into(),
+            },
+            pinning: "taskset: proxy on CPU 0".into(),
+            duration_s: 1.0,
+            warmup_s: 0.0,
+            connections: 10,
+            rates: "1000,2000".into(),
+            slo: "p99<10ms".into(),
+            tls: None,
+            origin: ProcessEntry::default(),
+            generator: ProcessEntry::default(),
+            proxies: vec![
+                proxy("direct", None),
+                proxy("nginx", Some("nginx is not installed")),
+                proxy("portico", None),
+            ],
+            scenarios: vec![scen("rps-1k"), scen("cps"), scen("latency")],
+            results: vec![
+                result("direct", "rps-1k"),
+                result("portico", "rps-1k"),
+                result("portico", "cps"),
+                result("direct", "latency"),
+                result("portico", "latency"),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_page_compares_proxies_side_by_side() {
+        let m = manifest();
+        let mut res: Results = HashMap::new();
+        let mut run = |p: &str, s: &str, rate: f64, cpu: Option<f64>, close: bool| {
+            let mut r = test_report(None, &[1; 100], 0, 0);
+            r.achieved_rate = rate;
+            r.keep_alive = !close;
+            if close {
+                r.connections_opened = 100;
+                r.connections_per_s = rate;
+            }
+            r.cpu = cpu.map(|u| CpuReport {
+                pids: vec![1],
+                processes: 1,
+                seconds: 1.0,
+                percent_of_core: 50.0,
+                us_per_request: Some(u),
+            });
+            res.insert((p.into(), s.into()), Input::Run(Box::new(r)));
+        };
+        run("direct", "rps-1k", 50_000.0, None, false);
+        run("portico", "rps-1k", 40_000.0, Some(17.5), false);
+        run("portico", "cps", 3_210.0, Some(99.0), true);
+        for p in ["direct", "portico"] {
+            res.insert(
+                (p.into(), "latency".into()),
+                Input::Sweep(Box::new(crate::page::tests::sweep(p))),
+            );
+        }
+        let page = build(&m, &res, "2026-01-01T00:02:00Z");
+        let names: Vec<&str> = page.svgs.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "compare-rps.svg",
+                "compare-cps.svg",
+                "compare-cpu.svg",
+                "compare-latency-p99.svg",
+                "compare-latency-mean.svg",
+                "compare-cpu-percent.svg",
+                "compare-percentiles.svg",
+                "compare-knee.svg"
+            ]
+        );
+        let h = &page.html;
+        assert!(h.contains("<h1>T &lt;1&gt;</h1>"));
+        assert!(h.contains("<b>nginx</b>: skipped, nginx is not installed"));
+        // Colours follow the manifest's order: portico is the third proxy, even with nginx
+        // skipped, in every chart.
+        let rps = &page.svgs[0].1;
+        assert!(rps.contains(">50,000<") && rps.contains(">40,000<") && rps.contains(">RPS 1 KB<"));
+        assert!(rps.contains(svg::PALETTE[2]) && !rps.contains(svg::PALETTE[1]));
+        assert!(page.svgs[6].1.contains(svg::PALETTE[2]));
+        // direct has no proxy CPU: only portico in the CPU chart.
+        assert!(!page.svgs[2].1.contains(">direct<") && page.svgs[2].1.contains(">17.5<"));
+        // The spectra are compared at the highest rate both sweeps passed.
+        assert!(page.svgs[6].1.contains("at 1,000 req/s"));
+        assert!(h.contains("knee 1,000 req/s for p99&lt;10ms (2,000 req/s failed)"));
+        assert!(h.contains("<td>3,210</td>"), "connections per second");
+        assert!(h.contains("<td>17.50</td>"), "CPU per request");
+        assert!(h.contains("Test CPU") && h.contains("portico bench compare --out x"));
+        for (_, svg) in &page.svgs {
+            assert!(h.contains(svg.as_str()));
+        }
+    }
+
+    #[test]
+    fn common_rate_prefers_the_highest_rate_all_passed() {
+        let a = crate::page::tests::sweep("a");
+        let mut b = a.clone();
+        assert_eq!(common_rate(&[&a, &b]), Some(1000.0));
+        // When one failed everywhere, the lowest common rate.
+        for st in &mut b.steps {
+            st.pass = Some(false);
+        }
+        assert_eq!(common_rate(&[&a, &b]), Some(1000.0));
+        b.steps.retain(|st| st.rate == 2000.0);
+        assert_eq!(common_rate(&[&a, &b]), Some(2000.0));
+        assert_eq!(common_rate(&[]), None);
+        assert_eq!(
+            knee_text(&a),
+            "knee 1,000 req/s for p99<10ms (2,000 req/s failed)"
+        );
+    }
 }

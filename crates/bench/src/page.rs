@@ -621,12 +621,13 @@ fn read_manifest(path: &Path) -> Result<Option<crate::compare::Manifest>, BenchE
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::report::{test_report, CpuReport};
     use crate::sweep::{KneeSearch, Phase, Slo, Verdict};
 
-    fn sweep(label: &str) -> SweepReport {
+    /// A two-step sweep (1000 req/s passes p99<10ms, 2000 fails), for page tests.
+    pub(crate) fn sweep(label: &str) -> SweepReport {
         let slo = Slo::parse("p99<10ms").unwrap();
         let mut search = KneeSearch::new(vec![1000.0, 2000.0], true, 0);
         let mut steps = Vec::new();

@@ -442,9 +442,10 @@ pub fn grouped_bar_chart(
     const GAP: f64 = 16.0;
     let n = series.len().max(1) as f64;
     let group_h = n * BAR + (n - 1.0) * INNER;
+    // Group labels are bold: about 15% wider.
     let label_w = groups
         .iter()
-        .map(|g| text_width(&short(&g.label), FONT))
+        .map(|g| text_width(&short(&g.label), FONT) * 1.15)
         .fold(0.0, f64::max)
         + 16.0;
     let left = label_w.max(LEFT);
