@@ -500,6 +500,38 @@ pub struct ResultEntry {
     pub command: Vec<String>,
     pub skipped: Option<String>,
     pub error: Option<String>,
+    /// Checks `compare` made of the result (e.g. responses smaller than the origin sends).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// The body size the origin sends for a `/bytes/N` path (k and m are powers of 1024, as the
+/// origin reads them).
+pub fn expected_body(path: &str) -> Option<u64> {
+    let n = path.strip_prefix("/bytes/")?;
+    let (digits, scale) = match n.as_bytes().last()? {
+        b'k' => (&n[..n.len() - 1], 1024),
+        b'm' => (&n[..n.len() - 1], 1024 * 1024),
+        _ => (n, 1),
+    };
+    digits.parse::<u64>().ok().map(|d| d * scale)
+}
+
+/// What a run's figures say is wrong with it beyond its own warnings: responses smaller than the
+/// origin's body (the proxy answered by itself instead of forwarding).
+pub fn check_run(s: &Scenario, r: &crate::report::Report) -> Vec<String> {
+    let mut w = Vec::new();
+    if let (Some(body), true) = (expected_body(s.path), r.requests.completed > 0) {
+        let mean = r.bytes / r.requests.completed;
+        if mean < body {
+            w.push(format!(
+                "responses averaged {mean} bytes but the origin sends {body}-byte bodies for {}: \
+                 they did not come from the origin; the figures are void",
+                s.path
+            ));
+        }
+    }
+    w
 }
 
 impl Manifest {
@@ -898,6 +930,7 @@ pub fn compare(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchEr
                     command: Vec::new(),
                     skipped: Some(why.to_string()),
                     error: None,
+                    warnings: Vec::new(),
                 });
             }
         };
@@ -994,6 +1027,7 @@ pub fn compare(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchEr
                 command: Vec::new(),
                 skipped: None,
                 error: None,
+                warnings: Vec::new(),
             };
             if let Some(p) = running.as_mut() {
                 if let Some(st) = p.exited() {
@@ -1142,8 +1176,14 @@ fn one_line(input: &Input) -> String {
             } else {
                 format!(", {:.0} conn/s", r.connections_per_s)
             };
+            let non_2xx: u64 = r
+                .status_classes
+                .iter()
+                .filter(|(k, _)| k.as_str() != "2xx")
+                .map(|(_, n)| n)
+                .sum();
             format!(
-                "{:.0} req/s{conns}, {:.1} MB/s{cpu}, {} errors",
+                "{:.0} req/s{conns}, {:.1} MB/s{cpu}, {} errors, {non_2xx} non-2xx",
                 r.achieved_rate,
                 r.bytes_per_s / 1e6,
                 r.requests.errors
@@ -1189,6 +1229,21 @@ mod tests {
             [Proxy::Portico, Proxy::Direct]
         );
         assert!(parse_proxies("envoy").is_err());
+    }
+
+    #[test]
+    fn response_sizes_are_checked_against_the_origin() {
+        assert_eq!(expected_body("/bytes/0"), Some(0));
+        assert_eq!(expected_body("/bytes/1k"), Some(1024));
+        assert_eq!(expected_body("/bytes/1m"), Some(1 << 20));
+        assert_eq!(expected_body("/other"), None);
+        let s = SCENARIOS.iter().find(|s| s.name == "rps-1k").unwrap();
+        let mut r = crate::report::test_report(None, &[1; 10], 0, 0);
+        r.bytes = 10 * 124;
+        let w = check_run(s, &r);
+        assert!(w[0].contains("averaged 124 bytes"), "{w:?}");
+        r.bytes = 10 * 1200;
+        assert!(check_run(s, &r).is_empty());
     }
 
     #[test]

@@ -422,7 +422,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                 escape(why)
             ));
         }
-        if let Some(e) = &r.error {
+        for e in r.error.iter().chain(&r.warnings) {
             notes.push(format!(
                 "<b>{}</b> × {}: <span class=\"fail\">{}</span>",
                 escape(&r.proxy),
@@ -728,6 +728,7 @@ mod tests {
             command: vec!["portico".into(), "bench".into()],
             skipped: None,
             error: None,
+            warnings: Vec::new(),
         };
         Manifest {
             version: 1,

@@ -213,7 +213,8 @@ fn haproxy(s: &Setup) -> String {
 fn caddy(s: &Setup) -> String {
     let tls = match (s.tls_port, s.tls) {
         (Some(port), Some(tls)) => format!(
-            "\nhttps://127.0.0.1:{port} {{\n\
+            "\nhttps://:{port} {{\n\
+             \x20   bind 127.0.0.1\n\
              \x20   tls {} {} {{\n\
              \x20       protocols tls1.3 tls1.3\n\
              \x20       curves x25519\n\
@@ -225,12 +226,14 @@ fn caddy(s: &Setup) -> String {
         _ => String::new(),
     };
     format!(
-        "# portico bench compare: GOMAXPROCS=1, no admin endpoint, no automatic HTTPS, no access log\n\
+        "# portico bench compare: GOMAXPROCS=1, no admin endpoint, no automatic HTTPS, no access log;\n\
+         # sites without a host name, so that any Host (localhost or 127.0.0.1) reaches the proxy\n\
          {{\n\
          \x20   admin off\n\
          \x20   auto_https off\n\
          }}\n\n\
-         http://127.0.0.1:{} {{\n\
+         http://:{} {{\n\
+         \x20   bind 127.0.0.1\n\
          \x20   reverse_proxy {}\n\
          }}\n{tls}",
         s.port, s.origin
@@ -346,8 +349,8 @@ mod tests {
         let c = config(Proxy::Caddy, &tls);
         for want in [
             "admin off",
-            "http://127.0.0.1:18080 {",
-            "https://127.0.0.1:18443 {",
+            "http://:18080 {\n    bind 127.0.0.1\n",
+            "https://:18443 {\n    bind 127.0.0.1\n",
             "tls /tmp/x/cert.pem /tmp/x/key.pem",
             "curves x25519",
             "reverse_proxy 127.0.0.1:18081",
