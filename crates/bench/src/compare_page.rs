@@ -51,12 +51,15 @@ fn sweep_of<'a>(res: &'a Results, proxy: &str, scenario: &str) -> Option<&'a Swe
 }
 
 /// A grouped bar chart over the scenarios of `metrics`, one bar per proxy.
+/// Runs whose figures `compare` found void (see `compare::check_run`): left out of the charts.
+type Void = std::collections::HashSet<(String, String)>;
+
 fn bars(
     title: &str,
     x_label: &str,
     proxies: &[(String, usize)],
     scenarios: &[&ScenarioEntry],
-    res: &Results,
+    (res, void): (&Results, &Void),
     value: &dyn Fn(&Report) -> Option<f64>,
 ) -> Option<String> {
     let groups: Vec<BarGroup> = scenarios
@@ -65,7 +68,12 @@ fn bars(
             label: short_of(s).to_string(),
             values: proxies
                 .iter()
-                .map(|(p, _)| run_of(res, p, &s.name).and_then(value))
+                .map(|(p, _)| {
+                    if void.contains(&(p.clone(), s.name.clone())) {
+                        return None;
+                    }
+                    run_of(res, p, &s.name).and_then(value)
+                })
                 .collect(),
         })
         .filter(|g| g.values.iter().any(Option::is_some))
@@ -124,6 +132,13 @@ fn f2(v: Option<f64>, prec: usize) -> String {
 /// Build the page.
 pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
     let proxies = shown(m, res);
+    let void: Void = m
+        .results
+        .iter()
+        .filter(|r| !r.warnings.is_empty())
+        .map(|r| (r.proxy.clone(), r.scenario.clone()))
+        .collect();
+    let rv = (res, &void);
     let of = |metric: Metric| -> Vec<&ScenarioEntry> {
         m.scenarios.iter().filter(|s| s.metric == metric).collect()
     };
@@ -134,7 +149,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         "completed requests/s",
         &proxies,
         &of(Metric::Rps),
-        res,
+        rv,
         &|r| Some(r.achieved_rate),
     ) {
         svgs.push((
@@ -151,7 +166,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         "connections/s (one request each)",
         &proxies,
         &of(Metric::Cps),
-        res,
+        rv,
         &|r| Some(r.connections_per_s),
     ) {
         svgs.push((
@@ -167,7 +182,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         "MB/s (10^6 bytes)",
         &proxies,
         &of(Metric::Throughput),
-        res,
+        rv,
         &|r| Some(r.bytes_per_s / 1e6),
     ) {
         svgs.push((
@@ -177,31 +192,51 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
             s,
         ));
     }
-    let closed: Vec<&ScenarioEntry> = m
-        .scenarios
-        .iter()
-        .filter(|s| s.metric != Metric::Latency)
-        .collect();
     let measured: Vec<(String, usize)> = proxies
         .iter()
         .filter(|(p, _)| p != "direct")
         .cloned()
         .collect();
-    if let Some(s) = bars(
-        "Proxy CPU time per request",
-        "µs of CPU (user + system) per request",
+    let cpu_us = |r: &Report| r.cpu.as_ref().and_then(|c| c.us_per_request);
+    for (file, title, x, scen, caption) in [
+        (
+            "compare-cpu.svg",
+            "Proxy CPU time per request",
+            "µs of CPU (user + system) per request",
+            of(Metric::Rps),
+            "CPU time of the proxy's processes (from /proc) during each keep-alive closed-loop \
+             run, divided by the requests completed. Lower is better; direct has no proxy and so \
+             no bar.",
+        ),
+        (
+            "compare-cpu-cps.svg",
+            "Proxy CPU time per new connection",
+            "µs of CPU (user + system) per connection (one request each)",
+            of(Metric::Cps),
+            "CPU time of the proxy's processes per connection in the new-connection-per-request \
+             runs (accept, TLS handshake, one request, close). Lower is better.",
+        ),
+    ] {
+        if let Some(svg) = bars(title, x, &measured, &scen, rv, &cpu_us) {
+            svgs.push((file.into(), caption.into(), svg));
+        }
+    }
+    if let Some(svg) = bars(
+        "Proxy CPU time per GB",
+        "ms of CPU (user + system) per GB (10^9 bytes) of responses",
         &measured,
-        &closed,
-        res,
-        &|r| r.cpu.as_ref().and_then(|c| c.us_per_request),
+        &of(Metric::Throughput),
+        rv,
+        &|r| {
+            let c = r.cpu.as_ref()?;
+            (r.bytes > 0).then(|| c.seconds * 1e3 / (r.bytes as f64 / 1e9))
+        },
     ) {
         svgs.push((
-            "compare-cpu.svg".into(),
-            "CPU time of the proxy's processes (from /proc) during each closed-loop run, divided by \
-             the requests completed (for the new-connection scenarios that is per connection). \
-             Lower is better; direct has no proxy and so no bar."
+            "compare-cpu-gb.svg".into(),
+            "CPU time of the proxy's processes per GB of 1 MB responses relayed. Lower is better."
                 .into(),
-            s,
+            svg,
         ));
     }
     // The latency sweep, one line per proxy.
@@ -219,6 +254,8 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                     points: s
                         .by_rate()
                         .iter()
+                        // A step where nothing completed has no latency to draw.
+                        .filter(|st| st.runs.iter().any(|r| r.requests.completed > 0))
                         .filter_map(|st| f(st).map(|y| (st.rate, y)))
                         .collect(),
                     markers: true,
@@ -241,7 +278,14 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
             out
         };
         let slo = sweeps.iter().find_map(|(_, _, s)| s.slo.clone());
-        let chart = |title: &str, y: &str, series: Vec<Series>, hl: Vec<(f64, String)>| {
+        // Saturated steps reach seconds: cut the latency axes at 10x the SLO bound.
+        let latency_cap = slo.as_ref().map(|s| s.below_ms * 10.0);
+        let spectrum_cap = slo.as_ref().map_or(f64::INFINITY, |s| s.below_ms * 10.0);
+        let chart = |title: &str,
+                     y: &str,
+                     series: Vec<Series>,
+                     hl: Vec<(f64, String)>,
+                     cap: Option<f64>| {
             svg::line_chart(&LineChart {
                 title: title.to_string(),
                 x_label: "offered rate (requests/s)".into(),
@@ -249,6 +293,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                 x_axis: XAxis::Linear,
                 series: coloured(series),
                 hlines: hl,
+                y_cap: cap,
             })
         };
         let p99_line = slo
@@ -266,6 +311,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                 "p99 latency (ms)",
                 per_rate(&|st| Some(st.figures.p99_ms)),
                 p99_line,
+                latency_cap,
             ),
         ));
         svgs.push((
@@ -276,6 +322,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                 "average latency (ms)",
                 per_rate(&|st| Some(st.figures.mean_ms)),
                 Vec::new(),
+                latency_cap,
             ),
         ));
         let cpu = per_rate(&|st| st.figures.cpu_percent_of_core);
@@ -290,6 +337,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                     "CPU (% of one core)",
                     cpu,
                     Vec::new(),
+                    None,
                 ),
             ));
         }
@@ -322,6 +370,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                     x_axis: XAxis::Nines,
                     series: coloured(series),
                     hlines: Vec::new(),
+                    y_cap: Some(spectrum_cap),
                 }),
             ));
         }
@@ -806,6 +855,7 @@ mod tests {
                 "compare-rps.svg",
                 "compare-cps.svg",
                 "compare-cpu.svg",
+                "compare-cpu-cps.svg",
                 "compare-latency-p99.svg",
                 "compare-latency-mean.svg",
                 "compare-cpu-percent.svg",
@@ -821,11 +871,12 @@ mod tests {
         let rps = &page.svgs[0].1;
         assert!(rps.contains(">50,000<") && rps.contains(">40,000<") && rps.contains(">RPS 1 KB<"));
         assert!(rps.contains(svg::PALETTE[2]) && !rps.contains(svg::PALETTE[1]));
-        assert!(page.svgs[6].1.contains(svg::PALETTE[2]));
+        assert!(page.svgs[7].1.contains(svg::PALETTE[2]));
         // direct has no proxy CPU: only portico in the CPU chart.
         assert!(!page.svgs[2].1.contains(">direct<") && page.svgs[2].1.contains(">17.5<"));
         // The spectra are compared at the highest rate both sweeps passed.
-        assert!(page.svgs[6].1.contains("at 1,000 req/s"));
+        assert!(page.svgs[7].1.contains("at 1,000 req/s"));
+        assert!(page.svgs[3].1.contains(">99.0<"), "CPU per connection");
         assert!(h.contains("knee 1,000 req/s for p99&lt;10ms (2,000 req/s failed)"));
         assert!(h.contains("<td>3,210</td>"), "connections per second");
         assert!(h.contains("<td>17.50</td>"), "CPU per request");

@@ -212,6 +212,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
         x_axis: XAxis::Linear,
         series,
         hlines,
+        y_cap: None,
     };
     if !sweeps.is_empty() {
         svgs.push((
@@ -309,6 +310,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
             x_axis: XAxis::Nines,
             series: dist_series,
             hlines: Vec::new(),
+            y_cap: None,
         }),
     ));
 

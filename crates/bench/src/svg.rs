@@ -51,6 +51,9 @@ pub struct LineChart {
     pub series: Vec<Series>,
     /// Dashed horizontal reference lines (y, label), e.g. an SLO bound.
     pub hlines: Vec<(f64, String)>,
+    /// Clip the y axis here: larger values are drawn on the top edge, and the chart says so (so
+    /// that a saturated point of seconds does not flatten the milliseconds that matter).
+    pub y_cap: Option<f64>,
 }
 
 /// The nines-axis position of percentile `p` (0..100): log10(1/(1-p/100)); None at 100% and
@@ -186,11 +189,15 @@ pub fn line_chart(c: &LineChart) -> String {
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x))
         .fold(0.0, f64::max);
-    let y_max = series
+    let y_data = series
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
         .chain(c.hlines.iter().map(|(y, _)| *y).filter(|y| y.is_finite()))
         .fold(0.0, f64::max);
+    let cap = c
+        .y_cap
+        .filter(|cap| cap.is_finite() && *cap > 0.0 && y_data > *cap);
+    let y_max = cap.unwrap_or(y_data);
     let legend_w = series
         .iter()
         .map(|(_, s, _)| text_width(&short(&s.label), FONT))
@@ -220,7 +227,7 @@ pub fn line_chart(c: &LineChart) -> String {
     let x_hi = x_ticks.last().copied().unwrap_or(1.0).max(1e-9);
     let y_hi = y_ticks.last().copied().unwrap_or(1.0).max(1e-9);
     let px = |x: f64| LEFT + x / x_hi * plot_w;
-    let py = |y: f64| TOP + PLOT_H - y / y_hi * PLOT_H;
+    let py = |y: f64| TOP + PLOT_H - y.min(y_hi) / y_hi * PLOT_H;
 
     let mut out = String::new();
     open_svg(&mut out, width, height, &c.title);
@@ -327,6 +334,17 @@ pub fn line_chart(c: &LineChart) -> String {
             lx + 32.0,
             ly + 4.0,
             escape(&short(&s.label))
+        );
+    }
+    if cap.is_some() {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">axis cut at {}: \
+             points above it are drawn on the top edge (up to {})</text>",
+            LEFT + plot_w,
+            TOP - 6.0,
+            tick_text(y_hi, y_step),
+            tick_text(y_data, if y_data >= 100.0 { 1.0 } else { 0.1 })
         );
     }
     if series.is_empty() {
@@ -631,6 +649,7 @@ mod tests {
                 },
             ],
             hlines: vec![(1.5, "SLO p99 < 1.5 ms".into())],
+            y_cap: None,
         };
         let svg = line_chart(&c);
         assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -655,12 +674,25 @@ mod tests {
                 markers: false,
             }],
             hlines: vec![],
-            ..c
+            ..c.clone()
         });
         assert!(nines.contains(">99.9%<"));
         assert!(!nines.contains(">99.99%<"));
         // The 100% point (infinite on this axis) is left out: y stops at 1 ms.
         assert!(nines.contains(">1.0<") && !nines.contains(">9<"));
+        let capped = line_chart(&LineChart {
+            series: vec![Series {
+                label: "a".into(),
+                points: vec![(1.0, 2.0), (2.0, 3000.0)],
+                markers: true,
+            }],
+            hlines: vec![],
+            y_cap: Some(50.0),
+            ..c.clone()
+        });
+        assert!(capped
+            .contains("axis cut at 50: points above it are drawn on the top edge (up to 3,000)"));
+        assert!(capped.contains(">50<") && !capped.contains(">3,000<"));
         let g = grouped_bar_chart(
             "RPS",
             "requests/s",
