@@ -339,10 +339,10 @@ pub fn line_chart(c: &LineChart) -> String {
     if cap.is_some() {
         let _ = writeln!(
             out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">axis cut at {}: \
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#555\" font-size=\"11\">axis cut at {}: \
              points above it are drawn on the top edge (up to {})</text>",
-            LEFT + plot_w,
-            TOP - 6.0,
+            LEFT + 6.0,
+            TOP + 14.0,
             tick_text(y_hi, y_step),
             tick_text(y_data, if y_data >= 100.0 { 1.0 } else { 0.1 })
         );
