@@ -117,7 +117,7 @@ impl Conn {
     pub fn new(addr: SocketAddr, tls: Option<&TlsClient>, close_after: bool) -> Conn {
         Conn {
             addr,
-            tls: tls.map(|t| (t.config.clone(), t.server_name.clone())),
+            tls: tls.map(|t| (t.for_connection(), t.server_name.clone())),
             stream: None,
             buf: BytesMut::with_capacity(READ_RESERVE),
             limits: Limits::default(),

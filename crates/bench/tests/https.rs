@@ -153,6 +153,19 @@ fn new_connections_resume_sessions_unless_resumption_is_off() {
     assert_eq!(seen.full.load(Ordering::Relaxed), 21);
     assert_eq!(seen.resumed.load(Ordering::Relaxed), 19);
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+
+    // Many connections at once: each resumes its own session, so only the first handshake of
+    // each connection is full (a single shared cache holds at most 8 tickets per server).
+    let r = run(Flags {
+        close: true,
+        connections: 16,
+        requests: Some(160),
+        ..flags(addr)
+    });
+    assert_eq!(r.requests.completed, 160, "{:?}", r.requests);
+    let t = r.tls.unwrap();
+    assert_eq!(t.handshakes.full + t.handshakes.resumed, 160);
+    assert_eq!(t.handshakes.full, 16, "{:?}", t.handshakes);
 }
 
 #[test]
