@@ -412,11 +412,11 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
     let _ = write!(
         h,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{t}</title>\n\
-         <style>\nbody {{ font-family: DejaVu Sans, Verdana, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 78em; padding: 0 1em; color: #222; }}\n\
+         <style>\nbody {{ font-family: DejaVu Sans, Verdana, Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 92em; padding: 0 1em; color: #222; }}\n\
          table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}\n\
          th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; vertical-align: top; }}\n\
          th {{ background: #f3f3f3; }} td.l, th.l {{ text-align: left; }}\n\
-         tr.first td {{ border-top: 2px solid #888; }} td.scen {{ min-width: 14em; }}\n\
+         tr.first td {{ border-top: 2px solid #888; }} td.scen {{ min-width: 14em; }} td.note {{ min-width: 14em; }}\n\
          figure {{ margin: 1.5em 0; }} figcaption {{ color: #555; font-size: 0.9em; max-width: 50em; }}\n\
          code, pre {{ font-size: 0.85em; }} code {{ word-break: break-all; }} .skip {{ color: #a60; }} .fail {{ color: #b00; }}\n\
          </style>\n</head>\n<body>\n<h1>{t}</h1>\n",
@@ -513,8 +513,15 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         for (p, _) in &proxies {
             let row_class = if first { " class=\"first\"" } else { "" };
             let scen = if first {
+                let at = match (s.metric, spectrum_rate) {
+                    (Metric::Latency, Some(rate)) => format!(
+                        "<br>figures at {} req/s offered (open loop)",
+                        rate_text(rate)
+                    ),
+                    _ => String::new(),
+                };
                 format!(
-                    "<b>{}</b><br>{}<br><code>{}</code>",
+                    "<b>{}</b><br>{}<br><code>{}</code>{at}",
                     escape(short_of(s)),
                     escape(&s.title),
                     escape(&s.name)
@@ -531,11 +538,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                         .and_then(median_run)
                         .map(row_cells)
                         .unwrap_or_else(|| empty_cells(11));
-                    let knee = knee_text(sw);
-                    let at_text = at
-                        .map(|st| format!("figures at {} req/s offered. ", rate_text(st.rate)))
-                        .unwrap_or_default();
-                    (cells, format!("{at_text}{}", escape(&knee)))
+                    (cells, escape(&knee_text(sw)))
                 }
                 None => {
                     let why = m
@@ -549,7 +552,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
             };
             let _ = writeln!(
                 h,
-                "<tr{row_class}><td class=\"l scen\">{scen}</td><td class=\"l\">{}</td>{cells}<td class=\"l\">{note}</td></tr>",
+                "<tr{row_class}><td class=\"l scen\">{scen}</td><td class=\"l\">{}</td>{cells}<td class=\"l note\">{note}</td></tr>",
                 escape(p)
             );
         }
