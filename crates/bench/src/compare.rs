@@ -613,6 +613,24 @@ fn signal(sig: &str, pids: &[u32]) {
     let _ = c.stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
+/// A CPU list as taskset and /proc write it (`0-2,5`); None when malformed.
+pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (a.parse::<u32>().ok()?, b.parse::<u32>().ok()?);
+                if b < a || b - a > 4096 {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
 /// Whether `program` is an executable in PATH.
 pub fn in_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -823,6 +841,24 @@ pub fn compare(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchEr
         (false, "not pinned: taskset not found".to_string())
     } else if cpus < 2 {
         (false, format!("not pinned: {cpus} CPU"))
+    } else if let Some(bad) = [&f.proxy_cpu, &f.client_cpu].into_iter().find(|list| {
+        let allowed = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .and_then(|v| parse_cpu_list(v.trim()))
+            });
+        match (parse_cpu_list(list), allowed) {
+            (Some(want), Some(allowed)) => !want.iter().all(|c| allowed.contains(c)),
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
+    }) {
+        (
+            false,
+            format!("not pinned: CPU list {bad:?} is not within this process's allowed CPUs"),
+        )
     } else {
         (
             true,
@@ -1229,6 +1265,15 @@ mod tests {
             [Proxy::Portico, Proxy::Direct]
         );
         assert!(parse_proxies("envoy").is_err());
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("0-2,5"), Some(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpu_list("3-1"), None);
+        assert_eq!(parse_cpu_list("a"), None);
+        assert_eq!(parse_cpu_list(""), None);
     }
 
     #[test]
