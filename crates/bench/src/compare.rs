@@ -545,6 +545,72 @@ impl Manifest {
     }
 }
 
+/// The children running now, for the signal guard; `true` once a signal stopped the comparison
+/// (no child may start after that).
+static CHILDREN: std::sync::Mutex<(Vec<u32>, bool)> = std::sync::Mutex::new((Vec::new(), false));
+
+/// Stop every child (and its descendants) then exit, when this process gets SIGINT, SIGTERM or
+/// SIGHUP: a comparison stopped from outside (Ctrl-C, a CI timeout) leaves no server behind.
+fn guard_signals() {
+    let _ = std::thread::Builder::new()
+        .name("compare-signals".into())
+        .spawn(|| {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            let got = rt.block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                let (Ok(mut t), Ok(mut i), Ok(mut h)) = (
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::hangup()),
+                ) else {
+                    return false;
+                };
+                tokio::select! {
+                    _ = t.recv() => true,
+                    _ = i.recv() => true,
+                    _ = h.recv() => true,
+                }
+            });
+            if !got {
+                return;
+            }
+            let roots: Vec<u32> = CHILDREN
+                .lock()
+                .map(|mut c| {
+                    c.1 = true;
+                    c.0.clone()
+                })
+                .unwrap_or_default();
+            let all: Vec<u32> = roots
+                .iter()
+                .flat_map(|p| crate::cpu::descendants(*p))
+                .collect();
+            signal("-TERM", &roots);
+            let end = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < end
+                && all
+                    .iter()
+                    .any(|p| Path::new(&format!("/proc/{p}")).exists())
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let left: Vec<u32> = all
+                .into_iter()
+                .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+                .collect();
+            if !left.is_empty() {
+                signal("-KILL", &left);
+            }
+            eprintln!("bench compare: interrupted; its servers were stopped");
+            std::process::exit(130);
+        });
+}
+
 /// A child process that is stopped (SIGTERM, then SIGKILL for the whole tree) when dropped, so
 /// that nothing outlives the comparison, even on an error.
 struct Proc {
@@ -575,10 +641,13 @@ impl Proc {
     }
 
     fn stop(&mut self) {
+        let pid = self.pid();
         if self.exited().is_some() {
+            if let Ok(mut c) = CHILDREN.lock() {
+                c.0.retain(|p| *p != pid);
+            }
             return;
         }
-        let pid = self.pid();
         let tree = crate::cpu::descendants(pid);
         signal("-TERM", &[pid]);
         if self.wait_for(STOP_TIMEOUT).is_none() {
@@ -594,6 +663,9 @@ impl Proc {
             signal("-KILL", &still);
         }
         let _ = self.child.wait();
+        if let Ok(mut c) = CHILDREN.lock() {
+            c.0.retain(|p| *p != pid);
+        }
     }
 }
 
@@ -680,7 +752,21 @@ fn spawn(
         .stderr(err)
         .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
-    Ok(Proc { child })
+    let mut p = Proc { child };
+    let stopping = match CHILDREN.lock() {
+        Ok(mut c) if !c.1 => {
+            c.0.push(p.pid());
+            false
+        }
+        _ => true,
+    };
+    if stopping {
+        // Interrupted meanwhile: this one must not run.
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+        return Err("interrupted".to_string());
+    }
+    Ok(p)
 }
 
 /// `cmd` prefixed with `taskset -c CPUS` when pinned.
@@ -815,6 +901,7 @@ pub fn compare(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchEr
     if f.duration.is_zero() {
         return Err(BenchError::Flag("--duration must be > 0".into()));
     }
+    guard_signals();
     let portico = match &f.portico {
         Some(p) => p.clone(),
         None => std::env::current_exe()
