@@ -592,17 +592,10 @@ fn guard_signals() {
                 .collect();
             signal("-TERM", &roots);
             let end = Instant::now() + Duration::from_secs(2);
-            while Instant::now() < end
-                && all
-                    .iter()
-                    .any(|p| Path::new(&format!("/proc/{p}")).exists())
-            {
+            while Instant::now() < end && all.iter().any(|p| running(*p)) {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let left: Vec<u32> = all
-                .into_iter()
-                .filter(|p| Path::new(&format!("/proc/{p}")).exists())
-                .collect();
+            let left: Vec<u32> = all.into_iter().filter(|p| running(*p)).collect();
             if !left.is_empty() {
                 signal("-KILL", &left);
             }
@@ -655,10 +648,7 @@ impl Proc {
         }
         // Workers a master left behind (nginx's, should the master not have stopped them).
         let left: Vec<u32> = tree.into_iter().filter(|p| *p != pid).collect();
-        let still: Vec<u32> = left
-            .into_iter()
-            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
-            .collect();
+        let still: Vec<u32> = left.into_iter().filter(|p| running(*p)).collect();
         if !still.is_empty() {
             signal("-KILL", &still);
         }
@@ -673,6 +663,17 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether `pid` is a running process (not gone, and not a zombie left for its parent to reap).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, t)| !t.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Send a signal with kill(1) (the crate forbids unsafe code, so no libc).

@@ -132,3 +132,61 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(html2.contains("<figure id=\"compare-latency-p99\">"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether `pid` is a live process (not gone, not a zombie waiting for a reaper).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, t)| !t.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn an_interrupted_compare_leaves_no_server_behind() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("portico-cli-compare-int-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = Command::new(BIN)
+        .args(["bench", "compare", "--proxies", "portico"])
+        .args([
+            "--scenarios",
+            "rps-1k",
+            "-d",
+            "60s",
+            "--warmup",
+            "0s",
+            "-c",
+            "2",
+        ])
+        .arg("--out")
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The origin's and the proxy's pids, from the progress lines.
+    let mut pids = Vec::new();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    while pids.len() < 2 {
+        let line = lines.next().expect("a progress line").unwrap();
+        if let Some(p) = line.rsplit_once("(pid ") {
+            pids.push(p.1.trim_end_matches(')').parse::<u32>().unwrap());
+        }
+    }
+    assert!(pids.iter().all(|p| alive(*p)), "{pids:?}");
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    // Its children got SIGTERM (SIGKILL after 2 s) before it exited.
+    for p in &pids {
+        assert!(!alive(*p), "pid {p} survived");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
