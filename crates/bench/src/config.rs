@@ -10,8 +10,16 @@ use std::time::Duration;
 /// build it from [`Flags::default`].
 #[derive(Debug, Clone, clap::Args)]
 pub struct Flags {
-    /// Target URL (http:// only).
+    /// Target URL (http:// or https://); more URLs may follow (same scheme, host and port),
+    /// requested in turn.
+    #[arg(default_value = "", hide_default_value = true, value_name = "URL")]
     pub url: String,
+    /// More target URLs, requested in turn with the first.
+    #[arg(value_name = "URL")]
+    pub more_urls: Vec<String>,
+    /// Read more target URLs from FILE, one per line (blank lines and # comments skipped).
+    #[arg(long, value_name = "FILE")]
+    pub urls_file: Option<PathBuf>,
     /// Offered rate, requests/s over all connections (open loop).
     #[arg(long, short = 'R')]
     pub rate: Option<f64>,
@@ -75,6 +83,27 @@ pub struct Flags {
     /// Name of the run in reports (default: the URL).
     #[arg(long)]
     pub label: Option<String>,
+    /// HTTPS: the TLS version to offer, 1.2 or 1.3 (default: both).
+    #[arg(long, value_name = "1.2|1.3")]
+    pub tls_version: Option<String>,
+    /// HTTPS: cipher suites to offer, in order, comma-separated (rustls names, e.g.
+    /// TLS13_AES_128_GCM_SHA256).
+    #[arg(long, value_name = "LIST")]
+    pub tls_ciphers: Option<String>,
+    /// HTTPS: key-exchange groups to offer, in order, comma-separated (X25519, secp256r1,
+    /// secp384r1, X25519MLKEM768...).
+    #[arg(long, value_name = "LIST")]
+    pub tls_groups: Option<String>,
+    /// HTTPS: session resumption (tickets and session IDs) on or off.
+    #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
+          value_parser = crate::tls::parse_on_off)]
+    pub tls_resume: bool,
+    /// HTTPS: do not verify the server's certificate (self-signed benchmark certificates).
+    #[arg(long, short = 'k')]
+    pub insecure: bool,
+    /// HTTPS: trust the CA certificates of this PEM file instead of the system's.
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
     /// The command line, stored in the JSON (set by the CLI, not a flag).
     #[arg(skip)]
     pub command: Option<String>,
@@ -84,6 +113,8 @@ impl Default for Flags {
     fn default() -> Self {
         Flags {
             url: String::new(),
+            more_urls: Vec::new(),
+            urls_file: None,
             rate: None,
             closed: false,
             connections: 10,
@@ -104,6 +135,12 @@ impl Default for Flags {
             slo: None,
             bisect: None,
             label: None,
+            tls_version: None,
+            tls_ciphers: None,
+            tls_groups: None,
+            tls_resume: true,
+            insecure: false,
+            cacert: None,
             command: None,
         }
     }
@@ -138,14 +175,19 @@ pub struct Target {
     pub port: u16,
     /// The request target: path and query, at least `/`.
     pub path: String,
-    /// The `Host` field value: host, with the port when it is not 80.
+    /// The `Host` field value: host, with the port when it is not the scheme's default.
     pub authority: String,
+    /// `https://`.
+    pub tls: bool,
 }
 
 /// A validated benchmark configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The first URL.
     pub target: Target,
+    /// Every URL, the first included, requested in turn (one on a single-URL run).
+    pub targets: Vec<Target>,
     pub addr: SocketAddr,
     pub mode: Mode,
     pub connections: usize,
@@ -158,6 +200,8 @@ pub struct Config {
     pub close: bool,
     pub timeout: Duration,
     pub pids: Vec<u32>,
+    /// `https://`: the client configuration.
+    pub tls: Option<crate::tls::TlsClient>,
     /// `--label`.
     pub label: Option<String>,
     /// The command line, for the JSON.
@@ -176,7 +220,11 @@ pub const MAX_THREADS: usize = 1024;
 impl Config {
     /// Validate the flags (reads `--body @FILE` and resolves the host).
     pub fn from_flags(f: &Flags) -> Result<Config, BenchError> {
-        let target = parse_url(&f.url)?;
+        let targets = all_targets(f)?;
+        let target = targets
+            .first()
+            .cloned()
+            .ok_or_else(|| flag("a URL is required (or --urls-file FILE)"))?;
         let mode = match (f.rate, f.closed) {
             (Some(_), true) => return Err(flag("--rate and --closed exclude each other")),
             (None, false) => {
@@ -253,9 +301,36 @@ impl Config {
                 None => b.as_bytes().to_vec(),
             },
         };
+        let tls = if target.tls {
+            Some(crate::tls::TlsClient::new(
+                &crate::tls::TlsOptions {
+                    version: f.tls_version.clone(),
+                    ciphers: f.tls_ciphers.clone(),
+                    groups: f.tls_groups.clone(),
+                    insecure: f.insecure,
+                    cacert: f.cacert.clone(),
+                    resume: f.tls_resume,
+                },
+                &target.host,
+            )?)
+        } else {
+            let tls_flags = [
+                ("--tls-version", f.tls_version.is_some()),
+                ("--tls-ciphers", f.tls_ciphers.is_some()),
+                ("--tls-groups", f.tls_groups.is_some()),
+                ("--tls-resume off", !f.tls_resume),
+                ("--insecure", f.insecure),
+                ("--cacert", f.cacert.is_some()),
+            ];
+            if let Some((name, _)) = tls_flags.iter().find(|(_, given)| *given) {
+                return Err(flag(format!("{name} needs an https:// URL")));
+            }
+            None
+        };
         let addr = resolve(&target)?;
         Ok(Config {
             target,
+            targets,
             addr,
             mode,
             connections: f.connections,
@@ -268,6 +343,7 @@ impl Config {
             close: f.close,
             timeout: f.timeout,
             pids: f.pids.clone(),
+            tls,
             label: f.label.clone(),
             command: f.command.clone(),
         })
@@ -283,6 +359,54 @@ fn flag(msg: impl Into<String>) -> BenchError {
     BenchError::Flag(msg.into())
 }
 
+/// Most URLs one run may take.
+pub const MAX_URLS: usize = 10_000;
+
+/// The URL argument(s) and `--urls-file`, parsed; all on the first URL's scheme, host and port
+/// (one set of connections serves them all).
+fn all_targets(f: &Flags) -> Result<Vec<Target>, BenchError> {
+    let mut urls: Vec<String> = std::iter::once(&f.url)
+        .chain(&f.more_urls)
+        .filter(|u| !u.is_empty())
+        .cloned()
+        .collect();
+    if let Some(path) = &f.urls_file {
+        let text = std::fs::read_to_string(path).map_err(|source| BenchError::File {
+            path: path.clone(),
+            source,
+        })?;
+        urls.extend(urls_of_file(&text));
+    }
+    if urls.len() > MAX_URLS {
+        return Err(flag(format!("{} URLs: at most {MAX_URLS}", urls.len())));
+    }
+    let targets = urls
+        .iter()
+        .map(|u| parse_url(u))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(first) = targets.first() {
+        if let Some(other) = targets.iter().find(|t| {
+            (t.tls, t.host.to_ascii_lowercase(), t.port)
+                != (first.tls, first.host.to_ascii_lowercase(), first.port)
+        }) {
+            return Err(flag(format!(
+                "{}: every URL of a run must have the scheme, host and port of the first ({})",
+                other.url, first.url
+            )));
+        }
+    }
+    Ok(targets)
+}
+
+/// The URLs of a `--urls-file` text: one per line, trimmed; blank lines and `#` comments skipped.
+pub fn urls_of_file(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect()
+}
+
 fn resolve(t: &Target) -> Result<SocketAddr, BenchError> {
     let mut addrs = (t.host.as_str(), t.port)
         .to_socket_addrs()
@@ -296,7 +420,7 @@ fn resolve(t: &Target) -> Result<SocketAddr, BenchError> {
     })
 }
 
-/// Parse `http://host[:port][/path][?query]`. `https://` and other schemes are refused (for now).
+/// Parse `http://host[:port][/path][?query]` or `https://...`. Other schemes are refused.
 pub fn parse_url(url: &str) -> Result<Target, BenchError> {
     let bad = |reason: &str| BenchError::Url {
         url: url.to_string(),
@@ -306,13 +430,14 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
         .get(..8)
         .map(str::to_ascii_lowercase)
         .unwrap_or_default();
-    let rest = if lower.starts_with("http://") {
-        url.get(7..).unwrap_or_default()
+    let (rest, tls) = if lower.starts_with("http://") {
+        (url.get(7..).unwrap_or_default(), false)
     } else if lower.starts_with("https://") {
-        return Err(bad("https:// is not supported yet (http:// only)"));
+        (url.get(8..).unwrap_or_default(), true)
     } else {
-        return Err(bad("expected http://HOST[:PORT]/PATH"));
+        return Err(bad("expected http://HOST[:PORT]/PATH or https://..."));
     };
+    let default_port = if tls { 443 } else { 80 };
     let rest = rest.split('#').next().unwrap_or_default();
     let split = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(split);
@@ -342,7 +467,7 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
         return Err(bad("bad host"));
     }
     let port = match port {
-        None => 80,
+        None => default_port,
         Some(p) => p
             .parse::<u16>()
             .ok()
@@ -366,7 +491,7 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
     } else {
         host.to_string()
     };
-    let authority = if port == 80 {
+    let authority = if port == default_port {
         host_in_field
     } else {
         format!("{host_in_field}:{port}")
@@ -377,6 +502,7 @@ pub fn parse_url(url: &str) -> Result<Target, BenchError> {
         port,
         path,
         authority,
+        tls,
     })
 }
 
@@ -448,8 +574,14 @@ mod tests {
             (t.host.as_str(), t.path.as_str(), t.authority.as_str()),
             ("::1", "/?q", "[::1]:9")
         );
+        let t = parse_url("https://localhost:8443/x").unwrap();
+        assert!(t.tls);
+        assert_eq!((t.port, t.authority.as_str()), (8443, "localhost:8443"));
+        let t = parse_url("HTTPS://h/").unwrap();
+        assert_eq!((t.port, t.authority.as_str(), t.tls), (443, "h", true));
+        assert!(!parse_url("http://h:443/").unwrap().tls);
         for bad in [
-            "https://x/",
+            "https:///",
             "ftp://x/",
             "http:///",
             "http://x:0/",
@@ -460,6 +592,36 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn several_urls_share_one_origin() {
+        let base = Flags {
+            url: "http://127.0.0.1:1/a".into(),
+            more_urls: vec!["http://127.0.0.1:1/b?x".into()],
+            rate: Some(1.0),
+            ..Flags::default()
+        };
+        let c = Config::from_flags(&base).unwrap();
+        let paths: Vec<&str> = c.targets.iter().map(|t| t.path.as_str()).collect();
+        assert_eq!(paths, ["/a", "/b?x"]);
+        let e = Config::from_flags(&Flags {
+            more_urls: vec!["http://127.0.0.1:2/".into()],
+            ..base.clone()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("scheme, host and port"), "{e}");
+        let e = Config::from_flags(&Flags {
+            url: String::new(),
+            more_urls: Vec::new(),
+            ..base
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("a URL is required"), "{e}");
+        assert_eq!(
+            urls_of_file("# list\nhttp://h/a\n\n  http://h/b  \n#http://h/c\n"),
+            ["http://h/a", "http://h/b"]
+        );
     }
 
     #[test]
@@ -532,6 +694,20 @@ mod tests {
             },
             Flags {
                 body: Some("@/nonexistent/file".into()),
+                ..base.clone()
+            },
+            Flags {
+                insecure: true,
+                ..base.clone()
+            },
+            Flags {
+                tls_groups: Some("X25519".into()),
+                ..base.clone()
+            },
+            Flags {
+                url: "https://127.0.0.1:1/".into(),
+                insecure: true,
+                tls_version: Some("1.0".into()),
                 ..base.clone()
             },
         ];

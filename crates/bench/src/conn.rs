@@ -1,12 +1,19 @@
-//! One client connection: connect, write the pre-encoded request, read one response with the codec.
+//! One client connection (plain or TLS): connect, write the pre-encoded request, read one response with the codec.
 
 use crate::stats::ErrorKind;
+use crate::tls::TlsClient;
 use bytes::BytesMut;
 use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
+use rustls::pki_types::ServerName;
 use std::io;
 use std::net::SocketAddr;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
 
 /// Bytes kept free in the read buffer before each read.
 const READ_RESERVE: usize = 16 * 1024;
@@ -27,27 +34,101 @@ pub struct Response {
     pub reuse: bool,
 }
 
+/// A TLS handshake that completed: full or resumed, and what was negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handshake {
+    pub resumed: bool,
+    pub version: Option<&'static str>,
+    pub suite: Option<&'static str>,
+    pub group: Option<&'static str>,
+}
+
+/// A connection that was opened (TCP connected, and the TLS handshake done for `https://`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pub tls: Option<Handshake>,
+}
+
+/// A plain or a TLS client stream.
+#[derive(Debug)]
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// A client connection, opened on demand and reopened after the server closes it.
 #[derive(Debug)]
 pub struct Conn {
     addr: SocketAddr,
-    stream: Option<TcpStream>,
+    /// `https://`: the connector (sharing the run's client config and session cache) and name.
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    stream: Option<Stream>,
     buf: BytesMut,
     limits: Limits,
     /// The requests say `Connection: close`: never reuse the connection.
     close_after: bool,
+    /// The last connection opened, until [`Conn::take_opened`] collects it.
+    opened: Option<Opened>,
 }
 
 impl Conn {
-    /// A connection to `addr`; `close_after` when the requests carry `Connection: close`.
-    pub fn new(addr: SocketAddr, close_after: bool) -> Conn {
+    /// A connection to `addr` (TLS with `tls`); `close_after` when the requests carry
+    /// `Connection: close`.
+    pub fn new(addr: SocketAddr, tls: Option<&TlsClient>, close_after: bool) -> Conn {
         Conn {
             addr,
+            tls: tls.map(|t| (t.for_connection(), t.server_name.clone())),
             stream: None,
             buf: BytesMut::with_capacity(READ_RESERVE),
             limits: Limits::default(),
             close_after,
+            opened: None,
         }
+    }
+
+    /// The connection opened since the last call, if any (for the handshake counts).
+    pub fn take_opened(&mut self) -> Option<Opened> {
+        self.opened.take()
     }
 
     /// Whether a connection is open.
@@ -60,7 +141,27 @@ impl Conn {
         if self.stream.is_none() {
             let s = TcpStream::connect(self.addr).await.map_err(connect_error)?;
             let _ = s.set_nodelay(true);
-            self.stream = Some(s);
+            let (stream, opened) = match &self.tls {
+                None => (Stream::Plain(s), Opened { tls: None }),
+                Some((config, name)) => {
+                    let t = TlsConnector::from(config.clone())
+                        .connect(name.clone(), s)
+                        .await
+                        .map_err(handshake_error)?;
+                    let c = t.get_ref().1;
+                    let hs = Handshake {
+                        resumed: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                        version: c.protocol_version().and_then(|v| v.as_str()),
+                        suite: c.negotiated_cipher_suite().and_then(|s| s.suite().as_str()),
+                        group: c
+                            .negotiated_key_exchange_group()
+                            .and_then(|g| g.name().as_str()),
+                    };
+                    (Stream::Tls(Box::new(t)), Opened { tls: Some(hs) })
+                }
+            };
+            self.stream = Some(stream);
+            self.opened = Some(opened);
             self.buf.clear();
         }
         Ok(())
@@ -100,6 +201,8 @@ impl Conn {
             return Err(ErrorKind::BadResponse);
         }
         stream.write_all(request).await.map_err(io_error)?;
+        // TLS: push the records out (a no-op on plain TCP).
+        stream.flush().await.map_err(io_error)?;
         let mut bytes = 0u64;
         let mut interim = 0usize;
         let head = loop {
@@ -176,7 +279,7 @@ impl Conn {
 }
 
 /// Read into the spare capacity of `buf`; the number of bytes read, 0 at EOF.
-async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<usize, ErrorKind> {
+async fn read_more(stream: &mut Stream, buf: &mut BytesMut) -> Result<usize, ErrorKind> {
     if buf.capacity() - buf.len() < READ_RESERVE / 4 {
         buf.reserve(READ_RESERVE);
     }
@@ -188,6 +291,18 @@ fn connect_error(e: io::Error) -> ErrorKind {
         io::ErrorKind::ConnectionRefused => ErrorKind::ConnectRefused,
         io::ErrorKind::TimedOut => ErrorKind::Timeout,
         _ => ErrorKind::Connect,
+    }
+}
+
+/// A failed TLS handshake: the TLS layer's refusal (bad certificate, nothing in common...) is
+/// `tls`; a socket failure during the handshake is what the socket error says.
+fn handshake_error(e: io::Error) -> ErrorKind {
+    if e.kind() == io::ErrorKind::InvalidData
+        || e.get_ref().is_some_and(|i| i.is::<rustls::Error>())
+    {
+        ErrorKind::Tls
+    } else {
+        io_error(e)
     }
 }
 

@@ -109,6 +109,11 @@ pub fn sample_trees(roots: &[u32]) -> Result<TreeSample, BenchError> {
     })
 }
 
+/// `root` and all its descendants now (empty when `root` is gone).
+pub fn descendants(root: u32) -> BTreeSet<u32> {
+    tree(&all_processes(), &[root])
+}
+
 /// utime + stime of this process (all threads), ticks.
 pub fn sample_self() -> Option<u64> {
     parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?).map(|s| s.own)

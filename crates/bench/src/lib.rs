@@ -1,5 +1,7 @@
 //! `portico bench`: an open-loop, coordinated-omission-corrected HTTP/1.1 load generator (docs/bench.md).
 
+pub mod compare;
+pub mod compare_page;
 pub mod config;
 pub mod conn;
 pub mod cpu;
@@ -8,6 +10,7 @@ pub mod error;
 pub mod hgrm;
 pub mod pacer;
 pub mod page;
+pub mod peers;
 pub mod report;
 pub mod request;
 pub mod run;
@@ -15,7 +18,9 @@ pub mod schedule;
 pub mod stats;
 pub mod svg;
 pub mod sweep;
+pub mod tls;
 
+pub use compare::{compare, CompareFlags};
 pub use config::{parse_duration, parse_header, parse_url, Config, Flags, Mode, Stop};
 pub use error::BenchError;
 pub use page::ReportFlags;

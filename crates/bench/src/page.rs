@@ -118,7 +118,7 @@ fn unique_labels(inputs: &mut [(String, Input)]) {
 }
 
 /// The run of a step whose p99 is the median of its runs.
-fn median_run(step: &Step) -> Option<&Report> {
+pub(crate) fn median_run(step: &Step) -> Option<&Report> {
     let mut runs: Vec<&Report> = step.runs.iter().collect();
     runs.sort_by(|a, b| a.latency.at(99.0).total_cmp(&b.latency.at(99.0)));
     runs.get(runs.len().saturating_sub(1) / 2).copied()
@@ -164,7 +164,7 @@ fn fmt_opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("–".to_string(), |v| format!("{v:.prec$}"))
 }
 
-fn rate_text(v: f64) -> String {
+pub(crate) fn rate_text(v: f64) -> String {
     svg::tick_text(v, if v.fract() == 0.0 { 1.0 } else { 0.1 })
 }
 
@@ -212,6 +212,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
         x_axis: XAxis::Linear,
         series,
         hlines,
+        y_cap: None,
     };
     if !sweeps.is_empty() {
         svgs.push((
@@ -309,6 +310,7 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
             x_axis: XAxis::Nines,
             series: dist_series,
             hlines: Vec::new(),
+            y_cap: None,
         }),
     ));
 
@@ -565,6 +567,17 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
             )));
         }
     }
+    // A `bench compare` manifest: its own page, from the results beside it.
+    if let [only] = flags.files.as_slice() {
+        if let Some(m) = read_manifest(only)? {
+            let mut m = m;
+            if let Some(t) = &flags.title {
+                m.title = t.clone();
+            }
+            let dir = only.parent().unwrap_or(Path::new("."));
+            return crate::compare_page::write(&m, dir, &flags.out);
+        }
+    }
     let mut inputs = Vec::new();
     for path in &flags.files {
         inputs.push((path.display().to_string(), Input::load(path)?));
@@ -588,13 +601,35 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
     Ok(index)
 }
 
+/// `path` as a `bench compare` manifest, if it is one (`"kind": "compare"`).
+fn read_manifest(path: &Path) -> Result<Option<crate::compare::Manifest>, BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BenchError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let v: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => return Ok(None),
+    };
+    if v.get("kind").and_then(|k| k.as_str()) != Some("compare") {
+        return Ok(None);
+    }
+    serde_json::from_value(v)
+        .map(Some)
+        .map_err(|e| BenchError::Json {
+            path: path.to_path_buf(),
+            reason: format!("not a bench compare manifest: {e}"),
+        })
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::report::{test_report, CpuReport};
     use crate::sweep::{KneeSearch, Phase, Slo, Verdict};
 
-    fn sweep(label: &str) -> SweepReport {
+    /// A two-step sweep (1000 req/s passes p99<10ms, 2000 fails), for page tests.
+    pub(crate) fn sweep(label: &str) -> SweepReport {
         let slo = Slo::parse("p99<10ms").unwrap();
         let mut search = KneeSearch::new(vec![1000.0, 2000.0], true, 0);
         let mut steps = Vec::new();

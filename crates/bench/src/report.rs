@@ -110,6 +110,36 @@ pub struct GeneratorCpu {
     pub us_per_request: Option<f64>,
 }
 
+/// Several URLs: the measured requests of one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UrlReport {
+    pub url: String,
+    pub completed: u64,
+    pub errors: u64,
+}
+
+/// TLS handshakes, full and resumed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handshakes {
+    pub full: u64,
+    pub resumed: u64,
+}
+
+/// HTTPS runs: what was offered, what was negotiated, and the handshakes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TlsReport {
+    /// What the flags asked for.
+    pub settings: crate::tls::TlsSettings,
+    /// Negotiated by the first handshake (e.g. `TLSv1_3`, `TLS13_AES_128_GCM_SHA256`, `X25519`).
+    pub version: Option<String>,
+    pub cipher_suite: Option<String>,
+    pub group: Option<String>,
+    /// Handshakes of the connections measured requests opened.
+    pub handshakes: Handshakes,
+    /// Handshakes before the measured phase (connections opened ahead, warm-up).
+    pub setup_handshakes: Handshakes,
+}
+
 /// One second of the measured phase, by completion time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SecondReport {
@@ -212,6 +242,19 @@ pub struct Report {
     pub achieved_rate: f64,
     pub bytes: u64,
     pub bytes_per_s: f64,
+    /// Connections opened for measured requests (one per request with `--close`: the
+    /// connections-per-second test).
+    #[serde(default)]
+    pub connections_opened: u64,
+    /// `connections_opened` per second of the measured window.
+    #[serde(default)]
+    pub connections_per_s: f64,
+    /// HTTPS runs.
+    #[serde(default)]
+    pub tls: Option<TlsReport>,
+    /// Runs on several URLs (requested in turn): each one's measured requests. Empty for one URL.
+    #[serde(default)]
+    pub urls: Vec<UrlReport>,
     /// Completed requests by status code.
     pub status: BTreeMap<String, u64>,
     /// Completed requests by class (`2xx`...).
@@ -394,6 +437,38 @@ impl Report {
             achieved_rate: rec.completed as f64 / elapsed,
             bytes: rec.bytes,
             bytes_per_s: rec.bytes as f64 / elapsed,
+            connections_opened: rec.connections,
+            connections_per_s: rec.connections as f64 / elapsed,
+            tls: cfg.tls.as_ref().map(|t| TlsReport {
+                settings: t.settings.clone(),
+                version: rec.negotiated.and_then(|n| n.version).map(String::from),
+                cipher_suite: rec.negotiated.and_then(|n| n.suite).map(String::from),
+                group: rec.negotiated.and_then(|n| n.group).map(String::from),
+                handshakes: Handshakes {
+                    full: rec.tls_full,
+                    resumed: rec.tls_resumed,
+                },
+                setup_handshakes: Handshakes {
+                    full: rec.setup_tls_full,
+                    resumed: rec.setup_tls_resumed,
+                },
+            }),
+            urls: if cfg.targets.len() > 1 {
+                cfg.targets
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let (completed, errors) = rec.per_url.get(i).copied().unwrap_or_default();
+                        UrlReport {
+                            url: t.url.clone(),
+                            completed,
+                            errors,
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             status,
             status_classes: classes,
             errors,
@@ -467,6 +542,15 @@ impl Report {
                 a.errors
             ));
         }
+        if let Some(t) = &self.tls {
+            let h = t.handshakes;
+            if t.settings.resumption && h.resumed == 0 && h.full > 1 {
+                w.push(format!(
+                    "TLS session resumption was on but the server resumed none of {} handshakes",
+                    h.full
+                ));
+            }
+        }
         w.extend(notes.iter().cloned());
         w
     }
@@ -491,6 +575,20 @@ impl Report {
             _ => "test".to_string(),
         };
         let _ = writeln!(s, "Running {planned} @ {} {}", self.method, self.target);
+        if !self.urls.is_empty() {
+            let _ = writeln!(
+                s,
+                "  {} URLs requested in turn (same connections): {}",
+                self.urls.len(),
+                self.urls
+                    .iter()
+                    .take(10)
+                    .map(|u| format!("{} ({} done, {} failed)", u.url, u.completed, u.errors))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if self.urls.len() > 10 { ", ..." } else { "" }
+            );
+        }
         let conn = if self.keep_alive {
             "keep-alive"
         } else {
@@ -645,6 +743,34 @@ impl Report {
             }
         }
         let _ = writeln!(s, "Transfer/sec: {:>10}", size(self.bytes_per_s));
+        if !self.keep_alive || self.connections_opened > 0 {
+            let _ = writeln!(
+                s,
+                "Connections/sec: {:>7.2}  ({} connections opened in the measured phase)",
+                self.connections_per_s, self.connections_opened
+            );
+        }
+        if let Some(t) = &self.tls {
+            let neg = [&t.version, &t.cipher_suite, &t.group]
+                .iter()
+                .map(|v| v.as_deref().unwrap_or("?"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let _ = writeln!(
+                s,
+                "  TLS: {neg}; resumption {}; certificate {}",
+                if t.settings.resumption { "on" } else { "off" },
+                t.settings.verify
+            );
+            let _ = writeln!(
+                s,
+                "  TLS handshakes: {} full, {} resumed (before the measured phase: {} full, {} resumed)",
+                t.handshakes.full,
+                t.handshakes.resumed,
+                t.setup_handshakes.full,
+                t.setup_handshakes.resumed
+            );
+        }
         if let Some(c) = &self.cpu {
             let pids: Vec<String> = c.pids.iter().map(u32::to_string).collect();
             let _ = writeln!(

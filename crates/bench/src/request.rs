@@ -1,20 +1,34 @@
-//! The request every connection sends, encoded once per run with the workspace codec.
+//! The requests connections send (one per URL), encoded once per run with the workspace codec.
 
-use crate::config::Config;
+use crate::config::{Config, Target};
 use bytes::{Bytes, BytesMut};
 use portico_http1::encode;
 
-/// Encode the run's request: request line, `Host`, the `-H` fields, `Content-Length` when there
-/// is a body (or the method usually carries one), `Connection: close` with `--close`, the body.
+/// Encode the run's request to its first URL (see [`encode_request_to`]).
 pub fn encode_request(cfg: &Config) -> Bytes {
+    encode_request_to(cfg, &cfg.target)
+}
+
+/// The run's requests, one per URL, in the order of the URLs.
+pub fn encode_requests(cfg: &Config) -> Vec<Bytes> {
+    cfg.targets
+        .iter()
+        .map(|t| encode_request_to(cfg, t))
+        .collect()
+}
+
+/// Encode the run's request to `target`: request line, `Host`, the `-H` fields, `Content-Length`
+/// when there is a body (or the method usually carries one), `Connection: close` with `--close`,
+/// the body.
+pub fn encode_request_to(cfg: &Config, target: &Target) -> Bytes {
     let mut out = BytesMut::with_capacity(256 + cfg.body.len());
-    encode::request_line(&mut out, cfg.method.as_str(), &cfg.target.path);
+    encode::request_line(&mut out, cfg.method.as_str(), &target.path);
     let has_host = cfg
         .headers
         .iter()
         .any(|(n, _)| n.eq_ignore_ascii_case("host"));
     if !has_host {
-        encode::field(&mut out, "Host", cfg.target.authority.as_bytes());
+        encode::field(&mut out, "Host", target.authority.as_bytes());
     }
     for (name, value) in &cfg.headers {
         encode::field(&mut out, name, value.as_bytes());

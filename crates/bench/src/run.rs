@@ -7,11 +7,11 @@ use crate::deadline::{watchdog, Deadline};
 use crate::error::BenchError;
 use crate::pacer::{spawn_sleeper, Pacer, Shared};
 use crate::report::{Measured, Report};
-use crate::request::encode_request;
+use crate::request::encode_requests;
 use crate::schedule::{thread_of, Schedule, Timing};
 use crate::stats::{ErrorKind, Live, Recorder};
 use bytes::Bytes;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -66,7 +66,8 @@ impl Progress {
 /// What every worker reads.
 struct Plan {
     cfg: Config,
-    request: Bytes,
+    /// One request per URL, sent in turn.
+    requests: Vec<Bytes>,
     schedule: Option<Schedule>,
 }
 
@@ -82,6 +83,8 @@ struct Worker {
     cut: Option<Duration>,
     rec: RefCell<Recorder>,
     pacer: Option<Rc<Pacer>>,
+    /// The URL of this worker's next request (index into `plan.requests`).
+    next_url: Cell<usize>,
 }
 
 enum Flow {
@@ -110,7 +113,15 @@ impl Worker {
             Some(c) if c < timeout_at => (c, true),
             _ => (timeout_at, false),
         };
-        let exchange = conn.exchange(&self.plan.request, &cfg.method);
+        let requests = &self.plan.requests;
+        let url = self.next_url.get();
+        self.next_url.set(if url + 1 >= requests.len() {
+            0
+        } else {
+            url + 1
+        });
+        let request = requests.get(url).map(|b| &b[..]).unwrap_or_default();
+        let exchange = conn.exchange(request, &cfg.method);
         let r = deadline.run(self.t0 + limit, exchange).await;
         t.done = self.now();
         let since = t.done.saturating_sub(self.measure_start);
@@ -120,6 +131,16 @@ impl Worker {
         }
         let (flow, close) = {
             let mut rec = self.rec.borrow_mut();
+            if let Some(o) = conn.take_opened() {
+                rec.opened(measured, &o);
+            }
+            if measured && requests.len() > 1 {
+                rec.url_outcome(
+                    url,
+                    matches!(r, Some(Ok(_))),
+                    matches!(r, Some(Err(_)) | None if !is_cut),
+                );
+            }
             match r {
                 Some(Ok(resp)) => {
                     rec.response(measured, open, &t, resp.status, resp.bytes, since);
@@ -261,7 +282,7 @@ fn worker(
         let tasks: Vec<_> = mine
             .iter()
             .map(|_| {
-                let mut c = Conn::new(cfg.addr, cfg.close);
+                let mut c = Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close);
                 let (close, timeout) = (cfg.close, cfg.timeout);
                 tokio::task::spawn_local(async move {
                     if !close {
@@ -273,7 +294,10 @@ fn worker(
             .collect();
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
-            out.push(t.await.unwrap_or_else(|_| Conn::new(cfg.addr, cfg.close)));
+            out.push(
+                t.await
+                    .unwrap_or_else(|_| Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close)),
+            );
         }
         out
     });
@@ -287,6 +311,12 @@ fn worker(
         Stop::Requests(_) => None,
     };
     let mut rec = Recorder::new(live);
+    let mut conns = conns;
+    for c in &mut conns {
+        if let Some(o) = c.take_opened() {
+            rec.opened(false, &o);
+        }
+    }
     let shared = Arc::new(Shared::new(t0));
     let mut sleeper = None;
     let mut pacer = None;
@@ -310,6 +340,8 @@ fn worker(
         cut: end.map(|e| e.saturating_add(cfg.drain())),
         rec: RefCell::new(rec),
         pacer,
+        // Threads start at different URLs, so that short runs still spread over them.
+        next_url: Cell::new(index % plan.requests.len().max(1)),
     });
     let now = Instant::now();
     if t0 > now {
@@ -356,7 +388,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
     }
     let plan = Arc::new(Plan {
         cfg: cfg.clone(),
-        request: encode_request(cfg),
+        requests: encode_requests(cfg),
         schedule: match cfg.mode {
             Mode::Open { rate } => Some(Schedule::new(rate, cfg.connections, cfg.warmup, cfg.stop)),
             Mode::Closed => None,

@@ -1,5 +1,6 @@
 //! Per-thread recording of request outcomes (histograms, status and error counts, timeline) and merging.
 
+use crate::conn::{Handshake, Opened};
 use crate::schedule::Timing;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -36,10 +37,12 @@ pub enum ErrorKind {
     BadResponse,
     /// Another socket error.
     Io,
+    /// The TLS handshake failed (certificate refused, no common version, suite or group...).
+    Tls,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 7] = [
+    pub const ALL: [ErrorKind; 8] = [
         ErrorKind::ConnectRefused,
         ErrorKind::Connect,
         ErrorKind::Timeout,
@@ -47,6 +50,7 @@ impl ErrorKind {
         ErrorKind::Closed,
         ErrorKind::BadResponse,
         ErrorKind::Io,
+        ErrorKind::Tls,
     ];
 
     /// The key used in JSON output.
@@ -59,6 +63,7 @@ impl ErrorKind {
             ErrorKind::Closed => "closed",
             ErrorKind::BadResponse => "bad_response",
             ErrorKind::Io => "io",
+            ErrorKind::Tls => "tls",
         }
     }
 
@@ -72,6 +77,7 @@ impl ErrorKind {
             ErrorKind::Closed => "closed before the response",
             ErrorKind::BadResponse => "bad response",
             ErrorKind::Io => "other socket error",
+            ErrorKind::Tls => "TLS handshake failed",
         }
     }
 
@@ -145,6 +151,18 @@ pub struct Recorder {
     pub warmup_failed: u64,
     pub warmup_in_flight: u64,
     pub timeline: Vec<Second>,
+    /// Connections opened for measured requests (one per request with `--close`).
+    pub connections: u64,
+    /// TLS handshakes of measured requests' connections: full and resumed.
+    pub tls_full: u64,
+    pub tls_resumed: u64,
+    /// TLS handshakes before the measured phase (connections opened ahead, warm-up).
+    pub setup_tls_full: u64,
+    pub setup_tls_resumed: u64,
+    /// What the first TLS handshake negotiated.
+    pub negotiated: Option<Handshake>,
+    /// Several URLs: measured requests per URL index, (completed, failed).
+    pub per_url: Vec<(u64, u64)>,
     live: Arc<Live>,
 }
 
@@ -168,7 +186,45 @@ impl Recorder {
             warmup_failed: 0,
             warmup_in_flight: 0,
             timeline: Vec::new(),
+            connections: 0,
+            tls_full: 0,
+            tls_resumed: 0,
+            setup_tls_full: 0,
+            setup_tls_resumed: 0,
+            negotiated: None,
+            per_url: Vec::new(),
             live,
+        }
+    }
+
+    /// A measured request to URL `index` completed (`ok`) or failed (`failed`); neither when it
+    /// was cut at the end.
+    pub fn url_outcome(&mut self, index: usize, ok: bool, failed: bool) {
+        if self.per_url.len() <= index {
+            self.per_url.resize(index + 1, (0, 0));
+        }
+        if let Some(slot) = self.per_url.get_mut(index) {
+            slot.0 += u64::from(ok);
+            slot.1 += u64::from(failed);
+        }
+    }
+
+    /// A connection was opened (for a measured request, or before the measured phase).
+    pub fn opened(&mut self, measured: bool, o: &Opened) {
+        if measured {
+            self.connections += 1;
+        }
+        if let Some(hs) = &o.tls {
+            let n = match (measured, hs.resumed) {
+                (true, false) => &mut self.tls_full,
+                (true, true) => &mut self.tls_resumed,
+                (false, false) => &mut self.setup_tls_full,
+                (false, true) => &mut self.setup_tls_resumed,
+            };
+            *n += 1;
+            if self.negotiated.is_none() {
+                self.negotiated = Some(*hs);
+            }
         }
     }
 
@@ -298,6 +354,21 @@ impl Recorder {
         self.warmup_completed += other.warmup_completed;
         self.warmup_failed += other.warmup_failed;
         self.warmup_in_flight += other.warmup_in_flight;
+        self.connections += other.connections;
+        self.tls_full += other.tls_full;
+        self.tls_resumed += other.tls_resumed;
+        self.setup_tls_full += other.setup_tls_full;
+        self.setup_tls_resumed += other.setup_tls_resumed;
+        if self.negotiated.is_none() {
+            self.negotiated = other.negotiated;
+        }
+        if self.per_url.len() < other.per_url.len() {
+            self.per_url.resize(other.per_url.len(), (0, 0));
+        }
+        for (a, b) in self.per_url.iter_mut().zip(&other.per_url) {
+            a.0 += b.0;
+            a.1 += b.1;
+        }
         if self.timeline.len() < other.timeline.len() {
             self.timeline.resize_with(other.timeline.len(), || Second {
                 completed: 0,
@@ -351,7 +422,24 @@ mod tests {
         b.error(true, true, &timing(0, 0, 0), ErrorKind::Reset, ms(2600));
         b.response(false, true, &timing(0, 0, 1), 200, 1, ms(0));
         b.unfinished(true);
+        let hs = |resumed| Opened {
+            tls: Some(Handshake {
+                resumed,
+                version: Some("TLSv1_3"),
+                suite: None,
+                group: Some("X25519"),
+            }),
+        };
+        a.opened(false, &hs(false));
+        a.opened(true, &hs(true));
+        b.opened(true, &hs(false));
+        b.opened(true, &hs(true));
+        b.opened(true, &Opened { tls: None });
         a.merge(&b).unwrap();
+        assert_eq!(a.connections, 4);
+        assert_eq!((a.tls_full, a.tls_resumed), (1, 2));
+        assert_eq!((a.setup_tls_full, a.setup_tls_resumed), (1, 0));
+        assert_eq!(a.negotiated.and_then(|n| n.group), Some("X25519"));
         assert_eq!(a.latency.len(), 100);
         assert_eq!(a.completed, 100);
         assert_eq!(a.failed, 1);
@@ -374,6 +462,17 @@ mod tests {
             [(90, 0), (0, 0), (10, 1)]
         );
         assert!(a.timeline[2].latency.value_at_quantile(0.5) >= 99_000);
+    }
+
+    #[test]
+    fn per_url_counts_merge_by_index() {
+        let mut a = Recorder::new(Arc::default());
+        let mut b = Recorder::new(Arc::default());
+        a.url_outcome(1, true, false);
+        b.url_outcome(2, false, true);
+        b.url_outcome(1, true, false);
+        a.merge(&b).unwrap();
+        assert_eq!(a.per_url, [(0, 0), (2, 0), (0, 1)]);
     }
 
     #[test]

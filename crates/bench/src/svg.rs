@@ -51,6 +51,9 @@ pub struct LineChart {
     pub series: Vec<Series>,
     /// Dashed horizontal reference lines (y, label), e.g. an SLO bound.
     pub hlines: Vec<(f64, String)>,
+    /// Clip the y axis here: larger values are drawn on the top edge, and the chart says so (so
+    /// that a saturated point of seconds does not flatten the milliseconds that matter).
+    pub y_cap: Option<f64>,
 }
 
 /// The nines-axis position of percentile `p` (0..100): log10(1/(1-p/100)); None at 100% and
@@ -186,11 +189,15 @@ pub fn line_chart(c: &LineChart) -> String {
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x))
         .fold(0.0, f64::max);
-    let y_max = series
+    let y_data = series
         .iter()
         .flat_map(|(_, _, p)| p.iter().map(|(_, y)| *y))
         .chain(c.hlines.iter().map(|(y, _)| *y).filter(|y| y.is_finite()))
         .fold(0.0, f64::max);
+    let cap = c
+        .y_cap
+        .filter(|cap| cap.is_finite() && *cap > 0.0 && y_data > *cap);
+    let y_max = cap.unwrap_or(y_data);
     let legend_w = series
         .iter()
         .map(|(_, s, _)| text_width(&short(&s.label), FONT))
@@ -220,7 +227,7 @@ pub fn line_chart(c: &LineChart) -> String {
     let x_hi = x_ticks.last().copied().unwrap_or(1.0).max(1e-9);
     let y_hi = y_ticks.last().copied().unwrap_or(1.0).max(1e-9);
     let px = |x: f64| LEFT + x / x_hi * plot_w;
-    let py = |y: f64| TOP + PLOT_H - y / y_hi * PLOT_H;
+    let py = |y: f64| TOP + PLOT_H - y.min(y_hi) / y_hi * PLOT_H;
 
     let mut out = String::new();
     open_svg(&mut out, width, height, &c.title);
@@ -329,6 +336,17 @@ pub fn line_chart(c: &LineChart) -> String {
             escape(&short(&s.label))
         );
     }
+    if cap.is_some() {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#555\" font-size=\"11\">axis cut at {}: \
+             points above it are drawn on the top edge (up to {})</text>",
+            LEFT + 6.0,
+            TOP + 14.0,
+            tick_text(y_hi, y_step),
+            tick_text(y_data, if y_data >= 100.0 { 1.0 } else { 0.1 })
+        );
+    }
     if series.is_empty() {
         let _ = writeln!(
             out,
@@ -420,6 +438,158 @@ pub fn bar_chart(title: &str, x_label: &str, bars: &[(String, f64)]) -> String {
     out
 }
 
+/// One group of a grouped bar chart: its label and one value per series (None: no figure).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BarGroup {
+    pub label: String,
+    pub values: Vec<Option<f64>>,
+}
+
+/// A horizontal grouped bar chart: per group (e.g. a scenario) one bar per series (e.g. a proxy),
+/// coloured by `colors` (palette indexes, one per series, so a proxy keeps its colour across
+/// charts), the value at each bar's end ("n/a" where there is none), a legend on the right.
+pub fn grouped_bar_chart(
+    title: &str,
+    x_label: &str,
+    series: &[String],
+    colors: &[usize],
+    groups: &[BarGroup],
+) -> String {
+    const BAR: f64 = 16.0;
+    const INNER: f64 = 3.0;
+    const GAP: f64 = 16.0;
+    let n = series.len().max(1) as f64;
+    let group_h = n * BAR + (n - 1.0) * INNER;
+    // Group labels are bold: about 15% wider.
+    let label_w = groups
+        .iter()
+        .map(|g| text_width(&short(&g.label), FONT) * 1.15)
+        .fold(0.0, f64::max)
+        + 16.0;
+    let left = label_w.max(LEFT);
+    let legend_w = series
+        .iter()
+        .map(|s| text_width(&short(s), FONT))
+        .fold(0.0, f64::max)
+        + 44.0;
+    let value_w = 80.0;
+    let plot_w = (WIDTH - left - value_w - legend_w).max(240.0);
+    let plot_h = (group_h + GAP) * groups.len().max(1) as f64 + GAP;
+    let legend_h = 20.0 * series.len() as f64 + 10.0;
+    let width = left + plot_w + value_w + legend_w;
+    let height = TOP + plot_h.max(legend_h) + BOTTOM;
+    let max = groups
+        .iter()
+        .flat_map(|g| g.values.iter().flatten())
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max);
+    let t = ticks(max, 5);
+    let step = t.get(1).copied().unwrap_or(1.0);
+    let hi = t.last().copied().unwrap_or(1.0).max(1e-9);
+    let px = |v: f64| left + v.max(0.0) / hi * plot_w;
+    let mut out = String::new();
+    open_svg(&mut out, width, height, title);
+    out.push_str("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n");
+    for v in &t {
+        let _ = writeln!(
+            out,
+            "<line x1=\"{:.1}\" y1=\"{TOP:.1}\" x2=\"{:.1}\" y2=\"{:.1}\"/>",
+            px(*v),
+            px(*v),
+            TOP + plot_h
+        );
+    }
+    out.push_str("</g>\n");
+    for v in &t {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            px(*v),
+            TOP + plot_h + 18.0,
+            tick_text(*v, step)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
+        left + plot_w / 2.0,
+        TOP + plot_h + 42.0,
+        escape(x_label)
+    );
+    for (gi, g) in groups.iter().enumerate() {
+        let y0 = TOP + GAP + gi as f64 * (group_h + GAP);
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" font-weight=\"bold\">{}</text>",
+            left - 8.0,
+            y0 + group_h / 2.0 + 4.0,
+            escape(&short(&g.label))
+        );
+        for (si, v) in g.values.iter().enumerate().take(series.len()) {
+            let y = y0 + si as f64 * (BAR + INNER);
+            let color = PALETTE[colors.get(si).copied().unwrap_or(si) % PALETTE.len()];
+            match v.filter(|v| v.is_finite()) {
+                Some(v) => {
+                    let digits = if v >= 100.0 {
+                        1.0
+                    } else if v >= 1.0 {
+                        0.1
+                    } else {
+                        0.01
+                    };
+                    let _ = writeln!(
+                        out,
+                        "<rect x=\"{left:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{BAR:.1}\" fill=\"{color}\"/>\
+                         <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                        (px(v) - left).max(1.0),
+                        px(v) + 5.0,
+                        y + BAR / 2.0 + 4.0,
+                        tick_text(v, digits)
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#888\">n/a</text>",
+                        left + 5.0,
+                        y + BAR / 2.0 + 4.0
+                    );
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "<line x1=\"{left:.1}\" y1=\"{TOP:.1}\" x2=\"{left:.1}\" y2=\"{:.1}\" stroke=\"#444\"/>",
+        TOP + plot_h
+    );
+    for (si, name) in series.iter().enumerate() {
+        let color = PALETTE[colors.get(si).copied().unwrap_or(si) % PALETTE.len()];
+        let lx = left + plot_w + value_w;
+        let ly = TOP + 10.0 + 20.0 * si as f64;
+        let _ = writeln!(
+            out,
+            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"18\" height=\"12\" fill=\"{color}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            ly - 6.0,
+            lx + 26.0,
+            ly + 4.0,
+            escape(&short(name))
+        );
+    }
+    if groups.is_empty() {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">no data</text>",
+            left + plot_w / 2.0,
+            TOP + plot_h / 2.0
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,6 +649,7 @@ mod tests {
                 },
             ],
             hlines: vec![(1.5, "SLO p99 < 1.5 ms".into())],
+            y_cap: None,
         };
         let svg = line_chart(&c);
         assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -503,12 +674,45 @@ mod tests {
                 markers: false,
             }],
             hlines: vec![],
-            ..c
+            ..c.clone()
         });
         assert!(nines.contains(">99.9%<"));
         assert!(!nines.contains(">99.99%<"));
         // The 100% point (infinite on this axis) is left out: y stops at 1 ms.
         assert!(nines.contains(">1.0<") && !nines.contains(">9<"));
+        let capped = line_chart(&LineChart {
+            series: vec![Series {
+                label: "a".into(),
+                points: vec![(1.0, 2.0), (2.0, 3000.0)],
+                markers: true,
+            }],
+            hlines: vec![],
+            y_cap: Some(50.0),
+            ..c.clone()
+        });
+        assert!(capped
+            .contains("axis cut at 50: points above it are drawn on the top edge (up to 3,000)"));
+        assert!(capped.contains(">50<") && !capped.contains(">3,000<"));
+        let g = grouped_bar_chart(
+            "RPS",
+            "requests/s",
+            &["direct".into(), "portico".into()],
+            &[0, 3],
+            &[
+                BarGroup {
+                    label: "1 KB".into(),
+                    values: vec![Some(50_000.0), Some(40_000.4)],
+                },
+                BarGroup {
+                    label: "10 KB".into(),
+                    values: vec![Some(0.5), None],
+                },
+            ],
+        );
+        // 3 bars and 2 legend swatches (plus the background), values written, the missing one n/a.
+        assert_eq!(g.matches("<rect").count(), 1 + 3 + 2);
+        assert!(g.contains(">50,000<") && g.contains(">40,000<") && g.contains(">0.50<"));
+        assert!(g.contains(">n/a<") && g.contains(PALETTE[3]));
         let bars = bar_chart("Throughput", "requests/s", &[("a".into(), 12_345.6)]);
         assert!(bars.contains(">12,346<"));
         assert_eq!(bars.matches("<rect").count(), 2);

@@ -307,12 +307,23 @@ fn warmup_is_excluded_and_files_are_written() {
 #[test]
 fn bad_flags_are_typed_errors() {
     let f = Flags {
-        url: "https://127.0.0.1/".into(),
+        url: "ftp://127.0.0.1/".into(),
         rate: Some(1.0),
         ..Flags::default()
     };
     let e = portico_bench::execute(&f, &mut Vec::new(), None).unwrap_err();
-    assert!(e.to_string().contains("https"), "{e}");
+    assert!(e.to_string().contains("https://"), "{e}");
+    let f = Flags {
+        url: "http://127.0.0.1/".into(),
+        rate: Some(1.0),
+        insecure: true,
+        ..Flags::default()
+    };
+    let e = portico_bench::execute(&f, &mut Vec::new(), None).unwrap_err();
+    assert!(
+        e.to_string().contains("--insecure needs an https:// URL"),
+        "{e}"
+    );
     let f = Flags {
         url: "http://127.0.0.1:1/".into(),
         rate: Some(1.0),
@@ -387,5 +398,42 @@ fn a_tiny_sweep_writes_every_step_and_the_knee() {
     }
     let back: portico_bench::SweepReport = serde_json::from_value(v).unwrap();
     assert_eq!(back.steps.len(), s.steps.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn several_urls_are_requested_in_turn_and_counted_apiece() {
+    let up = TestUpstream::start(|_| Reply::ok("x"));
+    let dir = std::env::temp_dir().join(format!("portico-bench-urls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let list = dir.join("urls.txt");
+    std::fs::write(&list, format!("# more\nhttp://{}/c\n\n", up.addr)).unwrap();
+    let r = run(Flags {
+        more_urls: vec![format!("http://{}/b", up.addr)],
+        urls_file: Some(list),
+        closed: true,
+        connections: 2,
+        requests: Some(30),
+        warmup: ms(200),
+        ..flags(up.addr, "/a")
+    });
+    assert_accounted(&r.requests);
+    assert_eq!(r.requests.completed, 30);
+    let per: Vec<(&str, u64)> = r
+        .urls
+        .iter()
+        .map(|u| (u.url.rsplit('/').next().unwrap(), u.completed))
+        .collect();
+    assert_eq!(per, [("a", 10), ("b", 10), ("c", 10)], "{:?}", r.urls);
+    // The server saw all three paths, warm-up requests included.
+    let paths: std::collections::BTreeSet<String> =
+        up.requests().iter().map(|c| c.target.clone()).collect();
+    assert_eq!(paths.into_iter().collect::<Vec<_>>(), ["/a", "/b", "/c"]);
+    let s = r.summary();
+    assert!(s.contains("3 URLs requested in turn"), "{s}");
+    assert!(
+        s.contains("warm-up 0.20 s excluded from all results"),
+        "{s}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

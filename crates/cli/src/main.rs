@@ -57,7 +57,7 @@ enum Command {
 #[command(
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    subcommand_value_name = "report",
+    subcommand_value_name = "report|compare",
     subcommand_help_heading = "Reports",
     disable_help_subcommand = true
 )]
@@ -70,8 +70,12 @@ struct BenchCommand {
 
 #[derive(Subcommand)]
 enum BenchJob {
-    /// Write DIR/index.html (charts inline) and SVG files from one or more --json results.
+    /// Write DIR/index.html (charts inline) and SVG files from one or more --json results (or
+    /// from a `bench compare` manifest.json).
     Report(portico_bench::ReportFlags),
+    /// Compare proxies side by side on this machine: origin, then direct, portico, nginx, haproxy,
+    /// caddy in turn, pinned, with NGINX's scenarios; JSON per run, manifest.json, index.html.
+    Compare(Box<portico_bench::CompareFlags>),
 }
 
 fn main() -> ExitCode {
@@ -137,6 +141,13 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(&e.to_string()),
             },
+            (Some(BenchJob::Compare(mut c)), _) => {
+                c.command = Some(command_line());
+                match portico_bench::compare(&c, &mut std::io::stdout()) {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => fail(&e.to_string()),
+                }
+            }
             (None, Some(flags)) => run_bench(flags),
             (None, None) => fail("portico bench: a URL is required (see portico bench --help)"),
         },

@@ -1,0 +1,395 @@
+//! `bench compare`: the proxies under test and their fair configurations (one worker, upstream keep-alive, no logging), as text.
+
+use std::path::Path;
+
+/// A proxy `bench compare` can put between the generator and the origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proxy {
+    /// No proxy: the generator talks to the origin (what a proxy costs, by difference).
+    Direct,
+    Portico,
+    Nginx,
+    Haproxy,
+    Caddy,
+}
+
+impl Proxy {
+    pub const ALL: [Proxy; 5] = [
+        Proxy::Direct,
+        Proxy::Portico,
+        Proxy::Nginx,
+        Proxy::Haproxy,
+        Proxy::Caddy,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Proxy::Direct => "direct",
+            Proxy::Portico => "portico",
+            Proxy::Nginx => "nginx",
+            Proxy::Haproxy => "haproxy",
+            Proxy::Caddy => "caddy",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Proxy> {
+        Proxy::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// The program looked up in PATH (None: nothing to run, or portico itself).
+    pub fn program(self) -> Option<&'static str> {
+        match self {
+            Proxy::Direct | Proxy::Portico => None,
+            Proxy::Nginx => Some("nginx"),
+            Proxy::Haproxy => Some("haproxy"),
+            Proxy::Caddy => Some("caddy"),
+        }
+    }
+
+    /// The arguments printing the program's version (output on stdout or stderr, first line).
+    pub fn version_args(self) -> &'static [&'static str] {
+        match self {
+            Proxy::Direct => &[],
+            Proxy::Portico => &["--version"],
+            Proxy::Nginx => &["-v"],
+            Proxy::Haproxy => &["-v"],
+            Proxy::Caddy => &["version"],
+        }
+    }
+
+    /// The configuration file's name.
+    pub fn config_name(self) -> &'static str {
+        match self {
+            Proxy::Direct => "",
+            Proxy::Portico => "portico.toml",
+            Proxy::Nginx => "nginx.conf",
+            Proxy::Haproxy => "haproxy.cfg",
+            Proxy::Caddy => "Caddyfile",
+        }
+    }
+}
+
+/// The TLS files a listener uses: certificate chain, key, and both in one file (HAProxy).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: String,
+    pub key: String,
+    pub both: String,
+}
+
+/// What a proxy's configuration needs: where it listens (plain and, with TLS files, HTTPS), where
+/// the origin is, and a directory of its own for temporary files.
+#[derive(Debug, Clone)]
+pub struct Setup<'a> {
+    pub port: u16,
+    pub tls_port: Option<u16>,
+    pub origin: std::net::SocketAddr,
+    pub dir: &'a Path,
+    pub tls: Option<&'a TlsFiles>,
+}
+
+/// Upstream keep-alive connections of every proxy (the generator opens at most this many).
+pub const UPSTREAM_KEEPALIVE: u32 = 100;
+
+/// The configuration text of `proxy` (empty for `direct`). TLS is 1.3 with X25519 only for all
+/// (performance.md: newer stacks default to a slower post-quantum hybrid group), session tickets
+/// on, the upstream leg plain HTTP/1.1 with keep-alive.
+pub fn config(proxy: Proxy, s: &Setup) -> String {
+    match proxy {
+        Proxy::Direct => String::new(),
+        Proxy::Portico => portico(s),
+        Proxy::Nginx => nginx(s),
+        Proxy::Haproxy => haproxy(s),
+        Proxy::Caddy => caddy(s),
+    }
+}
+
+fn toml_str(s: &str) -> String {
+    format!("{:?}", s)
+}
+
+fn portico(s: &Setup) -> String {
+    let route = "\n[[listeners.routes]]\nproxy = \"b\"\n";
+    let mut t = format!(
+        "# portico bench compare: one worker (--workers 1), no access log, upstream keep-alive\n\
+         [[listeners]]\nname = \"http\"\naddress = \"127.0.0.1:{}\"\n\n\
+         [listeners.limits]\nmax_connections = 100000\n{route}",
+        s.port
+    );
+    if let (Some(port), Some(tls)) = (s.tls_port, s.tls) {
+        t.push_str(&format!(
+            "\n[[listeners]]\nname = \"https\"\naddress = \"127.0.0.1:{port}\"\n\n\
+             [listeners.limits]\nmax_connections = 100000\n\n\
+             [listeners.tls]\ncertificates = [{{ cert = {}, key = {} }}]\nversions = \"1.3\"\n\
+             groups = [\"X25519\"]\n{route}",
+            toml_str(&tls.cert),
+            toml_str(&tls.key)
+        ));
+    }
+    t.push_str(&format!(
+        "\n[upstreams.b]\nservers = [\"{}\"]\nkeepalive = {UPSTREAM_KEEPALIVE}\n",
+        s.origin
+    ));
+    t
+}
+
+fn nginx(s: &Setup) -> String {
+    let d = s.dir.display();
+    let tls = match (s.tls_port, s.tls) {
+        (Some(port), Some(tls)) => format!(
+            "        listen 127.0.0.1:{port} ssl;\n\
+             \x20       ssl_certificate {};\n\
+             \x20       ssl_certificate_key {};\n\
+             \x20       ssl_protocols TLSv1.3;\n\
+             \x20       ssl_ecdh_curve X25519;\n\
+             \x20       ssl_session_tickets on;\n\
+             \x20       ssl_session_cache shared:S:10m;\n",
+            tls.cert, tls.key
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "# portico bench compare: scripts/bench-compare.py's configuration (performance.md)\n\
+         worker_processes 1;\n\
+         daemon off;\n\
+         pid {d}/nginx.pid;\n\
+         error_log {d}/error.log warn;\n\
+         events {{ worker_connections 10000; }}\n\
+         http {{\n\
+         \x20   access_log off;\n\
+         \x20   keepalive_requests 1000000;\n\
+         \x20   client_body_temp_path {d}/client_body;\n\
+         \x20   proxy_temp_path {d}/proxy;\n\
+         \x20   fastcgi_temp_path {d}/fastcgi;\n\
+         \x20   uwsgi_temp_path {d}/uwsgi;\n\
+         \x20   scgi_temp_path {d}/scgi;\n\
+         \x20   upstream b {{ server {}; keepalive {UPSTREAM_KEEPALIVE}; }}\n\
+         \x20   server {{\n\
+         \x20       listen 127.0.0.1:{};\n\
+         {tls}\
+         \x20       location / {{\n\
+         \x20           proxy_http_version 1.1;\n\
+         \x20           proxy_set_header Connection \"\";\n\
+         \x20           proxy_pass http://b;\n\
+         \x20       }}\n\
+         \x20   }}\n\
+         }}\n",
+        s.origin, s.port
+    )
+}
+
+fn haproxy(s: &Setup) -> String {
+    let tls = match (s.tls_port, s.tls) {
+        (Some(port), Some(tls)) => format!(
+            "    bind 127.0.0.1:{port} ssl crt {} ssl-min-ver TLSv1.3 curves X25519\n",
+            tls.both
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "# portico bench compare: scripts/bench-compare.py's configuration (performance.md)\n\
+         global\n\
+         \x20   nbthread 1\n\
+         \x20   maxconn 4096\n\
+         defaults\n\
+         \x20   mode http\n\
+         \x20   timeout connect 5s\n\
+         \x20   timeout client 60s\n\
+         \x20   timeout server 60s\n\
+         \x20   option http-keep-alive\n\
+         \x20   http-reuse always\n\
+         frontend f\n\
+         \x20   bind 127.0.0.1:{}\n\
+         {tls}\
+         \x20   default_backend b\n\
+         backend b\n\
+         \x20   server s1 {}\n",
+        s.port, s.origin
+    )
+}
+
+fn caddy(s: &Setup) -> String {
+    let tls = match (s.tls_port, s.tls) {
+        (Some(port), Some(tls)) => format!(
+            "\nhttps://:{port} {{\n\
+             \x20   bind 127.0.0.1\n\
+             \x20   tls {} {} {{\n\
+             \x20       protocols tls1.3 tls1.3\n\
+             \x20       curves x25519\n\
+             \x20   }}\n\
+             \x20   reverse_proxy {}\n\
+             }}\n",
+            tls.cert, tls.key, s.origin
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "# portico bench compare: GOMAXPROCS=1, no admin endpoint, no automatic HTTPS, no access log;\n\
+         # sites without a host name, so that any Host (localhost or 127.0.0.1) reaches the proxy\n\
+         {{\n\
+         \x20   admin off\n\
+         \x20   auto_https off\n\
+         }}\n\n\
+         http://:{} {{\n\
+         \x20   bind 127.0.0.1\n\
+         \x20   reverse_proxy {}\n\
+         }}\n{tls}",
+        s.port, s.origin
+    )
+}
+
+/// The command line (program and arguments) that runs `proxy` with its configuration at
+/// `config` (the portico binary is `portico`).
+pub fn command(proxy: Proxy, portico: &str, config: &Path, dir: &Path) -> Vec<String> {
+    let c = config.display().to_string();
+    let d = dir.display().to_string();
+    let v: Vec<&str> = match proxy {
+        Proxy::Direct => vec![],
+        Proxy::Portico => vec![portico, "run", "--config", &c, "--workers", "1"],
+        Proxy::Nginx => vec!["nginx", "-c", &c, "-p", &d, "-e", "stderr"],
+        Proxy::Haproxy => vec!["haproxy", "-f", &c, "-db"],
+        Proxy::Caddy => vec!["caddy", "run", "--config", &c, "--adapter", "caddyfile"],
+    };
+    v.into_iter().map(String::from).collect()
+}
+
+/// Environment variables a proxy runs with.
+pub fn environment(proxy: Proxy, dir: &Path) -> Vec<(String, String)> {
+    match proxy {
+        Proxy::Caddy => vec![
+            ("GOMAXPROCS".into(), "1".into()),
+            // Caddy keeps state under $HOME / XDG dirs: keep it in the run's directory.
+            ("HOME".into(), dir.display().to_string()),
+            (
+                "XDG_DATA_HOME".into(),
+                dir.join("data").display().to_string(),
+            ),
+            (
+                "XDG_CONFIG_HOME".into(),
+                dir.join("config").display().to_string(),
+            ),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup<'a>(dir: &'a Path, tls: Option<&'a TlsFiles>) -> Setup<'a> {
+        Setup {
+            port: 18080,
+            tls_port: tls.map(|_| 18443),
+            origin: "127.0.0.1:18081".parse().unwrap(),
+            dir,
+            tls,
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for p in Proxy::ALL {
+            assert_eq!(Proxy::parse(p.name()), Some(p));
+        }
+        assert_eq!(Proxy::parse(" NGINX "), Some(Proxy::Nginx));
+        assert_eq!(Proxy::parse("envoy"), None);
+    }
+
+    #[test]
+    fn configurations_are_fair_and_complete() {
+        let dir = Path::new("/tmp/x");
+        let files = TlsFiles {
+            cert: "/tmp/x/cert.pem".into(),
+            key: "/tmp/x/key.pem".into(),
+            both: "/tmp/x/both.pem".into(),
+        };
+        let plain = setup(dir, None);
+        let tls = setup(dir, Some(&files));
+        // Portico: a valid configuration (parsed by the real loader), one listener without TLS,
+        // two with, both to the same keep-alive group.
+        for (s, listeners) in [(&plain, 1), (&tls, 2)] {
+            let text = config(Proxy::Portico, s);
+            let cfg = portico_config_check(&text);
+            assert_eq!(cfg.matches("[[listeners]]").count(), listeners, "{text}");
+            assert!(text.contains("servers = [\"127.0.0.1:18081\"]"));
+            assert!(text.contains("keepalive = 100"));
+        }
+        let t = config(Proxy::Portico, &tls);
+        assert!(t.contains("versions = \"1.3\"") && t.contains("groups = [\"X25519\"]"));
+        let n = config(Proxy::Nginx, &tls);
+        for want in [
+            "worker_processes 1;",
+            "access_log off;",
+            "keepalive 100;",
+            "proxy_http_version 1.1;",
+            "proxy_set_header Connection \"\";",
+            "listen 127.0.0.1:18080;",
+            "listen 127.0.0.1:18443 ssl;",
+            "ssl_ecdh_curve X25519;",
+            "pid /tmp/x/nginx.pid;",
+        ] {
+            assert!(n.contains(want), "{want}\n{n}");
+        }
+        assert!(!config(Proxy::Nginx, &plain).contains("ssl"));
+        let h = config(Proxy::Haproxy, &tls);
+        for want in [
+            "nbthread 1",
+            "http-reuse always",
+            "option http-keep-alive",
+            "bind 127.0.0.1:18080\n",
+            "ssl crt /tmp/x/both.pem ssl-min-ver TLSv1.3 curves X25519",
+            "server s1 127.0.0.1:18081",
+        ] {
+            assert!(h.contains(want), "{want}\n{h}");
+        }
+        assert!(!h.contains("log "), "no logging");
+        let c = config(Proxy::Caddy, &tls);
+        for want in [
+            "admin off",
+            "http://:18080 {\n    bind 127.0.0.1\n",
+            "https://:18443 {\n    bind 127.0.0.1\n",
+            "tls /tmp/x/cert.pem /tmp/x/key.pem",
+            "curves x25519",
+            "reverse_proxy 127.0.0.1:18081",
+        ] {
+            assert!(c.contains(want), "{want}\n{c}");
+        }
+        assert_eq!(c.matches('{').count(), c.matches('}').count());
+        assert_eq!(n.matches('{').count(), n.matches('}').count());
+        assert_eq!(config(Proxy::Direct, &tls), "");
+        let cmd = command(
+            Proxy::Portico,
+            "/bin/portico",
+            Path::new("/tmp/x/portico.toml"),
+            dir,
+        );
+        assert_eq!(
+            cmd,
+            [
+                "/bin/portico",
+                "run",
+                "--config",
+                "/tmp/x/portico.toml",
+                "--workers",
+                "1"
+            ]
+        );
+        assert!(environment(Proxy::Caddy, dir).contains(&("GOMAXPROCS".into(), "1".into())));
+    }
+
+    /// A light structural check of the TOML (the crate does not depend on the config crate):
+    /// it parses as TOML with the keys the loader wants.
+    fn portico_config_check(text: &str) -> String {
+        for line in text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        {
+            let ok = line.starts_with('[') || line.contains(" = ");
+            assert!(ok, "not a TOML line: {line}");
+        }
+        text.to_string()
+    }
+}

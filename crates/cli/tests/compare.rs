@@ -1,0 +1,192 @@
+//! `portico bench compare` end to end: direct and portico with very short runs, JSON results, the manifest and the HTML page.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+
+#[test]
+fn compare_direct_and_portico_writes_results_manifest_and_page() {
+    let dir = std::env::temp_dir().join(format!("portico-cli-compare-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // A certificate for the HTTPS scenario (no openssl needed).
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    let out_dir = dir.join("out");
+    // nginx and haproxy live in /usr/sbin: with this PATH they are "not installed", whatever the
+    // machine has, so the skip is tested too.
+    let out = Command::new(BIN)
+        .env("PATH", "/usr/bin:/bin")
+        .args(["bench", "compare", "--proxies", "direct,portico,nginx"])
+        .args(["--scenarios", "rps-1k,cps,latency,https-cps-resumed"])
+        .args([
+            "-d", "300ms", "--warmup", "0s", "-c", "4", "--rates", "200,400",
+        ])
+        .args(["--title", "compare test", "--cert"])
+        .arg(dir.join("cert.pem"))
+        .arg("--key")
+        .arg(dir.join("key.pem"))
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("nginx: skipped"), "{text}");
+
+    let read = |p: &str| std::fs::read_to_string(out_dir.join(p)).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&read("manifest.json")).unwrap();
+    assert_eq!(m["kind"], "compare");
+    assert!(!m["host"]["kernel"].as_str().unwrap().is_empty());
+    assert!(m["command"].as_str().unwrap().contains("bench compare"));
+    let proxies = m["proxies"].as_array().unwrap();
+    assert_eq!(proxies.len(), 3);
+    assert!(proxies[1]["config"]
+        .as_str()
+        .unwrap()
+        .contains("[upstreams.b]"));
+    assert!(proxies[2]["skipped"]
+        .as_str()
+        .unwrap()
+        .contains("not installed"));
+    // direct and portico: every scenario has a parseable result, except HTTPS for direct (the
+    // origin is plain HTTP).
+    for r in m["results"].as_array().unwrap() {
+        let (proxy, scenario) = (
+            r["proxy"].as_str().unwrap(),
+            r["scenario"].as_str().unwrap(),
+        );
+        let expect_result =
+            proxy == "portico" || (proxy == "direct" && scenario != "https-cps-resumed");
+        assert_eq!(r["file"].is_string(), expect_result, "{r}");
+        if !expect_result {
+            assert!(r["skipped"].is_string(), "{r}");
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&read(r["file"].as_str().unwrap())).unwrap();
+        let kind = v["kind"].as_str().unwrap();
+        assert_eq!(
+            kind,
+            if scenario == "latency" {
+                "sweep"
+            } else {
+                "run"
+            },
+            "{r}"
+        );
+        if kind == "run" {
+            assert!(v["requests"]["completed"].as_u64().unwrap() > 0, "{v}");
+            assert_eq!(v["requests"]["errors"], 0, "{v}");
+            // The proxy's CPU was sampled; direct has no proxy.
+            assert_eq!(v["cpu"].is_object(), proxy == "portico", "{r}");
+        }
+        if scenario == "https-cps-resumed" {
+            let h = &v["tls"]["handshakes"];
+            let (full, resumed) = (h["full"].as_u64().unwrap(), h["resumed"].as_u64().unwrap());
+            assert_eq!(full + resumed, v["connections_opened"].as_u64().unwrap());
+            assert!(resumed > 0 && full >= 1, "{h}");
+            assert_eq!(v["tls"]["group"], "X25519");
+        }
+    }
+    // Portico stopped gracefully (SIGTERM): it logs its counters when it stops.
+    assert!(read("logs/portico.log").contains("stopped:"));
+
+    let html = read("index.html");
+    assert!(html.contains("<h1>compare test</h1>"));
+    for id in [
+        "compare-rps",
+        "compare-cps",
+        "compare-cpu",
+        "compare-latency-p99",
+        "compare-percentiles",
+    ] {
+        assert!(html.contains(&format!("<figure id=\"{id}\">")), "{id}");
+        let svg = read(&format!("{id}.svg"));
+        assert!(html.contains(&svg), "{id} inline");
+    }
+    assert!(html.contains("<b>nginx</b>: skipped"));
+    assert!(html.contains("<h2>Results</h2>") && html.contains("<h2>Manifest</h2>"));
+    assert!(html.contains("HTTPS new connection per request, resumed sessions"));
+    // Both proxies are in the rate chart's legend.
+    let rps = read("compare-rps.svg");
+    assert!(rps.contains(">direct<") && rps.contains(">portico<"));
+
+    // `portico bench report` renders the same page from the manifest.
+    let again = dir.join("again");
+    let out = Command::new(BIN)
+        .args(["bench", "report", "--out"])
+        .arg(&again)
+        .arg(out_dir.join("manifest.json"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let html2 = std::fs::read_to_string(again.join("index.html")).unwrap();
+    assert!(html2.contains("<figure id=\"compare-latency-p99\">"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie waiting for a reaper).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, t)| !t.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn an_interrupted_compare_leaves_no_server_behind() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("portico-cli-compare-int-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = Command::new(BIN)
+        .args(["bench", "compare", "--proxies", "portico"])
+        .args([
+            "--scenarios",
+            "rps-1k",
+            "-d",
+            "60s",
+            "--warmup",
+            "0s",
+            "-c",
+            "2",
+        ])
+        .arg("--out")
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The origin's and the proxy's pids, from the progress lines.
+    let mut pids = Vec::new();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    while pids.len() < 2 {
+        let line = lines.next().expect("a progress line").unwrap();
+        if let Some(p) = line.rsplit_once("(pid ") {
+            pids.push(p.1.trim_end_matches(')').parse::<u32>().unwrap());
+        }
+    }
+    assert!(pids.iter().all(|p| alive(*p)), "{pids:?}");
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    // Its children got SIGTERM (SIGKILL after 2 s) before it exited.
+    for p in &pids {
+        assert!(!alive(*p), "pid {p} survived");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
