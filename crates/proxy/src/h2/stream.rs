@@ -2,9 +2,10 @@
 
 use super::request::{to_http1, Reject};
 use super::{Current, Link};
+use crate::attempt::{failure_report, is_stale};
 use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
-use crate::forward::{connect, cookie_value, failure_report, is_stale, read_response_head};
+use crate::forward::{connect, cookie_value, read_response_head};
 use crate::headers::{self, Forwarding};
 use crate::pool::{PoolKey, UpConn};
 use crate::stats::{Phase, Termination};
