@@ -236,7 +236,8 @@ async fn close(c: &mut Conn, lingering: bool) {
 
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
-        log.write(c.peer, head, o, &c.timings.phases(started));
+        let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
+        log.write(c.peer, head, protocol, o, &c.timings.phases(started));
     }
 }
 

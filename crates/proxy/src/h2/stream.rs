@@ -83,6 +83,7 @@ pub(super) async fn handle(
         log.write(
             link.peer,
             head.as_ref(),
+            "HTTP/2.0",
             &outcome,
             &s.timings.phases(started),
         );
