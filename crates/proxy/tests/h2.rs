@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
-use portico_testkit::{Reply, TestUpstream};
+use portico_testkit::{toml_servers, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -681,4 +681,100 @@ fn hpack_bomb_ends_the_connection() {
         assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
     }
     assert!(up.requests().is_empty());
+}
+
+/// Send `uri` with `fields` on `client` without waiting for the answer.
+async fn send(
+    client: &SendRequest<Bytes>,
+    uri: &str,
+    fields: &[(&str, &str)],
+) -> h2::client::ResponseFuture {
+    let mut c = tokio::time::timeout(T, client.clone().ready())
+        .await
+        .expect("ready in time")
+        .unwrap();
+    c.send_request(request("GET", uri, fields), true).unwrap().0
+}
+
+/// A plain listener "p" whose one route (`route_keys` added) proxies to group "g" of
+/// `servers` (`group_keys` added).
+fn group_proxy(servers: &[SocketAddr], route_keys: &str, group_keys: &str) -> Running {
+    proxy(&format!(
+        "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"g\"\n{route_keys}\n[upstreams.g]\nservers = {}\n{group_keys}\n",
+        toml_servers(servers)
+    ))
+}
+
+#[tokio::test]
+async fn rate_limited_streams_get_429_with_retry_after() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = group_proxy(&[up.addr], "rate_limit = { rate = 0.5, burst = 2 }", "");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    // Five streams at once on one connection: the burst passes, the rest are refused.
+    let mut pending = Vec::new();
+    for i in 0..5 {
+        pending.push(send(&client, &format!("http://a/{i}"), &[]).await);
+    }
+    let mut statuses = Vec::new();
+    for resp in pending {
+        let got = read(resp).await.unwrap();
+        if got.status == 429 {
+            let after: u64 = got.headers["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=2).contains(&after), "Retry-After {after}");
+            assert!(String::from_utf8_lossy(&got.body).contains("429"));
+        }
+        statuses.push(got.status);
+    }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    assert_eq!(
+        up.requests().len(),
+        2,
+        "refused streams never reach upstream"
+    );
+    let stats = p.stats();
+    assert_eq!(
+        stats
+            .rate_limited
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    let metrics = portico_proxy::admin::metrics(p.control());
+    assert!(
+        metrics.contains("\nportico_route_rate_limited_total{listener=\"p\",route=\"p#0\"} 3\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_saturated_worker_sheds_streams_with_503() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = plain_proxy(up.addr, "shed = { target = \"5ms\", interval = \"20ms\" }");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/x").await.status, 200);
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    p.control()
+        .simulate_saturation(Some(Duration::from_millis(25)));
+    until("the worker starts shedding", || {
+        p.stats().shedding.load(relaxed) == 1
+    })
+    .await;
+    let got = get(&mut c, "http://a/x").await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.headers["retry-after"], "1");
+    assert!(String::from_utf8_lossy(&got.body).contains("overloaded"));
+    p.control().simulate_saturation(None);
+    until("shedding stops", || p.stats().shedding.load(relaxed) == 0).await;
+    assert_eq!(get(&mut c, "http://a/x").await.status, 200);
+    assert_eq!(p.stats().requests_shed.load(relaxed), 1);
+    assert_eq!(
+        up.requests().len(),
+        2,
+        "the shed stream never reached upstream"
+    );
 }

@@ -2,6 +2,7 @@
 
 use super::request::{to_http1, Reject};
 use super::{Current, Link};
+use crate::admit::{self, Refused};
 use crate::attempt::{failure_report, is_stale};
 use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
@@ -108,11 +109,42 @@ impl Stream<'_> {
         };
         let route = &ls.listener.routes[idx];
         let outcome = self.run_route(head, route, idx).await;
-        ls.route_stats[idx].record(outcome.status, started.elapsed());
+        // One clock read: the route latency and the end of the access log's timings.
+        let done = Instant::now();
+        ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
+        self.timings.done = Some(done);
         outcome
     }
 
     async fn run_route(&mut self, head: &RequestHead, route: &Route, idx: usize) -> Outcome {
+        // Shedding and the route's rate limit, as for HTTP/1.1 (`conn::run_route`).
+        let link = self.link;
+        let stats = &self.cur.shared.stats;
+        let now = self.timings.head.unwrap_or_else(Instant::now);
+        let admitted = admit::check(
+            &self.cur.ls,
+            &link.worker,
+            stats,
+            idx,
+            link.peer,
+            &link.client_ip,
+            head,
+            now,
+        );
+        match admitted {
+            Ok(()) => {}
+            Err(Refused::Shed) => {
+                let e = ProxyError::Shed;
+                return self.refuse(head, e, crate::load::SHED_BODY, &[]).await;
+            }
+            Err(Refused::RateLimited(wait)) => {
+                let secs = crate::ratelimit::retry_after_secs(wait).to_string();
+                let e = ProxyError::RateLimited;
+                let body = crate::conn::error_body(e.status());
+                let extra = [("retry-after", secs.as_str())];
+                return self.refuse(head, e, body, &extra).await;
+            }
+        }
         if route.max_body_bytes > 0 {
             if let Framing::Length(n) = head.framing {
                 if n > route.max_body_bytes {
@@ -181,8 +213,33 @@ impl Stream<'_> {
 
     /// Answer with an error status (unless the client is gone) and describe the failure.
     async fn fail(&mut self, head: Option<&RequestHead>, e: ProxyError, phase: Phase) -> Outcome {
-        let status = e.status();
         tracing::debug!(peer = %self.link.peer, target = head.map_or("-", |h| h.target()), "HTTP/2 request failed: {e}");
+        let body = crate::conn::error_body(e.status());
+        self.answer(head, e, phase, body, &[]).await
+    }
+
+    /// Refuse a routed request before its action (shed, rate limited; counted and logged by
+    /// `admit::check`), with `body` and `extra` fields.
+    async fn refuse(
+        &mut self,
+        head: &RequestHead,
+        e: ProxyError,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        self.answer(Some(head), e, Phase::Route, body, extra).await
+    }
+
+    /// The error response for `e` and its outcome.
+    async fn answer(
+        &mut self,
+        head: Option<&RequestHead>,
+        e: ProxyError,
+        phase: Phase,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let status = e.status();
         let sent = if e.client_gone() {
             0
         } else {
@@ -191,8 +248,8 @@ impl Stream<'_> {
                 &mut self.respond,
                 status,
                 "text/plain",
-                crate::conn::error_body(status),
-                &[],
+                body,
+                extra,
                 head_only,
             )
             .await
