@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
-use portico_testkit::{toml_servers, Reply, TestUpstream};
+use portico_testkit::{closed_port, toml_servers, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -748,6 +748,93 @@ async fn rate_limited_streams_get_429_with_retry_after() {
         metrics.contains("\nportico_route_rate_limited_total{listener=\"p\",route=\"p#0\"} 3\n"),
         "{metrics}"
     );
+}
+
+#[tokio::test]
+async fn a_refused_connect_is_retried_on_the_other_server() {
+    let good = TestUpstream::start(|_| Reply::ok("good"));
+    let servers = [closed_port(), good.addr];
+    let p = group_proxy(&servers, "retry = {}", "passive = { max_failures = 0 }");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    for _ in 0..6 {
+        let got = get(&mut c, "http://a/x").await;
+        assert_eq!((got.status, got.body.as_slice()), (200, b"good".as_slice()));
+    }
+    // Round robin sent half of the first attempts to the refusing server.
+    let stats = p.stats();
+    assert_eq!(stats.retries.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(good.requests().len(), 6);
+}
+
+#[tokio::test]
+async fn sticky_cookie_is_set_and_honoured() {
+    let ups: Vec<TestUpstream> = (0..3)
+        .map(|i| TestUpstream::start(move |_| Reply::ok(&format!("s{i}"))))
+        .collect();
+    let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+    let sticky = "sticky_cookie = { name = \"PORTICO_SRV\", max_age = \"1h\" }";
+    let p = group_proxy(&addrs, "", sticky);
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let first = read(send(&client, "http://a/", &[]).await).await.unwrap();
+    assert_eq!(first.status, 200);
+    let set = first.headers["set-cookie"].to_str().unwrap().to_string();
+    assert!(set.ends_with("; Path=/; Max-Age=3600; HttpOnly"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_string();
+    let server = first.body.clone();
+    // With the cookie every stream goes to that server and the cookie is not set again;
+    // without it the balancer spreads them.
+    let mut seen_without = std::collections::HashSet::new();
+    for _ in 0..6 {
+        let fields = [("cookie", "a=b"), ("cookie", cookie.as_str())];
+        let got = read(send(&client, "http://a/", &fields).await)
+            .await
+            .unwrap();
+        assert_eq!(got.body, server);
+        assert!(got.headers.get("set-cookie").is_none());
+        let got = read(send(&client, "http://a/", &[]).await).await.unwrap();
+        assert!(got.headers.get("set-cookie").is_some());
+        seen_without.insert(got.body);
+    }
+    assert!(seen_without.len() >= 2, "balancer never spread");
+}
+
+#[tokio::test]
+async fn queued_stream_is_admitted_when_a_slot_frees() {
+    let hold = portico_testkit::Hold::new();
+    let h = hold.clone();
+    let up = TestUpstream::start(move |req| {
+        h.wait();
+        Reply::ok(&req.target)
+    });
+    let queue = "max_connections_per_server = 1\nqueue = 4\nqueue_timeout = \"10s\"";
+    let p = group_proxy(&[up.addr], "", queue);
+    let held = |n: usize| {
+        let h = hold.clone();
+        tokio::task::spawn_blocking(move || h.wait_held(n))
+    };
+    let waiting = || p.control().snapshot().group_stats[0].queue.waiting();
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let a = send(&client, "http://t/a", &[]).await;
+    assert!(held(1).await.unwrap(), "first stream reaches the server");
+    let b = send(&client, "http://t/b", &[]).await;
+    until("the second stream waits in the queue", || waiting() == 1).await;
+    assert_eq!(hold.held(), 1, "the queued stream is not sent yet");
+    // The first response frees the slot: the queued stream goes to the server.
+    hold.release(1);
+    let got = read(a).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"/a".as_slice()));
+    assert!(
+        held(1).await.unwrap(),
+        "the queued stream reaches the server"
+    );
+    hold.release(1);
+    let got = read(b).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"/b".as_slice()));
+    assert_eq!(waiting(), 0);
+    let q = &p.control().snapshot().group_stats[0].queue;
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    assert_eq!((q.queued.load(relaxed), q.admitted.load(relaxed)), (1, 1));
 }
 
 #[tokio::test]
