@@ -181,38 +181,44 @@ async fn attempt(
         crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
     }
     let status = resp.status();
-    let idle = group.idle_timeout;
-    let outcome =
-        match relay_body(c, &mut up, resp.framing, cf == ClientFraming::Chunked, idle).await {
-            Ok(mut sent) => {
-                // The upstream exchange is complete: free the connection and the server's active
-                // slot before the last client write, so neither waits on a slow client.
-                t.release(shared, &ctx.worker.pool, up, up_reusable);
-                match flush(c, &mut sent).await {
-                    Ok(()) => Outcome {
-                        termination: Termination::OK,
-                        status,
-                        keep_alive,
-                        bytes_sent: sent,
-                        upstream: Some(addr),
-                    },
-                    Err(e) => Outcome {
-                        termination: e.termination(Phase::ResponseBody),
-                        status,
-                        keep_alive: false,
-                        bytes_sent: sent,
-                        upstream: Some(addr),
-                    },
-                }
+    let outcome = match relay_body(
+        c,
+        &mut up,
+        resp.framing,
+        cf == ClientFraming::Chunked,
+        group.idle_timeout,
+    )
+    .await
+    {
+        Ok(mut sent) => {
+            // The upstream exchange is complete: free the connection and the server's active
+            // slot before the last client write, so neither waits on a slow client.
+            t.release(shared, &ctx.worker.pool, up, up_reusable);
+            match flush(c, &mut sent).await {
+                Ok(()) => Outcome {
+                    termination: Termination::OK,
+                    status,
+                    keep_alive,
+                    bytes_sent: sent,
+                    upstream: Some(addr),
+                },
+                Err(e) => Outcome {
+                    termination: e.termination(Phase::ResponseBody),
+                    status,
+                    keep_alive: false,
+                    bytes_sent: sent,
+                    upstream: Some(addr),
+                },
             }
-            Err(e) => Outcome {
-                termination: e.termination(Phase::ResponseBody),
-                status,
-                keep_alive: false,
-                bytes_sent: 0,
-                upstream: Some(addr),
-            },
-        };
+        }
+        Err(e) => Outcome {
+            termination: e.termination(Phase::ResponseBody),
+            status,
+            keep_alive: false,
+            bytes_sent: 0,
+            upstream: Some(addr),
+        },
+    };
     Some(outcome)
 }
 
