@@ -865,3 +865,25 @@ async fn a_saturated_worker_sheds_streams_with_503() {
         "the shed stream never reached upstream"
     );
 }
+
+#[tokio::test]
+async fn access_log_names_the_protocol_http2() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let dir = std::env::temp_dir().join(format!("portico-h2-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let p = proxy(&format!(
+        "[access_log]\npath = \"{}\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{}\"]\n",
+        path.display(),
+        up.addr
+    ));
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/logged").await.status, 200);
+    let log = || std::fs::read_to_string(&path).unwrap_or_default();
+    until("the access-log line", || log().lines().count() == 1).await;
+    let line = log();
+    assert!(line.contains("\"GET /logged HTTP/2.0\" 200 2 "), "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
