@@ -31,15 +31,25 @@ impl AccessLogger {
         })
     }
 
-    /// Write one record. Never held across an await.
+    /// Write one record; `protocol` as nginx's `$server_protocol` (`HTTP/1.1`, `HTTP/2.0`).
+    /// Never held across an await.
     pub fn write(
         &self,
         peer: SocketAddr,
         head: Option<&RequestHead>,
+        protocol: &str,
         o: &Outcome,
         phases: &Phases,
     ) {
-        let line = format_line(self.format, peer, head, o, phases, SystemTime::now());
+        let line = format_line(
+            self.format,
+            peer,
+            head,
+            protocol,
+            o,
+            phases,
+            SystemTime::now(),
+        );
         if let Ok(mut out) = self.out.lock() {
             let _ = out.write_all(line.as_bytes());
         }
@@ -68,10 +78,12 @@ fn seconds_or_dash(d: Option<Duration>) -> String {
 /// then the total seconds, the termination code, and the head, upstream connect and time to
 /// first upstream byte in seconds (`-` when absent). JSON: the same facts as named fields, the
 /// phases as `head_s`, `connect_s` and `ttfb_s` (absent when the phase did not happen).
+/// `protocol` is the request line's version (`HTTP/2.0` for HTTP/2 streams, as nginx logs them).
 pub fn format_line(
     format: AccessLogFormat,
     peer: SocketAddr,
     head: Option<&RequestHead>,
+    protocol: &str,
     o: &Outcome,
     phases: &Phases,
     now: SystemTime,
@@ -88,11 +100,12 @@ pub fn format_line(
         AccessLogFormat::Combined => {
             let _ = writeln!(
                 s,
-                "{} - - [{}] \"{} {} HTTP/1.1\" {} {} \"{}\" \"{}\" {:.6} {} {} {} {}",
+                "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" {:.6} {} {} {} {}",
                 peer.ip(),
                 httpdate::fmt_http_date(now),
                 method,
                 target,
+                protocol,
                 o.status,
                 o.bytes_sent,
                 field("referer")
@@ -117,7 +130,7 @@ pub fn format_line(
             json_escape(target, &mut s);
             let _ = write!(
                 s,
-                "\",\"status\":{},\"bytes\":{},\"duration_s\":{:.6},\"termination\":\"{}\",\"side\":\"{:?}\",\"phase\":\"{:?}\",\"cause\":\"{:?}\"",
+                "\",\"protocol\":\"{protocol}\",\"status\":{},\"bytes\":{},\"duration_s\":{:.6},\"termination\":\"{}\",\"side\":\"{:?}\",\"phase\":\"{:?}\",\"cause\":\"{:?}\"",
                 o.status,
                 o.bytes_sent,
                 elapsed.as_secs_f64(),
@@ -152,6 +165,10 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     fn line(format: AccessLogFormat, phases: &Phases) -> String {
+        line_as(format, "HTTP/1.1", phases)
+    }
+
+    fn line_as(format: AccessLogFormat, protocol: &str, phases: &Phases) -> String {
         let mut buf =
             BytesMut::from(&b"GET /a?b HTTP/1.1\r\nHost: h\r\nUser-Agent: ua\r\n\r\n"[..]);
         let head = portico_http1::parse_request(&mut buf, &portico_http1::Limits::default())
@@ -165,7 +182,7 @@ mod tests {
             upstream: Some("10.0.0.1:80".parse().unwrap()),
         };
         let peer = "192.0.2.1:5555".parse().unwrap();
-        format_line(format, peer, Some(&head), &o, phases, UNIX_EPOCH)
+        format_line(format, peer, Some(&head), protocol, &o, phases, UNIX_EPOCH)
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -189,6 +206,16 @@ mod tests {
         };
         assert!(line(AccessLogFormat::Combined, &reused)
             .ends_with(" 0.005000 -- 0.000250 - 0.003000\n"));
+    }
+
+    #[test]
+    fn http2_streams_log_their_protocol() {
+        let p = Phases::default();
+        let l = line_as(AccessLogFormat::Combined, "HTTP/2.0", &p);
+        assert!(l.contains("\"GET /a?b HTTP/2.0\" 200 12 "), "{l}");
+        let l = line_as(AccessLogFormat::Json, "HTTP/2.0", &p);
+        let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(v["protocol"].as_str(), Some("HTTP/2.0"));
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! One downstream connection: read heads, route, run the action, write responses, keep alive.
 
+use crate::admit::Refused;
 use crate::date::with_date;
 use crate::error::ProxyError;
 use crate::forward;
-use crate::ratelimit::{retry_after_secs, RateLimiter};
+use crate::ratelimit::retry_after_secs;
 use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
-use portico_config::{Action, RateLimit, RateLimitKey, Route};
+use portico_config::{Action, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;
 use std::net::SocketAddr;
@@ -235,7 +236,8 @@ async fn close(c: &mut Conn, lingering: bool) {
 
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
-        log.write(c.peer, head, o, &c.timings.phases(started));
+        let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
+        log.write(c.peer, head, protocol, o, &c.timings.phases(started));
     }
 }
 
@@ -369,19 +371,12 @@ async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -
 async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
     let ls = &*ctx.ls;
     let route = &ls.listener.routes[idx];
-    if crate::load::shed_now(ctx) {
-        return crate::load::shed(c, ctx, head).await;
-    }
-    if let (Some(limit), Some(limiter)) = (
-        &route.rate_limit,
-        ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
-    ) {
-        if let Err(wait) = check_rate(c, head, limit, limiter) {
-            ls.route_stats[idx]
-                .rate_limited
-                .fetch_add(1, Ordering::Relaxed);
-            return rate_limited(c, ctx, head, wait).await;
-        }
+    let now = c.timings.head.unwrap_or_else(Instant::now);
+    let stats = &ctx.shared.stats;
+    match crate::admit::check(ls, &ctx.worker, stats, idx, c.peer, &c.client_ip, head, now) {
+        Ok(()) => {}
+        Err(Refused::Shed) => return crate::load::shed(c, ctx, head).await,
+        Err(Refused::RateLimited(wait)) => return rate_limited(c, ctx, head, wait).await,
     }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
@@ -454,27 +449,6 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
     }
 }
 
-/// Take a token from the bucket of this request's key: the header or cookie value when the
-/// limit names one and the request has it, else the client IP (in its own key space).
-fn check_rate(
-    c: &Conn,
-    head: &RequestHead,
-    limit: &RateLimit,
-    limiter: &RateLimiter,
-) -> Result<(), std::time::Duration> {
-    let ip = (0, c.client_ip.as_bytes());
-    let (kind, key) = match &limit.key {
-        RateLimitKey::ClientIp => ip,
-        RateLimitKey::Header(name) => head.field(name).map_or(ip, |v| (1, v)),
-        RateLimitKey::Cookie(name) => head
-            .field("cookie")
-            .and_then(|v| forward::cookie_value(v, name.as_bytes()))
-            .map_or(ip, |v| (2, v)),
-    };
-    // The clock read at the head is recent enough (a bucket ignores time running backwards).
-    limiter.check(kind, key, c.timings.head.unwrap_or_else(Instant::now))
-}
-
 /// Answer 429 with `Retry-After` (whole seconds until the key's next token, at least 1).
 async fn rate_limited(
     c: &mut Conn,
@@ -482,12 +456,7 @@ async fn rate_limited(
     head: &RequestHead,
     wait: std::time::Duration,
 ) -> Outcome {
-    ctx.shared
-        .stats
-        .rate_limited
-        .fetch_add(1, Ordering::Relaxed);
     let e = ProxyError::RateLimited;
-    tracing::debug!(peer = %c.peer, target = head.target(), "{e}");
     // The body (if any) is not read: the connection closes after the answer.
     let ka =
         matches!(head.framing, Framing::None | Framing::Length(0)) && may_keep_alive(c, ctx, head);

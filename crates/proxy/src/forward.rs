@@ -1,28 +1,26 @@
 //! The proxy action: pick a server, reuse or open a connection, stream both ways, release.
 
+use crate::attempt::{self, Failed};
 use crate::conn::{
     fail, head_may_be_complete, may_keep_alive, send_all, send_continue, write_framed, ClientBody,
     Conn, Ctx, Outcome, MAX_CHUNK,
 };
 use crate::error::ProxyError;
-use crate::headers::{self, ClientFraming, Forwarding};
+use crate::headers::{self, ClientFraming};
 use crate::metrics::RouteStats;
-use crate::pool::{PoolKey, UpConn, UpStream};
+use crate::pool::{UpConn, UpStream};
 use crate::resilience::RouteResilience;
-use crate::retry::{Retry, RetryCause};
+use crate::retry::Retry;
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
-use portico_config::{Balance, ProxyAction, Route};
+use portico_config::{ProxyAction, Route};
 use portico_http1::{
     encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
     ResponseHead, Version,
 };
-use portico_upstream::{PickError, Report};
-use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -69,101 +67,20 @@ async fn attempt(
     retry: &mut Retry<'_>,
 ) -> Option<Outcome> {
     let shared = &*ctx.shared;
-    // The route's group, or its fallback (and so on) when no server of it is available.
-    let mut gi = p.upstream;
-    let mut hops = 0;
     let mut asked = retry.started();
-    let (upstream, guard) = loop {
-        let upstream = &shared.upstreams[gi];
-        // A sticky cookie naming an available server with room wins over the balancer, unless
-        // that server already failed this request (a retry goes elsewhere).
-        if let Some(id) = crate::sticky::request_id(upstream, head) {
-            if let Some(guard) = upstream.pick_sticky_at(id, asked) {
-                if !retry.excluded(gi).contains(&guard.index()) {
-                    break (upstream, guard);
-                }
-            }
-        }
-        let key = hash_key(&upstream.group().balance, c, head);
-        let e = match upstream.pick_at_excluding(key, retry.excluded(gi), asked) {
-            Ok(guard) => break (upstream, guard),
-            Err(PickError::AtLimit) if upstream.group().queue > 0 => {
-                let g = upstream.group();
-                let queue = &shared.group_stats[gi].queue;
-                match queue.wait(upstream, key, g.queue, g.queue_timeout).await {
-                    Ok(guard) => {
-                        // Header time counts from the pick, not from joining the queue.
-                        asked = Instant::now();
-                        break (upstream, guard);
-                    }
-                    Err(e) => e,
-                }
-            }
-            Err(PickError::AtLimit) => ProxyError::NoServer,
-            Err(PickError::Unavailable) => match upstream.group().fallback {
-                // Validation forbids cycles; `hops` only keeps this loop finite regardless.
-                Some(f) if f < shared.upstreams.len() && hops < shared.upstreams.len() => {
-                    gi = f;
-                    hops += 1;
-                    continue;
-                }
-                _ => ProxyError::Unavailable,
-            },
-        };
-        shared.group_stats[gi]
-            .no_server
-            .fetch_add(1, Ordering::Relaxed);
-        return Some(fail(c, ctx, head, e, Phase::Connect, false).await);
+    let t = match attempt::pick(shared, p.upstream, &c.client_ip, head, retry, &mut asked).await {
+        Ok(t) => t,
+        Err(e) => return Some(fail(c, ctx, head, e, Phase::Connect, false).await),
     };
-    let group_stats = &shared.group_stats[gi];
-    let group = &**upstream.group();
-    let server = guard.index();
-    let addr = guard.address();
-    let set_cookie = crate::sticky::set_cookie(upstream, head, server);
-    let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
-    let pool_key = PoolKey {
-        addr,
-        tls: tls.map_or(0, |t| t.pool_id),
+    let group = t.group();
+    let addr = t.addr();
+    let client = attempt::Client {
+        ip: &c.client_ip,
+        tls: c.stream.is_tls(),
+        cert_subject: c.client_cert_subject.as_deref(),
     };
+    t.write_head(&mut c.ubuf, head, route, p, &client);
 
-    // The request head for the upstream, built once (retries resend the same bytes).
-    let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
-        Cow::Borrowed(head.target())
-    } else {
-        match head.query() {
-            Some(q) => Cow::Owned(format!("{}?{}", head.path(), q)),
-            None => Cow::Borrowed(head.path()),
-        }
-    };
-    let target = route.upstream_target(&origin_form);
-    // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and the
-    // one routing used), whatever the Host field says.
-    let absolute = absolute_authority(head.target());
-    let authority = match absolute {
-        Some(a) => a.to_string(),
-        None if p.preserve_host && head.field("host").is_some() => String::new(),
-        None => match tls.and_then(|t| t.host(addr)) {
-            Some(host) => host,
-            None => addr.to_string(),
-        },
-    };
-    c.ubuf.clear();
-    headers::upstream_request(
-        &mut c.ubuf,
-        head,
-        &target,
-        p,
-        &route.request_headers,
-        &Forwarding {
-            client_ip: &c.client_ip,
-            proto: if c.stream.is_tls() { "https" } else { "http" },
-            authority: &authority,
-            absolute: absolute.is_some(),
-            client_cert_subject: c.client_cert_subject.as_deref(),
-        },
-    );
-
-    let retryable = head.method().is_idempotent() && head.framing == Framing::None && !head.upgrade;
     let mut body = match head.framing {
         Framing::None | Framing::Length(0) => None,
         f => Some(ClientBody::new(
@@ -180,55 +97,16 @@ async fn attempt(
     let mut interim = Vec::new();
     let mut fresh_only = false;
     let (mut up, reused, resp, body_done, got) = loop {
-        let pooled = if fresh_only {
-            None
-        } else {
-            ctx.worker.pool.take(pool_key)
-        };
-        let reused = pooled.is_some();
-        c.timings.connect = None;
-        let mut up = match pooled {
-            Some(u) => u,
-            None => match connect(addr, group.connect_timeout, tls).await {
-                Ok((u, took)) => {
-                    c.timings.connect = Some(took);
-                    shared
-                        .stats
-                        .upstream_connects
-                        .fetch_add(1, Ordering::Relaxed);
-                    if tls.is_some() {
-                        match u.stream.resumed() {
-                            true => &shared.stats.upstream_tls_resumed,
-                            false => &shared.stats.upstream_tls_full,
-                        }
-                        .fetch_add(1, Ordering::Relaxed);
-                    }
-                    u
-                }
-                Err(e) => {
-                    let report = match e {
-                        ProxyError::ConnectTimeout => Report::Timeout,
-                        _ => Report::ConnectError,
-                    };
-                    if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, tls) {
-                        shared
-                            .stats
-                            .upstream_tls_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            group = %group.name,
-                            server = %addr,
-                            server_name = %tls.origination.server_name(addr).to_str(),
-                            "TLS handshake with upstream failed: {why}"
-                        );
-                    }
-                    upstream.report(server, report, Instant::now());
-                    if retry.allows(RetryCause::Connect, gi, server, &shared.stats) {
-                        return None;
-                    }
-                    return Some(fail(c, ctx, head, e, Phase::Connect, body.is_none()).await);
-                }
-            },
+        let pool = &ctx.worker.pool;
+        let (mut up, reused) = match t
+            .connection(shared, pool, fresh_only, &mut c.timings.connect, retry)
+            .await
+        {
+            Ok(u) => u,
+            Err((_, Failed::Retry)) => return None,
+            Err((e, _)) => {
+                return Some(fail(c, ctx, head, e, Phase::Connect, body.is_none()).await)
+            }
         };
         let r = exchange(
             &mut c.stream,
@@ -245,67 +123,29 @@ async fn attempt(
         .await;
         match r {
             Ok((resp, body_done)) => {
-                let status = resp.status();
                 // One clock read: passive checks, the header-time metric, the access log.
-                let got = Instant::now();
-                upstream.report(server, Report::Response { status }, got);
+                let got = t.responded(resp.status());
                 c.timings.response = Some(got);
                 break (up, reused, resp, body_done, got);
             }
-            Err((e, _))
-                if reused
-                    && retryable
-                    && up.rbuf.is_empty()
-                    && interim.is_empty()
-                    && is_stale(&e) =>
-            {
-                shared
-                    .stats
-                    .upstream_retries
-                    .fetch_add(1, Ordering::Relaxed);
-                fresh_only = true;
-            }
             Err((e, phase)) => {
-                if let Some(report) = failure_report(&e, reused) {
-                    upstream.report(server, report, Instant::now());
-                }
-                // Retried only when no response byte arrived (and so none reached the client).
-                let cause = match e {
-                    ProxyError::ResponseTimeout => Some(RetryCause::Timeout),
-                    ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
-                        if phase == Phase::ResponseHead
-                            && up.rbuf.is_empty()
-                            && interim.is_empty() =>
-                    {
-                        Some(RetryCause::Reset)
+                let untouched = up.rbuf.is_empty() && interim.is_empty();
+                match t.failed(shared, retry, head, &e, phase, reused, untouched) {
+                    Failed::Stale => fresh_only = true,
+                    Failed::Retry => return None,
+                    Failed::Fail => {
+                        let body_done = body.as_ref().is_none_or(|b| b.is_done());
+                        let mut o = fail(c, ctx, head, e, phase, body_done).await;
+                        o.upstream = Some(addr);
+                        return Some(o);
                     }
-                    _ => None,
-                };
-                if cause.is_some_and(|cause| retry.allows(cause, gi, server, &shared.stats)) {
-                    return None;
                 }
-                let body_done = body.as_ref().is_none_or(|b| b.is_done());
-                let mut o = fail(c, ctx, head, e, phase, body_done).await;
-                o.upstream = Some(addr);
-                return Some(o);
             }
         }
     };
-    if let Some(h) = group_stats.header_time.get(guard.index()) {
-        h.observe(got.saturating_duration_since(asked));
-    }
-    shared
-        .stats
-        .upstream_requests
-        .fetch_add(1, Ordering::Relaxed);
-    if reused {
-        shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
-    }
     // A retried response is dropped before any of it (or of its interim responses) is sent;
     // its connection closes with it.
-    if retry.on_status(resp.status())
-        && retry.allows(RetryCause::Status(resp.status()), gi, server, &shared.stats)
-    {
+    if t.accepted(shared, retry, asked, got, reused, resp.status()) {
         return None;
     }
     // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
@@ -337,7 +177,7 @@ async fn attempt(
         head.version(),
         keep_alive,
     );
-    if let Some(cookie) = &set_cookie {
+    if let Some(cookie) = &t.set_cookie {
         crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
     }
     let status = resp.status();
@@ -353,11 +193,7 @@ async fn attempt(
         Ok(mut sent) => {
             // The upstream exchange is complete: free the connection and the server's active
             // slot before the last client write, so neither waits on a slow client.
-            if up_reusable {
-                let cap = group.keepalive.div_ceil(shared.workers);
-                ctx.worker.pool.put(pool_key, up, cap, group.idle_timeout);
-            }
-            drop(guard);
+            t.release(shared, &ctx.worker.pool, up, up_reusable);
             match flush(c, &mut sent).await {
                 Ok(()) => Outcome {
                     termination: Termination::OK,
@@ -393,47 +229,6 @@ fn client_gone(status: u16, addr: SocketAddr) -> Outcome {
         keep_alive: false,
         bytes_sent: 0,
         upstream: Some(addr),
-    }
-}
-
-/// The authority of an absolute-form target (`http://host:port/path` -> `host:port`).
-fn absolute_authority(target: &str) -> Option<&str> {
-    if target.starts_with('/') {
-        return None;
-    }
-    let rest = target.split_once("://")?.1;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let auth = &rest[..end];
-    // Drop userinfo if present (never forwarded).
-    Some(auth.rsplit_once('@').map_or(auth, |(_, h)| h)).filter(|a| !a.is_empty())
-}
-
-/// What a failed exchange says about the server, for passive checks: timeouts, and resets
-/// before a response. A reused connection closed under us is the keep-alive race (the server
-/// closed it while idle), not a failing server; client-side errors say nothing about it.
-pub(crate) fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
-    match e {
-        ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => Some(Report::Timeout),
-        _ if reused && is_stale(e) => None,
-        ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_) => Some(Report::Reset),
-        _ => None,
-    }
-}
-
-/// A reused connection that died before answering: the server closed it while idle.
-pub(crate) fn is_stale(e: &ProxyError) -> bool {
-    matches!(e, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_))
-}
-
-/// The hash input for hash balancing, if the group hashes.
-fn hash_key<'a>(balance: &Balance, c: &'a Conn, head: &'a RequestHead) -> Option<&'a [u8]> {
-    match balance {
-        Balance::HashClientIp => Some(c.client_ip.as_bytes()),
-        Balance::HashHeader(name) => head.field(name),
-        Balance::HashCookie(name) => head
-            .field("cookie")
-            .and_then(|v| cookie_value(v, name.as_bytes())),
-        _ => None,
     }
 }
 
@@ -813,18 +608,7 @@ async fn relay_both_ways(
 
 #[cfg(test)]
 mod tests {
-    use super::{absolute_authority, cookie_value};
-
-    #[test]
-    fn authority_of_absolute_targets() {
-        assert_eq!(
-            absolute_authority("http://a.test:81/x?y"),
-            Some("a.test:81")
-        );
-        assert_eq!(absolute_authority("http://user@a.test?q"), Some("a.test"));
-        assert_eq!(absolute_authority("/x"), None);
-        assert_eq!(absolute_authority("http:///x"), None);
-    }
+    use super::cookie_value;
 
     #[test]
     fn cookie_lookup() {

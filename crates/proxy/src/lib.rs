@@ -2,6 +2,8 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod admit;
+pub mod attempt;
 pub mod cert_watch;
 pub mod conn;
 pub mod date;

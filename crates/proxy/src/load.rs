@@ -2,7 +2,7 @@
 
 use crate::conn::{may_keep_alive, write_simple, Conn, Ctx, Outcome};
 use crate::error::ProxyError;
-use crate::server::Worker;
+use crate::server::{ListenerState, Worker};
 use crate::shed::{Change, Shedder};
 use crate::stats::{Phase, Stats};
 use portico_http1::{Framing, RequestHead};
@@ -16,7 +16,7 @@ pub const PROBE: Duration = Duration::from_millis(10);
 /// How often a worker looks whether a reload turned shedding on, while no listener sheds.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
-const SHED_BODY: &[u8] = b"503 Service Unavailable: overloaded, retry later\n";
+pub const SHED_BODY: &[u8] = b"503 Service Unavailable: overloaded, retry later\n";
 
 /// One worker's shedding state, per listener (by slot) that has `shed` configured. Only this
 /// worker's thread touches it.
@@ -127,18 +127,13 @@ pub async fn probe(worker: Rc<Worker>) {
 }
 
 /// Whether this request is shed: its listener sheds and this worker is saturated.
-pub fn shed_now(ctx: &Ctx) -> bool {
-    ctx.ls.listener.shed.is_some() && ctx.worker.load.shedding(ctx.ls.slot)
+pub fn shed_now(ls: &ListenerState, worker: &Worker) -> bool {
+    ls.listener.shed.is_some() && worker.load.shedding(ls.slot)
 }
 
 /// Answer a shed request at once: 503 with `Retry-After`, nothing else done for it. The
 /// connection stays open when the request has no body left to read.
 pub async fn shed(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
-    ctx.shared
-        .stats
-        .requests_shed
-        .fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(peer = %c.peer, target = head.target(), "request shed: worker saturated");
     let body_done = matches!(head.framing, Framing::None | Framing::Length(0));
     let keep_alive = body_done && may_keep_alive(c, ctx, head);
     let sent = write_simple(c, 503, "text/plain", SHED_BODY, keep_alive, Some(head), &[]).await;

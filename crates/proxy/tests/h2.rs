@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
-use portico_testkit::{Reply, TestUpstream};
+use portico_testkit::{closed_port, toml_servers, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -681,4 +681,209 @@ fn hpack_bomb_ends_the_connection() {
         assert_eq!(code, 0xb, "GOAWAY ENHANCE_YOUR_CALM");
     }
     assert!(up.requests().is_empty());
+}
+
+/// Send `uri` with `fields` on `client` without waiting for the answer.
+async fn send(
+    client: &SendRequest<Bytes>,
+    uri: &str,
+    fields: &[(&str, &str)],
+) -> h2::client::ResponseFuture {
+    let mut c = tokio::time::timeout(T, client.clone().ready())
+        .await
+        .expect("ready in time")
+        .unwrap();
+    c.send_request(request("GET", uri, fields), true).unwrap().0
+}
+
+/// A plain listener "p" whose one route (`route_keys` added) proxies to group "g" of
+/// `servers` (`group_keys` added).
+fn group_proxy(servers: &[SocketAddr], route_keys: &str, group_keys: &str) -> Running {
+    proxy(&format!(
+        "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"g\"\n{route_keys}\n[upstreams.g]\nservers = {}\n{group_keys}\n",
+        toml_servers(servers)
+    ))
+}
+
+#[tokio::test]
+async fn rate_limited_streams_get_429_with_retry_after() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = group_proxy(&[up.addr], "rate_limit = { rate = 0.5, burst = 2 }", "");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    // Five streams at once on one connection: the burst passes, the rest are refused.
+    let mut pending = Vec::new();
+    for i in 0..5 {
+        pending.push(send(&client, &format!("http://a/{i}"), &[]).await);
+    }
+    let mut statuses = Vec::new();
+    for resp in pending {
+        let got = read(resp).await.unwrap();
+        if got.status == 429 {
+            let after: u64 = got.headers["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=2).contains(&after), "Retry-After {after}");
+            assert!(String::from_utf8_lossy(&got.body).contains("429"));
+        }
+        statuses.push(got.status);
+    }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 429, 429, 429]);
+    assert_eq!(
+        up.requests().len(),
+        2,
+        "refused streams never reach upstream"
+    );
+    let stats = p.stats();
+    assert_eq!(
+        stats
+            .rate_limited
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    let metrics = portico_proxy::admin::metrics(p.control());
+    assert!(
+        metrics.contains("\nportico_route_rate_limited_total{listener=\"p\",route=\"p#0\"} 3\n"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_connect_is_retried_on_the_other_server() {
+    let good = TestUpstream::start(|_| Reply::ok("good"));
+    let servers = [closed_port(), good.addr];
+    let p = group_proxy(&servers, "retry = {}", "passive = { max_failures = 0 }");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    for _ in 0..6 {
+        let got = get(&mut c, "http://a/x").await;
+        assert_eq!((got.status, got.body.as_slice()), (200, b"good".as_slice()));
+    }
+    // Round robin sent half of the first attempts to the refusing server.
+    let stats = p.stats();
+    assert_eq!(stats.retries.load(std::sync::atomic::Ordering::Relaxed), 3);
+    assert_eq!(good.requests().len(), 6);
+}
+
+#[tokio::test]
+async fn sticky_cookie_is_set_and_honoured() {
+    let ups: Vec<TestUpstream> = (0..3)
+        .map(|i| TestUpstream::start(move |_| Reply::ok(&format!("s{i}"))))
+        .collect();
+    let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+    let sticky = "sticky_cookie = { name = \"PORTICO_SRV\", max_age = \"1h\" }";
+    let p = group_proxy(&addrs, "", sticky);
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let first = read(send(&client, "http://a/", &[]).await).await.unwrap();
+    assert_eq!(first.status, 200);
+    let set = first.headers["set-cookie"].to_str().unwrap().to_string();
+    assert!(set.ends_with("; Path=/; Max-Age=3600; HttpOnly"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_string();
+    let server = first.body.clone();
+    // With the cookie every stream goes to that server and the cookie is not set again;
+    // without it the balancer spreads them.
+    let mut seen_without = std::collections::HashSet::new();
+    for _ in 0..6 {
+        let fields = [("cookie", "a=b"), ("cookie", cookie.as_str())];
+        let got = read(send(&client, "http://a/", &fields).await)
+            .await
+            .unwrap();
+        assert_eq!(got.body, server);
+        assert!(got.headers.get("set-cookie").is_none());
+        let got = read(send(&client, "http://a/", &[]).await).await.unwrap();
+        assert!(got.headers.get("set-cookie").is_some());
+        seen_without.insert(got.body);
+    }
+    assert!(seen_without.len() >= 2, "balancer never spread");
+}
+
+#[tokio::test]
+async fn queued_stream_is_admitted_when_a_slot_frees() {
+    let hold = portico_testkit::Hold::new();
+    let h = hold.clone();
+    let up = TestUpstream::start(move |req| {
+        h.wait();
+        Reply::ok(&req.target)
+    });
+    let queue = "max_connections_per_server = 1\nqueue = 4\nqueue_timeout = \"10s\"";
+    let p = group_proxy(&[up.addr], "", queue);
+    let held = |n: usize| {
+        let h = hold.clone();
+        tokio::task::spawn_blocking(move || h.wait_held(n))
+    };
+    let waiting = || p.control().snapshot().group_stats[0].queue.waiting();
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let a = send(&client, "http://t/a", &[]).await;
+    assert!(held(1).await.unwrap(), "first stream reaches the server");
+    let b = send(&client, "http://t/b", &[]).await;
+    until("the second stream waits in the queue", || waiting() == 1).await;
+    assert_eq!(hold.held(), 1, "the queued stream is not sent yet");
+    // The first response frees the slot: the queued stream goes to the server.
+    hold.release(1);
+    let got = read(a).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"/a".as_slice()));
+    assert!(
+        held(1).await.unwrap(),
+        "the queued stream reaches the server"
+    );
+    hold.release(1);
+    let got = read(b).await.unwrap();
+    assert_eq!((got.status, got.body.as_slice()), (200, b"/b".as_slice()));
+    assert_eq!(waiting(), 0);
+    let q = &p.control().snapshot().group_stats[0].queue;
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    assert_eq!((q.queued.load(relaxed), q.admitted.load(relaxed)), (1, 1));
+}
+
+#[tokio::test]
+async fn a_saturated_worker_sheds_streams_with_503() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let p = plain_proxy(up.addr, "shed = { target = \"5ms\", interval = \"20ms\" }");
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/x").await.status, 200);
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    p.control()
+        .simulate_saturation(Some(Duration::from_millis(25)));
+    until("the worker starts shedding", || {
+        p.stats().shedding.load(relaxed) == 1
+    })
+    .await;
+    let got = get(&mut c, "http://a/x").await;
+    assert_eq!(got.status, 503);
+    assert_eq!(got.headers["retry-after"], "1");
+    assert!(String::from_utf8_lossy(&got.body).contains("overloaded"));
+    p.control().simulate_saturation(None);
+    until("shedding stops", || p.stats().shedding.load(relaxed) == 0).await;
+    assert_eq!(get(&mut c, "http://a/x").await.status, 200);
+    assert_eq!(p.stats().requests_shed.load(relaxed), 1);
+    assert_eq!(
+        up.requests().len(),
+        2,
+        "the shed stream never reached upstream"
+    );
+}
+
+#[tokio::test]
+async fn access_log_names_the_protocol_http2() {
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let dir = std::env::temp_dir().join(format!("portico-h2-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let p = proxy(&format!(
+        "[access_log]\npath = \"{}\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{}\"]\n",
+        path.display(),
+        up.addr
+    ));
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/logged").await.status, 200);
+    let log = || std::fs::read_to_string(&path).unwrap_or_default();
+    until("the access-log line", || log().lines().count() == 1).await;
+    let line = log();
+    assert!(line.contains("\"GET /logged HTTP/2.0\" 200 2 "), "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

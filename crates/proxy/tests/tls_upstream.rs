@@ -674,3 +674,32 @@ fn host_is_the_server_name_when_the_client_host_is_not_preserved() {
     p.shutdown();
     p.wait();
 }
+
+#[tokio::test]
+async fn http2_streams_count_tls_handshake_failures_as_http1_requests_do() {
+    let pki = pki("h2-wrongname");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"other.test\"");
+    let tcp = tokio::net::TcpStream::connect(p.addr("web").unwrap())
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let _conn = tokio::spawn(conn);
+    let mut c = client.ready().await.unwrap();
+    let req = http::Request::get("http://app.test/").body(()).unwrap();
+    let (resp, _) = c.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .expect("response in time")
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    assert!(up.seen().is_empty());
+    let stats = p.stats();
+    assert_eq!(stats.upstream_tls_failures.load(Ordering::Relaxed), 1);
+    let t = Termination::new(Side::Upstream, Phase::Connect, Cause::Tls);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats.terminations(t) != 1 {
+        assert!(Instant::now() < deadline, "no TLS termination record");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -626,3 +626,17 @@ pub fn read_past_head<R: Read>(r: &mut R) -> io::Result<(Vec<u8>, usize)> {
         got.extend_from_slice(&buf[..n]);
     }
 }
+
+/// A local address nothing listens on: connecting to it is refused.
+pub fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    let a = l.local_addr().expect("local address");
+    drop(l);
+    a
+}
+
+/// `list` as a TOML array of quoted addresses (a group's `servers`).
+pub fn toml_servers(list: &[SocketAddr]) -> String {
+    let quoted: Vec<String> = list.iter().map(|a| format!("\"{a}\"")).collect();
+    format!("[{}]", quoted.join(", "))
+}

@@ -2,23 +2,26 @@
 
 use super::request::{to_http1, Reject};
 use super::{Current, Link};
+use crate::admit::{self, Refused};
+use crate::attempt::{self, Failed};
 use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
-use crate::forward::{connect, cookie_value, failure_report, is_stale, read_response_head};
-use crate::headers::{self, Forwarding};
-use crate::pool::{PoolKey, UpConn};
+use crate::forward::read_response_head;
+use crate::pool::UpConn;
+use crate::resilience::RouteResilience;
+use crate::retry::Retry;
+use crate::server::Shared;
 use crate::stats::{Phase, Termination};
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use portico_config::{Action, Balance, HeaderRules, ProxyAction, Route};
+use portico_config::{Action, HeaderRules, ProxyAction, Route};
 use portico_http1::{
     encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
     ResponseHead,
 };
-use portico_upstream::{PickError, Report};
 use std::future::poll_fn;
 use std::io;
 use std::rc::Rc;
@@ -82,6 +85,7 @@ pub(super) async fn handle(
         log.write(
             link.peer,
             head.as_ref(),
+            "HTTP/2.0",
             &outcome,
             &s.timings.phases(started),
         );
@@ -106,11 +110,42 @@ impl Stream<'_> {
         };
         let route = &ls.listener.routes[idx];
         let outcome = self.run_route(head, route, idx).await;
-        ls.route_stats[idx].record(outcome.status, started.elapsed());
+        // One clock read: the route latency and the end of the access log's timings.
+        let done = Instant::now();
+        ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
+        self.timings.done = Some(done);
         outcome
     }
 
     async fn run_route(&mut self, head: &RequestHead, route: &Route, idx: usize) -> Outcome {
+        // Shedding and the route's rate limit, as for HTTP/1.1 (`conn::run_route`).
+        let link = self.link;
+        let stats = &self.cur.shared.stats;
+        let now = self.timings.head.unwrap_or_else(Instant::now);
+        let admitted = admit::check(
+            &self.cur.ls,
+            &link.worker,
+            stats,
+            idx,
+            link.peer,
+            &link.client_ip,
+            head,
+            now,
+        );
+        match admitted {
+            Ok(()) => {}
+            Err(Refused::Shed) => {
+                let e = ProxyError::Shed;
+                return self.refuse(head, e, crate::load::SHED_BODY, &[]).await;
+            }
+            Err(Refused::RateLimited(wait)) => {
+                let secs = crate::ratelimit::retry_after_secs(wait).to_string();
+                let e = ProxyError::RateLimited;
+                let body = crate::conn::error_body(e.status());
+                let extra = [("retry-after", secs.as_str())];
+                return self.refuse(head, e, body, &extra).await;
+            }
+        }
         if route.max_body_bytes > 0 {
             if let Framing::Length(n) = head.framing {
                 if n > route.max_body_bytes {
@@ -127,7 +162,7 @@ impl Stream<'_> {
             }
         }
         match &route.action {
-            Action::Proxy(p) => self.proxy(head, route, p).await,
+            Action::Proxy(p) => self.proxy(head, route, p, idx).await,
             Action::Static(_) | Action::Origin(_) => {
                 let cur = self.cur.clone();
                 match cur.ls.origins[idx].as_ref() {
@@ -179,8 +214,33 @@ impl Stream<'_> {
 
     /// Answer with an error status (unless the client is gone) and describe the failure.
     async fn fail(&mut self, head: Option<&RequestHead>, e: ProxyError, phase: Phase) -> Outcome {
-        let status = e.status();
         tracing::debug!(peer = %self.link.peer, target = head.map_or("-", |h| h.target()), "HTTP/2 request failed: {e}");
+        let body = crate::conn::error_body(e.status());
+        self.answer(head, e, phase, body, &[]).await
+    }
+
+    /// Refuse a routed request before its action (shed, rate limited; counted and logged by
+    /// `admit::check`), with `body` and `extra` fields.
+    async fn refuse(
+        &mut self,
+        head: &RequestHead,
+        e: ProxyError,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        self.answer(Some(head), e, Phase::Route, body, extra).await
+    }
+
+    /// The error response for `e` and its outcome.
+    async fn answer(
+        &mut self,
+        head: Option<&RequestHead>,
+        e: ProxyError,
+        phase: Phase,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let status = e.status();
         let sent = if e.client_gone() {
             0
         } else {
@@ -189,8 +249,8 @@ impl Stream<'_> {
                 &mut self.respond,
                 status,
                 "text/plain",
-                crate::conn::error_body(status),
-                &[],
+                body,
+                extra,
                 head_only,
             )
             .await
@@ -309,110 +369,84 @@ impl Stream<'_> {
         }
     }
 
-    /// The proxy action over a pooled HTTP/1.1 upstream connection (the HTTP/2 counterpart of
-    /// `forward::proxy`).
-    async fn proxy(&mut self, head: &RequestHead, route: &Route, p: &ProxyAction) -> Outcome {
+    /// The proxy action over a pooled HTTP/1.1 upstream connection: the attempts of
+    /// `forward::proxy` (shared in `attempt`), with the route's retry policy and budget.
+    async fn proxy(
+        &mut self,
+        head: &RequestHead,
+        route: &Route,
+        p: &ProxyAction,
+        idx: usize,
+    ) -> Outcome {
         let cur = self.cur.clone();
-        let shared = &cur.shared;
-        let mut gi = p.upstream;
-        let mut hops = 0;
-        let asked = Instant::now();
-        let (upstream, guard) = loop {
-            let upstream = &shared.upstreams[gi];
-            let key = hash_key(&upstream.group().balance, &self.link.client_ip, head);
-            let e = match upstream.pick_at(key, None, asked) {
-                Ok(guard) => break (upstream, guard),
-                Err(PickError::AtLimit) => ProxyError::NoServer,
-                Err(PickError::Unavailable) => match upstream.group().fallback {
-                    Some(f) if f < shared.upstreams.len() && hops < shared.upstreams.len() => {
-                        gi = f;
-                        hops += 1;
-                        continue;
-                    }
-                    _ => ProxyError::Unavailable,
-                },
-            };
-            shared.group_stats[gi]
-                .no_server
-                .fetch_add(1, Ordering::Relaxed);
-            return self.fail(Some(head), e, Phase::Connect).await;
-        };
-        let group = &**upstream.group();
-        let server = guard.index();
-        let addr = guard.address();
-        let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
-        let pool_key = PoolKey {
-            addr,
-            tls: tls.map_or(0, |t| t.pool_id),
-        };
-
-        let target = route.upstream_target(head.target());
-        let authority = if p.preserve_host && head.field("host").is_some() {
-            String::new()
-        } else {
-            addr.to_string()
-        };
+        let ls = &*cur.ls;
+        let default = RouteResilience::default();
+        let res = ls.resilience.get(idx).unwrap_or(&default);
+        let now = self.timings.head.unwrap_or_else(Instant::now);
+        let budget = res.retry_budget.as_deref();
+        let mut retry = Retry::new(p.retry.as_ref(), budget, head, now, &ls.route_stats[idx]);
         let mut ubuf = BytesMut::with_capacity(1024);
-        headers::upstream_request(
-            &mut ubuf,
-            head,
-            &target,
-            p,
-            &route.request_headers,
-            &Forwarding {
-                client_ip: &self.link.client_ip,
-                proto: if self.link.tls { "https" } else { "http" },
-                authority: &authority,
-                absolute: false,
-                client_cert_subject: self.link.client_cert_subject.as_deref(),
-            },
-        );
+        loop {
+            let work = self.attempt(&cur.shared, head, route, p, &mut retry, &mut ubuf);
+            if let Some(outcome) = work.await {
+                return outcome;
+            }
+        }
+    }
+
+    /// One attempt (see `forward::attempt`); None = it failed before anything reached the
+    /// client and `retry` granted another one.
+    async fn attempt(
+        &mut self,
+        shared: &Shared,
+        head: &RequestHead,
+        route: &Route,
+        p: &ProxyAction,
+        retry: &mut Retry<'_>,
+        ubuf: &mut BytesMut,
+    ) -> Option<Outcome> {
+        let link = self.link;
+        let mut asked = retry.started();
+        // A client that resets the stream while it waits in the queue leaves at once.
+        let picked = {
+            let pick = attempt::pick(shared, p.upstream, &link.client_ip, head, retry, &mut asked);
+            tokio::select! {
+                r = pick => r,
+                _ = poll_fn(|cx| self.respond.poll_reset(cx)) => Err(ProxyError::ClientClosed),
+            }
+        };
+        let t = match picked {
+            Ok(t) => t,
+            Err(e) => return Some(self.fail(Some(head), e, Phase::Connect).await),
+        };
+        let group = t.group();
+        let addr = t.addr();
+        let client = attempt::Client {
+            ip: &link.client_ip,
+            tls: link.tls,
+            cert_subject: link.client_cert_subject.as_deref(),
+        };
+        t.write_head(ubuf, head, route, p, &client);
         let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
         let chunked = head.framing == Framing::Chunked;
-        let retryable = head.method().is_idempotent() && !has_body;
+        let mut interim = Vec::new();
         let mut fresh_only = false;
-        let (mut up, reused, resp, body_done) = loop {
-            let pooled = if fresh_only {
-                None
-            } else {
-                self.link.worker.pool.take(pool_key)
-            };
-            let reused = pooled.is_some();
-            self.timings.connect = None;
-            let mut up = match pooled {
-                Some(u) => u,
-                None => match connect(addr, group.connect_timeout, tls).await {
-                    Ok((u, took)) => {
-                        self.timings.connect = Some(took);
-                        shared
-                            .stats
-                            .upstream_connects
-                            .fetch_add(1, Ordering::Relaxed);
-                        if tls.is_some() {
-                            match u.stream.resumed() {
-                                true => &shared.stats.upstream_tls_resumed,
-                                false => &shared.stats.upstream_tls_full,
-                            }
-                            .fetch_add(1, Ordering::Relaxed);
-                        }
-                        u
-                    }
-                    Err(e) => {
-                        let report = match e {
-                            ProxyError::ConnectTimeout => Report::Timeout,
-                            _ => Report::ConnectError,
-                        };
-                        upstream.report(server, report, Instant::now());
-                        return self.fail(Some(head), e, Phase::Connect).await;
-                    }
-                },
+        let (mut up, reused, resp, body_done, got) = loop {
+            let pool = &link.worker.pool;
+            let (mut up, reused) = match t
+                .connection(shared, pool, fresh_only, &mut self.timings.connect, retry)
+                .await
+            {
+                Ok(u) => u,
+                Err((_, Failed::Retry)) => return None,
+                Err((e, _)) => return Some(self.fail(Some(head), e, Phase::Connect).await),
             };
             let body_limit = route.max_body_bytes;
             let r = {
                 let Stream { respond, body, .. } = self;
                 let work = exchange(
                     &mut up,
-                    &ubuf,
+                    ubuf,
                     head.method(),
                     has_body.then_some(body),
                     chunked,
@@ -420,6 +454,7 @@ impl Stream<'_> {
                     self.cur.ls.listener.limits.body_min_rate,
                     group.response_header_timeout,
                     group.idle_timeout,
+                    &mut interim,
                 );
                 tokio::select! {
                     r = work => r,
@@ -430,60 +465,47 @@ impl Stream<'_> {
             };
             match r {
                 Ok((resp, body_done)) => {
-                    let status = resp.status();
-                    let got = Instant::now();
-                    upstream.report(server, Report::Response { status }, got);
+                    let got = t.responded(resp.status());
                     self.timings.response = Some(got);
-                    break (up, reused, resp, body_done);
-                }
-                Err((e, _)) if reused && retryable && up.rbuf.is_empty() && is_stale(&e) => {
-                    shared
-                        .stats
-                        .upstream_retries
-                        .fetch_add(1, Ordering::Relaxed);
-                    fresh_only = true;
+                    break (up, reused, resp, body_done, got);
                 }
                 Err((e, phase)) => {
-                    if let Some(report) = failure_report(&e, reused) {
-                        upstream.report(server, report, Instant::now());
+                    let untouched = up.rbuf.is_empty() && interim.is_empty();
+                    match t.failed(shared, retry, head, &e, phase, reused, untouched) {
+                        Failed::Stale => fresh_only = true,
+                        Failed::Retry => return None,
+                        Failed::Fail => {
+                            let mut o = self.fail(Some(head), e, phase).await;
+                            o.upstream = Some(addr);
+                            return Some(o);
+                        }
                     }
-                    let mut o = self.fail(Some(head), e, phase).await;
-                    o.upstream = Some(addr);
-                    return o;
                 }
             }
         };
-        if let Some(h) = shared.group_stats[gi].header_time.get(server) {
-            h.observe(asked.elapsed());
-        }
-        shared
-            .stats
-            .upstream_requests
-            .fetch_add(1, Ordering::Relaxed);
-        if reused {
-            shared.stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
-        }
         let status = resp.status();
+        // A retried response is dropped unsent; its connection closes with it.
+        if t.accepted(shared, retry, asked, got, reused, status) {
+            return None;
+        }
         if status == 101 {
-            let mut o = self
-                .fail(
-                    Some(head),
-                    ProxyError::UnexpectedUpgrade,
-                    Phase::ResponseHead,
-                )
-                .await;
+            let e = ProxyError::UnexpectedUpgrade;
+            let mut o = self.fail(Some(head), e, Phase::ResponseHead).await;
             o.upstream = Some(addr);
-            return o;
+            return Some(o);
         }
         let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
-        let response = response_from(&resp, &route.response_headers, p.via);
+        let mut response = response_from(&resp, &route.response_headers, p.via);
+        if let Some(cookie) = &t.set_cookie {
+            append(response.headers_mut(), "set-cookie", cookie.as_bytes());
+        }
         let end = matches!(resp.framing, Framing::None | Framing::Length(0));
         let mut send = match self.respond.send_response(response, end) {
             Ok(s) => s,
             Err(e) => {
                 let mut o = client_failed(e, status, Phase::ResponseHead);
                 o.upstream = Some(addr);
-                return o;
+                return Some(o);
             }
         };
         let relayed = if end {
@@ -492,16 +514,9 @@ impl Stream<'_> {
         } else {
             relay(&mut up, &mut send, resp.framing, group.idle_timeout).await
         };
-        match relayed {
+        Some(match relayed {
             Ok(sent) => {
-                if up_reusable {
-                    let cap = group.keepalive.div_ceil(shared.workers);
-                    self.link
-                        .worker
-                        .pool
-                        .put(pool_key, up, cap, group.idle_timeout);
-                }
-                drop(guard);
+                t.release(shared, &link.worker.pool, up, up_reusable);
                 Outcome {
                     termination: Termination::OK,
                     status,
@@ -522,7 +537,7 @@ impl Stream<'_> {
                     upstream: Some(addr),
                 }
             }
-        }
+        })
     }
 }
 
@@ -546,18 +561,6 @@ async fn next_data(
         Err(_) => Err(ProxyError::BodyTooSlow),
         Ok(None) => Ok(None),
         Ok(Some(r)) => r.map(Some).map_err(h2_error),
-    }
-}
-
-/// The hash input for hash balancing, if the group hashes.
-fn hash_key<'a>(balance: &Balance, client_ip: &'a str, head: &'a RequestHead) -> Option<&'a [u8]> {
-    match balance {
-        Balance::HashClientIp => Some(client_ip.as_bytes()),
-        Balance::HashHeader(name) => head.field(name),
-        Balance::HashCookie(name) => head
-            .field("cookie")
-            .and_then(|v| cookie_value(v, name.as_bytes())),
-        _ => None,
     }
 }
 
@@ -746,15 +749,15 @@ async fn exchange(
     min_rate: u64,
     header_timeout: Duration,
     idle: Duration,
+    interim: &mut Vec<Bytes>,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
     match timeout(idle, up.stream.write_all(ubuf)).await {
         Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
         Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
         Ok(Ok(())) => {}
     }
-    let mut interim = Vec::new();
     let (mut ur, mut uw) = up.stream.split();
-    let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, &mut interim);
+    let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, interim);
     tokio::pin!(head_fut);
     let Some(body) = body else {
         return match timeout(header_timeout, head_fut).await {

@@ -1,0 +1,381 @@
+//! One upstream attempt, shared by HTTP/1.1 requests and HTTP/2 streams: server pick (sticky, balancer, queue, fallback, retry exclusion), the forwarded head, the connection (pool or connect, TLS counters and log), outcome reports and retry decisions.
+
+use crate::error::ProxyError;
+use crate::headers::{self, Forwarding};
+use crate::pool::{Pool, PoolKey, UpConn};
+use crate::retry::{Retry, RetryCause};
+use crate::server::Shared;
+use crate::stats::Phase;
+use crate::upstream_tls::GroupTls;
+use bytes::BytesMut;
+use portico_config::{Balance, ProxyAction, Route, UpstreamGroup};
+use portico_http1::{Framing, RequestHead};
+use portico_upstream::{PickError, Report, ServerGuard, Upstream};
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Who sent the request, for the forwarded head (X-Forwarded-*, hashing, rate-limit keys).
+pub struct Client<'a> {
+    pub ip: &'a str,
+    /// The client connection is TLS.
+    pub tls: bool,
+    pub cert_subject: Option<&'a str>,
+}
+
+/// The server an attempt goes to, holding its active slot until dropped.
+pub struct Picked<'s> {
+    /// The group's index (the route's group or a fallback).
+    pub gi: usize,
+    pub upstream: &'s Upstream,
+    pub guard: ServerGuard,
+    pub tls: Option<&'s GroupTls>,
+    pub pool_key: PoolKey,
+    /// The sticky cookie to set on the response, if any.
+    pub set_cookie: Option<String>,
+}
+
+/// What a failed connect or exchange leads to.
+pub enum Failed {
+    /// A reused connection the server had closed while idle: try again on a new one.
+    Stale,
+    /// The route's retry policy and budget granted another attempt (pick again).
+    Retry,
+    /// Answer the client with the error.
+    Fail,
+}
+
+/// Pick a server for the request in group `gi` (the route's): a sticky cookie naming an
+/// available server with room wins, unless that server already failed this request; else the
+/// balancer among servers not excluded by `retry`, waiting in the group's queue when every
+/// server is at its limit, and trying the group's `fallback` when none is available. `asked` is
+/// when the pick started (moved to the end of a queue wait, so header time counts from the
+/// pick). A refusal is counted as the group's `no_server`.
+pub async fn pick<'s>(
+    shared: &'s Shared,
+    mut gi: usize,
+    client_ip: &str,
+    head: &RequestHead,
+    retry: &Retry<'_>,
+    asked: &mut Instant,
+) -> Result<Picked<'s>, ProxyError> {
+    let mut hops = 0;
+    let (upstream, guard) = loop {
+        let upstream = &*shared.upstreams[gi];
+        if let Some(id) = crate::sticky::request_id(upstream, head) {
+            if let Some(guard) = upstream.pick_sticky_at(id, *asked) {
+                if !retry.excluded(gi).contains(&guard.index()) {
+                    break (upstream, guard);
+                }
+            }
+        }
+        let key = hash_key(&upstream.group().balance, client_ip, head);
+        let e = match upstream.pick_at_excluding(key, retry.excluded(gi), *asked) {
+            Ok(guard) => break (upstream, guard),
+            Err(PickError::AtLimit) if upstream.group().queue > 0 => {
+                let g = upstream.group();
+                let queue = &shared.group_stats[gi].queue;
+                match queue.wait(upstream, key, g.queue, g.queue_timeout).await {
+                    Ok(guard) => {
+                        *asked = Instant::now();
+                        break (upstream, guard);
+                    }
+                    Err(e) => e,
+                }
+            }
+            Err(PickError::AtLimit) => ProxyError::NoServer,
+            Err(PickError::Unavailable) => match upstream.group().fallback {
+                // Validation forbids cycles; `hops` only keeps this loop finite regardless.
+                Some(f) if f < shared.upstreams.len() && hops < shared.upstreams.len() => {
+                    gi = f;
+                    hops += 1;
+                    continue;
+                }
+                _ => ProxyError::Unavailable,
+            },
+        };
+        shared.group_stats[gi]
+            .no_server
+            .fetch_add(1, Ordering::Relaxed);
+        return Err(e);
+    };
+    let set_cookie = crate::sticky::set_cookie(upstream, head, guard.index());
+    let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
+    let pool_key = PoolKey {
+        addr: guard.address(),
+        tls: tls.map_or(0, |t| t.pool_id),
+    };
+    Ok(Picked {
+        gi,
+        upstream,
+        guard,
+        tls,
+        pool_key,
+        set_cookie,
+    })
+}
+
+/// The hash input for hash balancing, if the group hashes.
+fn hash_key<'a>(balance: &Balance, client_ip: &'a str, head: &'a RequestHead) -> Option<&'a [u8]> {
+    match balance {
+        Balance::HashClientIp => Some(client_ip.as_bytes()),
+        Balance::HashHeader(name) => head.field(name),
+        Balance::HashCookie(name) => head
+            .field("cookie")
+            .and_then(|v| crate::forward::cookie_value(v, name.as_bytes())),
+        _ => None,
+    }
+}
+
+impl Picked<'_> {
+    pub fn group(&self) -> &UpstreamGroup {
+        self.upstream.group()
+    }
+
+    pub fn server(&self) -> usize {
+        self.guard.index()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.guard.address()
+    }
+
+    /// Write the request head for this server into `ubuf` (built once: retries on the same
+    /// server resend the same bytes).
+    pub fn write_head(
+        &self,
+        ubuf: &mut BytesMut,
+        head: &RequestHead,
+        route: &Route,
+        p: &ProxyAction,
+        client: &Client<'_>,
+    ) {
+        let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
+            Cow::Borrowed(head.target())
+        } else {
+            match head.query() {
+                Some(q) => Cow::Owned(format!("{}?{}", head.path(), q)),
+                None => Cow::Borrowed(head.path()),
+            }
+        };
+        let target = route.upstream_target(&origin_form);
+        // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and
+        // the one routing used), whatever the Host field says.
+        let absolute = absolute_authority(head.target());
+        let addr = self.addr();
+        let authority = match absolute {
+            Some(a) => a.to_string(),
+            None if p.preserve_host && head.field("host").is_some() => String::new(),
+            None => match self.tls.and_then(|t| t.host(addr)) {
+                Some(host) => host,
+                None => addr.to_string(),
+            },
+        };
+        ubuf.clear();
+        headers::upstream_request(
+            ubuf,
+            head,
+            &target,
+            p,
+            &route.request_headers,
+            &Forwarding {
+                client_ip: client.ip,
+                proto: if client.tls { "https" } else { "http" },
+                authority: &authority,
+                absolute: absolute.is_some(),
+                client_cert_subject: client.cert_subject,
+            },
+        );
+    }
+
+    /// A pooled connection to the server (unless `fresh_only`), else a new one; `connect` is set
+    /// to how long a new connection took (None for a pooled one). Also says whether it was
+    /// reused. A failed connect is counted, logged (TLS handshakes), reported to the server's
+    /// passive checks, and offered to `retry`.
+    pub async fn connection(
+        &self,
+        shared: &Shared,
+        pool: &Pool,
+        fresh_only: bool,
+        connect: &mut Option<Duration>,
+        retry: &mut Retry<'_>,
+    ) -> Result<(UpConn, bool), (ProxyError, Failed)> {
+        *connect = None;
+        if !fresh_only {
+            if let Some(u) = pool.take(self.pool_key) {
+                return Ok((u, true));
+            }
+        }
+        let group = self.group();
+        let addr = self.addr();
+        let stats = &shared.stats;
+        match crate::forward::connect(addr, group.connect_timeout, self.tls).await {
+            Ok((u, took)) => {
+                *connect = Some(took);
+                stats.upstream_connects.fetch_add(1, Ordering::Relaxed);
+                if self.tls.is_some() {
+                    match u.stream.resumed() {
+                        true => &stats.upstream_tls_resumed,
+                        false => &stats.upstream_tls_full,
+                    }
+                    .fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((u, false))
+            }
+            Err(e) => {
+                let report = match e {
+                    ProxyError::ConnectTimeout => Report::Timeout,
+                    _ => Report::ConnectError,
+                };
+                if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, self.tls) {
+                    stats.upstream_tls_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        group = %group.name,
+                        server = %addr,
+                        server_name = %tls.origination.server_name(addr).to_str(),
+                        "TLS handshake with upstream failed: {why}"
+                    );
+                }
+                self.upstream.report(self.server(), report, Instant::now());
+                let next = match retry.allows(RetryCause::Connect, self.gi, self.server(), stats) {
+                    true => Failed::Retry,
+                    false => Failed::Fail,
+                };
+                Err((e, next))
+            }
+        }
+    }
+
+    /// The response head (status `status`) arrived: report it for passive checks. Returns the
+    /// clock read made for it (header time, the access log).
+    pub fn responded(&self, status: u16) -> Instant {
+        let got = Instant::now();
+        self.upstream
+            .report(self.server(), Report::Response { status }, got);
+        got
+    }
+
+    /// An exchange on a connection failed with `e` in `phase`; `untouched`: no response byte
+    /// (not even an interim response) arrived. Reports the failure for passive checks and
+    /// decides: a stale pooled connection is replaced (idempotent, body-less requests only),
+    /// else `retry` may grant another attempt when nothing reached the client.
+    #[allow(clippy::too_many_arguments)]
+    pub fn failed(
+        &self,
+        shared: &Shared,
+        retry: &mut Retry<'_>,
+        head: &RequestHead,
+        e: &ProxyError,
+        phase: Phase,
+        reused: bool,
+        untouched: bool,
+    ) -> Failed {
+        let stale_retryable =
+            head.method().is_idempotent() && head.framing == Framing::None && !head.upgrade;
+        if reused && stale_retryable && untouched && is_stale(e) {
+            shared
+                .stats
+                .upstream_retries
+                .fetch_add(1, Ordering::Relaxed);
+            return Failed::Stale;
+        }
+        if let Some(report) = failure_report(e, reused) {
+            self.upstream.report(self.server(), report, Instant::now());
+        }
+        // Retried only when no response byte arrived (and so none reached the client).
+        let cause = match e {
+            ProxyError::ResponseTimeout => Some(RetryCause::Timeout),
+            ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)
+                if phase == Phase::ResponseHead && untouched =>
+            {
+                Some(RetryCause::Reset)
+            }
+            _ => None,
+        };
+        if cause.is_some_and(|cause| retry.allows(cause, self.gi, self.server(), &shared.stats)) {
+            return Failed::Retry;
+        }
+        Failed::Fail
+    }
+
+    /// The exchange got a final response head with `status` at `got` (the pick began at
+    /// `asked`): header time and counters. True when the route retries this status and
+    /// `retry` granted another attempt (the response is then dropped unsent).
+    pub fn accepted(
+        &self,
+        shared: &Shared,
+        retry: &mut Retry<'_>,
+        asked: Instant,
+        got: Instant,
+        reused: bool,
+        status: u16,
+    ) -> bool {
+        if let Some(h) = shared.group_stats[self.gi].header_time.get(self.server()) {
+            h.observe(got.saturating_duration_since(asked));
+        }
+        let stats = &shared.stats;
+        stats.upstream_requests.fetch_add(1, Ordering::Relaxed);
+        if reused {
+            stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
+        }
+        retry.on_status(status)
+            && retry.allows(RetryCause::Status(status), self.gi, self.server(), stats)
+    }
+
+    /// The upstream exchange is complete: keep the connection when `reusable`, and free the
+    /// server's active slot.
+    pub fn release(self, shared: &Shared, pool: &Pool, up: UpConn, reusable: bool) {
+        if reusable {
+            let group = self.group();
+            let cap = group.keepalive.div_ceil(shared.workers);
+            pool.put(self.pool_key, up, cap, group.idle_timeout);
+        }
+        drop(self.guard);
+    }
+}
+
+/// The authority of an absolute-form target (`http://host:port/path` -> `host:port`).
+pub(crate) fn absolute_authority(target: &str) -> Option<&str> {
+    if target.starts_with('/') {
+        return None;
+    }
+    let rest = target.split_once("://")?.1;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let auth = &rest[..end];
+    // Drop userinfo if present (never forwarded).
+    Some(auth.rsplit_once('@').map_or(auth, |(_, h)| h)).filter(|a| !a.is_empty())
+}
+
+/// What a failed exchange says about the server, for passive checks: timeouts, and resets
+/// before a response. A reused connection closed under us is the keep-alive race (the server
+/// closed it while idle), not a failing server; client-side errors say nothing about it.
+fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
+    match e {
+        ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => Some(Report::Timeout),
+        _ if reused && is_stale(e) => None,
+        ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_) => Some(Report::Reset),
+        _ => None,
+    }
+}
+
+/// A reused connection that died before answering: the server closed it while idle.
+fn is_stale(e: &ProxyError) -> bool {
+    matches!(e, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::absolute_authority;
+
+    #[test]
+    fn authority_of_absolute_targets() {
+        assert_eq!(
+            absolute_authority("http://a.test:81/x?y"),
+            Some("a.test:81")
+        );
+        assert_eq!(absolute_authority("http://user@a.test?q"), Some("a.test"));
+        assert_eq!(absolute_authority("/x"), None);
+        assert_eq!(absolute_authority("http:///x"), None);
+    }
+}
