@@ -162,6 +162,19 @@ async fn attempt(
             client_cert_subject: c.client_cert_subject.as_deref(),
         },
     );
+    // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
+    if group.protocol == portico_config::UpstreamProtocol::H2 {
+        let picked = crate::upstream_h2::Picked {
+            upstream,
+            guard,
+            gi,
+            tls,
+            asked,
+        };
+        return Some(
+            crate::upstream_h2::proxy_h1(c, ctx, head, route, p, picked, set_cookie).await,
+        );
+    }
 
     let retryable = head.method().is_idempotent() && head.framing == Framing::None && !head.upgrade;
     let mut body = match head.framing {

@@ -367,6 +367,25 @@ impl Stream<'_> {
                 client_cert_subject: self.link.client_cert_subject.as_deref(),
             },
         );
+        // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
+        if group.protocol == portico_config::UpstreamProtocol::H2 {
+            let picked = crate::upstream_h2::Picked {
+                upstream,
+                guard,
+                gi,
+                tls,
+                asked,
+            };
+            let client = crate::upstream_h2::H2Client {
+                worker: &self.link.worker,
+                shared,
+                respond: &mut self.respond,
+                body: &mut self.body,
+                timings: &mut self.timings,
+                min_rate: cur.ls.listener.limits.body_min_rate,
+            };
+            return crate::upstream_h2::proxy_h2(client, head, route, p, picked, &ubuf).await;
+        }
         let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
         let chunked = head.framing == Framing::Chunked;
         let retryable = head.method().is_idempotent() && !has_body;
