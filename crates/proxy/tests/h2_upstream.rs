@@ -113,6 +113,22 @@ async fn answer(
             .map_or("-", |v| v.to_str().unwrap_or("?"))
             .to_string()
     };
+    if path == "/slow" {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    if let Some(n) = path.strip_prefix("/big/") {
+        // A large response without content-length, in several DATA frames.
+        let n: usize = n.parse().unwrap();
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        let line = format!("got {} bytes\n", got.len());
+        let _ = send.send_data(Bytes::from(line), false);
+        for _ in 0..n / 16384 {
+            let _ = send.send_data(Bytes::from(vec![b'x'; 16384]), false);
+        }
+        let _ = send.send_data(Bytes::new(), true);
+        return;
+    }
     if path == "/grpc" {
         let resp = http::Response::builder()
             .status(200)
@@ -184,7 +200,7 @@ async fn send(
     method: &str,
     path: &str,
     fields: &[(&str, &str)],
-    body: Option<&'static [u8]>,
+    body: Option<&[u8]>,
 ) -> Got {
     let mut b = http::Request::builder()
         .method(method)
@@ -198,7 +214,9 @@ async fn send(
         .unwrap();
     let (resp, mut stream) = c.send_request(b.body(()).unwrap(), body.is_none()).unwrap();
     if let Some(body) = body {
-        stream.send_data(Bytes::from_static(body), true).unwrap();
+        stream
+            .send_data(Bytes::copy_from_slice(body), true)
+            .unwrap();
     }
     let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
     let status = resp.status().as_u16();
@@ -417,4 +435,53 @@ async fn tls_with_alpn_h2() {
     assert!(text.contains("GET /h1 authority=app.test"), "{text}");
     assert_eq!(up.accepts(), 1);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn large_bodies_both_ways_under_flow_control() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let upload = vec![b'u'; 1 << 20];
+    let client = h2c(addr).await;
+    let got = send(&client, "POST", "/big/1048576", &[], Some(&upload)).await;
+    assert_eq!(got.status, 200);
+    assert!(got.body.starts_with("got 1048576 bytes\n"));
+    assert_eq!(got.body.len(), "got 1048576 bytes\n".len() + (1 << 20));
+
+    let mut req = format!(
+        "POST /big/1048576 HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        upload.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&upload);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.split();
+    let (wrote, read) = tokio::join!(w.write_all(&req), async {
+        let mut out = Vec::new();
+        tokio::time::timeout(T, r.read_to_end(&mut out))
+            .await
+            .expect("response in time")
+            .map(|_| out)
+    });
+    wrote.unwrap();
+    let text = String::from_utf8(read.unwrap()).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{}", &text[..100]);
+    assert!(text.contains("got 1048576 bytes\n"));
+    let xs = text.bytes().filter(|&b| b == b'x').count();
+    assert_eq!(xs, 1 << 20);
+    assert_eq!(up.accepts(), 1);
+}
+
+#[tokio::test]
+async fn response_header_timeout_is_a_504() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "response_header_timeout = \"300ms\"");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/slow", &[], None).await;
+    assert_eq!(got.status, 504);
+    // The connection stays usable for other requests.
+    let got = send(&client, "GET", "/fast", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.accepts(), 1);
 }
