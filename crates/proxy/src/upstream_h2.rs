@@ -239,11 +239,24 @@ enum Source<'a> {
     },
 }
 
-impl Source<'_> {
-    fn is_none(&self) -> bool {
-        matches!(self, Source::None)
+/// A request body being uploaded: the chunk being written survives a cancelled `upload`, so
+/// an upload paused while the response head is handled resumes where it stopped.
+struct Upload<'a> {
+    src: Source<'a>,
+    pending: Option<(Bytes, usize)>,
+}
+
+impl<'a> Upload<'a> {
+    fn new(src: Source<'a>) -> Self {
+        Upload { src, pending: None }
     }
 
+    fn is_none(&self) -> bool {
+        matches!(self.src, Source::None)
+    }
+}
+
+impl Source<'_> {
     async fn next(&mut self) -> Result<Option<Bytes>, ProxyError> {
         match self {
             Source::None => Ok(None),
@@ -425,10 +438,11 @@ fn raw_to_map(raw: &[u8]) -> HeaderMap {
 async fn exchange(
     conn: &H2Conn,
     req: http::Request<()>,
-    src: &mut Source<'_>,
+    src: &mut Upload<'_>,
     header_timeout: Duration,
     idle: Duration,
-) -> Result<(http::Response<RecvStream>, bool), Failure> {
+    finish: bool,
+) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
     let refused = |e: ProxyError| Failure {
         e,
         phase: Phase::ResponseHead,
@@ -455,7 +469,7 @@ async fn exchange(
                 phase: Phase::ResponseHead,
                 refused: false,
             }),
-            Ok(r) => r.map(|h| (h, true)).map_err(head_err),
+            Ok(r) => r.map(|h| (h, send, true)).map_err(head_err),
         };
     }
     let r = {
@@ -474,9 +488,9 @@ async fn exchange(
                         Ok(h) => h,
                         Err(e) => break Err(head_err(e)),
                     };
-                    // As for HTTP/1.1: a success finishes the upload first, an early error
-                    // ends it.
-                    if !body_done && h.status().as_u16() < 300 {
+                    // As for HTTP/1.1: a success finishes the upload first (unless the caller
+                    // streams both ways at once), an early error ends it.
+                    if finish && !body_done && h.status().as_u16() < 300 {
                         if let Err((e, phase)) = body_fut.await {
                             break Err(Failure { e, phase, refused: false });
                         }
@@ -499,21 +513,41 @@ async fn exchange(
             }
         }
     };
-    if !matches!(r, Ok((_, true))) {
-        send.send_reset(h2::Reason::CANCEL);
+    match r {
+        Ok((h, body_done)) => {
+            if !body_done && (finish || h.status().as_u16() >= 300) {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+            Ok((h, send, body_done))
+        }
+        Err(f) => {
+            send.send_reset(h2::Reason::CANCEL);
+            Err(f)
+        }
     }
-    r
 }
 
 /// Stream the request body and its trailers to the server under its flow control.
 async fn upload(
     send: &mut SendStream<Bytes>,
-    src: &mut Source<'_>,
+    up: &mut Upload<'_>,
     idle: Duration,
 ) -> Result<(), (ProxyError, Phase)> {
     let body = Phase::RequestBody;
-    while let Some(mut d) = src.next().await.map_err(|e| (e, body))? {
-        let n = d.len();
+    loop {
+        if up.pending.is_none() {
+            match up.src.next().await.map_err(|e| (e, body))? {
+                Some(d) => {
+                    let n = d.len();
+                    up.pending = Some((d, n));
+                }
+                None => break,
+            }
+        }
+        let Some((d, n)) = up.pending.as_mut() else {
+            break;
+        };
+        let n = *n;
         while !d.is_empty() {
             send.reserve_capacity(d.len());
             match timeout(idle, poll_fn(|cx| send.poll_capacity(cx))).await {
@@ -528,9 +562,10 @@ async fn upload(
                 }
             }
         }
-        src.release(n);
+        up.pending = None;
+        up.src.release(n);
     }
-    match src.trailers().await.map_err(|e| (e, body))? {
+    match up.src.trailers().await.map_err(|e| (e, body))? {
         Some(t) if !t.is_empty() => send.send_trailers(t),
         _ => send.send_data(Bytes::new(), true),
     }
@@ -562,9 +597,10 @@ impl Run<'_> {
     async fn go(
         &self,
         req: http::Request<()>,
-        src: &mut Source<'_>,
+        src: &mut Upload<'_>,
         timings: &mut Timings,
-    ) -> Result<(Lease, http::Response<RecvStream>, bool), Failure> {
+        finish: bool,
+    ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
         let mut fresh_only = false;
         loop {
             let pool = &self.worker.h2pool;
@@ -608,10 +644,11 @@ impl Run<'_> {
                 src,
                 group.response_header_timeout,
                 group.idle_timeout,
+                finish,
             )
             .await;
             match r {
-                Ok((resp, body_done)) => {
+                Ok((resp, up_send, body_done)) => {
                     let got = Instant::now();
                     let status = resp.status().as_u16();
                     let server = self.picked.guard.index();
@@ -628,7 +665,7 @@ impl Run<'_> {
                     if reused {
                         stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
                     }
-                    return Ok((lease, resp, body_done));
+                    return Ok((lease, resp, up_send, body_done));
                 }
                 Err(f) => {
                     if f.phase == Phase::ResponseHead && !matches!(f.e, ProxyError::ResponseTimeout)
@@ -695,7 +732,7 @@ pub(crate) async fn proxy_h1(
     };
     let mut timings = std::mem::take(&mut c.timings);
     let r = {
-        let mut src = match has_body {
+        let src = match has_body {
             false => Source::None,
             true => Source::H1 {
                 stream: &mut c.stream,
@@ -707,7 +744,10 @@ pub(crate) async fn proxy_h1(
                 ),
             },
         };
-        run.go(req, &mut src, &mut timings).await
+        let mut src = Upload::new(src);
+        run.go(req, &mut src, &mut timings, true)
+            .await
+            .map(|(l, r, _, d)| (l, r, d))
     };
     c.timings = timings;
     let (lease, resp, body_done) = match r {
@@ -887,20 +927,20 @@ pub(crate) async fn proxy_h2(
         addr,
         retryable: head.method().is_idempotent() && !has_body,
     };
+    let mut src = Upload::new(match has_body {
+        false => Source::None,
+        true => Source::H2 {
+            body: cl.body,
+            started: tokio::time::Instant::now(),
+            received: 0,
+            min_rate: cl.min_rate,
+            max: route.max_body_bytes,
+        },
+    });
     let r = {
-        let mut src = match has_body {
-            false => Source::None,
-            true => Source::H2 {
-                body: cl.body,
-                started: tokio::time::Instant::now(),
-                received: 0,
-                min_rate: cl.min_rate,
-                max: route.max_body_bytes,
-            },
-        };
         let respond = &mut *cl.respond;
         tokio::select! {
-            r = run.go(req, &mut src, cl.timings) => r,
+            r = run.go(req, &mut src, cl.timings, false) => r,
             _ = poll_fn(|cx| respond.poll_reset(cx)) => Err(Failure {
                 e: ProxyError::ClientClosed,
                 phase: Phase::ResponseHead,
@@ -908,7 +948,7 @@ pub(crate) async fn proxy_h2(
             }),
         }
     };
-    let (lease, resp, _body_done) = match r {
+    let (lease, resp, mut up_send, body_done) = match r {
         Ok(x) => x,
         Err(f) => {
             let mut o = h2_fail(cl.respond, f.e, f.phase, head_only).await;
@@ -933,7 +973,10 @@ pub(crate) async fn proxy_h2(
         }
     };
     let idle = group.idle_timeout;
-    let r: Result<u64, ProxyError> = async {
+    // A success streams the rest of the request body while the response streams back (gRPC
+    // bidirectional calls); an early error response ended the upload in `exchange`.
+    let mut upload_done = body_done || status >= 300;
+    let relay = async {
         let mut sent = 0u64;
         if end {
             return Ok(0);
@@ -960,8 +1003,26 @@ pub(crate) async fn proxy_h2(
         }
         .map_err(client_err)?;
         Ok(sent)
+    };
+    let r: Result<u64, (ProxyError, Phase)> = if upload_done {
+        relay.await.map_err(|e| (e, Phase::ResponseBody))
+    } else {
+        tokio::pin!(relay);
+        let up_fut = upload(&mut up_send, &mut src, idle);
+        tokio::pin!(up_fut);
+        loop {
+            tokio::select! {
+                r = &mut relay => break r.map_err(|e| (e, Phase::ResponseBody)),
+                u = &mut up_fut, if !upload_done => match u {
+                    Ok(()) => upload_done = true,
+                    Err(e) => break Err(e),
+                },
+            }
+        }
+    };
+    if !upload_done {
+        up_send.send_reset(h2::Reason::CANCEL);
     }
-    .await;
     drop(lease);
     drop(picked);
     match r {
@@ -972,12 +1033,12 @@ pub(crate) async fn proxy_h2(
             bytes_sent: sent,
             upstream: Some(addr),
         },
-        Err(e) => {
+        Err((e, phase)) => {
             if !e.client_gone() {
                 send.send_reset(h2::Reason::INTERNAL_ERROR);
             }
             Outcome {
-                termination: e.termination(Phase::ResponseBody),
+                termination: e.termination(phase),
                 status,
                 keep_alive: true,
                 bytes_sent: 0,

@@ -91,6 +91,23 @@ async fn answer(
     waiting: Waiting,
 ) {
     let (parts, mut body) = req.into_parts();
+    if parts.uri.path() == "/bidi" {
+        // Answers at once, then echoes each DATA frame as it arrives; trailers at the end.
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        while let Some(Ok(d)) = body.data().await {
+            let _ = body.flow_control().release_capacity(d.len());
+            let _ = send.send_data(d, false);
+        }
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let _ = send.send_trailers(trailers);
+        return;
+    }
     let mut got = Vec::new();
     while let Some(Ok(d)) = body.data().await {
         let _ = body.flow_control().release_capacity(d.len());
@@ -484,4 +501,42 @@ async fn response_header_timeout_is_a_504() {
     let got = send(&client, "GET", "/fast", &[], None).await;
     assert_eq!(got.status, 200);
     assert_eq!(up.accepts(), 1);
+}
+
+#[tokio::test]
+async fn bidirectional_stream_interleaves_messages() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("http://app.test/bidi")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, mut stream) = c.send_request(req, false).unwrap();
+    stream
+        .send_data(Bytes::from_static(b"ping1"), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    // The first message comes back before the client has sent the second one.
+    let d = tokio::time::timeout(T, body.data()).await.expect("echo 1");
+    assert_eq!(d.unwrap().unwrap(), "ping1");
+    stream
+        .send_data(Bytes::from_static(b"ping2"), true)
+        .unwrap();
+    let d = tokio::time::timeout(T, body.data()).await.expect("echo 2");
+    assert_eq!(d.unwrap().unwrap(), "ping2");
+    assert!(tokio::time::timeout(T, body.data())
+        .await
+        .expect("end")
+        .is_none());
+    let trailers = tokio::time::timeout(T, body.trailers())
+        .await
+        .expect("trailers");
+    assert_eq!(trailers.unwrap().expect("trailers")["grpc-status"], "0");
 }
