@@ -837,6 +837,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
                 loop {
                     tick.tick().await;
                     worker.pool.purge_expired();
+                    worker.h2pool.purge_expired();
                 }
             })
         };

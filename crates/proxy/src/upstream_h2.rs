@@ -55,6 +55,15 @@ struct H2Conn {
     /// Its driver ended (GOAWAY and drained, or an error), or a request saw it fail.
     closed: Rc<Cell<bool>>,
     idle_since: Cell<Instant>,
+    /// The group's `idle_timeout` when it was opened: closed after that long without streams.
+    idle_timeout: Duration,
+}
+
+impl H2Conn {
+    fn usable(&self, now: Instant, idle: Duration) -> bool {
+        !self.closed.get()
+            && (self.active.get() > 0 || now.duration_since(self.idle_since.get()) < idle)
+    }
 }
 
 /// Each worker's HTTP/2 connections, by server address and transport (as `pool::Pool`).
@@ -106,9 +115,7 @@ impl H2Pool {
         let mut map = self.conns.borrow_mut();
         let list = map.get_mut(&key)?;
         let now = Instant::now();
-        list.retain(|c| {
-            !c.closed.get() && (c.active.get() > 0 || now.duration_since(c.idle_since.get()) < idle)
-        });
+        list.retain(|c| c.usable(now, idle));
         let c = list
             .iter()
             .find(|c| c.active.get() < c.max.get().clamp(1, MAX_STREAMS))?;
@@ -145,6 +152,17 @@ impl H2Pool {
         Opening { pool: self, key }
     }
 
+    /// Drop closed connections and those idle past their idle timeout (the worker's sweeper
+    /// calls this every second, so servers no request goes to any more are let go too).
+    pub fn purge_expired(&self) {
+        let now = Instant::now();
+        let mut map = self.conns.borrow_mut();
+        map.retain(|_, list| {
+            list.retain(|c| c.usable(now, c.idle_timeout));
+            !list.is_empty()
+        });
+    }
+
     /// Drop every connection (their drivers end once their streams have).
     pub fn clear(&self) {
         self.conns.borrow_mut().clear();
@@ -165,6 +183,7 @@ impl H2Pool {
 async fn open(
     addr: SocketAddr,
     t: Duration,
+    idle: Duration,
     tls: Option<&GroupTls>,
 ) -> Result<(Rc<H2Conn>, Duration), ProxyError> {
     let begun = Instant::now();
@@ -208,6 +227,7 @@ async fn open(
         max,
         closed,
         idle_since: Cell::new(Instant::now()),
+        idle_timeout: idle,
     };
     Ok((Rc::new(conn), begun.elapsed()))
 }
@@ -588,7 +608,14 @@ impl Run<'_> {
     /// dropped before the caller adds it, with no await in between: waiters find it).
     async fn open(&self, pool: &H2Pool) -> Result<(Rc<H2Conn>, Duration), ProxyError> {
         let _opening = pool.start_opening(self.key);
-        open(self.addr, self.group.connect_timeout, self.picked.tls).await
+        let g = self.group;
+        open(
+            self.addr,
+            g.connect_timeout,
+            g.idle_timeout,
+            self.picked.tls,
+        )
+        .await
     }
 
     /// Get a slot (reused or on a new connection) and exchange; a reused connection that failed

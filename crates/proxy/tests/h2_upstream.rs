@@ -24,6 +24,8 @@ const WAIT_FOR: usize = 8;
 struct H2Upstream {
     addr: SocketAddr,
     accepts: Arc<AtomicUsize>,
+    /// Connections that ended (the client closed them or they failed).
+    closes: Arc<AtomicUsize>,
 }
 
 impl H2Upstream {
@@ -33,6 +35,8 @@ impl H2Upstream {
         let addr = listener.local_addr().unwrap();
         let accepts = Arc::new(AtomicUsize::new(0));
         let counted = accepts.clone();
+        let closes = Arc::new(AtomicUsize::new(0));
+        let closed = closes.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -47,9 +51,13 @@ impl H2Upstream {
                     };
                     counted.fetch_add(1, Ordering::SeqCst);
                     let waiting = waiting.clone();
+                    let closed = closed.clone();
                     match &tls {
                         None => {
-                            tokio::spawn(serve(tcp, waiting));
+                            tokio::spawn(async move {
+                                serve(tcp, waiting).await;
+                                closed.fetch_add(1, Ordering::SeqCst);
+                            });
                         }
                         Some(cfg) => {
                             let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
@@ -57,13 +65,18 @@ impl H2Upstream {
                                 if let Ok(s) = acceptor.accept(tcp).await {
                                     serve(s, waiting).await;
                                 }
+                                closed.fetch_add(1, Ordering::SeqCst);
                             });
                         }
                     }
                 }
             });
         });
-        H2Upstream { addr, accepts }
+        H2Upstream {
+            addr,
+            accepts,
+            closes,
+        }
     }
 
     fn accepts(&self) -> usize {
@@ -539,4 +552,26 @@ async fn bidirectional_stream_interleaves_messages() {
         .await
         .expect("trailers");
     assert_eq!(trailers.unwrap().expect("trailers")["grpc-status"], "0");
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_idle_timeout() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "idle_timeout = \"300ms\"");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/x", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.closes.load(Ordering::SeqCst), 0);
+    // The worker's sweeper closes it with no further request (polled, bounded by T).
+    let deadline = std::time::Instant::now() + T;
+    while up.closes.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle connection not closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = send(&client, "GET", "/y", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.accepts(), 2);
 }
