@@ -342,6 +342,20 @@ struct Failure {
     /// Refused before processing (GOAWAY below its id, REFUSED_STREAM, a dead connection
     /// before the request left): safe to send again on another connection.
     refused: bool,
+    /// Only this stream was reset (RST_STREAM): the connection stays usable.
+    stream_only: bool,
+}
+
+impl Failure {
+    /// A failure that says nothing about the connection.
+    fn plain(e: ProxyError, phase: Phase) -> Self {
+        Failure {
+            e,
+            phase,
+            refused: false,
+            stream_only: false,
+        }
+    }
 }
 
 fn up_err(e: h2::Error) -> ProxyError {
@@ -464,9 +478,8 @@ async fn exchange(
     finish: bool,
 ) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
     let refused = |e: ProxyError| Failure {
-        e,
-        phase: Phase::ResponseHead,
         refused: true,
+        ..Failure::plain(e, Phase::ResponseHead)
     };
     let ready = match timeout(header_timeout, conn.send.clone().ready()).await {
         Err(_) => return Err(refused(ProxyError::ResponseTimeout)),
@@ -479,16 +492,16 @@ async fn exchange(
         .map_err(|e| refused(up_err(e)))?;
     let head_err = |e: h2::Error| Failure {
         refused: is_refusal(&e),
+        stream_only: e.is_reset() && !e.is_go_away(),
         e: up_err(e),
         phase: Phase::ResponseHead,
     };
     if src.is_none() {
         return match timeout(header_timeout, resp).await {
-            Err(_) => Err(Failure {
-                e: ProxyError::ResponseTimeout,
-                phase: Phase::ResponseHead,
-                refused: false,
-            }),
+            Err(_) => Err(Failure::plain(
+                ProxyError::ResponseTimeout,
+                Phase::ResponseHead,
+            )),
             Ok(r) => r.map(|h| (h, send, true)).map_err(head_err),
         };
     }
@@ -512,7 +525,7 @@ async fn exchange(
                     // streams both ways at once), an early error ends it.
                     if finish && !body_done && h.status().as_u16() < 300 {
                         if let Err((e, phase)) = body_fut.await {
-                            break Err(Failure { e, phase, refused: false });
+                            break Err(Failure::plain(e, phase));
                         }
                         body_done = true;
                     }
@@ -520,16 +533,14 @@ async fn exchange(
                 }
                 r = &mut body_fut, if !body_done => {
                     if let Err((e, phase)) = r {
-                        break Err(Failure { e, phase, refused: false });
+                        break Err(Failure::plain(e, phase));
                     }
                     body_done = true;
                     sleep.as_mut().reset(tokio::time::Instant::now() + header_timeout);
                 }
-                _ = &mut sleep => break Err(Failure {
-                    e: ProxyError::ResponseTimeout,
-                    phase: Phase::ResponseHead,
-                    refused: false,
-                }),
+                _ = &mut sleep => {
+                    break Err(Failure::plain(ProxyError::ResponseTimeout, Phase::ResponseHead));
+                }
             }
         }
     };
@@ -656,11 +667,7 @@ impl Run<'_> {
                         };
                         let server = self.picked.guard.index();
                         self.picked.upstream.report(server, report, Instant::now());
-                        return Err(Failure {
-                            e,
-                            phase: Phase::Connect,
-                            refused: false,
-                        });
+                        return Err(Failure::plain(e, Phase::Connect));
                     }
                 },
             };
@@ -695,7 +702,9 @@ impl Run<'_> {
                     return Ok((lease, resp, up_send, body_done));
                 }
                 Err(f) => {
-                    if f.phase == Phase::ResponseHead && !matches!(f.e, ProxyError::ResponseTimeout)
+                    if f.phase == Phase::ResponseHead
+                        && !f.stream_only
+                        && !matches!(f.e, ProxyError::ResponseTimeout)
                     {
                         // This connection is not to be given new streams.
                         lease.0.closed.set(true);
@@ -703,7 +712,7 @@ impl Run<'_> {
                     if !fresh_only
                         && f.phase == Phase::ResponseHead
                         && src.is_none()
-                        && (f.refused || (reused && self.retryable))
+                        && (f.refused || (reused && self.retryable && !f.stream_only))
                     {
                         let stats = &self.shared.stats;
                         stats.upstream_retries.fetch_add(1, Ordering::Relaxed);
@@ -968,11 +977,9 @@ pub(crate) async fn proxy_h2(
         let respond = &mut *cl.respond;
         tokio::select! {
             r = run.go(req, &mut src, cl.timings, false) => r,
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => Err(Failure {
-                e: ProxyError::ClientClosed,
-                phase: Phase::ResponseHead,
-                refused: false,
-            }),
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => {
+                Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead))
+            }
         }
     };
     let (lease, resp, mut up_send, body_done) = match r {

@@ -143,6 +143,10 @@ async fn answer(
             .map_or("-", |v| v.to_str().unwrap_or("?"))
             .to_string()
     };
+    if path == "/reset" {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        return;
+    }
     if path == "/slow" {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
@@ -574,4 +578,23 @@ async fn idle_connections_are_closed_after_idle_timeout() {
     let got = send(&client, "GET", "/y", &[], None).await;
     assert_eq!(got.status, 200);
     assert_eq!(up.accepts(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_reset_is_a_502_and_keeps_the_connection() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/before", &[], None).await;
+    assert_eq!(got.status, 200);
+    // On the reused connection: not taken for a dead connection, so not sent again.
+    let got = send(&client, "GET", "/reset", &[], None).await;
+    assert_eq!(got.status, 502);
+    let got = send(&client, "GET", "/after", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        up.accepts(),
+        1,
+        "a RST_STREAM does not retire the connection"
+    );
 }
