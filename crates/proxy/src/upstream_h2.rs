@@ -200,6 +200,8 @@ async fn open(
     let handshake = h2::client::Builder::new()
         .initial_window_size(1 << 20)
         .initial_connection_window_size(4 << 20)
+        // Response header blocks are bounded as HTTP/1 response heads are.
+        .max_header_list_size(Limits::default().max_head_bytes as u32)
         .handshake::<_, Bytes>(stream);
     let (send, mut connection) = match timeout(left, handshake).await {
         Err(_) => return Err(ProxyError::ConnectTimeout),
