@@ -121,6 +121,13 @@ pub fn explain(config: &Config) -> String {
                 format_duration(group.queue_timeout)
             );
         }
+        if group.protocol == crate::model::UpstreamProtocol::H2 {
+            let _ = writeln!(
+                out,
+                "  protocol: h2 ({}), requests multiplexed over few connections per server and worker",
+                if group.tls.is_some() { "TLS with ALPN h2" } else { "h2c, prior knowledge" }
+            );
+        }
         if let Some(tls) = &group.tls {
             let _ = writeln!(out, "  tls: {}", upstream_tls_summary(tls));
         }

@@ -464,6 +464,19 @@ pub struct UpstreamGroup {
     pub queue_timeout: Duration,
     /// Session persistence by a cookie Portico sets (`sticky_cookie`); None = off.
     pub sticky_cookie: Option<StickyCookie>,
+    /// The protocol spoken to the servers (`protocol`, default `http1`).
+    pub protocol: UpstreamProtocol,
+}
+
+/// The protocol an upstream group speaks to its servers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 over pooled keep-alive connections.
+    #[default]
+    Http1,
+    /// HTTP/2, many requests multiplexed over few connections per server: TLS with ALPN `h2`
+    /// when the group has `tls`, else h2c with prior knowledge.
+    H2,
 }
 
 /// Session persistence: responses set a cookie naming the chosen server (an opaque id derived

@@ -238,6 +238,7 @@ pub(crate) struct RawUpstream {
     pub queue: Option<Spanned<Int>>,
     pub queue_timeout: Option<Spanned<Scalar>>,
     pub sticky_cookie: Option<Spanned<RawSticky>>,
+    pub protocol: Option<Spanned<String>>,
 }
 
 /// `sticky_cookie = "NAME"` or `sticky_cookie = { name = "NAME", path = "/", ... }`.

@@ -14,12 +14,12 @@ use crate::model::{
     HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck, Listener,
     ListenerLimits, Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey,
     RetryOn, RetryPolicy, Route, Server, Shed, StaticAction, StickyCookie, TlsSettings, TlsVersion,
-    UpstreamGroup, UpstreamTls, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS,
-    DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND,
-    DEFAULT_RISE, DEFAULT_SESSION_CACHE, DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL,
-    KX_GROUPS,
+    UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL,
+    DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
+    DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,
+    DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE,
+    DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL, KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawConfig, RawHeaderRules, RawHealthCheck,
@@ -847,6 +847,7 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         .tls
         .as_ref()
         .and_then(|t| upstream_tls(ctx, &sub(&key, "tls"), start(name), t));
+    let protocol = upstream_protocol(ctx, &sub(&key, "protocol"), raw.protocol.as_ref());
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -864,6 +865,30 @@ fn upstream(ctx: &mut Ctx<'_>, name: &Spanned<String>, raw: &RawUpstream) -> Ups
         queue_timeout,
         sticky_cookie,
         tls,
+        protocol,
+    }
+}
+
+/// `protocol = "http1" | "h2"` of an upstream group.
+fn upstream_protocol(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: Option<&Spanned<String>>,
+) -> UpstreamProtocol {
+    let Some(p) = raw else {
+        return UpstreamProtocol::Http1;
+    };
+    match p.get_ref().as_str() {
+        "http1" => UpstreamProtocol::Http1,
+        "h2" => UpstreamProtocol::H2,
+        other => {
+            ctx.error(
+                start(p),
+                key,
+                format!("unknown upstream protocol {other:?}: use \"http1\" or \"h2\""),
+            );
+            UpstreamProtocol::Http1
+        }
     }
 }
 

@@ -878,3 +878,28 @@ fn http2_settings_are_range_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn upstream_protocol() {
+    let route =
+        "\n[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"api\"\n";
+    assert_eq!(
+        err(&format!("{UP}protocol = \"h2c\"\n{route}")),
+        "t.toml:3:12: upstreams.api.protocol: unknown upstream protocol \"h2c\": use \"http1\" or \"h2\""
+    );
+    let cfg = parse(&format!("{UP}protocol = \"h2\"\n{route}"), "t.toml").unwrap();
+    assert_eq!(
+        cfg.upstreams[0].protocol,
+        portico_config::UpstreamProtocol::H2
+    );
+    let text = portico_config::explain(&cfg);
+    assert!(
+        text.contains("protocol: h2 (h2c, prior knowledge)"),
+        "{text}"
+    );
+    let cfg = parse(&with_route("proxy = \"api\""), "t.toml").unwrap();
+    assert_eq!(
+        cfg.upstreams[0].protocol,
+        portico_config::UpstreamProtocol::Http1
+    );
+}

@@ -350,7 +350,7 @@ pub(crate) fn absolute_authority(target: &str) -> Option<&str> {
 /// What a failed exchange says about the server, for passive checks: timeouts, and resets
 /// before a response. A reused connection closed under us is the keep-alive race (the server
 /// closed it while idle), not a failing server; client-side errors say nothing about it.
-fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
+pub(crate) fn failure_report(e: &ProxyError, reused: bool) -> Option<Report> {
     match e {
         ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => Some(Report::Timeout),
         _ if reused && is_stale(e) => None,

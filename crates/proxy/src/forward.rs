@@ -81,6 +81,20 @@ async fn attempt(
     };
     t.write_head(&mut c.ubuf, head, route, p, &client);
 
+    // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
+    if group.protocol == portico_config::UpstreamProtocol::H2 {
+        let picked = crate::upstream_h2::Picked {
+            upstream: t.upstream,
+            guard: t.guard,
+            gi: t.gi,
+            tls: t.tls,
+            asked,
+        };
+        return Some(
+            crate::upstream_h2::proxy_h1(c, ctx, head, route, p, picked, t.set_cookie).await,
+        );
+    }
+
     let mut body = match head.framing {
         Framing::None | Framing::Length(0) => None,
         f => Some(ClientBody::new(

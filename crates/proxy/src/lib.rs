@@ -26,6 +26,7 @@ pub mod stats;
 pub mod sticky;
 pub mod stream;
 pub mod timing;
+pub mod upstream_h2;
 pub mod upstream_tls;
 
 pub use error::ProxyError;

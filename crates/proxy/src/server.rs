@@ -98,6 +98,8 @@ impl std::ops::Deref for Snapshot {
 /// State owned by one worker thread.
 pub struct Worker {
     pub pool: Pool,
+    /// Multiplexed HTTP/2 connections to the servers of `protocol = "h2"` groups.
+    pub h2pool: crate::upstream_h2::H2Pool,
     /// Connections open on this worker (drain waits for zero).
     pub open: Cell<usize>,
     pub idle_notify: Notify,
@@ -396,7 +398,9 @@ impl Control {
                 upstream_tls.push(None);
                 continue;
             };
-            let id = crate::upstream_tls::settings_id(t);
+            // The protocol is part of the identity: it sets the ALPN offered.
+            let h2 = g.protocol == portico_config::UpstreamProtocol::H2;
+            let id = crate::upstream_tls::settings_id(t) ^ u64::from(h2);
             let files = crate::cert_watch::stamps(&crate::upstream_tls::files(t));
             let tls = match inner.upstream_tls.get(&g.name) {
                 // Same settings and unchanged files: the same rustls configuration, so its
@@ -407,12 +411,14 @@ impl Control {
                 }
                 _ => {
                     let sessions = portico_tls::ClientSessions::new(t.session_cache);
+                    let build = match h2 {
+                        true => portico_tls::client_config_h2,
+                        false => portico_tls::client_config,
+                    };
                     let origination =
-                        portico_tls::client_config(t, &sessions).map_err(|source| {
-                            StartError::UpstreamTls {
-                                name: g.name.clone(),
-                                source,
-                            }
+                        build(t, &sessions).map_err(|source| StartError::UpstreamTls {
+                            name: g.name.clone(),
+                            source,
                         })?;
                     Arc::new(crate::upstream_tls::GroupTls::new(t, origination))
                 }
@@ -794,6 +800,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
         let mut shutdown = control.shutdown.subscribe();
         let worker = Rc::new(Worker {
             pool: Pool::new(control.idle_upstream.clone()),
+            h2pool: Default::default(),
             open: Cell::new(0),
             idle_notify: Notify::new(),
             snapshot: RefCell::new(Snapshot(Rc::new(control.current.load_full()))),
@@ -830,6 +837,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
                 loop {
                     tick.tick().await;
                     worker.pool.purge_expired();
+                    worker.h2pool.purge_expired();
                 }
             })
         };
@@ -856,6 +864,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
         prober.abort();
         worker.load.reset(&worker.control.stats);
         worker.pool.clear();
+        worker.h2pool.clear();
     });
 }
 

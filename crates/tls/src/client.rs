@@ -105,6 +105,18 @@ pub fn client_config(
     })
 }
 
+/// As [`client_config`], offering ALPN `h2` only: for groups that speak HTTP/2 to their servers.
+pub fn client_config_h2(
+    settings: &UpstreamTls,
+    sessions: &ClientSessions,
+) -> Result<Origination, TlsError> {
+    let mut o = client_config(settings, sessions)?;
+    let mut config = (*o.config).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    o.config = Arc::new(config);
+    Ok(o)
+}
+
 /// The roots server certificates must chain to.
 fn roots(settings: &UpstreamTls) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
@@ -220,6 +232,8 @@ mod tests {
         // scripts/test.sh installs ca-certificates, so the system store is not empty.
         let o = client_config(&settings(), &ClientSessions::new(16)).unwrap();
         assert_eq!(o.config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        let h2 = client_config_h2(&settings(), &ClientSessions::new(16)).unwrap();
+        assert_eq!(h2.config.alpn_protocols, vec![b"h2".to_vec()]);
         let addr: SocketAddr = "10.0.0.7:8443".parse().unwrap();
         assert_eq!(
             o.server_name(addr),

@@ -29,6 +29,7 @@ pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<Upstre
         queue_timeout: Duration::from_secs(1),
         sticky_cookie: None,
         tls: None,
+        protocol: Default::default(),
     })
 }
 

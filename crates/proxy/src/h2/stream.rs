@@ -427,6 +427,26 @@ impl Stream<'_> {
             cert_subject: link.client_cert_subject.as_deref(),
         };
         t.write_head(ubuf, head, route, p, &client);
+        // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
+        if group.protocol == portico_config::UpstreamProtocol::H2 {
+            let picked = crate::upstream_h2::Picked {
+                upstream: t.upstream,
+                guard: t.guard,
+                gi: t.gi,
+                tls: t.tls,
+                asked,
+            };
+            let cur = self.cur.clone();
+            let client = crate::upstream_h2::H2Client {
+                worker: &link.worker,
+                shared: &cur.shared,
+                respond: &mut self.respond,
+                body: &mut self.body,
+                timings: &mut self.timings,
+                min_rate: self.cur.ls.listener.limits.body_min_rate,
+            };
+            return Some(crate::upstream_h2::proxy_h2(client, head, route, p, picked, ubuf).await);
+        }
         let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
         let chunked = head.framing == Framing::Chunked;
         let mut interim = Vec::new();

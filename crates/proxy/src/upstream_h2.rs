@@ -1,0 +1,1219 @@
+//! Upstream HTTP/2 (`protocol = "h2"` groups): per worker and server a few multiplexed `h2` client connections (h2c, or TLS with ALPN h2) opened on demand, and one request exchanged over them for HTTP/1.1 and HTTP/2 clients.
+
+use crate::attempt::failure_report;
+use crate::conn::{fail, may_keep_alive, send_all, send_continue, ClientBody, Conn, Ctx, Outcome};
+use crate::error::ProxyError;
+use crate::forward::connect;
+use crate::headers::{self, ClientFraming};
+use crate::pool::{PoolKey, UpStream};
+use crate::server::{Snapshot, Worker};
+use crate::stats::{Phase, Termination};
+use crate::stream::ClientStream;
+use crate::timing::Timings;
+use crate::upstream_tls::GroupTls;
+use bytes::{Bytes, BytesMut};
+use h2::client::{ResponseFuture, SendRequest};
+use h2::{RecvStream, SendStream};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use portico_config::{HeaderRules, ProxyAction, Route, UpstreamGroup};
+use portico_http1::{encode, parse_request, parse_response, Framing, Limits, RequestHead};
+use portico_upstream::{Report, ServerGuard, Upstream};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::time::timeout;
+
+/// Streams one connection carries before another is opened, even when the server allows more.
+const MAX_STREAMS: usize = 100;
+
+/// Far-away deadline while a request body is still streaming.
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Fields that are connection-specific in HTTP/2 (RFC 9113 8.2.2) or owned by the framing.
+const DROPPED: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "host",
+    "expect",
+];
+
+/// One multiplexed connection to a server.
+struct H2Conn {
+    send: SendRequest<Bytes>,
+    /// Streams open on it now (requests whose exchange has not ended).
+    active: Cell<usize>,
+    /// The server's SETTINGS_MAX_CONCURRENT_STREAMS as the driver last saw it.
+    max: Rc<Cell<usize>>,
+    /// Its driver ended (GOAWAY and drained, or an error), or a request saw it fail.
+    closed: Rc<Cell<bool>>,
+    idle_since: Cell<Instant>,
+    /// The group's `idle_timeout` when it was opened: closed after that long without streams.
+    idle_timeout: Duration,
+}
+
+impl H2Conn {
+    fn usable(&self, now: Instant, idle: Duration) -> bool {
+        !self.closed.get()
+            && (self.active.get() > 0 || now.duration_since(self.idle_since.get()) < idle)
+    }
+}
+
+/// Each worker's HTTP/2 connections, by server address and transport (as `pool::Pool`).
+#[derive(Default)]
+pub struct H2Pool {
+    conns: RefCell<HashMap<PoolKey, Vec<Rc<H2Conn>>>>,
+    /// Servers a connection is being opened to now: requests arriving meanwhile wait for it
+    /// instead of opening one each.
+    opening: RefCell<HashMap<PoolKey, Rc<tokio::sync::Notify>>>,
+}
+
+/// Marks a connection being opened; wakes the requests waiting for it when dropped.
+struct Opening<'a> {
+    pool: &'a H2Pool,
+    key: PoolKey,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.pool.opening.borrow_mut().remove(&self.key) {
+            n.notify_waiters();
+        }
+    }
+}
+
+/// A stream slot on a connection, freed on drop.
+struct Lease(Rc<H2Conn>);
+
+impl Lease {
+    fn new(c: Rc<H2Conn>) -> Self {
+        c.active.set(c.active.get() + 1);
+        Lease(c)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let n = self.0.active.get().saturating_sub(1);
+        self.0.active.set(n);
+        if n == 0 {
+            self.0.idle_since.set(Instant::now());
+        }
+    }
+}
+
+impl H2Pool {
+    /// A slot on an open connection with room, dropping closed ones and those idle past `idle`.
+    fn take(&self, key: PoolKey, idle: Duration) -> Option<Lease> {
+        let mut map = self.conns.borrow_mut();
+        let list = map.get_mut(&key)?;
+        let now = Instant::now();
+        list.retain(|c| c.usable(now, idle));
+        let c = list
+            .iter()
+            .find(|c| c.active.get() < c.max.get().clamp(1, MAX_STREAMS))?;
+        Some(Lease::new(c.clone()))
+    }
+
+    fn add(&self, key: PoolKey, c: Rc<H2Conn>) -> Lease {
+        self.conns
+            .borrow_mut()
+            .entry(key)
+            .or_default()
+            .push(c.clone());
+        Lease::new(c)
+    }
+
+    /// A slot, waiting (up to `wait`) for a connection being opened to the same server; None =
+    /// the caller opens one (and is marked as opening it).
+    async fn take_or_wait(&self, key: PoolKey, idle: Duration, wait: Duration) -> Option<Lease> {
+        if let Some(l) = self.take(key, idle) {
+            return Some(l);
+        }
+        let pending = self.opening.borrow().get(&key).cloned();
+        if let Some(n) = pending {
+            let _ = timeout(wait, n.notified()).await;
+            return self.take(key, idle);
+        }
+        None
+    }
+
+    fn start_opening(&self, key: PoolKey) -> Opening<'_> {
+        self.opening
+            .borrow_mut()
+            .insert(key, Rc::new(tokio::sync::Notify::new()));
+        Opening { pool: self, key }
+    }
+
+    /// Drop closed connections and those idle past their idle timeout (the worker's sweeper
+    /// calls this every second, so servers no request goes to any more are let go too).
+    pub fn purge_expired(&self) {
+        let now = Instant::now();
+        let mut map = self.conns.borrow_mut();
+        map.retain(|_, list| {
+            list.retain(|c| c.usable(now, c.idle_timeout));
+            !list.is_empty()
+        });
+    }
+
+    /// Drop every connection (their drivers end once their streams have).
+    pub fn clear(&self) {
+        self.conns.borrow_mut().clear();
+    }
+
+    /// Connections open (for tests and stats).
+    pub fn len(&self) -> usize {
+        self.conns.borrow().values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Open a connection: TCP (and TLS with ALPN h2) and the HTTP/2 preface, all under `t`; its
+/// driver runs as a local task of the worker.
+async fn open(
+    addr: SocketAddr,
+    t: Duration,
+    idle: Duration,
+    tls: Option<&GroupTls>,
+) -> Result<(Rc<H2Conn>, Duration), ProxyError> {
+    let begun = Instant::now();
+    let (up, _) = connect(addr, t, tls).await?;
+    let stream = up.stream;
+    if let UpStream::Tls(s) = &stream {
+        if s.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return Err(ProxyError::TlsHandshake(io::Error::other(
+                "the server did not select ALPN h2",
+            )));
+        }
+    }
+    let left = t.saturating_sub(begun.elapsed());
+    let handshake = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .initial_connection_window_size(4 << 20)
+        // Response header blocks are bounded as HTTP/1 response heads are.
+        .max_header_list_size(Limits::default().max_head_bytes as u32)
+        .handshake::<_, Bytes>(stream);
+    let (send, mut connection) = match timeout(left, handshake).await {
+        Err(_) => return Err(ProxyError::ConnectTimeout),
+        Ok(Err(e)) => return Err(ProxyError::ConnectFailed(io::Error::other(e))),
+        Ok(Ok(pair)) => pair,
+    };
+    let max = Rc::new(Cell::new(MAX_STREAMS));
+    let closed = Rc::new(Cell::new(false));
+    let (m, c) = (max.clone(), closed.clone());
+    tokio::task::spawn_local(async move {
+        let r = poll_fn(|cx| {
+            let r = std::pin::Pin::new(&mut connection).poll(cx);
+            m.set(connection.max_concurrent_send_streams());
+            r
+        })
+        .await;
+        c.set(true);
+        if let Err(e) = r {
+            tracing::debug!(server = %addr, "upstream HTTP/2 connection ended: {e}");
+        }
+    });
+    let conn = H2Conn {
+        send,
+        active: Cell::new(0),
+        max,
+        closed,
+        idle_since: Cell::new(Instant::now()),
+        idle_timeout: idle,
+    };
+    Ok((Rc::new(conn), begun.elapsed()))
+}
+
+/// The server chosen for a request, as `forward` and `h2::stream` picked it.
+pub(crate) struct Picked<'a> {
+    pub upstream: &'a Upstream,
+    pub guard: ServerGuard,
+    pub gi: usize,
+    pub tls: Option<&'a GroupTls>,
+    /// When the pick was asked for (the header-time metric).
+    pub asked: Instant,
+}
+
+/// Where the request body comes from.
+enum Source<'a> {
+    None,
+    H1 {
+        stream: &'a mut ClientStream,
+        rbuf: &'a mut BytesMut,
+        body: ClientBody,
+    },
+    H2 {
+        body: &'a mut RecvStream,
+        started: tokio::time::Instant,
+        received: u64,
+        min_rate: u64,
+        max: u64,
+    },
+}
+
+/// A request body being uploaded: the chunk being written survives a cancelled `upload`, so
+/// an upload paused while the response head is handled resumes where it stopped.
+struct Upload<'a> {
+    src: Source<'a>,
+    pending: Option<(Bytes, usize)>,
+}
+
+impl<'a> Upload<'a> {
+    fn new(src: Source<'a>) -> Self {
+        Upload { src, pending: None }
+    }
+
+    fn is_none(&self) -> bool {
+        matches!(self.src, Source::None)
+    }
+}
+
+impl Source<'_> {
+    async fn next(&mut self) -> Result<Option<Bytes>, ProxyError> {
+        match self {
+            Source::None => Ok(None),
+            Source::H1 { stream, rbuf, body } => body.next(*stream, rbuf).await,
+            Source::H2 {
+                body,
+                started,
+                received,
+                min_rate,
+                max,
+            } => {
+                let due = crate::conn::body_byte_due(
+                    *started,
+                    *received,
+                    *min_rate,
+                    Duration::from_secs(10),
+                );
+                let r = match due {
+                    Some(due) => tokio::time::timeout_at(due, body.data()).await,
+                    None => timeout(crate::conn::STALL_TIMEOUT, body.data()).await,
+                };
+                match r {
+                    Err(_) => Err(ProxyError::BodyTooSlow),
+                    Ok(None) => Ok(None),
+                    Ok(Some(Err(e))) => Err(client_err(e)),
+                    Ok(Some(Ok(d))) => {
+                        *received += d.len() as u64;
+                        if *max > 0 && *received > *max {
+                            return Err(ProxyError::BodyTooLarge);
+                        }
+                        Ok(Some(d))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Flow control: `n` bytes of the client's body were passed on.
+    fn release(&mut self, n: usize) {
+        if let Source::H2 { body, .. } = self {
+            let _ = body.flow_control().release_capacity(n);
+        }
+    }
+
+    async fn trailers(&mut self) -> Result<Option<HeaderMap>, ProxyError> {
+        match self {
+            Source::None => Ok(None),
+            Source::H1 { body, .. } => Ok(Some(raw_to_map(&body.trailers))),
+            Source::H2 { body, .. } => {
+                match timeout(crate::conn::STALL_TIMEOUT, body.trailers()).await {
+                    Err(_) => Err(ProxyError::BodyTooSlow),
+                    Ok(r) => r.map_err(client_err),
+                }
+            }
+        }
+    }
+}
+
+/// How an exchange failed, and whether the server surely did not process it.
+struct Failure {
+    e: ProxyError,
+    phase: Phase,
+    /// Refused before processing (GOAWAY below its id, REFUSED_STREAM, a dead connection
+    /// before the request left): safe to send again on another connection.
+    refused: bool,
+    /// Only this stream was reset (RST_STREAM): the connection stays usable.
+    stream_only: bool,
+}
+
+impl Failure {
+    /// A failure that says nothing about the connection.
+    fn plain(e: ProxyError, phase: Phase) -> Self {
+        Failure {
+            e,
+            phase,
+            refused: false,
+            stream_only: false,
+        }
+    }
+}
+
+fn up_err(e: h2::Error) -> ProxyError {
+    if e.is_io() {
+        if let Some(io) = e.into_io() {
+            return ProxyError::UpstreamIo(io);
+        }
+        return ProxyError::UpstreamClosed;
+    }
+    ProxyError::UpstreamIo(io::Error::other(e.to_string()))
+}
+
+fn client_err(e: h2::Error) -> ProxyError {
+    if e.is_reset() && e.is_remote() {
+        return ProxyError::ClientClosed;
+    }
+    if e.is_io() {
+        if let Some(io) = e.into_io() {
+            return ProxyError::ClientIo(io);
+        }
+        return ProxyError::ClientClosed;
+    }
+    ProxyError::ClientIo(io::Error::other(e.to_string()))
+}
+
+fn is_refusal(e: &h2::Error) -> bool {
+    e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
+}
+
+/// The HTTP/2 request for the forwarded HTTP/1 head `ubuf` (built by
+/// `headers::upstream_request`): `:authority` from its Host, connection-specific fields dropped,
+/// `te: trailers` when the client asked for trailers.
+fn build_request(
+    ubuf: &[u8],
+    client: &RequestHead,
+    https: bool,
+    addr: SocketAddr,
+) -> Result<http::Request<()>, ProxyError> {
+    let mut buf = BytesMut::from(ubuf);
+    let limits = Limits {
+        max_head_bytes: ubuf.len() + 1,
+        ..Limits::default()
+    };
+    let head = match parse_request(&mut buf, &limits) {
+        Ok(Some(h)) => h,
+        _ => return Err(ProxyError::Internal("forwarded head did not parse")),
+    };
+    let authority = match head.field("host") {
+        Some(h) if !h.is_empty() => String::from_utf8_lossy(h).into_owned(),
+        _ => addr.to_string(),
+    };
+    let uri = http::Uri::builder()
+        .scheme(if https { "https" } else { "http" })
+        .authority(authority.as_str())
+        .path_and_query(head.target())
+        .build()
+        .map_err(|_| ProxyError::Internal("forwarded target is not a valid URI"))?;
+    let method = http::Method::from_bytes(head.method().as_str().as_bytes())
+        .map_err(|_| ProxyError::Internal("forwarded method is not valid"))?;
+    let mut req = http::Request::new(());
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = http::Version::HTTP_2;
+    let map = req.headers_mut();
+    for (name, value) in head.fields() {
+        if DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        append(map, name, value);
+    }
+    let wants_trailers = client.field("te").is_some_and(|v| {
+        v.split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    });
+    if wants_trailers {
+        map.insert(http::header::TE, HeaderValue::from_static("trailers"));
+    }
+    Ok(req)
+}
+
+/// Append a field if its name and value are valid (names lowercased).
+fn append(map: &mut HeaderMap, name: &str, value: &[u8]) {
+    if let (Ok(n), Ok(v)) = (
+        HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_bytes(value),
+    ) {
+        map.append(n, v);
+    }
+}
+
+/// Raw HTTP/1 trailer lines -> a field map (connection-specific names dropped).
+fn raw_to_map(raw: &[u8]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for line in raw.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let Ok(name) = std::str::from_utf8(&line[..colon]) else {
+            continue;
+        };
+        if DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name))
+            || name.eq_ignore_ascii_case("content-length")
+        {
+            continue;
+        }
+        append(&mut map, name, line[colon + 1..].trim_ascii());
+    }
+    map
+}
+
+/// Send the request on `conn`, stream its body while waiting for the response head; return
+/// the head and whether the body was completely sent.
+async fn exchange(
+    conn: &H2Conn,
+    req: http::Request<()>,
+    src: &mut Upload<'_>,
+    header_timeout: Duration,
+    idle: Duration,
+    finish: bool,
+) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
+    let refused = |e: ProxyError| Failure {
+        refused: true,
+        ..Failure::plain(e, Phase::ResponseHead)
+    };
+    let ready = match timeout(header_timeout, conn.send.clone().ready()).await {
+        Err(_) => return Err(refused(ProxyError::ResponseTimeout)),
+        Ok(Err(e)) => return Err(refused(up_err(e))),
+        Ok(Ok(r)) => r,
+    };
+    let mut ready = ready;
+    let (resp, mut send) = ready
+        .send_request(req, src.is_none())
+        .map_err(|e| refused(up_err(e)))?;
+    let head_err = |e: h2::Error| Failure {
+        refused: is_refusal(&e),
+        stream_only: e.is_reset() && !e.is_go_away(),
+        e: up_err(e),
+        phase: Phase::ResponseHead,
+    };
+    if src.is_none() {
+        return match timeout(header_timeout, resp).await {
+            Err(_) => Err(Failure::plain(
+                ProxyError::ResponseTimeout,
+                Phase::ResponseHead,
+            )),
+            Ok(r) => r.map(|h| (h, send, true)).map_err(head_err),
+        };
+    }
+    let r = {
+        let head_fut: ResponseFuture = resp;
+        tokio::pin!(head_fut);
+        let body_fut = upload(&mut send, src, idle);
+        tokio::pin!(body_fut);
+        let sleep = tokio::time::sleep(FAR);
+        tokio::pin!(sleep);
+        let mut body_done = false;
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut head_fut => {
+                    let h = match r {
+                        Ok(h) => h,
+                        Err(e) => break Err(head_err(e)),
+                    };
+                    // As for HTTP/1.1: a success finishes the upload first (unless the caller
+                    // streams both ways at once), an early error ends it.
+                    if finish && !body_done && h.status().as_u16() < 300 {
+                        if let Err((e, phase)) = body_fut.await {
+                            break Err(Failure::plain(e, phase));
+                        }
+                        body_done = true;
+                    }
+                    break Ok((h, body_done));
+                }
+                r = &mut body_fut, if !body_done => {
+                    if let Err((e, phase)) = r {
+                        break Err(Failure::plain(e, phase));
+                    }
+                    body_done = true;
+                    sleep.as_mut().reset(tokio::time::Instant::now() + header_timeout);
+                }
+                _ = &mut sleep => {
+                    break Err(Failure::plain(ProxyError::ResponseTimeout, Phase::ResponseHead));
+                }
+            }
+        }
+    };
+    match r {
+        Ok((h, body_done)) => {
+            if !body_done && (finish || h.status().as_u16() >= 300) {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+            Ok((h, send, body_done))
+        }
+        Err(f) => {
+            send.send_reset(h2::Reason::CANCEL);
+            Err(f)
+        }
+    }
+}
+
+/// Stream the request body and its trailers to the server under its flow control.
+async fn upload(
+    send: &mut SendStream<Bytes>,
+    up: &mut Upload<'_>,
+    idle: Duration,
+) -> Result<(), (ProxyError, Phase)> {
+    let body = Phase::RequestBody;
+    loop {
+        if up.pending.is_none() {
+            match up.src.next().await.map_err(|e| (e, body))? {
+                Some(d) => {
+                    let n = d.len();
+                    up.pending = Some((d, n));
+                }
+                None => break,
+            }
+        }
+        let Some((d, n)) = up.pending.as_mut() else {
+            break;
+        };
+        let n = *n;
+        while !d.is_empty() {
+            send.reserve_capacity(d.len());
+            match timeout(idle, poll_fn(|cx| send.poll_capacity(cx))).await {
+                Err(_) => return Err((ProxyError::UpstreamIdle, body)),
+                Ok(None) => return Err((ProxyError::UpstreamClosed, body)),
+                Ok(Some(Err(e))) => return Err((up_err(e), body)),
+                Ok(Some(Ok(0))) => {}
+                Ok(Some(Ok(cap))) => {
+                    let chunk = d.split_to(cap.min(d.len()));
+                    send.send_data(chunk, false)
+                        .map_err(|e| (up_err(e), body))?;
+                }
+            }
+        }
+        up.pending = None;
+        up.src.release(n);
+    }
+    match up.src.trailers().await.map_err(|e| (e, body))? {
+        Some(t) if !t.is_empty() => send.send_trailers(t),
+        _ => send.send_data(Bytes::new(), true),
+    }
+    .map_err(|e| (up_err(e), body))
+}
+
+/// The per-request state shared by both client kinds.
+struct Run<'a> {
+    shared: &'a Snapshot,
+    worker: &'a Worker,
+    group: &'a UpstreamGroup,
+    picked: &'a Picked<'a>,
+    key: PoolKey,
+    addr: SocketAddr,
+    retryable: bool,
+}
+
+impl Run<'_> {
+    /// Open a connection to the server, marked as being opened meanwhile (the marker is
+    /// dropped before the caller adds it, with no await in between: waiters find it).
+    async fn open(&self, pool: &H2Pool) -> Result<(Rc<H2Conn>, Duration), ProxyError> {
+        let _opening = pool.start_opening(self.key);
+        let g = self.group;
+        open(
+            self.addr,
+            g.connect_timeout,
+            g.idle_timeout,
+            self.picked.tls,
+        )
+        .await
+    }
+
+    /// Get a slot (reused or on a new connection) and exchange; a reused connection that failed
+    /// before the response head, or any refusal, is retried once on a new connection for
+    /// requests that can be sent again.
+    async fn go(
+        &self,
+        req: http::Request<()>,
+        src: &mut Upload<'_>,
+        timings: &mut Timings,
+        finish: bool,
+    ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
+        let mut fresh_only = false;
+        loop {
+            let pool = &self.worker.h2pool;
+            let pooled = match fresh_only {
+                true => None,
+                false => {
+                    let g = self.group;
+                    pool.take_or_wait(self.key, g.idle_timeout, g.connect_timeout)
+                        .await
+                }
+            };
+            let reused = pooled.is_some();
+            let lease = match pooled {
+                Some(l) => l,
+                None => match self.open(pool).await {
+                    Ok((c, took)) => {
+                        timings.connect = Some(took);
+                        let stats = &self.shared.stats;
+                        stats.upstream_connects.fetch_add(1, Ordering::Relaxed);
+                        self.worker.h2pool.add(self.key, c)
+                    }
+                    Err(e) => {
+                        let report = match e {
+                            ProxyError::ConnectTimeout => Report::Timeout,
+                            _ => Report::ConnectError,
+                        };
+                        let server = self.picked.guard.index();
+                        self.picked.upstream.report(server, report, Instant::now());
+                        return Err(Failure::plain(e, Phase::Connect));
+                    }
+                },
+            };
+            let group = self.group;
+            let r = exchange(
+                &lease.0,
+                req.clone(),
+                src,
+                group.response_header_timeout,
+                group.idle_timeout,
+                finish,
+            )
+            .await;
+            match r {
+                Ok((resp, up_send, body_done)) => {
+                    let got = Instant::now();
+                    let status = resp.status().as_u16();
+                    let server = self.picked.guard.index();
+                    self.picked
+                        .upstream
+                        .report(server, Report::Response { status }, got);
+                    timings.response = Some(got);
+                    let gs = &self.shared.group_stats[self.picked.gi];
+                    if let Some(h) = gs.header_time.get(server) {
+                        h.observe(got.saturating_duration_since(self.picked.asked));
+                    }
+                    let stats = &self.shared.stats;
+                    stats.upstream_requests.fetch_add(1, Ordering::Relaxed);
+                    if reused {
+                        stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok((lease, resp, up_send, body_done));
+                }
+                Err(f) => {
+                    if f.phase == Phase::ResponseHead
+                        && !f.stream_only
+                        && !matches!(f.e, ProxyError::ResponseTimeout)
+                    {
+                        // This connection is not to be given new streams.
+                        lease.0.closed.set(true);
+                    }
+                    if !fresh_only
+                        && f.phase == Phase::ResponseHead
+                        && src.is_none()
+                        && (f.refused || (reused && self.retryable && !f.stream_only))
+                    {
+                        let stats = &self.shared.stats;
+                        stats.upstream_retries.fetch_add(1, Ordering::Relaxed);
+                        fresh_only = true;
+                        continue;
+                    }
+                    if let Some(report) = failure_report(&f.e, reused) {
+                        let server = self.picked.guard.index();
+                        self.picked.upstream.report(server, report, Instant::now());
+                    }
+                    return Err(f);
+                }
+            }
+        }
+    }
+}
+
+/// Proxy a request from an HTTP/1.1 client to an HTTP/2 group; `c.ubuf` holds the forwarded
+/// head built by `headers::upstream_request`.
+pub(crate) async fn proxy_h1(
+    c: &mut Conn,
+    ctx: &Ctx,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    picked: Picked<'_>,
+    set_cookie: Option<String>,
+) -> Outcome {
+    let shared = &ctx.shared;
+    let group = &**picked.upstream.group();
+    let addr = picked.guard.address();
+    let req = match build_request(&c.ubuf, head, picked.tls.is_some(), addr) {
+        Ok(r) => r,
+        Err(e) => return fail(c, ctx, head, e, Phase::RequestHead, false).await,
+    };
+    let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
+    if has_body {
+        if let Err(e) = send_continue(c, head).await {
+            return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+        }
+    }
+    let run = Run {
+        shared,
+        worker: &ctx.worker,
+        group,
+        picked: &picked,
+        key: PoolKey {
+            addr,
+            tls: picked.tls.map_or(0, |t| t.pool_id),
+        },
+        addr,
+        retryable: head.method().is_idempotent() && !has_body,
+    };
+    let mut timings = std::mem::take(&mut c.timings);
+    let r = {
+        let src = match has_body {
+            false => Source::None,
+            true => Source::H1 {
+                stream: &mut c.stream,
+                rbuf: &mut c.rbuf,
+                body: ClientBody::new(
+                    head.framing,
+                    route.max_body_bytes,
+                    ctx.ls.listener.limits.body_min_rate,
+                ),
+            },
+        };
+        let mut src = Upload::new(src);
+        run.go(req, &mut src, &mut timings, true)
+            .await
+            .map(|(l, r, _, d)| (l, r, d))
+    };
+    c.timings = timings;
+    let (lease, resp, body_done) = match r {
+        Ok(x) => x,
+        Err(f) => {
+            let mut o = fail(c, ctx, head, f.e, f.phase, !has_body).await;
+            o.upstream = Some(addr);
+            return o;
+        }
+    };
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status.as_u16();
+    // The response as an HTTP/1 head, so the HTTP/1 path's framing choice and rules apply.
+    let mut raw = BytesMut::with_capacity(512);
+    encode::status_line(&mut raw, status, "");
+    for (n, v) in &parts.headers {
+        if !DROPPED.contains(&n.as_str()) {
+            encode::field(&mut raw, n.as_str(), v.as_bytes());
+        }
+    }
+    if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        match body.is_end_stream() {
+            true => encode::content_length(&mut raw, 0),
+            false => encode::field(&mut raw, "Transfer-Encoding", b"chunked"),
+        }
+    }
+    encode::end_head(&mut raw);
+    let limits = Limits {
+        max_head_bytes: raw.len() + 1,
+        ..Limits::default()
+    };
+    let rh = match parse_response(&mut raw, head.method(), &limits) {
+        Ok(Some(h)) => h,
+        _ => {
+            let e = ProxyError::UpstreamIo(io::Error::other("response head not valid HTTP/1"));
+            let mut o = fail(c, ctx, head, e, Phase::ResponseHead, body_done).await;
+            o.upstream = Some(addr);
+            return o;
+        }
+    };
+    let cf = headers::client_framing(rh.framing, head.version());
+    let keep_alive = body_done && cf != ClientFraming::Close && may_keep_alive(c, ctx, head);
+    let trailers_ok = cf == ClientFraming::Chunked
+        && head.field("te").is_some_and(|v| {
+            v.split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+        });
+    c.wbuf.clear();
+    headers::client_response(
+        &mut c.wbuf,
+        &rh,
+        cf,
+        &route.response_headers,
+        p.via,
+        head.version(),
+        keep_alive,
+    );
+    if let Some(cookie) = &set_cookie {
+        crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
+    }
+    let chunked = cf == ClientFraming::Chunked;
+    let idle = group.idle_timeout;
+    let r: Result<u64, ProxyError> = async {
+        let mut sent = 0u64;
+        if rh.framing != Framing::None {
+            loop {
+                let d = match timeout(idle, body.data()).await {
+                    Err(_) => return Err(ProxyError::UpstreamIdle),
+                    Ok(None) => break,
+                    Ok(Some(Err(e))) => return Err(up_err(e)),
+                    Ok(Some(Ok(d))) => d,
+                };
+                let n = d.len();
+                if n == 0 {
+                    continue;
+                }
+                if chunked {
+                    encode::chunk_header(&mut c.wbuf, n);
+                }
+                c.wbuf.extend_from_slice(&d);
+                if chunked {
+                    c.wbuf.extend_from_slice(b"\r\n");
+                }
+                send_all(&mut c.stream, &c.wbuf)
+                    .await
+                    .map_err(ProxyError::ClientIo)?;
+                sent += c.wbuf.len() as u64;
+                c.wbuf.clear();
+                let _ = body.flow_control().release_capacity(n);
+            }
+            let trailers = match timeout(idle, body.trailers()).await {
+                Err(_) => return Err(ProxyError::UpstreamIdle),
+                Ok(r) => r.map_err(up_err)?,
+            };
+            if chunked {
+                let mut lines = BytesMut::new();
+                if let (Some(t), true) = (trailers, trailers_ok) {
+                    for (n, v) in &t {
+                        encode::field(&mut lines, n.as_str(), v.as_bytes());
+                    }
+                }
+                encode::last_chunk(&mut c.wbuf, &lines);
+            }
+        }
+        // The exchange is over: free the stream slot and the server's active slot before the
+        // last client write.
+        drop(lease);
+        if !c.wbuf.is_empty() {
+            send_all(&mut c.stream, &c.wbuf)
+                .await
+                .map_err(ProxyError::ClientIo)?;
+            sent += c.wbuf.len() as u64;
+            c.wbuf.clear();
+        }
+        Ok(sent)
+    }
+    .await;
+    drop(picked);
+    match r {
+        Ok(sent) => Outcome {
+            termination: Termination::OK,
+            status,
+            keep_alive,
+            bytes_sent: sent,
+            upstream: Some(addr),
+        },
+        Err(e) => {
+            c.wbuf.clear();
+            Outcome {
+                termination: e.termination(Phase::ResponseBody),
+                status,
+                keep_alive: false,
+                bytes_sent: 0,
+                upstream: Some(addr),
+            }
+        }
+    }
+}
+
+/// What an HTTP/2 client's stream lends to the exchange.
+pub(crate) struct H2Client<'a> {
+    pub worker: &'a Worker,
+    pub shared: &'a Snapshot,
+    pub respond: &'a mut h2::server::SendResponse<Bytes>,
+    pub body: &'a mut RecvStream,
+    pub timings: &'a mut Timings,
+    pub min_rate: u64,
+}
+
+/// Proxy a stream from an HTTP/2 client to an HTTP/2 group; `ubuf` is the forwarded head
+/// built by `headers::upstream_request`.
+pub(crate) async fn proxy_h2(
+    cl: H2Client<'_>,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    picked: Picked<'_>,
+    ubuf: &[u8],
+) -> Outcome {
+    let group = &**picked.upstream.group();
+    let addr = picked.guard.address();
+    let head_only = *head.method() == portico_http1::Method::Head;
+    let req = match build_request(ubuf, head, picked.tls.is_some(), addr) {
+        Ok(r) => r,
+        Err(e) => return h2_fail(cl.respond, e, Phase::RequestHead, head_only).await,
+    };
+    let has_body = !cl.body.is_end_stream();
+    let run = Run {
+        shared: cl.shared,
+        worker: cl.worker,
+        group,
+        picked: &picked,
+        key: PoolKey {
+            addr,
+            tls: picked.tls.map_or(0, |t| t.pool_id),
+        },
+        addr,
+        retryable: head.method().is_idempotent() && !has_body,
+    };
+    let mut src = Upload::new(match has_body {
+        false => Source::None,
+        true => Source::H2 {
+            body: cl.body,
+            started: tokio::time::Instant::now(),
+            received: 0,
+            min_rate: cl.min_rate,
+            max: route.max_body_bytes,
+        },
+    });
+    let r = {
+        let respond = &mut *cl.respond;
+        tokio::select! {
+            r = run.go(req, &mut src, cl.timings, false) => r,
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => {
+                Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead))
+            }
+        }
+    };
+    let (lease, resp, mut up_send, body_done) = match r {
+        Ok(x) => x,
+        Err(f) => {
+            let mut o = h2_fail(cl.respond, f.e, f.phase, head_only).await;
+            o.upstream = Some(addr);
+            return o;
+        }
+    };
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status.as_u16();
+    let response = client_response(parts, &route.response_headers, p.via);
+    let end = body.is_end_stream();
+    let mut send = match cl.respond.send_response(response, end) {
+        Ok(s) => s,
+        Err(e) => {
+            return Outcome {
+                termination: client_err(e).termination(Phase::ResponseHead),
+                status,
+                keep_alive: true,
+                bytes_sent: 0,
+                upstream: Some(addr),
+            }
+        }
+    };
+    let idle = group.idle_timeout;
+    // A success streams the rest of the request body while the response streams back (gRPC
+    // bidirectional calls); an early error response ended the upload in `exchange`.
+    let mut upload_done = body_done || status >= 300;
+    let relay = async {
+        let mut sent = 0u64;
+        if end {
+            return Ok(0);
+        }
+        loop {
+            let d = match timeout(idle, body.data()).await {
+                Err(_) => return Err(ProxyError::UpstreamIdle),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err(up_err(e)),
+                Ok(Some(Ok(d))) => d,
+            };
+            let n = d.len();
+            send_client(&mut send, d).await?;
+            sent += n as u64;
+            let _ = body.flow_control().release_capacity(n);
+        }
+        let trailers = match timeout(idle, body.trailers()).await {
+            Err(_) => return Err(ProxyError::UpstreamIdle),
+            Ok(r) => r.map_err(up_err)?,
+        };
+        match trailers {
+            Some(t) if !t.is_empty() => send.send_trailers(t),
+            _ => send.send_data(Bytes::new(), true),
+        }
+        .map_err(client_err)?;
+        Ok(sent)
+    };
+    let r: Result<u64, (ProxyError, Phase)> = if upload_done {
+        relay.await.map_err(|e| (e, Phase::ResponseBody))
+    } else {
+        tokio::pin!(relay);
+        let up_fut = upload(&mut up_send, &mut src, idle);
+        tokio::pin!(up_fut);
+        loop {
+            tokio::select! {
+                r = &mut relay => break r.map_err(|e| (e, Phase::ResponseBody)),
+                u = &mut up_fut, if !upload_done => match u {
+                    Ok(()) => upload_done = true,
+                    Err(e) => break Err(e),
+                },
+            }
+        }
+    };
+    if !upload_done {
+        up_send.send_reset(h2::Reason::CANCEL);
+    }
+    drop(lease);
+    drop(picked);
+    match r {
+        Ok(sent) => Outcome {
+            termination: Termination::OK,
+            status,
+            keep_alive: true,
+            bytes_sent: sent,
+            upstream: Some(addr),
+        },
+        Err((e, phase)) => {
+            if !e.client_gone() {
+                send.send_reset(h2::Reason::INTERNAL_ERROR);
+            }
+            Outcome {
+                termination: e.termination(phase),
+                status,
+                keep_alive: true,
+                bytes_sent: 0,
+                upstream: Some(addr),
+            }
+        }
+    }
+}
+
+/// Send DATA to the client under its flow-control window.
+async fn send_client(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), ProxyError> {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let cap = match timeout(
+            crate::conn::STALL_TIMEOUT,
+            poll_fn(|cx| send.poll_capacity(cx)),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err(ProxyError::ClientIo(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "client granted no flow-control window in time",
+                )))
+            }
+            Ok(None) => return Err(ProxyError::ClientClosed),
+            Ok(Some(Err(e))) => return Err(client_err(e)),
+            Ok(Some(Ok(n))) => n,
+        };
+        if cap > 0 {
+            let chunk = data.split_to(cap.min(data.len()));
+            send.send_data(chunk, false).map_err(client_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// The response for the HTTP/2 client: connection-specific fields dropped, route rules and Via.
+fn client_response(
+    parts: http::response::Parts,
+    rules: &HeaderRules,
+    via: bool,
+) -> http::Response<()> {
+    let mut headers = parts.headers;
+    for d in DROPPED {
+        headers.remove(d);
+    }
+    for n in rules.remove.iter().chain(rules.set.iter().map(|(n, _)| n)) {
+        headers.remove(n.as_str());
+    }
+    if via {
+        let mut v = Vec::with_capacity(32);
+        if let Some(prev) = headers.remove(http::header::VIA) {
+            v.extend_from_slice(prev.as_bytes());
+            v.extend_from_slice(b", ");
+        }
+        v.extend_from_slice(b"2 portico");
+        append(&mut headers, "via", &v);
+    }
+    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
+        append(&mut headers, n, v.as_bytes());
+    }
+    let mut r = http::Response::new(());
+    *r.status_mut() = parts.status;
+    *r.headers_mut() = headers;
+    r
+}
+
+/// An error status for an HTTP/2 client (unless it is gone).
+async fn h2_fail(
+    respond: &mut h2::server::SendResponse<Bytes>,
+    e: ProxyError,
+    phase: Phase,
+    head_only: bool,
+) -> Outcome {
+    let status = e.status();
+    tracing::debug!("HTTP/2 upstream request failed: {e}");
+    let mut sent = 0;
+    if !e.client_gone() {
+        let body = crate::conn::error_body(status);
+        let mut b = http::Response::builder()
+            .status(status)
+            .header("server", "portico")
+            .header("content-type", "text/plain")
+            .header("content-length", body.len());
+        if status == 503 {
+            b = b.header("retry-after", "1");
+        }
+        if let Ok(resp) = b.body(()) {
+            if let Ok(mut s) = respond.send_response(resp, head_only) {
+                if !head_only && send_client(&mut s, Bytes::from_static(body)).await.is_ok() {
+                    let _ = s.send_data(Bytes::new(), true);
+                    sent = body.len() as u64;
+                }
+            }
+        }
+    }
+    Outcome {
+        termination: e.termination(phase),
+        status,
+        keep_alive: true,
+        bytes_sent: sent,
+        upstream: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{build_request, raw_to_map};
+    use bytes::BytesMut;
+    use portico_http1::{parse_request, Limits};
+
+    #[test]
+    fn forwarded_head_becomes_an_http2_request() {
+        let mut client = BytesMut::from(
+            &b"POST /svc/M HTTP/1.1\r\nHost: a.test\r\nTE: trailers\r\ncontent-type: application/grpc\r\n\r\n"[..],
+        );
+        let client = parse_request(&mut client, &Limits::default())
+            .unwrap()
+            .unwrap();
+        let up = b"POST /svc/M HTTP/1.1\r\nContent-Type: application/grpc\r\nHost: a.test\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let addr = "127.0.0.1:9".parse().unwrap();
+        let r = build_request(up, &client, false, addr).unwrap();
+        assert_eq!(r.method(), http::Method::POST);
+        assert_eq!(r.uri().to_string(), "http://a.test/svc/M");
+        assert_eq!(r.headers()["te"], "trailers");
+        assert_eq!(r.headers()["x-forwarded-for"], "1.2.3.4");
+        assert_eq!(r.headers()["content-type"], "application/grpc");
+        for gone in ["connection", "transfer-encoding", "host"] {
+            assert!(!r.headers().contains_key(gone), "{gone}");
+        }
+    }
+
+    #[test]
+    fn raw_trailers_to_fields() {
+        let m = raw_to_map(b"grpc-status: 0\r\ngrpc-message: ok\r\nconnection: x\r\n");
+        assert_eq!(m["grpc-status"], "0");
+        assert_eq!(m["grpc-message"], "ok");
+        assert!(!m.contains_key("connection"));
+    }
+}

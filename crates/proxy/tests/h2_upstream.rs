@@ -1,0 +1,600 @@
+//! Upstream HTTP/2 end to end: HTTP/1.1 and HTTP/2 clients -> portico -> an in-test `h2` server
+//! (h2c prior knowledge, and TLS with ALPN h2), multiplexing, gRPC-style trailers, GOAWAY.
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use portico_proxy::{start, Running};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Every test step is bounded by this.
+const T: Duration = Duration::from_secs(10);
+
+/// Streams that must be in flight at once before `/wait` requests are answered.
+const WAIT_FOR: usize = 8;
+
+/// An HTTP/2 server on its own thread, counting accepted connections. Paths:
+/// `/wait`: answered once `WAIT_FOR` of them are open at once; `/grpc`: echoes the body with
+/// `content-type: application/grpc` and trailers `grpc-status: 0`; `/goaway`: answers and
+/// sends GOAWAY; anything else: `200` with what the server saw.
+struct H2Upstream {
+    addr: SocketAddr,
+    accepts: Arc<AtomicUsize>,
+    /// Connections that ended (the client closed them or they failed).
+    closes: Arc<AtomicUsize>,
+}
+
+impl H2Upstream {
+    fn start(tls: Option<Arc<rustls::ServerConfig>>) -> H2Upstream {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        let counted = accepts.clone();
+        let closes = Arc::new(AtomicUsize::new(0));
+        let closed = closes.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let waiting = Arc::new((AtomicUsize::new(0), tokio::sync::Notify::new()));
+                loop {
+                    let Ok((tcp, _)) = listener.accept().await else {
+                        return;
+                    };
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let waiting = waiting.clone();
+                    let closed = closed.clone();
+                    match &tls {
+                        None => {
+                            tokio::spawn(async move {
+                                serve(tcp, waiting).await;
+                                closed.fetch_add(1, Ordering::SeqCst);
+                            });
+                        }
+                        Some(cfg) => {
+                            let acceptor = tokio_rustls::TlsAcceptor::from(cfg.clone());
+                            tokio::spawn(async move {
+                                if let Ok(s) = acceptor.accept(tcp).await {
+                                    serve(s, waiting).await;
+                                }
+                                closed.fetch_add(1, Ordering::SeqCst);
+                            });
+                        }
+                    }
+                }
+            });
+        });
+        H2Upstream {
+            addr,
+            accepts,
+            closes,
+        }
+    }
+
+    fn accepts(&self) -> usize {
+        self.accepts.load(Ordering::SeqCst)
+    }
+}
+
+type Waiting = Arc<(AtomicUsize, tokio::sync::Notify)>;
+
+async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: S, waiting: Waiting) {
+    let Ok(mut conn) = h2::server::handshake(io).await else {
+        return;
+    };
+    while let Some(Ok((req, respond))) = conn.accept().await {
+        if req.uri().path() == "/goaway" {
+            conn.graceful_shutdown();
+        }
+        tokio::spawn(answer(req, respond, waiting.clone()));
+    }
+}
+
+async fn answer(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    waiting: Waiting,
+) {
+    let (parts, mut body) = req.into_parts();
+    if parts.uri.path() == "/bidi" {
+        // Answers at once, then echoes each DATA frame as it arrives; trailers at the end.
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        while let Some(Ok(d)) = body.data().await {
+            let _ = body.flow_control().release_capacity(d.len());
+            let _ = send.send_data(d, false);
+        }
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let _ = send.send_trailers(trailers);
+        return;
+    }
+    let mut got = Vec::new();
+    while let Some(Ok(d)) = body.data().await {
+        let _ = body.flow_control().release_capacity(d.len());
+        got.extend_from_slice(&d);
+    }
+    let path = parts.uri.path().to_string();
+    if path == "/wait" {
+        let (n, notify) = &*waiting;
+        let notified = notify.notified();
+        if n.fetch_add(1, Ordering::SeqCst) + 1 >= WAIT_FOR {
+            notify.notify_waiters();
+        } else {
+            notified.await;
+        }
+    }
+    let field = |n: &str| {
+        parts
+            .headers
+            .get(n)
+            .map_or("-", |v| v.to_str().unwrap_or("?"))
+            .to_string()
+    };
+    if path == "/reset" {
+        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+        return;
+    }
+    if path == "/slow" {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    if let Some(n) = path.strip_prefix("/big/") {
+        // A large response without content-length, in several DATA frames.
+        let n: usize = n.parse().unwrap();
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        let line = format!("got {} bytes\n", got.len());
+        let _ = send.send_data(Bytes::from(line), false);
+        for _ in 0..n / 16384 {
+            let _ = send.send_data(Bytes::from(vec![b'x'; 16384]), false);
+        }
+        let _ = send.send_data(Bytes::new(), true);
+        return;
+    }
+    if path == "/grpc" {
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        let mut echo = format!("te={} ", field("te")).into_bytes();
+        echo.extend_from_slice(&got);
+        send.send_data(Bytes::from(echo), false).unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.insert("grpc-message", "fine".parse().unwrap());
+        let _ = send.send_trailers(trailers);
+        return;
+    }
+    let text = format!(
+        "{} {} authority={} xff={} body={}",
+        parts.method,
+        parts.uri.path_and_query().map_or("", |p| p.as_str()),
+        parts.uri.authority().map_or("-", |a| a.as_str()),
+        field("x-forwarded-for"),
+        String::from_utf8_lossy(&got)
+    );
+    let resp = http::Response::builder()
+        .status(200)
+        .header("x-upstream", "h2")
+        .body(())
+        .unwrap();
+    let mut send = respond.send_response(resp, false).unwrap();
+    let _ = send.send_data(Bytes::from(text), true);
+}
+
+fn proxy(up: SocketAddr, group_extra: &str) -> Running {
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{up}"]
+protocol = "h2"
+connect_timeout = "2s"
+{group_extra}
+"#
+    );
+    let cfg = portico_config::parse(&toml, "h2up-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+async fn h2c(addr: SocketAddr) -> SendRequest<Bytes> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+struct Got {
+    status: u16,
+    headers: http::HeaderMap,
+    body: String,
+    trailers: Option<http::HeaderMap>,
+}
+
+async fn send(
+    client: &SendRequest<Bytes>,
+    method: &str,
+    path: &str,
+    fields: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Got {
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(format!("http://app.test{path}"));
+    for (n, v) in fields {
+        b = b.header(*n, *v);
+    }
+    let mut c = tokio::time::timeout(T, client.clone().ready())
+        .await
+        .expect("ready in time")
+        .unwrap();
+    let (resp, mut stream) = c.send_request(b.body(()).unwrap(), body.is_none()).unwrap();
+    if let Some(body) = body {
+        stream
+            .send_data(Bytes::copy_from_slice(body), true)
+            .unwrap();
+    }
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let mut rb = resp.into_body();
+    let mut out = Vec::new();
+    while let Some(d) = tokio::time::timeout(T, rb.data()).await.expect("body") {
+        let d = d.unwrap();
+        let _ = rb.flow_control().release_capacity(d.len());
+        out.extend_from_slice(&d);
+    }
+    let trailers = tokio::time::timeout(T, rb.trailers())
+        .await
+        .expect("trailers")
+        .unwrap();
+    Got {
+        status,
+        headers,
+        body: String::from_utf8(out).unwrap(),
+        trailers,
+    }
+}
+
+/// One HTTP/1.1 exchange on a new connection (`Connection: close`): the whole response text.
+async fn http1(addr: SocketAddr, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut out))
+        .await
+        .expect("response in time")
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+#[tokio::test]
+async fn http2_clients_multiplex_over_one_upstream_connection() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    // The server answers none of these until all are open at once: they must share it.
+    let mut pending = Vec::new();
+    for _ in 0..WAIT_FOR {
+        let c = client.clone();
+        pending.push(tokio::spawn(async move {
+            send(&c, "GET", "/wait", &[], None).await
+        }));
+    }
+    for t in pending {
+        let got = t.await.unwrap();
+        assert_eq!(got.status, 200);
+        assert!(
+            got.body.starts_with("GET /wait authority=app.test"),
+            "{}",
+            got.body
+        );
+        assert_eq!(got.headers["x-upstream"], "h2");
+    }
+    let got = send(&client, "POST", "/echo?x=1", &[], Some(b"payload")).await;
+    assert_eq!(got.status, 200);
+    assert!(
+        got.body
+            .ends_with("POST /echo?x=1 authority=app.test xff=127.0.0.1 body=payload"),
+        "{}",
+        got.body
+    );
+    assert_eq!(up.accepts(), 1, "every stream over one upstream connection");
+    drop(p);
+}
+
+#[tokio::test]
+async fn http1_clients_reach_an_h2_upstream() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let text = http1(
+        addr,
+        "POST /echo HTTP/1.1\r\nHost: app.test\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{text}"
+    );
+    assert!(
+        text.contains("POST /echo authority=app.test xff=127.0.0.1 body=hello"),
+        "{text}"
+    );
+    // A chunked upload, then a second client: still one upstream connection.
+    let text = http1(
+        addr,
+        "POST /echo HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(text.contains("body=abc"), "{text}");
+    assert_eq!(up.accepts(), 1);
+}
+
+#[tokio::test]
+async fn grpc_style_exchange_passes_trailers() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let client = h2c(addr).await;
+    let fields = [("content-type", "application/grpc"), ("te", "trailers")];
+    let got = send(&client, "POST", "/grpc", &fields, Some(b"\0\0\0\0\x02hi")).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.headers["content-type"], "application/grpc");
+    assert_eq!(got.body, "te=trailers \0\0\0\0\x02hi");
+    let trailers = got.trailers.expect("trailers");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(trailers["grpc-message"], "fine");
+
+    // An HTTP/1.1 client that accepts trailers gets them in the chunked body.
+    let text = http1(
+        addr,
+        "POST /grpc HTTP/1.1\r\nHost: app.test\r\nTE: trailers\r\nContent-Type: application/grpc\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("te=trailers hi"), "{text}");
+    assert!(
+        text.ends_with("0\r\ngrpc-status: 0\r\ngrpc-message: fine\r\n\r\n"),
+        "{text:?}"
+    );
+    // Without `TE: trailers` it gets none.
+    let text = http1(
+        addr,
+        "POST /grpc HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    )
+    .await;
+    assert!(text.ends_with("0\r\n\r\n"), "{text:?}");
+    assert!(!text.contains("grpc-status"), "{text:?}");
+}
+
+#[tokio::test]
+async fn goaway_leads_to_a_new_connection() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/goaway", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.accepts(), 1);
+    for _ in 0..3 {
+        let got = send(&client, "GET", "/after", &[], None).await;
+        assert_eq!(got.status, 200, "{}", got.body);
+    }
+    assert_eq!(up.accepts(), 2, "one new connection after the GOAWAY");
+}
+
+#[tokio::test]
+async fn upstream_down_is_a_502() {
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let p = proxy(gone, "");
+    let addr = p.addr("p").unwrap();
+    let client = h2c(addr).await;
+    let got = send(&client, "GET", "/x", &[], None).await;
+    assert_eq!(got.status, 502);
+    let text = http1(
+        addr,
+        "GET /x HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 502"), "{text}");
+}
+
+#[tokio::test]
+async fn tls_with_alpn_h2() {
+    let dir = std::env::temp_dir().join(format!("portico-h2up-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["upstream.test".to_string()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, cert.pem()).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let up = H2Upstream::start(Some(Arc::new(config)));
+    let p = proxy(
+        up.addr,
+        &format!(
+            "[upstreams.b.tls]\nca_file = {:?}\nserver_name = \"upstream.test\"\n",
+            ca.display().to_string()
+        ),
+    );
+    let addr = p.addr("p").unwrap();
+    let client = h2c(addr).await;
+    for _ in 0..3 {
+        let got = send(&client, "GET", "/over-tls", &[], None).await;
+        assert_eq!(got.status, 200);
+        assert!(
+            got.body.starts_with("GET /over-tls authority=app.test"),
+            "{}",
+            got.body
+        );
+    }
+    let text = http1(
+        addr,
+        "GET /h1 HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.contains("GET /h1 authority=app.test"), "{text}");
+    assert_eq!(up.accepts(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn large_bodies_both_ways_under_flow_control() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let upload = vec![b'u'; 1 << 20];
+    let client = h2c(addr).await;
+    let got = send(&client, "POST", "/big/1048576", &[], Some(&upload)).await;
+    assert_eq!(got.status, 200);
+    assert!(got.body.starts_with("got 1048576 bytes\n"));
+    assert_eq!(got.body.len(), "got 1048576 bytes\n".len() + (1 << 20));
+
+    let mut req = format!(
+        "POST /big/1048576 HTTP/1.1\r\nHost: app.test\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        upload.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&upload);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let (mut r, mut w) = s.split();
+    let (wrote, read) = tokio::join!(w.write_all(&req), async {
+        let mut out = Vec::new();
+        tokio::time::timeout(T, r.read_to_end(&mut out))
+            .await
+            .expect("response in time")
+            .map(|_| out)
+    });
+    wrote.unwrap();
+    let text = String::from_utf8(read.unwrap()).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{}", &text[..100]);
+    assert!(text.contains("got 1048576 bytes\n"));
+    let xs = text.bytes().filter(|&b| b == b'x').count();
+    assert_eq!(xs, 1 << 20);
+    assert_eq!(up.accepts(), 1);
+}
+
+#[tokio::test]
+async fn response_header_timeout_is_a_504() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "response_header_timeout = \"300ms\"");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/slow", &[], None).await;
+    assert_eq!(got.status, 504);
+    // The connection stays usable for other requests.
+    let got = send(&client, "GET", "/fast", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.accepts(), 1);
+}
+
+#[tokio::test]
+async fn bidirectional_stream_interleaves_messages() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("http://app.test/bidi")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, mut stream) = c.send_request(req, false).unwrap();
+    stream
+        .send_data(Bytes::from_static(b"ping1"), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    // The first message comes back before the client has sent the second one.
+    let d = tokio::time::timeout(T, body.data()).await.expect("echo 1");
+    assert_eq!(d.unwrap().unwrap(), "ping1");
+    stream
+        .send_data(Bytes::from_static(b"ping2"), true)
+        .unwrap();
+    let d = tokio::time::timeout(T, body.data()).await.expect("echo 2");
+    assert_eq!(d.unwrap().unwrap(), "ping2");
+    assert!(tokio::time::timeout(T, body.data())
+        .await
+        .expect("end")
+        .is_none());
+    let trailers = tokio::time::timeout(T, body.trailers())
+        .await
+        .expect("trailers");
+    assert_eq!(trailers.unwrap().expect("trailers")["grpc-status"], "0");
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_idle_timeout() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "idle_timeout = \"300ms\"");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/x", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.closes.load(Ordering::SeqCst), 0);
+    // The worker's sweeper closes it with no further request (polled, bounded by T).
+    let deadline = std::time::Instant::now() + T;
+    while up.closes.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle connection not closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let got = send(&client, "GET", "/y", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(up.accepts(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_reset_is_a_502_and_keeps_the_connection() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let got = send(&client, "GET", "/before", &[], None).await;
+    assert_eq!(got.status, 200);
+    // On the reused connection: not taken for a dead connection, so not sent again.
+    let got = send(&client, "GET", "/reset", &[], None).await;
+    assert_eq!(got.status, 502);
+    let got = send(&client, "GET", "/after", &[], None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(
+        up.accepts(),
+        1,
+        "a RST_STREAM does not retire the connection"
+    );
+}
