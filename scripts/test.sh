@@ -37,3 +37,5 @@ echo "==> h2spec (HTTP/2 conformance on a TLS and an h2c listener)"
 scripts/h2spec.sh
 echo "==> slow clients: slowhttptest slowloris, slow body, slow read"
 scripts/slowloris.sh
+echo "==> fuzz smoke run (every cargo-fuzz target, seed corpora, nightly)"
+scripts/fuzz-smoke.sh
