@@ -35,3 +35,7 @@ cargo build --release --locked -p portico
 scripts/vtc.sh
 echo "==> h2spec (HTTP/2 conformance on a TLS and an h2c listener)"
 scripts/h2spec.sh
+echo "==> slow clients: slowhttptest slowloris, slow body, slow read"
+scripts/slowloris.sh
+echo "==> fuzz smoke run (every cargo-fuzz target, seed corpora, nightly)"
+scripts/fuzz-smoke.sh

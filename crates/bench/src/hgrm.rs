@@ -135,6 +135,10 @@ pub fn parse(text: &str) -> Result<Hgrm, BenchError> {
         if !(0.0..=1.0).contains(&row.percentile) {
             return Err(err(n, "percentile outside 0..1"));
         }
+        // NaN compares false both ways: it would slip past the order check below.
+        if !row.value.is_finite() {
+            return Err(err(n, "a value is not a finite number"));
+        }
         if let Some(prev) = rows.last() {
             if row.percentile < prev.percentile
                 || row.value < prev.value
@@ -261,5 +265,29 @@ mod tests {
         let lines: Vec<&str> = good.lines().collect();
         let no_footer = lines[..lines.len() - 3].join("\n");
         assert!(parse(&no_footer).is_err());
+    }
+
+    /// Found by the `bench_report` fuzz target: a NaN value was accepted, and with it values
+    /// that decrease (1, NaN, 0.5), since every comparison with NaN is false.
+    #[test]
+    fn fuzz_bench_report_nan_value_refused() {
+        let text = format!(
+            "{HEADER}\n\n\
+             \x20      1.000 0.000000000000          1           1.00\n\
+             \x20        NaN 0.500000000000          2           2.00\n\
+             \x20      0.500 0.750000000000          3           4.00\n\
+             #[Mean    =        2.000, StdDeviation   =        0.900]\n\
+             #[Max     =        4.095, Total count    =            3]\n\
+             #[Buckets =           22, SubBuckets     =         2048]\n"
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains("line 4") && e.contains("finite"), "{e}");
+        assert!(parse(&text.replace("NaN", "inf")).is_err());
+        assert!(parse(
+            &text
+                .replace("  NaN", "1.500")
+                .replace("0.500 0.75", "2.000 0.75")
+        )
+        .is_ok());
     }
 }
