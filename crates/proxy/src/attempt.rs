@@ -76,7 +76,10 @@ pub async fn pick<'s>(
             Err(PickError::AtLimit) if upstream.group().queue > 0 => {
                 let g = upstream.group();
                 let queue = &shared.group_stats[gi].queue;
-                match queue.wait(upstream, key, g.queue, g.queue_timeout).await {
+                match queue
+                    .wait(upstream, key, retry.excluded(gi), g.queue, g.queue_timeout)
+                    .await
+                {
                     Ok(guard) => {
                         *asked = Instant::now();
                         break (upstream, guard);

@@ -59,6 +59,7 @@ impl GroupQueue {
         &self,
         upstream: &Upstream,
         key: Option<&[u8]>,
+        exclude: &[usize],
         max: u32,
         timeout: Duration,
     ) -> Result<ServerGuard, ProxyError> {
@@ -81,7 +82,7 @@ impl GroupQueue {
             let notified = self.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match upstream.pick_at(key, None, Instant::now()) {
+            match upstream.pick_at_excluding(key, exclude, Instant::now()) {
                 Ok(guard) => {
                     self.admitted.fetch_add(1, Ordering::Relaxed);
                     return Ok(guard);
@@ -129,7 +130,7 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                q.wait(&u, None, 2, timeout)
+                q.wait(&u, None, &[], 2, timeout)
                     .await
                     .map(|g| g.index())
                     .map_err(|e| e.to_string())
@@ -157,7 +158,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let third = rt.block_on(q.wait(&u, None, 2, Duration::from_secs(10)));
+        let third = rt.block_on(q.wait(&u, None, &[], 2, Duration::from_secs(10)));
         assert!(matches!(third, Err(ProxyError::QueueFull)));
         assert_eq!(q.full.load(Ordering::Relaxed), 1);
         // Each release admits one waiter; the admitted one releases in turn when it finishes.

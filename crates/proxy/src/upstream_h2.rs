@@ -16,7 +16,7 @@ use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use portico_config::{HeaderRules, ProxyAction, Route, UpstreamGroup};
-use portico_http1::{encode, parse_request, parse_response, Framing, Limits, RequestHead};
+use portico_http1::{encode, parse_request, parse_response, Framing, Limits, Method, RequestHead};
 use portico_upstream::{Report, ServerGuard, Upstream};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -30,6 +30,9 @@ use tokio::time::timeout;
 
 /// Streams one connection carries before another is opened, even when the server allows more.
 const MAX_STREAMS: usize = 100;
+
+/// Flow-control window of each stream (response bodies).
+const STREAM_WINDOW: u32 = 256 * 1024;
 
 /// Far-away deadline while a request body is still streaming.
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -199,8 +202,12 @@ async fn open(
     }
     let left = t.saturating_sub(begun.elapsed());
     let handshake = h2::client::Builder::new()
-        .initial_window_size(1 << 20)
-        .initial_connection_window_size(4 << 20)
+        // Per stream 256 KiB, and room for every stream at once on the connection: a few slow
+        // clients can never use up the connection window of the streams sharing it.
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(STREAM_WINDOW * MAX_STREAMS as u32)
+        // Nothing here would read pushed streams.
+        .enable_push(false)
         // Response header blocks are bounded as HTTP/1 response heads are.
         .max_header_list_size(Limits::default().max_head_bytes as u32)
         .handshake::<_, Bytes>(stream);
@@ -807,7 +814,10 @@ pub(crate) async fn proxy_h1(
             encode::field(&mut raw, n.as_str(), v.as_bytes());
         }
     }
-    if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+    // No length is invented for responses that have no body by definition (RFC 9110 6.4.1,
+    // 8.6): a HEAD response's length describes the resource, 1xx/204/304 carry none.
+    let bodiless = *head.method() == Method::Head || status < 200 || status == 204 || status == 304;
+    if !bodiless && !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
         match body.is_end_stream() {
             true => encode::content_length(&mut raw, 0),
             false => encode::field(&mut raw, "Transfer-Encoding", b"chunked"),

@@ -143,6 +143,11 @@ async fn answer(
             .map_or("-", |v| v.to_str().unwrap_or("?"))
             .to_string()
     };
+    if path == "/nocontent" {
+        let resp = http::Response::builder().status(204).body(()).unwrap();
+        let _ = respond.send_response(resp, true);
+        return;
+    }
     if path == "/reset" {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
@@ -349,6 +354,22 @@ async fn http1_clients_reach_an_h2_upstream() {
     .await;
     assert!(text.contains("body=abc"), "{text}");
     assert_eq!(up.accepts(), 1);
+}
+
+#[tokio::test]
+async fn a_204_from_an_h2_upstream_gets_no_invented_length() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let text = http1(
+        addr,
+        "GET /nocontent HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 204"), "{text}");
+    let lower = text.to_ascii_lowercase();
+    assert!(!lower.contains("content-length"), "{text}");
+    assert!(!lower.contains("transfer-encoding"), "{text}");
 }
 
 #[tokio::test]
