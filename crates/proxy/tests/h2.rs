@@ -927,3 +927,29 @@ fn a_silent_connection_is_closed_at_the_head_deadline() {
     );
     assert!(up.requests().is_empty());
 }
+
+#[test]
+fn a_client_that_never_acks_the_drain_ping_is_closed() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.limits]\nkeepalive_timeout = \"200ms\"");
+    let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    // The preface and SETTINGS, then nothing: no SETTINGS ack, no PING ack. The idle timeout
+    // starts the drain (GOAWAY + PING), which this client never completes.
+    let mut out = portico_proxy::h2::PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    s.write_all(&out).unwrap();
+    let started = Instant::now();
+    let got = read_to_close(&mut s);
+    assert!(started.elapsed() < T);
+    // Frames received: the server's SETTINGS, its GOAWAY and PING.
+    let mut kinds = Vec::new();
+    let mut at = 0;
+    while got.len() >= at + 9 {
+        let len = u32::from_be_bytes([0, got[at], got[at + 1], got[at + 2]]) as usize;
+        kinds.push(got[at + 3]);
+        at += 9 + len;
+    }
+    assert!(kinds.contains(&0x7), "GOAWAY sent: {kinds:?}");
+    assert!(kinds.contains(&0x6), "PING sent: {kinds:?}");
+}

@@ -242,7 +242,9 @@ impl Link {
 
 /// Serve an HTTP/2 connection until it closes: accept streams (one local task each), GOAWAY on
 /// shutdown or listener stop (streams in flight finish), on idleness, after
-/// `max_requests_per_connection` streams, and ENHANCE_YOUR_CALM on a reset flood.
+/// `max_requests_per_connection` streams, and ENHANCE_YOUR_CALM on a reset flood. A drain the
+/// client does not complete (no PING ack, or it stopped reading) is cut once no stream is active
+/// and the keep-alive timeout (at most the drain timeout on shutdown) has passed.
 pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let settings = ctx.ls.listener.http2;
     let limits = ctx.ls.listener.limits;
@@ -299,15 +301,27 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         .h2_connections
         .fetch_add(1, Ordering::Relaxed);
     let mut draining = false;
+    // When draining began, and the grace the client then has (once no stream is active) to
+    // answer the GOAWAY's PING and let h2 close: a client that never acks, or stopped reading,
+    // would otherwise hold the connection forever.
+    let mut drain_from: Option<Instant> = None;
+    let mut grace = limits.keepalive_timeout;
     let mut served: u64 = 0;
     if *ctx.shutdown.borrow() {
         conn.graceful_shutdown();
         draining = true;
+        grace = grace.min(ctx.shared.config.drain_timeout);
     }
     loop {
+        if draining && drain_from.is_none() {
+            drain_from = Some(Instant::now());
+        }
         let idle_armed = !draining && link.active.get() == 0;
         let idle_at =
             tokio::time::Instant::from_std(link.idle_since.get()) + limits.keepalive_timeout;
+        let drain_at = drain_from
+            .filter(|_| link.active.get() == 0)
+            .map(|t| tokio::time::Instant::from_std(t.max(link.idle_since.get())) + grace);
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
@@ -320,7 +334,14 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                 if r.is_err() || *ctx.shutdown.borrow() {
                     conn.graceful_shutdown();
                     draining = true;
+                    // The worker waits no longer than this for its connections.
+                    grace = grace.min(ctx.shared.config.drain_timeout);
                 }
+            }
+            _ = tokio::time::sleep_until(drain_at.unwrap_or_else(tokio::time::Instant::now)),
+                if drain_at.is_some() => {
+                tracing::debug!(%peer, "HTTP/2 drain not completed by the client in time: closed");
+                break;
             }
             _ = tokio::time::sleep_until(idle_at), if idle_armed => {
                 if link.active.get() == 0 {
