@@ -396,6 +396,26 @@ async fn h2_read(resp: h2::client::ResponseFuture) -> Result<(u16, Vec<u8>), h2:
 }
 
 #[tokio::test]
+async fn h2_client_gets_a_close_delimited_tls_body_without_close_notify() {
+    let pki = pki("h2close");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"upstream.test\"");
+    let mut c = h2c(p.addr("web").unwrap()).await;
+    let req = http::Request::get("http://app.test/close")
+        .body(())
+        .unwrap();
+    let (resp, _) = c.send_request(req, true).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), h2_read(resp))
+        .await
+        .expect("response in time");
+    // END_STREAM, not RST_STREAM INTERNAL_ERROR.
+    let (status, body) = got.expect("a clean end of stream");
+    assert_eq!((status, body.as_slice()), (200, b"until-close".as_slice()));
+    p.shutdown();
+    tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
+}
+
+#[tokio::test]
 async fn h2_client_uploads_a_large_body_to_a_tls_upstream() {
     let pki = pki("h2upload");
     let up = TlsUpstream::start(&pki, false);

@@ -917,6 +917,12 @@ async fn relay(
                         });
                     }
                 };
+                let read = match read {
+                    // A TLS server closing without close_notify (common) ends a close-delimited
+                    // body as a plain close would; framed bodies still fail the decoder below.
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ok(0)),
+                    r => r,
+                };
                 match read {
                     Err(_) => return Err(ProxyError::UpstreamIdle),
                     Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
