@@ -128,7 +128,13 @@ impl Outcome {
 }
 
 /// Serve one accepted connection until it closes.
-pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
+pub async fn serve(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
+    serve_since(stream, peer, ctx, Instant::now()).await
+}
+
+/// [`serve`] a connection whose first head deadline runs from `accepted` (time already spent
+/// on it, such as sniffing its protocol, counts).
+pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, accepted: Instant) {
     let mut c = Conn {
         client_cert_subject: stream.client_cert_subject(),
         stream,
@@ -140,7 +146,6 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         requests: 0,
         timings: Timings::default(),
     };
-    let accepted = Instant::now();
     loop {
         let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
             Ok(Some(h)) => h,

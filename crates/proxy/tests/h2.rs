@@ -887,3 +887,69 @@ async fn access_log_names_the_protocol_http2() {
     assert!(line.contains("\"GET /logged HTTP/2.0\" 200 2 "), "{line}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Read until the server closes the connection (EOF or reset); everything received. Panics if
+/// it stays open past the read timeout set on `s`.
+fn read_to_close(s: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return seen,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return seen,
+            Err(e) => panic!("the connection stayed open: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_silent_connection_is_closed_at_the_head_deadline() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.limits]\nhead_timeout = \"200ms\"");
+    let addr = p.addr("p").unwrap();
+    // Nothing sent: the protocol sniff must not wait past the head deadline.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let started = Instant::now();
+    let got = read_to_close(&mut s);
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert!(started.elapsed() < T);
+    // A request line begun but not finished: the same deadline, answered as HTTP/1 (408).
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.write_all(b"GE").unwrap();
+    let got = read_to_close(&mut s);
+    assert!(
+        got.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(up.requests().is_empty());
+}
+
+#[test]
+fn a_client_that_never_acks_the_drain_ping_is_closed() {
+    let up = TestUpstream::start(|_| Reply::ok("never"));
+    let p = plain_proxy(up.addr, "[listeners.limits]\nkeepalive_timeout = \"200ms\"");
+    let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    // The preface and SETTINGS, then nothing: no SETTINGS ack, no PING ack. The idle timeout
+    // starts the drain (GOAWAY + PING), which this client never completes.
+    let mut out = portico_proxy::h2::PREFACE.to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    s.write_all(&out).unwrap();
+    let started = Instant::now();
+    let got = read_to_close(&mut s);
+    assert!(started.elapsed() < T);
+    // Frames received: the server's SETTINGS, its GOAWAY and PING.
+    let mut kinds = Vec::new();
+    let mut at = 0;
+    while got.len() >= at + 9 {
+        let len = u32::from_be_bytes([0, got[at], got[at + 1], got[at + 2]]) as usize;
+        kinds.push(got[at + 3]);
+        at += 9 + len;
+    }
+    assert!(kinds.contains(&0x7), "GOAWAY sent: {kinds:?}");
+    assert!(kinds.contains(&0x6), "PING sent: {kinds:?}");
+}

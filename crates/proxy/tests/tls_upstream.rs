@@ -175,6 +175,34 @@ async fn serve_http<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: 
                 }
                 continue;
             }
+            if head.starts_with(b"POST /count ") {
+                // Read the Content-Length body slowly in small reads (portico's socket fills
+                // and rustls keeps ciphertext it could not write), answer its length.
+                let text = String::from_utf8_lossy(&head).to_lowercase();
+                let len: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let mut got = buf.len().min(len);
+                buf.drain(..got);
+                while got < len {
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got += n,
+                    }
+                }
+                let body = got.to_string();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if s.write_all(resp.as_bytes()).await.is_err() || s.flush().await.is_err() {
+                    return;
+                }
+                continue;
+            }
             if head.starts_with(b"GET /close ") {
                 // A close-delimited body, then the socket dropped without close_notify.
                 let _ = s
@@ -343,6 +371,92 @@ fn close_delimited_body_from_a_tls_upstream_without_close_notify() {
     assert_eq!(r.text(), "until-close");
     p.shutdown();
     p.wait();
+}
+
+/// An h2c client (prior knowledge) on `addr`; the connection runs in its own task.
+async fn h2c(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    client.ready().await.unwrap()
+}
+
+/// Status and body of an h2 response, or the stream's error.
+async fn h2_read(resp: h2::client::ResponseFuture) -> Result<(u16, Vec<u8>), h2::Error> {
+    let resp = resp.await?;
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    let mut out = Vec::new();
+    while let Some(d) = body.data().await {
+        let d = d?;
+        let _ = body.flow_control().release_capacity(d.len());
+        out.extend_from_slice(&d);
+    }
+    Ok((status, out))
+}
+
+#[tokio::test]
+async fn h2_client_gets_a_close_delimited_tls_body_without_close_notify() {
+    let pki = pki("h2close");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy(&pki, up.addr, "", "server_name = \"upstream.test\"");
+    let mut c = h2c(p.addr("web").unwrap()).await;
+    let req = http::Request::get("http://app.test/close")
+        .body(())
+        .unwrap();
+    let (resp, _) = c.send_request(req, true).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), h2_read(resp))
+        .await
+        .expect("response in time");
+    // END_STREAM, not RST_STREAM INTERNAL_ERROR.
+    let (status, body) = got.expect("a clean end of stream");
+    assert_eq!((status, body.as_slice()), (200, b"until-close".as_slice()));
+    p.shutdown();
+    tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
+}
+
+#[tokio::test]
+async fn h2_client_uploads_a_large_body_to_a_tls_upstream() {
+    let pki = pki("h2upload");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy_with_route(
+        &pki,
+        up.addr,
+        "max_body = 0",
+        "",
+        "server_name = \"upstream.test\"",
+    );
+    let mut c = h2c(p.addr("web").unwrap()).await;
+    const LEN: usize = 2 << 20;
+    let req = http::Request::post("http://app.test/count")
+        .header("content-length", LEN.to_string())
+        .body(())
+        .unwrap();
+    let (resp, mut send) = c.send_request(req, false).unwrap();
+    let upload = async move {
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+        let mut left = LEN;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            send.reserve_capacity(n);
+            // None: the stream ended early (the answer below says why).
+            let Some(Ok(cap)) = std::future::poll_fn(|cx| send.poll_capacity(cx)).await else {
+                break;
+            };
+            let n = cap.min(n);
+            left -= n;
+            send.send_data(chunk.slice(..n), left == 0).unwrap();
+        }
+    };
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(upload, h2_read(resp)).1
+    })
+    .await
+    .expect("the upload's answer in time");
+    let (status, body) = got.unwrap();
+    assert_eq!((status, body), (200, LEN.to_string().into_bytes()));
+    p.shutdown();
+    tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
 }
 
 #[test]

@@ -27,6 +27,8 @@ pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
     if !settings.enabled {
         return conn::serve(stream, peer, ctx).await;
     }
+    // The first head deadline runs from here, sniffing included.
+    let accepted = Instant::now();
     let proto = match &stream {
         ClientStream::Tls(t) => {
             if t.get_ref().1.alpn_protocol() == Some(b"h2") {
@@ -35,11 +37,18 @@ pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
                 Sniffed::Http1
             }
         }
-        ClientStream::Plain(s) => sniff(s, ctx.ls.listener.limits.head_timeout).await,
+        ClientStream::Plain(s) => {
+            let deadline =
+                tokio::time::Instant::from_std(accepted) + ctx.ls.listener.limits.head_timeout;
+            sniff(s, deadline).await
+        }
     };
     match proto {
         Sniffed::Http2 => serve(stream, peer, ctx).await,
-        Sniffed::Http1 => conn::serve(stream, peer, ctx).await,
+        // A sniff that ran out of time lands here too: the HTTP/1 path finds its head deadline
+        // (from `accepted`) already passed and closes as for any head timeout (silently when
+        // nothing arrived, 408 when part of a head did).
+        Sniffed::Http1 => conn::serve_since(stream, peer, ctx, accepted).await,
         Sniffed::Neither => {
             // Not an HTTP/1.x request line and not the preface: an invalid preface is a
             // connection error (RFC 9113 3.4), so the connection closes without an answer.
@@ -113,24 +122,25 @@ pub fn classify(buf: &[u8]) -> Option<Sniffed> {
 /// Bytes peeked at most before deciding.
 const SNIFF_MAX: usize = 8 * 1024;
 
-/// Peek (without consuming) until [`classify`] decides, under the head deadline. A connection
-/// that closes or stalls goes to the HTTP/1 path, which handles both.
-async fn sniff(s: &TcpStream, deadline: Duration) -> Sniffed {
-    // One small peek decides nearly every connection (the preface, or a method and a space).
-    let mut first = [0u8; PREFACE.len()];
-    match s.peek(&mut first).await {
-        Ok(0) | Err(_) => return Sniffed::Http1,
-        Ok(n) => {
-            // `classify` only answers once more bytes cannot change the answer.
-            if let Some(v) = classify(&first[..n]) {
-                return v;
+/// Peek (without consuming) until [`classify`] decides, all of it (the first peek included)
+/// before `deadline`, the head deadline measured from accept. A connection that closes or
+/// stalls goes to the HTTP/1 path, which handles both.
+async fn sniff(s: &TcpStream, deadline: tokio::time::Instant) -> Sniffed {
+    let work = async {
+        // One small peek decides nearly every connection (the preface, or a method and a space).
+        let mut first = [0u8; PREFACE.len()];
+        match s.peek(&mut first).await {
+            Ok(0) | Err(_) => return Sniffed::Http1,
+            Ok(n) => {
+                // `classify` only answers once more bytes cannot change the answer.
+                if let Some(v) = classify(&first[..n]) {
+                    return v;
+                }
             }
         }
-    }
-    let mut buf = vec![0u8; SNIFF_MAX];
-    let mut seen = 0;
-    let mut backoff = Duration::from_millis(1);
-    let work = async {
+        let mut buf = vec![0u8; SNIFF_MAX];
+        let mut seen = 0;
+        let mut backoff = Duration::from_millis(1);
         loop {
             let n = match s.peek(&mut buf).await {
                 Ok(0) | Err(_) => return Sniffed::Http1,
@@ -150,7 +160,7 @@ async fn sniff(s: &TcpStream, deadline: Duration) -> Sniffed {
             seen = n;
         }
     };
-    tokio::time::timeout(deadline, work)
+    tokio::time::timeout_at(deadline, work)
         .await
         .unwrap_or(Sniffed::Http1)
 }
@@ -232,7 +242,9 @@ impl Link {
 
 /// Serve an HTTP/2 connection until it closes: accept streams (one local task each), GOAWAY on
 /// shutdown or listener stop (streams in flight finish), on idleness, after
-/// `max_requests_per_connection` streams, and ENHANCE_YOUR_CALM on a reset flood.
+/// `max_requests_per_connection` streams, and ENHANCE_YOUR_CALM on a reset flood. A drain the
+/// client does not complete (no PING ack, or it stopped reading) is cut once no stream is active
+/// and the keep-alive timeout (at most the drain timeout on shutdown) has passed.
 pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let settings = ctx.ls.listener.http2;
     let limits = ctx.ls.listener.limits;
@@ -289,15 +301,27 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         .h2_connections
         .fetch_add(1, Ordering::Relaxed);
     let mut draining = false;
+    // When draining began, and the grace the client then has (once no stream is active) to
+    // answer the GOAWAY's PING and let h2 close: a client that never acks, or stopped reading,
+    // would otherwise hold the connection forever.
+    let mut drain_from: Option<Instant> = None;
+    let mut grace = limits.keepalive_timeout;
     let mut served: u64 = 0;
     if *ctx.shutdown.borrow() {
         conn.graceful_shutdown();
         draining = true;
+        grace = grace.min(ctx.shared.config.drain_timeout);
     }
     loop {
+        if draining && drain_from.is_none() {
+            drain_from = Some(Instant::now());
+        }
         let idle_armed = !draining && link.active.get() == 0;
         let idle_at =
             tokio::time::Instant::from_std(link.idle_since.get()) + limits.keepalive_timeout;
+        let drain_at = drain_from
+            .filter(|_| link.active.get() == 0)
+            .map(|t| tokio::time::Instant::from_std(t.max(link.idle_since.get())) + grace);
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
@@ -310,7 +334,14 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                 if r.is_err() || *ctx.shutdown.borrow() {
                     conn.graceful_shutdown();
                     draining = true;
+                    // The worker waits no longer than this for its connections.
+                    grace = grace.min(ctx.shared.config.drain_timeout);
                 }
+            }
+            _ = tokio::time::sleep_until(drain_at.unwrap_or_else(tokio::time::Instant::now)),
+                if drain_at.is_some() => {
+                tracing::debug!(%peer, "HTTP/2 drain not completed by the client in time: closed");
+                break;
             }
             _ = tokio::time::sleep_until(idle_at), if idle_armed => {
                 if link.active.get() == 0 {

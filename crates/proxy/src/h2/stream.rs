@@ -771,7 +771,12 @@ async fn exchange(
     idle: Duration,
     interim: &mut Vec<Bytes>,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
-    match timeout(idle, up.stream.write_all(ubuf)).await {
+    // TLS: the records must leave rustls's buffer too (a no-op for plain sockets).
+    let write = async {
+        up.stream.write_all(ubuf).await?;
+        up.stream.flush().await
+    };
+    match timeout(idle, write).await {
         Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
         Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
         Ok(Ok(())) => {}
@@ -834,12 +839,13 @@ async fn upload<W: AsyncWrite + Unpin>(
             return Err(ProxyError::BodyTooLarge);
         }
         if n > 0 {
-            match timeout(
-                idle,
-                crate::conn::write_framed(w, &mut scratch, &next, chunked),
-            )
-            .await
-            {
+            // Flushed like the HTTP/1.1 path: a TLS upstream's last records must not stay
+            // buffered in rustls when the socket was full.
+            let write = async {
+                crate::conn::write_framed(w, &mut scratch, &next, chunked).await?;
+                w.flush().await
+            };
+            match timeout(idle, write).await {
                 Err(_) => return Err(ProxyError::UpstreamIdle),
                 Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
                 Ok(Ok(())) => {}
@@ -858,7 +864,11 @@ async fn upload<W: AsyncWrite + Unpin>(
         }
         scratch.clear();
         encode::last_chunk(&mut scratch, &lines);
-        match timeout(idle, w.write_all(&scratch)).await {
+        let write = async {
+            w.write_all(&scratch).await?;
+            w.flush().await
+        };
+        match timeout(idle, write).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
             Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
         }
@@ -906,6 +916,12 @@ async fn relay(
                             Err(e) => h2_error(e),
                         });
                     }
+                };
+                let read = match read {
+                    // A TLS server closing without close_notify (common) ends a close-delimited
+                    // body as a plain close would; framed bodies still fail the decoder below.
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ok(0)),
+                    r => r,
                 };
                 match read {
                     Err(_) => return Err(ProxyError::UpstreamIdle),
