@@ -1,0 +1,251 @@
+//! `--h2` runs against an in-process HTTP/2 server (the h2 crate, h2c and TLS with ALPN h2) on 127.0.0.1.
+
+use bytes::Bytes;
+use portico_bench::{Config, Flags, Report};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the server saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicU64,
+    requests: AtomicU64,
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+}
+
+/// How the server answers.
+#[derive(Clone, Copy, PartialEq)]
+enum Answer {
+    /// `200` with the body `ok`.
+    Ok,
+    /// Every second request (by arrival) is reset with RST_STREAM(INTERNAL_ERROR); the others get
+    /// `200 ok`.
+    ResetHalf,
+}
+
+/// Serve one accepted connection (plain or TLS) as HTTP/2.
+async fn serve<T>(io: T, answer: Answer, seen: Arc<Seen>)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(mut conn) = h2::server::handshake(io).await else {
+        return;
+    };
+    seen.connections.fetch_add(1, Ordering::Relaxed);
+    while let Some(Ok((_req, mut respond))) = conn.accept().await {
+        let n = seen.requests.fetch_add(1, Ordering::Relaxed);
+        let now = seen.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        seen.max_in_flight.fetch_max(now, Ordering::Relaxed);
+        let seen = seen.clone();
+        // Answered from another task, after the accept loop has taken what is already there.
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            seen.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if answer == Answer::ResetHalf && n % 2 == 1 {
+                respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+            let resp = http::Response::builder().status(200).body(()).unwrap();
+            if let Ok(mut body) = respond.send_response(resp, false) {
+                let _ = body.send_data(Bytes::from_static(b"ok"), true);
+            }
+        });
+    }
+}
+
+/// An HTTP/2 server on its own thread: h2c with prior knowledge, or TLS (ALPN `alpn`) when a
+/// TLS configuration is given.
+fn server(answer: Answer, tls: Option<rustls::ServerConfig>) -> (SocketAddr, Arc<Seen>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((sock, _)) = l.accept().await else {
+                    continue;
+                };
+                let (acceptor, seen) = (acceptor.clone(), s.clone());
+                tokio::spawn(async move {
+                    match acceptor {
+                        None => serve(sock, answer, seen).await,
+                        Some(a) => {
+                            if let Ok(t) = a.accept(sock).await {
+                                serve(t, answer, seen).await;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (addr, seen)
+}
+
+/// A TLS server configuration for `localhost` (self-signed ECDSA P-256) offering `alpn`.
+fn tls_config(alpn: &[u8]) -> rustls::ServerConfig {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .unwrap();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    cfg
+}
+
+fn run(f: Flags) -> Report {
+    let cfg = Config::from_flags(&f).expect("valid flags");
+    portico_bench::run(&cfg, &mut |_| {}).expect("run")
+}
+
+fn flags(addr: SocketAddr) -> Flags {
+    Flags {
+        url: format!("http://127.0.0.1:{}/", addr.port()),
+        h2: true,
+        ..Flags::default()
+    }
+}
+
+/// Every measured request is in exactly one bucket.
+fn accounted(r: &Report) {
+    let a = &r.requests;
+    assert_eq!(
+        a.scheduled,
+        a.completed + a.errors + a.in_flight + a.unsent,
+        "{a:?}"
+    );
+    assert_eq!(a.sent, a.completed + a.errors + a.in_flight, "{a:?}");
+}
+
+#[test]
+fn closed_loop_keeps_the_streams_of_two_connections_busy() {
+    let (addr, seen) = server(Answer::Ok, None);
+    let r = run(Flags {
+        closed: true,
+        connections: 2,
+        streams: Some(8),
+        requests: Some(400),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    accounted(&r);
+    assert_eq!(r.requests.completed, 400, "{:?}", r.requests);
+    assert_eq!(r.status.get("200"), Some(&400), "{:?}", r.status);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 2);
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 400);
+    // The streams really were concurrent (16 in flight at most).
+    let max = seen.max_in_flight.load(Ordering::Relaxed);
+    assert!((2..=16).contains(&max), "max in flight {max}");
+    // Opened before the start: none for the measured requests.
+    assert_eq!(r.connections_opened, 0);
+    assert_eq!(r.bytes, 800);
+    assert_eq!((r.protocol.as_str(), r.streams), ("HTTP/2", Some(8)));
+    assert!(
+        r.summary()
+            .contains("2 connections, HTTP/2, 8 streams per connection"),
+        "{}",
+        r.summary()
+    );
+    let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(json["protocol"], "HTTP/2");
+    assert_eq!(json["streams"], 8);
+}
+
+#[test]
+fn open_loop_sends_the_schedule_and_accounts_for_it() {
+    let (addr, seen) = server(Answer::Ok, None);
+    let r = run(Flags {
+        rate: Some(200.0),
+        connections: 2,
+        streams: Some(4),
+        duration: Some(Duration::from_secs(1)),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    accounted(&r);
+    assert_eq!(r.requests.scheduled, 200, "{:?}", r.requests);
+    assert_eq!(r.requests.completed, 200, "{:?}", r.requests);
+    assert_eq!(r.status.get("200"), Some(&200));
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 200);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 2);
+    assert_eq!(r.mode, "open");
+    assert!(r.send_lag.is_some());
+}
+
+#[test]
+fn streams_reset_by_the_server_are_counted_as_errors() {
+    let (addr, seen) = server(Answer::ResetHalf, None);
+    let r = run(Flags {
+        closed: true,
+        connections: 1,
+        streams: Some(4),
+        requests: Some(40),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    accounted(&r);
+    assert_eq!(r.requests.scheduled, 40);
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 40);
+    assert_eq!(r.requests.completed, 20, "{:?}", r.requests);
+    assert_eq!(r.errors.get("reset"), Some(&20), "{:?}", r.errors);
+    // A stream reset does not take the connection down.
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 1);
+    assert!(r.warnings.iter().any(|w| w.contains("20 errors")));
+}
+
+#[test]
+fn https_negotiates_h2_by_alpn() {
+    let (addr, seen) = server(Answer::Ok, Some(tls_config(b"h2")));
+    let r = run(Flags {
+        url: format!("https://localhost:{}/", addr.port()),
+        insecure: true,
+        closed: true,
+        connections: 2,
+        streams: Some(4),
+        requests: Some(40),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    accounted(&r);
+    assert_eq!(r.requests.completed, 40, "{:?}", r.requests);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 2);
+    let t = r.tls.expect("an HTTPS run reports TLS");
+    assert_eq!(t.setup_handshakes.full + t.setup_handshakes.resumed, 2);
+
+    // A server that does not choose h2: every request fails as a `tls` error.
+    let (addr, seen) = server(Answer::Ok, Some(tls_config(b"http/1.1")));
+    let r = run(Flags {
+        url: format!("https://localhost:{}/", addr.port()),
+        insecure: true,
+        closed: true,
+        connections: 1,
+        requests: Some(3),
+        ..flags(addr)
+    });
+    accounted(&r);
+    assert_eq!(r.requests.completed, 0);
+    assert_eq!(r.errors.get("tls"), Some(&3), "{:?}", r.errors);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 0);
+}
