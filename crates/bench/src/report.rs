@@ -523,20 +523,37 @@ impl Report {
             w.push(format!(
                 "only {} of {} scheduled requests were sent: {} were never sent because their \
                  connection was still busy when the run ended (the offered rate was not delivered; \
-                 raise --connections if the server is slow, or see the lag above)",
-                a.sent, a.scheduled, a.unsent
+                 raise {} if the server is slow, or see the lag above)",
+                a.sent,
+                a.scheduled,
+                a.unsent,
+                if self.streams.is_some() {
+                    "--connections or --streams"
+                } else {
+                    "--connections"
+                }
             ));
         }
         if let Some(rate) = self.offered_rate {
             if a.scheduled > 0 && self.queued as f64 > QUEUED_WARN_SHARE * a.scheduled as f64 {
+                let (why, capacity, knobs) = match self.streams {
+                    Some(m) => (
+                        "every stream slot of their connection was taken by a late response",
+                        format!("{} connections of {m} streams", self.connections),
+                        "--connections or --streams",
+                    ),
+                    None => (
+                        "the previous response on it was late",
+                        format!("{} connections", self.connections),
+                        "--connections",
+                    ),
+                };
                 w.push(format!(
-                    "{} requests ({:.2}%) waited for their connection because the previous response \
-                     on it was late; their latency includes that wait, as it should. If this is more \
-                     than a stall, {} connections cannot carry {rate} req/s at this latency: raise \
-                     --connections",
+                    "{} requests ({:.2}%) waited for their connection because {why}; their latency \
+                     includes that wait, as it should. If this is more than a stall, {capacity} \
+                     cannot carry {rate} req/s at this latency: raise {knobs}",
                     self.queued,
                     100.0 * self.queued as f64 / a.scheduled as f64,
-                    self.connections
                 ));
             }
         }

@@ -25,6 +25,8 @@ enum Answer {
     /// Every second request (by arrival) is reset with RST_STREAM(INTERNAL_ERROR); the others get
     /// `200 ok`.
     ResetHalf,
+    /// `200 ok` after this many milliseconds.
+    Slow(u64),
 }
 
 /// Serve one accepted connection (plain or TLS) as HTTP/2.
@@ -43,7 +45,10 @@ where
         let seen = seen.clone();
         // Answered from another task, after the accept loop has taken what is already there.
         tokio::spawn(async move {
-            tokio::task::yield_now().await;
+            match answer {
+                Answer::Slow(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                _ => tokio::task::yield_now().await,
+            }
             seen.in_flight.fetch_sub(1, Ordering::Relaxed);
             if answer == Answer::ResetHalf && n % 2 == 1 {
                 respond.send_reset(h2::Reason::INTERNAL_ERROR);
@@ -192,6 +197,39 @@ fn open_loop_sends_the_schedule_and_accounts_for_it() {
     assert_eq!(seen.connections.load(Ordering::Relaxed), 2);
     assert_eq!(r.mode, "open");
     assert!(r.send_lag.is_some());
+}
+
+#[test]
+fn open_loop_requests_wait_only_when_every_stream_is_busy() {
+    // Responses take 40 ms and one connection is due to send every 25 ms: one stream cannot keep
+    // up (every request after the first waits for it), three streams can.
+    let (addr, _) = server(Answer::Slow(40), None);
+    let f = Flags {
+        rate: Some(40.0),
+        connections: 1,
+        duration: Some(Duration::from_millis(500)),
+        ..flags(addr)
+    };
+    let one = run(Flags {
+        streams: Some(1),
+        ..f.clone()
+    });
+    eprintln!("{}", one.summary());
+    accounted(&one);
+    assert_eq!(one.requests.scheduled, 20);
+    // Every request but the first waited; those the run had no time for were never sent.
+    assert_eq!(one.queued + 1, one.requests.sent, "{:?}", one.requests);
+    assert!(one.requests.unsent > 0, "{:?}", one.requests);
+    assert!(one.latency.max_ms > 100.0, "{:?}", one.latency);
+    let three = run(Flags {
+        streams: Some(3),
+        ..f
+    });
+    eprintln!("{}", three.summary());
+    accounted(&three);
+    assert_eq!(three.requests.completed, 20, "{:?}", three.requests);
+    assert_eq!(three.queued, 0);
+    assert!(three.latency.max_ms < 100.0, "{:?}", three.latency);
 }
 
 #[test]
