@@ -27,6 +27,8 @@ enum Answer {
     ResetHalf,
     /// `200 ok` after this many milliseconds.
     Slow(u64),
+    /// `200 ok`, and each connection is shut down gracefully (GOAWAY) after this many requests.
+    GoAwayAfter(u64),
 }
 
 /// Serve one accepted connection (plain or TLS) as HTTP/2.
@@ -38,8 +40,13 @@ where
         return;
     };
     seen.connections.fetch_add(1, Ordering::Relaxed);
+    let mut on_this = 0u64;
     while let Some(Ok((_req, mut respond))) = conn.accept().await {
         let n = seen.requests.fetch_add(1, Ordering::Relaxed);
+        on_this += 1;
+        if answer == Answer::GoAwayAfter(on_this) {
+            conn.graceful_shutdown();
+        }
         let now = seen.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         seen.max_in_flight.fetch_max(now, Ordering::Relaxed);
         let seen = seen.clone();
@@ -251,6 +258,36 @@ fn streams_reset_by_the_server_are_counted_as_errors() {
     // A stream reset does not take the connection down.
     assert_eq!(seen.connections.load(Ordering::Relaxed), 1);
     assert!(r.warnings.iter().any(|w| w.contains("20 errors")));
+}
+
+#[test]
+fn connections_the_server_ends_are_reopened_and_every_request_counted() {
+    let (addr, seen) = server(Answer::GoAwayAfter(10), None);
+    let r = run(Flags {
+        closed: true,
+        connections: 1,
+        streams: Some(4),
+        requests: Some(100),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    accounted(&r);
+    assert_eq!(r.requests.scheduled, 100);
+    assert_eq!(
+        r.requests.in_flight + r.requests.unsent,
+        0,
+        "{:?}",
+        r.requests
+    );
+    // Streams refused by a GOAWAY are `closed` errors; nothing else goes wrong.
+    let closed = r.errors.get("closed").copied().unwrap_or(0);
+    assert_eq!(r.requests.errors, closed, "{:?}", r.errors);
+    assert_eq!(r.requests.completed + closed, 100);
+    assert!(r.requests.completed >= 50, "{:?}", r.requests);
+    // One connection before the start, then new ones as the server ends them.
+    let opened = seen.connections.load(Ordering::Relaxed);
+    assert!(opened >= 5, "{opened} connections");
+    assert_eq!(r.connections_opened, opened - 1);
 }
 
 #[test]
