@@ -627,8 +627,8 @@ impl Report {
             Some(n) if self.protocol == "HTTP/2" => {
                 format!("HTTP/2, {} per connection", plural(n as u64, "stream"))
             }
-            _ if self.keep_alive => "keep-alive".to_string(),
-            _ => "a new connection per request".to_string(),
+            _ if self.keep_alive => "HTTP/1.1 keep-alive".to_string(),
+            _ => "HTTP/1.1, a new connection per request".to_string(),
         };
         let threads = plural(self.threads as u64, "thread");
         let conns = plural(self.connections as u64, "connection");
