@@ -104,6 +104,12 @@ pub struct Flags {
     /// HTTPS: trust the CA certificates of this PEM file instead of the system's.
     #[arg(long, value_name = "FILE")]
     pub cacert: Option<PathBuf>,
+    /// HTTP/2: TLS with ALPN h2 for https:// URLs, h2c with prior knowledge for http:// URLs.
+    #[arg(long)]
+    pub h2: bool,
+    /// HTTP/2: streams in flight per connection (default 1; h2load's -m).
+    #[arg(long, value_name = "N")]
+    pub streams: Option<usize>,
     /// The command line, stored in the JSON (set by the CLI, not a flag).
     #[arg(skip)]
     pub command: Option<String>,
@@ -141,6 +147,8 @@ impl Default for Flags {
             tls_resume: true,
             insecure: false,
             cacert: None,
+            h2: false,
+            streams: None,
             command: None,
         }
     }
@@ -202,6 +210,10 @@ pub struct Config {
     pub pids: Vec<u32>,
     /// `https://`: the client configuration.
     pub tls: Option<crate::tls::TlsClient>,
+    /// `--h2`: HTTP/2 (TLS with ALPN h2, or h2c with prior knowledge).
+    pub h2: bool,
+    /// Requests in flight per connection: `--streams` with `--h2`, else 1.
+    pub streams: usize,
     /// `--label`.
     pub label: Option<String>,
     /// The command line, for the JSON.
@@ -214,6 +226,10 @@ pub const MAX_DRAIN: Duration = Duration::from_secs(1);
 
 /// Most connections one run may open.
 pub const MAX_CONNECTIONS: usize = 100_000;
+/// Most streams in flight per HTTP/2 connection.
+pub const MAX_STREAMS: usize = 10_000;
+/// Most requests in flight at once over all connections (connections times streams).
+pub const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Most worker threads.
 pub const MAX_THREADS: usize = 1024;
 
@@ -310,6 +326,7 @@ impl Config {
                     insecure: f.insecure,
                     cacert: f.cacert.clone(),
                     resume: f.tls_resume,
+                    h2: f.h2,
                 },
                 &target.host,
             )?)
@@ -327,8 +344,28 @@ impl Config {
             }
             None
         };
+        let streams = match (f.h2, f.streams) {
+            (false, Some(_)) => return Err(flag("--streams needs --h2")),
+            (false, None) => 1,
+            (true, None) => 1,
+            (true, Some(n)) if n == 0 || n > MAX_STREAMS => {
+                return Err(flag(format!("--streams {n}: must be 1..={MAX_STREAMS}")))
+            }
+            (true, Some(n)) => n,
+        };
+        if f.h2 && f.close {
+            return Err(flag(
+                "--close and --h2 exclude each other (HTTP/2 has no connection-per-request mode)",
+            ));
+        }
+        if f.connections.saturating_mul(streams) > MAX_IN_FLIGHT {
+            return Err(flag(format!(
+                "--connections {} times --streams {streams}: at most {MAX_IN_FLIGHT} in flight",
+                f.connections
+            )));
+        }
         let addr = resolve(&target)?;
-        Ok(Config {
+        let cfg = Config {
             target,
             targets,
             addr,
@@ -344,9 +381,15 @@ impl Config {
             timeout: f.timeout,
             pids: f.pids.clone(),
             tls,
+            h2: f.h2,
+            streams,
             label: f.label.clone(),
             command: f.command.clone(),
-        })
+        };
+        if cfg.h2 {
+            crate::h2conn::requests(&cfg)?;
+        }
+        Ok(cfg)
     }
 
     /// How long requests in flight may finish after the end of the measured phase.
@@ -710,9 +753,38 @@ mod tests {
                 tls_version: Some("1.0".into()),
                 ..base.clone()
             },
+            Flags {
+                streams: Some(8),
+                ..base.clone()
+            },
+            Flags {
+                h2: true,
+                streams: Some(0),
+                ..base.clone()
+            },
+            Flags {
+                h2: true,
+                close: true,
+                ..base.clone()
+            },
+            Flags {
+                h2: true,
+                connections: 1000,
+                streams: Some(10_000),
+                ..base.clone()
+            },
         ];
         for f in cases {
             assert!(Config::from_flags(&f).is_err(), "{f:?}");
         }
+        let c = Config::from_flags(&Flags {
+            h2: true,
+            streams: Some(8),
+            ..base.clone()
+        })
+        .unwrap();
+        assert!(c.h2);
+        assert_eq!(c.streams, 8);
+        assert_eq!(Config::from_flags(&base).unwrap().streams, 1);
     }
 }

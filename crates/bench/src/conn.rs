@@ -101,7 +101,7 @@ impl AsyncWrite for Stream {
 pub struct Conn {
     addr: SocketAddr,
     /// `https://`: the connector (sharing the run's client config and session cache) and name.
-    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+    tls: Option<TlsTarget>,
     stream: Option<Stream>,
     buf: BytesMut,
     limits: Limits,
@@ -139,27 +139,7 @@ impl Conn {
     /// Open the connection if it is not.
     pub async fn connect(&mut self) -> Result<(), ErrorKind> {
         if self.stream.is_none() {
-            let s = TcpStream::connect(self.addr).await.map_err(connect_error)?;
-            let _ = s.set_nodelay(true);
-            let (stream, opened) = match &self.tls {
-                None => (Stream::Plain(s), Opened { tls: None }),
-                Some((config, name)) => {
-                    let t = TlsConnector::from(config.clone())
-                        .connect(name.clone(), s)
-                        .await
-                        .map_err(handshake_error)?;
-                    let c = t.get_ref().1;
-                    let hs = Handshake {
-                        resumed: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-                        version: c.protocol_version().and_then(|v| v.as_str()),
-                        suite: c.negotiated_cipher_suite().and_then(|s| s.suite().as_str()),
-                        group: c
-                            .negotiated_key_exchange_group()
-                            .and_then(|g| g.name().as_str()),
-                    };
-                    (Stream::Tls(Box::new(t)), Opened { tls: Some(hs) })
-                }
-            };
+            let (stream, opened) = open_stream(self.addr, self.tls.as_ref()).await?;
             self.stream = Some(stream);
             self.opened = Some(opened);
             self.buf.clear();
@@ -278,6 +258,37 @@ impl Conn {
     }
 }
 
+/// The TLS side of a connection: the client configuration (with its session cache) and the name.
+pub type TlsTarget = (Arc<rustls::ClientConfig>, ServerName<'static>);
+
+/// Connect to `addr` (TCP, no Nagle) and do the TLS handshake when `tls` is given.
+pub async fn open_stream(
+    addr: SocketAddr,
+    tls: Option<&TlsTarget>,
+) -> Result<(Stream, Opened), ErrorKind> {
+    let s = TcpStream::connect(addr).await.map_err(connect_error)?;
+    let _ = s.set_nodelay(true);
+    Ok(match tls {
+        None => (Stream::Plain(s), Opened { tls: None }),
+        Some((config, name)) => {
+            let t = TlsConnector::from(config.clone())
+                .connect(name.clone(), s)
+                .await
+                .map_err(handshake_error)?;
+            let c = t.get_ref().1;
+            let hs = Handshake {
+                resumed: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                version: c.protocol_version().and_then(|v| v.as_str()),
+                suite: c.negotiated_cipher_suite().and_then(|s| s.suite().as_str()),
+                group: c
+                    .negotiated_key_exchange_group()
+                    .and_then(|g| g.name().as_str()),
+            };
+            (Stream::Tls(Box::new(t)), Opened { tls: Some(hs) })
+        }
+    })
+}
+
 /// Read into the spare capacity of `buf`; the number of bytes read, 0 at EOF.
 async fn read_more(stream: &mut Stream, buf: &mut BytesMut) -> Result<usize, ErrorKind> {
     if buf.capacity() - buf.len() < READ_RESERVE / 4 {
@@ -306,7 +317,8 @@ fn handshake_error(e: io::Error) -> ErrorKind {
     }
 }
 
-fn io_error(e: io::Error) -> ErrorKind {
+/// The error kind of a socket error.
+pub fn io_error(e: io::Error) -> ErrorKind {
     match e.kind() {
         io::ErrorKind::ConnectionReset
         | io::ErrorKind::ConnectionAborted

@@ -1,4 +1,4 @@
-//! `portico bench`: an open-loop, coordinated-omission-corrected HTTP/1.1 load generator (docs/bench.md).
+//! `portico bench`: an open-loop, coordinated-omission-corrected HTTP/1.1 and HTTP/2 load generator (docs/bench.md).
 
 pub mod compare;
 pub mod compare_page;
@@ -7,6 +7,7 @@ pub mod conn;
 pub mod cpu;
 pub mod deadline;
 pub mod error;
+pub mod h2conn;
 pub mod hgrm;
 pub mod pacer;
 pub mod page;

@@ -673,6 +673,8 @@ pub(crate) mod tests {
             connections: 10,
             threads: 1,
             keep_alive: true,
+            protocol: "HTTP/1.1".into(),
+            streams: None,
             duration_s: 1.0,
             warmup_s: 0.0,
             rates: vec![1000.0, 2000.0],

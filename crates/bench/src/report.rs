@@ -230,6 +230,12 @@ pub struct Report {
     pub threads: usize,
     /// False with `--close` (a new connection per request).
     pub keep_alive: bool,
+    /// `HTTP/1.1` or `HTTP/2` (`--h2`); files written before `--h2` existed are HTTP/1.1.
+    #[serde(default = "http11")]
+    pub protocol: String,
+    /// HTTP/2: streams in flight per connection (`--streams`).
+    #[serde(default)]
+    pub streams: Option<usize>,
     pub planned_duration_s: Option<f64>,
     pub planned_requests: Option<u64>,
     pub timeout_s: f64,
@@ -283,6 +289,15 @@ pub struct Report {
     /// The latency histogram (µs), for `.hgrm` output (not in the JSON).
     #[serde(skip, default = "crate::stats::new_histogram")]
     pub latency_histogram: Histogram<u64>,
+}
+
+pub(crate) fn http11() -> String {
+    "HTTP/1.1".to_string()
+}
+
+/// The protocol a run speaks, as the reports name it.
+pub(crate) fn protocol_of(cfg: &Config) -> String {
+    if cfg.h2 { "HTTP/2" } else { "HTTP/1.1" }.to_string()
 }
 
 fn kind_run() -> String {
@@ -417,6 +432,8 @@ impl Report {
             connections: cfg.connections,
             threads: cfg.threads,
             keep_alive: !cfg.close,
+            protocol: protocol_of(cfg),
+            streams: cfg.h2.then_some(cfg.streams),
             planned_duration_s: match cfg.stop {
                 Stop::Duration(d) => Some(d.as_secs_f64()),
                 Stop::Requests(_) => None,
@@ -506,20 +523,37 @@ impl Report {
             w.push(format!(
                 "only {} of {} scheduled requests were sent: {} were never sent because their \
                  connection was still busy when the run ended (the offered rate was not delivered; \
-                 raise --connections if the server is slow, or see the lag above)",
-                a.sent, a.scheduled, a.unsent
+                 raise {} if the server is slow, or see the lag above)",
+                a.sent,
+                a.scheduled,
+                a.unsent,
+                if self.streams.is_some() {
+                    "--connections or --streams"
+                } else {
+                    "--connections"
+                }
             ));
         }
         if let Some(rate) = self.offered_rate {
             if a.scheduled > 0 && self.queued as f64 > QUEUED_WARN_SHARE * a.scheduled as f64 {
+                let (why, capacity, knobs) = match self.streams {
+                    Some(m) => (
+                        "every stream slot of their connection was taken by a late response",
+                        format!("{} connections of {m} streams", self.connections),
+                        "--connections or --streams",
+                    ),
+                    None => (
+                        "the previous response on it was late",
+                        format!("{} connections", self.connections),
+                        "--connections",
+                    ),
+                };
                 w.push(format!(
-                    "{} requests ({:.2}%) waited for their connection because the previous response \
-                     on it was late; their latency includes that wait, as it should. If this is more \
-                     than a stall, {} connections cannot carry {rate} req/s at this latency: raise \
-                     --connections",
+                    "{} requests ({:.2}%) waited for their connection because {why}; their latency \
+                     includes that wait, as it should. If this is more than a stall, {capacity} \
+                     cannot carry {rate} req/s at this latency: raise {knobs}",
                     self.queued,
                     100.0 * self.queued as f64 / a.scheduled as f64,
-                    self.connections
                 ));
             }
         }
@@ -589,10 +623,12 @@ impl Report {
                     + if self.urls.len() > 10 { ", ..." } else { "" }
             );
         }
-        let conn = if self.keep_alive {
-            "keep-alive"
-        } else {
-            "a new connection per request"
+        let conn = match self.streams {
+            Some(n) if self.protocol == "HTTP/2" => {
+                format!("HTTP/2, {} per connection", plural(n as u64, "stream"))
+            }
+            _ if self.keep_alive => "HTTP/1.1 keep-alive".to_string(),
+            _ => "HTTP/1.1, a new connection per request".to_string(),
         };
         let threads = plural(self.threads as u64, "thread");
         let conns = plural(self.connections as u64, "connection");

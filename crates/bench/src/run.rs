@@ -1,10 +1,11 @@
 //! A run: worker threads owning their connections, warm-up, CPU sampling, progress, merged results.
 
 use crate::config::{Config, Mode, Stop};
-use crate::conn::Conn;
+use crate::conn::{Conn, Opened, Response};
 use crate::cpu;
 use crate::deadline::{watchdog, Deadline};
 use crate::error::BenchError;
+use crate::h2conn::{H2Conn, H2Request};
 use crate::pacer::{spawn_sleeper, Pacer, Shared};
 use crate::report::{Measured, Report};
 use crate::request::encode_requests;
@@ -68,7 +69,74 @@ struct Plan {
     cfg: Config,
     /// One request per URL, sent in turn.
     requests: Vec<Bytes>,
+    /// `--h2`: the same requests for HTTP/2.
+    h2_requests: Vec<H2Request>,
     schedule: Option<Schedule>,
+}
+
+/// What one request goes out on: an HTTP/1.1 connection, or a stream of a shared HTTP/2
+/// connection.
+trait Link {
+    /// Send the request to URL `url` and read its response.
+    async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind>;
+    /// The exchange was abandoned midway (timeout, or the end of the run).
+    fn abandon(&mut self);
+    /// A connection opened since the last call (for the connection and handshake counts).
+    fn take_opened(&mut self) -> Option<Opened>;
+    /// After a response that ends the connection.
+    async fn finish_close(&mut self);
+}
+
+impl Link for Conn {
+    async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind> {
+        let request = plan.requests.get(url).map(|b| &b[..]).unwrap_or_default();
+        Conn::exchange(self, request, &plan.cfg.method).await
+    }
+
+    fn abandon(&mut self) {
+        // The connection's state is unknown.
+        self.close();
+    }
+
+    fn take_opened(&mut self) -> Option<Opened> {
+        Conn::take_opened(self)
+    }
+
+    async fn finish_close(&mut self) {
+        Conn::finish_close(self).await;
+    }
+}
+
+/// One stream slot of an HTTP/2 connection.
+struct H2Link(Rc<H2Conn>);
+
+impl Link for H2Link {
+    async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind> {
+        match plan.h2_requests.get(url) {
+            Some(r) => self.0.exchange(r).await,
+            None => Err(ErrorKind::BadResponse),
+        }
+    }
+
+    fn abandon(&mut self) {
+        // Dropping the exchange reset its stream; the connection goes on.
+    }
+
+    fn take_opened(&mut self) -> Option<Opened> {
+        self.0.take_opened()
+    }
+
+    async fn finish_close(&mut self) {}
+}
+
+/// What the stream tasks of one connection share (one task per connection for HTTP/1.1).
+#[derive(Default)]
+struct Lanes {
+    /// Open loop: the connection's next request (index into its slots) not yet taken by a task.
+    /// Closed loop: measured requests sent so far.
+    next: Cell<u64>,
+    /// Tasks of the connection still running.
+    active: Cell<usize>,
 }
 
 /// One worker thread's state, shared by its connection tasks.
@@ -99,9 +167,9 @@ impl Worker {
 
     /// Send one request and record its outcome (`t.done` is filled in here). Returns what to do
     /// next and when the connection became free again.
-    async fn request(
+    async fn request<L: Link>(
         &self,
-        conn: &mut Conn,
+        conn: &mut L,
         deadline: &Deadline,
         measured: bool,
         mut t: Timing,
@@ -113,28 +181,22 @@ impl Worker {
             Some(c) if c < timeout_at => (c, true),
             _ => (timeout_at, false),
         };
-        let requests = &self.plan.requests;
+        let urls = self.plan.cfg.targets.len();
         let url = self.next_url.get();
-        self.next_url.set(if url + 1 >= requests.len() {
-            0
-        } else {
-            url + 1
-        });
-        let request = requests.get(url).map(|b| &b[..]).unwrap_or_default();
-        let exchange = conn.exchange(request, &cfg.method);
+        self.next_url.set(if url + 1 >= urls { 0 } else { url + 1 });
+        let exchange = conn.exchange(&self.plan, url);
         let r = deadline.run(self.t0 + limit, exchange).await;
         t.done = self.now();
         let since = t.done.saturating_sub(self.measure_start);
         if r.is_none() {
-            // The exchange was abandoned midway: the connection's state is unknown.
-            conn.close();
+            conn.abandon();
         }
         let (flow, close) = {
             let mut rec = self.rec.borrow_mut();
-            if let Some(o) = conn.take_opened() {
+            while let Some(o) = conn.take_opened() {
                 rec.opened(measured, &o);
             }
-            if measured && requests.len() > 1 {
+            if measured && urls > 1 {
                 rec.url_outcome(
                     url,
                     matches!(r, Some(Ok(_))),
@@ -168,18 +230,27 @@ impl Worker {
     }
 
     /// Open loop: send each of connection `k`'s slots at its intended time, or as soon as the
-    /// connection is free if it is late; never after the end of the measured phase.
-    async fn open_loop(self: Rc<Self>, k: usize, mut conn: Conn, deadline: Rc<Deadline>) {
+    /// connection (with HTTP/2: one of its stream slots; each task is one) is free if it is late;
+    /// never after the end of the measured phase. The connection's tasks take its slots in order
+    /// from `lanes`, so a request waits only when every task of its connection is busy.
+    async fn open_loop<L: Link>(
+        self: Rc<Self>,
+        k: usize,
+        mut conn: L,
+        deadline: Rc<Deadline>,
+        lanes: Rc<Lanes>,
+    ) {
         let (Some(sched), Some(pacer)) = (self.plan.schedule.as_ref(), self.pacer.clone()) else {
             return;
         };
         let mut free = Duration::ZERO;
-        let mut i = 0u64;
         loop {
+            let i = lanes.next.get();
             let g = sched.slot(k, i);
             if g >= sched.end() || self.end.is_some_and(|end| self.now() >= end) {
                 break;
             }
+            lanes.next.set(i + 1);
             let intended = sched.slot_time(g);
             if self.now() < intended {
                 pacer.until(self.t0 + intended).await;
@@ -197,32 +268,39 @@ impl Worker {
             free = after;
             // Awake anyway: release whatever sends are due on the other connections.
             pacer.wake_due(self.t0 + free);
-            i += 1;
             if let Flow::Stop = flow {
                 break;
             }
         }
-        let left = sched.measured_of_from(k, sched.slot(k, i));
-        self.rec.borrow_mut().unsent += left;
+        // The connection's last task counts the slots nobody took.
+        lanes.active.set(lanes.active.get().saturating_sub(1));
+        if lanes.active.get() == 0 {
+            let left = sched.measured_of_from(k, sched.slot(k, lanes.next.get()));
+            self.rec.borrow_mut().unsent += left;
+        }
     }
 
-    /// Closed loop: send the next request as soon as the previous one ends.
-    async fn closed_loop(
+    /// Closed loop: send the next request as soon as the previous one ends (with HTTP/2, each
+    /// task is one stream slot of the connection; `lanes.next` counts the connection's measured
+    /// requests against its `quota`).
+    async fn closed_loop<L: Link>(
         self: Rc<Self>,
-        mut conn: Conn,
+        mut conn: L,
         deadline: Rc<Deadline>,
         quota: Option<u64>,
+        lanes: Rc<Lanes>,
     ) {
         let mut free = Duration::ZERO;
-        let mut sent_measured = 0u64;
         let mut now = self.now();
         loop {
-            if self.end.is_some_and(|end| now >= end) || quota.is_some_and(|q| sent_measured >= q) {
+            if self.end.is_some_and(|end| now >= end)
+                || quota.is_some_and(|q| lanes.next.get() >= q)
+            {
                 break;
             }
             let measured = now >= self.measure_start;
             if measured {
-                sent_measured += 1;
+                lanes.next.set(lanes.next.get() + 1);
                 self.rec.borrow_mut().scheduled += 1;
             }
             let t = Timing {
@@ -238,6 +316,42 @@ impl Worker {
             }
         }
     }
+
+    /// Start the tasks of connection `k`, one per link (stream slot), each with its deadline.
+    fn spawn_connection<L: Link + 'static>(
+        self: &Rc<Self>,
+        k: usize,
+        links: Vec<L>,
+        deadlines: &mut Vec<Rc<Deadline>>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let lanes = Rc::new(Lanes::default());
+        lanes.active.set(links.len());
+        let cfg = &self.plan.cfg;
+        links
+            .into_iter()
+            .map(|link| {
+                let d = Rc::new(Deadline::default());
+                deadlines.push(d.clone());
+                let (w, lanes) = (self.clone(), lanes.clone());
+                match cfg.mode {
+                    Mode::Open { .. } => tokio::task::spawn_local(w.open_loop(k, link, d, lanes)),
+                    Mode::Closed => tokio::task::spawn_local(w.closed_loop(
+                        link,
+                        d,
+                        closed_quota(cfg, k),
+                        lanes,
+                    )),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Each connection of a worker: HTTP/1.1 connections, or HTTP/2 connections shared by their
+/// stream slots.
+enum Conns {
+    H1(Vec<Conn>),
+    H2(Vec<Rc<H2Conn>>),
 }
 
 /// Measured requests of connection `k` in a closed-loop count run.
@@ -278,29 +392,51 @@ fn worker(
         .collect();
     // Keep-alive runs open their connections before the start, so that the first requests do not
     // pay for the handshake (failures are left to the first request, which counts them).
-    let conns: Vec<Conn> = local.block_on(&rt, async {
-        let tasks: Vec<_> = mine
-            .iter()
-            .map(|_| {
-                let mut c = Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close);
-                let (close, timeout) = (cfg.close, cfg.timeout);
-                tokio::task::spawn_local(async move {
-                    if !close {
-                        let _ = tokio::time::timeout(timeout, c.connect()).await;
-                    }
-                    c
+    let conns = if cfg.h2 {
+        Conns::H2(local.block_on(&rt, async {
+            let conns: Vec<Rc<H2Conn>> = mine
+                .iter()
+                .map(|_| Rc::new(H2Conn::new(cfg.addr, cfg.tls.as_ref())))
+                .collect();
+            let tasks: Vec<_> = conns
+                .iter()
+                .map(|c| {
+                    let (c, timeout) = (c.clone(), cfg.timeout);
+                    tokio::task::spawn_local(async move {
+                        let _ = tokio::time::timeout(timeout, c.sender()).await;
+                    })
                 })
-            })
-            .collect();
-        let mut out = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            out.push(
-                t.await
-                    .unwrap_or_else(|_| Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close)),
-            );
-        }
-        out
-    });
+                .collect();
+            for t in tasks {
+                let _ = t.await;
+            }
+            conns
+        }))
+    } else {
+        Conns::H1(local.block_on(&rt, async {
+            let tasks: Vec<_> = mine
+                .iter()
+                .map(|_| {
+                    let mut c = Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close);
+                    let (close, timeout) = (cfg.close, cfg.timeout);
+                    tokio::task::spawn_local(async move {
+                        if !close {
+                            let _ = tokio::time::timeout(timeout, c.connect()).await;
+                        }
+                        c
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(tasks.len());
+            for t in tasks {
+                out.push(
+                    t.await
+                        .unwrap_or_else(|_| Conn::new(cfg.addr, cfg.tls.as_ref(), cfg.close)),
+                );
+            }
+            out
+        }))
+    };
     let _ = ready.send(Ok(()));
     let t0 = go
         .recv()
@@ -312,9 +448,20 @@ fn worker(
     };
     let mut rec = Recorder::new(live);
     let mut conns = conns;
-    for c in &mut conns {
-        if let Some(o) = c.take_opened() {
-            rec.opened(false, &o);
+    match &mut conns {
+        Conns::H1(cs) => {
+            for c in cs {
+                if let Some(o) = c.take_opened() {
+                    rec.opened(false, &o);
+                }
+            }
+        }
+        Conns::H2(cs) => {
+            for c in cs {
+                while let Some(o) = c.take_opened() {
+                    rec.opened(false, &o);
+                }
+            }
         }
     }
     let shared = Arc::new(Shared::new(t0));
@@ -347,26 +494,26 @@ fn worker(
     if t0 > now {
         std::thread::sleep(t0 - now);
     }
-    let deadlines: Vec<Rc<Deadline>> = mine.iter().map(|_| Rc::default()).collect();
     local.block_on(&rt, async {
         if let Some(p) = w.pacer.clone() {
             tokio::task::spawn_local(async move { p.run().await });
         }
-        tokio::task::spawn_local(watchdog(deadlines.clone()));
-        let tasks: Vec<_> = mine
-            .iter()
-            .zip(conns)
-            .zip(deadlines)
-            .map(|((&k, conn), d)| {
-                let w = w.clone();
-                match cfg.mode {
-                    Mode::Open { .. } => tokio::task::spawn_local(w.open_loop(k, conn, d)),
-                    Mode::Closed => {
-                        tokio::task::spawn_local(w.closed_loop(conn, d, closed_quota(cfg, k)))
-                    }
+        let mut deadlines = Vec::with_capacity(mine.len() * cfg.streams);
+        let mut tasks = Vec::with_capacity(mine.len() * cfg.streams);
+        match conns {
+            Conns::H1(cs) => {
+                for (&k, conn) in mine.iter().zip(cs) {
+                    tasks.extend(w.spawn_connection(k, vec![conn], &mut deadlines));
                 }
-            })
-            .collect();
+            }
+            Conns::H2(cs) => {
+                for (&k, conn) in mine.iter().zip(cs) {
+                    let links = (0..cfg.streams).map(|_| H2Link(conn.clone())).collect();
+                    tasks.extend(w.spawn_connection(k, links, &mut deadlines));
+                }
+            }
+        }
+        tokio::task::spawn_local(watchdog(deadlines));
         for t in tasks {
             let _ = t.await;
         }
@@ -389,6 +536,11 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
     let plan = Arc::new(Plan {
         cfg: cfg.clone(),
         requests: encode_requests(cfg),
+        h2_requests: if cfg.h2 {
+            crate::h2conn::requests(cfg)?
+        } else {
+            Vec::new()
+        },
         schedule: match cfg.mode {
             Mode::Open { rate } => Some(Schedule::new(rate, cfg.connections, cfg.warmup, cfg.stop)),
             Mode::Closed => None,

@@ -518,6 +518,12 @@ pub struct SweepReport {
     pub connections: usize,
     pub threads: usize,
     pub keep_alive: bool,
+    /// `HTTP/1.1` or `HTTP/2` (`--h2`).
+    #[serde(default = "crate::report::http11")]
+    pub protocol: String,
+    /// HTTP/2: streams in flight per connection.
+    #[serde(default)]
+    pub streams: Option<usize>,
     pub duration_s: f64,
     pub warmup_s: f64,
     /// The sweep's rates (bisection rates are in `steps` only).
@@ -718,6 +724,8 @@ pub fn run_sweep(
         connections: base.connections,
         threads: base.threads,
         keep_alive: !base.close,
+        protocol: crate::report::protocol_of(base),
+        streams: base.h2.then_some(base.streams),
         duration_s: duration.as_secs_f64(),
         warmup_s: base.warmup.as_secs_f64(),
         rates: sc.rates.clone(),

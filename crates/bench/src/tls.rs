@@ -36,6 +36,8 @@ pub struct TlsOptions {
     pub cacert: Option<PathBuf>,
     /// Session resumption (tickets / session IDs) on.
     pub resume: bool,
+    /// `--h2`: offer ALPN `h2` only (else `http/1.1`).
+    pub h2: bool,
 }
 
 /// What the run asked of TLS, for the report.
@@ -187,7 +189,11 @@ impl TlsClient {
                 what,
             )
         };
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = if o.h2 {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
         config.resumption = if o.resume {
             Resumption::in_memory_sessions(SESSION_CACHE)
         } else {
@@ -326,6 +332,8 @@ mod tests {
         assert_eq!(c.config.alpn_protocols, [b"http/1.1".to_vec()]);
         // An IP address is a server name too (no SNI is sent for it).
         assert!(TlsClient::new(&opts(), "127.0.0.1").is_ok());
+        let h2 = TlsClient::new(&TlsOptions { h2: true, ..opts() }, "localhost").unwrap();
+        assert_eq!(h2.config.alpn_protocols, [b"h2".to_vec()]);
     }
 
     #[test]
