@@ -712,11 +712,10 @@ impl Run<'_> {
                     return Ok((lease, resp, up_send, body_done));
                 }
                 Err(f) => {
-                    if f.phase == Phase::ResponseHead
-                        && !f.stream_only
-                        && !matches!(f.e, ProxyError::ResponseTimeout)
-                    {
-                        // This connection is not to be given new streams.
+                    if f.phase == Phase::ResponseHead && !f.stream_only {
+                        // This connection is not to be given new streams (its streams in flight
+                        // finish). A head timeout counts too: a connection that stopped answering
+                        // would otherwise take up to 100 more requests, each waiting for its 504.
                         lease.0.closed.set(true);
                     }
                     if !fresh_only
