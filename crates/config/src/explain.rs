@@ -237,6 +237,12 @@ fn limits_diff(limits: &ListenerLimits) -> Vec<String> {
         }
     };
     push(
+        limits.max_connections_per_client != d.max_connections_per_client,
+        "max_connections_per_client",
+        unlimited(u64::from(limits.max_connections_per_client)),
+        unlimited(u64::from(d.max_connections_per_client)),
+    );
+    push(
         limits.max_requests_per_connection != d.max_requests_per_connection,
         "max_requests_per_connection",
         unlimited(limits.max_requests_per_connection),

@@ -206,6 +206,9 @@ pub enum TlsVersion {
 pub struct ListenerLimits {
     /// Connections above this are accepted and closed at once (default 10_000).
     pub max_connections: u32,
+    /// Open connections one client IP address may hold on this listener, over all workers;
+    /// more are accepted and closed at once (default 0 = no per-client limit).
+    pub max_connections_per_client: u32,
     /// Max header fields (default 100) -> 431.
     pub max_headers: usize,
     /// Max head size incl. request line (default 64 KiB) -> 431.
@@ -665,6 +668,7 @@ impl ListenerLimits {
     /// The documented defaults of every limit.
     pub const DEFAULT: ListenerLimits = ListenerLimits {
         max_connections: 10_000,
+        max_connections_per_client: 0,
         max_headers: 100,
         max_head_bytes: 64 * 1024,
         max_request_line: 8 * 1024,

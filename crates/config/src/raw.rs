@@ -107,6 +107,7 @@ pub(crate) struct RawCertificate {
 #[serde(deny_unknown_fields, expecting = "a limits table")]
 pub(crate) struct RawLimits {
     pub max_connections: Option<Spanned<Int>>,
+    pub max_connections_per_client: Option<Spanned<Int>>,
     pub max_headers: Option<Spanned<Int>>,
     pub max_head_bytes: Option<Spanned<Scalar>>,
     pub max_request_line: Option<Spanned<Scalar>>,

@@ -1671,6 +1671,14 @@ fn limits(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawLimits>) -> ListenerLimi
         1,
         i64::from(u32::MAX),
     );
+    let max_connections_per_client = int(
+        ctx,
+        raw.max_connections_per_client.as_ref(),
+        &sub(key, "max_connections_per_client"),
+        0,
+        0,
+        i64::from(u32::MAX),
+    );
     let max_headers = int(
         ctx,
         raw.max_headers.as_ref(),
@@ -1749,6 +1757,7 @@ fn limits(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawLimits>) -> ListenerLimi
     );
     ListenerLimits {
         max_connections: u32::try_from(max_connections).unwrap_or(d.max_connections),
+        max_connections_per_client: u32::try_from(max_connections_per_client).unwrap_or(0),
         max_headers: usize::try_from(max_headers).unwrap_or(d.max_headers),
         max_head_bytes: to_usize(max_head_bytes),
         max_request_line: to_usize(max_request_line),

@@ -142,6 +142,7 @@ idle_timeout = "90s"
         l.limits,
         ListenerLimits {
             max_connections: 20_000,
+            max_connections_per_client: 0,
             max_headers: 50,
             max_head_bytes: 32_768,
             max_request_line: 4096,

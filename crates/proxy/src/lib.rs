@@ -5,6 +5,7 @@ pub mod admin;
 pub mod admit;
 pub mod attempt;
 pub mod cert_watch;
+pub mod client_limit;
 pub mod conn;
 pub mod date;
 pub mod error;

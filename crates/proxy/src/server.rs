@@ -53,6 +53,8 @@ pub struct ListenerSlot {
     pub addr: SocketAddr,
     /// Open connections on this listener across all workers and snapshots.
     pub active: AtomicU32,
+    /// Open connections by client address (counted only while `max_connections_per_client` is set).
+    pub clients: crate::client_limit::ClientCounts,
     /// Set when the listener is removed by a reload or the process shuts down: accept loops
     /// take what is in the backlog and stop, idle connections close, busy ones finish.
     stop: watch::Sender<bool>,
@@ -331,6 +333,7 @@ impl Control {
                 configured: l.address,
                 addr: actual,
                 active: AtomicU32::new(0),
+                clients: Default::default(),
                 stop: watch::channel(false).0,
             });
             slots.push(slot.clone());
@@ -925,11 +928,26 @@ async fn accept_loop(
             drop(stream);
             continue;
         }
+        let per_client = ls.listener.limits.max_connections_per_client;
+        let client = (per_client > 0).then(|| peer.ip());
+        if let Some(ip) = client {
+            if !slot.clients.try_open(ip, per_client) {
+                slot.active.fetch_sub(1, Ordering::AcqRel);
+                shared
+                    .stats
+                    .connections_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(listener = %slot.name, client = %ip, "connection refused: max_connections_per_client reached");
+                drop(stream);
+                continue;
+            }
+        }
         let _ = stream.set_nodelay(true);
         worker.open.set(worker.open.get() + 1);
         let guard = OpenGuard {
             slot: slot.clone(),
             worker: worker.clone(),
+            client,
         };
         let ctx = conn::Ctx {
             ls,
@@ -977,11 +995,16 @@ async fn accept_loop(
 struct OpenGuard {
     slot: Arc<ListenerSlot>,
     worker: Rc<Worker>,
+    /// The client address counted in `slot.clients`, if it was.
+    client: Option<std::net::IpAddr>,
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
         self.slot.active.fetch_sub(1, Ordering::AcqRel);
+        if let Some(ip) = self.client {
+            self.slot.clients.close(ip);
+        }
         self.worker.open.set(self.worker.open.get() - 1);
         if self.worker.open.get() == 0 {
             self.worker.idle_notify.notify_waiters();

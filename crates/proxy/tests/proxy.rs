@@ -912,3 +912,55 @@ fn idle_pooled_connections_close_after_the_idle_timeout_without_traffic() {
         "not before the idle timeout: {after:?}"
     );
 }
+
+#[test]
+fn one_client_address_is_held_to_max_connections_per_client() {
+    let up = TestUpstream::start(|_| Reply::ok("hello"));
+    let list = format!("\"{}\"", up.addr);
+    let p = proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+limits = {{ max_connections_per_client = 2 }}
+
+[[listeners.routes]]
+proxy = "b"
+
+[upstreams.b]
+servers = [{list}]
+"#
+    ));
+    let addr = p.addr("p").unwrap();
+    let mut first = Client::connect(addr).unwrap();
+    let mut second = Client::connect(addr).unwrap();
+    assert_eq!(first.request(&get("/1")).unwrap().status, 200);
+    assert_eq!(second.request(&get("/2")).unwrap().status, 200);
+    // A third connection from the same address is accepted and closed at once.
+    let mut third = TcpStream::connect(addr).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = third.write_all(&get("/3"));
+    let mut buf = [0u8; 64];
+    let n = third.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "refused connection got {:?}", &buf[..n]);
+    assert!(p.stats().connections_refused.load(Ordering::Relaxed) >= 1);
+    // Closing one frees its place: a new connection is served (once the server saw the close).
+    drop(first);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let served = Client::connect(addr)
+            .and_then(|mut c| c.request(&get("/4")))
+            .is_ok_and(|r| r.status == 200);
+        if served {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freed place was never given back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(second.request(&get("/5")).unwrap().status, 200);
+}
