@@ -886,7 +886,24 @@ fn rel(p: &Path, base: &Path) -> String {
 }
 
 /// Run the comparison; progress lines go to `out`. Returns the path of `index.html`.
+/// Run the comparison (see [`compare_inner`]). When a signal interrupted it, the signal guard
+/// is stopping the children and exits with 130 itself: the run's own end (a child stopped by that
+/// signal may make it finish early, even "successfully") must not win that race with exit 0.
 pub fn compare(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchError> {
+    let r = compare_inner(f, out);
+    let interrupted = CHILDREN.lock().map(|c| c.1).unwrap_or(false);
+    if interrupted {
+        // The guard gives the children at most 2 s, then exits with 130: wait for it.
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::process::exit(130);
+    }
+    r
+}
+
+fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, BenchError> {
     let proxies = parse_proxies(&f.proxies)?;
     let want_https = f.https || f.cert.is_some();
     let mut scenarios = parse_scenarios(&f.scenarios, want_https)?;
