@@ -720,22 +720,12 @@ fn passive(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawPassive>) -> PassiveChe
         d.max_ejection.max(ejection),
         false,
     );
-    if max_ejection < ejection {
-        let (at, which) = match (&raw.max_ejection, &raw.ejection) {
-            (Some(m), _) => (start(m), "max_ejection"),
-            (None, Some(e)) => (start(e), "ejection"),
-            (None, None) => (0, "max_ejection"),
-        };
-        ctx.error(
-            at,
-            &sub(key, which),
-            format!(
-                "max_ejection ({}) must not be shorter than ejection ({})",
-                crate::units::format_duration(max_ejection),
-                crate::units::format_duration(ejection)
-            ),
-        );
-    }
+    not_shorter(
+        ctx,
+        key,
+        ("max_ejection", raw.max_ejection.as_ref(), max_ejection),
+        ("ejection", raw.ejection.as_ref(), ejection),
+    );
     let max_ejected_percent = int(
         ctx,
         raw.max_ejected_percent.as_ref(),
@@ -1243,22 +1233,12 @@ fn shed(ctx: &mut Ctx<'_>, key: &str, raw: &RawShed) -> Shed {
             );
         }
     }
-    if interval < target {
-        let (at, which) = match (&raw.interval, &raw.target) {
-            (Some(i), _) => (start(i), "interval"),
-            (None, Some(t)) => (start(t), "target"),
-            (None, None) => (0, "interval"),
-        };
-        ctx.error(
-            at,
-            &sub(key, which),
-            format!(
-                "interval ({}) must not be shorter than target ({})",
-                crate::units::format_duration(interval),
-                crate::units::format_duration(target)
-            ),
-        );
-    }
+    not_shorter(
+        ctx,
+        key,
+        ("interval", raw.interval.as_ref(), interval),
+        ("target", raw.target.as_ref(), target),
+    );
     Shed { target, interval }
 }
 
@@ -2640,4 +2620,33 @@ fn header_rules(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawHeaderRules>) -> H
         }
     }
     rules
+}
+
+/// Error unless duration `long` is at least `short`, at `long`'s key when it was written, else
+/// at `short`'s (the one the reader can change).
+fn not_shorter(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    long: (&str, Option<&Spanned<Scalar>>, Duration),
+    short: (&str, Option<&Spanned<Scalar>>, Duration),
+) {
+    if long.2 >= short.2 {
+        return;
+    }
+    let (at, which) = match (long.1, short.1) {
+        (Some(l), _) => (start(l), long.0),
+        (None, Some(s)) => (start(s), short.0),
+        (None, None) => (0, long.0),
+    };
+    ctx.error(
+        at,
+        &sub(key, which),
+        format!(
+            "{} ({}) must not be shorter than {} ({})",
+            long.0,
+            crate::units::format_duration(long.2),
+            short.0,
+            crate::units::format_duration(short.2)
+        ),
+    );
 }
