@@ -1,5 +1,6 @@
 //! Downstream HTTP/2: protocol choice per connection (ALPN `h2`, h2c prior knowledge), the connection loop (settings, drain, idle, rapid-reset defence), one local task per stream.
 
+mod cork;
 mod request;
 mod stream;
 
@@ -10,6 +11,7 @@ use crate::stream::ClientStream;
 use bytes::Bytes;
 use portico_config::Http2Settings;
 use std::cell::{Cell, RefCell};
+use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -280,12 +282,18 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         resets: Cell::new((Instant::now(), 0)),
         calm: Notify::new(),
     });
-    let mut conn = match tokio::time::timeout(
-        limits.head_timeout,
-        builder.handshake::<_, Bytes>(stream),
-    )
-    .await
-    {
+    let (corked, cork) = cork::cork(stream);
+    let handshake = async {
+        let mut hs = std::pin::pin!(builder.handshake::<_, Bytes>(corked));
+        // The SETTINGS the handshake queues leave through the cork too.
+        poll_fn(|cx| {
+            let r = hs.as_mut().poll(cx);
+            cork.drain(cx);
+            r
+        })
+        .await
+    };
+    let mut conn = match tokio::time::timeout(limits.head_timeout, handshake).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             tracing::debug!(%peer, "HTTP/2 handshake failed: {e}");
@@ -351,7 +359,12 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             }
             // Only wakes the loop to re-arm the idle timer.
             _ = link.idle.notified(), if !idle_armed => {}
-            r = conn.accept() => match r {
+            // Whatever a poll of the connection wrote leaves in one write after it.
+            r = poll_fn(|cx| {
+                let r = conn.poll_accept(cx);
+                cork.drain(cx);
+                r
+            }) => match r {
                 None => break,
                 Some(Err(e)) => {
                     tracing::debug!(%peer, "HTTP/2 connection ended: {e}");
