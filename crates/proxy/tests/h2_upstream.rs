@@ -620,3 +620,173 @@ async fn a_stream_reset_is_a_502_and_keeps_the_connection() {
         "a RST_STREAM does not retire the connection"
     );
 }
+
+/// How a [`failing_h2`] server fails every request.
+#[derive(Clone, Copy)]
+enum Fail {
+    /// A `503` head.
+    Status503,
+    /// RST_STREAM REFUSED_STREAM (refused unprocessed, RFC 9113 8.7).
+    Refuse,
+    /// RST_STREAM INTERNAL_ERROR before any response byte.
+    Reset,
+}
+
+/// An HTTP/2 server that fails every request as `how` says; returns its address and the
+/// count of requests it saw.
+fn failing_h2(how: Fail) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        match how {
+                            Fail::Status503 => {
+                                let resp = http::Response::builder().status(503).body(()).unwrap();
+                                if let Ok(mut s) = respond.send_response(resp, false) {
+                                    let _ = s.send_data(Bytes::from_static(b"down"), true);
+                                }
+                            }
+                            Fail::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                            Fail::Reset => respond.send_reset(h2::Reason::INTERNAL_ERROR),
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (addr, seen)
+}
+
+/// A proxy to an h2 group of `servers` (round robin) whose route has `retry`.
+fn proxy_to(servers: &[SocketAddr], retry: &str) -> Running {
+    let list = servers
+        .iter()
+        .map(|s| format!("\"{s}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+{retry}
+[upstreams.b]
+servers = [{list}]
+protocol = "h2"
+connect_timeout = "2s"
+"#
+    );
+    let cfg = portico_config::parse(&toml, "h2up-retry.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+/// Requests from an HTTP/2 client and from HTTP/1.1 clients through a group of a good server and
+/// a failing one: every one gets the good server's 200, the failing server saw some of them.
+async fn all_succeed_through_retries(bad: SocketAddr, bad_seen: Option<&AtomicUsize>) {
+    let good = H2Upstream::start(None);
+    let retry = "retry = { retries = 1, on = [\"connect\", \"reset\", \"503\"] }";
+    // The failing server first: round robin sends it the first request of each client kind.
+    let p = proxy_to(&[bad, good.addr], retry);
+    let addr = p.addr("p").unwrap();
+    let client = h2c(addr).await;
+    for i in 0..4 {
+        let got = send(&client, "GET", &format!("/h2/{i}"), &[], None).await;
+        assert_eq!(got.status, 200, "HTTP/2 client, request {i}: {}", got.body);
+        assert!(
+            got.body.starts_with(&format!("GET /h2/{i} ")),
+            "{}",
+            got.body
+        );
+    }
+    for i in 0..4 {
+        let text = http1(
+            addr,
+            &format!("GET /h1/{i} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "HTTP/1.1 client, request {i}: {text}"
+        );
+        assert!(text.contains(&format!("GET /h1/{i} ")), "{text}");
+    }
+    let retries = p.stats().retries.load(Ordering::Relaxed);
+    assert_eq!(
+        retries, 4,
+        "every other request went to the failing server first"
+    );
+    if let Some(seen) = bad_seen {
+        assert!(seen.load(Ordering::SeqCst) >= 4);
+    }
+    // Without a retry policy the failing server's share fails.
+    let p = proxy_to(&[bad, good.addr], "");
+    let text = http1(
+        p.addr("p").unwrap(),
+        "GET /x HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(!text.starts_with("HTTP/1.1 200"), "{text}");
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_answering_503() {
+    let (bad, seen) = failing_h2(Fail::Status503);
+    all_succeed_through_retries(bad, Some(&seen)).await;
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_resetting_streams() {
+    let (bad, seen) = failing_h2(Fail::Reset);
+    all_succeed_through_retries(bad, Some(&seen)).await;
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_refusing_streams() {
+    let (bad, seen) = failing_h2(Fail::Refuse);
+    all_succeed_through_retries(bad, Some(&seen)).await;
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_that_is_down() {
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    all_succeed_through_retries(gone, None).await;
+}
+
+#[tokio::test]
+async fn requests_with_a_body_are_not_retried() {
+    let (bad, seen) = failing_h2(Fail::Status503);
+    let good = H2Upstream::start(None);
+    let p = proxy_to(
+        &[bad, good.addr],
+        "retry = { retries = 1, non_idempotent = true }",
+    );
+    let text = http1(
+        p.addr("p").unwrap(),
+        "PUT /x HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    assert_eq!(p.stats().retries.load(Ordering::Relaxed), 0);
+}
