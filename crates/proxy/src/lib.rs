@@ -13,6 +13,7 @@ pub mod forward;
 pub mod h2;
 pub mod headers;
 pub mod health;
+pub mod health_h2;
 pub mod load;
 pub mod metrics;
 pub mod pool;

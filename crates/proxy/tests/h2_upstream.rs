@@ -5,7 +5,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -789,4 +789,103 @@ async fn requests_with_a_body_are_not_retried() {
     assert!(text.starts_with("HTTP/1.1 503"), "{text}");
     assert_eq!(seen.load(Ordering::SeqCst), 1);
     assert_eq!(p.stats().retries.load(Ordering::Relaxed), 0);
+}
+
+/// An HTTP/2-only server answering `/health` with `200 ok` (counted) while `up`, and closing
+/// every new connection at once while not (down: the HTTP/2 handshake fails).
+fn switchable_h2() -> (SocketAddr, Arc<AtomicBool>, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let up = Arc::new(AtomicBool::new(true));
+    let probes = Arc::new(AtomicUsize::new(0));
+    let (is_up, counted) = (up.clone(), probes.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                if !is_up.load(Ordering::SeqCst) {
+                    drop(tcp);
+                    continue;
+                }
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((req, mut respond))) = conn.accept().await {
+                        let status = match req.uri().path() {
+                            "/health" => {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                                200
+                            }
+                            _ => 404,
+                        };
+                        let resp = http::Response::builder().status(status).body(()).unwrap();
+                        if let Ok(mut s) = respond.send_response(resp, false) {
+                            let _ = s.send_data(Bytes::from_static(b"all ok"), true);
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (addr, up, probes)
+}
+
+/// Poll `cond` (every 10 ms) until it holds; panic with `what` after [`T`].
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < T, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn http_health_checks_of_h2_groups_speak_http2() {
+    let (addr, up, probes) = switchable_h2();
+    let p = proxy(
+        addr,
+        r#"[upstreams.b.health_check]
+path = "/health"
+expect_body = "ok"
+interval = "60ms"
+timeout = "50ms"
+rise = 2
+fall = 2
+"#,
+    );
+    let group = p.upstream("b").unwrap();
+    let server = || group.status(std::time::Instant::now()).remove(0);
+    let passed = |s: &portico_upstream::ServerStatus| {
+        s.last_check
+            .as_deref()
+            .is_some_and(|c| c.starts_with("passed: HTTP/2 200, body matched"))
+    };
+    wait_for("an HTTP/2 probe that passes", || passed(&server()));
+    assert!(probes.load(Ordering::SeqCst) >= 1);
+    assert_eq!(server().health, portico_upstream::Health::Up);
+    up.store(false, Ordering::SeqCst);
+    wait_for("the server marked down", || {
+        server().health == portico_upstream::Health::Down
+    });
+    let st = server();
+    assert!(
+        st.last_check
+            .as_deref()
+            .is_some_and(|c| c.starts_with("failed: HTTP/2")),
+        "{:?}",
+        st.last_check
+    );
+    up.store(true, Ordering::SeqCst);
+    wait_for("the server back up", || {
+        server().health == portico_upstream::Health::Up
+    });
+    assert!(passed(&server()));
+    assert_eq!(server().health_transitions, 2);
 }
