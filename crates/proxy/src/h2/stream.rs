@@ -514,6 +514,7 @@ impl Stream<'_> {
             o.upstream = Some(addr);
             return Some(o);
         }
+        crate::h2_interim::forward(&mut self.respond, &interim, head.method());
         let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
         let mut response = response_from(&resp, &route.response_headers, p.via);
         if let Some(cookie) = &t.set_cookie {
