@@ -443,10 +443,10 @@ async fn upstream_down_is_a_502() {
     assert!(text.starts_with("HTTP/1.1 502"), "{text}");
 }
 
-#[tokio::test]
-async fn tls_with_alpn_h2() {
-    let dir = std::env::temp_dir().join(format!("portico-h2up-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A TLS (ALPN h2 only) [`H2Upstream`] for `upstream.test`, its CA file written under `dir`;
+/// returns it and the group's `[upstreams.b.tls]` table.
+fn tls_h2_upstream(dir: &std::path::Path) -> (H2Upstream, String) {
+    std::fs::create_dir_all(dir).unwrap();
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let params = rcgen::CertificateParams::new(vec!["upstream.test".to_string()]).unwrap();
     let cert = params.self_signed(&key).unwrap();
@@ -464,13 +464,18 @@ async fn tls_with_alpn_h2() {
         .unwrap();
     config.alpn_protocols = vec![b"h2".to_vec()];
     let up = H2Upstream::start(Some(Arc::new(config)));
-    let p = proxy(
-        up.addr,
-        &format!(
-            "[upstreams.b.tls]\nca_file = {:?}\nserver_name = \"upstream.test\"\n",
-            ca.display().to_string()
-        ),
+    let table = format!(
+        "[upstreams.b.tls]\nca_file = {:?}\nserver_name = \"upstream.test\"\n",
+        ca.display().to_string()
     );
+    (up, table)
+}
+
+#[tokio::test]
+async fn tls_with_alpn_h2() {
+    let dir = std::env::temp_dir().join(format!("portico-h2up-{}", std::process::id()));
+    let (up, table) = tls_h2_upstream(&dir);
+    let p = proxy(up.addr, &table);
     let addr = p.addr("p").unwrap();
     let client = h2c(addr).await;
     for _ in 0..3 {
@@ -888,4 +893,21 @@ fall = 2
     });
     assert!(passed(&server()));
     assert_eq!(server().health_transitions, 2);
+}
+
+#[test]
+fn http_health_checks_of_tls_h2_groups_use_alpn_h2() {
+    let dir = std::env::temp_dir().join(format!("portico-h2up-health-{}", std::process::id()));
+    let (up, table) = tls_h2_upstream(&dir);
+    let check =
+        "[upstreams.b.health_check]\npath = \"/health\"\ninterval = \"60ms\"\ntimeout = \"50ms\"\n";
+    let p = proxy(up.addr, &format!("{check}{table}"));
+    let group = p.upstream("b").unwrap();
+    wait_for("an HTTP/2 probe over TLS that passes", || {
+        group.status(std::time::Instant::now())[0]
+            .last_check
+            .as_deref()
+            .is_some_and(|c| c.starts_with("passed: HTTP/2 200"))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }
