@@ -90,9 +90,8 @@ async fn attempt(
             tls: t.tls,
             asked,
         };
-        return Some(
-            crate::upstream_h2::proxy_h1(c, ctx, head, route, p, picked, t.set_cookie).await,
-        );
+        return crate::upstream_h2::proxy_h1(c, ctx, head, route, p, picked, t.set_cookie, retry)
+            .await;
     }
 
     let mut body = match head.framing {

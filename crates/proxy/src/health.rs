@@ -2,7 +2,7 @@
 
 use crate::upstream_tls::{GroupTls, UpStream};
 use bytes::BytesMut;
-use portico_config::{HealthCheck, HealthCheckKind, HttpCheck};
+use portico_config::{HealthCheck, HealthCheckKind, HttpCheck, UpstreamProtocol};
 use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
 use portico_upstream::Upstream;
 use std::io;
@@ -127,7 +127,8 @@ async fn probe_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let (ok, detail) = probe_with(addr, &check, tls.as_deref()).await;
+        let protocol = up.group().protocol;
+        let (ok, detail) = probe_with(addr, &check, tls.as_deref(), protocol).await;
         tracing::trace!(group = %up.group().name, %addr, ok, "health probe: {detail}");
         up.probe_result(server, ok, detail, Instant::now());
     }
@@ -136,16 +137,18 @@ async fn probe_loop(
 /// One probe of a plain HTTP server under the check's timeout: whether it passed, and what
 /// happened in words.
 pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> (bool, String) {
-    probe_with(addr, check, None).await
+    probe_with(addr, check, None, UpstreamProtocol::Http1).await
 }
 
 /// One probe under the check's timeout. With `tls` (an HTTPS group) the probe makes the TLS
 /// handshake as requests do, so a server with a bad certificate fails it (`tcp` checks too), and
-/// an `http` check sends its request over TLS.
+/// an `http` check sends its request over TLS. An `http` check of a `protocol = "h2"` group
+/// speaks HTTP/2 as its requests do (h2c prior knowledge, or TLS with ALPN h2).
 pub async fn probe_with(
     addr: SocketAddr,
     check: &HealthCheck,
     tls: Option<&GroupTls>,
+    protocol: UpstreamProtocol,
 ) -> (bool, String) {
     let started = Instant::now();
     let outcome = tokio::time::timeout(check.timeout, async {
@@ -166,6 +169,9 @@ pub async fn probe_with(
         };
         match &check.kind {
             HealthCheckKind::Tcp => Ok(connected.to_string()),
+            HealthCheckKind::Http(http) if protocol == UpstreamProtocol::H2 => {
+                crate::health_h2::probe(stream, addr, http, tls.is_some()).await
+            }
             HealthCheckKind::Http(http) => http_probe(stream, addr, http).await,
         }
     })

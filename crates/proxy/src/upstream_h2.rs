@@ -6,8 +6,9 @@ use crate::error::ProxyError;
 use crate::forward::connect;
 use crate::headers::{self, ClientFraming};
 use crate::pool::{PoolKey, UpStream};
+use crate::retry::{Retry, RetryCause};
 use crate::server::{Snapshot, Worker};
-use crate::stats::{Phase, Termination};
+use crate::stats::{Phase, Stats, Termination};
 use crate::stream::ClientStream;
 use crate::timing::Timings;
 use crate::upstream_tls::GroupTls;
@@ -74,23 +75,62 @@ impl H2Conn {
 #[derive(Default)]
 pub struct H2Pool {
     conns: RefCell<HashMap<PoolKey, Vec<Rc<H2Conn>>>>,
-    /// Servers a connection is being opened to now: requests arriving meanwhile wait for it
-    /// instead of opening one each.
-    opening: RefCell<HashMap<PoolKey, Rc<tokio::sync::Notify>>>,
+    /// Servers a connection is being opened to now (at most one open per server and worker):
+    /// requests arriving meanwhile wait for it instead of opening one each.
+    opening: RefCell<HashMap<PoolKey, Rc<Pending>>>,
+}
+
+/// A connection being opened, shared with the requests waiting for it.
+#[derive(Default)]
+struct Pending {
+    /// Woken when the open ended (the connection is in the pool, or it failed).
+    done: tokio::sync::Notify,
+    /// The open failed: `Some(true)` it timed out, `Some(false)` it failed otherwise. None
+    /// after a success, or when the opener gave up (its request went away): a waiter then
+    /// takes over.
+    failed: Cell<Option<bool>>,
 }
 
 /// Marks a connection being opened; wakes the requests waiting for it when dropped.
 struct Opening<'a> {
     pool: &'a H2Pool,
     key: PoolKey,
+    pending: Rc<Pending>,
+}
+
+impl Opening<'_> {
+    /// The open failed with `e`: the waiters fail too instead of each trying again (the
+    /// server was just found unreachable; the route's retry policy may pick another one).
+    fn failed(&self, e: &ProxyError) {
+        let timed_out = matches!(e, ProxyError::ConnectTimeout);
+        self.pending.failed.set(Some(timed_out));
+    }
 }
 
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
-        if let Some(n) = self.pool.opening.borrow_mut().remove(&self.key) {
-            n.notify_waiters();
+        let mut map = self.pool.opening.borrow_mut();
+        if map
+            .get(&self.key)
+            .is_some_and(|p| Rc::ptr_eq(p, &self.pending))
+        {
+            map.remove(&self.key);
         }
+        drop(map);
+        self.pending.done.notify_waiters();
     }
+}
+
+/// What a request gets from the pool.
+enum Slot<'a> {
+    /// A stream slot on an open connection.
+    Leased(Lease),
+    /// No connection with room and none being opened: the caller opens one (it is marked as
+    /// being opened until this is dropped).
+    Open(Opening<'a>),
+    /// The connection being opened that the request waited for failed (already reported to
+    /// the passive checks by its opener), or none was ready within the wait.
+    Failed(ProxyError),
 }
 
 /// A stream slot on a connection, freed on drop.
@@ -114,15 +154,17 @@ impl Drop for Lease {
 }
 
 impl H2Pool {
-    /// A slot on an open connection with room, dropping closed ones and those idle past `idle`.
-    fn take(&self, key: PoolKey, idle: Duration) -> Option<Lease> {
+    /// A slot on an open connection with room other than `avoid`, dropping closed connections
+    /// and those idle past `idle`.
+    fn take(&self, key: PoolKey, idle: Duration, avoid: Option<&Rc<H2Conn>>) -> Option<Lease> {
         let mut map = self.conns.borrow_mut();
         let list = map.get_mut(&key)?;
         let now = Instant::now();
         list.retain(|c| c.usable(now, idle));
-        let c = list
-            .iter()
-            .find(|c| c.active.get() < c.max.get().clamp(1, MAX_STREAMS))?;
+        let c = list.iter().find(|c| {
+            c.active.get() < c.max.get().clamp(1, MAX_STREAMS)
+                && avoid.is_none_or(|a| !Rc::ptr_eq(a, c))
+        })?;
         Some(Lease::new(c.clone()))
     }
 
@@ -135,25 +177,49 @@ impl H2Pool {
         Lease::new(c)
     }
 
-    /// A slot, waiting (up to `wait`) for a connection being opened to the same server; None =
-    /// the caller opens one (and is marked as opening it).
-    async fn take_or_wait(&self, key: PoolKey, idle: Duration, wait: Duration) -> Option<Lease> {
-        if let Some(l) = self.take(key, idle) {
-            return Some(l);
+    /// A slot on a connection (not `avoid`), waiting (up to `wait` in all) while a connection
+    /// to the same server is being opened. Checking for a marker and setting one happen with no
+    /// await in between, so one request at a time opens a connection to a server (per worker);
+    /// every waiter is woken when that open ends and takes a slot on it, opens the next one
+    /// when it has no room (or its opener went away), or fails with it.
+    async fn slot(
+        &self,
+        key: PoolKey,
+        idle: Duration,
+        wait: Duration,
+        avoid: Option<&Rc<H2Conn>>,
+    ) -> Slot<'_> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(l) = self.take(key, idle, avoid) {
+                return Slot::Leased(l);
+            }
+            let pending = self.opening.borrow().get(&key).cloned();
+            let Some(p) = pending else {
+                let pending = Rc::new(Pending::default());
+                self.opening.borrow_mut().insert(key, pending.clone());
+                return Slot::Open(Opening {
+                    pool: self,
+                    key,
+                    pending,
+                });
+            };
+            if tokio::time::timeout_at(deadline, p.done.notified())
+                .await
+                .is_err()
+            {
+                return Slot::Failed(ProxyError::ConnectTimeout);
+            }
+            match p.failed.get() {
+                Some(true) => return Slot::Failed(ProxyError::ConnectTimeout),
+                Some(false) => {
+                    return Slot::Failed(ProxyError::ConnectFailed(io::Error::other(
+                        "the connection being opened to the server failed",
+                    )))
+                }
+                None => {}
+            }
         }
-        let pending = self.opening.borrow().get(&key).cloned();
-        if let Some(n) = pending {
-            let _ = timeout(wait, n.notified()).await;
-            return self.take(key, idle);
-        }
-        None
-    }
-
-    fn start_opening(&self, key: PoolKey) -> Opening<'_> {
-        self.opening
-            .borrow_mut()
-            .insert(key, Rc::new(tokio::sync::Notify::new()));
-        Opening { pool: self, key }
     }
 
     /// Drop closed connections and those idle past their idle timeout (the worker's sweeper
@@ -625,23 +691,9 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Open a connection to the server, marked as being opened meanwhile (the marker is
-    /// dropped before the caller adds it, with no await in between: waiters find it).
-    async fn open(&self, pool: &H2Pool) -> Result<(Rc<H2Conn>, Duration), ProxyError> {
-        let _opening = pool.start_opening(self.key);
-        let g = self.group;
-        open(
-            self.addr,
-            g.connect_timeout,
-            g.idle_timeout,
-            self.picked.tls,
-        )
-        .await
-    }
-
     /// Get a slot (reused or on a new connection) and exchange; a reused connection that failed
-    /// before the response head, or any refusal, is retried once on a new connection for
-    /// requests that can be sent again.
+    /// before the response head, or any refusal, is retried once on another connection (a new
+    /// one unless another has room) for requests that can be sent again.
     async fn go(
         &self,
         req: http::Request<()>,
@@ -649,37 +701,52 @@ impl Run<'_> {
         timings: &mut Timings,
         finish: bool,
     ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
-        let mut fresh_only = false;
+        // The connection the first exchange failed on, once it did.
+        let mut failed_on: Option<Rc<H2Conn>> = None;
         loop {
             let pool = &self.worker.h2pool;
-            let pooled = match fresh_only {
-                true => None,
-                false => {
-                    let g = self.group;
-                    pool.take_or_wait(self.key, g.idle_timeout, g.connect_timeout)
-                        .await
+            let g = self.group;
+            let slot = pool
+                .slot(
+                    self.key,
+                    g.idle_timeout,
+                    g.connect_timeout,
+                    failed_on.as_ref(),
+                )
+                .await;
+            let (lease, reused) = match slot {
+                Slot::Leased(l) => (l, true),
+                Slot::Failed(e) => return Err(Failure::plain(e, Phase::Connect)),
+                Slot::Open(opening) => {
+                    match open(
+                        self.addr,
+                        g.connect_timeout,
+                        g.idle_timeout,
+                        self.picked.tls,
+                    )
+                    .await
+                    {
+                        Ok((c, took)) => {
+                            timings.connect = Some(took);
+                            let stats = &self.shared.stats;
+                            stats.upstream_connects.fetch_add(1, Ordering::Relaxed);
+                            // In the pool before the waiters are woken (no await in between).
+                            let lease = pool.add(self.key, c);
+                            drop(opening);
+                            (lease, false)
+                        }
+                        Err(e) => {
+                            opening.failed(&e);
+                            let report = match e {
+                                ProxyError::ConnectTimeout => Report::Timeout,
+                                _ => Report::ConnectError,
+                            };
+                            let server = self.picked.guard.index();
+                            self.picked.upstream.report(server, report, Instant::now());
+                            return Err(Failure::plain(e, Phase::Connect));
+                        }
+                    }
                 }
-            };
-            let reused = pooled.is_some();
-            let lease = match pooled {
-                Some(l) => l,
-                None => match self.open(pool).await {
-                    Ok((c, took)) => {
-                        timings.connect = Some(took);
-                        let stats = &self.shared.stats;
-                        stats.upstream_connects.fetch_add(1, Ordering::Relaxed);
-                        self.worker.h2pool.add(self.key, c)
-                    }
-                    Err(e) => {
-                        let report = match e {
-                            ProxyError::ConnectTimeout => Report::Timeout,
-                            _ => Report::ConnectError,
-                        };
-                        let server = self.picked.guard.index();
-                        self.picked.upstream.report(server, report, Instant::now());
-                        return Err(Failure::plain(e, Phase::Connect));
-                    }
-                },
             };
             let group = self.group;
             let r = exchange(
@@ -718,14 +785,14 @@ impl Run<'_> {
                         // would otherwise take up to 100 more requests, each waiting for its 504.
                         lease.0.closed.set(true);
                     }
-                    if !fresh_only
+                    if failed_on.is_none()
                         && f.phase == Phase::ResponseHead
                         && src.is_none()
                         && (f.refused || (reused && self.retryable && !f.stream_only))
                     {
                         let stats = &self.shared.stats;
                         stats.upstream_retries.fetch_add(1, Ordering::Relaxed);
-                        fresh_only = true;
+                        failed_on = Some(lease.0.clone());
                         continue;
                     }
                     if let Some(report) = failure_report(&f.e, reused) {
@@ -739,8 +806,40 @@ impl Run<'_> {
     }
 }
 
+/// Whether the route's `retry` policy sends the request again, to another server, after an
+/// exchange that failed with `f` before any response byte arrived (so nothing reached the
+/// client). A refusal (`REFUSED_STREAM`, GOAWAY below the stream) counts as `reset`; it was
+/// already sent once more on another connection to the same server for any body-less request
+/// (RFC 9113 8.7), and going to another server follows the route's rules (idempotent methods
+/// unless `non_idempotent`), as every retry does for HTTP/1.1 groups.
+fn retry_after(f: &Failure, picked: &Picked<'_>, retry: &mut Retry<'_>, stats: &Stats) -> bool {
+    let cause = match (f.phase, &f.e) {
+        (Phase::Connect, _) => RetryCause::Connect,
+        (Phase::ResponseHead, ProxyError::ResponseTimeout) => RetryCause::Timeout,
+        (Phase::ResponseHead, ProxyError::UpstreamClosed | ProxyError::UpstreamIo(_)) => {
+            RetryCause::Reset
+        }
+        _ => return false,
+    };
+    retry.allows(cause, picked.gi, picked.guard.index(), stats)
+}
+
+/// Whether the route's `retry` policy drops a response with `status` (502, 503, 504 as
+/// listed) unsent and sends the request to another server.
+fn retry_status(status: u16, picked: &Picked<'_>, retry: &mut Retry<'_>, stats: &Stats) -> bool {
+    retry.on_status(status)
+        && retry.allows(
+            RetryCause::Status(status),
+            picked.gi,
+            picked.guard.index(),
+            stats,
+        )
+}
+
 /// Proxy a request from an HTTP/1.1 client to an HTTP/2 group; `c.ubuf` holds the forwarded
-/// head built by `headers::upstream_request`.
+/// head built by `headers::upstream_request`. None = the attempt failed before anything reached
+/// the client and `retry` granted another one (as `forward::attempt`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn proxy_h1(
     c: &mut Conn,
     ctx: &Ctx,
@@ -749,18 +848,19 @@ pub(crate) async fn proxy_h1(
     p: &ProxyAction,
     picked: Picked<'_>,
     set_cookie: Option<String>,
-) -> Outcome {
+    retry: &mut Retry<'_>,
+) -> Option<Outcome> {
     let shared = &ctx.shared;
     let group = &**picked.upstream.group();
     let addr = picked.guard.address();
     let req = match build_request(&c.ubuf, head, picked.tls.is_some(), addr) {
         Ok(r) => r,
-        Err(e) => return fail(c, ctx, head, e, Phase::RequestHead, false).await,
+        Err(e) => return Some(fail(c, ctx, head, e, Phase::RequestHead, false).await),
     };
     let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
     if has_body {
         if let Err(e) = send_continue(c, head).await {
-            return fail(c, ctx, head, e, Phase::RequestBody, false).await;
+            return Some(fail(c, ctx, head, e, Phase::RequestBody, false).await);
         }
     }
     let run = Run {
@@ -798,13 +898,20 @@ pub(crate) async fn proxy_h1(
     let (lease, resp, body_done) = match r {
         Ok(x) => x,
         Err(f) => {
+            if retry_after(&f, &picked, retry, &shared.stats) {
+                return None;
+            }
             let mut o = fail(c, ctx, head, f.e, f.phase, !has_body).await;
             o.upstream = Some(addr);
-            return o;
+            return Some(o);
         }
     };
+    let status = resp.status().as_u16();
+    // A retried response is dropped unsent (the stream is cancelled with it).
+    if retry_status(status, &picked, retry, &shared.stats) {
+        return None;
+    }
     let (parts, mut body) = resp.into_parts();
-    let status = parts.status.as_u16();
     // The response as an HTTP/1 head, so the HTTP/1 path's framing choice and rules apply.
     let mut raw = BytesMut::with_capacity(512);
     encode::status_line(&mut raw, status, "");
@@ -833,7 +940,7 @@ pub(crate) async fn proxy_h1(
             let e = ProxyError::UpstreamIo(io::Error::other("response head not valid HTTP/1"));
             let mut o = fail(c, ctx, head, e, Phase::ResponseHead, body_done).await;
             o.upstream = Some(addr);
-            return o;
+            return Some(o);
         }
     };
     let cf = headers::client_framing(rh.framing, head.version());
@@ -903,6 +1010,7 @@ pub(crate) async fn proxy_h1(
         // The exchange is over: free the stream slot and the server's active slot before the
         // last client write.
         drop(lease);
+        drop(picked);
         if !c.wbuf.is_empty() {
             send_all(&mut c.stream, &c.wbuf)
                 .await
@@ -913,8 +1021,7 @@ pub(crate) async fn proxy_h1(
         Ok(sent)
     }
     .await;
-    drop(picked);
-    match r {
+    Some(match r {
         Ok(sent) => Outcome {
             termination: Termination::OK,
             status,
@@ -932,7 +1039,7 @@ pub(crate) async fn proxy_h1(
                 upstream: Some(addr),
             }
         }
-    }
+    })
 }
 
 /// What an HTTP/2 client's stream lends to the exchange.
@@ -946,7 +1053,8 @@ pub(crate) struct H2Client<'a> {
 }
 
 /// Proxy a stream from an HTTP/2 client to an HTTP/2 group; `ubuf` is the forwarded head
-/// built by `headers::upstream_request`.
+/// built by `headers::upstream_request`. None = the attempt failed before anything reached the
+/// client and `retry` granted another one.
 pub(crate) async fn proxy_h2(
     cl: H2Client<'_>,
     head: &RequestHead,
@@ -954,13 +1062,14 @@ pub(crate) async fn proxy_h2(
     p: &ProxyAction,
     picked: Picked<'_>,
     ubuf: &[u8],
-) -> Outcome {
+    retry: &mut Retry<'_>,
+) -> Option<Outcome> {
     let group = &**picked.upstream.group();
     let addr = picked.guard.address();
     let head_only = *head.method() == portico_http1::Method::Head;
     let req = match build_request(ubuf, head, picked.tls.is_some(), addr) {
         Ok(r) => r,
-        Err(e) => return h2_fail(cl.respond, e, Phase::RequestHead, head_only).await,
+        Err(e) => return Some(h2_fail(cl.respond, e, Phase::RequestHead, head_only).await),
     };
     let has_body = !cl.body.is_end_stream();
     let run = Run {
@@ -997,25 +1106,33 @@ pub(crate) async fn proxy_h2(
     let (lease, resp, mut up_send, body_done) = match r {
         Ok(x) => x,
         Err(f) => {
+            if retry_after(&f, &picked, retry, &cl.shared.stats) {
+                return None;
+            }
             let mut o = h2_fail(cl.respond, f.e, f.phase, head_only).await;
             o.upstream = Some(addr);
-            return o;
+            return Some(o);
         }
     };
+    let status = resp.status().as_u16();
+    // A retried response is dropped unsent (the stream is cancelled with it); only body-less
+    // requests are retried, so there is no upload to stop.
+    if retry_status(status, &picked, retry, &cl.shared.stats) {
+        return None;
+    }
     let (parts, mut body) = resp.into_parts();
-    let status = parts.status.as_u16();
     let response = client_response(parts, &route.response_headers, p.via);
     let end = body.is_end_stream();
     let mut send = match cl.respond.send_response(response, end) {
         Ok(s) => s,
         Err(e) => {
-            return Outcome {
+            return Some(Outcome {
                 termination: client_err(e).termination(Phase::ResponseHead),
                 status,
                 keep_alive: true,
                 bytes_sent: 0,
                 upstream: Some(addr),
-            }
+            })
         }
     };
     let idle = group.idle_timeout;
@@ -1071,7 +1188,7 @@ pub(crate) async fn proxy_h2(
     }
     drop(lease);
     drop(picked);
-    match r {
+    Some(match r {
         Ok(sent) => Outcome {
             termination: Termination::OK,
             status,
@@ -1091,7 +1208,7 @@ pub(crate) async fn proxy_h2(
                 upstream: Some(addr),
             }
         }
-    }
+    })
 }
 
 /// Send DATA to the client under its flow-control window.
@@ -1193,9 +1310,125 @@ async fn h2_fail(
 
 #[cfg(test)]
 mod tests {
-    use super::{build_request, raw_to_map};
+    use super::{build_request, raw_to_map, H2Pool, Slot};
+    use crate::error::ProxyError;
+    use crate::pool::PoolKey;
     use bytes::BytesMut;
     use portico_http1::{parse_request, Limits};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    /// What a request waiting in [`H2Pool::slot`] got; `Open` holds the marker until `release`.
+    #[derive(Debug, PartialEq)]
+    enum Got {
+        Open,
+        Failed,
+    }
+
+    const KEY: PoolKey = PoolKey {
+        addr: std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::LOCALHOST,
+            9,
+        )),
+        tls: 0,
+    };
+
+    /// A request asking `pool` for a slot as a local task; an opener keeps its marker until
+    /// `release` is notified, then drops it after marking it failed when `fail`.
+    fn waiter(
+        pool: &Rc<H2Pool>,
+        log: &Rc<RefCell<Vec<(usize, Got)>>>,
+        id: usize,
+        release: &Rc<tokio::sync::Notify>,
+        fail: bool,
+    ) -> tokio::task::JoinHandle<()> {
+        let (pool, log, release) = (pool.clone(), log.clone(), release.clone());
+        tokio::task::spawn_local(async move {
+            let slot = pool.slot(KEY, Duration::from_secs(60), Duration::from_secs(30), None);
+            match slot.await {
+                Slot::Open(opening) => {
+                    log.borrow_mut().push((id, Got::Open));
+                    release.notified().await;
+                    if fail {
+                        opening.failed(&ProxyError::ConnectTimeout);
+                    }
+                }
+                Slot::Failed(_) => log.borrow_mut().push((id, Got::Failed)),
+                Slot::Leased(_) => unreachable!("no connection was added"),
+            }
+        })
+    }
+
+    /// Let every local task run until it waits.
+    async fn settle() {
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn one_open_per_server_and_its_failure_reaches_every_waiter() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let pool = Rc::new(H2Pool::default());
+                let log = Rc::new(RefCell::new(Vec::new()));
+                let release = Rc::new(tokio::sync::Notify::new());
+                let tasks: Vec<_> = (0..4)
+                    .map(|i| waiter(&pool, &log, i, &release, true))
+                    .collect();
+                settle().await;
+                // One request opens, the others wait for it.
+                assert_eq!(*log.borrow(), vec![(0, Got::Open)]);
+                release.notify_waiters();
+                for t in tasks {
+                    tokio::time::timeout(Duration::from_secs(5), t)
+                        .await
+                        .expect("no waiter is lost")
+                        .unwrap();
+                }
+                // Its failure fails them all at once: no second open.
+                let got = log.borrow();
+                assert_eq!(got.iter().filter(|(_, g)| *g == Got::Open).count(), 1);
+                assert_eq!(got.len(), 4);
+                assert!(pool.opening.borrow().is_empty());
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn an_opener_that_gives_up_hands_over_to_one_waiter() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let pool = Rc::new(H2Pool::default());
+                let log = Rc::new(RefCell::new(Vec::new()));
+                let release = Rc::new(tokio::sync::Notify::new());
+                let tasks: Vec<_> = (0..3)
+                    .map(|i| waiter(&pool, &log, i, &release, false))
+                    .collect();
+                settle().await;
+                assert_eq!(*log.borrow(), vec![(0, Got::Open)]);
+                // Each opener goes away without a connection (its request ended): exactly one
+                // waiter takes over each time, and every waiter gets its turn.
+                for n in 2..=3 {
+                    release.notify_waiters();
+                    settle().await;
+                    assert_eq!(log.borrow().len(), n, "{:?}", log.borrow());
+                    assert!(log.borrow().iter().all(|(_, g)| *g == Got::Open));
+                }
+                release.notify_waiters();
+                for t in tasks {
+                    tokio::time::timeout(Duration::from_secs(5), t)
+                        .await
+                        .expect("no waiter is lost")
+                        .unwrap();
+                }
+                assert!(pool.opening.borrow().is_empty());
+            })
+            .await;
+    }
 
     #[test]
     fn forwarded_head_becomes_an_http2_request() {

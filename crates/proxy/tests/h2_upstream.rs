@@ -5,7 +5,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -443,10 +443,10 @@ async fn upstream_down_is_a_502() {
     assert!(text.starts_with("HTTP/1.1 502"), "{text}");
 }
 
-#[tokio::test]
-async fn tls_with_alpn_h2() {
-    let dir = std::env::temp_dir().join(format!("portico-h2up-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// A TLS (ALPN h2 only) [`H2Upstream`] for `upstream.test`, its CA file written under `dir`;
+/// returns it and the group's `[upstreams.b.tls]` table.
+fn tls_h2_upstream(dir: &std::path::Path) -> (H2Upstream, String) {
+    std::fs::create_dir_all(dir).unwrap();
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let params = rcgen::CertificateParams::new(vec!["upstream.test".to_string()]).unwrap();
     let cert = params.self_signed(&key).unwrap();
@@ -464,13 +464,18 @@ async fn tls_with_alpn_h2() {
         .unwrap();
     config.alpn_protocols = vec![b"h2".to_vec()];
     let up = H2Upstream::start(Some(Arc::new(config)));
-    let p = proxy(
-        up.addr,
-        &format!(
-            "[upstreams.b.tls]\nca_file = {:?}\nserver_name = \"upstream.test\"\n",
-            ca.display().to_string()
-        ),
+    let table = format!(
+        "[upstreams.b.tls]\nca_file = {:?}\nserver_name = \"upstream.test\"\n",
+        ca.display().to_string()
     );
+    (up, table)
+}
+
+#[tokio::test]
+async fn tls_with_alpn_h2() {
+    let dir = std::env::temp_dir().join(format!("portico-h2up-{}", std::process::id()));
+    let (up, table) = tls_h2_upstream(&dir);
+    let p = proxy(up.addr, &table);
     let addr = p.addr("p").unwrap();
     let client = h2c(addr).await;
     for _ in 0..3 {
@@ -619,4 +624,290 @@ async fn a_stream_reset_is_a_502_and_keeps_the_connection() {
         1,
         "a RST_STREAM does not retire the connection"
     );
+}
+
+/// How a [`failing_h2`] server fails every request.
+#[derive(Clone, Copy)]
+enum Fail {
+    /// A `503` head.
+    Status503,
+    /// RST_STREAM REFUSED_STREAM (refused unprocessed, RFC 9113 8.7).
+    Refuse,
+    /// RST_STREAM INTERNAL_ERROR before any response byte.
+    Reset,
+}
+
+/// An HTTP/2 server that fails every request as `how` says; returns its address and the
+/// count of requests it saw.
+fn failing_h2(how: Fail) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = seen.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        match how {
+                            Fail::Status503 => {
+                                let resp = http::Response::builder().status(503).body(()).unwrap();
+                                if let Ok(mut s) = respond.send_response(resp, false) {
+                                    let _ = s.send_data(Bytes::from_static(b"down"), true);
+                                }
+                            }
+                            Fail::Refuse => respond.send_reset(h2::Reason::REFUSED_STREAM),
+                            Fail::Reset => respond.send_reset(h2::Reason::INTERNAL_ERROR),
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (addr, seen)
+}
+
+/// A proxy to an h2 group of `servers` (round robin) whose route has `retry`.
+fn proxy_to(servers: &[SocketAddr], retry: &str) -> Running {
+    let list = servers
+        .iter()
+        .map(|s| format!("\"{s}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+{retry}
+[upstreams.b]
+servers = [{list}]
+protocol = "h2"
+connect_timeout = "2s"
+"#
+    );
+    let cfg = portico_config::parse(&toml, "h2up-retry.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+/// Requests from an HTTP/2 client and from HTTP/1.1 clients through a group of a good server and
+/// a failing one: every one gets the good server's 200, the failing server saw some of them.
+async fn all_succeed_through_retries(bad: SocketAddr, bad_seen: Option<&AtomicUsize>) {
+    let good = H2Upstream::start(None);
+    let retry = "retry = { retries = 1, on = [\"connect\", \"reset\", \"503\"] }";
+    // The failing server first: round robin sends it the first request of each client kind.
+    let p = proxy_to(&[bad, good.addr], retry);
+    let addr = p.addr("p").unwrap();
+    let client = h2c(addr).await;
+    for i in 0..4 {
+        let got = send(&client, "GET", &format!("/h2/{i}"), &[], None).await;
+        assert_eq!(got.status, 200, "HTTP/2 client, request {i}: {}", got.body);
+        assert!(
+            got.body.starts_with(&format!("GET /h2/{i} ")),
+            "{}",
+            got.body
+        );
+    }
+    for i in 0..4 {
+        let text = http1(
+            addr,
+            &format!("GET /h1/{i} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "HTTP/1.1 client, request {i}: {text}"
+        );
+        assert!(text.contains(&format!("GET /h1/{i} ")), "{text}");
+    }
+    let retries = p.stats().retries.load(Ordering::Relaxed);
+    assert_eq!(
+        retries, 4,
+        "every other request went to the failing server first"
+    );
+    if let Some(seen) = bad_seen {
+        assert!(seen.load(Ordering::SeqCst) >= 4);
+    }
+    // Without a retry policy the failing server's share fails.
+    let p = proxy_to(&[bad, good.addr], "");
+    let text = http1(
+        p.addr("p").unwrap(),
+        "GET /x HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(!text.starts_with("HTTP/1.1 200"), "{text}");
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_answering_503() {
+    let (bad, seen) = failing_h2(Fail::Status503);
+    all_succeed_through_retries(bad, Some(&seen)).await;
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_resetting_streams() {
+    let (bad, seen) = failing_h2(Fail::Reset);
+    all_succeed_through_retries(bad, Some(&seen)).await;
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_refusing_streams() {
+    let (bad, seen) = failing_h2(Fail::Refuse);
+    all_succeed_through_retries(bad, Some(&seen)).await;
+}
+
+#[tokio::test]
+async fn route_retry_skips_a_server_that_is_down() {
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    all_succeed_through_retries(gone, None).await;
+}
+
+#[tokio::test]
+async fn requests_with_a_body_are_not_retried() {
+    let (bad, seen) = failing_h2(Fail::Status503);
+    let good = H2Upstream::start(None);
+    let p = proxy_to(
+        &[bad, good.addr],
+        "retry = { retries = 1, non_idempotent = true }",
+    );
+    let text = http1(
+        p.addr("p").unwrap(),
+        "PUT /x HTTP/1.1\r\nHost: app.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    assert_eq!(p.stats().retries.load(Ordering::Relaxed), 0);
+}
+
+/// An HTTP/2-only server answering `/health` with `200 ok` (counted) while `up`, and closing
+/// every new connection at once while not (down: the HTTP/2 handshake fails).
+fn switchable_h2() -> (SocketAddr, Arc<AtomicBool>, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let up = Arc::new(AtomicBool::new(true));
+    let probes = Arc::new(AtomicUsize::new(0));
+    let (is_up, counted) = (up.clone(), probes.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                if !is_up.load(Ordering::SeqCst) {
+                    drop(tcp);
+                    continue;
+                }
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    while let Some(Ok((req, mut respond))) = conn.accept().await {
+                        let status = match req.uri().path() {
+                            "/health" => {
+                                counted.fetch_add(1, Ordering::SeqCst);
+                                200
+                            }
+                            _ => 404,
+                        };
+                        let resp = http::Response::builder().status(status).body(()).unwrap();
+                        if let Ok(mut s) = respond.send_response(resp, false) {
+                            let _ = s.send_data(Bytes::from_static(b"all ok"), true);
+                        }
+                    }
+                });
+            }
+        });
+    });
+    (addr, up, probes)
+}
+
+/// Poll `cond` (every 10 ms) until it holds; panic with `what` after [`T`].
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < T, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn http_health_checks_of_h2_groups_speak_http2() {
+    let (addr, up, probes) = switchable_h2();
+    let p = proxy(
+        addr,
+        r#"[upstreams.b.health_check]
+path = "/health"
+expect_body = "ok"
+interval = "60ms"
+timeout = "50ms"
+rise = 2
+fall = 2
+"#,
+    );
+    let group = p.upstream("b").unwrap();
+    let server = || group.status(std::time::Instant::now()).remove(0);
+    let passed = |s: &portico_upstream::ServerStatus| {
+        s.last_check
+            .as_deref()
+            .is_some_and(|c| c.starts_with("passed: HTTP/2 200, body matched"))
+    };
+    wait_for("an HTTP/2 probe that passes", || passed(&server()));
+    assert!(probes.load(Ordering::SeqCst) >= 1);
+    assert_eq!(server().health, portico_upstream::Health::Up);
+    up.store(false, Ordering::SeqCst);
+    wait_for("the server marked down", || {
+        server().health == portico_upstream::Health::Down
+    });
+    let st = server();
+    assert!(
+        st.last_check
+            .as_deref()
+            .is_some_and(|c| c.starts_with("failed: HTTP/2")),
+        "{:?}",
+        st.last_check
+    );
+    up.store(true, Ordering::SeqCst);
+    wait_for("the server back up", || {
+        server().health == portico_upstream::Health::Up
+    });
+    assert!(passed(&server()));
+    assert_eq!(server().health_transitions, 2);
+}
+
+#[test]
+fn http_health_checks_of_tls_h2_groups_use_alpn_h2() {
+    let dir = std::env::temp_dir().join(format!("portico-h2up-health-{}", std::process::id()));
+    let (up, table) = tls_h2_upstream(&dir);
+    let check =
+        "[upstreams.b.health_check]\npath = \"/health\"\ninterval = \"60ms\"\ntimeout = \"50ms\"\n";
+    let p = proxy(up.addr, &format!("{check}{table}"));
+    let group = p.upstream("b").unwrap();
+    wait_for("an HTTP/2 probe over TLS that passes", || {
+        group.status(std::time::Instant::now())[0]
+            .last_check
+            .as_deref()
+            .is_some_and(|c| c.starts_with("passed: HTTP/2 200"))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }

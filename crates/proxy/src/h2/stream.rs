@@ -445,7 +445,7 @@ impl Stream<'_> {
                 timings: &mut self.timings,
                 min_rate: self.cur.ls.listener.limits.body_min_rate,
             };
-            return Some(crate::upstream_h2::proxy_h2(client, head, route, p, picked, ubuf).await);
+            return crate::upstream_h2::proxy_h2(client, head, route, p, picked, ubuf, retry).await;
         }
         let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
         let chunked = head.framing == Framing::Chunked;
@@ -514,6 +514,7 @@ impl Stream<'_> {
             o.upstream = Some(addr);
             return Some(o);
         }
+        crate::h2_interim::forward(&mut self.respond, &interim, head.method());
         let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
         let mut response = response_from(&resp, &route.response_headers, p.via);
         if let Some(cookie) = &t.set_cookie {

@@ -1,0 +1,95 @@
+//! Interim (1xx) responses of HTTP/1.1 upstreams passed on to HTTP/2 clients as informational HEADERS (103 Early Hints and the like).
+
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use http::header::{HeaderName, HeaderValue};
+use portico_http1::{parse_response, Limits, Method};
+
+/// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, collected by
+/// `forward::read_response_head`) to the HTTP/2 client as an informational response: a HEADERS
+/// frame without END_STREAM before the final one (RFC 9113 8.1). Connection-specific fields
+/// are dropped (RFC 9113 8.2.2), other fields pass as they came, as they do to HTTP/1.1
+/// clients. A head that does not parse again or a client that is gone is skipped: the final
+/// response that follows meets the same client and reports it.
+pub(crate) fn forward(respond: &mut SendResponse<Bytes>, interim: &[Bytes], method: &Method) {
+    for raw in interim {
+        if let Some(resp) = informational(raw, method) {
+            if respond.send_informational(resp).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// The informational response for one raw 1xx head; None when it is not one.
+fn informational(raw: &[u8], method: &Method) -> Option<http::Response<()>> {
+    let mut buf = BytesMut::from(raw);
+    let limits = Limits {
+        max_head_bytes: raw.len() + 1,
+        ..Limits::default()
+    };
+    let head = parse_response(&mut buf, method, &limits).ok()??;
+    let status = head.status();
+    if !(100..200).contains(&status) || status == 101 {
+        return None;
+    }
+    let mut resp = http::Response::new(());
+    *resp.status_mut() = http::StatusCode::from_u16(status).ok()?;
+    let headers = resp.headers_mut();
+    for (name, value) in head.fields() {
+        if head.is_hop_by_hop(name) || connection_specific(name) {
+            continue;
+        }
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    }
+    Some(resp)
+}
+
+/// Fields HTTP/2 forbids (RFC 9113 8.2.2) whether or not `Connection` lists them.
+fn connection_specific(name: &str) -> bool {
+    [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+        "te",
+    ]
+    .iter()
+    .any(|n| n.eq_ignore_ascii_case(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::informational;
+    use portico_http1::Method;
+
+    #[test]
+    fn early_hints_keep_their_fields_and_lose_connection_ones() {
+        let raw = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nLink: </b.js>; rel=preload\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\r\n";
+        let r = informational(raw, &Method::Get).unwrap();
+        assert_eq!(r.status(), 103);
+        let links: Vec<_> = r.headers().get_all("link").iter().collect();
+        assert_eq!(links, ["</a.css>; rel=preload", "</b.js>; rel=preload"]);
+        for gone in ["connection", "x-hop", "keep-alive"] {
+            assert!(!r.headers().contains_key(gone), "{gone}");
+        }
+    }
+
+    #[test]
+    fn only_interim_heads_qualify() {
+        assert!(informational(b"HTTP/1.1 100 Continue\r\n\r\n", &Method::Get).is_some());
+        assert!(informational(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            &Method::Get
+        )
+        .is_none());
+        assert!(informational(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", &Method::Get).is_none());
+        assert!(informational(b"garbage", &Method::Get).is_none());
+    }
+}
