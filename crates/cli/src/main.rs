@@ -7,6 +7,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc malloc: see the workspace Cargo.toml (docs/benchmarks.md has the figures).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "portico",
