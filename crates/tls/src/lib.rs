@@ -25,7 +25,7 @@ pub enum TlsError {
 }
 
 mod client;
-pub use client::{client_config, client_config_h2, ClientSessions, Origination};
+pub use client::{client_config, client_config_h2, ClientSessions, NoVerification, Origination};
 
 fn file_error(path: &Path, message: impl Into<String>) -> TlsError {
     TlsError::File {
