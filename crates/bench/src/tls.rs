@@ -1,12 +1,11 @@
 //! HTTPS client settings: `--tls-*`, `--insecure` and `--cacert` validated into one rustls `ClientConfig` (aws-lc-rs).
 
 use crate::error::BenchError;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::Resumption;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::ClientConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -162,7 +161,7 @@ impl TlsClient {
             .with_protocol_versions(&versions)
             .map_err(|e| flag(format!("TLS settings: {e}")))?;
         let (mut config, verify) = if o.insecure {
-            let v = Arc::new(NoVerify(provider.clone()));
+            let v = Arc::new(portico_tls::NoVerification::new(provider.clone()));
             (
                 builder
                     .dangerous()
@@ -237,56 +236,6 @@ impl TlsClient {
         let mut c = (*self.config).clone();
         c.resumption = Resumption::in_memory_sessions(SESSION_CACHE);
         Arc::new(c)
-    }
-}
-
-/// `--insecure`: any certificate is accepted, but the handshake signature is still verified with
-/// the provider's algorithms, so the client does the same work as a verifying one minus the chain.
-#[derive(Debug)]
-struct NoVerify(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -224,6 +224,12 @@ fn limits_diff(limits: &ListenerLimits) -> Vec<String> {
         format_duration(d.keepalive_timeout),
     );
     push(
+        limits.send_timeout != d.send_timeout,
+        "send_timeout",
+        format_duration(limits.send_timeout),
+        format_duration(d.send_timeout),
+    );
+    push(
         limits.body_min_rate != d.body_min_rate,
         "body_min_rate",
         format!("{}/s", format_size(limits.body_min_rate)),

@@ -219,6 +219,9 @@ pub struct ListenerLimits {
     pub head_timeout: Duration,
     /// Idle keep-alive connection closed after this (default 60 s).
     pub keepalive_timeout: Duration,
+    /// A client receiving a response that accepts no byte (HTTP/1.1: the socket stays full;
+    /// HTTP/2: no flow-control window) for this long is disconnected (default 60 s).
+    pub send_timeout: Duration,
     /// A request body must arrive at least this fast, averaged since the body started, bytes/s
     /// (default 1024), checked after a 10 s grace -> 408.
     pub body_min_rate: u64,
@@ -674,6 +677,7 @@ impl ListenerLimits {
         max_request_line: 8 * 1024,
         head_timeout: Duration::from_secs(10),
         keepalive_timeout: Duration::from_secs(60),
+        send_timeout: Duration::from_secs(60),
         body_min_rate: 1024,
         max_requests_per_connection: 0,
     };

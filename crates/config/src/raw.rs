@@ -113,6 +113,7 @@ pub(crate) struct RawLimits {
     pub max_request_line: Option<Spanned<Scalar>>,
     pub head_timeout: Option<Spanned<Scalar>>,
     pub keepalive_timeout: Option<Spanned<Scalar>>,
+    pub send_timeout: Option<Spanned<Scalar>>,
     pub body_min_rate: Option<Spanned<Scalar>>,
     pub max_requests_per_connection: Option<Spanned<Int>>,
 }

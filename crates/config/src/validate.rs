@@ -1719,6 +1719,13 @@ fn limits(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawLimits>) -> ListenerLimi
         d.keepalive_timeout,
         false,
     );
+    let send_timeout = duration(
+        ctx,
+        raw.send_timeout.as_ref(),
+        &sub(key, "send_timeout"),
+        d.send_timeout,
+        false,
+    );
     let body_min_rate = size(
         ctx,
         raw.body_min_rate.as_ref(),
@@ -1743,6 +1750,7 @@ fn limits(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawLimits>) -> ListenerLimi
         max_request_line: to_usize(max_request_line),
         head_timeout,
         keepalive_timeout,
+        send_timeout,
         body_min_rate,
         max_requests_per_connection: u64::try_from(max_requests).unwrap_or(0),
     }

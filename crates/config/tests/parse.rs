@@ -148,6 +148,7 @@ idle_timeout = "90s"
             max_request_line: 4096,
             head_timeout: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(120),
+            send_timeout: Duration::from_secs(60),
             body_min_rate: 2048,
             max_requests_per_connection: 1000,
         }

@@ -576,6 +576,7 @@ fn groups_json(shared: &Shared) -> Vec<Value> {
                 "no_server": gs.no_server.load(Relaxed),
                 "queue": {
                     "size": g.queue,
+                    "timeout_seconds": g.queue_timeout.as_secs_f64(),
                     "waiting": gs.queue.waiting(),
                     "queued": gs.queue.queued.load(Relaxed),
                     "admitted": gs.queue.admitted.load(Relaxed),
@@ -608,6 +609,18 @@ fn counters(stats: &Stats, control: &Control) -> Value {
     })
 }
 
+/// The resilience policies a route has (`retry`, `rate_limit`), for the dashboard.
+fn route_policies(r: &Route) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if matches!(&r.action, Action::Proxy(p) if p.retry.is_some()) {
+        out.push("retry");
+    }
+    if r.rate_limit.is_some() {
+        out.push("rate_limit");
+    }
+    out
+}
+
 /// The whole state as JSON: what the dashboard polls and an operator scripts against.
 pub fn status(control: &Control) -> Value {
     let shared = control.snapshot();
@@ -630,6 +643,7 @@ pub fn status(control: &Control) -> Value {
                         "retries": rs.retries.load(Relaxed),
                         "retries_budget_exhausted": rs.retries_budget_exhausted.load(Relaxed),
                         "rate_limited": rs.rate_limited.load(Relaxed),
+                        "policies": route_policies(r),
                     })
                 })
                 .collect();
@@ -641,6 +655,7 @@ pub fn status(control: &Control) -> Value {
                     .find(|(n, _)| *n == l.name)
                     .map(|(_, a)| a.to_string()),
                 "tls": l.tls.is_some(),
+                "shed": l.shed.is_some(),
                 "connections": control.listener_connections(&l.name),
                 "routes": routes,
             })

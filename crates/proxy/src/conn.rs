@@ -30,27 +30,41 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 /// Largest body slice decoded at once.
 pub const MAX_CHUNK: usize = 64 * 1024;
 
-/// How long a client may make no progress, receiving a response (nginx's `send_timeout`) or
-/// sending a body when no minimum rate is set (nginx's `client_body_timeout`).
+/// How long a client sending a body may make no progress when no minimum rate is set (nginx's
+/// `client_body_timeout`). Receiving a response is bounded by the listener's `send_timeout`.
 pub const STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Write all of `buf` to a client. Each write is tried directly (no timer when the socket takes
-/// it); the client must accept some bytes within [`STALL_TIMEOUT`] whenever its window is full, so
-/// a client that stops reading cannot pin the task, and a slow one that progresses is not cut off.
-pub async fn send_all(stream: &mut ClientStream, buf: &[u8]) -> std::io::Result<()> {
+/// it); the client must accept some bytes within `limit` (the listener's `send_timeout`, nginx's
+/// `send_timeout`) whenever its window is full, so a client that stops reading cannot pin the
+/// task, and a slow one that progresses is not cut off. Expiry is an error of kind `TimedOut`.
+pub async fn send_all(
+    stream: &mut ClientStream,
+    buf: &[u8],
+    limit: std::time::Duration,
+) -> std::io::Result<()> {
+    let stale = || {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "client accepted no data in time",
+        )
+    };
     let stream = match stream {
         ClientStream::Plain(s) => s,
         ClientStream::Tls(s) => {
-            // rustls takes the bytes into its buffer; the flush pushes the records out.
-            let write = async {
-                s.write_all(buf).await?;
-                s.flush().await
-            };
-            return match timeout(STALL_TIMEOUT, write).await {
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "client accepted no data in time",
-                )),
+            // rustls takes the bytes into its buffer (a write returns once some were taken, which
+            // needs room freed by the client reading); the flush pushes the last records out.
+            let mut off = 0;
+            while off < buf.len() {
+                match timeout(limit, s.write(&buf[off..])).await {
+                    Err(_) => return Err(stale()),
+                    Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Ok(Ok(n)) => off += n,
+                    Ok(Err(e)) => return Err(e),
+                }
+            }
+            return match timeout(limit, s.flush()).await {
+                Err(_) => Err(stale()),
                 Ok(r) => r,
             };
         }
@@ -65,13 +79,8 @@ pub async fn send_all(stream: &mut ClientStream, buf: &[u8]) -> std::io::Result<
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                match timeout(STALL_TIMEOUT, stream.writable()).await {
-                    Err(_) => {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "client accepted no data in time",
-                        ))
-                    }
+                match timeout(limit, stream.writable()).await {
+                    Err(_) => return Err(stale()),
                     Ok(r) => r?,
                 }
             }
@@ -103,6 +112,8 @@ pub struct Conn {
     pub requests: u64,
     /// Phase timings of the current request, for the access log.
     pub timings: Timings,
+    /// The listener's `limits.send_timeout` (refreshed with the configuration between requests).
+    pub send_timeout: std::time::Duration,
 }
 
 /// What one request did to the connection.
@@ -145,6 +156,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         ubuf: BytesMut::with_capacity(1024),
         requests: 0,
         timings: Timings::default(),
+        send_timeout: ctx.ls.listener.limits.send_timeout,
     };
     loop {
         let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
@@ -194,6 +206,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         // The one clock read at the head: the head phase, and the pick time of a proxied request.
         c.timings = Timings::begin(Instant::now());
         refresh(&mut ctx);
+        c.send_timeout = ctx.ls.listener.limits.send_timeout;
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = handle(&mut c, &ctx, &head, started).await;
         ctx.shared.stats.record(outcome.termination);
@@ -601,7 +614,7 @@ pub async fn write_simple(
         c.wbuf.extend_from_slice(body);
     }
     let n = c.wbuf.len() as u64;
-    send_all(&mut c.stream, &c.wbuf)
+    send_all(&mut c.stream, &c.wbuf, c.send_timeout)
         .await
         .map_err(ProxyError::ClientIo)?;
     c.wbuf.clear();
@@ -611,9 +624,13 @@ pub async fn write_simple(
 /// Send `100 Continue` if the client waits for it before sending a body.
 pub async fn send_continue(c: &mut Conn, head: &RequestHead) -> Result<(), ProxyError> {
     if head.expect_continue && head.framing != Framing::None && head.version() == Version::Http11 {
-        send_all(&mut c.stream, b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await
-            .map_err(ProxyError::ClientIo)?;
+        send_all(
+            &mut c.stream,
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            c.send_timeout,
+        )
+        .await
+        .map_err(ProxyError::ClientIo)?;
     }
     Ok(())
 }
@@ -771,15 +788,15 @@ async fn serve_origin(
     let result: Result<u64, std::io::Error> = async {
         let mut sent = c.wbuf.len() as u64;
         match reply.body {
-            Body::Empty => send_all(&mut c.stream, &c.wbuf).await?,
+            Body::Empty => send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?,
             Body::Bytes(b) => {
                 sent += b.len() as u64;
                 if b.len() <= 16 * 1024 {
                     c.wbuf.extend_from_slice(&b);
-                    send_all(&mut c.stream, &c.wbuf).await?;
+                    send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
                 } else {
-                    send_all(&mut c.stream, &c.wbuf).await?;
-                    send_all(&mut c.stream, &b).await?;
+                    send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
+                    send_all(&mut c.stream, &b, c.send_timeout).await?;
                 }
             }
             Body::File {
@@ -788,7 +805,7 @@ async fn serve_origin(
                 len,
             } => {
                 use std::io::{Read, Seek, SeekFrom};
-                send_all(&mut c.stream, &c.wbuf).await?;
+                send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
                 file.seek(SeekFrom::Start(offset))?;
                 let mut left = len;
                 let mut buf = vec![0u8; (len.min(MAX_CHUNK as u64)) as usize];
@@ -801,7 +818,7 @@ async fn serve_origin(
                             "file shrank while serving",
                         ));
                     }
-                    send_all(&mut c.stream, &buf[..n]).await?;
+                    send_all(&mut c.stream, &buf[..n], c.send_timeout).await?;
                     left -= n as u64;
                     sent += n as u64;
                 }

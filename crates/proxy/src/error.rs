@@ -106,6 +106,10 @@ impl ProxyError {
             ProxyError::HeadTimeout | ProxyError::BodyTooSlow => (Side::Client, Cause::Timeout),
             ProxyError::BodyTooLarge => (Side::Client, Cause::Limit),
             ProxyError::ClientClosed => (Side::Client, Cause::Closed),
+            // A client that accepted no response byte within the listener's `send_timeout`.
+            ProxyError::ClientIo(e) if e.kind() == io::ErrorKind::TimedOut => {
+                (Side::Client, Cause::Timeout)
+            }
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
             ProxyError::RateLimited => (Side::Client, Cause::Limit),
@@ -170,5 +174,19 @@ mod tests {
             Termination::new(Side::Upstream, Phase::Connect, Cause::Timeout)
         );
         assert_eq!(t.code(), "SC");
+    }
+
+    #[test]
+    fn a_client_send_timeout_is_a_client_timeout() {
+        let stalled = ProxyError::ClientIo(io::Error::from(io::ErrorKind::TimedOut));
+        assert_eq!(
+            stalled.termination(Phase::ResponseBody),
+            Termination::new(Side::Client, Phase::ResponseBody, Cause::Timeout)
+        );
+        let reset = ProxyError::ClientIo(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(
+            reset.termination(Phase::ResponseBody),
+            Termination::new(Side::Client, Phase::ResponseBody, Cause::Io)
+        );
     }
 }

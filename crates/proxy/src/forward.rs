@@ -164,7 +164,7 @@ async fn attempt(
     // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
     if head.version() == Version::Http11 {
         for h in interim {
-            if send_all(&mut c.stream, &h).await.is_err() {
+            if send_all(&mut c.stream, &h, c.send_timeout).await.is_err() {
                 return Some(client_gone(resp.status(), addr));
             }
         }
@@ -463,7 +463,7 @@ async fn relay_body(
                     }
                 } else {
                     flush(c, &mut sent).await?;
-                    send_all(&mut c.stream, &d)
+                    send_all(&mut c.stream, &d, c.send_timeout)
                         .await
                         .map_err(ProxyError::ClientIo)?;
                     sent += d.len() as u64;
@@ -512,7 +512,7 @@ async fn relay_body(
 
 async fn flush(c: &mut Conn, sent: &mut u64) -> Result<(), ProxyError> {
     if !c.wbuf.is_empty() {
-        send_all(&mut c.stream, &c.wbuf)
+        send_all(&mut c.stream, &c.wbuf, c.send_timeout)
             .await
             .map_err(ProxyError::ClientIo)?;
         *sent += c.wbuf.len() as u64;
@@ -544,9 +544,9 @@ async fn tunnel(
         true,
     );
     let r: std::io::Result<(u64, u64)> = async {
-        send_all(&mut c.stream, &c.wbuf).await?;
+        send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
         if !up.rbuf.is_empty() {
-            send_all(&mut c.stream, &up.rbuf).await?;
+            send_all(&mut c.stream, &up.rbuf, c.send_timeout).await?;
             up.rbuf.clear();
         }
         if !c.rbuf.is_empty() {

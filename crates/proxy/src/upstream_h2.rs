@@ -986,7 +986,7 @@ pub(crate) async fn proxy_h1(
                 if chunked {
                     c.wbuf.extend_from_slice(b"\r\n");
                 }
-                send_all(&mut c.stream, &c.wbuf)
+                send_all(&mut c.stream, &c.wbuf, c.send_timeout)
                     .await
                     .map_err(ProxyError::ClientIo)?;
                 sent += c.wbuf.len() as u64;
@@ -1012,7 +1012,7 @@ pub(crate) async fn proxy_h1(
         drop(lease);
         drop(picked);
         if !c.wbuf.is_empty() {
-            send_all(&mut c.stream, &c.wbuf)
+            send_all(&mut c.stream, &c.wbuf, c.send_timeout)
                 .await
                 .map_err(ProxyError::ClientIo)?;
             sent += c.wbuf.len() as u64;
@@ -1050,6 +1050,8 @@ pub(crate) struct H2Client<'a> {
     pub body: &'a mut RecvStream,
     pub timings: &'a mut Timings,
     pub min_rate: u64,
+    /// The listener's `limits.send_timeout`: the longest wait for the client's window.
+    pub send_timeout: Duration,
 }
 
 /// Proxy a stream from an HTTP/2 client to an HTTP/2 group; `ubuf` is the forwarded head
@@ -1069,7 +1071,18 @@ pub(crate) async fn proxy_h2(
     let head_only = *head.method() == portico_http1::Method::Head;
     let req = match build_request(ubuf, head, picked.tls.is_some(), addr) {
         Ok(r) => r,
-        Err(e) => return Some(h2_fail(cl.respond, e, Phase::RequestHead, head_only).await),
+        Err(e) => {
+            return Some(
+                h2_fail(
+                    cl.respond,
+                    e,
+                    Phase::RequestHead,
+                    head_only,
+                    cl.send_timeout,
+                )
+                .await,
+            )
+        }
     };
     let has_body = !cl.body.is_end_stream();
     let run = Run {
@@ -1109,7 +1122,7 @@ pub(crate) async fn proxy_h2(
             if retry_after(&f, &picked, retry, &cl.shared.stats) {
                 return None;
             }
-            let mut o = h2_fail(cl.respond, f.e, f.phase, head_only).await;
+            let mut o = h2_fail(cl.respond, f.e, f.phase, head_only, cl.send_timeout).await;
             o.upstream = Some(addr);
             return Some(o);
         }
@@ -1152,7 +1165,7 @@ pub(crate) async fn proxy_h2(
                 Ok(Some(Ok(d))) => d,
             };
             let n = d.len();
-            send_client(&mut send, d).await?;
+            send_client(&mut send, d, cl.send_timeout).await?;
             sent += n as u64;
             let _ = body.flow_control().release_capacity(n);
         }
@@ -1211,16 +1224,15 @@ pub(crate) async fn proxy_h2(
     })
 }
 
-/// Send DATA to the client under its flow-control window.
-async fn send_client(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), ProxyError> {
+/// Send DATA to the client under its flow-control window, waiting at most `limit` for it.
+async fn send_client(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    limit: Duration,
+) -> Result<(), ProxyError> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let cap = match timeout(
-            crate::conn::STALL_TIMEOUT,
-            poll_fn(|cx| send.poll_capacity(cx)),
-        )
-        .await
-        {
+        let cap = match timeout(limit, poll_fn(|cx| send.poll_capacity(cx))).await {
             Err(_) => {
                 return Err(ProxyError::ClientIo(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -1276,6 +1288,7 @@ async fn h2_fail(
     e: ProxyError,
     phase: Phase,
     head_only: bool,
+    limit: Duration,
 ) -> Outcome {
     let status = e.status();
     tracing::debug!("HTTP/2 upstream request failed: {e}");
@@ -1292,7 +1305,11 @@ async fn h2_fail(
         }
         if let Ok(resp) = b.body(()) {
             if let Ok(mut s) = respond.send_response(resp, head_only) {
-                if !head_only && send_client(&mut s, Bytes::from_static(body)).await.is_ok() {
+                if !head_only
+                    && send_client(&mut s, Bytes::from_static(body), limit)
+                        .await
+                        .is_ok()
+                {
                     let _ = s.send_data(Bytes::new(), true);
                     sent = body.len() as u64;
                 }

@@ -3,11 +3,7 @@
 use crate::error::ProxyError;
 use portico_config::UpstreamTls;
 use std::hash::{Hash, Hasher};
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -86,158 +82,12 @@ pub fn settings_id(settings: &UpstreamTls) -> u64 {
     h.finish().max(1)
 }
 
-/// An upstream connection's byte stream.
-pub enum UpStream {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl UpStream {
-    /// Write without waiting: plain sockets write what fits now; TLS writes nothing here (its
-    /// records go through `write_all` and `flush`), so the caller's slow path handles it.
-    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            UpStream::Plain(s) => s.try_write(buf),
-            UpStream::Tls(_) => Ok(0),
-        }
-    }
-
-    /// Whether the connection has completed a resumed TLS handshake.
-    pub fn resumed(&self) -> bool {
-        match self {
-            UpStream::Plain(_) => false,
-            UpStream::Tls(s) => {
-                s.get_ref().1.handshake_kind() == Some(tokio_rustls::rustls::HandshakeKind::Resumed)
-            }
-        }
-    }
-
-    /// Read and write halves usable at the same time in one task.
-    pub fn split(&mut self) -> (UpRead<'_>, UpWrite<'_>) {
-        match self {
-            UpStream::Plain(s) => {
-                let (r, w) = s.split();
-                (UpRead::Plain(r), UpWrite::Plain(w))
-            }
-            UpStream::Tls(s) => {
-                let (r, w) = tokio::io::split(s.as_mut());
-                (UpRead::Tls(r), UpWrite::Tls(w))
-            }
-        }
-    }
-
-    /// An idle connection must have nothing to read: data means a protocol error, EOF means
-    /// closed. Answers from tokio's cached readiness without a syscall when nothing was
-    /// signalled. A TLS connection is read through rustls, which consumes records that carry no
-    /// data (a late session ticket) and reports a close_notify as EOF.
-    pub fn is_idle_alive(&mut self) -> bool {
-        match self {
-            UpStream::Plain(s) => {
-                let mut probe = [0u8; 1];
-                matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-            }
-            UpStream::Tls(s) => {
-                let mut probe = [0u8; 1];
-                let mut buf = ReadBuf::new(&mut probe);
-                let mut cx = Context::from_waker(Waker::noop());
-                Pin::new(s.as_mut())
-                    .poll_read(&mut cx, &mut buf)
-                    .is_pending()
-            }
-        }
-    }
-}
-
-impl AsyncRead for UpStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for UpStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
-type TlsRef<'a> = &'a mut TlsStream<TcpStream>;
+/// An upstream connection's byte stream (`UpStream::Plain` or `UpStream::Tls`), with
+/// `try_write`, `resumed`, `split` and `is_idle_alive`.
+pub type UpStream = portico_tls::MaybeTls<TlsStream<TcpStream>>;
 
 /// The read half of an [`UpStream`].
-pub enum UpRead<'a> {
-    Plain(tokio::net::tcp::ReadHalf<'a>),
-    Tls(tokio::io::ReadHalf<TlsRef<'a>>),
-}
+pub type UpRead<'a> = portico_tls::MaybeTlsRead<'a, TlsStream<TcpStream>>;
 
 /// The write half of an [`UpStream`].
-pub enum UpWrite<'a> {
-    Plain(tokio::net::tcp::WriteHalf<'a>),
-    Tls(tokio::io::WriteHalf<TlsRef<'a>>),
-}
-
-impl AsyncRead for UpRead<'_> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpRead::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpRead::Tls(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for UpWrite<'_> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            UpWrite::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpWrite::Tls(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpWrite::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpWrite::Tls(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            UpWrite::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpWrite::Tls(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
+pub type UpWrite<'a> = portico_tls::MaybeTlsWrite<'a, TlsStream<TcpStream>>;

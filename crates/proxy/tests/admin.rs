@@ -97,6 +97,23 @@ fn status_and_metrics_count_what_happened() {
     assert_eq!(server["address"], up.addr.to_string());
     assert_eq!(server["header_time"]["count"], 5);
     assert_eq!(st["counters"]["upstream_requests"], 5);
+    // What the dashboard's overload panel reads: policies, shed, queue settings and counters.
+    assert_eq!(routes[0]["policies"], serde_json::json!([]));
+    assert_eq!(st["listeners"][0]["shed"], false);
+    let queue = &st["groups"][0]["queue"];
+    assert_eq!(
+        (&queue["size"], &queue["timeout_seconds"]),
+        (&0.into(), &1.0.into())
+    );
+    for k in [
+        "retries",
+        "retries_budget_exhausted",
+        "rate_limited",
+        "requests_shed",
+        "shedding",
+    ] {
+        assert_eq!(st["counters"][k], 0, "{k}");
+    }
 
     let (status, text) = admin(a, "GET", "/metrics", "");
     assert_eq!(status, 200);

@@ -19,7 +19,11 @@ fn chromium() -> String {
 /// Load the page in headless chromium, let its timers run for `budget_ms` of virtual time, and
 /// return the DOM as the page's script left it.
 fn dump_dom(url: &str, budget_ms: u32) -> String {
-    let profile = std::env::temp_dir().join(format!("portico-chromium-{}", std::process::id()));
+    // One profile per browser run: the tests of this file run at the same time.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
+    let profile =
+        std::env::temp_dir().join(format!("portico-chromium-{}-{run}", std::process::id()));
     let out = Command::new(chromium())
         .args([
             "--headless",
@@ -164,5 +168,167 @@ health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, 
     assert!(
         total(&second) > total(&first),
         "the numbers did not change under load"
+    );
+}
+
+/// Poll `cond` until it holds, bounded.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The last `n` whitespace-separated fields of a row, as numbers.
+fn last_numbers(row: &str, n: usize) -> Vec<u64> {
+    let fields: Vec<&str> = row.split(' ').collect();
+    fields[fields.len().saturating_sub(n)..]
+        .iter()
+        .map(|f| f.parse().unwrap_or_else(|_| panic!("{f:?} in {row:?}")))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs chromium; scripts/test.sh runs it"]
+fn dashboard_shows_retries_queues_and_shedding() {
+    use portico_testkit::{closed_port, Hold};
+    let hold = Hold::new();
+    let held = {
+        let h = hold.clone();
+        TestUpstream::start(move |_| {
+            h.wait();
+            Reply::ok("held")
+        })
+    };
+    let live = TestUpstream::start(|_| Reply::ok("ok"));
+    let toml = format!(
+        r#"
+[admin]
+address = "127.0.0.1:0"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+shed = {{ target = "5ms", interval = "20ms" }}
+[[listeners.routes]]
+name = "queued"
+path = "/q/**"
+proxy = "q"
+[[listeners.routes]]
+name = "retried"
+path = "/r/**"
+proxy = "r"
+retry = {{ on = "connect" }}
+[[listeners.routes]]
+name = "limited"
+path = "/l/**"
+respond = {{ status = 200, body = "l" }}
+rate_limit = {{ rate = 0.01, burst = 1 }}
+[[listeners.routes]]
+name = "plain"
+respond = {{ status = 200, body = "plain" }}
+[upstreams.q]
+servers = ["{}"]
+max_connections_per_server = 1
+queue = 1
+queue_timeout = "100ms"
+[upstreams.r]
+servers = ["{}", "{}"]
+"#,
+        held.addr,
+        closed_port(),
+        live.addr
+    );
+    let p: Running = start(portico_config::parse(&toml, "t.toml").unwrap(), 2).unwrap();
+    let addr = p.addr("p").unwrap();
+    let stats = p.stats().clone();
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").into_bytes();
+
+    // Queue: one request holds the only slot, one waits and times out, one finds the queue full.
+    let mut a = Client::connect(addr).unwrap();
+    a.send(&get("/q/a")).unwrap();
+    assert!(hold.wait_held(1), "the first request reaches the server");
+    let mut b = Client::connect(addr).unwrap();
+    b.send(&get("/q/b")).unwrap();
+    eventually("the second request waits", || {
+        p.control().snapshot().group_stats[0].queue.waiting() == 1
+    });
+    let full = Client::connect(addr)
+        .unwrap()
+        .request(&get("/q/c"))
+        .unwrap();
+    assert_eq!(full.status, 503);
+    assert_eq!(b.read_response(false).unwrap().status, 503);
+    hold.open();
+    assert_eq!(a.read_response(false).unwrap().status, 200);
+
+    // Retries: round robin over a closed port and a live server; every request succeeds, the
+    // ones that tried the closed port first were retried.
+    let mut c = Client::connect(addr).unwrap();
+    for _ in 0..4 {
+        assert_eq!(c.request(&get("/r/x")).unwrap().status, 200);
+    }
+    let retries = stats.retries.load(Ordering::Relaxed);
+    assert!(retries >= 1, "no retry happened");
+
+    // Rate limit: one token, then 429.
+    assert_eq!(c.request(&get("/l/1")).unwrap().status, 200);
+    assert_eq!(c.request(&get("/l/2")).unwrap().status, 429);
+
+    // Shedding: saturate the workers until one sheds, then one request gets the fast 503.
+    p.control()
+        .simulate_saturation(Some(Duration::from_millis(25)));
+    eventually("a worker sheds", || {
+        stats.shedding.load(Ordering::Relaxed) >= 1
+    });
+    let mut shed = 0;
+    let end = Instant::now() + Duration::from_secs(10);
+    while shed == 0 {
+        assert!(Instant::now() < end, "no request was shed");
+        // Two workers: a connection may land on the one not shedding yet.
+        let r = Client::connect(addr).unwrap().request(&get("/")).unwrap();
+        if r.status == 503 {
+            shed += 1;
+        }
+    }
+    p.control().simulate_saturation(None);
+    eventually("shedding stops", || {
+        stats.shedding.load(Ordering::Relaxed) == 0
+    });
+
+    let dom = dump_dom(&format!("http://{}/", p.admin_addr().unwrap()), 2500);
+    assert!(
+        updates(&dom) >= 2,
+        "the page polled fewer than twice:\n{dom}"
+    );
+    let total = |attr: &str| last_numbers(&row_text(&dom, attr), 1)[0];
+    assert_eq!(total("data-counter=\"retries\""), retries);
+    assert_eq!(total("data-counter=\"rate_limited\""), 1);
+    assert_eq!(
+        total("data-counter=\"requests_shed\""),
+        stats.requests_shed.load(Ordering::Relaxed)
+    );
+    assert!(total("data-counter=\"requests_shed\"") >= 1);
+    assert_eq!(total("data-counter=\"shedding\""), 0);
+    let shed_row = row_text(&dom, "data-counter=\"shedding\"");
+    assert!(shed_row.contains("with shed: p)"), "{shed_row}");
+    // Group q: size 1, 100 ms, nobody waiting; queued 1 (it timed out), full 1, timeouts 1.
+    let queue = row_text(&dom, "data-queue=\"q\"");
+    assert!(queue.starts_with("q 1 100.0 ms 0 "), "{queue}");
+    assert_eq!(last_numbers(&queue, 3), [1, 1, 1], "{queue}");
+    assert!(
+        !dom.contains("data-queue=\"r\""),
+        "a group without a queue is listed"
+    );
+    // Routes with policies: retries and 429 totals (retries, budget refused, 429).
+    let retried = row_text(&dom, "data-policy=\"p/retried\"");
+    assert!(retried.contains("retry"), "{retried}");
+    assert_eq!(last_numbers(&retried, 3), [retries, 0, 0], "{retried}");
+    let limited = row_text(&dom, "data-policy=\"p/limited\"");
+    assert!(limited.contains("rate_limit"), "{limited}");
+    assert_eq!(last_numbers(&limited, 3), [0, 0, 1], "{limited}");
+    assert!(
+        !dom.contains("data-policy=\"p/plain\""),
+        "a route without policies is listed"
     );
 }

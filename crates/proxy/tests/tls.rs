@@ -417,3 +417,64 @@ fn mtls_forwards_the_verified_subject_and_never_a_client_sent_one() {
     );
     assert_eq!(up.requests()[5].header_count("x-client-cert-subject"), 0);
 }
+
+#[test]
+fn tls_client_that_stops_reading_is_cut_after_send_timeout() {
+    use portico_proxy::stats::{Cause, Phase, Side};
+    use portico_proxy::Termination;
+    let dir = std::env::temp_dir().join(format!("portico-tls-send-{}", std::process::id()));
+    let pki = pki(&dir, &[&["localhost"]]);
+    let body = 16 << 20;
+    let up = TestUpstream::start(move |_| Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: vec![b'x'; body],
+        chunked: false,
+    });
+    // `extra` lands in [listeners.tls]; a new table header starts the listener's limits.
+    let p = tls_proxy_with(
+        &pki,
+        up.addr,
+        "[listeners.limits]\nsend_timeout = \"300ms\"",
+    );
+    let cfg = client_config(&pki, rustls::crypto::aws_lc_rs::default_provider(), false);
+    // A small receive buffer (no autotuning): the proxy's writes block early.
+    let tcp = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    tcp.set_recv_buffer_size(16 * 1024).unwrap();
+    tcp.connect(&p.addr("tls").unwrap().into()).unwrap();
+    let tcp: TcpStream = tcp.into();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let conn =
+        rustls::ClientConnection::new(cfg, ServerName::try_from("localhost").unwrap()).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    let sent = std::time::Instant::now();
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let stalled = Termination::new(Side::Client, Phase::ResponseBody, Cause::Timeout);
+    let end = sent + Duration::from_secs(10);
+    while p.stats().terminations(stalled) == 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "the stalled client was not cut"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(sent.elapsed() >= Duration::from_millis(300));
+    // The connection ends (close_notify, EOF or a reset) before the whole body arrived.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e)
+                if e.kind() != std::io::ErrorKind::WouldBlock
+                    && e.kind() != std::io::ErrorKind::TimedOut =>
+            {
+                break
+            }
+            Err(e) => panic!("the connection was not closed: {e}"),
+        }
+    }
+    assert!(got < body, "the whole body arrived ({got} bytes)");
+}

@@ -87,7 +87,7 @@ pub fn client_config(
     } else {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider.clone())))
+            .with_custom_certificate_verifier(Arc::new(NoVerification::new(provider.clone())))
     };
     let mut config = match &settings.certificate {
         None => builder.with_no_client_auth(),
@@ -162,10 +162,19 @@ impl ResolvesClientCert for ClientCert {
     }
 }
 
-/// `verify = false`: any certificate is accepted (the handshake signatures are still checked,
-/// so the session is bound to the key the server presented, but not to any identity).
+/// `verify = false` (and `portico bench --insecure`): any certificate is accepted, but the
+/// handshake signatures are still checked with the provider's algorithms, so the session is bound
+/// to the key the server presented (not to any identity) and a client does the same work as a
+/// verifying one minus the chain.
 #[derive(Debug)]
-struct NoVerification(Arc<CryptoProvider>);
+pub struct NoVerification(Arc<CryptoProvider>);
+
+impl NoVerification {
+    /// A verifier checking signatures with `provider`'s algorithms.
+    pub fn new(provider: Arc<CryptoProvider>) -> Self {
+        NoVerification(provider)
+    }
+}
 
 impl ServerCertVerifier for NoVerification {
     fn verify_server_cert(

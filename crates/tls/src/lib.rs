@@ -25,7 +25,9 @@ pub enum TlsError {
 }
 
 mod client;
-pub use client::{client_config, client_config_h2, ClientSessions, Origination};
+pub use client::{client_config, client_config_h2, ClientSessions, NoVerification, Origination};
+mod stream;
+pub use stream::{MaybeTls, MaybeTlsRead, MaybeTlsWrite};
 
 fn file_error(path: &Path, message: impl Into<String>) -> TlsError {
     TlsError::File {

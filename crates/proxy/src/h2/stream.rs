@@ -252,6 +252,7 @@ impl Stream<'_> {
                 body,
                 extra,
                 head_only,
+                self.cur.ls.listener.limits.send_timeout,
             )
             .await
             .unwrap_or(0)
@@ -282,6 +283,7 @@ impl Stream<'_> {
             body,
             extra,
             head_only,
+            self.cur.ls.listener.limits.send_timeout,
         )
         .await
         {
@@ -318,12 +320,13 @@ impl Stream<'_> {
             Ok(s) => s,
             Err(e) => return client_failed(e, status, Phase::ResponseHead),
         };
+        let limit = self.cur.ls.listener.limits.send_timeout;
         let r: Result<u64, ProxyError> = async {
             match reply.body {
                 portico_origin::Body::Empty => Ok(0),
                 portico_origin::Body::Bytes(b) => {
                     let n = b.len() as u64;
-                    send_body(&mut send, b, true).await?;
+                    send_body(&mut send, b, true, limit).await?;
                     Ok(n)
                 }
                 portico_origin::Body::File {
@@ -347,7 +350,7 @@ impl Stream<'_> {
                         }
                         buf.truncate(n);
                         left -= n as u64;
-                        send_body(&mut send, Bytes::from(buf), left == 0).await?;
+                        send_body(&mut send, Bytes::from(buf), left == 0, limit).await?;
                     }
                     Ok(len)
                 }
@@ -444,6 +447,7 @@ impl Stream<'_> {
                 body: &mut self.body,
                 timings: &mut self.timings,
                 min_rate: self.cur.ls.listener.limits.body_min_rate,
+                send_timeout: self.cur.ls.listener.limits.send_timeout,
             };
             return crate::upstream_h2::proxy_h2(client, head, route, p, picked, ubuf, retry).await;
         }
@@ -533,7 +537,8 @@ impl Stream<'_> {
             // Nothing to relay; a Length(0) body has nothing buffered either.
             Ok(0)
         } else {
-            relay(&mut up, &mut send, resp.framing, group.idle_timeout).await
+            let limit = self.cur.ls.listener.limits.send_timeout;
+            relay(&mut up, &mut send, resp.framing, group.idle_timeout, limit).await
         };
         Some(match relayed {
             Ok(sent) => {
@@ -609,18 +614,19 @@ fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
 }
 
 /// Send `data` as DATA frames, waiting for flow-control capacity; a client that grants none
-/// for [`STALL_TIMEOUT`] is cut off.
+/// for `limit` (the listener's `send_timeout`) is cut off.
 async fn send_body(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
     end: bool,
+    limit: Duration,
 ) -> Result<(), ProxyError> {
     if data.is_empty() && end {
         return finish(send);
     }
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let cap = match timeout(STALL_TIMEOUT, poll_fn(|cx| send.poll_capacity(cx))).await {
+        let cap = match timeout(limit, poll_fn(|cx| send.poll_capacity(cx))).await {
             Err(_) => {
                 return Err(ProxyError::ClientIo(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -653,6 +659,7 @@ async fn send_simple(
     body: &[u8],
     extra: &[(&str, &str)],
     head_only: bool,
+    limit: Duration,
 ) -> Result<u64, ProxyError> {
     let mut b = http::Response::builder()
         .status(status)
@@ -678,7 +685,7 @@ async fn send_simple(
     if end {
         return Ok(0);
     }
-    send_body(&mut send, Bytes::copy_from_slice(body), true).await?;
+    send_body(&mut send, Bytes::copy_from_slice(body), true, limit).await?;
     Ok(body.len() as u64)
 }
 
@@ -884,6 +891,7 @@ async fn relay(
     send: &mut SendStream<Bytes>,
     framing: Framing,
     idle: Duration,
+    limit: Duration,
 ) -> Result<u64, ProxyError> {
     let mut dec = BodyDecoder::new(framing);
     let mut sent = 0u64;
@@ -894,7 +902,7 @@ async fn relay(
         match step {
             Decoded::Data(d) => {
                 sent += d.len() as u64;
-                send_body(send, d, false).await?;
+                send_body(send, d, false, limit).await?;
             }
             Decoded::Done { trailers } => {
                 let map = trailers_from(&trailers);
