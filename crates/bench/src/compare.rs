@@ -37,8 +37,9 @@ pub struct CompareFlags {
     )]
     pub proxies: String,
     /// Scenarios: `all` (the HTTP ones, plus the HTTPS ones with --https or --cert), `http`,
-    /// `https`, or names: rps-0k, rps-1k, rps-10k, rps-100k, cps, throughput-1m, latency,
-    /// https-rps-1k, https-cps, https-cps-resumed, https-throughput-1m.
+    /// `https` (HTTPS and HTTP/2 over TLS), `h2`, or names: rps-0k, rps-1k, rps-10k, rps-100k,
+    /// cps, throughput-1m, latency, https-rps-1k, https-cps, https-cps-resumed,
+    /// https-throughput-1m, h2-rps-1k.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub scenarios: String,
     /// Measured time of each run (each rate of the latency sweep is a run).
@@ -142,6 +143,8 @@ pub struct Scenario {
     pub close: bool,
     /// TLS session resumption on.
     pub resume: bool,
+    /// HTTP/2 (TLS with ALPN `h2`), [`H2_CONNECTIONS`] connections × [`H2_STREAMS`] streams.
+    pub h2: bool,
 }
 
 #[allow(clippy::too_many_arguments)] // a table row, argument per column
@@ -164,11 +167,12 @@ const fn sc(
         https,
         close,
         resume,
+        h2: false,
     }
 }
 
 /// Every scenario, in the order they run.
-pub const SCENARIOS: [Scenario; 11] = [
+pub const SCENARIOS: [Scenario; 12] = [
     sc(
         "rps-0k",
         "RPS 0 KB",
@@ -279,10 +283,28 @@ pub const SCENARIOS: [Scenario; 11] = [
         false,
         true,
     ),
+    Scenario {
+        h2: true,
+        ..sc(
+            "h2-rps-1k",
+            "RPS 1 KB HTTP/2",
+            "HTTP/2 over TLS requests/s, 1 KB, 10 connections × 100 streams (h2load -c 10 -m 100)",
+            "/bytes/1k",
+            Metric::Rps,
+            true,
+            false,
+            true,
+        )
+    },
 ];
 
 /// Most connections of the 1 MB scenarios.
 const THROUGHPUT_CONNECTIONS: usize = 10;
+/// Most connections of the HTTP/2 scenario (h2load's `-c 10` of performance.md's P9).
+pub const H2_CONNECTIONS: usize = 10;
+/// Streams in flight per connection in the HTTP/2 scenario (h2load's `-m 100`; every server's
+/// default stream limit is at least 100).
+pub const H2_STREAMS: usize = 100;
 
 /// The scenarios a `--scenarios` value names; the flag says whether any is HTTPS.
 pub fn parse_scenarios(spec: &str, https: bool) -> Result<Vec<Scenario>, BenchError> {
@@ -296,10 +318,11 @@ pub fn parse_scenarios(spec: &str, https: bool) -> Result<Vec<Scenario>, BenchEr
                 .collect(),
             "http" => SCENARIOS.iter().filter(|s| !s.https).copied().collect(),
             "https" => SCENARIOS.iter().filter(|s| s.https).copied().collect(),
+            "h2" => SCENARIOS.iter().filter(|s| s.h2).copied().collect(),
             name => vec![*SCENARIOS.iter().find(|s| s.name == name).ok_or_else(|| {
                 let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
                 BenchError::Flag(format!(
-                    "--scenarios {name:?}: unknown; known: all, http, https, {}",
+                    "--scenarios {name:?}: unknown; known: all, http, https, h2, {}",
                     names.join(", ")
                 ))
             })?],
@@ -353,6 +376,7 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     let mut a: Vec<String> = vec!["bench".into()];
     let c = match s.metric {
         Metric::Throughput => f.connections.min(THROUGHPUT_CONNECTIONS),
+        _ if s.h2 => f.connections.min(H2_CONNECTIONS),
         _ => f.connections,
     };
     match s.metric {
@@ -376,6 +400,9 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     ]);
     if s.close {
         a.push("--close".into());
+    }
+    if s.h2 {
+        a.extend(["--h2".into(), "--streams".into(), H2_STREAMS.to_string()]);
     }
     if s.https {
         a.extend([
@@ -487,6 +514,9 @@ pub struct ScenarioEntry {
     pub https: bool,
     pub close: bool,
     pub resume: bool,
+    /// HTTP/2 over TLS (absent in manifests before it existed).
+    #[serde(default)]
+    pub h2: bool,
 }
 
 /// One proxy × scenario.
@@ -824,6 +854,18 @@ fn version_of(program: &str, args: &[&str]) -> String {
     }
 }
 
+/// Everything a program prints about its build (stdout and stderr), empty when it cannot run.
+fn build_info(program: &str, args: &[&str]) -> String {
+    match Command::new(program).args(args).output() {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(_) => String::new(),
+    }
+}
+
 /// Make a self-signed ECDSA P-256 certificate for localhost and 127.0.0.1 with openssl.
 fn make_cert(dir: &Path) -> Result<TlsFiles, String> {
     let files = TlsFiles {
@@ -1085,6 +1127,21 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 continue;
             }
         }
+        // Whether it can serve the HTTP/2 scenario (asked only when that scenario runs).
+        let h2_support: Result<(), String> = if scenarios.iter().any(|s| s.h2) {
+            let info = match (proxy.program(), proxy.h2_probe_args()) {
+                (Some(program), Some(args)) => build_info(program, args),
+                _ => String::new(),
+            };
+            proxy.h2_capable(&info)
+        } else {
+            Err("no HTTP/2 scenario".into())
+        };
+        if let (Err(why), true) = (&h2_support, scenarios.iter().any(|s| s.h2)) {
+            if *proxy != Proxy::Direct {
+                say(out, format!("{name}: HTTP/2 scenario skipped, {why}"));
+            }
+        }
         // Start the proxy (direct: nothing to start).
         let port = free_port()?;
         let tls_port = match &tls {
@@ -1113,6 +1170,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 origin: origin_addr,
                 dir: &pdir,
                 tls: tls.as_ref(),
+                h2: h2_support.is_ok(),
             };
             let text = peers::config(*proxy, &setup);
             let cfg_path = pdir.join(proxy.config_name());
@@ -1178,6 +1236,11 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     results.push(r);
                     continue;
                 }
+            }
+            if let (true, Err(why)) = (s.h2, &h2_support) {
+                r.skipped = Some(why.clone());
+                results.push(r);
+                continue;
             }
             let url = match (s.https, *proxy) {
                 (true, Proxy::Direct) => {
@@ -1287,6 +1350,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 https: s.https,
                 close: s.close,
                 resume: s.resume,
+                h2: s.h2,
             })
             .collect(),
         results,
@@ -1403,6 +1467,7 @@ mod tests {
             ..CompareFlags::new("/tmp/o".into())
         };
         let find = |n: &str| SCENARIOS.iter().find(|s| s.name == n).unwrap();
+        let names = |v: Vec<Scenario>| v.iter().map(|s| s.name).collect::<Vec<_>>();
         let spec = |n: &'static str, pid| RunSpec {
             scenario: find(n),
             url: "https://localhost:9/bytes/0".into(),
@@ -1419,6 +1484,15 @@ mod tests {
         );
         let a = bench_args(&f, &spec("https-cps-resumed", None)).join(" ");
         assert!(a.contains("--tls-resume on") && !a.contains("--pid"), "{a}");
+        let a = bench_args(&f, &spec("h2-rps-1k", Some(7))).join(" ");
+        assert!(
+            a.starts_with(
+                "bench --closed -c 10 -d 1.5s --warmup 1s --h2 --streams 100 --insecure --tls-version 1.3 "
+            ),
+            "{a}"
+        );
+        assert_eq!(names(parse_scenarios("h2", false).unwrap()), ["h2-rps-1k"]);
+        assert!(names(parse_scenarios("https", false).unwrap()).contains(&"h2-rps-1k"));
         let a = bench_args(&f, &spec("throughput-1m", None)).join(" ");
         assert!(a.starts_with("bench --closed -c 10 "), "{a}");
         let a = bench_args(&f, &spec("latency", Some(1))).join(" ");
@@ -1440,6 +1514,7 @@ mod tests {
             .unwrap();
             assert_eq!(parsed.close, s.close, "{}", s.name);
             assert_eq!(parsed.tls_resume, s.resume, "{}", s.name);
+            assert_eq!(parsed.h2, s.h2, "{}", s.name);
         }
         // Five rates, each warm-up + duration + drain.
         assert_eq!(

@@ -771,6 +771,7 @@ mod tests {
                 https: s.https,
                 close: s.close,
                 resume: s.resume,
+                h2: s.h2,
             }
         };
         let result = |p: &str, s: &str| ResultEntry {

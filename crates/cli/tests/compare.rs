@@ -21,7 +21,10 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     let out = Command::new(BIN)
         .env("PATH", "/usr/bin:/bin")
         .args(["bench", "compare", "--proxies", "direct,portico,nginx"])
-        .args(["--scenarios", "rps-1k,cps,latency,https-cps-resumed"])
+        .args([
+            "--scenarios",
+            "rps-1k,cps,latency,https-cps-resumed,h2-rps-1k",
+        ])
         .args([
             "-d", "300ms", "--warmup", "0s", "-c", "4", "--rates", "200,400",
         ])
@@ -63,8 +66,8 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             r["proxy"].as_str().unwrap(),
             r["scenario"].as_str().unwrap(),
         );
-        let expect_result =
-            proxy == "portico" || (proxy == "direct" && scenario != "https-cps-resumed");
+        let https = scenario == "https-cps-resumed" || scenario == "h2-rps-1k";
+        let expect_result = proxy == "portico" || (proxy == "direct" && !https);
         assert_eq!(r["file"].is_string(), expect_result, "{r}");
         if !expect_result {
             assert!(r["skipped"].is_string(), "{r}");
@@ -87,6 +90,17 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             assert_eq!(v["requests"]["errors"], 0, "{v}");
             // The proxy's CPU was sampled; direct has no proxy.
             assert_eq!(v["cpu"].is_object(), proxy == "portico", "{r}");
+        }
+        if scenario == "h2-rps-1k" {
+            // HTTP/2 over TLS 1.3, 4 connections (-c 4, at most 10) of 100 streams each.
+            assert_eq!(v["protocol"], "HTTP/2", "{v}");
+            assert_eq!(v["streams"], 100, "{v}");
+            assert_eq!(v["tls"]["version"], "TLSv1_3", "{v}");
+            assert!(v["command"]
+                .as_str()
+                .unwrap()
+                .contains("--h2 --streams 100 "));
+            assert_eq!(v["connections"], 4, "{v}");
         }
         if scenario == "https-cps-resumed" {
             let h = &v["tls"]["handshakes"];
@@ -115,9 +129,11 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(html.contains("<b>nginx</b>: skipped"));
     assert!(html.contains("<h2>Results</h2>") && html.contains("<h2>Manifest</h2>"));
     assert!(html.contains("HTTPS new connection per request, resumed sessions"));
+    assert!(html.contains("HTTP/2 over TLS requests/s"));
     // Both proxies are in the rate chart's legend.
     let rps = read("compare-rps.svg");
     assert!(rps.contains(">direct<") && rps.contains(">portico<"));
+    assert!(rps.contains(">RPS 1 KB HTTP/2<"), "{rps}");
 
     // `portico bench report` renders the same page from the manifest.
     let again = dir.join("again");
