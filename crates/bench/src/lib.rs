@@ -14,6 +14,7 @@ pub mod page;
 pub mod peers;
 pub mod report;
 pub mod request;
+pub mod rounds;
 pub mod run;
 pub mod schedule;
 pub mod stats;

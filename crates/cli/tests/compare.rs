@@ -26,7 +26,7 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             "rps-1k,cps,latency,https-cps-resumed,h2-rps-1k",
         ])
         .args([
-            "-d", "300ms", "--warmup", "0s", "-c", "4", "--rates", "200,400",
+            "-d", "300ms", "--warmup", "0s", "-c", "4", "--rates", "200,400", "--rounds", "2",
         ])
         .args(["--title", "compare test", "--cert"])
         .arg(dir.join("cert.pem"))
@@ -43,6 +43,11 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("nginx: skipped"), "{text}");
+    assert!(text.contains("round 2/2"), "{text}");
+    assert!(
+        text.contains("Summary (2 rounds, proxies alternating within each;"),
+        "{text}"
+    );
 
     let read = |p: &str| std::fs::read_to_string(out_dir.join(p)).unwrap();
     let m: serde_json::Value = serde_json::from_str(&read("manifest.json")).unwrap();
@@ -51,6 +56,24 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(m["command"].as_str().unwrap().contains("bench compare"));
     let proxies = m["proxies"].as_array().unwrap();
     assert_eq!(proxies.len(), 3);
+    assert_eq!(m["rounds"], 2);
+    // Medians over both rounds of every scenario that ran (portico: 5, direct: 3).
+    let summary = m["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 8, "{summary:?}");
+    for x in summary {
+        if x["scenario"] != "latency" || x["rate"].is_object() {
+            assert_eq!(x["rate"]["n"], 2, "{x}");
+            assert!(
+                x["rate"]["min"].as_f64() <= x["rate"]["max"].as_f64(),
+                "{x}"
+            );
+        }
+        assert_eq!(
+            x["cpu_us_per_request"].is_object(),
+            x["proxy"] == "portico" && x["scenario"] != "latency",
+            "{x}"
+        );
+    }
     assert!(proxies[1]["config"]
         .as_str()
         .unwrap()
@@ -71,8 +94,17 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         assert_eq!(r["file"].is_string(), expect_result, "{r}");
         if !expect_result {
             assert!(r["skipped"].is_string(), "{r}");
+            assert_eq!(r["round"], 1, "a skip is recorded once: {r}");
             continue;
         }
+        let round = r["round"].as_u64().unwrap();
+        assert!(
+            r["file"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("-{scenario}-r{round}.json")),
+            "{r}"
+        );
         let v: serde_json::Value =
             serde_json::from_str(&read(r["file"].as_str().unwrap())).unwrap();
         let kind = v["kind"].as_str().unwrap();
