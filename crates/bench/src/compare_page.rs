@@ -819,6 +819,10 @@ pub fn write(m: &Manifest, dir: &Path, out: &Path) -> Result<PathBuf, BenchError
         let p = out.join(name);
         std::fs::write(&p, text).map_err(file_err(p.clone()))?;
     }
+    // PNG copies of the charts: a missing one is said, not fatal (the page is complete without).
+    for problem in crate::png::write_all(out, &page.svgs) {
+        eprintln!("warning: {problem}");
+    }
     let index = out.join("index.html");
     std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
     Ok(index)

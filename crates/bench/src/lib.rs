@@ -12,6 +12,7 @@ pub mod hgrm;
 pub mod pacer;
 pub mod page;
 pub mod peers;
+pub mod png;
 pub mod report;
 pub mod request;
 pub mod rounds;

@@ -157,6 +157,16 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         assert!(html.contains(&format!("<figure id=\"{id}\">")), "{id}");
         let svg = read(&format!("{id}.svg"));
         assert!(html.contains(&svg), "{id} inline");
+        // And as a PNG beside it: the signature, an IHDR chunk, a real image.
+        let png = std::fs::read(out_dir.join(format!("{id}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{id}.png");
+        assert_eq!(&png[12..16], b"IHDR", "{id}.png");
+        let width = u32::from_be_bytes([png[16], png[17], png[18], png[19]]);
+        assert!(
+            width >= 760 && png.len() > 5000,
+            "{id}.png: {width} px, {} bytes",
+            png.len()
+        );
     }
     assert!(html.contains("<b>nginx</b>: skipped"));
     assert!(html.contains("<h2>Results</h2>") && html.contains("<h2>Manifest</h2>"));
@@ -178,6 +188,8 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(out.status.success(), "{out:?}");
     let html2 = std::fs::read_to_string(again.join("index.html")).unwrap();
     assert!(html2.contains("<figure id=\"compare-latency-p99\">"));
+    let png = std::fs::read(again.join("compare-rps.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
