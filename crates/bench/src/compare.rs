@@ -584,12 +584,13 @@ pub fn check_run(s: &Scenario, r: &crate::report::Report) -> Vec<String> {
 }
 
 impl Manifest {
-    /// The result of `proxy` in `scenario`, loaded from `dir` (None when it did not run).
+    /// The result of `proxy` in `scenario`, loaded from `dir` (None when it did not run); with
+    /// several rounds, the first round's (`compare_page::load` gives every round).
     pub fn load_result(&self, dir: &Path, proxy: &str, scenario: &str) -> Option<Input> {
         let e = self
             .results
             .iter()
-            .find(|r| r.proxy == proxy && r.scenario == scenario)?;
+            .find(|r| r.proxy == proxy && r.scenario == scenario && r.file.is_some())?;
         Input::load(&dir.join(e.file.as_ref()?)).ok()
     }
 }

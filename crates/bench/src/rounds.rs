@@ -177,14 +177,13 @@ pub fn summaries(m: &Manifest, all: &AllRounds) -> Vec<Summary> {
 
 /// The terminal's table of medians: one line per proxy × scenario.
 pub fn table(summaries: &[Summary], rounds: u32) -> String {
-    let mut t = format!(
-        "Summary ({}; median (min..max) over rounds):\n",
-        if rounds > 1 {
-            format!("{rounds} rounds, proxies alternating within each")
-        } else {
-            "1 round".to_string()
-        }
-    );
+    let mut t = if rounds > 1 {
+        format!(
+            "Summary ({rounds} rounds, proxies alternating within each; median (min..max) over rounds):\n"
+        )
+    } else {
+        "Summary (1 round):\n".to_string()
+    };
     for s in summaries {
         let rate = s
             .rate
@@ -268,6 +267,7 @@ mod tests {
         let s = summarize("direct", "rps-1k", Metric::Rps, &[(1, run(5.0, None))]);
         assert_eq!(s.cpu_us_per_request, None);
         let t = table(&[s], 1);
+        assert!(t.starts_with("Summary (1 round):\n"), "{t}");
         assert!(t.contains("rps-1k") && t.contains("5.0 req/s"), "{t}");
         assert!(!t.contains("CPU"), "{t}");
     }
