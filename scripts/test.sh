@@ -10,6 +10,8 @@ command -v varnishtest >/dev/null 2>&1 || need_apt+=(varnish)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # upstream TLS without ca_file verifies against the system roots (a portico-tls unit test loads them)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+# the PNG charts of `portico bench` reports are drawn with a system font (the compare test checks them)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"

@@ -37,8 +37,9 @@ pub struct CompareFlags {
     )]
     pub proxies: String,
     /// Scenarios: `all` (the HTTP ones, plus the HTTPS ones with --https or --cert), `http`,
-    /// `https`, or names: rps-0k, rps-1k, rps-10k, rps-100k, cps, throughput-1m, latency,
-    /// https-rps-1k, https-cps, https-cps-resumed, https-throughput-1m.
+    /// `https` (HTTPS and HTTP/2 over TLS), `h2`, or names: rps-0k, rps-1k, rps-10k, rps-100k,
+    /// cps, throughput-1m, latency, https-rps-1k, https-cps, https-cps-resumed,
+    /// https-throughput-1m, h2-rps-1k.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub scenarios: String,
     /// Measured time of each run (each rate of the latency sweep is a run).
@@ -81,6 +82,10 @@ pub struct CompareFlags {
     /// CPU list of the origin and the load generator.
     #[arg(long, default_value = "1", value_name = "CPUS")]
     pub client_cpu: String,
+    /// Rounds: every scenario runs this many times per proxy, the proxies alternating within
+    /// each round (A B C, A B C...); the report gives medians and min..max.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// Title of the report.
     #[arg(long)]
     pub title: Option<String>,
@@ -108,6 +113,7 @@ impl CompareFlags {
             no_pin: false,
             proxy_cpu: "0".into(),
             client_cpu: "1".into(),
+            rounds: 1,
             title: None,
             command: None,
         }
@@ -142,6 +148,8 @@ pub struct Scenario {
     pub close: bool,
     /// TLS session resumption on.
     pub resume: bool,
+    /// HTTP/2 (TLS with ALPN `h2`), [`H2_CONNECTIONS`] connections × [`H2_STREAMS`] streams.
+    pub h2: bool,
 }
 
 #[allow(clippy::too_many_arguments)] // a table row, argument per column
@@ -164,11 +172,12 @@ const fn sc(
         https,
         close,
         resume,
+        h2: false,
     }
 }
 
 /// Every scenario, in the order they run.
-pub const SCENARIOS: [Scenario; 11] = [
+pub const SCENARIOS: [Scenario; 12] = [
     sc(
         "rps-0k",
         "RPS 0 KB",
@@ -279,10 +288,28 @@ pub const SCENARIOS: [Scenario; 11] = [
         false,
         true,
     ),
+    Scenario {
+        h2: true,
+        ..sc(
+            "h2-rps-1k",
+            "RPS 1 KB HTTP/2",
+            "HTTP/2 over TLS requests/s, 1 KB, 10 connections × 100 streams (h2load -c 10 -m 100)",
+            "/bytes/1k",
+            Metric::Rps,
+            true,
+            false,
+            true,
+        )
+    },
 ];
 
 /// Most connections of the 1 MB scenarios.
 const THROUGHPUT_CONNECTIONS: usize = 10;
+/// Most connections of the HTTP/2 scenario (h2load's `-c 10` of performance.md's P9).
+pub const H2_CONNECTIONS: usize = 10;
+/// Streams in flight per connection in the HTTP/2 scenario (h2load's `-m 100`; every server's
+/// default stream limit is at least 100).
+pub const H2_STREAMS: usize = 100;
 
 /// The scenarios a `--scenarios` value names; the flag says whether any is HTTPS.
 pub fn parse_scenarios(spec: &str, https: bool) -> Result<Vec<Scenario>, BenchError> {
@@ -296,10 +323,11 @@ pub fn parse_scenarios(spec: &str, https: bool) -> Result<Vec<Scenario>, BenchEr
                 .collect(),
             "http" => SCENARIOS.iter().filter(|s| !s.https).copied().collect(),
             "https" => SCENARIOS.iter().filter(|s| s.https).copied().collect(),
+            "h2" => SCENARIOS.iter().filter(|s| s.h2).copied().collect(),
             name => vec![*SCENARIOS.iter().find(|s| s.name == name).ok_or_else(|| {
                 let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
                 BenchError::Flag(format!(
-                    "--scenarios {name:?}: unknown; known: all, http, https, {}",
+                    "--scenarios {name:?}: unknown; known: all, http, https, h2, {}",
                     names.join(", ")
                 ))
             })?],
@@ -353,6 +381,7 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     let mut a: Vec<String> = vec!["bench".into()];
     let c = match s.metric {
         Metric::Throughput => f.connections.min(THROUGHPUT_CONNECTIONS),
+        _ if s.h2 => f.connections.min(H2_CONNECTIONS),
         _ => f.connections,
     };
     match s.metric {
@@ -376,6 +405,9 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     ]);
     if s.close {
         a.push("--close".into());
+    }
+    if s.h2 {
+        a.extend(["--h2".into(), "--streams".into(), H2_STREAMS.to_string()]);
     }
     if s.https {
         a.extend([
@@ -445,7 +477,18 @@ pub struct Manifest {
     pub generator: ProcessEntry,
     pub proxies: Vec<ProxyEntry>,
     pub scenarios: Vec<ScenarioEntry>,
+    /// Rounds per proxy and scenario (1 in manifests before `--rounds`).
+    #[serde(default = "one")]
+    pub rounds: u32,
     pub results: Vec<ResultEntry>,
+    /// Medians and min..max over the rounds, per proxy and scenario (recomputed from the result
+    /// files when a page is drawn).
+    #[serde(default)]
+    pub summary: Vec<crate::rounds::Summary>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A process `compare` ran.
@@ -487,6 +530,9 @@ pub struct ScenarioEntry {
     pub https: bool,
     pub close: bool,
     pub resume: bool,
+    /// HTTP/2 over TLS (absent in manifests before it existed).
+    #[serde(default)]
+    pub h2: bool,
 }
 
 /// One proxy × scenario.
@@ -494,6 +540,9 @@ pub struct ScenarioEntry {
 pub struct ResultEntry {
     pub proxy: String,
     pub scenario: String,
+    /// Its round, from 1.
+    #[serde(default = "one")]
+    pub round: u32,
     /// The `portico bench --json` file, relative to the output directory.
     pub file: Option<String>,
     /// The generator's command line.
@@ -535,12 +584,13 @@ pub fn check_run(s: &Scenario, r: &crate::report::Report) -> Vec<String> {
 }
 
 impl Manifest {
-    /// The result of `proxy` in `scenario`, loaded from `dir` (None when it did not run).
+    /// The result of `proxy` in `scenario`, loaded from `dir` (None when it did not run); with
+    /// several rounds, the first round's (`compare_page::load` gives every round).
     pub fn load_result(&self, dir: &Path, proxy: &str, scenario: &str) -> Option<Input> {
         let e = self
             .results
             .iter()
-            .find(|r| r.proxy == proxy && r.scenario == scenario)?;
+            .find(|r| r.proxy == proxy && r.scenario == scenario && r.file.is_some())?;
         Input::load(&dir.join(e.file.as_ref()?)).ok()
     }
 }
@@ -824,6 +874,18 @@ fn version_of(program: &str, args: &[&str]) -> String {
     }
 }
 
+/// Everything a program prints about its build (stdout and stderr), empty when it cannot run.
+fn build_info(program: &str, args: &[&str]) -> String {
+    match Command::new(program).args(args).output() {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(_) => String::new(),
+    }
+}
+
 /// Make a self-signed ECDSA P-256 certificate for localhost and 127.0.0.1 with openssl.
 fn make_cert(dir: &Path) -> Result<TlsFiles, String> {
     let files = TlsFiles {
@@ -1047,202 +1109,266 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
         ),
     );
 
-    let mut proxy_entries = Vec::new();
+    let mut proxy_entries: Vec<ProxyEntry> = Vec::new();
     let mut results = Vec::new();
-    for proxy in &proxies {
-        let name = proxy.name();
-        let mut entry = ProxyEntry {
-            name: name.to_string(),
-            version: None,
-            command: Vec::new(),
-            environment: Vec::new(),
-            cpus: None,
-            config_file: None,
-            config: None,
-            skipped: None,
-            error: None,
-        };
-        let skip_all = |results: &mut Vec<ResultEntry>, why: &str| {
-            for s in &scenarios {
-                results.push(ResultEntry {
-                    proxy: name.to_string(),
-                    scenario: s.name.to_string(),
-                    file: None,
-                    command: Vec::new(),
-                    skipped: Some(why.to_string()),
-                    error: None,
-                    warnings: Vec::new(),
-                });
-            }
-        };
-        if let Some(program) = proxy.program() {
-            if in_path(program).is_none() {
-                let why = format!("{program} is not installed (not in PATH)");
-                say(out, format!("{name}: skipped, {why}"));
-                entry.skipped = Some(why.clone());
-                skip_all(&mut results, &why);
-                proxy_entries.push(entry);
-                continue;
+    // A proxy's entry is made in the first round; later rounds add their errors to it.
+    let keep = |entries: &mut Vec<ProxyEntry>, round: u32, entry: ProxyEntry| match entries
+        .iter_mut()
+        .find(|e| e.name == entry.name)
+    {
+        Some(e) => {
+            if let (None, Some(err)) = (&e.error, entry.error) {
+                e.error = Some(format!("round {round}: {err}"));
             }
         }
-        // Start the proxy (direct: nothing to start).
-        let port = free_port()?;
-        let tls_port = match &tls {
-            Some(_) if *proxy != Proxy::Direct => Some(free_port()?),
-            _ => None,
-        };
-        let mut running: Option<Proc> = None;
-        if *proxy != Proxy::Direct {
-            let pdir = dir.join("configs").join(name);
-            for sub in [
-                "",
-                "client_body",
-                "proxy",
-                "fastcgi",
-                "uwsgi",
-                "scgi",
-                "data",
-                "config",
-            ] {
-                let d = pdir.join(sub);
-                std::fs::create_dir_all(&d).map_err(file_err(&d))?;
-            }
-            let setup = Setup {
-                port,
-                tls_port,
-                origin: origin_addr,
-                dir: &pdir,
-                tls: tls.as_ref(),
-            };
-            let text = peers::config(*proxy, &setup);
-            let cfg_path = pdir.join(proxy.config_name());
-            std::fs::write(&cfg_path, &text).map_err(file_err(&cfg_path))?;
-            let cmd = peers::command(*proxy, &portico_s, &cfg_path, &pdir);
-            let env = peers::environment(*proxy, &pdir);
-            entry.version = Some(match proxy {
-                Proxy::Portico => portico_version.clone(),
-                _ => version_of(proxy.program().unwrap_or(name), proxy.version_args()),
-            });
-            entry.command = pinned(&cmd, proxy_cpus.as_deref());
-            entry.environment = env.clone();
-            entry.cpus = proxy_cpus.clone();
-            entry.config_file = Some(rel(&cfg_path, &dir));
-            entry.config = Some(text);
-            let log = dir.join("logs").join(format!("{name}.log"));
-            let ports: Vec<u16> = std::iter::once(port).chain(tls_port).collect();
-            let started = spawn(&cmd, &env, proxy_cpus.as_deref(), &log).and_then(|mut p| {
-                wait_ready(&mut p, &ports, &log)?;
-                Ok(p)
-            });
-            match started {
-                Ok(p) => {
-                    say(
-                        out,
-                        format!(
-                            "{name}: {} on 127.0.0.1:{port}{} (pid {})",
-                            entry.version.as_deref().unwrap_or("?"),
-                            tls_port
-                                .map(|p| format!(" and :{p} (TLS)"))
-                                .unwrap_or_default(),
-                            p.pid()
-                        ),
-                    );
-                    running = Some(p);
-                }
-                Err(e) => {
-                    say(out, format!("{name}: failed to start: {e}"));
-                    entry.error = Some(format!("failed to start: {e}"));
-                    skip_all(&mut results, "the proxy failed to start");
-                    proxy_entries.push(entry);
-                    continue;
-                }
-            }
-        } else {
-            entry.version = Some(format!("no proxy: the origin, {portico_version}"));
+        None => entries.push(entry),
+    };
+    // Rounds: each proxy in turn (A B C, A B C...), started afresh in each round.
+    for round in 1..=f.rounds {
+        if f.rounds > 1 {
+            say(out, format!("round {round}/{}", f.rounds));
         }
-        for s in &scenarios {
-            let mut r = ResultEntry {
-                proxy: name.to_string(),
-                scenario: s.name.to_string(),
-                file: None,
+        for proxy in &proxies {
+            let name = proxy.name();
+            let mut entry = ProxyEntry {
+                name: name.to_string(),
+                version: None,
                 command: Vec::new(),
+                environment: Vec::new(),
+                cpus: None,
+                config_file: None,
+                config: None,
                 skipped: None,
                 error: None,
-                warnings: Vec::new(),
             };
-            if let Some(p) = running.as_mut() {
-                if let Some(st) = p.exited() {
-                    let e = format!("the proxy exited ({st})");
-                    entry.error.get_or_insert(e.clone());
-                    r.error = Some(e);
-                    results.push(r);
+            let skip_all = |results: &mut Vec<ResultEntry>, why: &str| {
+                for s in &scenarios {
+                    results.push(ResultEntry {
+                        proxy: name.to_string(),
+                        scenario: s.name.to_string(),
+                        round,
+                        file: None,
+                        command: Vec::new(),
+                        skipped: Some(why.to_string()),
+                        error: None,
+                        warnings: Vec::new(),
+                    });
+                }
+            };
+            if let Some(program) = proxy.program() {
+                if in_path(program).is_none() {
+                    let why = format!("{program} is not installed (not in PATH)");
+                    if round == 1 {
+                        say(out, format!("{name}: skipped, {why}"));
+                        entry.skipped = Some(why.clone());
+                        skip_all(&mut results, &why);
+                        keep(&mut proxy_entries, round, entry);
+                    }
                     continue;
                 }
             }
-            let url = match (s.https, *proxy) {
-                (true, Proxy::Direct) => {
-                    r.skipped = Some("the origin speaks plain HTTP only".into());
-                    results.push(r);
-                    continue;
+            // Whether it can serve the HTTP/2 scenario (asked only when that scenario runs).
+            let h2_support: Result<(), String> = if scenarios.iter().any(|s| s.h2) {
+                let info = match (proxy.program(), proxy.h2_probe_args()) {
+                    (Some(program), Some(args)) => build_info(program, args),
+                    _ => String::new(),
+                };
+                proxy.h2_capable(&info)
+            } else {
+                Err("no HTTP/2 scenario".into())
+            };
+            if let (Err(why), true) = (&h2_support, scenarios.iter().any(|s| s.h2)) {
+                if *proxy != Proxy::Direct && round == 1 {
+                    say(out, format!("{name}: HTTP/2 scenario skipped, {why}"));
                 }
-                (true, _) => match tls_port {
-                    Some(tp) => format!("https://localhost:{tp}{}", s.path),
-                    None => {
-                        r.skipped = Some("no certificate".into());
+            }
+            // Start the proxy (direct: nothing to start).
+            let port = free_port()?;
+            let tls_port = match &tls {
+                Some(_) if *proxy != Proxy::Direct => Some(free_port()?),
+                _ => None,
+            };
+            let mut running: Option<Proc> = None;
+            if *proxy != Proxy::Direct {
+                let pdir = dir.join("configs").join(name);
+                for sub in [
+                    "",
+                    "client_body",
+                    "proxy",
+                    "fastcgi",
+                    "uwsgi",
+                    "scgi",
+                    "data",
+                    "config",
+                ] {
+                    let d = pdir.join(sub);
+                    std::fs::create_dir_all(&d).map_err(file_err(&d))?;
+                }
+                let setup = Setup {
+                    port,
+                    tls_port,
+                    origin: origin_addr,
+                    dir: &pdir,
+                    tls: tls.as_ref(),
+                    h2: h2_support.is_ok(),
+                };
+                let text = peers::config(*proxy, &setup);
+                let cfg_path = pdir.join(proxy.config_name());
+                std::fs::write(&cfg_path, &text).map_err(file_err(&cfg_path))?;
+                let cmd = peers::command(*proxy, &portico_s, &cfg_path, &pdir);
+                let env = peers::environment(*proxy, &pdir);
+                entry.version = Some(match proxy {
+                    Proxy::Portico => portico_version.clone(),
+                    _ => version_of(proxy.program().unwrap_or(name), proxy.version_args()),
+                });
+                entry.command = pinned(&cmd, proxy_cpus.as_deref());
+                entry.environment = env.clone();
+                entry.cpus = proxy_cpus.clone();
+                entry.config_file = Some(rel(&cfg_path, &dir));
+                entry.config = Some(text);
+                let log = dir.join("logs").join(format!("{name}.log"));
+                let ports: Vec<u16> = std::iter::once(port).chain(tls_port).collect();
+                let started = spawn(&cmd, &env, proxy_cpus.as_deref(), &log).and_then(|mut p| {
+                    wait_ready(&mut p, &ports, &log)?;
+                    Ok(p)
+                });
+                match started {
+                    Ok(p) => {
+                        say(
+                            out,
+                            format!(
+                                "{name}: {} on 127.0.0.1:{port}{} (pid {})",
+                                entry.version.as_deref().unwrap_or("?"),
+                                tls_port
+                                    .map(|p| format!(" and :{p} (TLS)"))
+                                    .unwrap_or_default(),
+                                p.pid()
+                            ),
+                        );
+                        running = Some(p);
+                    }
+                    Err(e) => {
+                        say(out, format!("{name}: failed to start: {e}"));
+                        entry.error = Some(format!("failed to start: {e}"));
+                        skip_all(&mut results, "the proxy failed to start");
+                        keep(&mut proxy_entries, round, entry);
+                        continue;
+                    }
+                }
+            } else {
+                entry.version = Some(format!("no proxy: the origin, {portico_version}"));
+            }
+            for s in &scenarios {
+                let mut r = ResultEntry {
+                    proxy: name.to_string(),
+                    scenario: s.name.to_string(),
+                    round,
+                    file: None,
+                    command: Vec::new(),
+                    skipped: None,
+                    error: None,
+                    warnings: Vec::new(),
+                };
+                if let Some(p) = running.as_mut() {
+                    if let Some(st) = p.exited() {
+                        let e = format!("the proxy exited ({st})");
+                        entry.error.get_or_insert(e.clone());
+                        r.error = Some(e);
                         results.push(r);
                         continue;
                     }
-                },
-                (false, Proxy::Direct) => format!("http://{origin_addr}{}", s.path),
-                (false, _) => format!("http://127.0.0.1:{port}{}", s.path),
-            };
-            let json = dir.join("results").join(format!("{name}-{}.json", s.name));
-            let spec = RunSpec {
-                scenario: s,
-                url,
-                label: name.to_string(),
-                json: json.clone(),
-                pid: running.as_ref().map(Proc::pid),
-            };
-            let cmd: Vec<String> = std::iter::once(portico_s.clone())
-                .chain(bench_args(f, &spec))
-                .collect();
-            r.command = pinned(&cmd, client_cpus.as_deref());
-            let _ = std::fs::remove_file(&json);
-            let log = dir.join("logs").join(format!("{name}-{}.txt", s.name));
-            let outcome = spawn(&cmd, &[], client_cpus.as_deref(), &log).and_then(|mut g| match g
-                .wait_for(planned(f, s) + RUN_SLACK)
-            {
-                Some(st) if st.success() => Ok(()),
-                Some(st) => Err(format!("the generator failed ({st}): {}", tail(&log, 3))),
-                None => Err("the generator overran its time and was stopped".to_string()),
-            });
-            match outcome
-                .and_then(|_| Input::load(&json).map_err(|e| format!("no usable result: {e}")))
-            {
-                Ok(input) => {
-                    say(
-                        out,
-                        format!("  {name:<8} {:<20} {}", s.name, one_line(&input)),
-                    );
-                    r.file = Some(rel(&json, &dir));
                 }
-                Err(e) => {
-                    say(out, format!("  {name:<8} {:<20} error: {e}", s.name));
-                    r.error = Some(e);
+                // A skip is the same in every round: recorded once.
+                let mut skip = |r: ResultEntry| {
+                    if round == 1 {
+                        results.push(r);
+                    }
+                };
+                if let (true, Err(why)) = (s.h2, &h2_support) {
+                    r.skipped = Some(why.clone());
+                    skip(r);
+                    continue;
                 }
+                let url = match (s.https, *proxy) {
+                    (true, Proxy::Direct) => {
+                        r.skipped = Some("the origin speaks plain HTTP only".into());
+                        skip(r);
+                        continue;
+                    }
+                    (true, _) => match tls_port {
+                        Some(tp) => format!("https://localhost:{tp}{}", s.path),
+                        None => {
+                            r.skipped = Some("no certificate".into());
+                            skip(r);
+                            continue;
+                        }
+                    },
+                    (false, Proxy::Direct) => format!("http://{origin_addr}{}", s.path),
+                    (false, _) => format!("http://127.0.0.1:{port}{}", s.path),
+                };
+                let suffix = if f.rounds > 1 {
+                    format!("-r{round}")
+                } else {
+                    String::new()
+                };
+                let json = dir
+                    .join("results")
+                    .join(format!("{name}-{}{suffix}.json", s.name));
+                let spec = RunSpec {
+                    scenario: s,
+                    url,
+                    label: name.to_string(),
+                    json: json.clone(),
+                    pid: running.as_ref().map(Proc::pid),
+                };
+                let cmd: Vec<String> = std::iter::once(portico_s.clone())
+                    .chain(bench_args(f, &spec))
+                    .collect();
+                r.command = pinned(&cmd, client_cpus.as_deref());
+                let _ = std::fs::remove_file(&json);
+                let log = dir
+                    .join("logs")
+                    .join(format!("{name}-{}{suffix}.txt", s.name));
+                let outcome = spawn(&cmd, &[], client_cpus.as_deref(), &log).and_then(|mut g| {
+                    match g.wait_for(planned(f, s) + RUN_SLACK) {
+                        Some(st) if st.success() => Ok(()),
+                        Some(st) => Err(format!("the generator failed ({st}): {}", tail(&log, 3))),
+                        None => Err("the generator overran its time and was stopped".to_string()),
+                    }
+                });
+                match outcome
+                    .and_then(|_| Input::load(&json).map_err(|e| format!("no usable result: {e}")))
+                {
+                    Ok(input) => {
+                        say(
+                            out,
+                            format!("  {name:<8} {:<20} {}", s.name, one_line(&input)),
+                        );
+                        if let Input::Run(run) = &input {
+                            r.warnings = check_run(s, run);
+                        }
+                        for w in &r.warnings {
+                            say(out, format!("    warning: {w}"));
+                        }
+                        r.file = Some(rel(&json, &dir));
+                    }
+                    Err(e) => {
+                        say(out, format!("  {name:<8} {:<20} error: {e}", s.name));
+                        r.error = Some(e);
+                    }
+                }
+                results.push(r);
             }
-            results.push(r);
-        }
-        if let Some(mut p) = running.take() {
-            if let Some(st) = p.exited() {
-                entry
-                    .error
-                    .get_or_insert(format!("the proxy exited ({st})"));
+            if let Some(mut p) = running.take() {
+                if let Some(st) = p.exited() {
+                    entry
+                        .error
+                        .get_or_insert(format!("the proxy exited ({st})"));
+                }
+                p.stop();
             }
-            p.stop();
+            keep(&mut proxy_entries, round, entry);
         }
-        proxy_entries.push(entry);
     }
     origin.stop();
 
@@ -1287,10 +1413,22 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 https: s.https,
                 close: s.close,
                 resume: s.resume,
+                h2: s.h2,
             })
             .collect(),
+        rounds: f.rounds,
         results,
+        summary: Vec::new(),
     };
+    let mut manifest = manifest;
+    manifest.summary =
+        crate::rounds::summaries(&manifest, &crate::rounds::load_all(&manifest, &dir));
+    say(
+        out,
+        crate::rounds::table(&manifest.summary, manifest.rounds)
+            .trim_end()
+            .to_string(),
+    );
     let mpath = dir.join("manifest.json");
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| rt(e.to_string()))?;
     std::fs::write(&mpath, text).map_err(file_err(&mpath))?;
@@ -1403,6 +1541,7 @@ mod tests {
             ..CompareFlags::new("/tmp/o".into())
         };
         let find = |n: &str| SCENARIOS.iter().find(|s| s.name == n).unwrap();
+        let names = |v: Vec<Scenario>| v.iter().map(|s| s.name).collect::<Vec<_>>();
         let spec = |n: &'static str, pid| RunSpec {
             scenario: find(n),
             url: "https://localhost:9/bytes/0".into(),
@@ -1419,6 +1558,15 @@ mod tests {
         );
         let a = bench_args(&f, &spec("https-cps-resumed", None)).join(" ");
         assert!(a.contains("--tls-resume on") && !a.contains("--pid"), "{a}");
+        let a = bench_args(&f, &spec("h2-rps-1k", Some(7))).join(" ");
+        assert!(
+            a.starts_with(
+                "bench --closed -c 10 -d 1.5s --warmup 1s --h2 --streams 100 --insecure --tls-version 1.3 "
+            ),
+            "{a}"
+        );
+        assert_eq!(names(parse_scenarios("h2", false).unwrap()), ["h2-rps-1k"]);
+        assert!(names(parse_scenarios("https", false).unwrap()).contains(&"h2-rps-1k"));
         let a = bench_args(&f, &spec("throughput-1m", None)).join(" ");
         assert!(a.starts_with("bench --closed -c 10 "), "{a}");
         let a = bench_args(&f, &spec("latency", Some(1))).join(" ");
@@ -1440,6 +1588,7 @@ mod tests {
             .unwrap();
             assert_eq!(parsed.close, s.close, "{}", s.name);
             assert_eq!(parsed.tls_resume, s.resume, "{}", s.name);
+            assert_eq!(parsed.h2, s.h2, "{}", s.name);
         }
         // Five rates, each warm-up + duration + drain.
         assert_eq!(

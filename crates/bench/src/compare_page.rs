@@ -4,6 +4,7 @@ use crate::compare::{Manifest, Metric, ScenarioEntry};
 use crate::error::BenchError;
 use crate::page::{median_run, rate_text, Input, Page};
 use crate::report::{rfc3339, Report};
+use crate::rounds::{AllRounds, Summary};
 use crate::svg::{self, escape, BarGroup, LineChart, Series, XAxis};
 use crate::sweep::{Step, SweepReport};
 use std::collections::HashMap;
@@ -14,15 +15,36 @@ use std::path::{Path, PathBuf};
 pub type Results = HashMap<(String, String), Input>;
 
 /// Load every result the manifest names from `dir` (missing or unreadable ones are left out; the
-/// page says so).
-pub fn load(m: &Manifest, dir: &Path) -> Results {
+/// page says so): every round, and per proxy and scenario the round with the median figure.
+pub fn load(m: &Manifest, dir: &Path) -> (Results, AllRounds) {
+    let all = crate::rounds::load_all(m, dir);
+    (representatives(m, &all), all)
+}
+
+/// Per proxy and scenario, the round whose figure is the median (see [`Summary::median_round`]).
+pub fn representatives(m: &Manifest, all: &AllRounds) -> Results {
     let mut out = HashMap::new();
-    for r in &m.results {
-        if let Some(i) = m.load_result(dir, &r.proxy, &r.scenario) {
-            out.insert((r.proxy.clone(), r.scenario.clone()), i);
+    for sum in crate::rounds::summaries(m, all) {
+        let key = (sum.proxy.clone(), sum.scenario.clone());
+        let Some(rounds) = all.get(&key) else {
+            continue;
+        };
+        let pick = rounds
+            .iter()
+            .find(|(k, _)| Some(*k) == sum.median_round)
+            .or(rounds.first());
+        if let Some((_, i)) = pick {
+            out.insert(key, i.clone());
         }
     }
     out
+}
+
+/// Every result as the only round (a page drawn from single results).
+pub fn as_rounds(res: &Results) -> AllRounds {
+    res.iter()
+        .map(|(k, i)| (k.clone(), vec![(1, i.clone())]))
+        .collect()
 }
 
 /// The proxies that have at least one result, with their palette index (their place in the
@@ -34,13 +56,6 @@ fn shown(m: &Manifest, res: &Results) -> Vec<(String, usize)> {
         .filter(|(_, p)| res.keys().any(|(proxy, _)| proxy == &p.name))
         .map(|(i, p)| (p.name.clone(), i))
         .collect()
-}
-
-fn run_of<'a>(res: &'a Results, proxy: &str, scenario: &str) -> Option<&'a Report> {
-    match res.get(&(proxy.to_string(), scenario.to_string()))? {
-        Input::Run(r) => Some(r),
-        Input::Sweep(_) => None,
-    }
 }
 
 fn sweep_of<'a>(res: &'a Results, proxy: &str, scenario: &str) -> Option<&'a SweepReport> {
@@ -59,22 +74,37 @@ fn bars(
     x_label: &str,
     proxies: &[(String, usize)],
     scenarios: &[&ScenarioEntry],
-    (res, void): (&Results, &Void),
+    (all, void): (&AllRounds, &Void),
     value: &dyn Fn(&Report) -> Option<f64>,
 ) -> Option<String> {
+    // The median over rounds, and min..max when there were several.
+    let figure = |p: &String, s: &ScenarioEntry| -> Option<crate::rounds::Spread> {
+        if void.contains(&(p.clone(), s.name.clone())) {
+            return None;
+        }
+        let rounds = all.get(&(p.clone(), s.name.clone()))?;
+        let v: Vec<f64> = rounds
+            .iter()
+            .filter_map(|(_, i)| match i {
+                Input::Run(r) => value(r),
+                Input::Sweep(_) => None,
+            })
+            .collect();
+        crate::rounds::spread(&v)
+    };
     let groups: Vec<BarGroup> = scenarios
         .iter()
-        .map(|s| BarGroup {
-            label: short_of(s).to_string(),
-            values: proxies
-                .iter()
-                .map(|(p, _)| {
-                    if void.contains(&(p.clone(), s.name.clone())) {
-                        return None;
-                    }
-                    run_of(res, p, &s.name).and_then(value)
-                })
-                .collect(),
+        .map(|s| {
+            let f: Vec<Option<crate::rounds::Spread>> =
+                proxies.iter().map(|(p, _)| figure(p, s)).collect();
+            BarGroup {
+                label: short_of(s).to_string(),
+                values: f.iter().map(|x| x.map(|x| x.median)).collect(),
+                spreads: f
+                    .iter()
+                    .map(|x| x.filter(|x| x.n > 1).map(|x| (x.min, x.max)))
+                    .collect(),
+            }
         })
         .filter(|g| g.values.iter().any(Option::is_some))
         .collect();
@@ -129,16 +159,17 @@ fn f2(v: Option<f64>, prec: usize) -> String {
     })
 }
 
-/// Build the page.
-pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
+/// Build the page from the representative round of each result (`res`) and every round (`all`).
+pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> Page {
     let proxies = shown(m, res);
+    let summaries = crate::rounds::summaries(m, all);
     let void: Void = m
         .results
         .iter()
         .filter(|r| !r.warnings.is_empty())
         .map(|r| (r.proxy.clone(), r.scenario.clone()))
         .collect();
-    let rv = (res, &void);
+    let rv = (all, &void);
     let of = |metric: Metric| -> Vec<&ScenarioEntry> {
         m.scenarios.iter().filter(|s| s.metric == metric).collect()
     };
@@ -392,6 +423,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                 .iter()
                 .map(|(_, _, s)| s.knee.as_ref().and_then(|k| k.rate))
                 .collect(),
+            spreads: Vec::new(),
         };
         svgs.push((
             "compare-knee.svg".into(),
@@ -425,7 +457,7 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
     let _ = writeln!(
         h,
         "<p>{} to {} on {} ({} CPUs), Linux {}. {}. Each run: {} s measured after a {} s warm-up \
-         that is excluded from the results; {} client connections. Closed-loop runs measure \
+         that is excluded from the results; {} client connections; {}. Closed-loop runs measure \
          saturation throughput and CPU; latency claims come from the open-loop sweep only.</p>",
         escape(&m.started),
         escape(&m.finished),
@@ -435,7 +467,17 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         escape(&m.pinning),
         m.duration_s,
         m.warmup_s,
-        m.connections
+        m.connections,
+        if m.rounds > 1 {
+            format!(
+                "{} rounds, each proxy in turn within a round (A B C, A B C...), each proxy \
+                 started afresh per round; bars are medians over the rounds with a whisker from \
+                 the lowest to the highest, the table shows the round with the median figure",
+                m.rounds
+            )
+        } else {
+            "one round".to_string()
+        }
     );
     // What did not run.
     let mut notes: Vec<String> = Vec::new();
@@ -502,11 +544,27 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
         );
     }
     // The table.
-    h.push_str(
-        "<h2>Results</h2>\n<table>\n<tr><th class=\"l\">scenario</th><th class=\"l\">proxy</th>\
+    let multi = m.rounds > 1;
+    let _ = write!(
+        h,
+        "<h2>Results</h2>\n{}<table>\n<tr><th class=\"l\">scenario</th><th class=\"l\">proxy</th>\
          <th>req/s</th><th>conn/s</th><th>MB/s</th><th>proxy CPU % of a core</th>\
          <th>proxy CPU µs / req</th><th>p50 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th>\
-         <th>non-2xx</th><th>TLS handshakes full / resumed</th><th class=\"l\">notes</th></tr>\n",
+         <th>non-2xx</th><th>TLS handshakes full / resumed</th>{}<th class=\"l\">notes</th></tr>\n",
+        if multi {
+            format!(
+                "<p>{} rounds: the columns up to the TLS handshakes are those of the round with the \
+                 median figure; the rounds column gives the median (min..max) over all rounds.</p>\n",
+                m.rounds
+            )
+        } else {
+            String::new()
+        },
+        if multi {
+            "<th class=\"l\">over rounds: median (min..max)</th>"
+        } else {
+            ""
+        }
     );
     for s in &m.scenarios {
         let mut first = true;
@@ -550,9 +608,21 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
                     (empty_cells(11), escape(&why))
                 }
             };
+            let over = if multi {
+                format!(
+                    "<td class=\"l\">{}</td>",
+                    summaries
+                        .iter()
+                        .find(|x| &x.proxy == p && x.scenario == s.name)
+                        .map(|x| escape(&rounds_text(x)))
+                        .unwrap_or_else(|| "–".into())
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 h,
-                "<tr{row_class}><td class=\"l scen\">{scen}</td><td class=\"l\">{}</td>{cells}<td class=\"l note\">{note}</td></tr>",
+                "<tr{row_class}><td class=\"l scen\">{scen}</td><td class=\"l\">{}</td>{cells}{over}<td class=\"l note\">{note}</td></tr>",
                 escape(p)
             );
         }
@@ -643,6 +713,21 @@ pub fn build(m: &Manifest, res: &Results, generated: &str) -> Page {
     }
 }
 
+/// A summary over rounds in a few words: `41,000 (40,100..41,900) req/s; CPU 17.50 (17.20..18.00)
+/// µs/req; 3 rounds`.
+fn rounds_text(x: &Summary) -> String {
+    let mut parts = Vec::new();
+    if let Some(r) = &x.rate {
+        parts.push(format!("{} {}", r.text(1), x.unit));
+    }
+    if let Some(c) = &x.cpu_us_per_request {
+        parts.push(format!("CPU {} µs/req", c.text(2)));
+    }
+    let n = x.rate.map_or(0, |r| r.n);
+    parts.push(format!("{n} rounds"));
+    parts.join("; ")
+}
+
 /// A scenario's chart label.
 fn short_of(s: &ScenarioEntry) -> &str {
     if s.short.is_empty() {
@@ -726,13 +811,17 @@ fn row_cells(r: &Report) -> String {
 /// Write `index.html` and the SVGs into `out` from a manifest whose result files are under
 /// `dir`; returns the page's path.
 pub fn write(m: &Manifest, dir: &Path, out: &Path) -> Result<PathBuf, BenchError> {
-    let res = load(m, dir);
-    let page = build(m, &res, &rfc3339(std::time::SystemTime::now()));
+    let (res, all) = load(m, dir);
+    let page = build(m, &res, &all, &rfc3339(std::time::SystemTime::now()));
     let file_err = |path: PathBuf| move |source| BenchError::File { path, source };
     std::fs::create_dir_all(out).map_err(file_err(out.to_path_buf()))?;
     for (name, text) in &page.svgs {
         let p = out.join(name);
         std::fs::write(&p, text).map_err(file_err(p.clone()))?;
+    }
+    // PNG copies of the charts: a missing one is said, not fatal (the page is complete without).
+    for problem in crate::png::write_all(out, &page.svgs) {
+        eprintln!("warning: {problem}");
     }
     let index = out.join("index.html");
     std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
@@ -771,11 +860,13 @@ mod tests {
                 https: s.https,
                 close: s.close,
                 resume: s.resume,
+                h2: s.h2,
             }
         };
         let result = |p: &str, s: &str| ResultEntry {
             proxy: p.into(),
             scenario: s.into(),
+            round: 1,
             file: None,
             command: vec!["portico".into(), "bench".into()],
             skipped: None,
@@ -810,6 +901,8 @@ mod tests {
                 proxy("portico", None),
             ],
             scenarios: vec![scen("rps-1k"), scen("cps"), scen("latency")],
+            rounds: 1,
+            summary: Vec::new(),
             results: vec![
                 result("direct", "rps-1k"),
                 result("portico", "rps-1k"),
@@ -850,7 +943,7 @@ mod tests {
                 Input::Sweep(Box::new(crate::page::tests::sweep(p))),
             );
         }
-        let page = build(&m, &res, "2026-01-01T00:02:00Z");
+        let page = build(&m, &res, &as_rounds(&res), "2026-01-01T00:02:00Z");
         let names: Vec<&str> = page.svgs.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
@@ -887,6 +980,59 @@ mod tests {
         for (_, svg) in &page.svgs {
             assert!(h.contains(svg.as_str()));
         }
+    }
+
+    #[test]
+    fn rounds_give_medians_whiskers_and_the_median_round() {
+        let mut m = manifest();
+        m.rounds = 3;
+        m.scenarios.truncate(1);
+        let run = |rate: f64, us: f64| {
+            let mut r = test_report(None, &[1; 100], 0, 0);
+            r.achieved_rate = rate;
+            r.cpu = Some(CpuReport {
+                pids: vec![1],
+                processes: 1,
+                seconds: 1.0,
+                percent_of_core: 50.0,
+                us_per_request: Some(us),
+            });
+            Input::Run(Box::new(r))
+        };
+        let mut all: AllRounds = HashMap::new();
+        all.insert(
+            ("portico".into(), "rps-1k".into()),
+            vec![
+                (1, run(30_000.0, 20.0)),
+                (2, run(41_000.0, 16.0)),
+                (3, run(45_000.0, 15.0)),
+            ],
+        );
+        let res = representatives(&m, &all);
+        let Some(Input::Run(r)) = res.get(&("portico".into(), "rps-1k".into())) else {
+            panic!("no representative");
+        };
+        assert_eq!(r.achieved_rate, 41_000.0, "the round with the median rate");
+        let page = build(&m, &res, &all, "2026-01-01T00:02:00Z");
+        let rps = &page.svgs[0].1;
+        // The bar is the median, with a whisker from 30,000 to 45,000.
+        assert!(
+            rps.contains(">41,000<") && rps.matches("<path").count() == 1,
+            "{rps}"
+        );
+        let cpu = &page
+            .svgs
+            .iter()
+            .find(|(n, _)| n == "compare-cpu.svg")
+            .unwrap()
+            .1;
+        assert!(cpu.contains(">16.0<"), "median CPU: {cpu}");
+        let h = &page.html;
+        assert!(h.contains("3 rounds, each proxy in turn"), "{h}");
+        assert!(
+            h.contains("41,000 (30,000..45,000) req/s; CPU 16.00 (15.00..20.00) µs/req; 3 rounds"),
+            "{h}"
+        );
     }
 
     #[test]

@@ -596,6 +596,10 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
         let p = flags.out.join(name);
         std::fs::write(&p, text).map_err(file_err(p.clone()))?;
     }
+    // PNG copies of the charts: a missing one is said, not fatal (the page is complete without).
+    for problem in crate::png::write_all(&flags.out, &page.svgs) {
+        eprintln!("warning: {problem}");
+    }
     let index = flags.out.join("index.html");
     std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
     Ok(index)

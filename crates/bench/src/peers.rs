@@ -59,6 +59,29 @@ impl Proxy {
         }
     }
 
+    /// The arguments that print how the program was built, to see whether it can serve HTTP/2
+    /// over TLS (None: no need to ask).
+    pub fn h2_probe_args(self) -> Option<&'static [&'static str]> {
+        match self {
+            Proxy::Nginx => Some(&["-V"]),
+            Proxy::Haproxy => Some(&["-vv"]),
+            Proxy::Direct | Proxy::Portico | Proxy::Caddy => None,
+        }
+    }
+
+    /// Whether a build, described by the output of [`Proxy::h2_probe_args`], serves HTTP/2 over
+    /// TLS; Err says why not. Direct cannot: the origin speaks plain HTTP/1.1 only.
+    pub fn h2_capable(self, build_info: &str) -> Result<(), String> {
+        match self {
+            Proxy::Direct => Err("the origin speaks plain HTTP only".into()),
+            Proxy::Portico | Proxy::Caddy => Ok(()),
+            Proxy::Nginx if build_info.contains("http_v2_module") => Ok(()),
+            Proxy::Nginx => Err("this nginx was built without http_v2_module".into()),
+            Proxy::Haproxy if build_info.contains("mux=H2") => Ok(()),
+            Proxy::Haproxy => Err("this haproxy lists no H2 multiplexer (haproxy -vv)".into()),
+        }
+    }
+
     /// The configuration file's name.
     pub fn config_name(self) -> &'static str {
         match self {
@@ -88,6 +111,9 @@ pub struct Setup<'a> {
     pub origin: std::net::SocketAddr,
     pub dir: &'a Path,
     pub tls: Option<&'a TlsFiles>,
+    /// Serve HTTP/2 on the TLS listener too (ALPN `h2` before `http/1.1`; clients offering only
+    /// `http/1.1` are unaffected).
+    pub h2: bool,
 }
 
 /// Upstream keep-alive connections of every proxy (the generator opens at most this many).
@@ -139,14 +165,18 @@ fn nginx(s: &Setup) -> String {
     let d = s.dir.display();
     let tls = match (s.tls_port, s.tls) {
         (Some(port), Some(tls)) => format!(
-            "        listen 127.0.0.1:{port} ssl;\n\
+            // `listen ... http2` rather than `http2 on` (1.25.1+): Debian 12 has 1.22; newer
+            // versions accept it with a deprecation warning.
+            "        listen 127.0.0.1:{port} ssl{};\n\
              \x20       ssl_certificate {};\n\
              \x20       ssl_certificate_key {};\n\
              \x20       ssl_protocols TLSv1.3;\n\
              \x20       ssl_ecdh_curve X25519;\n\
              \x20       ssl_session_tickets on;\n\
              \x20       ssl_session_cache shared:S:10m;\n",
-            tls.cert, tls.key
+            if s.h2 { " http2" } else { "" },
+            tls.cert,
+            tls.key
         ),
         _ => String::new(),
     };
@@ -183,8 +213,9 @@ fn nginx(s: &Setup) -> String {
 fn haproxy(s: &Setup) -> String {
     let tls = match (s.tls_port, s.tls) {
         (Some(port), Some(tls)) => format!(
-            "    bind 127.0.0.1:{port} ssl crt {} ssl-min-ver TLSv1.3 curves X25519\n",
-            tls.both
+            "    bind 127.0.0.1:{port} ssl crt {} ssl-min-ver TLSv1.3 curves X25519{}\n",
+            tls.both,
+            if s.h2 { " alpn h2,http/1.1" } else { "" }
         ),
         _ => String::new(),
     };
@@ -286,7 +317,26 @@ mod tests {
             origin: "127.0.0.1:18081".parse().unwrap(),
             dir,
             tls,
+            h2: tls.is_some(),
         }
+    }
+
+    #[test]
+    fn http2_capability_from_build_info() {
+        assert!(Proxy::Nginx
+            .h2_capable("configure arguments: --with-http_ssl_module --with-http_v2_module")
+            .is_ok());
+        let e = Proxy::Nginx
+            .h2_capable("configure arguments: --with-http_ssl_module")
+            .unwrap_err();
+        assert!(e.contains("http_v2_module"), "{e}");
+        assert!(Proxy::Haproxy
+            .h2_capable("  h2 : mode=HTTP  side=FE|BE  mux=H2    flags=HTX")
+            .is_ok());
+        assert!(Proxy::Haproxy.h2_capable("h1 : mode=HTTP mux=H1").is_err());
+        assert!(Proxy::Direct.h2_capable("").is_err());
+        assert!(Proxy::Portico.h2_capable("").is_ok() && Proxy::Caddy.h2_capable("").is_ok());
+        assert_eq!(Proxy::Caddy.h2_probe_args(), None);
     }
 
     #[test]
@@ -327,20 +377,27 @@ mod tests {
             "proxy_http_version 1.1;",
             "proxy_set_header Connection \"\";",
             "listen 127.0.0.1:18080;",
-            "listen 127.0.0.1:18443 ssl;",
+            "listen 127.0.0.1:18443 ssl http2;",
             "ssl_ecdh_curve X25519;",
             "pid /tmp/x/nginx.pid;",
         ] {
             assert!(n.contains(want), "{want}\n{n}");
         }
         assert!(!config(Proxy::Nginx, &plain).contains("ssl"));
+        // Without the HTTP/2 scenario (or a build able to serve it), TLS listeners stay HTTP/1.1.
+        let no_h2 = Setup {
+            h2: false,
+            ..tls.clone()
+        };
+        assert!(config(Proxy::Nginx, &no_h2).contains("listen 127.0.0.1:18443 ssl;"));
+        assert!(!config(Proxy::Haproxy, &no_h2).contains("alpn"));
         let h = config(Proxy::Haproxy, &tls);
         for want in [
             "nbthread 1",
             "http-reuse always",
             "option http-keep-alive",
             "bind 127.0.0.1:18080\n",
-            "ssl crt /tmp/x/both.pem ssl-min-ver TLSv1.3 curves X25519",
+            "ssl crt /tmp/x/both.pem ssl-min-ver TLSv1.3 curves X25519 alpn h2,http/1.1\n",
             "server s1 127.0.0.1:18081",
         ] {
             assert!(h.contains(want), "{want}\n{h}");

@@ -443,6 +443,9 @@ pub fn bar_chart(title: &str, x_label: &str, bars: &[(String, f64)]) -> String {
 pub struct BarGroup {
     pub label: String,
     pub values: Vec<Option<f64>>,
+    /// Per bar, a range drawn as a whisker across its end (min..max over rounds); empty or None
+    /// for none.
+    pub spreads: Vec<Option<(f64, f64)>>,
 }
 
 /// A horizontal grouped bar chart: per group (e.g. a scenario) one bar per series (e.g. a proxy),
@@ -480,8 +483,13 @@ pub fn grouped_bar_chart(
     let height = TOP + plot_h.max(legend_h) + BOTTOM;
     let max = groups
         .iter()
-        .flat_map(|g| g.values.iter().flatten())
-        .copied()
+        .flat_map(|g| {
+            g.values
+                .iter()
+                .flatten()
+                .copied()
+                .chain(g.spreads.iter().flatten().map(|(_, hi)| *hi))
+        })
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
     let t = ticks(max, 5);
@@ -538,12 +546,34 @@ pub fn grouped_bar_chart(
                     } else {
                         0.01
                     };
+                    let spread = g
+                        .spreads
+                        .get(si)
+                        .copied()
+                        .flatten()
+                        .filter(|(a, b)| a.is_finite() && b.is_finite());
                     let _ = writeln!(
                         out,
-                        "<rect x=\"{left:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{BAR:.1}\" fill=\"{color}\"/>\
-                         <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                        "<rect x=\"{left:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{BAR:.1}\" fill=\"{color}\"/>",
                         (px(v) - left).max(1.0),
-                        px(v) + 5.0,
+                    );
+                    let mut text_x = px(v) + 5.0;
+                    if let Some((lo, hi)) = spread {
+                        let (a, b, m) = (px(lo), px(hi), y + BAR / 2.0);
+                        let _ = writeln!(
+                            out,
+                            "<path d=\"M{a:.1} {m:.1}H{b:.1}M{a:.1} {:.1}V{:.1}M{b:.1} {:.1}V{:.1}\" \
+                             stroke=\"#222\" stroke-width=\"1.5\" fill=\"none\"/>",
+                            y + 3.0,
+                            y + BAR - 3.0,
+                            y + 3.0,
+                            y + BAR - 3.0
+                        );
+                        text_x = text_x.max(b + 5.0);
+                    }
+                    let _ = writeln!(
+                        out,
+                        "<text x=\"{text_x:.1}\" y=\"{:.1}\">{}</text>",
                         y + BAR / 2.0 + 4.0,
                         tick_text(v, digits)
                     );
@@ -702,13 +732,18 @@ mod tests {
                 BarGroup {
                     label: "1 KB".into(),
                     values: vec![Some(50_000.0), Some(40_000.4)],
+                    spreads: vec![None, Some((39_000.0, 60_000.0))],
                 },
                 BarGroup {
                     label: "10 KB".into(),
                     values: vec![Some(0.5), None],
+                    spreads: Vec::new(),
                 },
             ],
         );
+        // One whisker (min..max over rounds), and the axis reaches its top.
+        assert_eq!(g.matches("<path").count(), 1, "{g}");
+        assert!(g.contains(">60,000<"), "{g}");
         // 3 bars and 2 legend swatches (plus the background), values written, the missing one n/a.
         assert_eq!(g.matches("<rect").count(), 1 + 3 + 2);
         assert!(g.contains(">50,000<") && g.contains(">40,000<") && g.contains(">0.50<"));

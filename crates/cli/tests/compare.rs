@@ -21,9 +21,12 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     let out = Command::new(BIN)
         .env("PATH", "/usr/bin:/bin")
         .args(["bench", "compare", "--proxies", "direct,portico,nginx"])
-        .args(["--scenarios", "rps-1k,cps,latency,https-cps-resumed"])
         .args([
-            "-d", "300ms", "--warmup", "0s", "-c", "4", "--rates", "200,400",
+            "--scenarios",
+            "rps-1k,cps,latency,https-cps-resumed,h2-rps-1k",
+        ])
+        .args([
+            "-d", "300ms", "--warmup", "0s", "-c", "4", "--rates", "200,400", "--rounds", "2",
         ])
         .args(["--title", "compare test", "--cert"])
         .arg(dir.join("cert.pem"))
@@ -40,6 +43,11 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("nginx: skipped"), "{text}");
+    assert!(text.contains("round 2/2"), "{text}");
+    assert!(
+        text.contains("Summary (2 rounds, proxies alternating within each;"),
+        "{text}"
+    );
 
     let read = |p: &str| std::fs::read_to_string(out_dir.join(p)).unwrap();
     let m: serde_json::Value = serde_json::from_str(&read("manifest.json")).unwrap();
@@ -48,6 +56,24 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(m["command"].as_str().unwrap().contains("bench compare"));
     let proxies = m["proxies"].as_array().unwrap();
     assert_eq!(proxies.len(), 3);
+    assert_eq!(m["rounds"], 2);
+    // Medians over both rounds of every scenario that ran (portico: 5, direct: 3).
+    let summary = m["summary"].as_array().unwrap();
+    assert_eq!(summary.len(), 8, "{summary:?}");
+    for x in summary {
+        if x["scenario"] != "latency" || x["rate"].is_object() {
+            assert_eq!(x["rate"]["n"], 2, "{x}");
+            assert!(
+                x["rate"]["min"].as_f64() <= x["rate"]["max"].as_f64(),
+                "{x}"
+            );
+        }
+        assert_eq!(
+            x["cpu_us_per_request"].is_object(),
+            x["proxy"] == "portico" && x["scenario"] != "latency",
+            "{x}"
+        );
+    }
     assert!(proxies[1]["config"]
         .as_str()
         .unwrap()
@@ -63,13 +89,22 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             r["proxy"].as_str().unwrap(),
             r["scenario"].as_str().unwrap(),
         );
-        let expect_result =
-            proxy == "portico" || (proxy == "direct" && scenario != "https-cps-resumed");
+        let https = scenario == "https-cps-resumed" || scenario == "h2-rps-1k";
+        let expect_result = proxy == "portico" || (proxy == "direct" && !https);
         assert_eq!(r["file"].is_string(), expect_result, "{r}");
         if !expect_result {
             assert!(r["skipped"].is_string(), "{r}");
+            assert_eq!(r["round"], 1, "a skip is recorded once: {r}");
             continue;
         }
+        let round = r["round"].as_u64().unwrap();
+        assert!(
+            r["file"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("-{scenario}-r{round}.json")),
+            "{r}"
+        );
         let v: serde_json::Value =
             serde_json::from_str(&read(r["file"].as_str().unwrap())).unwrap();
         let kind = v["kind"].as_str().unwrap();
@@ -87,6 +122,17 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             assert_eq!(v["requests"]["errors"], 0, "{v}");
             // The proxy's CPU was sampled; direct has no proxy.
             assert_eq!(v["cpu"].is_object(), proxy == "portico", "{r}");
+        }
+        if scenario == "h2-rps-1k" {
+            // HTTP/2 over TLS 1.3, 4 connections (-c 4, at most 10) of 100 streams each.
+            assert_eq!(v["protocol"], "HTTP/2", "{v}");
+            assert_eq!(v["streams"], 100, "{v}");
+            assert_eq!(v["tls"]["version"], "TLSv1_3", "{v}");
+            assert!(v["command"]
+                .as_str()
+                .unwrap()
+                .contains("--h2 --streams 100 "));
+            assert_eq!(v["connections"], 4, "{v}");
         }
         if scenario == "https-cps-resumed" {
             let h = &v["tls"]["handshakes"];
@@ -111,13 +157,25 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         assert!(html.contains(&format!("<figure id=\"{id}\">")), "{id}");
         let svg = read(&format!("{id}.svg"));
         assert!(html.contains(&svg), "{id} inline");
+        // And as a PNG beside it: the signature, an IHDR chunk, a real image.
+        let png = std::fs::read(out_dir.join(format!("{id}.png"))).unwrap();
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{id}.png");
+        assert_eq!(&png[12..16], b"IHDR", "{id}.png");
+        let width = u32::from_be_bytes([png[16], png[17], png[18], png[19]]);
+        assert!(
+            width >= 760 && png.len() > 5000,
+            "{id}.png: {width} px, {} bytes",
+            png.len()
+        );
     }
     assert!(html.contains("<b>nginx</b>: skipped"));
     assert!(html.contains("<h2>Results</h2>") && html.contains("<h2>Manifest</h2>"));
     assert!(html.contains("HTTPS new connection per request, resumed sessions"));
+    assert!(html.contains("HTTP/2 over TLS requests/s"));
     // Both proxies are in the rate chart's legend.
     let rps = read("compare-rps.svg");
     assert!(rps.contains(">direct<") && rps.contains(">portico<"));
+    assert!(rps.contains(">RPS 1 KB HTTP/2<"), "{rps}");
 
     // `portico bench report` renders the same page from the manifest.
     let again = dir.join("again");
@@ -130,6 +188,8 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(out.status.success(), "{out:?}");
     let html2 = std::fs::read_to_string(again.join("index.html")).unwrap();
     assert!(html2.contains("<figure id=\"compare-latency-p99\">"));
+    let png = std::fs::read(again.join("compare-rps.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

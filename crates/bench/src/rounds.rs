@@ -1,0 +1,274 @@
+//! `bench compare --rounds N`: medians and spreads (min..max) over rounds per proxy and scenario, and the round that represents them.
+
+use crate::compare::{Manifest, Metric};
+use crate::page::Input;
+use crate::report::Report;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Every round's result by (proxy, scenario), in round order.
+pub type AllRounds = HashMap<(String, String), Vec<(u32, Input)>>;
+
+/// The median and the extremes of a figure over rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Rounds the figure came from.
+    pub n: usize,
+}
+
+/// The median (the mean of the two middle values for an even count), minimum and maximum of the
+/// finite values; None when there is none.
+pub fn spread(values: &[f64]) -> Option<Spread> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Some(Spread {
+        median,
+        min: v[0],
+        max: v[n - 1],
+        n,
+    })
+}
+
+impl Spread {
+    /// `41,000 (40,100..41,900)`, or the value alone for one round.
+    pub fn text(&self, prec: usize) -> String {
+        let f = |v: f64| {
+            if v >= 1000.0 {
+                crate::svg::tick_text(v, 1.0)
+            } else {
+                format!("{v:.prec$}")
+            }
+        };
+        if self.n > 1 {
+            format!("{} ({}..{})", f(self.median), f(self.min), f(self.max))
+        } else {
+            f(self.median)
+        }
+    }
+}
+
+/// One proxy × scenario over its rounds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub proxy: String,
+    pub scenario: String,
+    /// What `rate` counts: `req/s`, `conn/s`, `MB/s`, or `knee req/s` for the latency sweep.
+    pub unit: String,
+    /// The scenario's figure (completed requests/s, connections/s, MB/s, the sweep's knee).
+    pub rate: Option<Spread>,
+    /// The proxy's CPU µs per request (per connection in the CPS scenarios: one request each).
+    pub cpu_us_per_request: Option<Spread>,
+    /// The proxy's CPU, % of one core.
+    pub cpu_percent_of_core: Option<Spread>,
+    /// The round whose `rate` is nearest the median (the earliest on a tie): the page's table and
+    /// spectra show that round's run.
+    pub median_round: Option<u32>,
+}
+
+/// What a scenario's `rate` counts.
+pub fn unit(metric: Metric) -> &'static str {
+    match metric {
+        Metric::Rps => "req/s",
+        Metric::Cps => "conn/s",
+        Metric::Throughput => "MB/s",
+        Metric::Latency => "knee req/s",
+    }
+}
+
+/// The scenario's figure of one result.
+pub fn primary(metric: Metric, input: &Input) -> Option<f64> {
+    match (metric, input) {
+        (Metric::Rps, Input::Run(r)) => Some(r.achieved_rate),
+        (Metric::Cps, Input::Run(r)) => Some(r.connections_per_s),
+        (Metric::Throughput, Input::Run(r)) => Some(r.bytes_per_s / 1e6),
+        (Metric::Latency, Input::Sweep(s)) => s.knee.as_ref().and_then(|k| k.rate),
+        _ => None,
+    }
+}
+
+fn cpu(r: &Report) -> (Option<f64>, Option<f64>) {
+    match &r.cpu {
+        Some(c) => (c.us_per_request, Some(c.percent_of_core)),
+        None => (None, None),
+    }
+}
+
+/// Summarize one proxy × scenario from its rounds. A sweep's CPU is left out (it varies with the
+/// offered rate; the page draws it against the rate).
+pub fn summarize(proxy: &str, scenario: &str, metric: Metric, rounds: &[(u32, Input)]) -> Summary {
+    let rates: Vec<(u32, f64)> = rounds
+        .iter()
+        .filter_map(|(k, i)| primary(metric, i).map(|v| (*k, v)))
+        .collect();
+    let rate = spread(&rates.iter().map(|(_, v)| *v).collect::<Vec<_>>());
+    let median_round = rate.and_then(|s| {
+        rates
+            .iter()
+            .min_by(|a, b| {
+                (a.1 - s.median)
+                    .abs()
+                    .total_cmp(&(b.1 - s.median).abs())
+                    .then(a.0.cmp(&b.0))
+            })
+            .map(|(k, _)| *k)
+    });
+    let (us, pct): (Vec<f64>, Vec<f64>) = rounds
+        .iter()
+        .filter_map(|(_, i)| match i {
+            Input::Run(r) => Some(cpu(r)),
+            Input::Sweep(_) => None,
+        })
+        .map(|(u, p)| (u.unwrap_or(f64::NAN), p.unwrap_or(f64::NAN)))
+        .unzip();
+    Summary {
+        proxy: proxy.to_string(),
+        scenario: scenario.to_string(),
+        unit: unit(metric).to_string(),
+        rate,
+        cpu_us_per_request: spread(&us),
+        cpu_percent_of_core: spread(&pct),
+        median_round: median_round.or_else(|| rounds.first().map(|(k, _)| *k)),
+    }
+}
+
+/// Load every round of every result the manifest names from `dir` (unreadable ones left out).
+/// Runs `compare` found void (warnings) are left out too: they must not move a median.
+pub fn load_all(m: &Manifest, dir: &Path) -> AllRounds {
+    let mut out: AllRounds = HashMap::new();
+    for r in m.results.iter().filter(|r| r.warnings.is_empty()) {
+        let Some(file) = &r.file else { continue };
+        if let Ok(i) = Input::load(&dir.join(file)) {
+            out.entry((r.proxy.clone(), r.scenario.clone()))
+                .or_default()
+                .push((r.round.max(1), i));
+        }
+    }
+    for v in out.values_mut() {
+        v.sort_by_key(|(k, _)| *k);
+    }
+    out
+}
+
+/// Every proxy × scenario's summary, in the manifest's order (scenarios, then proxies).
+pub fn summaries(m: &Manifest, all: &AllRounds) -> Vec<Summary> {
+    let mut out = Vec::new();
+    for s in &m.scenarios {
+        for p in &m.proxies {
+            if let Some(rounds) = all.get(&(p.name.clone(), s.name.clone())) {
+                out.push(summarize(&p.name, &s.name, s.metric, rounds));
+            }
+        }
+    }
+    out
+}
+
+/// The terminal's table of medians: one line per proxy × scenario.
+pub fn table(summaries: &[Summary], rounds: u32) -> String {
+    let mut t = if rounds > 1 {
+        format!(
+            "Summary ({rounds} rounds, proxies alternating within each; median (min..max) over rounds):\n"
+        )
+    } else {
+        "Summary (1 round):\n".to_string()
+    };
+    for s in summaries {
+        let rate = s
+            .rate
+            .map(|r| format!("{} {}", r.text(1), s.unit))
+            .unwrap_or_else(|| format!("no {}", s.unit));
+        let cpu = s
+            .cpu_us_per_request
+            .map(|c| format!(", proxy CPU {} us/req", c.text(2)))
+            .unwrap_or_default();
+        t.push_str(&format!(
+            "  {:<20} {:<8} {rate}{cpu}\n",
+            s.scenario, s.proxy
+        ));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{test_report, CpuReport};
+
+    #[test]
+    fn median_and_spread() {
+        assert_eq!(spread(&[]), None);
+        assert_eq!(spread(&[f64::NAN]), None);
+        let s = spread(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
+        // Even count: the mean of the two middle values.
+        let s = spread(&[4.0, 1.0, 3.0, 10.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (3.5, 1.0, 10.0, 4));
+        // Non-finite values are not figures (a run without CPU samples).
+        let s = spread(&[5.0, f64::NAN, 7.0]).unwrap();
+        assert_eq!((s.median, s.n), (6.0, 2));
+        let one = spread(&[41_000.0]).unwrap();
+        assert_eq!(one.text(1), "41,000");
+        assert_eq!(
+            spread(&[40_100.0, 41_000.0, 41_900.0]).unwrap().text(1),
+            "41,000 (40,100..41,900)"
+        );
+        assert_eq!(
+            spread(&[17.25, 18.0]).unwrap().text(2),
+            "17.62 (17.25..18.00)"
+        );
+    }
+
+    fn run(rate: f64, us: Option<f64>) -> Input {
+        let mut r = test_report(None, &[1; 10], 0, 0);
+        r.achieved_rate = rate;
+        r.cpu = us.map(|u| CpuReport {
+            pids: vec![1],
+            processes: 1,
+            seconds: 1.0,
+            percent_of_core: u * 2.0,
+            us_per_request: Some(u),
+        });
+        Input::Run(Box::new(r))
+    }
+
+    #[test]
+    fn summary_over_rounds() {
+        let rounds = vec![
+            (1, run(1000.0, Some(20.0))),
+            (2, run(3000.0, Some(10.0))),
+            (3, run(2000.0, Some(12.0))),
+        ];
+        let s = summarize("portico", "rps-1k", Metric::Rps, &rounds);
+        assert_eq!(s.unit, "req/s");
+        let r = s.rate.unwrap();
+        assert_eq!((r.median, r.min, r.max, r.n), (2000.0, 1000.0, 3000.0, 3));
+        let c = s.cpu_us_per_request.unwrap();
+        assert_eq!((c.median, c.min, c.max), (12.0, 10.0, 20.0));
+        assert_eq!(s.cpu_percent_of_core.unwrap().median, 24.0);
+        // Round 3 has the median rate.
+        assert_eq!(s.median_round, Some(3));
+        // Even count: the median is between rounds 1 and 2; the earliest nearest is taken.
+        let s = summarize("p", "rps-1k", Metric::Rps, &rounds[..2]);
+        assert_eq!(s.rate.unwrap().median, 2000.0);
+        assert_eq!(s.median_round, Some(1));
+        // direct: no CPU figures; a sweep in an RPS scenario has no rate.
+        let s = summarize("direct", "rps-1k", Metric::Rps, &[(1, run(5.0, None))]);
+        assert_eq!(s.cpu_us_per_request, None);
+        let t = table(&[s], 1);
+        assert!(t.starts_with("Summary (1 round):\n"), "{t}");
+        assert!(t.contains("rps-1k") && t.contains("5.0 req/s"), "{t}");
+        assert!(!t.contains("CPU"), "{t}");
+    }
+}
