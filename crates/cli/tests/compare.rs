@@ -62,7 +62,14 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert_eq!(summary.len(), 8, "{summary:?}");
     for x in summary {
         if x["scenario"] != "latency" || x["rate"].is_object() {
-            assert_eq!(x["rate"]["n"], 2, "{x}");
+            // A round whose sweep found no knee (a loaded machine) has no latency figure.
+            let n = x["rate"]["n"].as_u64().unwrap();
+            let want = if x["scenario"] == "latency" {
+                1..=2
+            } else {
+                2..=2
+            };
+            assert!(want.contains(&n), "{x}");
             assert!(
                 x["rate"]["min"].as_f64() <= x["rate"]["max"].as_f64(),
                 "{x}"
