@@ -55,7 +55,7 @@ max_concurrent_streams = 128
 proxy = "origin"
 [upstreams.origin]
 servers = ["127.0.0.1:9180"]
-keepalive = 256
+keepalive = ${KEEPALIVE:-1024}
 EOF2
 taskset -c 0 "$portico" run -c "$d/portico.toml" -w 1 > "$d/portico.out" 2> "$d/portico.err" &
 ppid=$!
@@ -69,7 +69,7 @@ error_log $d/nginx.err;
 events { worker_connections 4096; }
 http {
   access_log off;
-  upstream b { server 127.0.0.1:9180; keepalive 256; }
+  upstream b { server 127.0.0.1:9180; keepalive ${KEEPALIVE:-1024}; }
   server {
     listen 127.0.0.1:9544 ssl http2;
     ssl_certificate $d/cert.pem; ssl_certificate_key $d/key.pem;

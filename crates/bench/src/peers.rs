@@ -116,8 +116,10 @@ pub struct Setup<'a> {
     pub h2: bool,
 }
 
-/// Upstream keep-alive connections of every proxy (the generator opens at most this many).
-pub const UPSTREAM_KEEPALIVE: u32 = 100;
+/// Upstream keep-alive connections of every proxy: at least the requests the generator keeps in
+/// flight (`h2-rps-1k`: 10 connections x 100 streams), so no proxy closes and reopens upstream
+/// connections between bursts (HAProxy keeps every idle connection by default anyway).
+pub const UPSTREAM_KEEPALIVE: u32 = 1024;
 
 /// The configuration text of `proxy` (empty for `direct`). TLS is 1.3 with X25519 only for all
 /// (performance.md: newer stacks default to a slower post-quantum hybrid group), session tickets
@@ -365,7 +367,7 @@ mod tests {
             let cfg = portico_config_check(&text);
             assert_eq!(cfg.matches("[[listeners]]").count(), listeners, "{text}");
             assert!(text.contains("servers = [\"127.0.0.1:18081\"]"));
-            assert!(text.contains("keepalive = 100"));
+            assert!(text.contains("keepalive = 1024"));
         }
         let t = config(Proxy::Portico, &tls);
         assert!(t.contains("versions = \"1.3\"") && t.contains("groups = [\"X25519\"]"));
@@ -373,7 +375,7 @@ mod tests {
         for want in [
             "worker_processes 1;",
             "access_log off;",
-            "keepalive 100;",
+            "keepalive 1024;",
             "proxy_http_version 1.1;",
             "proxy_set_header Connection \"\";",
             "listen 127.0.0.1:18080;",

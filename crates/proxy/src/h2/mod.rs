@@ -375,7 +375,9 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                     link.stream_started();
                     let link = link.clone();
                     tokio::task::spawn_local(async move {
-                        stream::handle(&link, req, respond).await;
+                        // Boxed: the stream's state (several KiB) is then written once, not
+                        // copied into the task and again when the task finishes.
+                        Box::pin(stream::handle(&link, req, respond)).await;
                         link.stream_ended();
                     });
                     let max = limits.max_requests_per_connection;
