@@ -16,6 +16,9 @@ struct Inner<S> {
     buf: Vec<u8>,
     /// Bytes of `buf` already written.
     pos: usize,
+    /// Bytes were written to `io` that its flush has not yet confirmed (over TLS, records can
+    /// stay in rustls after a write the socket only partly took).
+    flush_due: bool,
     /// A write error seen while draining, reported to the `h2` crate at its next read or write.
     failed: Option<io::ErrorKind>,
 }
@@ -39,6 +42,7 @@ pub(crate) fn cork<S>(io: S) -> (Corked<S>, Cork<S>) {
         io,
         buf: Vec::with_capacity(16 * 1024),
         pos: 0,
+        flush_due: false,
         failed: None,
     }));
     (Corked(inner.clone()), Cork(inner))
@@ -57,7 +61,10 @@ impl<S: AsyncWrite + Unpin> Inner<S> {
                     self.failed = Some(io::ErrorKind::WriteZero);
                     return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
                 }
-                Poll::Ready(Ok(n)) => self.pos += n,
+                Poll::Ready(Ok(n)) => {
+                    self.pos += n;
+                    self.flush_due = true;
+                }
                 Poll::Ready(Err(e)) => {
                     self.failed = Some(e.kind());
                     return Poll::Ready(Err(e));
@@ -70,10 +77,22 @@ impl<S: AsyncWrite + Unpin> Inner<S> {
         if self.buf.capacity() > HIGH {
             self.buf.shrink_to(16 * 1024);
         }
-        Pin::new(&mut self.io).poll_flush(cx).map_err(|e| {
-            self.failed = Some(e.kind());
-            e
-        })
+        // Pending keeps `flush_due`: the socket's writability wakes the loop, which drains again.
+        let r = std::task::ready!(Pin::new(&mut self.io).poll_flush(cx));
+        match r {
+            Ok(()) => self.flush_due = false,
+            Err(ref e) => self.failed = Some(e.kind()),
+        }
+        Poll::Ready(r)
+    }
+
+    /// Drop the bytes already written, so a client that never quite catches up does not grow
+    /// the buffer with everything it was ever sent.
+    fn compact(&mut self) {
+        if self.pos > 0 && (self.pos >= 64 * 1024 || self.pos * 2 >= self.buf.len()) {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
     }
 }
 
@@ -83,7 +102,7 @@ impl<S: AsyncWrite + Unpin> Cork<S> {
     /// ends the connection at its next poll (the caller is woken for it).
     pub fn drain(&self, cx: &mut Context<'_>) {
         let mut inner = self.0.borrow_mut();
-        if inner.pos == inner.buf.len() && inner.failed.is_none() {
+        if inner.pos == inner.buf.len() && !inner.flush_due && inner.failed.is_none() {
             return;
         }
         if let Poll::Ready(Err(_)) = inner.poll_drain(cx) {
@@ -122,6 +141,7 @@ impl<S: AsyncWrite + Unpin> Corked<S> {
                 Poll::Pending => return Poll::Pending,
             }
         }
+        inner.compact();
         Poll::Ready(Ok(()))
     }
 }
@@ -191,11 +211,7 @@ mod tests {
         let quick =
             tokio::time::timeout(std::time::Duration::from_millis(20), b.read(&mut buf)).await;
         assert!(quick.is_err(), "bytes left before the drain");
-        poll_fn(|cx| {
-            handle.drain(cx);
-            std::task::Poll::Ready(())
-        })
-        .await;
+        drain(&handle).await;
         let n = b.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"one two ");
         corked.write_all(b"three").await.unwrap();
@@ -203,6 +219,98 @@ mod tests {
         let mut rest = Vec::new();
         b.read_to_end(&mut rest).await.unwrap();
         assert_eq!(rest, b"three");
+    }
+
+    /// A writer that takes at most `take` bytes per write, then is not ready until its next poll,
+    /// and whose flush is pending `flush_pending` times before it succeeds.
+    struct Slow {
+        take: usize,
+        ready: bool,
+        flush_pending: u32,
+        flushed: u32,
+    }
+
+    impl tokio::io::AsyncWrite for Slow {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            data: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            if !self.ready {
+                self.ready = true;
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            self.ready = false;
+            std::task::Poll::Ready(Ok(data.len().min(self.take)))
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if self.flush_pending > 0 {
+                self.flush_pending -= 1;
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            self.flushed += 1;
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    async fn drain<S: tokio::io::AsyncWrite + Unpin>(handle: &super::Cork<S>) {
+        poll_fn(|cx| {
+            handle.drain(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_flush_left_pending_is_retried_at_the_next_drain() {
+        // Over TLS a write can leave records in rustls that only the flush pushes out: a drain
+        // whose flush was pending must flush again even though its buffer is empty.
+        let slow = Slow {
+            take: usize::MAX,
+            ready: true,
+            flush_pending: 1,
+            flushed: 0,
+        };
+        let (mut corked, handle) = cork(slow);
+        corked.write_all(b"end of a response").await.unwrap();
+        drain(&handle).await;
+        assert_eq!(handle.0.borrow().io.flushed, 0);
+        drain(&handle).await;
+        assert_eq!(handle.0.borrow().io.flushed, 1);
+        assert!(!handle.0.borrow().flush_due);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_catches_up_does_not_grow_the_buffer() {
+        // Each round adds 1,000 bytes and the socket takes 999: the unsent part grows by one
+        // byte a round, and what was sent must not stay in the buffer.
+        let slow = Slow {
+            take: 999,
+            ready: true,
+            flush_pending: 0,
+            flushed: 0,
+        };
+        let (mut corked, handle) = cork(slow);
+        let chunk = [1u8; 1000];
+        for _ in 0..5_000 {
+            corked.write_all(&chunk).await.unwrap();
+            drain(&handle).await;
+        }
+        let inner = handle.0.borrow();
+        let unsent = inner.buf.len() - inner.pos;
+        assert!(unsent <= 5_000 + 1_000, "{unsent}");
+        assert!(inner.buf.len() <= 2 * (64 * 1024), "{}", inner.buf.len());
     }
 
     #[tokio::test]
