@@ -1,8 +1,8 @@
 //! Interim (1xx) responses of HTTP/1.1 upstreams passed on to HTTP/2 clients as informational HEADERS (103 Early Hints and the like).
 
+use crate::h2_fields::{append, CONNECTION_SPECIFIC};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
-use http::header::{HeaderName, HeaderValue};
 use portico_http1::{parse_response, Limits, Method};
 
 /// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, collected by
@@ -40,28 +40,16 @@ fn informational(raw: &[u8], method: &Method) -> Option<http::Response<()>> {
         if head.is_hop_by_hop(name) || connection_specific(name) {
             continue;
         }
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
-            headers.append(n, v);
-        }
+        append(headers, name, value);
     }
     Some(resp)
 }
 
 /// Fields HTTP/2 forbids (RFC 9113 8.2.2) whether or not `Connection` lists them.
 fn connection_specific(name: &str) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-        "te",
-    ]
-    .iter()
-    .any(|n| n.eq_ignore_ascii_case(name))
+    CONNECTION_SPECIFIC
+        .iter()
+        .any(|n| n.eq_ignore_ascii_case(name))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod date;
 pub mod error;
 pub mod forward;
 pub mod h2;
+mod h2_fields;
 pub mod h2_interim;
 pub mod headers;
 pub mod health;

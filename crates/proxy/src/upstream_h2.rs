@@ -4,6 +4,7 @@ use crate::attempt::failure_report;
 use crate::conn::{fail, may_keep_alive, send_all, send_continue, ClientBody, Conn, Ctx, Outcome};
 use crate::error::ProxyError;
 use crate::forward::connect;
+use crate::h2_fields::{append, trailer_map};
 use crate::headers::{self, ClientFraming};
 use crate::pool::{PoolKey, UpStream};
 use crate::retry::{Retry, RetryCause};
@@ -15,7 +16,7 @@ use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 use portico_config::{HeaderRules, ProxyAction, Route, UpstreamGroup};
 use portico_http1::{encode, parse_request, parse_response, Framing, Limits, Method, RequestHead};
 use portico_upstream::{Report, ServerGuard, Upstream};
@@ -512,35 +513,11 @@ fn build_request(
     Ok(req)
 }
 
-/// Append a field if its name and value are valid (names lowercased).
-fn append(map: &mut HeaderMap, name: &str, value: &[u8]) {
-    if let (Ok(n), Ok(v)) = (
-        HeaderName::from_bytes(name.as_bytes()),
-        HeaderValue::from_bytes(value),
-    ) {
-        map.append(n, v);
-    }
-}
-
 /// Raw HTTP/1 trailer lines -> a field map (connection-specific names dropped).
 fn raw_to_map(raw: &[u8]) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    for line in raw.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let Ok(name) = std::str::from_utf8(&line[..colon]) else {
-            continue;
-        };
-        if DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name))
-            || name.eq_ignore_ascii_case("content-length")
-        {
-            continue;
-        }
-        append(&mut map, name, line[colon + 1..].trim_ascii());
-    }
-    map
+    trailer_map(raw, |name| {
+        DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name))
+    })
 }
 
 /// Send the request on `conn`, stream its body while waiting for the response head; return

@@ -7,6 +7,7 @@ use crate::attempt::{self, Failed};
 use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::forward::read_response_head;
+use crate::h2_fields::{append, trailer_map};
 use crate::pool::UpConn;
 use crate::resilience::RouteResilience;
 use crate::retry::Retry;
@@ -16,7 +17,7 @@ use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderMap;
 use portico_config::{Action, HeaderRules, ProxyAction, Route};
 use portico_http1::{
     encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
@@ -733,35 +734,9 @@ fn response_from(resp: &ResponseHead, rules: &HeaderRules, via: bool) -> http::R
     r
 }
 
-/// Append a field if its name and value are valid in HTTP/2 (names are lowercased).
-fn append(headers: &mut HeaderMap, name: &str, value: &[u8]) {
-    if let (Ok(n), Ok(v)) = (
-        HeaderName::from_bytes(name.as_bytes()),
-        HeaderValue::from_bytes(value),
-    ) {
-        headers.append(n, v);
-    }
-}
-
 /// Raw HTTP/1 trailer lines (`name: value\r\n`) -> HTTP/2 trailers (hop-by-hop names dropped).
 fn trailers_from(raw: &[u8]) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    for line in raw.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let Ok(name) = std::str::from_utf8(&line[..colon]) else {
-            continue;
-        };
-        if portico_http1::head::is_fixed_hop_by_hop(name)
-            || name.eq_ignore_ascii_case("content-length")
-        {
-            continue;
-        }
-        append(&mut map, name, line[colon + 1..].trim_ascii());
-    }
-    map
+    trailer_map(raw, portico_http1::head::is_fixed_hop_by_hop)
 }
 
 /// Write the head, stream the request body while waiting for the response head; return the
