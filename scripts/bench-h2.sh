@@ -7,6 +7,7 @@
 # proxies alternate for ROUNDS rounds; a round with any failed or non-2xx request is reported void.
 # Usage: scripts/bench-h2.sh [REQUESTS_PER_ROUND] [ROUNDS]   (needs nginx, h2load, openssl;
 #        cargo build --release first)
+# PORTICO=BINARY runs another build; PORTICO_PRELOAD=LIB preloads a library (an allocator) into Portico only.
 set -euo pipefail
 n=${1:-200000}
 rounds=${2:-3}
@@ -57,7 +58,7 @@ proxy = "origin"
 servers = ["127.0.0.1:9180"]
 keepalive = ${KEEPALIVE:-1024}
 EOF2
-taskset -c 0 "$portico" run -c "$d/portico.toml" -w 1 > "$d/portico.out" 2> "$d/portico.err" &
+env ${PORTICO_PRELOAD:+LD_PRELOAD=$PORTICO_PRELOAD} taskset -c 0 "$portico" run -c "$d/portico.toml" -w 1 > "$d/portico.out" 2> "$d/portico.err" &
 ppid=$!
 wait_port 9543
 
