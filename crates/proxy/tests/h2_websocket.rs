@@ -18,7 +18,8 @@ const T: Duration = Duration::from_secs(10);
 /// How the scripted upstream answers an upgrade request.
 #[derive(Clone, Copy)]
 enum Answer {
-    /// 101 with the right accept, then echo; at EOF write "bye" and close.
+    /// 101 with the right accept and "welcome" in the same write, then echo; at EOF write
+    /// "bye" and close.
     Echo,
     /// 101 whose Sec-WebSocket-Accept is wrong.
     WrongAccept,
@@ -28,6 +29,8 @@ enum Answer {
     Ok,
     /// 101 and then nothing (for the idle timeout).
     Silent,
+    /// 101 with "done", then close.
+    CloseFirst,
 }
 
 /// A scripted HTTP/1.1 upstream: each request head (text) is recorded; `closed` gets one
@@ -108,8 +111,20 @@ async fn serve(
                 .await;
             return;
         }
-        Answer::Silent | Answer::Echo => {
+        Answer::CloseFirst => {
+            let _ = s.write_all((switch(&accept) + "done").as_bytes()).await;
+            drop(s);
+            let _ = closed.send(());
+            return;
+        }
+        Answer::Silent => {
             if s.write_all(switch(&accept).as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        Answer::Echo => {
+            let first = switch(&accept) + "welcome";
+            if s.write_all(first.as_bytes()).await.is_err() {
                 return;
             }
         }
@@ -281,6 +296,8 @@ async fn websocket_over_h2_is_an_http1_upgrade_upstream_with_bytes_both_ways() {
     assert_eq!(key.len(), 24, "{key}");
     assert!(!lower.contains("content-length") && !lower.contains("transfer-encoding"));
 
+    // Bytes that came in the same read as the 101 head are the tunnel's first.
+    assert_eq!(read_n(&mut body, 7).await, b"welcome");
     // Small messages both ways.
     send_all(&mut send, Bytes::from_static(b"hello"), false).await;
     assert_eq!(read_n(&mut body, 5).await, b"hello");
@@ -308,7 +325,7 @@ async fn websocket_over_h2_is_an_http1_upgrade_upstream_with_bytes_both_ways() {
     let log = || std::fs::read_to_string(&path).unwrap_or_default();
     until("two access-log lines", || log().lines().count() == 2).await;
     let line = log().lines().nth(1).unwrap().to_string();
-    let down = 5 + 300 * 1024 + 7;
+    let down = 7 + 5 + 300 * 1024 + 7;
     assert!(
         line.contains(&format!("\"GET /chat?room=1 HTTP/2.0\" 200 {down} ")),
         "{line}"
@@ -344,6 +361,30 @@ async fn a_refused_upgrade_reaches_the_client_as_a_response() {
         let stats = p.stats().clone();
         until("the 502 record", || stats.terminations(t) == 1).await;
     }
+}
+
+#[tokio::test]
+async fn an_upstream_close_ends_the_stream_and_the_client_still_half_closes() {
+    let mut up = upstream(Answer::CloseFirst).await;
+    let p = proxy(up.addr, "", "");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, mut send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    // Upstream EOF = END_STREAM.
+    assert_eq!(read_n(&mut body, usize::MAX).await, b"done");
+    assert!(body.is_end_stream());
+    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
+    // The client's side is still open until it ends it: then the tunnel is complete.
+    send_all(&mut send, Bytes::new(), true).await;
+    let stats = p.stats().clone();
+    until("the tunnel's record", || {
+        stats.terminations(Termination::OK) == 2
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -390,7 +431,7 @@ async fn a_client_reset_ends_the_tunnel_and_closes_the_upstream() {
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     send_all(&mut send, Bytes::from_static(b"ping"), false).await;
-    assert_eq!(read_n(&mut body, 4).await, b"ping");
+    assert_eq!(read_n(&mut body, 11).await, b"welcomeping");
     send.send_reset(h2::Reason::CANCEL);
     tokio::time::timeout(T, up.closed.recv())
         .await
