@@ -75,7 +75,7 @@ pub(super) async fn handle(
                 Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
                 Reject::Protocol => {
                     let p = super::tunnel::protocol(&parts).unwrap_or_default();
-                    tracing::info!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
+                    tracing::debug!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
                     let e = ProxyError::ExtendedConnect(":protocol other than websocket");
                     (e, "extended CONNECT protocol")
                 }
