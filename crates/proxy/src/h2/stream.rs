@@ -535,20 +535,7 @@ impl Stream<'_> {
         if t.accepted(shared, retry, asked, got, reused, status) {
             return None;
         }
-        // Only an extended CONNECT asks for an upgrade: 101 opens its tunnel, and a 2xx
-        // would tell the client a tunnel is open when none is.
-        let switched = if head.upgrade && status == 101 {
-            super::tunnel::check_switch(head, &resp)
-        } else if head.upgrade && (200..300).contains(&status) {
-            Err(ProxyError::NotSwitched(
-                "the upstream answered the upgrade with 2xx",
-            ))
-        } else if status == 101 {
-            Err(ProxyError::UnexpectedUpgrade)
-        } else {
-            Ok(())
-        };
-        if let Err(e) = switched {
+        if let Err(e) = super::tunnel::check_answer(head, &resp) {
             if head.upgrade {
                 tracing::info!(peer = %link.peer, upstream = %addr, "HTTP/2 WebSocket refused: {e}");
             }

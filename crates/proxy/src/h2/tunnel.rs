@@ -36,10 +36,25 @@ pub(super) fn translate(
     extended_to_http1(parts, protocol, &new_key(), limits)
 }
 
+/// Whether an upstream answer may go to an HTTP/2 client: a 101 only for an upgrade (an
+/// extended CONNECT; then it opens the tunnel) and only when it completes the handshake
+/// ([`check_switch`]); for an upgrade no 2xx either, which would tell the client a tunnel is
+/// open when none is. Anything else is relayed as a normal response.
+pub(super) fn check_answer(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
+    match (head.upgrade, resp.status()) {
+        (true, 101) => check_switch(head, resp),
+        (true, 200..=299) => Err(ProxyError::NotSwitched(
+            "the upstream answered the upgrade with 2xx",
+        )),
+        (false, 101) => Err(ProxyError::UnexpectedUpgrade),
+        _ => Ok(()),
+    }
+}
+
 /// Whether an upstream's 101 completes the WebSocket handshake of `head` (RFC 6455 4.1: the
 /// client fails the connection unless `Upgrade` is websocket and `Sec-WebSocket-Accept` is the
 /// hash of its key).
-pub(super) fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
+fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
     let upgrade = resp.field("upgrade").unwrap_or_default();
     if !upgrade.eq_ignore_ascii_case(b"websocket") {
         return Err(ProxyError::NotSwitched("101 without Upgrade: websocket"));
@@ -357,5 +372,24 @@ mod tests {
         let other = resp(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n");
         let e = check_switch(&h, &other).unwrap_err();
         assert_eq!(e.status(), 502);
+        // Which answers may reach the client at all.
+        assert!(check_answer(&h, &ok).is_ok());
+        let got = |raw: &[u8]| resp(raw);
+        assert!(check_answer(&h, &got(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")).is_err());
+        assert!(check_answer(
+            &h,
+            &got(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+        )
+        .is_ok());
+        let plain = head(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        assert!(
+            check_answer(&plain, &ok).is_err(),
+            "101 without an upgrade request"
+        );
+        assert!(check_answer(
+            &plain,
+            &got(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        )
+        .is_ok());
     }
 }
