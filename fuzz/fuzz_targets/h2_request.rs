@@ -1,6 +1,7 @@
 //! Fuzz the HTTP/2 -> HTTP/1.1 request translation (`crates/proxy/src/h2/request.rs`, compiled here
 //! by path: it needs only `http` and the HTTP/1 codec): no panic, and an accepted request's head
-//! re-parses with the HTTP/1 parser into the same method, target, host and framing.
+//! re-parses with the HTTP/1 parser into the same method, target, host and framing; an accepted
+//! extended CONNECT (`extended_to_http1`, `:protocol websocket`) is a body-less HTTP/1 upgrade.
 
 #![no_main]
 
@@ -56,10 +57,41 @@ fn build(data: &[u8]) -> Option<(http::request::Parts, bool)> {
     Some((parts, has_body))
 }
 
+/// The same parts as an RFC 8441 extended CONNECT: only CONNECT is accepted, and then as the
+/// WebSocket handshake `GET :path` with the key, the upgrade fields and no framing.
+fn extended(parts: &http::request::Parts) {
+    const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+    let head = match request::extended_to_http1(parts, "websocket", KEY, &LIMITS) {
+        Ok(head) => head,
+        Err(_) => return,
+    };
+    assert_eq!(parts.method, Method::CONNECT);
+    assert!(matches!(
+        request::extended_to_http1(parts, "connect-udp", KEY, &LIMITS),
+        Err(request::Reject::Protocol)
+    ));
+    assert_eq!(head.method().as_str(), "GET");
+    assert_eq!(head.target(), parts.uri.path_and_query().unwrap().as_str());
+    assert!(
+        head.upgrade,
+        "a WebSocket handshake that is no HTTP/1 upgrade"
+    );
+    assert_eq!(head.framing, Framing::None);
+    assert_eq!(head.field("upgrade"), Some(b"websocket".as_slice()));
+    assert_eq!(head.field("sec-websocket-key"), Some(KEY.as_bytes()));
+    let mut again = BytesMut::from(&head.raw()[..]);
+    let again = parse_request(&mut again, &LIMITS)
+        .expect("translated handshake refused")
+        .expect("translated handshake incomplete");
+    assert!(again.upgrade);
+    assert!(again.fields().eq(head.fields()));
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((parts, has_body)) = build(data) else {
         return;
     };
+    extended(&parts);
     let head = match request::to_http1(&parts, has_body, &LIMITS) {
         Ok(head) => head,
         Err(request::Reject::Connect) => {

@@ -579,6 +579,9 @@ fn http2_line(listener: &crate::model::Listener) -> Option<String> {
             format_duration(d.reset_window)
         ));
     }
+    if h.extended_connect != d.extended_connect {
+        diff.push("extended_connect off (no WebSockets over HTTP/2; default on)".into());
+    }
     if diff.is_empty() {
         return None;
     }

@@ -96,6 +96,9 @@ pub struct Http2Settings {
     /// within `reset_window` ends the connection with GOAWAY ENHANCE_YOUR_CALM (default 200).
     pub max_resets: u32,
     pub reset_window: Duration,
+    /// SETTINGS_ENABLE_CONNECT_PROTOCOL (RFC 8441, default true): WebSockets over HTTP/2 by
+    /// extended CONNECT (`:protocol websocket`), tunnelled as an HTTP/1.1 upgrade upstream.
+    pub extended_connect: bool,
 }
 
 impl Http2Settings {
@@ -108,6 +111,7 @@ impl Http2Settings {
         max_frame_size: 16 * 1024,
         max_resets: 200,
         reset_window: Duration::from_secs(10),
+        extended_connect: true,
     };
 }
 

@@ -67,6 +67,7 @@ pub(crate) struct RawHttp2 {
     pub max_frame_size: Option<Spanned<Scalar>>,
     pub max_resets: Option<Spanned<Int>>,
     pub reset_window: Option<Spanned<Scalar>>,
+    pub extended_connect: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -1303,6 +1303,10 @@ fn http2(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawHttp2>) -> Http2Settings 
         max_frame_size: u32::try_from(max_frame_size).unwrap_or(d.max_frame_size),
         max_resets: u32::try_from(max_resets).unwrap_or(d.max_resets),
         reset_window,
+        extended_connect: raw
+            .extended_connect
+            .as_ref()
+            .map_or(d.extended_connect, |b| *b.get_ref()),
     }
 }
 

@@ -877,6 +877,12 @@ fn http2_settings_are_range_checked() {
         e.contains("listeners[0].http2.reset_window: must be greater than zero"),
         "{e}"
     );
+    let text = format!(
+        "{UP}[[listeners]]\naddress = \"127.0.0.1:0\"\n[listeners.http2]\nextended_connect = \"yes\"\n[[listeners.routes]]\nproxy = \"api\"\n"
+    );
+    let e = err(&text);
+    assert!(e.contains("extended_connect"), "{e}");
+    assert!(e.contains(":6:20:"), "{e}");
 }
 
 #[test]

@@ -508,3 +508,20 @@ respond = { status = 200 }
     );
     assert!(out.contains("  http2: off (HTTP/1.1 only)\n"), "{out}");
 }
+
+#[test]
+fn extended_connect_is_on_by_default_and_shown_when_off() {
+    let on = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nrespond = { status = 200 }\n";
+    let cfg = parse(on, "t").unwrap();
+    assert!(cfg.listeners[0].http2.extended_connect);
+    let off = "[[listeners]]\naddress = \"127.0.0.1:8080\"\nhttp2.extended_connect = false\n[[listeners.routes]]\nrespond = { status = 200 }\n";
+    let cfg = parse(off, "t").unwrap();
+    assert!(!cfg.listeners[0].http2.extended_connect);
+    let out = explain(&cfg);
+    assert!(
+        out.contains(
+            "  http2 (h2c): extended_connect off (no WebSockets over HTTP/2; default on)\n"
+        ),
+        "{out}"
+    );
+}

@@ -63,6 +63,10 @@ pub enum ProxyError {
     Http2Connect,
     #[error("internal error: {0}")]
     Internal(&'static str),
+    #[error("extended CONNECT not served: {0}")]
+    ExtendedConnect(&'static str),
+    #[error("upstream did not switch protocols: {0}")]
+    NotSwitched(&'static str),
 }
 
 impl ProxyError {
@@ -90,6 +94,8 @@ impl ProxyError {
             ProxyError::Http2Malformed(_) => 400,
             ProxyError::Http2Connect => 501,
             ProxyError::Internal(_) => 500,
+            ProxyError::ExtendedConnect(_) => 501,
+            ProxyError::NotSwitched(_) => 502,
         }
     }
 
@@ -133,6 +139,8 @@ impl ProxyError {
                 (Side::Client, Cause::BadRequest)
             }
             ProxyError::Internal(_) => (Side::Proxy, Cause::BadResponse),
+            ProxyError::ExtendedConnect(_) => (Side::Client, Cause::BadRequest),
+            ProxyError::NotSwitched(_) => (Side::Upstream, Cause::BadResponse),
         };
         Termination::new(side, phase, cause)
     }

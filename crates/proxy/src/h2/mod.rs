@@ -3,6 +3,9 @@
 mod cork;
 mod request;
 mod stream;
+mod tunnel;
+
+pub use tunnel::websocket_accept;
 
 use crate::conn::{self, Ctx};
 use crate::server::{ListenerState, Snapshot, Worker};
@@ -264,6 +267,10 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         .max_frame_size(settings.max_frame_size)
         // Streams reset before this task accepted them (h2 answers ENHANCE_YOUR_CALM itself).
         .max_pending_accept_reset_streams(settings.max_resets.min(20) as usize);
+    if settings.extended_connect {
+        // RFC 8441: WebSockets over HTTP/2 (`tunnel`).
+        builder.enable_connect_protocol();
+    }
     let link = Rc::new(Link {
         worker: ctx.worker.clone(),
         peer,

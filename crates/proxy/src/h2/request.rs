@@ -8,8 +8,10 @@ use portico_http1::{encode, parse_request, Limits, ParseError, RequestHead};
 pub enum Reject {
     /// Malformed per RFC 9113 8.1.1 / 8.2 (400).
     Malformed(&'static str),
-    /// CONNECT (plain or extended) is not served over HTTP/2 (501).
+    /// Plain CONNECT is not served over HTTP/2: Portico is no forward proxy (501).
     Connect,
+    /// Extended CONNECT (RFC 8441) for a `:protocol` other than `websocket` (501).
+    Protocol,
     /// The HTTP/1 codec refused the translated head (its status: 400, 414, 431, ...).
     Head(ParseError),
 }
@@ -19,7 +21,7 @@ impl Reject {
     pub fn status(&self) -> u16 {
         match self {
             Reject::Malformed(_) => 400,
-            Reject::Connect => 501,
+            Reject::Connect | Reject::Protocol => 501,
             Reject::Head(e) => e.status(),
         }
     }
@@ -63,6 +65,45 @@ pub fn to_http1(
     if parts.method == http::Method::CONNECT {
         return Err(Reject::Connect);
     }
+    let target = target(parts)?;
+    translate(parts, parts.method.as_str(), target, has_body, None, limits)
+}
+
+/// An extended CONNECT (RFC 8441 4-5) with `:protocol websocket` as the HTTP/1.1 opening
+/// handshake (RFC 6455 4.1) the upstream expects: `GET :path` with `Connection: upgrade`,
+/// `Upgrade: websocket` and `key` as `Sec-WebSocket-Key` (HTTP/2 has none: the proxy makes one
+/// for the HTTP/1.1 leg); other protocols are refused ([`Reject::Protocol`]). The client's `sec-websocket-version`, `-protocol`, `-extensions` and other fields go along as
+/// for any request; a `sec-websocket-key` it sent is dropped. The stream's DATA is the tunnel,
+/// not a body: the head has no framing field.
+pub fn extended_to_http1(
+    parts: &http::request::Parts,
+    protocol: &str,
+    key: &str,
+    limits: &Limits,
+) -> Result<RequestHead, Reject> {
+    if parts.method != http::Method::CONNECT {
+        return Err(Reject::Malformed(
+            ":protocol on a method other than CONNECT",
+        ));
+    }
+    if !protocol.eq_ignore_ascii_case("websocket") {
+        return Err(Reject::Protocol);
+    }
+    if parts.uri.authority().is_none() {
+        return Err(Reject::Malformed("extended CONNECT without :authority"));
+    }
+    let target = target(parts)?;
+    if !target.starts_with('/') {
+        return Err(Reject::Malformed("extended CONNECT :path must be absolute"));
+    }
+    if parts.headers.contains_key("content-length") {
+        return Err(Reject::Malformed("content-length on extended CONNECT"));
+    }
+    translate(parts, "GET", target, false, Some(key), limits)
+}
+
+/// `:path` (with the query), which must be absolute, or `*` for OPTIONS.
+fn target(parts: &http::request::Parts) -> Result<&str, Reject> {
     let target = match parts.uri.path_and_query() {
         Some(pq) if !pq.as_str().is_empty() => pq.as_str(),
         _ => return Err(Reject::Malformed("missing :path")),
@@ -70,8 +111,21 @@ pub fn to_http1(
     if !(target.starts_with('/') || (target == "*" && parts.method == http::Method::OPTIONS)) {
         return Err(Reject::Malformed(":path must be absolute or * for OPTIONS"));
     }
+    Ok(target)
+}
+
+/// The HTTP/1.1 head for `method target` with the request's fields; `websocket_key`: the
+/// WebSocket upgrade fields with this key instead of framing.
+fn translate(
+    parts: &http::request::Parts,
+    method: &str,
+    target: &str,
+    has_body: bool,
+    websocket_key: Option<&str>,
+    limits: &Limits,
+) -> Result<RequestHead, Reject> {
     let mut out = BytesMut::with_capacity(512);
-    encode::request_line(&mut out, parts.method.as_str(), target);
+    encode::request_line(&mut out, method, target);
     let authority = parts.uri.authority().map(|a| a.as_str());
     if let Some(a) = authority {
         if a.contains('@') {
@@ -102,6 +156,7 @@ pub fn to_http1(
             // The HTTP/1 codec would treat it as an HTTP/1 upgrade; HTTP/2 has none.
             "http2-settings" => continue,
             "host" if authority.is_some() => continue,
+            "sec-websocket-key" if websocket_key.is_some() => continue,
             "cookie" => {
                 cookies.push(v);
                 continue;
@@ -121,7 +176,11 @@ pub fn to_http1(
         }
         out.extend_from_slice(b"\r\n");
     }
-    if has_body && !has_length {
+    if let Some(key) = websocket_key {
+        encode::field(&mut out, "connection", b"upgrade");
+        encode::field(&mut out, "upgrade", b"websocket");
+        encode::field(&mut out, "sec-websocket-key", key.as_bytes());
+    } else if has_body && !has_length {
         encode::field(&mut out, "transfer-encoding", b"chunked");
     }
     encode::end_head(&mut out);
@@ -192,6 +251,101 @@ mod tests {
         assert!(to_http1(&p, false, &l).is_ok());
         let p = parts("CONNECT", "a:443", &[]);
         assert_eq!(to_http1(&p, false, &l).unwrap_err().status(), 501);
+    }
+
+    const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+    #[test]
+    fn websocket_extended_connect_becomes_an_http1_upgrade() {
+        let p = parts(
+            "CONNECT",
+            "https://chat.test/ws?room=1",
+            &[
+                ("sec-websocket-version", "13"),
+                ("sec-websocket-protocol", "chat, superchat"),
+                ("sec-websocket-key", "sent-by-the-client"),
+                ("cookie", "a=1"),
+            ],
+        );
+        let h = extended_to_http1(&p, "websocket", KEY, &Limits::default()).unwrap();
+        assert_eq!(h.method().as_str(), "GET");
+        assert_eq!(h.target(), "/ws?room=1");
+        assert_eq!(h.host(), Some("chat.test"));
+        assert!(
+            h.upgrade,
+            "Connection: upgrade plus Upgrade make an HTTP/1.1 upgrade"
+        );
+        assert_eq!(h.framing, Framing::None);
+        assert_eq!(h.field("upgrade"), Some(b"websocket".as_slice()));
+        assert_eq!(h.field("sec-websocket-key"), Some(KEY.as_bytes()));
+        assert_eq!(
+            h.fields()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("sec-websocket-key"))
+                .count(),
+            1
+        );
+        assert_eq!(h.field("sec-websocket-version"), Some(b"13".as_slice()));
+        assert_eq!(
+            h.field("sec-websocket-protocol"),
+            Some(b"chat, superchat".as_slice())
+        );
+        assert_eq!(h.field("cookie"), Some(b"a=1".as_slice()));
+        // The protocol token is case-insensitive (RFC 9110 7.8).
+        assert!(extended_to_http1(&p, "WebSocket", KEY, &Limits::default()).is_ok());
+    }
+
+    #[test]
+    fn other_extended_connects_are_refused() {
+        let l = Limits::default();
+        let ok = parts("CONNECT", "https://a/ws", &[]);
+        let e = extended_to_http1(&ok, "connect-udp", KEY, &l).unwrap_err();
+        assert!(matches!(e, Reject::Protocol));
+        assert_eq!(e.status(), 501);
+        // No :authority.
+        let p = parts("CONNECT", "/ws", &[]);
+        assert_eq!(
+            extended_to_http1(&p, "websocket", KEY, &l)
+                .unwrap_err()
+                .status(),
+            400
+        );
+        // A body length on a tunnel.
+        let p = parts("CONNECT", "https://a/ws", &[("content-length", "3")]);
+        assert_eq!(
+            extended_to_http1(&p, "websocket", KEY, &l)
+                .unwrap_err()
+                .status(),
+            400
+        );
+        // :protocol on another method (the h2 crate refuses it first; checked here too).
+        let p = parts("GET", "https://a/ws", &[]);
+        assert_eq!(
+            extended_to_http1(&p, "websocket", KEY, &l)
+                .unwrap_err()
+                .status(),
+            400
+        );
+        // RFC 9113 8.2.2 still applies.
+        let p = parts("CONNECT", "https://a/ws", &[("upgrade", "websocket")]);
+        assert!(matches!(
+            extended_to_http1(&p, "websocket", KEY, &l),
+            Err(Reject::Malformed(_))
+        ));
+        // And the codec's limits.
+        let tight = Limits {
+            max_headers: 3,
+            ..Limits::default()
+        };
+        let p = parts("CONNECT", "https://a/ws", &[("x-1", "1")]);
+        assert_eq!(
+            extended_to_http1(&p, "websocket", KEY, &tight)
+                .unwrap_err()
+                .status(),
+            431
+        );
+        // Plain CONNECT stays refused by the ordinary translation.
+        let p = parts("CONNECT", "a:443", &[]);
+        assert!(matches!(to_http1(&p, false, &l), Err(Reject::Connect)));
     }
 
     #[test]

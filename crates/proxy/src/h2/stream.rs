@@ -62,12 +62,23 @@ pub(super) async fn handle(
         body,
         timings: Timings::begin(started),
     };
-    let (head, outcome) = match to_http1(&parts, has_body, &s.cur.ls.limits) {
+    // An extended CONNECT (RFC 8441) becomes an HTTP/1.1 upgrade request (`tunnel`).
+    let translated = match super::tunnel::protocol(&parts) {
+        None => to_http1(&parts, has_body, &s.cur.ls.limits),
+        Some(p) => super::tunnel::translate(&parts, p, &s.cur.ls.limits),
+    };
+    let (head, outcome) = match translated {
         Err(reject) => {
             let (e, what) = match reject {
                 Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
                 Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
                 Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
+                Reject::Protocol => {
+                    let p = super::tunnel::protocol(&parts).unwrap_or_default();
+                    tracing::debug!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
+                    let e = ProxyError::ExtendedConnect(":protocol other than websocket");
+                    (e, "extended CONNECT protocol")
+                }
             };
             tracing::debug!(peer = %link.peer, "HTTP/2 request refused: {what}");
             (None, s.fail(None, e, Phase::RequestHead).await)
@@ -154,6 +165,12 @@ impl Stream<'_> {
                     return self.fail(Some(head), e, Phase::RequestBody).await;
                 }
             }
+        }
+        if head.upgrade && !matches!(route.action, Action::Proxy(_)) {
+            // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
+            tracing::info!(peer = %link.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
+            let e = ProxyError::ExtendedConnect("the route does not proxy");
+            return self.fail(Some(head), e, Phase::Route).await;
         }
         if !matches!(route.action, Action::Proxy(_)) {
             // Local actions read the whole request first (as for HTTP/1): a malformed end of
@@ -431,6 +448,11 @@ impl Stream<'_> {
             cert_subject: link.client_cert_subject.as_deref(),
         };
         t.write_head(ubuf, head, route, p, &client);
+        if head.upgrade && group.protocol == portico_config::UpstreamProtocol::H2 {
+            tracing::info!(peer = %link.peer, upstream = %addr, "HTTP/2 WebSocket to an h2 upstream group (not supported): 501");
+            let e = ProxyError::ExtendedConnect("the upstream group speaks HTTP/2");
+            return Some(self.fail(Some(head), e, Phase::Connect).await);
+        }
         // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
         if group.protocol == portico_config::UpstreamProtocol::H2 {
             let picked = crate::upstream_h2::Picked {
@@ -513,11 +535,33 @@ impl Stream<'_> {
         if t.accepted(shared, retry, asked, got, reused, status) {
             return None;
         }
-        if status == 101 {
-            let e = ProxyError::UnexpectedUpgrade;
+        if let Err(e) = super::tunnel::check_answer(head, &resp) {
+            if head.upgrade {
+                tracing::info!(peer = %link.peer, upstream = %addr, "HTTP/2 WebSocket refused: {e}");
+            }
             let mut o = self.fail(Some(head), e, Phase::ResponseHead).await;
             o.upstream = Some(addr);
             return Some(o);
+        }
+        if status == 101 {
+            let mut response = response_from(&resp, &route.response_headers, p.via);
+            if let Some(cookie) = &t.set_cookie {
+                append(response.headers_mut(), "set-cookie", cookie.as_bytes());
+            }
+            let limits = &self.cur.ls.listener.limits;
+            let (idle, send_timeout) = (group.idle_timeout, limits.send_timeout);
+            let Stream { respond, body, .. } = self;
+            let tunnel = super::tunnel::run(
+                respond,
+                body,
+                up,
+                response,
+                link.peer,
+                addr,
+                idle,
+                send_timeout,
+            );
+            return Some(tunnel.await);
         }
         crate::h2_interim::forward(&mut self.respond, &interim, head.method());
         let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
@@ -591,7 +635,7 @@ async fn next_data(
     }
 }
 
-fn h2_error(e: h2::Error) -> ProxyError {
+pub(super) fn h2_error(e: h2::Error) -> ProxyError {
     if e.is_reset() && e.is_remote() {
         return ProxyError::ClientClosed;
     }
@@ -616,7 +660,7 @@ fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
 
 /// Send `data` as DATA frames, waiting for flow-control capacity; a client that grants none
 /// for `limit` (the listener's `send_timeout`) is cut off.
-async fn send_body(
+pub(super) async fn send_body(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
     end: bool,
@@ -648,7 +692,7 @@ async fn send_body(
     Ok(())
 }
 
-fn finish(send: &mut SendStream<Bytes>) -> Result<(), ProxyError> {
+pub(super) fn finish(send: &mut SendStream<Bytes>) -> Result<(), ProxyError> {
     send.send_data(Bytes::new(), true).map_err(h2_error)
 }
 

@@ -1,0 +1,395 @@
+//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) as an HTTP/1.1 upgrade upstream: the handshake key and its check, then the stream's DATA relayed to and from the upstream socket under flow control.
+
+use super::request::{extended_to_http1, Reject};
+use super::stream::{finish, h2_error, send_body};
+use crate::conn::{Outcome, MAX_CHUNK};
+use crate::error::ProxyError;
+use crate::pool::UpConn;
+use crate::stats::{Phase, Termination};
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use portico_http1::{Limits, RequestHead, ResponseHead};
+use std::cell::Cell;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// The `:protocol` of an extended CONNECT (the h2 crate hands it over as an extension, only
+/// when the connection advertised SETTINGS_ENABLE_CONNECT_PROTOCOL).
+pub(super) fn protocol(parts: &http::request::Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<h2::ext::Protocol>()
+        .map(|p| p.as_str())
+}
+
+/// An extended CONNECT as the HTTP/1.1 upgrade request for the upstream, with a fresh
+/// `Sec-WebSocket-Key` (`request::extended_to_http1`).
+pub(super) fn translate(
+    parts: &http::request::Parts,
+    protocol: &str,
+    limits: &Limits,
+) -> Result<RequestHead, Reject> {
+    extended_to_http1(parts, protocol, &new_key(), limits)
+}
+
+/// Whether an upstream answer may go to an HTTP/2 client: a 101 only for an upgrade (an
+/// extended CONNECT; then it opens the tunnel) and only when it completes the handshake
+/// ([`check_switch`]); for an upgrade no 2xx either, which would tell the client a tunnel is
+/// open when none is. Anything else is relayed as a normal response.
+pub(super) fn check_answer(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
+    match (head.upgrade, resp.status()) {
+        (true, 101) => check_switch(head, resp),
+        (true, 200..=299) => Err(ProxyError::NotSwitched(
+            "the upstream answered the upgrade with 2xx",
+        )),
+        (false, 101) => Err(ProxyError::UnexpectedUpgrade),
+        _ => Ok(()),
+    }
+}
+
+/// Whether an upstream's 101 completes the WebSocket handshake of `head` (RFC 6455 4.1: the
+/// client fails the connection unless `Upgrade` is websocket and `Sec-WebSocket-Accept` is the
+/// hash of its key).
+fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
+    let upgrade = resp.field("upgrade").unwrap_or_default();
+    if !upgrade.eq_ignore_ascii_case(b"websocket") {
+        return Err(ProxyError::NotSwitched("101 without Upgrade: websocket"));
+    }
+    let key = head.field("sec-websocket-key").unwrap_or_default();
+    if resp.field("sec-websocket-accept") != Some(websocket_accept(key).as_bytes()) {
+        return Err(ProxyError::NotSwitched(
+            "Sec-WebSocket-Accept does not match the key",
+        ));
+    }
+    Ok(())
+}
+
+/// The tunnel after the upstream's 101: `:status 200` with the 101's end-to-end fields
+/// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5),
+/// then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
+/// closes), a reset either way, or `idle` without a byte (the group's `idle_timeout`, as for
+/// HTTP/1.1 upgrades). One outcome: status 200 and the bytes sent to the client.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    respond: &mut SendResponse<Bytes>,
+    body: &mut RecvStream,
+    mut up: UpConn,
+    mut response: http::Response<()>,
+    peer: SocketAddr,
+    addr: SocketAddr,
+    idle: Duration,
+    send_timeout: Duration,
+) -> Outcome {
+    response.headers_mut().remove("sec-websocket-accept");
+    *response.status_mut() = http::StatusCode::OK;
+    let mut outcome = Outcome {
+        termination: Termination::OK,
+        status: 200,
+        keep_alive: true,
+        bytes_sent: 0,
+        upstream: Some(addr),
+    };
+    let mut send = match respond.send_response(response, false) {
+        Ok(s) => s,
+        Err(e) => {
+            outcome.termination = h2_error(e).termination(Phase::ResponseHead);
+            return outcome;
+        }
+    };
+    let up_bytes = Cell::new(0u64);
+    let down_bytes = Cell::new(0u64);
+    let r = relay(
+        body,
+        &mut send,
+        &mut up,
+        idle,
+        send_timeout,
+        &up_bytes,
+        &down_bytes,
+    )
+    .await;
+    let (to_up, to_client) = (up_bytes.get(), down_bytes.get());
+    outcome.bytes_sent = to_client;
+    match r {
+        Ok(()) => {
+            tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel ended");
+        }
+        Err(e) => {
+            tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel failed: {e}");
+            if !e.client_gone() {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+            outcome.termination = e.termination(Phase::Tunnel);
+        }
+    }
+    outcome
+}
+
+/// Both directions at once (neither waits on the other's flow control), under one idle timer
+/// that any byte either way restarts.
+async fn relay(
+    body: &mut RecvStream,
+    send: &mut SendStream<Bytes>,
+    up: &mut UpConn,
+    idle: Duration,
+    send_timeout: Duration,
+    to_up: &Cell<u64>,
+    to_client: &Cell<u64>,
+) -> Result<(), ProxyError> {
+    let last = Cell::new(Instant::now());
+    let rbuf = &mut up.rbuf;
+    let (mut ur, mut uw) = up.stream.split();
+    // Upstream -> client: bytes as DATA (capacity reserved first, `send_body`), EOF as
+    // END_STREAM. A reset by the client ends it while it waits for upstream bytes.
+    let down = async {
+        loop {
+            if !rbuf.is_empty() {
+                let d = rbuf.split().freeze();
+                to_client.set(to_client.get() + d.len() as u64);
+                send_body(send, d, false, send_timeout).await?;
+                last.set(Instant::now());
+            }
+            if rbuf.capacity() < 4096 {
+                rbuf.reserve(MAX_CHUNK);
+            }
+            let read = tokio::select! {
+                r = ur.read_buf(rbuf) => r,
+                r = poll_fn(|cx| send.poll_reset(cx)) => {
+                    return Err(match r {
+                        Ok(_) => ProxyError::ClientClosed,
+                        Err(e) => h2_error(e),
+                    });
+                }
+            };
+            match read {
+                // A TLS server closing without close_notify ends its side as a plain close.
+                Ok(0) => return finish(send),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return finish(send),
+                Err(e) => return Err(ProxyError::UpstreamIo(e)),
+                Ok(_) => last.set(Instant::now()),
+            }
+        }
+    };
+    // Client -> upstream: DATA written to the socket, its window released once written;
+    // END_STREAM as a half close (shutdown of the write side).
+    let upward = async {
+        loop {
+            match body.data().await {
+                None => {
+                    return uw.shutdown().await.map_err(ProxyError::UpstreamIo);
+                }
+                Some(Err(e)) => return Err(h2_error(e)),
+                Some(Ok(d)) => {
+                    last.set(Instant::now());
+                    let n = d.len();
+                    uw.write_all(&d).await.map_err(ProxyError::UpstreamIo)?;
+                    uw.flush().await.map_err(ProxyError::UpstreamIo)?;
+                    let _ = body.flow_control().release_capacity(n);
+                    to_up.set(to_up.get() + n as u64);
+                    last.set(Instant::now());
+                }
+            }
+        }
+    };
+    let watchdog = async {
+        loop {
+            let due = last.get() + idle;
+            if Instant::now() >= due {
+                return ProxyError::UpstreamIdle;
+            }
+            tokio::time::sleep_until(due).await;
+        }
+    };
+    tokio::select! {
+        r = async { tokio::try_join!(down, upward) } => r.map(|_| ()),
+        e = watchdog => Err(e),
+    }
+}
+
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1). The nonce only proves
+/// the server read the handshake; it is no secret, so the fast thread-local generator will do.
+fn new_key() -> String {
+    let mut nonce = [0u8; 16];
+    for b in &mut nonce {
+        *b = fastrand::u8(..);
+    }
+    base64(&nonce)
+}
+
+/// `Sec-WebSocket-Accept` for a key: base64(SHA-1(key + the RFC 6455 GUID)).
+pub fn websocket_accept(key: &[u8]) -> String {
+    const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    let mut input = Vec::with_capacity(key.len() + GUID.len());
+    input.extend_from_slice(key);
+    input.extend_from_slice(GUID);
+    base64(&sha1(&input))
+}
+
+/// Standard base64 with padding (RFC 4648 4).
+fn base64(data: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ABC[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// SHA-1 (RFC 3174), for the WebSocket handshake only (RFC 6455 fixes it; no security rests on
+/// it here).
+fn sha1(data: &[u8]) -> [u8; 20] {
+    let mut h: [u32; 5] = [
+        0x6745_2301,
+        0xEFCD_AB89,
+        0x98BA_DCFE,
+        0x1032_5476,
+        0xC3D2_E1F0,
+    ];
+    let mut msg = data.to_vec();
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&((data.len() as u64).wrapping_mul(8)).to_be_bytes());
+    for block in msg.chunks_exact(64) {
+        let mut w = [0u32; 80];
+        for (i, word) in block.chunks_exact(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..80 {
+            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e] = h;
+        for (i, wi) in w.iter().enumerate() {
+            let (f, k) = match i {
+                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
+                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
+                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
+                _ => (b ^ c ^ d, 0xCA62_C1D6),
+            };
+            let t = a
+                .rotate_left(5)
+                .wrapping_add(f)
+                .wrapping_add(e)
+                .wrapping_add(k)
+                .wrapping_add(*wi);
+            e = d;
+            d = c;
+            c = b.rotate_left(30);
+            b = a;
+            a = t;
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 20];
+    for (i, x) in h.iter().enumerate() {
+        out[4 * i..4 * i + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha1_and_base64_match_known_answers() {
+        let hex = |b: [u8; 20]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert_eq!(
+            hex(sha1(b"abc")),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
+        assert_eq!(hex(sha1(b"")), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+        // Two blocks (RFC 3174 test 2).
+        assert_eq!(
+            hex(sha1(
+                b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+            )),
+            "84983e441c3bd26ebaae4aa1f95129e5e54670f1"
+        );
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn accept_is_the_rfc_6455_example_and_keys_are_fresh() {
+        // RFC 6455 1.3.
+        assert_eq!(
+            websocket_accept(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+        let (a, b) = (new_key(), new_key());
+        assert_eq!(a.len(), 24);
+        assert!(a.ends_with("=="));
+        assert_ne!(a, b);
+    }
+
+    fn head(raw: &[u8]) -> RequestHead {
+        let mut b = bytes::BytesMut::from(raw);
+        portico_http1::parse_request(&mut b, &Limits::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    fn resp(raw: &[u8]) -> ResponseHead {
+        let mut b = bytes::BytesMut::from(raw);
+        let m = portico_http1::Method::Get;
+        portico_http1::parse_response(&mut b, &m, &Limits::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_101_must_prove_it_read_the_key() {
+        let h = head(b"GET /ws HTTP/1.1\r\nhost: a\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n");
+        let ok = resp(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n");
+        assert!(check_switch(&h, &ok).is_ok());
+        let wrong = resp(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: AAAA\r\n\r\n");
+        assert!(check_switch(&h, &wrong).is_err());
+        let missing = resp(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n");
+        assert!(check_switch(&h, &missing).is_err());
+        let other = resp(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n");
+        let e = check_switch(&h, &other).unwrap_err();
+        assert_eq!(e.status(), 502);
+        // Which answers may reach the client at all.
+        assert!(check_answer(&h, &ok).is_ok());
+        let got = |raw: &[u8]| resp(raw);
+        assert!(check_answer(&h, &got(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")).is_err());
+        assert!(check_answer(
+            &h,
+            &got(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n")
+        )
+        .is_ok());
+        let plain = head(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        assert!(
+            check_answer(&plain, &ok).is_err(),
+            "101 without an upgrade request"
+        );
+        assert!(check_answer(
+            &plain,
+            &got(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        )
+        .is_ok());
+    }
+}

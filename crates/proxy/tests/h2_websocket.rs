@@ -1,0 +1,485 @@
+//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) end to end: an in-process h2 client
+//! through a real portico to an in-process HTTP/1.1 upstream that answers the upgrade.
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use portico_proxy::stats::{Cause, Phase, Side};
+use portico_proxy::{start, Running, Termination};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// Every test step is bounded by this.
+const T: Duration = Duration::from_secs(10);
+
+/// How the scripted upstream answers an upgrade request.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// 101 with the right accept and "welcome" in the same write, then echo; at EOF write
+    /// "bye" and close.
+    Echo,
+    /// 101 whose Sec-WebSocket-Accept is wrong.
+    WrongAccept,
+    /// 403 with a body.
+    Forbidden,
+    /// 200: the upstream ignored the upgrade.
+    Ok,
+    /// 101 and then nothing (for the idle timeout).
+    Silent,
+    /// 101 with "done", then close.
+    CloseFirst,
+}
+
+/// A scripted HTTP/1.1 upstream: each request head (text) is recorded; `closed` gets one
+/// message per connection when the proxy closes it after the handshake.
+struct Upstream {
+    addr: SocketAddr,
+    heads: Arc<Mutex<Vec<String>>>,
+    closed: mpsc::UnboundedReceiver<()>,
+}
+
+async fn upstream(answer: Answer) -> Upstream {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let (tx, closed) = mpsc::unbounded_channel();
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(serve(s, answer, seen.clone(), tx.clone()));
+        }
+    });
+    Upstream {
+        addr,
+        heads,
+        closed,
+    }
+}
+
+async fn serve(
+    mut s: TcpStream,
+    answer: Answer,
+    heads: Arc<Mutex<Vec<String>>>,
+    closed: mpsc::UnboundedSender<()>,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let rest = buf[end..].to_vec();
+    let key = head
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case("sec-websocket-key")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    heads.lock().unwrap().push(head);
+    let accept = portico_proxy::h2::websocket_accept(key.as_bytes());
+    let switch = |accept: &str| {
+        format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: chat\r\n\r\n"
+        )
+    };
+    match answer {
+        Answer::Forbidden => {
+            let r = "HTTP/1.1 403 Forbidden\r\ncontent-length: 6\r\n\r\nno way";
+            let _ = s.write_all(r.as_bytes()).await;
+            return;
+        }
+        Answer::Ok => {
+            let r = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi";
+            let _ = s.write_all(r.as_bytes()).await;
+            return;
+        }
+        Answer::WrongAccept => {
+            let _ = s
+                .write_all(switch("AAAAAAAAAAAAAAAAAAAAAAAAAAA=").as_bytes())
+                .await;
+            return;
+        }
+        Answer::CloseFirst => {
+            let _ = s.write_all((switch(&accept) + "done").as_bytes()).await;
+            drop(s);
+            let _ = closed.send(());
+            return;
+        }
+        Answer::Silent => {
+            if s.write_all(switch(&accept).as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        Answer::Echo => {
+            let first = switch(&accept) + "welcome";
+            if s.write_all(first.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+    // Bytes that came with the head are the first tunnel bytes.
+    if matches!(answer, Answer::Echo) && !rest.is_empty() && s.write_all(&rest).await.is_err() {
+        return;
+    }
+    let mut big = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut big).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if matches!(answer, Answer::Echo) && s.write_all(&big[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    // The proxy half-closed (or closed) the tunnel: an echo server still has its say.
+    if matches!(answer, Answer::Echo) {
+        let _ = s.write_all(b"bye").await;
+    }
+    drop(s);
+    let _ = closed.send(());
+}
+
+fn proxy(up: SocketAddr, extra: &str, group_extra: &str) -> Running {
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+{extra}
+[[listeners.routes]]
+path = "/fixed"
+respond = {{ status = 201, body = "fixed" }}
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{up}"]
+{group_extra}
+"#
+    );
+    let cfg = portico_config::parse(&toml, "ws-test.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+/// An h2c client whose connection has seen the server's SETTINGS (a first request answered).
+async fn client(addr: SocketAddr) -> SendRequest<Bytes> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut c = tokio::time::timeout(T, client.ready())
+        .await
+        .unwrap()
+        .unwrap();
+    let get = http::Request::get("http://a/fixed").body(()).unwrap();
+    let (resp, _) = c.send_request(get, true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 201);
+    c
+}
+
+fn connect(uri: &str, protocol: Option<&'static str>) -> http::Request<()> {
+    let mut req = http::Request::builder()
+        .method("CONNECT")
+        .uri(uri)
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-protocol", "chat, superchat")
+        .body(())
+        .unwrap();
+    if let Some(p) = protocol {
+        req.extensions_mut()
+            .insert(h2::ext::Protocol::from_static(p));
+    }
+    req
+}
+
+/// Read DATA until `want` bytes arrived (or the stream ended).
+async fn read_n(body: &mut h2::RecvStream, want: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    while got.len() < want {
+        let Some(d) = tokio::time::timeout(T, body.data())
+            .await
+            .expect("data in time")
+        else {
+            break;
+        };
+        let d = d.unwrap();
+        let _ = body.flow_control().release_capacity(d.len());
+        got.extend_from_slice(&d);
+    }
+    got
+}
+
+/// Send `data` under flow control (as a well-behaved client does).
+async fn send_all(send: &mut h2::SendStream<Bytes>, mut data: Bytes, end: bool) {
+    if data.is_empty() {
+        send.send_data(data, end).unwrap();
+        return;
+    }
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let cap = tokio::time::timeout(T, std::future::poll_fn(|cx| send.poll_capacity(cx)))
+            .await
+            .expect("capacity in time")
+            .unwrap()
+            .unwrap();
+        let n = cap.min(data.len());
+        send.send_data(data.split_to(n), end && data.is_empty())
+            .unwrap();
+    }
+}
+
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + T;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn websocket_over_h2_is_an_http1_upgrade_upstream_with_bytes_both_ways() {
+    let mut up = upstream(Answer::Echo).await;
+    let dir = std::env::temp_dir().join(format!("portico-h2ws-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let p = proxy(
+        up.addr,
+        "",
+        &format!("[access_log]\npath = \"{}\"\n", path.display()),
+    );
+    let mut c = client(p.addr("p").unwrap()).await;
+    assert!(
+        c.is_extended_connect_protocol_enabled(),
+        "SETTINGS_ENABLE_CONNECT_PROTOCOL advertised"
+    );
+    let req = connect("http://chat.test/chat?room=1", Some("websocket"));
+    let (resp, mut send) = c.send_request(req, false).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200, "RFC 8441: 200, not 101");
+    assert_eq!(resp.headers()["sec-websocket-protocol"], "chat");
+    assert!(resp.headers().get("sec-websocket-accept").is_none());
+    assert!(resp.headers().get("upgrade").is_none());
+    let mut body = resp.into_body();
+
+    // What the upstream saw: an HTTP/1.1 WebSocket handshake with a key the proxy made.
+    let head = up.heads.lock().unwrap()[0].clone();
+    let lower = head.to_ascii_lowercase();
+    assert!(head.starts_with("GET /chat?room=1 HTTP/1.1\r\n"), "{head}");
+    assert!(lower.contains("\r\nhost: chat.test\r\n"), "{head}");
+    assert!(lower.contains("\r\nconnection: upgrade\r\n"), "{head}");
+    assert!(lower.contains("\r\nupgrade: websocket\r\n"), "{head}");
+    assert!(
+        lower.contains("\r\nsec-websocket-version: 13\r\n"),
+        "{head}"
+    );
+    assert!(
+        lower.contains("\r\nsec-websocket-protocol: chat, superchat\r\n"),
+        "{head}"
+    );
+    let key = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("sec-websocket-key: "))
+        .expect("a key");
+    assert_eq!(key.len(), 24, "{key}");
+    assert!(!lower.contains("content-length") && !lower.contains("transfer-encoding"));
+
+    // Bytes that came in the same read as the 101 head are the tunnel's first.
+    assert_eq!(read_n(&mut body, 7).await, b"welcome");
+    // Small messages both ways.
+    send_all(&mut send, Bytes::from_static(b"hello"), false).await;
+    assert_eq!(read_n(&mut body, 5).await, b"hello");
+    // More than the client's 64 KiB window and the proxy's per-read chunk: flow control both
+    // ways (the echo comes back while the client is still sending).
+    let big: Vec<u8> = (0..300 * 1024).map(|i| (i % 251) as u8).collect();
+    let reader = async { read_n(&mut body, big.len()).await };
+    let writer = send_all(&mut send, Bytes::from(big.clone()), false);
+    let (echoed, ()) = tokio::join!(reader, writer);
+    assert!(echoed == big, "300 KiB echoed intact");
+
+    // END_STREAM from the client is a half close: the upstream sees EOF, still answers, then
+    // closes, which ends the stream.
+    send_all(&mut send, Bytes::from_static(b"last"), true).await;
+    let tail = read_n(&mut body, usize::MAX).await;
+    assert_eq!(tail, b"lastbye");
+    assert!(body.is_end_stream());
+    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
+
+    let stats = p.stats().clone();
+    until("the tunnel's record", || {
+        stats.terminations(Termination::OK) == 2
+    })
+    .await;
+    let log = || std::fs::read_to_string(&path).unwrap_or_default();
+    until("two access-log lines", || log().lines().count() == 2).await;
+    let line = log().lines().nth(1).unwrap().to_string();
+    let down = 7 + 5 + 300 * 1024 + 7;
+    assert!(
+        line.contains(&format!("\"GET /chat?room=1 HTTP/2.0\" 200 {down} ")),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_refused_upgrade_reaches_the_client_as_a_response() {
+    // 403: passed on as is.
+    let up = upstream(Answer::Forbidden).await;
+    let p = proxy(up.addr, "", "");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, _send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 403);
+    let mut body = resp.into_body();
+    assert_eq!(read_n(&mut body, usize::MAX).await, b"no way");
+
+    // A 2xx would tell the client a tunnel is open: 502 instead, and so for a wrong accept.
+    for answer in [Answer::Ok, Answer::WrongAccept] {
+        let up = upstream(answer).await;
+        let p = proxy(up.addr, "", "");
+        let mut c = client(p.addr("p").unwrap()).await;
+        let (resp, _send) = c
+            .send_request(connect("http://a/ws", Some("websocket")), false)
+            .unwrap();
+        let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 502);
+        let t = Termination::new(Side::Upstream, Phase::ResponseHead, Cause::BadResponse);
+        let stats = p.stats().clone();
+        until("the 502 record", || stats.terminations(t) == 1).await;
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_close_ends_the_stream_and_the_client_still_half_closes() {
+    let mut up = upstream(Answer::CloseFirst).await;
+    let p = proxy(up.addr, "", "");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, mut send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    // Upstream EOF = END_STREAM.
+    assert_eq!(read_n(&mut body, usize::MAX).await, b"done");
+    assert!(body.is_end_stream());
+    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
+    // The client's side is still open until it ends it: then the tunnel is complete.
+    send_all(&mut send, Bytes::new(), true).await;
+    let stats = p.stats().clone();
+    until("the tunnel's record", || {
+        stats.terminations(Termination::OK) == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn plain_connect_and_other_protocols_are_501() {
+    let up = upstream(Answer::Echo).await;
+    let p = proxy(up.addr, "", "");
+    let mut c = client(p.addr("p").unwrap()).await;
+    // Plain CONNECT: Portico is no forward proxy.
+    let req = http::Request::builder()
+        .method("CONNECT")
+        .uri("example.test:443")
+        .body(())
+        .unwrap();
+    let (resp, _send) = c.send_request(req, false).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 501);
+    // An extended CONNECT for another protocol.
+    let mut c = tokio::time::timeout(T, c.ready()).await.unwrap().unwrap();
+    let (resp, _send) = c
+        .send_request(connect("http://a/masque", Some("connect-udp")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 501);
+    assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
+}
+
+#[tokio::test]
+async fn extended_connect_can_be_turned_off() {
+    let up = upstream(Answer::Echo).await;
+    let p = proxy(up.addr, "http2.extended_connect = false", "");
+    let c = client(p.addr("p").unwrap()).await;
+    assert!(!c.is_extended_connect_protocol_enabled());
+}
+
+#[tokio::test]
+async fn a_client_reset_ends_the_tunnel_and_closes_the_upstream() {
+    let mut up = upstream(Answer::Echo).await;
+    let p = proxy(up.addr, "", "");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, mut send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    send_all(&mut send, Bytes::from_static(b"ping"), false).await;
+    assert_eq!(read_n(&mut body, 11).await, b"welcomeping");
+    send.send_reset(h2::Reason::CANCEL);
+    tokio::time::timeout(T, up.closed.recv())
+        .await
+        .expect("the upstream connection closed after the reset");
+    let t = Termination::new(Side::Client, Phase::Tunnel, Cause::Closed);
+    let stats = p.stats().clone();
+    until("the client-closed record", || stats.terminations(t) == 1).await;
+}
+
+#[tokio::test]
+async fn an_idle_tunnel_ends_at_the_group_idle_timeout() {
+    let mut up = upstream(Answer::Silent).await;
+    let p = proxy(up.addr, "", "idle_timeout = \"300ms\"");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, _send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let started = Instant::now();
+    let mut body = resp.into_body();
+    let end = tokio::time::timeout(T, body.data())
+        .await
+        .expect("ended in time");
+    let err = end.expect("a reset, not a clean end").unwrap_err();
+    assert_eq!(err.reason(), Some(h2::Reason::CANCEL));
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
+    let t = Termination::new(Side::Upstream, Phase::Tunnel, Cause::Timeout);
+    let stats = p.stats().clone();
+    until("the idle record", || stats.terminations(t) == 1).await;
+}
+
+#[tokio::test]
+async fn websocket_to_an_h2_group_or_a_local_route_is_501() {
+    let up = upstream(Answer::Echo).await;
+    let p = proxy(up.addr, "", "protocol = \"h2\"");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, _send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 501);
+    let mut c = tokio::time::timeout(T, c.ready()).await.unwrap().unwrap();
+    let (resp, _send) = c
+        .send_request(connect("http://a/fixed", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 501);
+    assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
+}
