@@ -472,7 +472,10 @@ impl Stream<'_> {
                 min_rate: self.cur.ls.listener.limits.body_min_rate,
                 send_timeout: self.cur.ls.listener.limits.send_timeout,
             };
-            return crate::upstream_h2::proxy_h2(client, head, route, p, picked, ubuf, retry).await;
+            // Boxed: its state (3.3 KiB) would otherwise widen every stream's future, which is
+            // copied into the heap once per stream.
+            let work = crate::upstream_h2::proxy_h2(client, head, route, p, picked, ubuf, retry);
+            return Box::pin(work).await;
         }
         let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
         let chunked = head.framing == Framing::Chunked;
@@ -561,7 +564,8 @@ impl Stream<'_> {
                 idle,
                 send_timeout,
             );
-            return Some(tunnel.await);
+            // Boxed: a rare, long-lived state that would otherwise widen every stream.
+            return Some(Box::pin(tunnel).await);
         }
         crate::h2_interim::forward(&mut self.respond, &interim, head.method());
         let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
