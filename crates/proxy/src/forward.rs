@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 /// Most interim (1xx) responses accepted before the final one.
-const MAX_INTERIM: usize = 8;
+pub(crate) const MAX_INTERIM: usize = 8;
 
 /// Far-away deadline used while a request body is still streaming (the body has its own timeouts).
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);

@@ -3,7 +3,7 @@
 use crate::attempt::failure_report;
 use crate::conn::{fail, may_keep_alive, send_all, send_continue, ClientBody, Conn, Ctx, Outcome};
 use crate::error::ProxyError;
-use crate::forward::connect;
+use crate::forward::{connect, MAX_INTERIM};
 use crate::h2_fields::{append, trailer_map};
 use crate::headers::{self, ClientFraming};
 use crate::pool::{PoolKey, UpStream};
@@ -25,8 +25,10 @@ use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::time::timeout;
 
@@ -520,8 +522,49 @@ fn raw_to_map(raw: &[u8]) -> HeaderMap {
     })
 }
 
+/// How a failure of the response head (or of the stream before it) is classified.
+fn head_failure(e: h2::Error) -> Failure {
+    Failure {
+        refused: is_refusal(&e),
+        stream_only: e.is_reset() && !e.is_go_away(),
+        e: up_err(e),
+        phase: Phase::ResponseHead,
+    }
+}
+
+/// The final response head of `resp`; the interim (1xx) responses before it are collected into
+/// `interim` (as `forward::read_response_head` does for HTTP/1.1 servers), at most
+/// `MAX_INTERIM` of them. They are taken before the final head each time the stream is polled:
+/// `h2` would otherwise skip them.
+async fn response_head(
+    resp: &mut ResponseFuture,
+    interim: &mut Vec<http::Response<()>>,
+) -> Result<http::Response<RecvStream>, Failure> {
+    poll_fn(|cx| {
+        loop {
+            match resp.poll_informational(cx) {
+                Poll::Ready(Some(Ok(r))) => {
+                    if interim.len() >= MAX_INTERIM {
+                        // Only this stream misbehaves: it is reset when dropped.
+                        return Poll::Ready(Err(Failure {
+                            stream_only: true,
+                            ..Failure::plain(ProxyError::TooManyInterim, Phase::ResponseHead)
+                        }));
+                    }
+                    interim.push(r);
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(head_failure(e))),
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+        Pin::new(&mut *resp).poll(cx).map_err(head_failure)
+    })
+    .await
+}
+
 /// Send the request on `conn`, stream its body while waiting for the response head; return
-/// the head and whether the body was completely sent.
+/// the head and whether the body was completely sent. Interim responses go to `interim`.
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     conn: &H2Conn,
     req: http::Request<()>,
@@ -529,7 +572,10 @@ async fn exchange(
     header_timeout: Duration,
     idle: Duration,
     finish: bool,
+    interim: &mut Vec<http::Response<()>>,
 ) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
+    // A stream refused on another connection before may have sent some: they are not passed on.
+    interim.clear();
     let refused = |e: ProxyError| Failure {
         refused: true,
         ..Failure::plain(e, Phase::ResponseHead)
@@ -540,26 +586,20 @@ async fn exchange(
         Ok(Ok(r)) => r,
     };
     let mut ready = ready;
-    let (resp, mut send) = ready
+    let (mut resp, mut send) = ready
         .send_request(req, src.is_none())
         .map_err(|e| refused(up_err(e)))?;
-    let head_err = |e: h2::Error| Failure {
-        refused: is_refusal(&e),
-        stream_only: e.is_reset() && !e.is_go_away(),
-        e: up_err(e),
-        phase: Phase::ResponseHead,
-    };
     if src.is_none() {
-        return match timeout(header_timeout, resp).await {
+        return match timeout(header_timeout, response_head(&mut resp, interim)).await {
             Err(_) => Err(Failure::plain(
                 ProxyError::ResponseTimeout,
                 Phase::ResponseHead,
             )),
-            Ok(r) => r.map(|h| (h, send, true)).map_err(head_err),
+            Ok(r) => r.map(|h| (h, send, true)),
         };
     }
     let r = {
-        let head_fut: ResponseFuture = resp;
+        let head_fut = response_head(&mut resp, interim);
         tokio::pin!(head_fut);
         let body_fut = upload(&mut send, src, idle);
         tokio::pin!(body_fut);
@@ -572,7 +612,7 @@ async fn exchange(
                 r = &mut head_fut => {
                     let h = match r {
                         Ok(h) => h,
-                        Err(e) => break Err(head_err(e)),
+                        Err(f) => break Err(f),
                     };
                     // As for HTTP/1.1: a success finishes the upload first (unless the caller
                     // streams both ways at once), an early error ends it.
@@ -677,6 +717,7 @@ impl Run<'_> {
         src: &mut Upload<'_>,
         timings: &mut Timings,
         finish: bool,
+        interim: &mut Vec<http::Response<()>>,
     ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
         // The connection the first exchange failed on, once it did.
         let mut failed_on: Option<Rc<H2Conn>> = None;
@@ -733,6 +774,7 @@ impl Run<'_> {
                 group.response_header_timeout,
                 group.idle_timeout,
                 finish,
+                interim,
             )
             .await;
             match r {
@@ -853,6 +895,7 @@ pub(crate) async fn proxy_h1(
         retryable: head.method().is_idempotent() && !has_body,
     };
     let mut timings = std::mem::take(&mut c.timings);
+    let mut interim = Vec::new();
     let r = {
         let src = match has_body {
             false => Source::None,
@@ -867,7 +910,7 @@ pub(crate) async fn proxy_h1(
             },
         };
         let mut src = Upload::new(src);
-        run.go(req, &mut src, &mut timings, true)
+        run.go(req, &mut src, &mut timings, true, &mut interim)
             .await
             .map(|(l, r, _, d)| (l, r, d))
     };
@@ -887,6 +930,22 @@ pub(crate) async fn proxy_h1(
     // A retried response is dropped unsent (the stream is cancelled with it).
     if retry_status(status, &picked, retry, &shared.stats) {
         return None;
+    }
+    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2), as raw heads.
+    if head.version() == portico_http1::Version::Http11 && !interim.is_empty() {
+        let mut raw = BytesMut::new();
+        for r in &interim {
+            crate::h2_interim::http1_head(&mut raw, r);
+        }
+        if let Err(e) = send_all(&mut c.stream, &raw, c.send_timeout).await {
+            return Some(Outcome {
+                termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
+                status,
+                keep_alive: false,
+                bytes_sent: 0,
+                upstream: Some(addr),
+            });
+        }
     }
     let (parts, mut body) = resp.into_parts();
     // The response as an HTTP/1 head, so the HTTP/1 path's framing choice and rules apply.
@@ -1084,10 +1143,11 @@ pub(crate) async fn proxy_h2(
             max: route.max_body_bytes,
         },
     });
+    let mut interim = Vec::new();
     let r = {
         let respond = &mut *cl.respond;
         tokio::select! {
-            r = run.go(req, &mut src, cl.timings, false) => r,
+            r = run.go(req, &mut src, cl.timings, false, &mut interim) => r,
             _ = poll_fn(|cx| respond.poll_reset(cx)) => {
                 Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead))
             }
@@ -1110,6 +1170,7 @@ pub(crate) async fn proxy_h2(
     if retry_status(status, &picked, retry, &cl.shared.stats) {
         return None;
     }
+    crate::h2_interim::forward_h2(cl.respond, interim);
     let (parts, mut body) = resp.into_parts();
     let response = client_response(parts, &route.response_headers, p.via);
     let end = body.is_end_stream();
