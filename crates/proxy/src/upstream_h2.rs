@@ -88,10 +88,60 @@ pub struct H2Pool {
 struct Pending {
     /// Woken when the open ended (the connection is in the pool, or it failed).
     done: tokio::sync::Notify,
-    /// The open failed: `Some(true)` it timed out, `Some(false)` it failed otherwise. None
-    /// after a success, or when the opener gave up (its request went away): a waiter then
-    /// takes over.
-    failed: Cell<Option<bool>>,
+    /// How the open failed. None after a success, or when the opener gave up (its request went
+    /// away): a waiter then takes over.
+    failed: RefCell<Option<SharedFailure>>,
+}
+
+/// How an open that requests waited for failed: each waiter fails with the same kind of error
+/// (so its status, termination cause and retry cause are those of the open), saying it was
+/// another request's open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailedAs {
+    Timeout,
+    Connect,
+    Tls,
+}
+
+#[derive(Debug, Clone)]
+struct SharedFailure {
+    what: FailedAs,
+    kind: io::ErrorKind,
+    msg: String,
+}
+
+impl SharedFailure {
+    fn of(e: &ProxyError) -> Self {
+        let (what, kind) = match e {
+            ProxyError::ConnectTimeout => (FailedAs::Timeout, io::ErrorKind::TimedOut),
+            ProxyError::ConnectFailed(io) => (FailedAs::Connect, io.kind()),
+            ProxyError::TlsHandshake(io) => (FailedAs::Tls, io.kind()),
+            _ => (FailedAs::Connect, io::ErrorKind::Other),
+        };
+        let msg = match e {
+            ProxyError::ConnectFailed(io) | ProxyError::TlsHandshake(io) => io.to_string(),
+            other => other.to_string(),
+        };
+        SharedFailure { what, kind, msg }
+    }
+
+    /// The error of one request that waited for the open.
+    fn error(&self) -> ProxyError {
+        let io = || {
+            io::Error::new(
+                self.kind,
+                format!(
+                    "{} (the connection another request was opening, which this one waited for)",
+                    self.msg
+                ),
+            )
+        };
+        match self.what {
+            FailedAs::Timeout => ProxyError::ConnectTimeout,
+            FailedAs::Connect => ProxyError::ConnectFailed(io()),
+            FailedAs::Tls => ProxyError::TlsHandshake(io()),
+        }
+    }
 }
 
 /// Marks a connection being opened; wakes the requests waiting for it when dropped.
@@ -102,11 +152,12 @@ struct Opening<'a> {
 }
 
 impl Opening<'_> {
-    /// The open failed with `e`: the waiters fail too instead of each trying again (the
-    /// server was just found unreachable; the route's retry policy may pick another one).
+    /// The open failed with `e`: the waiters fail with the same cause instead of each trying
+    /// again (the server was just found unreachable). Their failure is a connect failure of
+    /// that server for the route's retry policy too, which then excludes it as it does for the
+    /// opener: the open it would try next is the one that just failed.
     fn failed(&self, e: &ProxyError) {
-        let timed_out = matches!(e, ProxyError::ConnectTimeout);
-        self.pending.failed.set(Some(timed_out));
+        *self.pending.failed.borrow_mut() = Some(SharedFailure::of(e));
     }
 }
 
@@ -213,14 +264,13 @@ impl H2Pool {
             {
                 return Slot::Failed(ProxyError::ConnectTimeout);
             }
-            match p.failed.get() {
-                Some(true) => return Slot::Failed(ProxyError::ConnectTimeout),
-                Some(false) => {
-                    return Slot::Failed(ProxyError::ConnectFailed(io::Error::other(
-                        "the connection being opened to the server failed",
-                    )))
-                }
-                None => {}
+            let failed = p.failed.borrow().as_ref().map(SharedFailure::error);
+            if let Some(e) = failed {
+                tracing::debug!(
+                    server = %key.addr,
+                    "the connection to the server this request waited for failed: {e}"
+                );
+                return Slot::Failed(e);
             }
         }
     }
@@ -1368,6 +1418,7 @@ mod tests {
     use super::{build_request, raw_to_map, H2Pool, Slot};
     use crate::error::ProxyError;
     use crate::pool::PoolKey;
+    use crate::stats::{Cause, Phase};
     use bytes::BytesMut;
     use portico_http1::{parse_request, Limits};
     use std::cell::RefCell;
@@ -1378,7 +1429,8 @@ mod tests {
     #[derive(Debug, PartialEq)]
     enum Got {
         Open,
-        Failed,
+        /// The termination cause and the error's text.
+        Failed(Cause, String),
     }
 
     const KEY: PoolKey = PoolKey {
@@ -1396,7 +1448,7 @@ mod tests {
         log: &Rc<RefCell<Vec<(usize, Got)>>>,
         id: usize,
         release: &Rc<tokio::sync::Notify>,
-        fail: bool,
+        fail: Option<fn() -> ProxyError>,
     ) -> tokio::task::JoinHandle<()> {
         let (pool, log, release) = (pool.clone(), log.clone(), release.clone());
         tokio::task::spawn_local(async move {
@@ -1405,11 +1457,15 @@ mod tests {
                 Slot::Open(opening) => {
                     log.borrow_mut().push((id, Got::Open));
                     release.notified().await;
-                    if fail {
-                        opening.failed(&ProxyError::ConnectTimeout);
+                    if let Some(e) = fail {
+                        opening.failed(&e());
                     }
                 }
-                Slot::Failed(_) => log.borrow_mut().push((id, Got::Failed)),
+                Slot::Failed(e) => {
+                    let cause = e.termination(Phase::Connect).cause;
+                    log.borrow_mut()
+                        .push((id, Got::Failed(cause, e.to_string())))
+                }
                 Slot::Leased(_) => unreachable!("no connection was added"),
             }
         })
@@ -1431,7 +1487,15 @@ mod tests {
                 let log = Rc::new(RefCell::new(Vec::new()));
                 let release = Rc::new(tokio::sync::Notify::new());
                 let tasks: Vec<_> = (0..4)
-                    .map(|i| waiter(&pool, &log, i, &release, true))
+                    .map(|i| {
+                        waiter(
+                            &pool,
+                            &log,
+                            i,
+                            &release,
+                            Some(|| ProxyError::ConnectTimeout),
+                        )
+                    })
                     .collect();
                 settle().await;
                 // One request opens, the others wait for it.
@@ -1447,9 +1511,68 @@ mod tests {
                 let got = log.borrow();
                 assert_eq!(got.iter().filter(|(_, g)| *g == Got::Open).count(), 1);
                 assert_eq!(got.len(), 4);
+                for (_, g) in &got[1..] {
+                    assert_eq!(
+                        *g,
+                        Got::Failed(Cause::Timeout, "upstream connect timed out".into())
+                    );
+                }
                 assert!(pool.opening.borrow().is_empty());
             })
             .await;
+    }
+
+    /// Waiters fail with the cause of the open they waited for (not a timeout, not a generic
+    /// connect failure), and their error says it was another request's open.
+    async fn waiters_get(fail: fn() -> ProxyError) -> Vec<(usize, Got)> {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let pool = Rc::new(H2Pool::default());
+                let log = Rc::new(RefCell::new(Vec::new()));
+                let release = Rc::new(tokio::sync::Notify::new());
+                let tasks: Vec<_> = (0..3)
+                    .map(|i| waiter(&pool, &log, i, &release, Some(fail)))
+                    .collect();
+                settle().await;
+                release.notify_waiters();
+                for t in tasks {
+                    tokio::time::timeout(Duration::from_secs(5), t)
+                        .await
+                        .expect("no waiter is lost")
+                        .unwrap();
+                }
+                log.take()
+            })
+            .await
+    }
+
+    #[tokio::test]
+    async fn waiters_fail_with_the_cause_of_the_open_they_waited_for() {
+        let shared = "(the connection another request was opening, which this one waited for)";
+        let got = waiters_get(|| {
+            ProxyError::ConnectFailed(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "refused",
+            ))
+        })
+        .await;
+        assert_eq!(got[0], (0, Got::Open));
+        for (_, g) in &got[1..] {
+            let text = format!("upstream connect failed: refused {shared}");
+            assert_eq!(*g, Got::Failed(Cause::Refused, text));
+        }
+        let got = waiters_get(|| {
+            ProxyError::TlsHandshake(std::io::Error::other("the server did not select ALPN h2"))
+        })
+        .await;
+        assert_eq!(got.len(), 3);
+        for (_, g) in &got[1..] {
+            let text = format!(
+                "TLS handshake with the upstream failed: the server did not select ALPN h2 {shared}"
+            );
+            assert_eq!(*g, Got::Failed(Cause::Tls, text));
+        }
     }
 
     #[tokio::test]
@@ -1461,7 +1584,7 @@ mod tests {
                 let log = Rc::new(RefCell::new(Vec::new()));
                 let release = Rc::new(tokio::sync::Notify::new());
                 let tasks: Vec<_> = (0..3)
-                    .map(|i| waiter(&pool, &log, i, &release, false))
+                    .map(|i| waiter(&pool, &log, i, &release, None))
                     .collect();
                 settle().await;
                 assert_eq!(*log.borrow(), vec![(0, Got::Open)]);
