@@ -173,6 +173,22 @@ async fn answer(
         let _ = send.send_data(Bytes::from_static(b"ok"), true);
         return;
     }
+    if path == "/notmodified" {
+        let resp = http::Response::builder().status(304).body(()).unwrap();
+        let _ = respond.send_response(resp, true);
+        return;
+    }
+    if path == "/late-end" {
+        // A bodiless answer (for HEAD) whose stream ends in a DATA frame after the HEADERS.
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-length", "5")
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        let _ = send.send_data(Bytes::new(), true);
+        return;
+    }
     if path == "/reset" {
         respond.send_reset(h2::Reason::INTERNAL_ERROR);
         return;
@@ -458,6 +474,47 @@ async fn early_hints_from_an_h2_upstream_reach_http2_clients() {
         got.extend_from_slice(&d.unwrap());
     }
     assert_eq!(got, b"ok");
+}
+
+/// HEAD, 204 and 304 answers (no body read from the upstream stream) give back the server's
+/// active count and the connection's stream slot, for both client kinds, over one connection.
+#[tokio::test]
+async fn bodiless_answers_give_their_slots_back() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let group = p.upstream("b").unwrap();
+    let asks = [
+        ("HEAD", "/late-end", 200),
+        ("GET", "/nocontent", 204),
+        ("GET", "/notmodified", 304),
+    ];
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    for (method, path, status) in asks {
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: app.test\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = tokio::time::timeout(T, s.read(&mut b))
+                .await
+                .expect("head in time")
+                .unwrap();
+            assert_eq!(n, 1, "closed after {}", String::from_utf8_lossy(&head));
+            head.push(b[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{head}");
+        assert_eq!(group.active(0), 0, "{method} {path}");
+    }
+    let client = h2c(addr).await;
+    for (method, path, status) in asks {
+        let got = send(&client, method, path, &[], None).await;
+        assert_eq!(got.status, status);
+        assert_eq!(got.body, "");
+        assert_eq!(group.active(0), 0, "{method} {path}");
+    }
+    assert_eq!(up.accepts(), 1);
 }
 
 #[tokio::test]
