@@ -88,6 +88,14 @@ npid=$!
 wait_port 9544
 nworkers=$(pgrep -P "$npid" | tr '\n' ' ')
 
+# Seconds from h2load's "finished in 317.8ms, ..." / "finished in 3.18s, ..." line (h2load
+# prints us, ms or s).
+finished_secs() {
+  awk '/^finished in/ { t = $3; sub(/,$/, "", t); v = t + 0
+    if (t ~ /us$/) v /= 1e6; else if (t ~ /ms$/) v /= 1e3
+    print v; exit }'
+}
+
 measure() { # name port pids...
   local name=$1 port=$2; shift 2
   local before after out ok failed secs
@@ -96,7 +104,7 @@ measure() { # name port pids...
   after=$(cpu_ticks "$@")
   ok=$(awk '/^status codes:/ {gsub(",", ""); print $3; exit}' <<<"$out")
   failed=$(awk '/^requests:/ {gsub(",", ""); for (i = 1; i <= NF; i++) if ($(i+1) == "failed") print $i; exit}' <<<"$out")
-  secs=$(awk '/^finished in/ {gsub("s,", "", $3); print $3; exit}' <<<"$out")
+  secs=$(finished_secs <<<"$out")
   local void=""
   [ "$ok" = "$n" ] && [ "${failed:-0}" = "0" ] || void="  VOID (2xx=$ok failed=$failed)"
   awk -v n="$name" -v c="$ok" -v t=$((after - before)) -v hz="$tck" -v s="$secs" -v v="$void" \

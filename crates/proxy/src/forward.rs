@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 /// Most interim (1xx) responses accepted before the final one.
-const MAX_INTERIM: usize = 8;
+pub(crate) const MAX_INTERIM: usize = 8;
 
 /// Far-away deadline used while a request body is still streaming (the body has its own timeouts).
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -164,8 +164,8 @@ async fn attempt(
     // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
     if head.version() == Version::Http11 {
         for h in interim {
-            if send_all(&mut c.stream, &h, c.send_timeout).await.is_err() {
-                return Some(client_gone(resp.status(), addr));
+            if let Err(e) = send_all(&mut c.stream, &h, c.send_timeout).await {
+                return Some(client_gone(resp.status(), addr, e));
             }
         }
     }
@@ -235,9 +235,11 @@ async fn attempt(
     Some(outcome)
 }
 
-fn client_gone(status: u16, addr: SocketAddr) -> Outcome {
+/// A client write of the response head failed with `e` (a client that accepted nothing within
+/// `send_timeout` is a client timeout, as for every other client write).
+fn client_gone(status: u16, addr: SocketAddr, e: std::io::Error) -> Outcome {
     Outcome {
-        termination: ProxyError::ClientClosed.termination(Phase::ResponseHead),
+        termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
         status,
         keep_alive: false,
         bytes_sent: 0,
@@ -621,7 +623,20 @@ async fn relay_both_ways(
 
 #[cfg(test)]
 mod tests {
-    use super::cookie_value;
+    use super::{client_gone, cookie_value};
+    use crate::stats::{Cause, Phase, Side, Termination};
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_failed_interim_write_keeps_its_cause() {
+        let addr = "127.0.0.1:9".parse().unwrap();
+        let stalled = client_gone(103, addr, Error::new(ErrorKind::TimedOut, "no room"));
+        let timeout = Termination::new(Side::Client, Phase::ResponseHead, Cause::Timeout);
+        assert_eq!(stalled.termination, timeout);
+        assert!(!stalled.keep_alive);
+        let reset = client_gone(103, addr, ErrorKind::ConnectionReset.into());
+        assert_eq!(reset.termination.cause, Cause::Io);
+    }
 
     #[test]
     fn cookie_lookup() {

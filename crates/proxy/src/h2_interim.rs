@@ -1,9 +1,9 @@
-//! Interim (1xx) responses of HTTP/1.1 upstreams passed on to HTTP/2 clients as informational HEADERS (103 Early Hints and the like).
+//! Interim (1xx) responses passed on across protocols: those of HTTP/1.1 upstreams to HTTP/2 clients as informational HEADERS, those of HTTP/2 upstreams to HTTP/2 clients and (as raw heads) to HTTP/1.1 clients (103 Early Hints and the like).
 
 use crate::h2_fields::{append, CONNECTION_SPECIFIC};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
-use portico_http1::{parse_response, Limits, Method};
+use portico_http1::{encode, parse_response, Limits, Method};
 
 /// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, collected by
 /// `forward::read_response_head`) to the HTTP/2 client as an informational response: a HEADERS
@@ -19,6 +19,44 @@ pub(crate) fn forward(respond: &mut SendResponse<Bytes>, interim: &[Bytes], meth
             }
         }
     }
+}
+
+/// Send the interim responses of an HTTP/2 upstream (collected by `upstream_h2`) to the
+/// HTTP/2 client, as `forward` does for raw heads: connection-specific fields dropped, 101
+/// skipped, and a client that is gone ends it (the final response reports it).
+pub(crate) fn forward_h2(respond: &mut SendResponse<Bytes>, interim: Vec<http::Response<()>>) {
+    for mut resp in interim {
+        if !qualifies(resp.status()) {
+            continue;
+        }
+        let headers = resp.headers_mut();
+        for name in CONNECTION_SPECIFIC {
+            headers.remove(name);
+        }
+        if respond.send_informational(resp).is_err() {
+            return;
+        }
+    }
+}
+
+/// Append an interim response of an HTTP/2 upstream to `out` as a raw HTTP/1.1 head (for
+/// HTTP/1.1 clients); nothing for a status that is not a forwardable 1xx.
+pub(crate) fn http1_head(out: &mut BytesMut, resp: &http::Response<()>) {
+    if !qualifies(resp.status()) {
+        return;
+    }
+    encode::status_line(out, resp.status().as_u16(), "");
+    for (name, value) in resp.headers() {
+        if !connection_specific(name.as_str()) {
+            encode::field(out, name.as_str(), value.as_bytes());
+        }
+    }
+    encode::end_head(out);
+}
+
+/// An interim status that is passed on (101 is never one: it is not interim in this sense).
+fn qualifies(status: http::StatusCode) -> bool {
+    status.is_informational() && status != http::StatusCode::SWITCHING_PROTOCOLS
 }
 
 /// The informational response for one raw 1xx head; None when it is not one.
@@ -54,7 +92,8 @@ fn connection_specific(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::informational;
+    use super::{http1_head, informational};
+    use bytes::BytesMut;
     use portico_http1::Method;
 
     #[test]
@@ -67,6 +106,25 @@ mod tests {
         for gone in ["connection", "x-hop", "keep-alive"] {
             assert!(!r.headers().contains_key(gone), "{gone}");
         }
+    }
+
+    #[test]
+    fn http2_interim_responses_become_raw_http1_heads() {
+        let mut out = BytesMut::new();
+        let mut hints = http::Response::new(());
+        *hints.status_mut() = http::StatusCode::EARLY_HINTS;
+        let h = hints.headers_mut();
+        h.append("link", "</a.css>; rel=preload".parse().unwrap());
+        h.append("link", "</b.js>; rel=preload".parse().unwrap());
+        h.append("keep-alive", "timeout=5".parse().unwrap());
+        http1_head(&mut out, &hints);
+        let mut switching = http::Response::new(());
+        *switching.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+        http1_head(&mut out, &switching);
+        assert_eq!(
+            &out[..],
+            b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\nlink: </b.js>; rel=preload\r\n\r\n"
+        );
     }
 
     #[test]

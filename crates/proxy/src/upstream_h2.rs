@@ -3,7 +3,7 @@
 use crate::attempt::failure_report;
 use crate::conn::{fail, may_keep_alive, send_all, send_continue, ClientBody, Conn, Ctx, Outcome};
 use crate::error::ProxyError;
-use crate::forward::connect;
+use crate::forward::{connect, MAX_INTERIM};
 use crate::h2_fields::{append, trailer_map};
 use crate::headers::{self, ClientFraming};
 use crate::pool::{PoolKey, UpStream};
@@ -25,8 +25,10 @@ use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::time::timeout;
 
@@ -86,10 +88,60 @@ pub struct H2Pool {
 struct Pending {
     /// Woken when the open ended (the connection is in the pool, or it failed).
     done: tokio::sync::Notify,
-    /// The open failed: `Some(true)` it timed out, `Some(false)` it failed otherwise. None
-    /// after a success, or when the opener gave up (its request went away): a waiter then
-    /// takes over.
-    failed: Cell<Option<bool>>,
+    /// How the open failed. None after a success, or when the opener gave up (its request went
+    /// away): a waiter then takes over.
+    failed: RefCell<Option<SharedFailure>>,
+}
+
+/// How an open that requests waited for failed: each waiter fails with the same kind of error
+/// (so its status, termination cause and retry cause are those of the open), saying it was
+/// another request's open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailedAs {
+    Timeout,
+    Connect,
+    Tls,
+}
+
+#[derive(Debug, Clone)]
+struct SharedFailure {
+    what: FailedAs,
+    kind: io::ErrorKind,
+    msg: String,
+}
+
+impl SharedFailure {
+    fn of(e: &ProxyError) -> Self {
+        let (what, kind) = match e {
+            ProxyError::ConnectTimeout => (FailedAs::Timeout, io::ErrorKind::TimedOut),
+            ProxyError::ConnectFailed(io) => (FailedAs::Connect, io.kind()),
+            ProxyError::TlsHandshake(io) => (FailedAs::Tls, io.kind()),
+            _ => (FailedAs::Connect, io::ErrorKind::Other),
+        };
+        let msg = match e {
+            ProxyError::ConnectFailed(io) | ProxyError::TlsHandshake(io) => io.to_string(),
+            other => other.to_string(),
+        };
+        SharedFailure { what, kind, msg }
+    }
+
+    /// The error of one request that waited for the open.
+    fn error(&self) -> ProxyError {
+        let io = || {
+            io::Error::new(
+                self.kind,
+                format!(
+                    "{} (the connection another request was opening, which this one waited for)",
+                    self.msg
+                ),
+            )
+        };
+        match self.what {
+            FailedAs::Timeout => ProxyError::ConnectTimeout,
+            FailedAs::Connect => ProxyError::ConnectFailed(io()),
+            FailedAs::Tls => ProxyError::TlsHandshake(io()),
+        }
+    }
 }
 
 /// Marks a connection being opened; wakes the requests waiting for it when dropped.
@@ -100,11 +152,12 @@ struct Opening<'a> {
 }
 
 impl Opening<'_> {
-    /// The open failed with `e`: the waiters fail too instead of each trying again (the
-    /// server was just found unreachable; the route's retry policy may pick another one).
+    /// The open failed with `e`: the waiters fail with the same cause instead of each trying
+    /// again (the server was just found unreachable). Their failure is a connect failure of
+    /// that server for the route's retry policy too, which then excludes it as it does for the
+    /// opener: the open it would try next is the one that just failed.
     fn failed(&self, e: &ProxyError) {
-        let timed_out = matches!(e, ProxyError::ConnectTimeout);
-        self.pending.failed.set(Some(timed_out));
+        *self.pending.failed.borrow_mut() = Some(SharedFailure::of(e));
     }
 }
 
@@ -211,14 +264,13 @@ impl H2Pool {
             {
                 return Slot::Failed(ProxyError::ConnectTimeout);
             }
-            match p.failed.get() {
-                Some(true) => return Slot::Failed(ProxyError::ConnectTimeout),
-                Some(false) => {
-                    return Slot::Failed(ProxyError::ConnectFailed(io::Error::other(
-                        "the connection being opened to the server failed",
-                    )))
-                }
-                None => {}
+            let failed = p.failed.borrow().as_ref().map(SharedFailure::error);
+            if let Some(e) = failed {
+                tracing::debug!(
+                    server = %key.addr,
+                    "the connection to the server this request waited for failed: {e}"
+                );
+                return Slot::Failed(e);
             }
         }
     }
@@ -520,8 +572,49 @@ fn raw_to_map(raw: &[u8]) -> HeaderMap {
     })
 }
 
+/// How a failure of the response head (or of the stream before it) is classified.
+fn head_failure(e: h2::Error) -> Failure {
+    Failure {
+        refused: is_refusal(&e),
+        stream_only: e.is_reset() && !e.is_go_away(),
+        e: up_err(e),
+        phase: Phase::ResponseHead,
+    }
+}
+
+/// The final response head of `resp`; the interim (1xx) responses before it are collected into
+/// `interim` (as `forward::read_response_head` does for HTTP/1.1 servers), at most
+/// `MAX_INTERIM` of them. They are taken before the final head each time the stream is polled:
+/// `h2` would otherwise skip them.
+async fn response_head(
+    resp: &mut ResponseFuture,
+    interim: &mut Vec<http::Response<()>>,
+) -> Result<http::Response<RecvStream>, Failure> {
+    poll_fn(|cx| {
+        loop {
+            match resp.poll_informational(cx) {
+                Poll::Ready(Some(Ok(r))) => {
+                    if interim.len() >= MAX_INTERIM {
+                        // Only this stream misbehaves: it is reset when dropped.
+                        return Poll::Ready(Err(Failure {
+                            stream_only: true,
+                            ..Failure::plain(ProxyError::TooManyInterim, Phase::ResponseHead)
+                        }));
+                    }
+                    interim.push(r);
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(head_failure(e))),
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+        Pin::new(&mut *resp).poll(cx).map_err(head_failure)
+    })
+    .await
+}
+
 /// Send the request on `conn`, stream its body while waiting for the response head; return
-/// the head and whether the body was completely sent.
+/// the head and whether the body was completely sent. Interim responses go to `interim`.
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     conn: &H2Conn,
     req: http::Request<()>,
@@ -529,7 +622,10 @@ async fn exchange(
     header_timeout: Duration,
     idle: Duration,
     finish: bool,
+    interim: &mut Vec<http::Response<()>>,
 ) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
+    // A stream refused on another connection before may have sent some: they are not passed on.
+    interim.clear();
     let refused = |e: ProxyError| Failure {
         refused: true,
         ..Failure::plain(e, Phase::ResponseHead)
@@ -540,26 +636,20 @@ async fn exchange(
         Ok(Ok(r)) => r,
     };
     let mut ready = ready;
-    let (resp, mut send) = ready
+    let (mut resp, mut send) = ready
         .send_request(req, src.is_none())
         .map_err(|e| refused(up_err(e)))?;
-    let head_err = |e: h2::Error| Failure {
-        refused: is_refusal(&e),
-        stream_only: e.is_reset() && !e.is_go_away(),
-        e: up_err(e),
-        phase: Phase::ResponseHead,
-    };
     if src.is_none() {
-        return match timeout(header_timeout, resp).await {
+        return match timeout(header_timeout, response_head(&mut resp, interim)).await {
             Err(_) => Err(Failure::plain(
                 ProxyError::ResponseTimeout,
                 Phase::ResponseHead,
             )),
-            Ok(r) => r.map(|h| (h, send, true)).map_err(head_err),
+            Ok(r) => r.map(|h| (h, send, true)),
         };
     }
     let r = {
-        let head_fut: ResponseFuture = resp;
+        let head_fut = response_head(&mut resp, interim);
         tokio::pin!(head_fut);
         let body_fut = upload(&mut send, src, idle);
         tokio::pin!(body_fut);
@@ -572,7 +662,7 @@ async fn exchange(
                 r = &mut head_fut => {
                     let h = match r {
                         Ok(h) => h,
-                        Err(e) => break Err(head_err(e)),
+                        Err(f) => break Err(f),
                     };
                     // As for HTTP/1.1: a success finishes the upload first (unless the caller
                     // streams both ways at once), an early error ends it.
@@ -677,6 +767,7 @@ impl Run<'_> {
         src: &mut Upload<'_>,
         timings: &mut Timings,
         finish: bool,
+        interim: &mut Vec<http::Response<()>>,
     ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
         // The connection the first exchange failed on, once it did.
         let mut failed_on: Option<Rc<H2Conn>> = None;
@@ -733,6 +824,7 @@ impl Run<'_> {
                 group.response_header_timeout,
                 group.idle_timeout,
                 finish,
+                interim,
             )
             .await;
             match r {
@@ -853,6 +945,7 @@ pub(crate) async fn proxy_h1(
         retryable: head.method().is_idempotent() && !has_body,
     };
     let mut timings = std::mem::take(&mut c.timings);
+    let mut interim = Vec::new();
     let r = {
         let src = match has_body {
             false => Source::None,
@@ -867,7 +960,7 @@ pub(crate) async fn proxy_h1(
             },
         };
         let mut src = Upload::new(src);
-        run.go(req, &mut src, &mut timings, true)
+        run.go(req, &mut src, &mut timings, true, &mut interim)
             .await
             .map(|(l, r, _, d)| (l, r, d))
     };
@@ -887,6 +980,22 @@ pub(crate) async fn proxy_h1(
     // A retried response is dropped unsent (the stream is cancelled with it).
     if retry_status(status, &picked, retry, &shared.stats) {
         return None;
+    }
+    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2), as raw heads.
+    if head.version() == portico_http1::Version::Http11 && !interim.is_empty() {
+        let mut raw = BytesMut::new();
+        for r in &interim {
+            crate::h2_interim::http1_head(&mut raw, r);
+        }
+        if let Err(e) = send_all(&mut c.stream, &raw, c.send_timeout).await {
+            return Some(Outcome {
+                termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
+                status,
+                keep_alive: false,
+                bytes_sent: 0,
+                upstream: Some(addr),
+            });
+        }
     }
     let (parts, mut body) = resp.into_parts();
     // The response as an HTTP/1 head, so the HTTP/1 path's framing choice and rules apply.
@@ -1084,10 +1193,11 @@ pub(crate) async fn proxy_h2(
             max: route.max_body_bytes,
         },
     });
+    let mut interim = Vec::new();
     let r = {
         let respond = &mut *cl.respond;
         tokio::select! {
-            r = run.go(req, &mut src, cl.timings, false) => r,
+            r = run.go(req, &mut src, cl.timings, false, &mut interim) => r,
             _ = poll_fn(|cx| respond.poll_reset(cx)) => {
                 Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead))
             }
@@ -1110,6 +1220,7 @@ pub(crate) async fn proxy_h2(
     if retry_status(status, &picked, retry, &cl.shared.stats) {
         return None;
     }
+    crate::h2_interim::forward_h2(cl.respond, interim);
     let (parts, mut body) = resp.into_parts();
     let response = client_response(parts, &route.response_headers, p.via);
     let end = body.is_end_stream();
@@ -1307,6 +1418,7 @@ mod tests {
     use super::{build_request, raw_to_map, H2Pool, Slot};
     use crate::error::ProxyError;
     use crate::pool::PoolKey;
+    use crate::stats::{Cause, Phase};
     use bytes::BytesMut;
     use portico_http1::{parse_request, Limits};
     use std::cell::RefCell;
@@ -1317,7 +1429,8 @@ mod tests {
     #[derive(Debug, PartialEq)]
     enum Got {
         Open,
-        Failed,
+        /// The termination cause and the error's text.
+        Failed(Cause, String),
     }
 
     const KEY: PoolKey = PoolKey {
@@ -1335,7 +1448,7 @@ mod tests {
         log: &Rc<RefCell<Vec<(usize, Got)>>>,
         id: usize,
         release: &Rc<tokio::sync::Notify>,
-        fail: bool,
+        fail: Option<fn() -> ProxyError>,
     ) -> tokio::task::JoinHandle<()> {
         let (pool, log, release) = (pool.clone(), log.clone(), release.clone());
         tokio::task::spawn_local(async move {
@@ -1344,11 +1457,15 @@ mod tests {
                 Slot::Open(opening) => {
                     log.borrow_mut().push((id, Got::Open));
                     release.notified().await;
-                    if fail {
-                        opening.failed(&ProxyError::ConnectTimeout);
+                    if let Some(e) = fail {
+                        opening.failed(&e());
                     }
                 }
-                Slot::Failed(_) => log.borrow_mut().push((id, Got::Failed)),
+                Slot::Failed(e) => {
+                    let cause = e.termination(Phase::Connect).cause;
+                    log.borrow_mut()
+                        .push((id, Got::Failed(cause, e.to_string())))
+                }
                 Slot::Leased(_) => unreachable!("no connection was added"),
             }
         })
@@ -1370,7 +1487,15 @@ mod tests {
                 let log = Rc::new(RefCell::new(Vec::new()));
                 let release = Rc::new(tokio::sync::Notify::new());
                 let tasks: Vec<_> = (0..4)
-                    .map(|i| waiter(&pool, &log, i, &release, true))
+                    .map(|i| {
+                        waiter(
+                            &pool,
+                            &log,
+                            i,
+                            &release,
+                            Some(|| ProxyError::ConnectTimeout),
+                        )
+                    })
                     .collect();
                 settle().await;
                 // One request opens, the others wait for it.
@@ -1386,9 +1511,68 @@ mod tests {
                 let got = log.borrow();
                 assert_eq!(got.iter().filter(|(_, g)| *g == Got::Open).count(), 1);
                 assert_eq!(got.len(), 4);
+                for (_, g) in &got[1..] {
+                    assert_eq!(
+                        *g,
+                        Got::Failed(Cause::Timeout, "upstream connect timed out".into())
+                    );
+                }
                 assert!(pool.opening.borrow().is_empty());
             })
             .await;
+    }
+
+    /// Waiters fail with the cause of the open they waited for (not a timeout, not a generic
+    /// connect failure), and their error says it was another request's open.
+    async fn waiters_get(fail: fn() -> ProxyError) -> Vec<(usize, Got)> {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let pool = Rc::new(H2Pool::default());
+                let log = Rc::new(RefCell::new(Vec::new()));
+                let release = Rc::new(tokio::sync::Notify::new());
+                let tasks: Vec<_> = (0..3)
+                    .map(|i| waiter(&pool, &log, i, &release, Some(fail)))
+                    .collect();
+                settle().await;
+                release.notify_waiters();
+                for t in tasks {
+                    tokio::time::timeout(Duration::from_secs(5), t)
+                        .await
+                        .expect("no waiter is lost")
+                        .unwrap();
+                }
+                log.take()
+            })
+            .await
+    }
+
+    #[tokio::test]
+    async fn waiters_fail_with_the_cause_of_the_open_they_waited_for() {
+        let shared = "(the connection another request was opening, which this one waited for)";
+        let got = waiters_get(|| {
+            ProxyError::ConnectFailed(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "refused",
+            ))
+        })
+        .await;
+        assert_eq!(got[0], (0, Got::Open));
+        for (_, g) in &got[1..] {
+            let text = format!("upstream connect failed: refused {shared}");
+            assert_eq!(*g, Got::Failed(Cause::Refused, text));
+        }
+        let got = waiters_get(|| {
+            ProxyError::TlsHandshake(std::io::Error::other("the server did not select ALPN h2"))
+        })
+        .await;
+        assert_eq!(got.len(), 3);
+        for (_, g) in &got[1..] {
+            let text = format!(
+                "TLS handshake with the upstream failed: the server did not select ALPN h2 {shared}"
+            );
+            assert_eq!(*g, Got::Failed(Cause::Tls, text));
+        }
     }
 
     #[tokio::test]
@@ -1400,7 +1584,7 @@ mod tests {
                 let log = Rc::new(RefCell::new(Vec::new()));
                 let release = Rc::new(tokio::sync::Notify::new());
                 let tasks: Vec<_> = (0..3)
-                    .map(|i| waiter(&pool, &log, i, &release, false))
+                    .map(|i| waiter(&pool, &log, i, &release, None))
                     .collect();
                 settle().await;
                 assert_eq!(*log.borrow(), vec![(0, Got::Open)]);

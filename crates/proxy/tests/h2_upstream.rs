@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
+use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -146,6 +147,46 @@ async fn answer(
     if path == "/nocontent" {
         let resp = http::Response::builder().status(204).body(()).unwrap();
         let _ = respond.send_response(resp, true);
+        return;
+    }
+    if path == "/hints" || path == "/manyhints" {
+        // Two 103 Early Hints (nine for `/manyhints`), then the response.
+        let n = if path == "/hints" { 2 } else { 9 };
+        for link in ["</a.css>; rel=preload", "</b.js>; rel=preload"]
+            .iter()
+            .cycle()
+            .take(n)
+        {
+            let hints = http::Response::builder()
+                .status(103)
+                .header("link", *link)
+                .body(())
+                .unwrap();
+            respond.send_informational(hints).unwrap();
+        }
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-length", "2")
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        let _ = send.send_data(Bytes::from_static(b"ok"), true);
+        return;
+    }
+    if path == "/notmodified" {
+        let resp = http::Response::builder().status(304).body(()).unwrap();
+        let _ = respond.send_response(resp, true);
+        return;
+    }
+    if path == "/late-end" {
+        // A bodiless answer (for HEAD) whose stream ends in a DATA frame after the HEADERS.
+        let resp = http::Response::builder()
+            .status(200)
+            .header("content-length", "5")
+            .body(())
+            .unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        let _ = send.send_data(Bytes::new(), true);
         return;
     }
     if path == "/reset" {
@@ -370,6 +411,110 @@ async fn a_204_from_an_h2_upstream_gets_no_invented_length() {
     let lower = text.to_ascii_lowercase();
     assert!(!lower.contains("content-length"), "{text}");
     assert!(!lower.contains("transfer-encoding"), "{text}");
+}
+
+#[tokio::test]
+async fn early_hints_from_an_h2_upstream_reach_http1_clients() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let text = http1(
+        addr,
+        "GET /hints HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        text.starts_with(
+            "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n\
+HTTP/1.1 103 Early Hints\r\nlink: </b.js>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n"
+        ),
+        "{text}"
+    );
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
+    // Never to HTTP/1.0 clients (RFC 9110 15.2).
+    let text = http1(addr, "GET /hints HTTP/1.0\r\nHost: app.test\r\n\r\n").await;
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    // More than 8 is a broken server, as for HTTP/1.1 upstreams: nothing of it is passed on.
+    let text = http1(
+        addr,
+        "GET /manyhints HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 502"), "{text}");
+}
+
+#[tokio::test]
+async fn early_hints_from_an_h2_upstream_reach_http2_clients() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let client = h2c(p.addr("p").unwrap()).await;
+    let mut c = tokio::time::timeout(T, client.ready())
+        .await
+        .expect("ready")
+        .unwrap();
+    let req = http::Request::get("http://app.test/hints")
+        .body(())
+        .unwrap();
+    let (mut resp, _) = c.send_request(req, true).unwrap();
+    let mut hints = Vec::new();
+    while let Some(info) = tokio::time::timeout(T, poll_fn(|cx| resp.poll_informational(cx)))
+        .await
+        .expect("informational in time")
+    {
+        let info = info.unwrap();
+        assert_eq!(info.status(), 103);
+        hints.push(info.headers()["link"].to_str().unwrap().to_string());
+    }
+    assert_eq!(hints, ["</a.css>; rel=preload", "</b.js>; rel=preload"]);
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(d) = tokio::time::timeout(T, body.data()).await.expect("body") {
+        got.extend_from_slice(&d.unwrap());
+    }
+    assert_eq!(got, b"ok");
+}
+
+/// HEAD, 204 and 304 answers (no body read from the upstream stream) give back the server's
+/// active count and the connection's stream slot, for both client kinds, over one connection.
+#[tokio::test]
+async fn bodiless_answers_give_their_slots_back() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let group = p.upstream("b").unwrap();
+    let asks = [
+        ("HEAD", "/late-end", 200),
+        ("GET", "/nocontent", 204),
+        ("GET", "/notmodified", 304),
+    ];
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    for (method, path, status) in asks {
+        let req = format!("{method} {path} HTTP/1.1\r\nHost: app.test\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut b = [0u8; 1];
+            let n = tokio::time::timeout(T, s.read(&mut b))
+                .await
+                .expect("head in time")
+                .unwrap();
+            assert_eq!(n, 1, "closed after {}", String::from_utf8_lossy(&head));
+            head.push(b[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.starts_with(&format!("HTTP/1.1 {status}")), "{head}");
+        assert_eq!(group.active(0), 0, "{method} {path}");
+    }
+    let client = h2c(addr).await;
+    for (method, path, status) in asks {
+        let got = send(&client, method, path, &[], None).await;
+        assert_eq!(got.status, status);
+        assert_eq!(got.body, "");
+        assert_eq!(group.active(0), 0, "{method} {path}");
+    }
+    assert_eq!(up.accepts(), 1);
 }
 
 #[tokio::test]

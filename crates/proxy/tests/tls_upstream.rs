@@ -415,27 +415,18 @@ async fn h2_client_gets_a_close_delimited_tls_body_without_close_notify() {
     tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
 }
 
-#[tokio::test]
-async fn h2_client_uploads_a_large_body_to_a_tls_upstream() {
-    let pki = pki("h2upload");
-    let up = TlsUpstream::start(&pki, false);
-    let p = proxy_with_route(
-        &pki,
-        up.addr,
-        "max_body = 0",
-        "",
-        "server_name = \"upstream.test\"",
-    );
-    let mut c = h2c(p.addr("web").unwrap()).await;
-    const LEN: usize = 2 << 20;
-    let req = http::Request::post("http://app.test/count")
-        .header("content-length", LEN.to_string())
+/// POST `len` bytes (`content-length` set) from an h2c client to `addr`: the answer's status
+/// and body, within 10 s.
+async fn h2_upload(addr: SocketAddr, path: &str, len: usize) -> (u16, Vec<u8>) {
+    let mut c = h2c(addr).await;
+    let req = http::Request::post(format!("http://app.test{path}"))
+        .header("content-length", len.to_string())
         .body(())
         .unwrap();
     let (resp, mut send) = c.send_request(req, false).unwrap();
     let upload = async move {
         let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
-        let mut left = LEN;
+        let mut left = len;
         while left > 0 {
             let n = left.min(chunk.len());
             send.reserve_capacity(n);
@@ -453,7 +444,132 @@ async fn h2_client_uploads_a_large_body_to_a_tls_upstream() {
     })
     .await
     .expect("the upload's answer in time");
-    let (status, body) = got.unwrap();
+    got.unwrap()
+}
+
+/// How long [`late_reading_tls_upstream`] leaves each request body unread: far longer than
+/// portico needs to write what its socket (and rustls) can take.
+const UNREAD_FOR: Duration = Duration::from_millis(300);
+
+/// An HTTPS/1.1 server that reads each request head, then leaves the body unread for
+/// `UNREAD_FOR` (portico's socket fills: a 16 KiB receive buffer and 536-byte segments keep
+/// what it takes to a few hundred KiB at most), then reads it all and answers with the number of
+/// body bytes it got (`Connection: close`).
+fn late_reading_tls_upstream(pki: &Pki) -> SocketAddr {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(pki.server_chain.clone(), pki.server_key.clone_key())
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    // Both are inherited by accepted sockets; the fixed receive buffer is not autotuned.
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    socket.set_mss(536).unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    socket.bind(&any.into()).unwrap();
+    socket.listen(8).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let listener: std::net::TcpListener = socket.into();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut s) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let mut buf = Vec::new();
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    let end = loop {
+                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break end + 4;
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let text = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut got = buf.len() - end;
+                    tokio::time::sleep(UNREAD_FOR).await;
+                    while got < len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    let body = got.to_string();
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                });
+            }
+        });
+    });
+    addr
+}
+
+/// The last records of an HTTP/2 client's upload must leave rustls even when portico's socket
+/// was full as they were written (the upload is flushed, commit 502720d). The server reads
+/// nothing for a while: an upload a little larger than the socket takes ends with records
+/// rustls could not write, and without the flush they stay there (the server waits for them,
+/// portico for the answer: a 504). What the socket takes varies from one connection to the
+/// next, so sizes from 48 KiB to 240 KiB in steps of 32 KiB are tried: without the flush, at
+/// least one of them stalled in each of the runs tried (5 of 5).
+#[tokio::test]
+async fn h2_upload_tail_reaches_a_late_reading_tls_upstream() {
+    let pki = pki("h2tail");
+    let up = late_reading_tls_upstream(&pki);
+    let p = proxy_with_route(
+        &pki,
+        up,
+        "max_body = 0",
+        "response_header_timeout = \"3s\"",
+        "server_name = \"upstream.test\"",
+    );
+    for kib in (48..=240).step_by(32) {
+        let len = kib * 1024;
+        let (status, body) = h2_upload(p.addr("web").unwrap(), "/count", len).await;
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!((status, &*body), (200, &*len.to_string()), "{kib} KiB");
+    }
+    p.shutdown();
+    tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
+}
+
+#[tokio::test]
+async fn h2_client_uploads_a_large_body_to_a_tls_upstream() {
+    let pki = pki("h2upload");
+    let up = TlsUpstream::start(&pki, false);
+    let p = proxy_with_route(
+        &pki,
+        up.addr,
+        "max_body = 0",
+        "",
+        "server_name = \"upstream.test\"",
+    );
+    const LEN: usize = 2 << 20;
+    let (status, body) = h2_upload(p.addr("web").unwrap(), "/count", LEN).await;
     assert_eq!((status, body), (200, LEN.to_string().into_bytes()));
     p.shutdown();
     tokio::task::spawn_blocking(move || p.wait()).await.unwrap();

@@ -114,6 +114,26 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
         }
     }
 
+    /// Forwarded, so writers that gather (the `h2` crate's frame head and payload) make one
+    /// `writev` on plain sockets, and one rustls write for all the slices over TLS.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MaybeTls::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            MaybeTls::Plain(s) => s.is_write_vectored(),
+            MaybeTls::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             MaybeTls::Plain(s) => Pin::new(s).poll_flush(cx),
@@ -166,6 +186,24 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTlsWrite<'_, T> {
         }
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            MaybeTlsWrite::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            MaybeTlsWrite::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            MaybeTlsWrite::Plain(s) => s.is_write_vectored(),
+            MaybeTlsWrite::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             MaybeTlsWrite::Plain(s) => Pin::new(s).poll_flush(cx),
@@ -184,6 +222,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTlsWrite<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -219,5 +258,82 @@ mod tests {
             s.readable().await.unwrap();
         }
         assert!(!a.is_idle_alive(), "the peer closed");
+    }
+
+    const SLICES: [&[u8]; 3] = [b"frame head|", b"payload|", b"more payload"];
+
+    /// One vectored write takes every slice (a writer without the forwarding would take the
+    /// first slice only), through the stream and through its write half.
+    async fn vectored<W: AsyncWrite + Unpin>(w: &mut W) -> usize {
+        assert!(w.is_write_vectored());
+        let bufs: Vec<_> = SLICES.iter().map(|s| io::IoSlice::new(s)).collect();
+        let n = w.write_vectored(&bufs).await.unwrap();
+        w.flush().await.unwrap();
+        n
+    }
+
+    fn expected() -> Vec<u8> {
+        SLICES.concat()
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_go_through_plain_streams() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut a = Connected::Plain(TcpStream::connect(l.local_addr().unwrap()).await.unwrap());
+        let mut b = l.accept().await.unwrap().0;
+        let all = expected();
+        assert_eq!(vectored(&mut a).await, all.len());
+        assert_eq!(vectored(&mut a.split().1).await, all.len());
+        let mut got = vec![0u8; all.len() * 2];
+        b.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, [all.clone(), all].concat());
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_go_through_tls_streams() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let accept = async {
+            let tcp = l.accept().await.unwrap().0;
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+            acceptor.accept(tcp).await.unwrap()
+        };
+        let connect = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect("localhost".try_into().unwrap(), tcp);
+        let (b, a) = tokio::join!(accept, connect);
+        let mut a = Connected::Tls(Box::new(a.unwrap()));
+        let mut b = Accepted::Tls(Box::new(b));
+        let all = expected();
+        assert_eq!(vectored(&mut a).await, all.len());
+        assert_eq!(vectored(&mut a.split().1).await, all.len());
+        assert_eq!(vectored(&mut b).await, all.len());
+        let mut got = vec![0u8; all.len() * 2];
+        b.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, [all.clone(), all.clone()].concat());
+        let mut got = vec![0u8; all.len()];
+        a.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, all);
     }
 }
