@@ -95,7 +95,7 @@ fn pick<T: Copy>(
 
 /// The provider restricted to the given suites and groups.
 pub fn provider(o: &TlsOptions) -> Result<CryptoProvider, BenchError> {
-    let mut p = aws_lc_rs::default_provider();
+    let mut p = portico_tls::base_provider();
     if let Some(list) = &o.ciphers {
         p.cipher_suites = pick("--tls-ciphers", list, &p.cipher_suites, |s| {
             s.suite().as_str().unwrap_or("?").to_string()

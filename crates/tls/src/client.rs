@@ -4,7 +4,7 @@ use crate::{load_certified_key, read_certificates, TlsError};
 use portico_config::{TlsVersion, UpstreamTls};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{ClientSessionMemoryCache, ClientSessionStore, ResolvesClientCert};
-use rustls::crypto::{aws_lc_rs, CryptoProvider};
+use rustls::crypto::CryptoProvider;
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
@@ -65,7 +65,7 @@ pub fn client_config(
     settings: &UpstreamTls,
     sessions: &ClientSessions,
 ) -> Result<Origination, TlsError> {
-    let provider = Arc::new(aws_lc_rs::default_provider());
+    let provider = crate::provider();
     let name = match &settings.server_name {
         None => None,
         Some(n) => {
