@@ -31,6 +31,8 @@ enum Answer {
     Silent,
     /// 101 with "done", then close.
     CloseFirst,
+    /// 101 with `Content-Length: 0` and "hello" in the same write, then read until EOF.
+    ContentLength,
 }
 
 /// A scripted HTTP/1.1 upstream: each request head (text) is recorded; `closed` gets one
@@ -86,7 +88,28 @@ async fn serve(
                 .then(|| v.trim().to_string())
         })
         .unwrap_or_default();
-    heads.lock().unwrap().push(head);
+    heads.lock().unwrap().push(head.clone());
+    if !head.to_ascii_lowercase().contains("upgrade: websocket") {
+        // A plain request (on the same client connection as a tunnel): read the body, 200.
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        let mut got = rest.len();
+        while got < len {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got += n,
+            }
+        }
+        let r = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let _ = s.write_all(r.as_bytes()).await;
+        return;
+    }
     let accept = portico_proxy::h2::websocket_accept(key.as_bytes());
     let switch = |accept: &str| {
         format!(
@@ -116,6 +139,12 @@ async fn serve(
             drop(s);
             let _ = closed.send(());
             return;
+        }
+        Answer::ContentLength => {
+            let sw = switch(&accept).replace("\r\n\r\n", "\r\nContent-Length: 0\r\n\r\n");
+            if s.write_all((sw + "hello").as_bytes()).await.is_err() {
+                return;
+            }
         }
         Answer::Silent => {
             if s.write_all(switch(&accept).as_bytes()).await.is_err() {
@@ -482,4 +511,23 @@ async fn websocket_to_an_h2_group_or_a_local_route_is_501() {
     let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
     assert_eq!(resp.status(), 501);
     assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
+}
+
+#[tokio::test]
+async fn a_101_with_content_length_is_a_200_without_it() {
+    // RFC 9110 9.3.6: a 2xx to CONNECT has no Content-Length / Transfer-Encoding (the client's
+    // h2 would reset the stream at the first DATA).
+    let up = upstream(Answer::ContentLength).await;
+    let p = proxy(up.addr, "", "");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, _send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("content-length").is_none());
+    assert!(resp.headers().get("transfer-encoding").is_none());
+    let mut body = resp.into_body();
+    let d = tokio::time::timeout(T, body.data()).await.unwrap();
+    assert_eq!(d.expect("data").expect("no reset").as_ref(), b"hello");
 }

@@ -71,8 +71,10 @@ fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyErro
 }
 
 /// The tunnel after the upstream's 101: `:status 200` with the 101's end-to-end fields
-/// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5),
-/// then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
+/// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5;
+/// `content-length` and `transfer-encoding` too, whether from the upstream or the route's
+/// header rules: a 2xx to CONNECT has neither, RFC 9110 9.3.6, and a client's h2 would reset
+/// the stream at its first DATA), then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
 /// closes), a reset either way, or `idle` without a byte (the group's `idle_timeout`, as for
 /// HTTP/1.1 upgrades). One outcome: status 200 and the bytes sent to the client.
 #[allow(clippy::too_many_arguments)]
@@ -86,7 +88,13 @@ pub(super) async fn run(
     idle: Duration,
     send_timeout: Duration,
 ) -> Outcome {
-    response.headers_mut().remove("sec-websocket-accept");
+    for name in [
+        "sec-websocket-accept",
+        "content-length",
+        "transfer-encoding",
+    ] {
+        response.headers_mut().remove(name);
+    }
     *response.status_mut() = http::StatusCode::OK;
     let mut outcome = Outcome {
         termination: Termination::OK,
