@@ -33,6 +33,8 @@ enum Answer {
     CloseFirst,
     /// 101 with `Content-Length: 0` and "hello" in the same write, then read until EOF.
     ContentLength,
+    /// 101, then never read; "tick" every 100 ms.
+    StuckTicker,
 }
 
 /// A scripted HTTP/1.1 upstream: each request head (text) is recorded; `closed` gets one
@@ -144,6 +146,17 @@ async fn serve(
             let sw = switch(&accept).replace("\r\n\r\n", "\r\nContent-Length: 0\r\n\r\n");
             if s.write_all((sw + "hello").as_bytes()).await.is_err() {
                 return;
+            }
+        }
+        Answer::StuckTicker => {
+            if s.write_all(switch(&accept).as_bytes()).await.is_err() {
+                return;
+            }
+            loop {
+                if s.write_all(b"tick").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
         Answer::Silent => {
@@ -530,4 +543,73 @@ async fn a_101_with_content_length_is_a_200_without_it() {
     let mut body = resp.into_body();
     let d = tokio::time::timeout(T, body.data()).await.unwrap();
     assert_eq!(d.expect("data").expect("no reset").as_ref(), b"hello");
+}
+
+#[tokio::test]
+async fn an_upstream_that_stops_reading_ends_the_tunnel_though_it_still_sends() {
+    // The upstream never reads but sends a tick every 100 ms: bytes flow to the client, so
+    // only a bound on each write to the upstream ends the tunnel. Until then the DATA it does
+    // not take holds the stream's and the connection's receive windows.
+    let up = upstream(Answer::StuckTicker).await;
+    let p = proxy(
+        up.addr,
+        "http2.initial_window_size = \"16k\"",
+        "idle_timeout = \"300ms\"",
+    );
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, mut send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    // Ticks drained; the stream's end (a reset) is the result.
+    let ticks = tokio::spawn(async move {
+        loop {
+            match body.data().await {
+                Some(Ok(d)) => {
+                    let _ = body.flow_control().release_capacity(d.len());
+                }
+                Some(Err(e)) => return Some(e),
+                None => return None,
+            }
+        }
+    });
+    // Upload until the stream is reset (the proxy's socket to the upstream fills up first).
+    let upload = tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        loop {
+            send.reserve_capacity(chunk.len());
+            match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(n)) => {
+                    let n = n.min(chunk.len());
+                    if send.send_data(chunk.slice(..n), false).is_err() {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    });
+    let end = tokio::time::timeout(T, ticks)
+        .await
+        .expect("the tunnel ended in time")
+        .unwrap();
+    let err = end.expect("a reset, not a clean end");
+    assert_eq!(err.reason(), Some(h2::Reason::CANCEL));
+    tokio::time::timeout(T, upload).await.unwrap().unwrap();
+    let t = Termination::new(Side::Upstream, Phase::Tunnel, Cause::Timeout);
+    let stats = p.stats().clone();
+    until("the upstream-timeout record", || stats.terminations(t) == 1).await;
+    // The connection's window is whole again: an upload on the same connection goes through.
+    let mut c = tokio::time::timeout(T, c.ready()).await.unwrap().unwrap();
+    let len = 256 * 1024;
+    let req = http::Request::post("http://a/upload")
+        .header("content-length", len)
+        .body(())
+        .unwrap();
+    let (resp, mut send) = c.send_request(req, false).unwrap();
+    send_all(&mut send, Bytes::from(vec![b'y'; len]), true).await;
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
 }

@@ -140,7 +140,8 @@ pub(super) async fn run(
 }
 
 /// Both directions at once (neither waits on the other's flow control), under one idle timer
-/// that any byte either way restarts.
+/// that any byte either way restarts, and each write bounded: to the client by `send_timeout`
+/// (`send_body`), to the upstream by `idle`.
 async fn relay(
     body: &mut RecvStream,
     send: &mut SendStream<Bytes>,
@@ -185,7 +186,11 @@ async fn relay(
         }
     };
     // Client -> upstream: DATA written to the socket, its window released once written;
-    // END_STREAM as a half close (shutdown of the write side).
+    // END_STREAM as a half close (shutdown of the write side). Each write is bounded by
+    // `idle`, as upstream writes of HTTP/1.1 request bodies are (`forward::forward_body`):
+    // bytes the other way restart the shared timer, so without the bound an upstream that
+    // reads nothing while it still sends would hold this stream's DATA (and with it the
+    // client connection's window, shared by every stream) for ever.
     let upward = async {
         loop {
             match body.data().await {
@@ -196,8 +201,14 @@ async fn relay(
                 Some(Ok(d)) => {
                     last.set(Instant::now());
                     let n = d.len();
-                    uw.write_all(&d).await.map_err(ProxyError::UpstreamIo)?;
-                    uw.flush().await.map_err(ProxyError::UpstreamIo)?;
+                    let write = async {
+                        uw.write_all(&d).await?;
+                        uw.flush().await
+                    };
+                    match tokio::time::timeout(idle, write).await {
+                        Err(_) => return Err(ProxyError::UpstreamIdle),
+                        Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
+                    }
                     let _ = body.flow_control().release_capacity(n);
                     to_up.set(to_up.get() + n as u64);
                     last.set(Instant::now());
