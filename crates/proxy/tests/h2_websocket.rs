@@ -451,6 +451,9 @@ async fn plain_connect_and_other_protocols_are_501() {
     let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
     assert_eq!(resp.status(), 501);
     assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
+    let t = Termination::new(Side::Proxy, Phase::RequestHead, Cause::Refused);
+    let stats = p.stats().clone();
+    until("the proxy-refused record", || stats.terminations(t) == 1).await;
 }
 
 #[tokio::test]
@@ -524,6 +527,11 @@ async fn websocket_to_an_h2_group_or_a_local_route_is_501() {
     let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
     assert_eq!(resp.status(), 501);
     assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
+    // A limitation of the proxy, found at routing (the h2 group before a server is picked,
+    // so the request never waits for a slot it cannot use).
+    let t = Termination::new(Side::Proxy, Phase::Route, Cause::Refused);
+    let stats = p.stats().clone();
+    until("two proxy-refused records", || stats.terminations(t) == 2).await;
 }
 
 #[tokio::test]
