@@ -430,6 +430,32 @@ async fn an_upstream_close_ends_the_stream_and_the_client_still_half_closes() {
 }
 
 #[tokio::test]
+async fn after_the_upstream_ended_a_silent_client_is_the_one_timed_out() {
+    let mut up = upstream(Answer::CloseFirst).await;
+    let p = proxy(up.addr, "", "idle_timeout = \"300ms\"");
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, mut send) = c
+        .send_request(connect("http://a/ws", Some("websocket")), false)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    assert_eq!(read_n(&mut body, usize::MAX).await, b"done");
+    assert!(body.is_end_stream());
+    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
+    // The client never ends its side: at idle_timeout the proxy stops it without an error
+    // (its response was complete, RFC 9113 8.1) and the timeout is the client's.
+    let reset = tokio::time::timeout(T, std::future::poll_fn(|cx| send.poll_reset(cx)))
+        .await
+        .expect("reset in time")
+        .unwrap();
+    assert_eq!(reset, h2::Reason::NO_ERROR);
+    let t = Termination::new(Side::Client, Phase::Tunnel, Cause::Timeout);
+    let stats = p.stats().clone();
+    until("the client-timeout record", || stats.terminations(t) == 1).await;
+}
+
+#[tokio::test]
 async fn plain_connect_and_other_protocols_are_501() {
     let up = upstream(Answer::Echo).await;
     let p = proxy(up.addr, "", "");

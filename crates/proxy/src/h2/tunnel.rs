@@ -112,6 +112,7 @@ pub(super) async fn run(
     };
     let up_bytes = Cell::new(0u64);
     let down_bytes = Cell::new(0u64);
+    let down_done = Cell::new(false);
     let r = relay(
         body,
         &mut send,
@@ -120,6 +121,7 @@ pub(super) async fn run(
         send_timeout,
         &up_bytes,
         &down_bytes,
+        &down_done,
     )
     .await;
     let (to_up, to_client) = (up_bytes.get(), down_bytes.get());
@@ -130,7 +132,11 @@ pub(super) async fn run(
         }
         Err(e) => {
             tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel failed: {e}");
-            if !e.client_gone() {
+            if down_done.get() {
+                // Our side ended (END_STREAM sent): stop the client's without an error
+                // (RFC 9113 8.1; a no-op on a stream the client already reset).
+                send.send_reset(h2::Reason::NO_ERROR);
+            } else if !e.client_gone() {
                 send.send_reset(h2::Reason::CANCEL);
             }
             outcome.termination = e.termination(Phase::Tunnel);
@@ -141,7 +147,9 @@ pub(super) async fn run(
 
 /// Both directions at once (neither waits on the other's flow control), under one idle timer
 /// that any byte either way restarts, and each write bounded: to the client by `send_timeout`
-/// (`send_body`), to the upstream by `idle`.
+/// (`send_body`), to the upstream by `idle`. The idle timer is the upstream's until its EOF
+/// has ended the stream (`down_done`), then the client's: only its side is still open.
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     body: &mut RecvStream,
     send: &mut SendStream<Bytes>,
@@ -150,6 +158,7 @@ async fn relay(
     send_timeout: Duration,
     to_up: &Cell<u64>,
     to_client: &Cell<u64>,
+    down_done: &Cell<bool>,
 ) -> Result<(), ProxyError> {
     let last = Cell::new(Instant::now());
     let rbuf = &mut up.rbuf;
@@ -178,8 +187,10 @@ async fn relay(
             };
             match read {
                 // A TLS server closing without close_notify ends its side as a plain close.
-                Ok(0) => return finish(send),
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return finish(send),
+                Ok(0) => return finish(send).inspect(|_| down_done.set(true)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return finish(send).inspect(|_| down_done.set(true));
+                }
                 Err(e) => return Err(ProxyError::UpstreamIo(e)),
                 Ok(_) => last.set(Instant::now()),
             }
@@ -220,6 +231,12 @@ async fn relay(
         loop {
             let due = last.get() + idle;
             if Instant::now() >= due {
+                if down_done.get() {
+                    return ProxyError::ClientIo(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "client idle after the upstream's end",
+                    ));
+                }
                 return ProxyError::UpstreamIdle;
             }
             tokio::time::sleep_until(due).await;
