@@ -248,12 +248,13 @@ async fn relay(
     }
 }
 
-/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1). The nonce only proves
-/// the server read the handshake; it is no secret, so the fast thread-local generator will do.
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1: a nonce "randomly
+/// selected", so no party can predict it), from aws-lc-rs's CSPRNG (already built for rustls).
 fn new_key() -> String {
     let mut nonce = [0u8; 16];
-    for b in &mut nonce {
-        *b = fastrand::u8(..);
+    if aws_lc_rs::rand::fill(&mut nonce).is_err() {
+        // Not expected (AWS-LC's RAND_bytes aborts rather than fail): a handshake still goes.
+        nonce.iter_mut().for_each(|b| *b = fastrand::u8(..));
     }
     STANDARD.encode(nonce)
 }
