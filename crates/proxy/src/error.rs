@@ -139,7 +139,8 @@ impl ProxyError {
                 (Side::Client, Cause::BadRequest)
             }
             ProxyError::Internal(_) => (Side::Proxy, Cause::BadResponse),
-            ProxyError::ExtendedConnect(_) => (Side::Client, Cause::BadRequest),
+            // 501: a WebSocket (or another protocol) the proxy does not forward, not a client fault.
+            ProxyError::ExtendedConnect(_) => (Side::Proxy, Cause::Refused),
             ProxyError::NotSwitched(_) => (Side::Upstream, Cause::BadResponse),
         };
         Termination::new(side, phase, cause)

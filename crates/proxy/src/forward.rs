@@ -574,12 +574,27 @@ async fn tunnel(
 }
 
 /// Copy bytes both ways until both sides have closed; half-closes are passed on. Ends with
-/// `TimedOut` when neither side sends anything for `idle`.
+/// `TimedOut` when neither side sends anything for `idle`, or when a write (which holds up
+/// both directions) makes no progress for `idle`: a peer that stops reading would otherwise
+/// hang the tunnel for ever, as the idle timer is not polled during a write.
 async fn relay_both_ways(
     a: &mut ClientStream,
     b: &mut UpStream,
     idle: Duration,
 ) -> std::io::Result<(u64, u64)> {
+    /// A write (or shutdown), `TimedOut` after `idle`.
+    async fn bounded(
+        idle: Duration,
+        write: impl std::future::Future<Output = std::io::Result<()>>,
+    ) -> std::io::Result<()> {
+        match timeout(idle, write).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "tunnel write stalled",
+            )),
+        }
+    }
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = b.split();
     let mut abuf = vec![0u8; 16 * 1024];
@@ -594,10 +609,13 @@ async fn relay_both_ways(
                 let n = r?;
                 if n == 0 {
                     a_open = false;
-                    bw.shutdown().await?;
+                    bounded(idle, bw.shutdown()).await?;
                 } else {
-                    bw.write_all(&abuf[..n]).await?;
-                    bw.flush().await?;
+                    bounded(idle, async {
+                        bw.write_all(&abuf[..n]).await?;
+                        bw.flush().await
+                    })
+                    .await?;
                     a_to_b += n as u64;
                 }
             }
@@ -605,10 +623,13 @@ async fn relay_both_ways(
                 let n = r?;
                 if n == 0 {
                     b_open = false;
-                    aw.shutdown().await?;
+                    bounded(idle, aw.shutdown()).await?;
                 } else {
-                    aw.write_all(&bbuf[..n]).await?;
-                    aw.flush().await?;
+                    bounded(idle, async {
+                        aw.write_all(&bbuf[..n]).await?;
+                        aw.flush().await
+                    })
+                    .await?;
                     b_to_a += n as u64;
                 }
             }

@@ -383,6 +383,70 @@ fn websocket_upgrade_is_tunnelled_after_101() {
     assert_eq!(&echo, b"ping-frame");
 }
 
+/// Write 64 KiB chunks until the peer is gone: an error other than a write timeout (`T`).
+fn write_until_closed(s: &mut TcpStream) -> std::io::Error {
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let chunk = vec![b'x'; 64 * 1024];
+    loop {
+        if let Err(e) = s.write_all(&chunk) {
+            let stuck = matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            );
+            assert!(!stuck, "the tunnel was still open after 10 s: {e}");
+            return e;
+        }
+    }
+}
+
+/// An upgrade tunnel where one end stops reading (`upstream_reads` false: the upstream, else
+/// the client) while the other keeps writing: once the socket buffers are full the proxy's
+/// write blocks, and the group's `idle_timeout` must still end the tunnel.
+fn stalled_tunnel(upstream_reads: bool) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_addr = l.local_addr().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let upstream = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        read_past_head(&mut s).unwrap();
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
+        if upstream_reads {
+            // The client stops reading: this end writes until the proxy closes.
+            drop(write_until_closed(&mut s));
+        } else {
+            // Never read; hold the socket until the test is over.
+            let _ = done_rx.recv();
+        }
+    });
+    let p = simple(&[up_addr], "idle_timeout = \"300ms\"", "");
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .unwrap();
+    let (got, _) = read_past_head(&mut s).unwrap();
+    assert!(got.starts_with(b"HTTP/1.1 101"));
+    if upstream_reads {
+        let _ = done_tx.send(());
+        upstream.join().unwrap();
+    } else {
+        drop(write_until_closed(&mut s));
+        let _ = done_tx.send(());
+        upstream.join().unwrap();
+    }
+}
+
+#[test]
+fn an_upgrade_tunnel_to_an_upstream_that_stops_reading_ends_at_idle_timeout() {
+    stalled_tunnel(false);
+}
+
+#[test]
+fn an_upgrade_tunnel_to_a_client_that_stops_reading_ends_at_idle_timeout() {
+    stalled_tunnel(true);
+}
+
 #[test]
 fn hashing_on_a_header_is_sticky() {
     let ups: Vec<TestUpstream> = (0..3)

@@ -71,8 +71,10 @@ fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyErro
 }
 
 /// The tunnel after the upstream's 101: `:status 200` with the 101's end-to-end fields
-/// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5),
-/// then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
+/// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5;
+/// `content-length` and `transfer-encoding` too, whether from the upstream or the route's
+/// header rules: a 2xx to CONNECT has neither, RFC 9110 9.3.6, and a client's h2 would reset
+/// the stream at its first DATA), then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
 /// closes), a reset either way, or `idle` without a byte (the group's `idle_timeout`, as for
 /// HTTP/1.1 upgrades). One outcome: status 200 and the bytes sent to the client.
 #[allow(clippy::too_many_arguments)]
@@ -86,7 +88,13 @@ pub(super) async fn run(
     idle: Duration,
     send_timeout: Duration,
 ) -> Outcome {
-    response.headers_mut().remove("sec-websocket-accept");
+    for name in [
+        "sec-websocket-accept",
+        "content-length",
+        "transfer-encoding",
+    ] {
+        response.headers_mut().remove(name);
+    }
     *response.status_mut() = http::StatusCode::OK;
     let mut outcome = Outcome {
         termination: Termination::OK,
@@ -104,6 +112,7 @@ pub(super) async fn run(
     };
     let up_bytes = Cell::new(0u64);
     let down_bytes = Cell::new(0u64);
+    let down_done = Cell::new(false);
     let r = relay(
         body,
         &mut send,
@@ -112,6 +121,7 @@ pub(super) async fn run(
         send_timeout,
         &up_bytes,
         &down_bytes,
+        &down_done,
     )
     .await;
     let (to_up, to_client) = (up_bytes.get(), down_bytes.get());
@@ -122,7 +132,11 @@ pub(super) async fn run(
         }
         Err(e) => {
             tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel failed: {e}");
-            if !e.client_gone() {
+            if down_done.get() {
+                // Our side ended (END_STREAM sent): stop the client's without an error
+                // (RFC 9113 8.1; a no-op on a stream the client already reset).
+                send.send_reset(h2::Reason::NO_ERROR);
+            } else if !e.client_gone() {
                 send.send_reset(h2::Reason::CANCEL);
             }
             outcome.termination = e.termination(Phase::Tunnel);
@@ -132,7 +146,10 @@ pub(super) async fn run(
 }
 
 /// Both directions at once (neither waits on the other's flow control), under one idle timer
-/// that any byte either way restarts.
+/// that any byte either way restarts, and each write bounded: to the client by `send_timeout`
+/// (`send_body`), to the upstream by `idle`. The idle timer is the upstream's until its EOF
+/// has ended the stream (`down_done`), then the client's: only its side is still open.
+#[allow(clippy::too_many_arguments)]
 async fn relay(
     body: &mut RecvStream,
     send: &mut SendStream<Bytes>,
@@ -141,6 +158,7 @@ async fn relay(
     send_timeout: Duration,
     to_up: &Cell<u64>,
     to_client: &Cell<u64>,
+    down_done: &Cell<bool>,
 ) -> Result<(), ProxyError> {
     let last = Cell::new(Instant::now());
     let rbuf = &mut up.rbuf;
@@ -169,15 +187,21 @@ async fn relay(
             };
             match read {
                 // A TLS server closing without close_notify ends its side as a plain close.
-                Ok(0) => return finish(send),
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return finish(send),
+                Ok(0) => return finish(send).inspect(|_| down_done.set(true)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return finish(send).inspect(|_| down_done.set(true));
+                }
                 Err(e) => return Err(ProxyError::UpstreamIo(e)),
                 Ok(_) => last.set(Instant::now()),
             }
         }
     };
     // Client -> upstream: DATA written to the socket, its window released once written;
-    // END_STREAM as a half close (shutdown of the write side).
+    // END_STREAM as a half close (shutdown of the write side). Each write is bounded by
+    // `idle`, as upstream writes of HTTP/1.1 request bodies are (`forward::forward_body`):
+    // bytes the other way restart the shared timer, so without the bound an upstream that
+    // reads nothing while it still sends would hold this stream's DATA (and with it the
+    // client connection's window, shared by every stream) for ever.
     let upward = async {
         loop {
             match body.data().await {
@@ -188,8 +212,14 @@ async fn relay(
                 Some(Ok(d)) => {
                     last.set(Instant::now());
                     let n = d.len();
-                    uw.write_all(&d).await.map_err(ProxyError::UpstreamIo)?;
-                    uw.flush().await.map_err(ProxyError::UpstreamIo)?;
+                    let write = async {
+                        uw.write_all(&d).await?;
+                        uw.flush().await
+                    };
+                    match tokio::time::timeout(idle, write).await {
+                        Err(_) => return Err(ProxyError::UpstreamIdle),
+                        Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
+                    }
                     let _ = body.flow_control().release_capacity(n);
                     to_up.set(to_up.get() + n as u64);
                     last.set(Instant::now());
@@ -201,6 +231,12 @@ async fn relay(
         loop {
             let due = last.get() + idle;
             if Instant::now() >= due {
+                if down_done.get() {
+                    return ProxyError::ClientIo(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "client idle after the upstream's end",
+                    ));
+                }
                 return ProxyError::UpstreamIdle;
             }
             tokio::time::sleep_until(due).await;
@@ -212,12 +248,13 @@ async fn relay(
     }
 }
 
-/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1). The nonce only proves
-/// the server read the handshake; it is no secret, so the fast thread-local generator will do.
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1: a nonce "randomly
+/// selected", so no party can predict it), from aws-lc-rs's CSPRNG (already built for rustls).
 fn new_key() -> String {
     let mut nonce = [0u8; 16];
-    for b in &mut nonce {
-        *b = fastrand::u8(..);
+    if aws_lc_rs::rand::fill(&mut nonce).is_err() {
+        // Not expected (AWS-LC's RAND_bytes aborts rather than fail): a handshake still goes.
+        nonce.iter_mut().for_each(|b| *b = fastrand::u8(..));
     }
     STANDARD.encode(nonce)
 }
