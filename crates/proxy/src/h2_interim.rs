@@ -5,12 +5,12 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use portico_http1::{encode, parse_response, Limits, Method};
 
-/// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, collected by
-/// `forward::read_response_head`) to the HTTP/2 client as an informational response: a HEADERS
-/// frame without END_STREAM before the final one (RFC 9113 8.1). Connection-specific fields
-/// are dropped (RFC 9113 8.2.2), other fields pass as they came, as they do to HTTP/1.1
-/// clients. A head that does not parse again or a client that is gone is skipped: the final
-/// response that follows meets the same client and reports it.
+/// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, by
+/// `forward::read_response_head`, as they arrive) to the HTTP/2 client as an informational
+/// response: a HEADERS frame without END_STREAM before the final one (RFC 9113 8.1).
+/// Connection-specific fields are dropped (RFC 9113 8.2.2), other fields pass as they came, as
+/// they do to HTTP/1.1 clients. A head that does not parse again or a client that is gone is
+/// skipped: the stream's reset watch or the final response reports the client.
 pub(crate) fn forward(respond: &mut SendResponse<Bytes>, interim: &[Bytes], method: &Method) {
     for raw in interim {
         if let Some(resp) = informational(raw, method) {

@@ -193,6 +193,12 @@ impl<'a> Retry<'a> {
         self.left > 0 && self.policy.is_some_and(|(p, _)| p.on.status(status))
     }
 
+    /// The client has seen part of the current attempt's answer (an interim response): nothing
+    /// that happens to the request later is retried.
+    pub fn commit(&mut self) {
+        self.left = 0;
+    }
+
     /// Decide whether the attempt that failed with `cause` on `server` of `group` is retried:
     /// the policy covers the cause, a retry is left and the budget has room. A granted retry is
     /// counted, spent and remembers the server; a retry refused by the budget is counted.

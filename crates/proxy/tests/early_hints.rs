@@ -1,0 +1,157 @@
+//! Interim responses (103 Early Hints) reach clients as they arrive, before the server sends its final response, and commit the attempt (no retry after them).
+
+use portico_proxy::{start, Running};
+use portico_testkit::{Client, Reply, TestUpstream};
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+/// Every test step is bounded by this.
+const T: Duration = Duration::from_secs(10);
+
+const HINTS: &[u8] = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n";
+const FINAL: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+fn proxy(servers: &str, route_extra: &str) -> Running {
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+{route_extra}
+[upstreams.b]
+servers = [{servers}]
+"#
+    );
+    let cfg = portico_config::parse(&toml, "early-hints.toml").unwrap_or_else(|e| panic!("{e}"));
+    start(cfg, 1).expect("start")
+}
+
+/// An HTTP/1.1 server for one request: it sends the 103, then waits until the test has seen
+/// it at the client (`go`), and only then sends the final response. A proxy that held the 103
+/// until the final response would make the test time out.
+async fn held_back_upstream() -> (SocketAddr, oneshot::Sender<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (go, wait) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 1024];
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the proxy closed before sending a request");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        s.write_all(HINTS).await.unwrap();
+        if wait.await.is_ok() {
+            s.write_all(FINAL).await.unwrap();
+        }
+        // Keep the connection until the proxy is done with it.
+        let _ = s.read(&mut [0u8; 64]).await;
+    });
+    (addr, go)
+}
+
+/// Read from `s` into `buf` until it holds `n` complete heads (ends of head).
+async fn read_heads(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) {
+    while buf.windows(4).filter(|w| *w == b"\r\n\r\n").count() < n {
+        let mut chunk = [0u8; 1024];
+        let got = tokio::time::timeout(T, s.read(&mut chunk))
+            .await
+            .expect("head in time")
+            .unwrap();
+        assert!(got > 0, "closed early: {}", String::from_utf8_lossy(buf));
+        buf.extend_from_slice(&chunk[..got]);
+    }
+}
+
+#[tokio::test]
+async fn early_hints_reach_http1_clients_before_the_final_response() {
+    let (up, go) = held_back_upstream().await;
+    let p = proxy(&format!("\"{up}\""), "");
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    s.write_all(b"GET /page HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    read_heads(&mut s, &mut buf, 1).await;
+    assert_eq!(buf, HINTS, "{}", String::from_utf8_lossy(&buf));
+    go.send(()).unwrap();
+    tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    let rest = text.strip_prefix("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n");
+    let rest = rest.unwrap_or_else(|| panic!("{text}"));
+    assert!(rest.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(rest.ends_with("\r\n\r\nok"), "{text}");
+}
+
+#[tokio::test]
+async fn early_hints_reach_http2_clients_before_the_final_response() {
+    let (up, go) = held_back_upstream().await;
+    let p = proxy(&format!("\"{up}\""), "");
+    let tcp = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = tokio::time::timeout(T, client.ready())
+        .await
+        .expect("ready")
+        .unwrap();
+    let req = http::Request::get("http://app.test/page").body(()).unwrap();
+    let (mut resp, _) = client.send_request(req, true).unwrap();
+    let info = tokio::time::timeout(T, poll_fn(|cx| resp.poll_informational(cx)))
+        .await
+        .expect("the 103 before the final response")
+        .expect("an informational response")
+        .unwrap();
+    assert_eq!(info.status(), 103);
+    assert_eq!(info.headers()["link"], "</a.css>; rel=preload");
+    go.send(()).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(d) = tokio::time::timeout(T, body.data()).await.expect("body") {
+        got.extend_from_slice(&d.unwrap());
+    }
+    assert_eq!(got, b"ok");
+}
+
+/// After a 103 reached the client the attempt is committed: a 503 that the route would retry
+/// goes to the client after the hints, and the server sees the request once. Without a 103
+/// the same 503 is retried.
+#[test]
+fn no_retry_once_early_hints_went_to_the_client() {
+    let up = TestUpstream::start(|r| {
+        let busy = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
+        match r.target.as_str() {
+            "/hinted" => Reply::Raw([HINTS, busy.as_slice()].concat()),
+            _ => Reply::Raw(busy.to_vec()),
+        }
+    });
+    let p = proxy(
+        &format!("\"{}\"", up.addr),
+        "retry = { retries = 1, on = [\"reset\", \"503\"] }",
+    );
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    c.send(b"GET /hinted HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(c.read_one(false).unwrap().status, 103);
+    assert_eq!(c.read_one(false).unwrap().status, 503);
+    assert_eq!(
+        c.request(b"GET /plain HTTP/1.1\r\nHost: a\r\n\r\n")
+            .unwrap()
+            .status,
+        503
+    );
+    let count = |t: &str| up.requests().iter().filter(|r| r.target == t).count();
+    assert_eq!(count("/hinted"), 1, "committed by the 103: not retried");
+    assert_eq!(count("/plain"), 2, "retried once");
+}
