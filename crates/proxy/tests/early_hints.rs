@@ -15,7 +15,7 @@ const T: Duration = Duration::from_secs(10);
 const HINTS: &[u8] = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n";
 const FINAL: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
 
-fn proxy(servers: &str, route_extra: &str) -> Running {
+fn proxy(servers: &str, route_extra: &str, group_extra: &str) -> Running {
     let toml = format!(
         r#"
 [[listeners]]
@@ -26,6 +26,7 @@ proxy = "b"
 {route_extra}
 [upstreams.b]
 servers = [{servers}]
+{group_extra}
 "#
     );
     let cfg = portico_config::parse(&toml, "early-hints.toml").unwrap_or_else(|e| panic!("{e}"));
@@ -74,7 +75,7 @@ async fn read_heads(s: &mut TcpStream, buf: &mut Vec<u8>, n: usize) {
 #[tokio::test]
 async fn early_hints_reach_http1_clients_before_the_final_response() {
     let (up, go) = held_back_upstream().await;
-    let p = proxy(&format!("\"{up}\""), "");
+    let p = proxy(&format!("\"{up}\""), "", "");
     let mut s = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
     s.write_all(b"GET /page HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
         .await
@@ -97,7 +98,7 @@ async fn early_hints_reach_http1_clients_before_the_final_response() {
 #[tokio::test]
 async fn early_hints_reach_http2_clients_before_the_final_response() {
     let (up, go) = held_back_upstream().await;
-    let p = proxy(&format!("\"{up}\""), "");
+    let p = proxy(&format!("\"{up}\""), "", "");
     let tcp = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
     let (client, conn) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(conn);
@@ -140,6 +141,7 @@ fn no_retry_once_early_hints_went_to_the_client() {
     let p = proxy(
         &format!("\"{}\"", up.addr),
         "retry = { retries = 1, on = [\"reset\", \"503\"] }",
+        "",
     );
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
     c.send(b"GET /hinted HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
@@ -154,4 +156,94 @@ fn no_retry_once_early_hints_went_to_the_client() {
     let count = |t: &str| up.requests().iter().filter(|r| r.target == t).count();
     assert_eq!(count("/hinted"), 1, "committed by the 103: not retried");
     assert_eq!(count("/plain"), 2, "retried once");
+}
+
+/// An HTTP/2 (h2c) server for one request: a 103, then the final response only once the test
+/// saw the 103 at the client (`go`).
+async fn held_back_h2_upstream() -> (SocketAddr, oneshot::Sender<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (go, wait) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut conn = h2::server::handshake(s).await.unwrap();
+        let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
+        // The connection is driven while the stream waits.
+        let driver = tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        let hints = http::Response::builder()
+            .status(103)
+            .header("link", "</a.css>; rel=preload")
+            .body(())
+            .unwrap();
+        respond.send_informational(hints).unwrap();
+        if wait.await.is_ok() {
+            let resp = http::Response::builder()
+                .status(200)
+                .header("content-length", "2")
+                .body(())
+                .unwrap();
+            let mut send = respond.send_response(resp, false).unwrap();
+            send.send_data(bytes::Bytes::from_static(b"ok"), true)
+                .unwrap();
+        }
+        let _ = driver.await;
+    });
+    (addr, go)
+}
+
+fn h2_group(up: SocketAddr) -> Running {
+    proxy(&format!("\"{up}\""), "", "protocol = \"h2\"")
+}
+
+#[tokio::test]
+async fn early_hints_of_an_h2_upstream_reach_http1_clients_before_the_final_response() {
+    let (up, go) = held_back_h2_upstream().await;
+    let p = h2_group(up);
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    s.write_all(b"GET /page HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    read_heads(&mut s, &mut buf, 1).await;
+    let hints = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n";
+    assert_eq!(buf, hints, "{}", String::from_utf8_lossy(&buf));
+    go.send(()).unwrap();
+    tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[hints.len()..]);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
+}
+
+#[tokio::test]
+async fn early_hints_of_an_h2_upstream_reach_http2_clients_before_the_final_response() {
+    let (up, go) = held_back_h2_upstream().await;
+    let p = h2_group(up);
+    let tcp = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = tokio::time::timeout(T, client.ready())
+        .await
+        .expect("ready")
+        .unwrap();
+    let req = http::Request::get("http://app.test/page").body(()).unwrap();
+    let (mut resp, _) = client.send_request(req, true).unwrap();
+    let info = tokio::time::timeout(T, poll_fn(|cx| resp.poll_informational(cx)))
+        .await
+        .expect("the 103 before the final response")
+        .expect("an informational response")
+        .unwrap();
+    assert_eq!(info.status(), 103);
+    assert_eq!(info.headers()["link"], "</a.css>; rel=preload");
+    go.send(()).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(d) = tokio::time::timeout(T, body.data()).await.expect("body") {
+        got.extend_from_slice(&d.unwrap());
+    }
+    assert_eq!(got, b"ok");
 }
