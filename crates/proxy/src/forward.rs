@@ -625,47 +625,68 @@ async fn tunnel(
         head.version(),
         true,
     );
-    let r: std::io::Result<(u64, u64)> = async {
+    // Bytes written to the client (the 101 head included, as every HTTP/1.1 response counts
+    // its head) and to the upstream, also when the tunnel fails.
+    let (mut to_client, mut to_up) = (0u64, 0u64);
+    let r: std::io::Result<()> = async {
         send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
+        to_client += c.wbuf.len() as u64;
         if !up.rbuf.is_empty() {
             send_all(&mut c.stream, &up.rbuf, c.send_timeout).await?;
+            to_client += up.rbuf.len() as u64;
             up.rbuf.clear();
         }
         if !c.rbuf.is_empty() {
             up.stream.write_all(&c.rbuf).await?;
             up.stream.flush().await?;
+            to_up += c.rbuf.len() as u64;
             c.rbuf.clear();
         }
-        relay_both_ways(&mut c.stream, &mut up.stream, idle).await
+        relay_both_ways(
+            &mut c.stream,
+            &mut up.stream,
+            idle,
+            &mut to_up,
+            &mut to_client,
+        )
+        .await
     }
     .await;
     c.wbuf.clear();
     let termination = match r {
-        Ok(_) => Termination::OK,
-        Err(e) => ProxyError::UpstreamIo(e).termination(Phase::Tunnel),
+        Ok(()) => {
+            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel ended");
+            Termination::OK
+        }
+        Err(e) => {
+            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel failed: {e}");
+            ProxyError::UpstreamIo(e).termination(Phase::Tunnel)
+        }
     };
     Outcome {
         termination,
         status: 101,
         keep_alive: false,
-        bytes_sent: 0,
+        bytes_sent: to_client,
         upstream: Some(addr),
     }
 }
 
 /// Copy bytes both ways until both sides have closed; half-closes are passed on. Ends with
-/// `TimedOut` when neither side sends anything for `idle`.
+/// `TimedOut` when neither side sends anything for `idle`. The bytes copied each way are added
+/// to `a_to_b` and `b_to_a` as they are written, so a failed tunnel counts them too.
 async fn relay_both_ways(
     a: &mut ClientStream,
     b: &mut UpStream,
     idle: Duration,
-) -> std::io::Result<(u64, u64)> {
+    a_to_b: &mut u64,
+    b_to_a: &mut u64,
+) -> std::io::Result<()> {
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = b.split();
     let mut abuf = vec![0u8; 16 * 1024];
     let mut bbuf = vec![0u8; 16 * 1024];
     let (mut a_open, mut b_open) = (true, true);
-    let (mut a_to_b, mut b_to_a) = (0u64, 0u64);
     let sleep = tokio::time::sleep(idle);
     tokio::pin!(sleep);
     while a_open || b_open {
@@ -678,7 +699,7 @@ async fn relay_both_ways(
                 } else {
                     bw.write_all(&abuf[..n]).await?;
                     bw.flush().await?;
-                    a_to_b += n as u64;
+                    *a_to_b += n as u64;
                 }
             }
             r = br.read(&mut bbuf), if b_open => {
@@ -689,7 +710,7 @@ async fn relay_both_ways(
                 } else {
                     aw.write_all(&bbuf[..n]).await?;
                     aw.flush().await?;
-                    b_to_a += n as u64;
+                    *b_to_a += n as u64;
                 }
             }
             _ = &mut sleep => {
@@ -698,7 +719,7 @@ async fn relay_both_ways(
         }
         sleep.as_mut().reset(tokio::time::Instant::now() + idle);
     }
-    Ok((a_to_b, b_to_a))
+    Ok(())
 }
 
 #[cfg(test)]
