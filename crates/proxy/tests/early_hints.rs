@@ -247,3 +247,161 @@ async fn early_hints_of_an_h2_upstream_reach_http2_clients_before_the_final_resp
     }
     assert_eq!(got, b"ok");
 }
+
+/// HTTP/1.0 clients get no interim responses (RFC 9110 15.2), only the final one.
+#[test]
+fn http10_clients_get_no_early_hints() {
+    let up = TestUpstream::start(|_| Reply::Raw([HINTS, FINAL].concat()));
+    let p = proxy(&format!("\"{}\"", up.addr), "", "");
+    let raw =
+        portico_testkit::exchange_raw(p.addr("p").unwrap(), b"GET / HTTP/1.0\r\nHost: a\r\n\r\n")
+            .unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(!text.contains("103"), "{text}");
+}
+
+/// An HTTP/2 client gets a 103 while it is still uploading the request body: the server sends
+/// it after the request head and reads the body only after that, and the client sends the body
+/// only once it saw the 103.
+#[tokio::test]
+async fn early_hints_reach_http2_clients_during_the_upload() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        let end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        s.write_all(HINTS).await.unwrap();
+        // The body is chunked (no content-length from the client): read to its last chunk.
+        while !buf[end..].ends_with(b"0\r\n\r\n") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the proxy closed before the body ended");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        s.write_all(FINAL).await.unwrap();
+        let _ = s.read(&mut chunk).await;
+    });
+    let p = proxy(&format!("\"{up}\""), "", "");
+    let tcp = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = tokio::time::timeout(T, client.ready())
+        .await
+        .expect("ready")
+        .unwrap();
+    let req = http::Request::post("http://app.test/form")
+        .body(())
+        .unwrap();
+    let (mut resp, mut send) = client.send_request(req, false).unwrap();
+    let info = tokio::time::timeout(T, poll_fn(|cx| resp.poll_informational(cx)))
+        .await
+        .expect("the 103 before the body was sent")
+        .expect("an informational response")
+        .unwrap();
+    assert_eq!(info.status(), 103);
+    send.send_data(bytes::Bytes::from_static(b"a=1"), true)
+        .unwrap();
+    let resp = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+/// An HTTP/1.1 client's upload: the 103 the server sends before it has read the body reaches
+/// the client (once the upload is over at the latest), and before the final response.
+#[tokio::test]
+async fn early_hints_reach_http1_clients_after_an_upload() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (go, wait) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0);
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        s.write_all(HINTS).await.unwrap();
+        while !buf.ends_with(b"a=1") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the proxy closed before the body ended");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        if wait.await.is_ok() {
+            s.write_all(FINAL).await.unwrap();
+        }
+        let _ = s.read(&mut chunk).await;
+    });
+    let p = proxy(&format!("\"{up}\""), "", "");
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    s.write_all(
+        b"POST /form HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    s.write_all(b"a=1").await.unwrap();
+    let mut buf = Vec::new();
+    read_heads(&mut s, &mut buf, 1).await;
+    assert_eq!(buf, HINTS, "{}", String::from_utf8_lossy(&buf));
+    go.send(()).unwrap();
+    tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[HINTS.len()..]);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+}
+
+/// The same commitment over an HTTP/2 upstream: a 103 then a 503 that the route would retry
+/// reach the client, and the server sees one request.
+#[tokio::test]
+async fn no_retry_once_early_hints_of_an_h2_upstream_went_to_the_client() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = requests.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let hints = http::Response::builder().status(103).body(()).unwrap();
+                    let _ = respond.send_informational(hints);
+                    let busy = http::Response::builder().status(503).body(()).unwrap();
+                    let _ = respond.send_response(busy, true);
+                }
+            });
+        }
+    });
+    let p = proxy(
+        &format!("\"{up}\""),
+        "retry = { retries = 1, on = [\"reset\", \"503\"] }",
+        "protocol = \"h2\"",
+    );
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 103 Early Hints\r\n"), "{text}");
+    assert!(text.contains("\r\n\r\nHTTP/1.1 503 "), "{text}");
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
