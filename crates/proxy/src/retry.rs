@@ -323,6 +323,49 @@ mod tests {
     }
 
     #[test]
+    fn a_committed_request_is_not_retried() {
+        use portico_config::RetryOn;
+        let policy = RetryPolicy {
+            retries: 2,
+            on: RetryOn {
+                connect: true,
+                reset: true,
+                timeout: true,
+                status_502: true,
+                status_503: true,
+                status_504: true,
+            },
+            non_idempotent: false,
+            budget: 1.0,
+            min_per_second: 10,
+        };
+        let t0 = Instant::now();
+        let budget = RetryBudget::new(1.0, 10, t0);
+        let counters = RouteStats::default();
+        let stats = Stats::default();
+        let mut raw = bytes::BytesMut::from(&b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
+        let head = portico_http1::parse_request(&mut raw, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap();
+        let mut r = Retry::new(Some(&policy), Some(&budget), &head, t0, &counters);
+        assert!(r.on_status(503));
+        assert!(r.allows(RetryCause::Reset, 0, 0, &stats));
+        // An interim response reached the client: nothing after it is retried, and that is
+        // not a budget refusal.
+        r.commit();
+        assert!(!r.on_status(503));
+        for cause in [
+            RetryCause::Reset,
+            RetryCause::Timeout,
+            RetryCause::Status(503),
+        ] {
+            assert!(!r.allows(cause, 0, 1, &stats));
+        }
+        assert_eq!(stats.retries.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.retries_budget_exhausted.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn concurrent_withdrawals_never_overspend() {
         let t0 = Instant::now();
         let b = std::sync::Arc::new(RetryBudget::new(0.1, 0, t0));
