@@ -505,8 +505,21 @@ impl Interims {
         Ok(())
     }
 
-    /// Write the held heads to the client (one write when several wait).
+    /// Write the held heads to the client, if any.
     async fn flush(&mut self, client: &mut ClientStream, limit: Duration) -> std::io::Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        // Boxed: rare, and a client write's state would otherwise widen every request's future.
+        Box::pin(self.write_held(client, limit)).await
+    }
+
+    /// Write the held heads to the client (one write when several wait).
+    async fn write_held(
+        &mut self,
+        client: &mut ClientStream,
+        limit: Duration,
+    ) -> std::io::Result<()> {
         match self.held.len() {
             0 => return Ok(()),
             1 => send_all(client, &self.held[0], limit).await?,

@@ -609,7 +609,9 @@ async fn response_head(resp: &mut ResponseFuture) -> Result<Head, Failure> {
 }
 
 /// Count one interim response of the exchange and pass it on (at once, see `Interims`); more
-/// than `MAX_INTERIM` fails the stream, a failed client write fails the request.
+/// than `MAX_INTERIM` fails the stream, a failed client write fails the request. Callers box
+/// it: interim responses are rare, and its state (a client write) would otherwise widen every
+/// exchange's future.
 async fn pass_interim(interim: &mut Interims<'_>, r: http::Response<()>) -> Result<(), Failure> {
     // Either failure is this stream's only: the connection stays usable.
     let stream_only = |e| Failure {
@@ -662,7 +664,7 @@ async fn exchange(
                     Head::Interim(r) => {
                         // A slow client's write of it does not count against the server.
                         let began = tokio::time::Instant::now();
-                        pass_interim(interim, r).await?;
+                        Box::pin(pass_interim(interim, r)).await?;
                         deadline += began.elapsed();
                     }
                 },
@@ -681,7 +683,7 @@ async fn exchange(
                 r = response_head(&mut resp) => {
                     let h = match r {
                         Ok(Head::Final(h)) => h,
-                        Ok(Head::Interim(r)) => match pass_interim(interim, r).await {
+                        Ok(Head::Interim(r)) => match Box::pin(pass_interim(interim, r)).await {
                             Ok(()) => continue,
                             Err(f) => break Err(f),
                         },
