@@ -29,9 +29,6 @@ use tokio::time::timeout;
 /// Most interim (1xx) responses accepted before the final one.
 pub(crate) const MAX_INTERIM: usize = 8;
 
-/// Far-away deadline used while a request body is still streaming (the body has its own timeouts).
-const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
-
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
 /// as the route's `retry` policy and budget allow.
 pub async fn proxy(
@@ -107,7 +104,8 @@ async fn attempt(
             return Some(fail(c, ctx, head, e, Phase::RequestBody, false).await);
         }
     }
-    let mut interim = Vec::new();
+    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
+    let mut interim = Interims::new(head.version() == Version::Http11);
     let mut fresh_only = false;
     let (mut up, reused, resp, body_done, got) = loop {
         let pool = &ctx.worker.pool;
@@ -131,9 +129,14 @@ async fn attempt(
             head.framing == Framing::Chunked,
             group.response_header_timeout,
             group.idle_timeout,
+            c.send_timeout,
             &mut interim,
         )
         .await;
+        // Once the server sent an interim response the attempt is committed (see `Interims`).
+        if interim.seen > 0 {
+            retry.commit();
+        }
         match r {
             Ok((resp, body_done)) => {
                 // One clock read: passive checks, the header-time metric, the access log.
@@ -142,7 +145,7 @@ async fn attempt(
                 break (up, reused, resp, body_done, got);
             }
             Err((e, phase)) => {
-                let untouched = up.rbuf.is_empty() && interim.is_empty();
+                let untouched = up.rbuf.is_empty() && interim.seen == 0;
                 match t.failed(shared, retry, head, &e, phase, reused, untouched) {
                     Failed::Stale => fresh_only = true,
                     Failed::Retry => return None,
@@ -156,18 +159,14 @@ async fn attempt(
             }
         }
     };
-    // A retried response is dropped before any of it (or of its interim responses) is sent;
-    // its connection closes with it.
+    // A retried response is dropped before any of it is sent (never after an interim response:
+    // the retry was committed then); its connection closes with it.
     if t.accepted(shared, retry, asked, got, reused, resp.status()) {
         return None;
     }
-    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
-    if head.version() == Version::Http11 {
-        for h in interim {
-            if let Err(e) = send_all(&mut c.stream, &h, c.send_timeout).await {
-                return Some(client_gone(resp.status(), addr, e));
-            }
-        }
+    // Interim heads still held (they came during an upload that ended with this head).
+    if let Err(e) = interim.flush(&mut c.stream, c.send_timeout).await {
+        return Some(client_gone(resp.status(), addr, e));
     }
     if resp.status() == 101 {
         if !head.upgrade {
@@ -290,7 +289,8 @@ pub(crate) async fn connect(
 }
 
 /// Send the request head, stream the request body while waiting for the response head; return
-/// the final response head and whether the request body was completely sent.
+/// the final response head and whether the request body was completely sent. Interim heads are
+/// passed to the client as they arrive (see `Interims`).
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
     client: &mut ClientStream,
@@ -302,7 +302,8 @@ async fn exchange(
     chunked: bool,
     header_timeout: Duration,
     idle: Duration,
-    interim: &mut Vec<Bytes>,
+    send_timeout: Duration,
+    interim: &mut Interims,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
     // Most heads fit the socket buffer at once: only arm the timer when they do not.
     let written = match up.stream.try_write(ubuf) {
@@ -322,40 +323,63 @@ async fn exchange(
             Ok(Ok(())) => {}
         }
     }
+    let head_failed = |e: ProxyError| (e, Phase::ResponseHead);
     let (mut ur, mut uw) = up.stream.split();
-    let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, interim);
-    tokio::pin!(head_fut);
-    let Some(body) = body else {
-        return match timeout(header_timeout, head_fut).await {
-            Err(_) => Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
-            Ok(r) => r.map(|h| (h, true)).map_err(|e| (e, Phase::ResponseHead)),
-        };
-    };
-    let body_fut = forward_body(client, client_buf, &mut uw, body, chunked, idle);
-    tokio::pin!(body_fut);
-    let sleep = tokio::time::sleep(FAR);
-    tokio::pin!(sleep);
-    let mut body_done = false;
-    loop {
-        tokio::select! {
-            biased;
-            r = &mut head_fut => {
-                let h = r.map_err(|e| (e, Phase::ResponseHead))?;
-                // A success that arrives before the upload ends (a server streaming its answer
-                // while it reads): finish the upload first, so the request is complete and both
-                // connections stay reusable. An early error ends the upload (the server refused it).
-                if !body_done && h.status() < 300 {
-                    body_fut.await.map_err(|e| (e, Phase::RequestBody))?;
-                    body_done = true;
+    if let Some(body) = body {
+        // While the body streams up, the client connection is being read for it: interim
+        // heads are held until the upload ends (no head timeout runs yet: the body has its own).
+        let body_fut = forward_body(client, client_buf, &mut uw, body, chunked, idle);
+        tokio::pin!(body_fut);
+        loop {
+            let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
+            tokio::select! {
+                biased;
+                r = head_fut => match r.map_err(head_failed)? {
+                    Head::Interim(raw) => interim.hold(raw).map_err(head_failed)?,
+                    Head::Final(h) => {
+                        // A success that arrives before the upload ends (a server streaming its
+                        // answer while it reads): finish the upload first, so the request is
+                        // complete and both connections stay reusable. An early error ends the
+                        // upload (the server refused it).
+                        if h.status() < 300 {
+                            body_fut.await.map_err(|e| (e, Phase::RequestBody))?;
+                            return Ok((h, true));
+                        }
+                        return Ok((h, false));
+                    }
+                },
+                r = &mut body_fut => {
+                    r.map_err(|e| (e, Phase::RequestBody))?;
+                    break;
                 }
-                return Ok((h, body_done));
             }
-            r = &mut body_fut, if !body_done => {
-                r.map_err(|e| (e, Phase::RequestBody))?;
-                body_done = true;
-                sleep.as_mut().reset(tokio::time::Instant::now() + header_timeout);
+        }
+    }
+    // The upload is over (or there was none): the head timeout runs, and interim heads go out
+    // as they arrive (a slow client's write of one does not count against the server).
+    let client_io = |e: std::io::Error| (ProxyError::ClientIo(e), Phase::ResponseHead);
+    interim
+        .flush(client, send_timeout)
+        .await
+        .map_err(client_io)?;
+    let mut deadline = tokio::time::Instant::now() + header_timeout;
+    loop {
+        let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
+        let head = match tokio::time::timeout_at(deadline, head_fut).await {
+            Err(_) => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
+            Ok(r) => r.map_err(head_failed)?,
+        };
+        match head {
+            Head::Final(h) => return Ok((h, true)),
+            Head::Interim(raw) => {
+                interim.hold(raw).map_err(head_failed)?;
+                let began = tokio::time::Instant::now();
+                interim
+                    .flush(client, send_timeout)
+                    .await
+                    .map_err(client_io)?;
+                deadline += began.elapsed();
             }
-            _ = &mut sleep => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
         }
     }
 }
@@ -395,13 +419,21 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Read the final response head; interim 1xx heads (not 101) are collected raw for the client.
+/// One response head read from an upstream.
+pub(crate) enum Head {
+    /// An interim (1xx, not 101) head, raw as it came.
+    Interim(Bytes),
+    /// The final head (101 included).
+    Final(ResponseHead),
+}
+
+/// Read the next response head: an interim one or the final one. Cancel-safe (what was read
+/// stays in `rbuf`), so callers make a new one for each head.
 pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
     ur: &mut R,
     rbuf: &mut BytesMut,
     method: &Method,
-    interim: &mut Vec<Bytes>,
-) -> Result<ResponseHead, ProxyError> {
+) -> Result<Head, ProxyError> {
     let limits = Limits::default();
     // Parse only when the new bytes may end the head (linear work for a trickled head).
     let mut scanned = 0;
@@ -412,14 +444,9 @@ pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
             scanned = rbuf.len();
             match parse_response(rbuf, method, &limits) {
                 Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
-                    if interim.len() >= MAX_INTERIM {
-                        return Err(ProxyError::TooManyInterim);
-                    }
-                    interim.push(h.raw().clone());
-                    scanned = 0;
-                    continue;
+                    return Ok(Head::Interim(h.raw().clone()));
                 }
-                Ok(Some(h)) => return Ok(h),
+                Ok(Some(h)) => return Ok(Head::Final(h)),
                 Ok(None) => {}
                 Err(e) => return Err(ProxyError::BadResponse(e)),
             }
@@ -434,6 +461,72 @@ pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
             Ok(_) => {}
             Err(e) => return Err(ProxyError::UpstreamIo(e)),
         }
+    }
+}
+
+/// The interim (1xx) heads of one attempt on an HTTP/1.1 server, passed to an HTTP/1.1 client
+/// as they arrive (103 Early Hints lets the browser preload while the server still works on
+/// the answer). Heads that arrive while the client connection is read for the request body
+/// are held until the upload ends. At most [`MAX_INTERIM`] are accepted.
+///
+/// The first interim head commits the attempt: the request is not retried after it
+/// (`Retry::commit`), as if the response had begun, even when the route's policy would retry
+/// the failure that follows. Retrying could show the client the hints of one server and the
+/// answer of another, or hold every hint until the final head, which defeats 103 exactly for
+/// the requests that are retried (body-less GETs, the ones browsers preload for). A later
+/// failure gets its 502/504 after the interim heads, which RFC 9110 15.2 allows.
+pub(crate) struct Interims {
+    /// Interim heads the server sent so far in this attempt.
+    pub seen: usize,
+    /// The client gets them (HTTP/1.1; HTTP/1.0 clients get none, RFC 9110 15.2).
+    to_client: bool,
+    /// Heads read but not yet written to the client.
+    held: Vec<Bytes>,
+}
+
+impl Interims {
+    pub(crate) fn new(to_client: bool) -> Self {
+        Interims {
+            seen: 0,
+            to_client,
+            held: Vec::new(),
+        }
+    }
+
+    /// Count one interim head and keep it for the client; too many is an upstream error.
+    fn hold(&mut self, raw: Bytes) -> Result<(), ProxyError> {
+        if self.seen >= MAX_INTERIM {
+            return Err(ProxyError::TooManyInterim);
+        }
+        self.seen += 1;
+        if self.to_client {
+            self.held.push(raw);
+        }
+        Ok(())
+    }
+
+    /// Write the held heads to the client, if any.
+    async fn flush(&mut self, client: &mut ClientStream, limit: Duration) -> std::io::Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        // Boxed: rare, and a client write's state would otherwise widen every request's future.
+        Box::pin(self.write_held(client, limit)).await
+    }
+
+    /// Write the held heads to the client (one write when several wait).
+    async fn write_held(
+        &mut self,
+        client: &mut ClientStream,
+        limit: Duration,
+    ) -> std::io::Result<()> {
+        match self.held.len() {
+            0 => return Ok(()),
+            1 => send_all(client, &self.held[0], limit).await?,
+            _ => send_all(client, &self.held.concat(), limit).await?,
+        }
+        self.held.clear();
+        Ok(())
     }
 }
 
@@ -545,30 +638,49 @@ async fn tunnel(
         head.version(),
         true,
     );
-    let r: std::io::Result<(u64, u64)> = async {
+    // Bytes written to the client (the 101 head included, as every HTTP/1.1 response counts
+    // its head) and to the upstream, also when the tunnel fails.
+    let (mut to_client, mut to_up) = (0u64, 0u64);
+    let r: std::io::Result<()> = async {
         send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
+        to_client += c.wbuf.len() as u64;
         if !up.rbuf.is_empty() {
             send_all(&mut c.stream, &up.rbuf, c.send_timeout).await?;
+            to_client += up.rbuf.len() as u64;
             up.rbuf.clear();
         }
         if !c.rbuf.is_empty() {
             up.stream.write_all(&c.rbuf).await?;
             up.stream.flush().await?;
+            to_up += c.rbuf.len() as u64;
             c.rbuf.clear();
         }
-        relay_both_ways(&mut c.stream, &mut up.stream, idle).await
+        relay_both_ways(
+            &mut c.stream,
+            &mut up.stream,
+            idle,
+            &mut to_up,
+            &mut to_client,
+        )
+        .await
     }
     .await;
     c.wbuf.clear();
     let termination = match r {
-        Ok(_) => Termination::OK,
-        Err(e) => ProxyError::UpstreamIo(e).termination(Phase::Tunnel),
+        Ok(()) => {
+            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel ended");
+            Termination::OK
+        }
+        Err(e) => {
+            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel failed: {e}");
+            ProxyError::UpstreamIo(e).termination(Phase::Tunnel)
+        }
     };
     Outcome {
         termination,
         status: 101,
         keep_alive: false,
-        bytes_sent: 0,
+        bytes_sent: to_client,
         upstream: Some(addr),
     }
 }
@@ -576,12 +688,16 @@ async fn tunnel(
 /// Copy bytes both ways until both sides have closed; half-closes are passed on. Ends with
 /// `TimedOut` when neither side sends anything for `idle`, or when a write (which holds up
 /// both directions) makes no progress for `idle`: a peer that stops reading would otherwise
-/// hang the tunnel for ever, as the idle timer is not polled during a write.
+/// hang the tunnel for ever, as the idle timer is not polled during a write. The bytes copied
+/// each way are added to `a_to_b` and `b_to_a` as they are written, so a failed tunnel counts
+/// them too.
 async fn relay_both_ways(
     a: &mut ClientStream,
     b: &mut UpStream,
     idle: Duration,
-) -> std::io::Result<(u64, u64)> {
+    a_to_b: &mut u64,
+    b_to_a: &mut u64,
+) -> std::io::Result<()> {
     /// A write (or shutdown), `TimedOut` after `idle`.
     async fn bounded(
         idle: Duration,
@@ -600,7 +716,6 @@ async fn relay_both_ways(
     let mut abuf = vec![0u8; 16 * 1024];
     let mut bbuf = vec![0u8; 16 * 1024];
     let (mut a_open, mut b_open) = (true, true);
-    let (mut a_to_b, mut b_to_a) = (0u64, 0u64);
     let sleep = tokio::time::sleep(idle);
     tokio::pin!(sleep);
     while a_open || b_open {
@@ -616,7 +731,7 @@ async fn relay_both_ways(
                         bw.flush().await
                     })
                     .await?;
-                    a_to_b += n as u64;
+                    *a_to_b += n as u64;
                 }
             }
             r = br.read(&mut bbuf), if b_open => {
@@ -630,7 +745,7 @@ async fn relay_both_ways(
                         aw.flush().await
                     })
                     .await?;
-                    b_to_a += n as u64;
+                    *b_to_a += n as u64;
                 }
             }
             _ = &mut sleep => {
@@ -639,7 +754,7 @@ async fn relay_both_ways(
         }
         sleep.as_mut().reset(tokio::time::Instant::now() + idle);
     }
-    Ok((a_to_b, b_to_a))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,16 +1,21 @@
 //! Interim (1xx) responses passed on across protocols: those of HTTP/1.1 upstreams to HTTP/2 clients as informational HEADERS, those of HTTP/2 upstreams to HTTP/2 clients and (as raw heads) to HTTP/1.1 clients (103 Early Hints and the like).
 
+use crate::conn::send_all;
+use crate::error::ProxyError;
 use crate::h2_fields::{append, CONNECTION_SPECIFIC};
+use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use portico_http1::{encode, parse_response, Limits, Method};
+use std::cell::RefCell;
+use std::time::Duration;
 
-/// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, collected by
-/// `forward::read_response_head`) to the HTTP/2 client as an informational response: a HEADERS
-/// frame without END_STREAM before the final one (RFC 9113 8.1). Connection-specific fields
-/// are dropped (RFC 9113 8.2.2), other fields pass as they came, as they do to HTTP/1.1
-/// clients. A head that does not parse again or a client that is gone is skipped: the final
-/// response that follows meets the same client and reports it.
+/// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, by
+/// `forward::read_response_head`, as they arrive) to the HTTP/2 client as an informational
+/// response: a HEADERS frame without END_STREAM before the final one (RFC 9113 8.1).
+/// Connection-specific fields are dropped (RFC 9113 8.2.2), other fields pass as they came, as
+/// they do to HTTP/1.1 clients. A head that does not parse again or a client that is gone is
+/// skipped: the stream's reset watch or the final response reports the client.
 pub(crate) fn forward(respond: &mut SendResponse<Bytes>, interim: &[Bytes], method: &Method) {
     for raw in interim {
         if let Some(resp) = informational(raw, method) {
@@ -21,21 +26,66 @@ pub(crate) fn forward(respond: &mut SendResponse<Bytes>, interim: &[Bytes], meth
     }
 }
 
-/// Send the interim responses of an HTTP/2 upstream (collected by `upstream_h2`) to the
-/// HTTP/2 client, as `forward` does for raw heads: connection-specific fields dropped, 101
-/// skipped, and a client that is gone ends it (the final response reports it).
-pub(crate) fn forward_h2(respond: &mut SendResponse<Bytes>, interim: Vec<http::Response<()>>) {
-    for mut resp in interim {
-        if !qualifies(resp.status()) {
-            continue;
+/// Send one interim response of an HTTP/2 upstream to the HTTP/2 client, as `forward` does
+/// for raw heads: connection-specific fields dropped, 101 skipped, a client that is gone
+/// ignored (the stream's reset watch or the final response reports it).
+fn forward_h2(respond: &mut SendResponse<Bytes>, mut resp: http::Response<()>) {
+    if !qualifies(resp.status()) {
+        return;
+    }
+    let headers = resp.headers_mut();
+    for name in CONNECTION_SPECIFIC {
+        headers.remove(name);
+    }
+    let _ = respond.send_informational(resp);
+}
+
+/// Where the interim responses of an HTTP/2 upstream go, as `upstream_h2` reads them.
+pub(crate) enum Sink<'a> {
+    /// An HTTP/2 client's stream: informational HEADERS at once. The cell is shared with the
+    /// stream's reset watch; each side borrows it for one synchronous call only.
+    H2(&'a RefCell<&'a mut SendResponse<Bytes>>),
+    /// An HTTP/1.1 client's connection that no upload reads: raw heads written at once, under
+    /// the listener's `send_timeout`.
+    H1(&'a mut ClientStream, Duration),
+    /// An HTTP/1.1 client's connection read for the upload: raw heads kept here for the caller
+    /// to write before the final response.
+    Held(BytesMut),
+    /// An HTTP/1.0 client: none are passed on (RFC 9110 15.2).
+    Dropped,
+}
+
+/// The interim responses of one attempt on an HTTP/2 upstream: how many came (the first one
+/// commits the attempt, see `forward::Interims`) and where they go.
+pub(crate) struct Interims<'a> {
+    pub seen: usize,
+    pub to: Sink<'a>,
+}
+
+impl Interims<'_> {
+    /// Pass one interim response on (`seen` is the caller's to count); an error is the HTTP/1.1
+    /// client's failed write.
+    pub(crate) async fn pass(&mut self, resp: http::Response<()>) -> Result<(), ProxyError> {
+        match &mut self.to {
+            Sink::H2(cell) => {
+                // Never borrowed elsewhere during this call (single-threaded, no await held).
+                if let Ok(mut respond) = cell.try_borrow_mut() {
+                    forward_h2(&mut respond, resp);
+                }
+            }
+            Sink::H1(stream, limit) => {
+                let mut raw = BytesMut::new();
+                http1_head(&mut raw, &resp);
+                if !raw.is_empty() {
+                    send_all(stream, &raw, *limit)
+                        .await
+                        .map_err(ProxyError::ClientIo)?;
+                }
+            }
+            Sink::Held(raw) => http1_head(raw, &resp),
+            Sink::Dropped => {}
         }
-        let headers = resp.headers_mut();
-        for name in CONNECTION_SPECIFIC {
-            headers.remove(name);
-        }
-        if respond.send_informational(resp).is_err() {
-            return;
-        }
+        Ok(())
     }
 }
 

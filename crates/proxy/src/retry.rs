@@ -193,6 +193,12 @@ impl<'a> Retry<'a> {
         self.left > 0 && self.policy.is_some_and(|(p, _)| p.on.status(status))
     }
 
+    /// The client has seen part of the current attempt's answer (an interim response): nothing
+    /// that happens to the request later is retried.
+    pub fn commit(&mut self) {
+        self.left = 0;
+    }
+
     /// Decide whether the attempt that failed with `cause` on `server` of `group` is retried:
     /// the policy covers the cause, a retry is left and the budget has room. A granted retry is
     /// counted, spent and remembers the server; a retry refused by the budget is counted.
@@ -314,6 +320,49 @@ mod tests {
         b.deposit(t0 + Duration::from_secs(20));
         b.deposit(t10 + Duration::from_millis(999));
         assert_eq!(b.window(t0 + Duration::from_secs(20)).0, 2);
+    }
+
+    #[test]
+    fn a_committed_request_is_not_retried() {
+        use portico_config::RetryOn;
+        let policy = RetryPolicy {
+            retries: 2,
+            on: RetryOn {
+                connect: true,
+                reset: true,
+                timeout: true,
+                status_502: true,
+                status_503: true,
+                status_504: true,
+            },
+            non_idempotent: false,
+            budget: 1.0,
+            min_per_second: 10,
+        };
+        let t0 = Instant::now();
+        let budget = RetryBudget::new(1.0, 10, t0);
+        let counters = RouteStats::default();
+        let stats = Stats::default();
+        let mut raw = bytes::BytesMut::from(&b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"[..]);
+        let head = portico_http1::parse_request(&mut raw, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap();
+        let mut r = Retry::new(Some(&policy), Some(&budget), &head, t0, &counters);
+        assert!(r.on_status(503));
+        assert!(r.allows(RetryCause::Reset, 0, 0, &stats));
+        // An interim response reached the client: nothing after it is retried, and that is
+        // not a budget refusal.
+        r.commit();
+        assert!(!r.on_status(503));
+        for cause in [
+            RetryCause::Reset,
+            RetryCause::Timeout,
+            RetryCause::Status(503),
+        ] {
+            assert!(!r.allows(cause, 0, 1, &stats));
+        }
+        assert_eq!(stats.retries.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.retries_budget_exhausted.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -5,6 +5,7 @@ use crate::conn::{fail, may_keep_alive, send_all, send_continue, ClientBody, Con
 use crate::error::ProxyError;
 use crate::forward::{connect, MAX_INTERIM};
 use crate::h2_fields::{append, trailer_map};
+use crate::h2_interim::{Interims, Sink};
 use crate::headers::{self, ClientFraming};
 use crate::pool::{PoolKey, UpStream};
 use crate::retry::{Retry, RetryCause};
@@ -582,38 +583,51 @@ fn head_failure(e: h2::Error) -> Failure {
     }
 }
 
-/// The final response head of `resp`; the interim (1xx) responses before it are collected into
-/// `interim` (as `forward::read_response_head` does for HTTP/1.1 servers), at most
-/// `MAX_INTERIM` of them. They are taken before the final head each time the stream is polled:
-/// `h2` would otherwise skip them.
-async fn response_head(
-    resp: &mut ResponseFuture,
-    interim: &mut Vec<http::Response<()>>,
-) -> Result<http::Response<RecvStream>, Failure> {
+/// One response head of an HTTP/2 upstream.
+enum Head {
+    /// An informational (1xx) response.
+    Interim(http::Response<()>),
+    /// The final response.
+    Final(http::Response<RecvStream>),
+}
+
+/// The next response head of `resp`: an interim (1xx) response, taken before the final head
+/// each time the stream is polled (`h2` would otherwise skip them), or the final one.
+/// Cancel-safe: a new one is made for each head.
+async fn response_head(resp: &mut ResponseFuture) -> Result<Head, Failure> {
     poll_fn(|cx| {
-        loop {
-            match resp.poll_informational(cx) {
-                Poll::Ready(Some(Ok(r))) => {
-                    if interim.len() >= MAX_INTERIM {
-                        // Only this stream misbehaves: it is reset when dropped.
-                        return Poll::Ready(Err(Failure {
-                            stream_only: true,
-                            ..Failure::plain(ProxyError::TooManyInterim, Phase::ResponseHead)
-                        }));
-                    }
-                    interim.push(r);
-                }
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(head_failure(e))),
-                Poll::Ready(None) | Poll::Pending => break,
-            }
+        match resp.poll_informational(cx) {
+            Poll::Ready(Some(Ok(r))) => return Poll::Ready(Ok(Head::Interim(r))),
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(head_failure(e))),
+            Poll::Ready(None) | Poll::Pending => {}
         }
-        Pin::new(&mut *resp).poll(cx).map_err(head_failure)
+        Pin::new(&mut *resp)
+            .poll(cx)
+            .map(|r| r.map(Head::Final).map_err(head_failure))
     })
     .await
 }
 
+/// Count one interim response of the exchange and pass it on (at once, see `Interims`); more
+/// than `MAX_INTERIM` fails the stream, a failed client write fails the request. Callers box
+/// it: interim responses are rare, and its state (a client write) would otherwise widen every
+/// exchange's future.
+async fn pass_interim(interim: &mut Interims<'_>, r: http::Response<()>) -> Result<(), Failure> {
+    // Either failure is this stream's only: the connection stays usable.
+    let stream_only = |e| Failure {
+        stream_only: true,
+        ..Failure::plain(e, Phase::ResponseHead)
+    };
+    if interim.seen >= MAX_INTERIM {
+        return Err(stream_only(ProxyError::TooManyInterim));
+    }
+    interim.seen += 1;
+    interim.pass(r).await.map_err(stream_only)
+}
+
 /// Send the request on `conn`, stream its body while waiting for the response head; return
-/// the head and whether the body was completely sent. Interim responses go to `interim`.
+/// the head and whether the body was completely sent. Interim responses go to `interim` as
+/// they arrive.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
     conn: &H2Conn,
@@ -622,10 +636,8 @@ async fn exchange(
     header_timeout: Duration,
     idle: Duration,
     finish: bool,
-    interim: &mut Vec<http::Response<()>>,
+    interim: &mut Interims<'_>,
 ) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
-    // A stream refused on another connection before may have sent some: they are not passed on.
-    interim.clear();
     let refused = |e: ProxyError| Failure {
         refused: true,
         ..Failure::plain(e, Phase::ResponseHead)
@@ -640,17 +652,26 @@ async fn exchange(
         .send_request(req, src.is_none())
         .map_err(|e| refused(up_err(e)))?;
     if src.is_none() {
-        return match timeout(header_timeout, response_head(&mut resp, interim)).await {
-            Err(_) => Err(Failure::plain(
-                ProxyError::ResponseTimeout,
-                Phase::ResponseHead,
-            )),
-            Ok(r) => r.map(|h| (h, send, true)),
-        };
+        let mut deadline = tokio::time::Instant::now() + header_timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, response_head(&mut resp)).await {
+                Err(_) => {
+                    let e = ProxyError::ResponseTimeout;
+                    return Err(Failure::plain(e, Phase::ResponseHead));
+                }
+                Ok(r) => match r? {
+                    Head::Final(h) => return Ok((h, send, true)),
+                    Head::Interim(r) => {
+                        // A slow client's write of it does not count against the server.
+                        let began = tokio::time::Instant::now();
+                        Box::pin(pass_interim(interim, r)).await?;
+                        deadline += began.elapsed();
+                    }
+                },
+            }
+        }
     }
     let r = {
-        let head_fut = response_head(&mut resp, interim);
-        tokio::pin!(head_fut);
         let body_fut = upload(&mut send, src, idle);
         tokio::pin!(body_fut);
         let sleep = tokio::time::sleep(FAR);
@@ -659,9 +680,13 @@ async fn exchange(
         loop {
             tokio::select! {
                 biased;
-                r = &mut head_fut => {
+                r = response_head(&mut resp) => {
                     let h = match r {
-                        Ok(h) => h,
+                        Ok(Head::Final(h)) => h,
+                        Ok(Head::Interim(r)) => match Box::pin(pass_interim(interim, r)).await {
+                            Ok(()) => continue,
+                            Err(f) => break Err(f),
+                        },
                         Err(f) => break Err(f),
                     };
                     // As for HTTP/1.1: a success finishes the upload first (unless the caller
@@ -767,7 +792,7 @@ impl Run<'_> {
         src: &mut Upload<'_>,
         timings: &mut Timings,
         finish: bool,
-        interim: &mut Vec<http::Response<()>>,
+        interim: &mut Interims<'_>,
     ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
         // The connection the first exchange failed on, once it did.
         let mut failed_on: Option<Rc<H2Conn>> = None;
@@ -854,9 +879,11 @@ impl Run<'_> {
                         // would otherwise take up to 100 more requests, each waiting for its 504.
                         lease.0.closed.set(true);
                     }
+                    // Not after an interim response: it went to the client (see `Interims`).
                     if failed_on.is_none()
                         && f.phase == Phase::ResponseHead
                         && src.is_none()
+                        && interim.seen == 0
                         && (f.refused || (reused && self.retryable && !f.stream_only))
                     {
                         let stats = &self.shared.stats;
@@ -945,26 +972,52 @@ pub(crate) async fn proxy_h1(
         retryable: head.method().is_idempotent() && !has_body,
     };
     let mut timings = std::mem::take(&mut c.timings);
-    let mut interim = Vec::new();
-    let r = {
-        let src = match has_body {
-            false => Source::None,
-            true => Source::H1 {
-                stream: &mut c.stream,
-                rbuf: &mut c.rbuf,
-                body: ClientBody::new(
-                    head.framing,
-                    route.max_body_bytes,
-                    ctx.ls.listener.limits.body_min_rate,
-                ),
-            },
+    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2), as raw heads: at once
+    // when no upload reads the client connection, else just before the final response.
+    let to_client = head.version() == portico_http1::Version::Http11;
+    let send_timeout = c.send_timeout;
+    let (r, held, seen) = {
+        let (src, to) = match has_body {
+            false => (
+                Source::None,
+                match to_client {
+                    true => Sink::H1(&mut c.stream, send_timeout),
+                    false => Sink::Dropped,
+                },
+            ),
+            true => (
+                Source::H1 {
+                    stream: &mut c.stream,
+                    rbuf: &mut c.rbuf,
+                    body: ClientBody::new(
+                        head.framing,
+                        route.max_body_bytes,
+                        ctx.ls.listener.limits.body_min_rate,
+                    ),
+                },
+                match to_client {
+                    true => Sink::Held(BytesMut::new()),
+                    false => Sink::Dropped,
+                },
+            ),
         };
         let mut src = Upload::new(src);
-        run.go(req, &mut src, &mut timings, true, &mut interim)
+        let mut interim = Interims { seen: 0, to };
+        let r = run
+            .go(req, &mut src, &mut timings, true, &mut interim)
             .await
-            .map(|(l, r, _, d)| (l, r, d))
+            .map(|(l, r, _, d)| (l, r, d));
+        let held = match interim.to {
+            Sink::Held(raw) => raw,
+            _ => BytesMut::new(),
+        };
+        (r, held, interim.seen)
     };
     c.timings = timings;
+    // The first interim response committed the attempt (see `forward::Interims`).
+    if seen > 0 {
+        retry.commit();
+    }
     let (lease, resp, body_done) = match r {
         Ok(x) => x,
         Err(f) => {
@@ -981,13 +1034,9 @@ pub(crate) async fn proxy_h1(
     if retry_status(status, &picked, retry, &shared.stats) {
         return None;
     }
-    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2), as raw heads.
-    if head.version() == portico_http1::Version::Http11 && !interim.is_empty() {
-        let mut raw = BytesMut::new();
-        for r in &interim {
-            crate::h2_interim::http1_head(&mut raw, r);
-        }
-        if let Err(e) = send_all(&mut c.stream, &raw, c.send_timeout).await {
+    // Interim responses held while the upload read the client connection.
+    if !held.is_empty() {
+        if let Err(e) = send_all(&mut c.stream, &held, c.send_timeout).await {
             return Some(Outcome {
                 termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
                 status,
@@ -1193,16 +1242,28 @@ pub(crate) async fn proxy_h2(
             max: route.max_body_bytes,
         },
     });
-    let mut interim = Vec::new();
-    let r = {
-        let respond = &mut *cl.respond;
-        tokio::select! {
+    // Interim responses go out as they arrive, as informational HEADERS.
+    let (r, seen) = {
+        let respond = RefCell::new(&mut *cl.respond);
+        let mut interim = Interims {
+            seen: 0,
+            to: Sink::H2(&respond),
+        };
+        // Each side borrows `respond` for one synchronous call only, so both borrows succeed.
+        let reset = poll_fn(|cx| match respond.try_borrow_mut() {
+            Ok(mut respond) => respond.poll_reset(cx).map(|_| ()),
+            Err(_) => Poll::Pending,
+        });
+        let r = tokio::select! {
             r = run.go(req, &mut src, cl.timings, false, &mut interim) => r,
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => {
-                Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead))
-            }
-        }
+            _ = reset => Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead)),
+        };
+        (r, interim.seen)
     };
+    // The first interim response committed the attempt (see `forward::Interims`).
+    if seen > 0 {
+        retry.commit();
+    }
     let (lease, resp, mut up_send, body_done) = match r {
         Ok(x) => x,
         Err(f) => {
@@ -1220,7 +1281,6 @@ pub(crate) async fn proxy_h2(
     if retry_status(status, &picked, retry, &cl.shared.stats) {
         return None;
     }
-    crate::h2_interim::forward_h2(cl.respond, interim);
     let (parts, mut body) = resp.into_parts();
     let response = client_response(parts, &route.response_headers, p.via);
     let end = body.is_end_stream();

@@ -6,7 +6,7 @@ use crate::admit::{self, Refused};
 use crate::attempt::{self, Failed};
 use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
-use crate::forward::read_response_head;
+use crate::forward::{read_response_head, Head, MAX_INTERIM};
 use crate::h2_fields::{append, trailer_map};
 use crate::pool::UpConn;
 use crate::resilience::RouteResilience;
@@ -490,7 +490,8 @@ impl Stream<'_> {
         }
         let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
         let chunked = head.framing == Framing::Chunked;
-        let mut interim = Vec::new();
+        // Interim heads the server sent in this attempt (each went out as it came).
+        let mut interim = 0;
         let mut fresh_only = false;
         let (mut up, reused, resp, body_done, got) = loop {
             let pool = &link.worker.pool;
@@ -505,7 +506,7 @@ impl Stream<'_> {
             let body_limit = route.max_body_bytes;
             let r = {
                 let Stream { respond, body, .. } = self;
-                let work = exchange(
+                exchange(
                     &mut up,
                     ubuf,
                     head.method(),
@@ -515,15 +516,15 @@ impl Stream<'_> {
                     self.cur.ls.listener.limits.body_min_rate,
                     group.response_header_timeout,
                     group.idle_timeout,
+                    respond,
                     &mut interim,
-                );
-                tokio::select! {
-                    r = work => r,
-                    _ = poll_fn(|cx| respond.poll_reset(cx)) => {
-                        Err((ProxyError::ClientClosed, Phase::ResponseHead))
-                    }
-                }
+                )
+                .await
             };
+            // The first interim response committed the attempt (see `forward::Interims`).
+            if interim > 0 {
+                retry.commit();
+            }
             match r {
                 Ok((resp, body_done)) => {
                     let got = t.responded(resp.status());
@@ -531,7 +532,7 @@ impl Stream<'_> {
                     break (up, reused, resp, body_done, got);
                 }
                 Err((e, phase)) => {
-                    let untouched = up.rbuf.is_empty() && interim.is_empty();
+                    let untouched = up.rbuf.is_empty() && interim == 0;
                     match t.failed(shared, retry, head, &e, phase, reused, untouched) {
                         Failed::Stale => fresh_only = true,
                         Failed::Retry => return None,
@@ -578,7 +579,6 @@ impl Stream<'_> {
             // Boxed: a rare, long-lived state that would otherwise widen every stream.
             return Some(Box::pin(tunnel).await);
         }
-        crate::h2_interim::forward(&mut self.respond, &interim, head.method());
         let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
         let mut response = response_from(&resp, &route.response_headers, p.via);
         if let Some(cookie) = &t.set_cookie {
@@ -799,7 +799,9 @@ fn trailers_from(raw: &[u8]) -> HeaderMap {
 }
 
 /// Write the head, stream the request body while waiting for the response head; return the
-/// final head and whether the request body was completely sent.
+/// final head and whether the request body was completely sent. Interim heads go to the client
+/// as informational HEADERS as they arrive (`interim` counts them, at most `MAX_INTERIM`); a
+/// client reset of the stream ends it.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
     up: &mut UpConn,
@@ -811,49 +813,70 @@ async fn exchange(
     min_rate: u64,
     header_timeout: Duration,
     idle: Duration,
-    interim: &mut Vec<Bytes>,
+    respond: &mut SendResponse<Bytes>,
+    interim: &mut usize,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
+    let reset = (ProxyError::ClientClosed, Phase::ResponseHead);
     // TLS: the records must leave rustls's buffer too (a no-op for plain sockets).
     let write = async {
         up.stream.write_all(ubuf).await?;
         up.stream.flush().await
     };
-    match timeout(idle, write).await {
-        Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
-        Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
-        Ok(Ok(())) => {}
+    tokio::select! {
+        r = timeout(idle, write) => match r {
+            Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
+            Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
+            Ok(Ok(())) => {}
+        },
+        _ = poll_fn(|cx| respond.poll_reset(cx)) => return Err(reset),
     }
     let (mut ur, mut uw) = up.stream.split();
-    let head_fut = read_response_head(&mut ur, &mut up.rbuf, method, interim);
-    tokio::pin!(head_fut);
-    let Some(body) = body else {
-        return match timeout(header_timeout, head_fut).await {
-            Err(_) => Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
-            Ok(r) => r.map(|h| (h, true)).map_err(|e| (e, Phase::ResponseHead)),
-        };
+    let mut body_done = body.is_none();
+    let upload = async {
+        match body {
+            Some(body) => upload(body, &mut uw, chunked, max_body, min_rate, idle).await,
+            None => Ok(()),
+        }
     };
-    let body_fut = upload(body, &mut uw, chunked, max_body, min_rate, idle);
-    tokio::pin!(body_fut);
-    let sleep = tokio::time::sleep(FAR);
-    tokio::pin!(sleep);
-    let mut body_done = false;
+    tokio::pin!(upload);
+    // The head timeout runs once the upload is over (the body has its own timeouts).
+    let mut deadline = tokio::time::Instant::now() + if body_done { header_timeout } else { FAR };
     loop {
-        tokio::select! {
+        // A new read per head: it is cancel-safe (what was read stays in `up.rbuf`).
+        let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
+        let head = tokio::select! {
             biased;
-            r = &mut head_fut => {
-                let h = r.map_err(|e| (e, Phase::ResponseHead))?;
+            r = head_fut => r.map_err(|e| (e, Phase::ResponseHead))?,
+            r = &mut upload, if !body_done => {
+                r.map_err(|e| (e, Phase::RequestBody))?;
+                body_done = true;
+                deadline = tokio::time::Instant::now() + header_timeout;
+                continue;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err((ProxyError::ResponseTimeout, Phase::ResponseHead));
+            }
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => return Err(reset),
+        };
+        match head {
+            Head::Interim(raw) => {
+                if *interim >= MAX_INTERIM {
+                    return Err((ProxyError::TooManyInterim, Phase::ResponseHead));
+                }
+                *interim += 1;
+                crate::h2_interim::forward(respond, std::slice::from_ref(&raw), method);
+            }
+            Head::Final(h) => {
+                // A success before the upload ended: finish it first; an early error ends it.
                 if !body_done && h.status() < 300 {
-                    body_fut.await.map_err(|e| (e, Phase::RequestBody))?;
+                    tokio::select! {
+                        r = &mut upload => r.map_err(|e| (e, Phase::RequestBody))?,
+                        _ = poll_fn(|cx| respond.poll_reset(cx)) => return Err(reset),
+                    }
                     body_done = true;
                 }
                 return Ok((h, body_done));
             }
-            r = &mut body_fut, if !body_done => {
-                r.map_err(|e| (e, Phase::RequestBody))?;
-                body_done = true;
-                sleep.as_mut().reset(tokio::time::Instant::now() + header_timeout);
-            }
-            _ = &mut sleep => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
         }
     }
 }
