@@ -641,24 +641,33 @@ async fn tunnel(
     // Bytes written to the client (the 101 head included, as every HTTP/1.1 response counts
     // its head) and to the upstream, also when the tunnel fails.
     let (mut to_client, mut to_up) = (0u64, 0u64);
-    let r: std::io::Result<()> = async {
-        send_all(&mut c.stream, &c.wbuf, c.send_timeout).await?;
+    let send_timeout = c.send_timeout;
+    let r: Result<(), ProxyError> = async {
+        send_all(&mut c.stream, &c.wbuf, send_timeout)
+            .await
+            .map_err(ProxyError::ClientIo)?;
         to_client += c.wbuf.len() as u64;
         if !up.rbuf.is_empty() {
-            send_all(&mut c.stream, &up.rbuf, c.send_timeout).await?;
+            send_all(&mut c.stream, &up.rbuf, send_timeout)
+                .await
+                .map_err(ProxyError::ClientIo)?;
             to_client += up.rbuf.len() as u64;
             up.rbuf.clear();
         }
         if !c.rbuf.is_empty() {
-            up.stream.write_all(&c.rbuf).await?;
-            up.stream.flush().await?;
+            let early = async {
+                up.stream.write_all(&c.rbuf).await?;
+                up.stream.flush().await
+            };
+            bounded(idle, early).await.map_err(upstream_error)?;
             to_up += c.rbuf.len() as u64;
             c.rbuf.clear();
         }
+        let ends = TunnelEnds { idle, send_timeout };
         relay_both_ways(
             &mut c.stream,
             &mut up.stream,
-            idle,
+            ends,
             &mut to_up,
             &mut to_client,
         )
@@ -673,7 +682,7 @@ async fn tunnel(
         }
         Err(e) => {
             tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel failed: {e}");
-            ProxyError::UpstreamIo(e).termination(Phase::Tunnel)
+            e.termination(Phase::Tunnel)
         }
     };
     Outcome {
@@ -685,32 +694,53 @@ async fn tunnel(
     }
 }
 
-/// Copy bytes both ways until both sides have closed; half-closes are passed on. Ends with
-/// `TimedOut` when neither side sends anything for `idle`, or when a write (which holds up
-/// both directions) makes no progress for `idle`: a peer that stops reading would otherwise
-/// hang the tunnel for ever, as the idle timer is not polled during a write. The bytes copied
-/// each way are added to `a_to_b` and `b_to_a` as they are written, so a failed tunnel counts
-/// them too.
+/// The limits of an upgrade tunnel: silence both ways and each write to the upstream are
+/// bounded by the group's `idle_timeout`; each write to the client by the listener's
+/// `send_timeout`, as every other client write.
+#[derive(Clone, Copy)]
+struct TunnelEnds {
+    idle: Duration,
+    send_timeout: Duration,
+}
+
+/// A write (or shutdown) that fails with `TimedOut` when it makes no progress for `limit`: a
+/// peer that stops reading would otherwise hang the tunnel for ever, as the idle timer is not
+/// polled during a write.
+async fn bounded(
+    limit: Duration,
+    write: impl std::future::Future<Output = std::io::Result<()>>,
+) -> std::io::Result<()> {
+    match timeout(limit, write).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "tunnel write stalled",
+        )),
+    }
+}
+
+/// An upstream failure in a tunnel: a stalled write is the upstream's timeout.
+fn upstream_error(e: std::io::Error) -> ProxyError {
+    match e.kind() {
+        std::io::ErrorKind::TimedOut => ProxyError::UpstreamIdle,
+        _ => ProxyError::UpstreamIo(e),
+    }
+}
+
+/// Copy bytes both ways until both sides have closed; half-closes are passed on. A failure
+/// names its side: the client's read or write (a write stalled for `send_timeout` is a client
+/// timeout), the upstream's (a write stalled for `idle` is an upstream timeout), or silence
+/// both ways for `idle` (recorded as the upstream's idle timeout, as in the HTTP/2 tunnel). The
+/// bytes copied each way are added to `a_to_b` and `b_to_a` as they are written, so a failed
+/// tunnel counts them too.
 async fn relay_both_ways(
     a: &mut ClientStream,
     b: &mut UpStream,
-    idle: Duration,
+    ends: TunnelEnds,
     a_to_b: &mut u64,
     b_to_a: &mut u64,
-) -> std::io::Result<()> {
-    /// A write (or shutdown), `TimedOut` after `idle`.
-    async fn bounded(
-        idle: Duration,
-        write: impl std::future::Future<Output = std::io::Result<()>>,
-    ) -> std::io::Result<()> {
-        match timeout(idle, write).await {
-            Ok(r) => r,
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "tunnel write stalled",
-            )),
-        }
-    }
+) -> Result<(), ProxyError> {
+    let TunnelEnds { idle, send_timeout } = ends;
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = b.split();
     let mut abuf = vec![0u8; 16 * 1024];
@@ -721,36 +751,34 @@ async fn relay_both_ways(
     while a_open || b_open {
         tokio::select! {
             r = ar.read(&mut abuf), if a_open => {
-                let n = r?;
+                let n = r.map_err(ProxyError::ClientIo)?;
                 if n == 0 {
                     a_open = false;
-                    bounded(idle, bw.shutdown()).await?;
+                    bounded(idle, bw.shutdown()).await.map_err(upstream_error)?;
                 } else {
-                    bounded(idle, async {
+                    let write = async {
                         bw.write_all(&abuf[..n]).await?;
                         bw.flush().await
-                    })
-                    .await?;
+                    };
+                    bounded(idle, write).await.map_err(upstream_error)?;
                     *a_to_b += n as u64;
                 }
             }
             r = br.read(&mut bbuf), if b_open => {
-                let n = r?;
+                let n = r.map_err(ProxyError::UpstreamIo)?;
                 if n == 0 {
                     b_open = false;
-                    bounded(idle, aw.shutdown()).await?;
+                    bounded(send_timeout, aw.shutdown()).await.map_err(ProxyError::ClientIo)?;
                 } else {
-                    bounded(idle, async {
+                    let write = async {
                         aw.write_all(&bbuf[..n]).await?;
                         aw.flush().await
-                    })
-                    .await?;
+                    };
+                    bounded(send_timeout, write).await.map_err(ProxyError::ClientIo)?;
                     *b_to_a += n as u64;
                 }
             }
-            _ = &mut sleep => {
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "tunnel idle"));
-            }
+            _ = &mut sleep => return Err(ProxyError::UpstreamIdle),
         }
         sleep.as_mut().reset(tokio::time::Instant::now() + idle);
     }

@@ -1,6 +1,7 @@
 //! Integration tests: a real proxy, scripted upstreams and raw clients on ephemeral loopback ports.
 
-use portico_proxy::{start, Running};
+use portico_proxy::stats::{Cause, Phase, Side};
+use portico_proxy::{start, Running, Termination};
 use portico_testkit::{exchange_raw, read_past_head, status_of, Client, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -401,7 +402,9 @@ fn write_until_closed(s: &mut TcpStream) -> std::io::Error {
 
 /// An upgrade tunnel where one end stops reading (`upstream_reads` false: the upstream, else
 /// the client) while the other keeps writing: once the socket buffers are full the proxy's
-/// write blocks, and the group's `idle_timeout` must still end the tunnel.
+/// write blocks, and the limit of that write must still end the tunnel: the group's
+/// `idle_timeout` for the upstream, the listener's `send_timeout` for the client (the other
+/// limit is set far beyond the test's 10 s, so only the right one can end it in time).
 fn stalled_tunnel(upstream_reads: bool) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let up_addr = l.local_addr().unwrap();
@@ -418,7 +421,25 @@ fn stalled_tunnel(upstream_reads: bool) {
             let _ = done_rx.recv();
         }
     });
-    let p = simple(&[up_addr], "idle_timeout = \"300ms\"", "");
+    let (idle, send) = if upstream_reads {
+        ("30s", "300ms")
+    } else {
+        ("300ms", "30s")
+    };
+    let p = proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[listeners.limits]
+send_timeout = "{send}"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{up_addr}"]
+idle_timeout = "{idle}"
+"#
+    ));
     let mut s = TcpStream::connect(p.addr("p").unwrap()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(
@@ -435,6 +456,22 @@ fn stalled_tunnel(upstream_reads: bool) {
         let _ = done_tx.send(());
         upstream.join().unwrap();
     }
+    // The record names the side whose write stalled.
+    let side = if upstream_reads {
+        Side::Client
+    } else {
+        Side::Upstream
+    };
+    let want = Termination::new(side, Phase::Tunnel, Cause::Timeout);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while p.stats().terminations(want) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {} record",
+            want.code()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -443,7 +480,7 @@ fn an_upgrade_tunnel_to_an_upstream_that_stops_reading_ends_at_idle_timeout() {
 }
 
 #[test]
-fn an_upgrade_tunnel_to_a_client_that_stops_reading_ends_at_idle_timeout() {
+fn an_upgrade_tunnel_to_a_client_that_stops_reading_ends_at_send_timeout() {
     stalled_tunnel(true);
 }
 
