@@ -83,6 +83,7 @@ enum BenchJob {
 }
 
 fn main() -> ExitCode {
+    portico_tls::install_default_provider();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()

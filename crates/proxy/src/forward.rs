@@ -444,7 +444,7 @@ pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
             scanned = rbuf.len();
             match parse_response(rbuf, method, &limits) {
                 Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
-                    return Ok(Head::Interim(h.raw().clone()));
+                    return Ok(Head::Interim(interim_head(&h)));
                 }
                 Ok(Some(h)) => return Ok(Head::Final(h)),
                 Ok(None) => {}
@@ -462,6 +462,21 @@ pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
             Err(e) => return Err(ProxyError::UpstreamIo(e)),
         }
     }
+}
+
+/// An interim head as passed on: the server's status line and fields without the hop-by-hop
+/// ones (`Connection`, `Keep-Alive`, ... and those `Connection` names: RFC 9110 7.6.1), as a
+/// final response is relayed.
+fn interim_head(h: &ResponseHead) -> Bytes {
+    let mut out = BytesMut::with_capacity(h.raw().len());
+    encode::status_line(&mut out, h.status(), h.reason());
+    for (name, value) in h.fields() {
+        if !h.is_hop_by_hop(name) {
+            encode::field(&mut out, name, value);
+        }
+    }
+    encode::end_head(&mut out);
+    out.freeze()
 }
 
 /// The interim (1xx) heads of one attempt on an HTTP/1.1 server, passed to an HTTP/1.1 client
@@ -800,6 +815,22 @@ mod tests {
         assert!(!stalled.keep_alive);
         let reset = client_gone(103, addr, ErrorKind::ConnectionReset.into());
         assert_eq!(reset.termination.cause, Cause::Io);
+    }
+
+    #[test]
+    fn interim_heads_lose_their_hop_by_hop_fields() {
+        let mut raw = bytes::BytesMut::from(
+            &b"HTTP/1.1 103 Early Hints\r\nConnection: close, x-hop\r\nX-Hop: 1\r\n\
+               Keep-Alive: timeout=5\r\nLink: </a.css>; rel=preload\r\n\r\n"[..],
+        );
+        let limits = portico_http1::Limits::default();
+        let h = portico_http1::parse_response(&mut raw, &portico_http1::Method::Get, &limits)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            &super::interim_head(&h)[..],
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+        );
     }
 
     #[test]

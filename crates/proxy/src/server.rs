@@ -689,6 +689,7 @@ fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 /// Start `workers` threads and apply `config` (bind every listener, one SO_REUSEPORT socket per
 /// worker).
 pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
+    portico_tls::install_default_provider();
     let workers = workers.max(1);
     let stats = Arc::new(Stats::default());
     let empty = Shared {

@@ -53,6 +53,14 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(base_provider())
 }
 
+/// Make [`base_provider`] the process's default rustls provider. Portico builds every
+/// configuration with an explicit provider; with both of rustls's provider features on, no
+/// default could be picked, so a future `ClientConfig::builder()` anywhere would panic instead
+/// of using this one. Idempotent.
+pub fn install_default_provider() {
+    let _ = base_provider().install_default();
+}
+
 /// The provider restricted to the listener's cipher suites and key-exchange groups, in the
 /// configured order (the provider's defaults where the listener names none).
 fn listener_provider(settings: &TlsSettings) -> CryptoProvider {
@@ -465,6 +473,19 @@ mod handshakes;
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    #[test]
+    fn the_installed_default_is_the_mix_so_implicit_builders_work() {
+        install_default_provider();
+        install_default_provider();
+        let p = CryptoProvider::get_default().expect("a process default");
+        let names = |p: &CryptoProvider| format!("{:?} {:?}", p.cipher_suites, p.kx_groups);
+        assert_eq!(names(p), names(&base_provider()));
+        // Would panic with both provider features on and no default installed.
+        let _ = rustls::ClientConfig::builder()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+    }
 
     fn write_pair(dir: &Path, stem: &str, names: &[&str]) -> CertificateFiles {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
