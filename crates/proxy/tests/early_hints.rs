@@ -1,6 +1,7 @@
 //! Interim responses (103 Early Hints) reach clients as they arrive, before the server sends its final response, and commit the attempt (no retry after them).
 
-use portico_proxy::{start, Running};
+use portico_proxy::stats::{Cause, Phase, Side};
+use portico_proxy::{start, Running, Termination};
 use portico_testkit::{Client, Reply, TestUpstream};
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -314,12 +315,14 @@ async fn early_hints_reach_http2_clients_during_the_upload() {
     assert_eq!(resp.status(), 200);
 }
 
-/// An HTTP/1.1 client's upload: the 103 the server sends before it has read the body reaches
-/// the client (once the upload is over at the latest), and before the final response.
+/// An HTTP/1.1 client's upload: the 103 the server sends before it has read the body is held
+/// while the client is still sending (its connection is being read, not written), and reaches
+/// the client once the upload is over, before the final response.
 #[tokio::test]
 async fn early_hints_reach_http1_clients_after_an_upload() {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = l.local_addr().unwrap();
+    let (hinted, hints_sent) = oneshot::channel::<()>();
     let (go, wait) = oneshot::channel::<()>();
     tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
@@ -331,6 +334,7 @@ async fn early_hints_reach_http1_clients_after_an_upload() {
             buf.extend_from_slice(&chunk[..n]);
         }
         s.write_all(HINTS).await.unwrap();
+        let _ = hinted.send(());
         while !buf.ends_with(b"a=1") {
             let n = s.read(&mut chunk).await.unwrap();
             assert!(n > 0, "the proxy closed before the body ended");
@@ -348,6 +352,19 @@ async fn early_hints_reach_http1_clients_after_an_upload() {
     )
     .await
     .unwrap();
+    tokio::time::timeout(T, hints_sent)
+        .await
+        .expect("the server sent its 103")
+        .unwrap();
+    // The upload is not over: nothing reaches the client. A short bounded read must find
+    // nothing (a proxy passing the 103 on at once would have it here well within this).
+    let mut chunk = [0u8; 1024];
+    let early = tokio::time::timeout(Duration::from_millis(300), s.read(&mut chunk)).await;
+    assert!(
+        early.is_err(),
+        "the client got something during its upload: {early:?} {}",
+        String::from_utf8_lossy(&chunk)
+    );
     s.write_all(b"a=1").await.unwrap();
     let mut buf = Vec::new();
     read_heads(&mut s, &mut buf, 1).await;
@@ -404,4 +421,188 @@ async fn no_retry_once_early_hints_of_an_h2_upstream_went_to_the_client() {
     assert!(text.starts_with("HTTP/1.1 103 Early Hints\r\n"), "{text}");
     assert!(text.contains("\r\n\r\nHTTP/1.1 503 "), "{text}");
     assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// An HTTP/2 client connected to the proxy (h2c), ready for requests.
+async fn h2_client(p: &Running) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    tokio::time::timeout(T, client.ready())
+        .await
+        .expect("ready")
+        .unwrap()
+}
+
+/// The informational responses of `resp` until its final head, then that head's status.
+async fn informational_then_final(
+    resp: &mut h2::client::ResponseFuture,
+) -> (Vec<http::StatusCode>, http::StatusCode) {
+    let mut infos = Vec::new();
+    while let Some(info) = tokio::time::timeout(T, poll_fn(|cx| resp.poll_informational(cx)))
+        .await
+        .expect("informational in time")
+    {
+        infos.push(info.unwrap().status());
+    }
+    let head = tokio::time::timeout(T, resp).await.expect("head").unwrap();
+    (infos, head.status())
+}
+
+/// The commitment for HTTP/2 clients: after a 103 the 503 the route would retry reaches the
+/// client, and the server sees the request once; without a 103 the same 503 is retried.
+#[tokio::test]
+async fn no_retry_once_early_hints_went_to_an_http2_client() {
+    let up = TestUpstream::start(|r| {
+        let busy = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n";
+        match r.target.as_str() {
+            "/hinted" => Reply::Raw([HINTS, busy.as_slice()].concat()),
+            _ => Reply::Raw(busy.to_vec()),
+        }
+    });
+    let p = proxy(
+        &format!("\"{}\"", up.addr),
+        "retry = { retries = 1, on = [\"reset\", \"503\"] }",
+        "",
+    );
+    let mut client = h2_client(&p).await;
+    let req = http::Request::get("http://a/hinted").body(()).unwrap();
+    let (mut resp, _) = client.send_request(req, true).unwrap();
+    let (infos, status) = informational_then_final(&mut resp).await;
+    assert_eq!(infos, [103]);
+    assert_eq!(status, 503);
+    let mut client = tokio::time::timeout(T, client.ready())
+        .await
+        .expect("ready")
+        .unwrap();
+    let req = http::Request::get("http://a/plain").body(()).unwrap();
+    let (mut resp, _) = client.send_request(req, true).unwrap();
+    let (infos, status) = informational_then_final(&mut resp).await;
+    assert!(infos.is_empty(), "{infos:?}");
+    assert_eq!(status, 503);
+    let count = |t: &str| up.requests().iter().filter(|r| r.target == t).count();
+    assert_eq!(count("/hinted"), 1, "committed by the 103: not retried");
+    assert_eq!(count("/plain"), 2, "retried once");
+}
+
+/// At most 8 interim responses per request reach an HTTP/2 client: a server sending a ninth
+/// gets the client a 502 after the eight.
+#[tokio::test]
+async fn a_ninth_interim_response_of_an_http1_upstream_is_a_502_for_http2_clients() {
+    let up = TestUpstream::start(|_| Reply::Raw([HINTS.repeat(9).as_slice(), FINAL].concat()));
+    let p = proxy(&format!("\"{}\"", up.addr), "", "");
+    let mut client = h2_client(&p).await;
+    let req = http::Request::get("http://a/").body(()).unwrap();
+    let (mut resp, _) = client.send_request(req, true).unwrap();
+    let (infos, status) = informational_then_final(&mut resp).await;
+    assert_eq!(infos, [103; 8]);
+    assert_eq!(status, 502);
+}
+
+/// The same limit over an HTTP/2 upstream.
+#[tokio::test]
+async fn a_ninth_interim_response_of_an_h2_upstream_is_a_502_for_http2_clients() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let mut conn = h2::server::handshake(s).await.unwrap();
+        let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
+        let driver = tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        for _ in 0..9 {
+            let hints = http::Response::builder().status(103).body(()).unwrap();
+            if respond.send_informational(hints).is_err() {
+                break;
+            }
+        }
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let _ = respond.send_response(resp, true);
+        let _ = driver.await;
+    });
+    let p = h2_group(up);
+    let mut client = h2_client(&p).await;
+    let req = http::Request::get("http://a/").body(()).unwrap();
+    let (mut resp, _) = client.send_request(req, true).unwrap();
+    let (infos, status) = informational_then_final(&mut resp).await;
+    assert_eq!(infos, [103; 8]);
+    assert_eq!(status, 502);
+}
+
+/// An HTTP/2 client that resets its stream after a 103, before the final response: the proxy
+/// closes the server connection promptly and records the end as the client's.
+#[tokio::test]
+async fn an_http2_client_reset_after_early_hints_closes_the_upstream() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    let (closed, upstream_closed) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "the proxy closed before sending a request");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        s.write_all(HINTS).await.unwrap();
+        // No final response: wait for the proxy to close (EOF or reset).
+        while let Ok(n) = s.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+        }
+        let _ = closed.send(());
+    });
+    let p = proxy(&format!("\"{up}\""), "", "");
+    let mut client = h2_client(&p).await;
+    let req = http::Request::get("http://a/page").body(()).unwrap();
+    let (mut resp, mut send) = client.send_request(req, true).unwrap();
+    let info = tokio::time::timeout(T, poll_fn(|cx| resp.poll_informational(cx)))
+        .await
+        .expect("the 103")
+        .expect("an informational response")
+        .unwrap();
+    assert_eq!(info.status(), 103);
+    send.send_reset(h2::Reason::CANCEL);
+    tokio::time::timeout(T, upstream_closed)
+        .await
+        .expect("the upstream connection closed after the reset")
+        .unwrap();
+    let stats = p.stats().clone();
+    let deadline = tokio::time::Instant::now() + T;
+    let records = loop {
+        let records = stats.termination_counts();
+        if !records.is_empty() {
+            break records;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no termination record"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let t = Termination::new(Side::Client, Phase::ResponseHead, Cause::Closed);
+    assert_eq!(records, [(t, 1)]);
+}
+
+/// HTTP/1.0 clients get no interim responses from an HTTP/2 server either, only the final one.
+#[tokio::test]
+async fn http10_clients_get_no_early_hints_of_an_h2_upstream() {
+    let (up, go) = held_back_h2_upstream().await;
+    // The server sends its final response right after the 103.
+    go.send(()).unwrap();
+    let p = h2_group(up);
+    let mut s = TcpStream::connect(p.addr("p").unwrap()).await.unwrap();
+    s.write_all(b"GET /page HTTP/1.0\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(!text.contains("103"), "{text}");
+    assert!(text.ends_with("\r\n\r\nok"), "{text}");
 }
