@@ -231,6 +231,17 @@ async fn client(addr: SocketAddr) -> SendRequest<Bytes> {
     c
 }
 
+/// Send an extended CONNECT (see `connect`) and wait for its response head.
+async fn open(
+    c: &mut SendRequest<Bytes>,
+    uri: &str,
+    protocol: Option<&'static str>,
+) -> (http::Response<h2::RecvStream>, h2::SendStream<Bytes>) {
+    let (resp, send) = c.send_request(connect(uri, protocol), false).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    (resp, send)
+}
+
 fn connect(uri: &str, protocol: Option<&'static str>) -> http::Request<()> {
     let mut req = http::Request::builder()
         .method("CONNECT")
@@ -382,10 +393,7 @@ async fn a_refused_upgrade_reaches_the_client_as_a_response() {
     let up = upstream(Answer::Forbidden).await;
     let p = proxy(up.addr, "", "");
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, _send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, _send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 403);
     let mut body = resp.into_body();
     assert_eq!(read_n(&mut body, usize::MAX).await, b"no way");
@@ -395,10 +403,7 @@ async fn a_refused_upgrade_reaches_the_client_as_a_response() {
         let up = upstream(answer).await;
         let p = proxy(up.addr, "", "");
         let mut c = client(p.addr("p").unwrap()).await;
-        let (resp, _send) = c
-            .send_request(connect("http://a/ws", Some("websocket")), false)
-            .unwrap();
-        let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+        let (resp, _send) = open(&mut c, "http://a/ws", Some("websocket")).await;
         assert_eq!(resp.status(), 502);
         let t = Termination::new(Side::Upstream, Phase::ResponseHead, Cause::BadResponse);
         let stats = p.stats().clone();
@@ -411,10 +416,7 @@ async fn an_upstream_close_ends_the_stream_and_the_client_still_half_closes() {
     let mut up = upstream(Answer::CloseFirst).await;
     let p = proxy(up.addr, "", "");
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, mut send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, mut send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     // Upstream EOF = END_STREAM.
@@ -435,10 +437,7 @@ async fn after_the_upstream_ended_a_silent_client_is_the_one_timed_out() {
     let mut up = upstream(Answer::CloseFirst).await;
     let p = proxy(up.addr, "", "idle_timeout = \"300ms\"");
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, mut send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, mut send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     assert_eq!(read_n(&mut body, usize::MAX).await, b"done");
@@ -472,10 +471,7 @@ async fn plain_connect_and_other_protocols_are_501() {
     assert_eq!(resp.status(), 501);
     // An extended CONNECT for another protocol.
     let mut c = tokio::time::timeout(T, c.ready()).await.unwrap().unwrap();
-    let (resp, _send) = c
-        .send_request(connect("http://a/masque", Some("connect-udp")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, _send) = open(&mut c, "http://a/masque", Some("connect-udp")).await;
     assert_eq!(resp.status(), 501);
     assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
     let t = Termination::new(Side::Proxy, Phase::RequestHead, Cause::Refused);
@@ -496,10 +492,7 @@ async fn a_client_reset_ends_the_tunnel_and_closes_the_upstream() {
     let mut up = upstream(Answer::Echo).await;
     let p = proxy(up.addr, "", "");
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, mut send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, mut send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     send_all(&mut send, Bytes::from_static(b"ping"), false).await;
@@ -521,10 +514,7 @@ async fn an_idle_tunnel_ends_at_the_group_idle_timeout() {
     // Taken before the request: the proxy's timer starts later (after its 200), so however
     // loaded the machine, the reset cannot come sooner than idle_timeout after this.
     let started = Instant::now();
-    let (resp, _send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, _send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     let end = tokio::time::timeout(T, body.data())
@@ -544,16 +534,10 @@ async fn websocket_to_an_h2_group_or_a_local_route_is_501() {
     let up = upstream(Answer::Echo).await;
     let p = proxy(up.addr, "", "protocol = \"h2\"");
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, _send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, _send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 501);
     let mut c = tokio::time::timeout(T, c.ready()).await.unwrap().unwrap();
-    let (resp, _send) = c
-        .send_request(connect("http://a/fixed", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, _send) = open(&mut c, "http://a/fixed", Some("websocket")).await;
     assert_eq!(resp.status(), 501);
     assert!(up.heads.lock().unwrap().is_empty(), "nothing went upstream");
     // A limitation of the proxy, found at routing (the h2 group before a server is picked,
@@ -570,10 +554,7 @@ async fn a_101_with_content_length_is_a_200_without_it() {
     let up = upstream(Answer::ContentLength).await;
     let p = proxy(up.addr, "", "");
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, _send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, _send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("content-length").is_none());
     assert!(resp.headers().get("transfer-encoding").is_none());
@@ -594,10 +575,7 @@ async fn an_upstream_that_stops_reading_ends_the_tunnel_though_it_still_sends() 
         "idle_timeout = \"300ms\"",
     );
     let mut c = client(p.addr("p").unwrap()).await;
-    let (resp, mut send) = c
-        .send_request(connect("http://a/ws", Some("websocket")), false)
-        .unwrap();
-    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let (resp, mut send) = open(&mut c, "http://a/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     // Ticks drained; the stream's end (a reset) is the result.
