@@ -56,14 +56,14 @@ pub async fn send_all(
             // needs room freed by the client reading); the flush pushes the last records out.
             let mut off = 0;
             while off < buf.len() {
-                match timeout(limit, s.write(&buf[off..])).await {
+                match crate::fast_timeout::timeout(limit, s.write(&buf[off..])).await {
                     Err(_) => return Err(stale()),
                     Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
                     Ok(Ok(n)) => off += n,
                     Ok(Err(e)) => return Err(e),
                 }
             }
-            return match timeout(limit, s.flush()).await {
+            return match crate::fast_timeout::timeout(limit, s.flush()).await {
                 Err(_) => Err(stale()),
                 Ok(r) => r,
             };

@@ -19,6 +19,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -355,47 +356,76 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
             }
             _ = tokio::time::sleep_until(drain_at.unwrap_or_else(tokio::time::Instant::now)),
                 if drain_at.is_some() => {
-                tracing::debug!(%peer, "HTTP/2 drain not completed by the client in time: closed");
-                break;
+                // As for the idle timer: a stream accepted since the timer was armed defers it.
+                let due = drain_from
+                    .map(|t| tokio::time::Instant::from_std(t.max(link.idle_since.get())) + grace);
+                let now = tokio::time::Instant::now();
+                if link.active.get() == 0 && due.is_some_and(|d| now >= d) {
+                    tracing::debug!(%peer, "HTTP/2 drain not completed by the client in time: closed");
+                    break;
+                }
             }
             _ = tokio::time::sleep_until(idle_at), if idle_armed => {
-                if link.active.get() == 0 {
+                // Streams may have come and gone since the timer was armed (the loop does not
+                // come round for each accepted stream): only a connection idle this long ends.
+                let due = tokio::time::Instant::from_std(link.idle_since.get())
+                    + limits.keepalive_timeout;
+                if link.active.get() == 0 && tokio::time::Instant::now() >= due {
                     conn.graceful_shutdown();
                     draining = true;
                 }
             }
             // Only wakes the loop to re-arm the idle timer.
             _ = link.idle.notified(), if !idle_armed => {}
-            // Whatever a poll of the connection wrote leaves in one write after it.
+            // Every stream ready is accepted in one poll; whatever the poll wrote leaves in one
+            // write after it.
             r = poll_fn(|cx| {
-                let r = conn.poll_accept(cx);
+                let r = loop {
+                    match conn.poll_accept(cx) {
+                        Poll::Ready(Some(Ok((req, respond)))) => {
+                            served += 1;
+                            link.stream_started();
+                            let link = link.clone();
+                            tokio::task::spawn_local(async move {
+                                // Boxed: the stream's state (several KiB) is then written
+                                // once, not copied into the task and again when it finishes.
+                                Box::pin(stream::handle(&link, req, respond)).await;
+                                link.stream_ended();
+                            });
+                            let max = limits.max_requests_per_connection;
+                            if !draining && max > 0 && served >= max {
+                                break Poll::Ready(Accepted::Limit);
+                            }
+                        }
+                        Poll::Ready(None) => break Poll::Ready(Accepted::Closed),
+                        Poll::Ready(Some(Err(e))) => break Poll::Ready(Accepted::Failed(e)),
+                        Poll::Pending => break Poll::Pending,
+                    }
+                };
                 cork.drain(cx);
                 r
             }) => match r {
-                None => break,
-                Some(Err(e)) => {
+                Accepted::Closed => break,
+                Accepted::Failed(e) => {
                     tracing::debug!(%peer, "HTTP/2 connection ended: {e}");
                     break;
                 }
-                Some(Ok((req, respond))) => {
-                    served += 1;
-                    link.stream_started();
-                    let link = link.clone();
-                    tokio::task::spawn_local(async move {
-                        // Boxed: the stream's state (several KiB) is then written once, not
-                        // copied into the task and again when the task finishes.
-                        Box::pin(stream::handle(&link, req, respond)).await;
-                        link.stream_ended();
-                    });
-                    let max = limits.max_requests_per_connection;
-                    if !draining && max > 0 && served >= max {
-                        conn.graceful_shutdown();
-                        draining = true;
-                    }
+                Accepted::Limit => {
+                    conn.graceful_shutdown();
+                    draining = true;
                 }
             }
         }
     }
+}
+
+/// Why the connection loop's accept branch returned.
+enum Accepted {
+    /// The connection closed (after a GOAWAY, once its streams ended).
+    Closed,
+    Failed(h2::Error),
+    /// `max_requests_per_connection` streams were accepted.
+    Limit,
 }
 
 #[cfg(test)]

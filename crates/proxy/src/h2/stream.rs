@@ -686,7 +686,8 @@ pub(super) async fn send_body(
     }
     while !data.is_empty() {
         send.reserve_capacity(data.len());
-        let cap = match timeout(limit, poll_fn(|cx| send.poll_capacity(cx))).await {
+        let capacity = poll_fn(|cx| send.poll_capacity(cx));
+        let cap = match crate::fast_timeout::timeout(limit, capacity).await {
             Err(_) => {
                 return Err(ProxyError::ClientIo(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -823,7 +824,7 @@ async fn exchange(
         up.stream.flush().await
     };
     tokio::select! {
-        r = timeout(idle, write) => match r {
+        r = crate::fast_timeout::timeout(idle, write) => match r {
             Err(_) => return Err((ProxyError::UpstreamIdle, Phase::ResponseHead)),
             Ok(Err(e)) => return Err((ProxyError::UpstreamIo(e), Phase::ResponseHead)),
             Ok(Ok(())) => {}
@@ -959,7 +960,12 @@ async fn relay(
         match step {
             Decoded::Data(d) => {
                 sent += d.len() as u64;
-                send_body(send, d, false, limit).await?;
+                // The last bytes of a sized body carry END_STREAM: no empty DATA frame after.
+                let last = dec.remaining() == Some(0);
+                send_body(send, d, last, limit).await?;
+                if last {
+                    return Ok(sent);
+                }
             }
             Decoded::Done { trailers } => {
                 let map = trailers_from(&trailers);
