@@ -953,3 +953,68 @@ fn a_client_that_never_acks_the_drain_ping_is_closed() {
     assert!(kinds.contains(&0x7), "GOAWAY sent: {kinds:?}");
     assert!(kinds.contains(&0x6), "PING sent: {kinds:?}");
 }
+
+/// Read frames from `s` until stream 1 ends (a frame with END_STREAM, or a reset); returns the
+/// (type, flags, payload length) of every frame on stream 1.
+fn stream1_frames(s: &mut std::net::TcpStream) -> Vec<(u8, u8, usize)> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 16384];
+    let mut out = Vec::new();
+    let mut at = 0;
+    loop {
+        while seen.len() >= at + 9 {
+            let len = u32::from_be_bytes([0, seen[at], seen[at + 1], seen[at + 2]]) as usize;
+            if seen.len() < at + 9 + len {
+                break;
+            }
+            let (kind, flags) = (seen[at + 3], seen[at + 4]);
+            let id = u32::from_be_bytes([seen[at + 5], seen[at + 6], seen[at + 7], seen[at + 8]]);
+            at += 9 + len;
+            if id == 1 {
+                out.push((kind, flags, len));
+                if flags & 0x1 != 0 || kind == 0x3 {
+                    return out;
+                }
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) => panic!("closed before stream 1 ended: {out:?}"),
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("stream 1 did not end: {e}; frames {out:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_sized_body_ends_with_its_last_data_frame() {
+    let up = TestUpstream::start(|c| {
+        if c.target == "/chunked" {
+            Reply::Respond {
+                status: 200,
+                headers: vec![],
+                body: b"hello world".to_vec(),
+                chunked: true,
+            }
+        } else {
+            Reply::ok("hello")
+        }
+    });
+    let p = plain_proxy(up.addr, "");
+    for (path, data) in [("/sized", vec![5]), ("/chunked", vec![5, 6, 0])] {
+        let mut s = std::net::TcpStream::connect(p.addr("p").unwrap()).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut block = vec![0x82, 0x86, 0x44, path.len() as u8]; // GET, http, :path literal
+        block.extend_from_slice(path.as_bytes());
+        block.extend_from_slice(&[0x41, 0x01, b'a']); // :authority a
+        let mut out = portico_proxy::h2::PREFACE.to_vec();
+        out.extend(frame(0x4, 0, 0, &[]));
+        out.extend(frame(0x1, 0x4 | 0x1, 1, &block));
+        s.write_all(&out).unwrap();
+        let frames = stream1_frames(&mut s);
+        assert_eq!(frames[0].0, 0x1, "{path}: HEADERS first: {frames:?}");
+        let sizes: Vec<usize> = frames[1..].iter().map(|f| f.2).collect();
+        assert!(frames[1..].iter().all(|f| f.0 == 0x0), "{path}: {frames:?}");
+        // Only the last DATA frame carries END_STREAM; a sized body needs no empty one after.
+        assert_eq!(sizes, data, "{path}: {frames:?}");
+    }
+}
