@@ -48,7 +48,7 @@ pub struct Opened {
 }
 
 /// A plain or a TLS client stream.
-pub type Stream = portico_tls::MaybeTls<TlsStream<TcpStream>>;
+pub type Stream = portico_tls::MaybeTls<TlsStream<portico_tls::Tcp>>;
 
 /// A client connection, opened on demand and reopened after the server closes it.
 #[derive(Debug)]
@@ -226,7 +226,7 @@ pub async fn open_stream(
         None => (Stream::Plain(s), Opened { tls: None }),
         Some((config, name)) => {
             let t = TlsConnector::from(config.clone())
-                .connect(name.clone(), s)
+                .connect(name.clone(), portico_tls::Tcp(s))
                 .await
                 .map_err(handshake_error)?;
             let c = t.get_ref().1;

@@ -963,7 +963,9 @@ async fn accept_loop(
                     let acceptor = tls.acceptor();
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
-                    match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
+                    match tokio::time::timeout(deadline, acceptor.accept(portico_tls::Tcp(stream)))
+                        .await
+                    {
                         Ok(Ok(tls)) => {
                             ctx.shared.stats.count_handshake(tls.get_ref().1);
                             ClientStream::Tls(Box::new(tls))

@@ -1,8 +1,8 @@
 //! The client side of a connection: plain TCP or TLS over TCP, behind one stream type.
 
-use tokio::net::TcpStream;
+use portico_tls::Tcp;
 use tokio_rustls::server::TlsStream;
 
 /// A downstream connection's byte stream (`ClientStream::Plain` or `ClientStream::Tls`), with
 /// `is_tls` and `client_cert_subject` (the verified mTLS client certificate's subject).
-pub type ClientStream = portico_tls::MaybeTls<TlsStream<TcpStream>>;
+pub type ClientStream = portico_tls::MaybeTls<TlsStream<Tcp>>;

@@ -53,7 +53,7 @@ impl GroupTls {
         tcp: TcpStream,
     ) -> Result<UpStream, ProxyError> {
         let name = self.origination.server_name(addr);
-        match self.connector.connect(name, tcp).await {
+        match self.connector.connect(name, portico_tls::Tcp(tcp)).await {
             Ok(tls) => Ok(UpStream::Tls(Box::new(tls))),
             Err(e) => Err(ProxyError::TlsHandshake(e)),
         }
@@ -84,10 +84,10 @@ pub fn settings_id(settings: &UpstreamTls) -> u64 {
 
 /// An upstream connection's byte stream (`UpStream::Plain` or `UpStream::Tls`), with
 /// `try_write`, `resumed`, `split` and `is_idle_alive`.
-pub type UpStream = portico_tls::MaybeTls<TlsStream<TcpStream>>;
+pub type UpStream = portico_tls::MaybeTls<TlsStream<portico_tls::Tcp>>;
 
 /// The read half of an [`UpStream`].
-pub type UpRead<'a> = portico_tls::MaybeTlsRead<'a, TlsStream<TcpStream>>;
+pub type UpRead<'a> = portico_tls::MaybeTlsRead<'a, TlsStream<portico_tls::Tcp>>;
 
 /// The write half of an [`UpStream`].
-pub type UpWrite<'a> = portico_tls::MaybeTlsWrite<'a, TlsStream<TcpStream>>;
+pub type UpWrite<'a> = portico_tls::MaybeTlsWrite<'a, TlsStream<portico_tls::Tcp>>;

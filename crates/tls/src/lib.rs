@@ -27,7 +27,7 @@ pub enum TlsError {
 mod client;
 pub use client::{client_config, client_config_h2, ClientSessions, NoVerification, Origination};
 mod stream;
-pub use stream::{MaybeTls, MaybeTlsRead, MaybeTlsWrite};
+pub use stream::{MaybeTls, MaybeTlsRead, MaybeTlsWrite, Tcp};
 
 fn file_error(path: &Path, message: impl Into<String>) -> TlsError {
     TlsError::File {
