@@ -9,7 +9,7 @@ pub mod client_limit;
 pub mod conn;
 pub mod date;
 pub mod error;
-pub mod fast_timeout;
+mod fast_timeout;
 pub mod forward;
 pub mod h2;
 mod h2_fields;

@@ -1018,3 +1018,35 @@ fn a_sized_body_ends_with_its_last_data_frame() {
         assert_eq!(sizes, data, "{path}: {frames:?}");
     }
 }
+
+#[tokio::test]
+async fn the_connection_closes_after_max_requests_per_connection() {
+    let up = TestUpstream::start(|_| Reply::ok("hi"));
+    let p = plain_proxy(
+        up.addr,
+        "[listeners.limits]\nmax_requests_per_connection = 2",
+    );
+    let (client, conn) = h2c(p.addr("p").unwrap()).await;
+    // Both streams in flight at once: accepted in one poll of the connection.
+    let mut c = client.ready().await.unwrap();
+    let (a, _) = c
+        .send_request(request("GET", "http://a/1", &[]), true)
+        .unwrap();
+    let mut c = c.ready().await.unwrap();
+    let (b, _) = c
+        .send_request(request("GET", "http://a/2", &[]), true)
+        .unwrap();
+    for resp in [a, b] {
+        let got = read(resp).await.unwrap();
+        assert_eq!((got.status, got.body.as_slice()), (200, b"hi".as_slice()));
+    }
+    // The client keeps its handle: only the server's GOAWAY can end the connection.
+    let r = tokio::time::timeout(T, conn)
+        .await
+        .expect("the server ends the connection")
+        .unwrap();
+    if let Err(e) = r {
+        assert_eq!(e.reason(), Some(h2::Reason::NO_ERROR), "{e}");
+    }
+    drop(c);
+}

@@ -221,7 +221,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for MaybeTlsWrite<'_, T> {
 
 /// TCP under rustls. rustls hands its records to the socket as a gathered write; one record (a
 /// keep-alive response, the usual case) then goes out as a `send` rather than a `writev`, which
-/// costs the kernel less (about 1.4% of the CPU per HTTPS keep-alive request, docs/benchmarks.md).
+/// costs the kernel less (1.3% of the CPU per HTTPS keep-alive request, docs/benchmarks.md).
 #[derive(Debug)]
 pub struct Tcp(pub TcpStream);
 

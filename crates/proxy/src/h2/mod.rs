@@ -375,7 +375,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                     draining = true;
                 }
             }
-            // Only wakes the loop to re-arm the idle timer.
+            // Only wakes the loop to re-arm the idle timer. A stream that came and went while the
+            // timer was armed leaves a permit here: one harmless extra turn of the loop.
             _ = link.idle.notified(), if !idle_armed => {}
             // Every stream ready is accepted in one poll; whatever the poll wrote leaves in one
             // write after it.
@@ -423,6 +424,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
 enum Accepted {
     /// The connection closed (after a GOAWAY, once its streams ended).
     Closed,
+    /// The connection failed (I/O or a protocol error).
     Failed(h2::Error),
     /// `max_requests_per_connection` streams were accepted.
     Limit,
