@@ -1050,3 +1050,29 @@ async fn the_connection_closes_after_max_requests_per_connection() {
     }
     drop(c);
 }
+
+#[tokio::test]
+async fn a_stream_while_the_idle_timer_runs_defers_the_idle_close() {
+    let up = TestUpstream::start(|_| Reply::ok("hi"));
+    let keepalive = Duration::from_millis(600);
+    let p = plain_proxy(up.addr, "[listeners.limits]\nkeepalive_timeout = \"600ms\"");
+    let (mut client, conn) = h2c(p.addr("p").unwrap()).await;
+    // The idle timer was armed when the connection began; a stream comes and goes before it
+    // fires, so the connection has been idle for less than the timeout when it does.
+    tokio::time::sleep(keepalive / 2).await;
+    assert_eq!(get(&mut client, "http://a/").await.status, 200);
+    let last = Instant::now();
+    let r = tokio::time::timeout(T, conn)
+        .await
+        .expect("the idle connection is closed")
+        .unwrap();
+    let idle = last.elapsed();
+    assert!(
+        idle >= keepalive - Duration::from_millis(50),
+        "closed after {idle:?} idle"
+    );
+    if let Err(e) = r {
+        assert_eq!(e.reason(), Some(h2::Reason::NO_ERROR), "{e}");
+    }
+    drop(client);
+}
