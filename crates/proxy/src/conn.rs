@@ -15,6 +15,7 @@ use portico_config::{Action, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -114,6 +115,8 @@ pub struct Conn {
     pub timings: Timings,
     /// The listener's `limits.send_timeout` (refreshed with the configuration between requests).
     pub send_timeout: std::time::Duration,
+    /// The keep-alive timer, armed once and re-armed lazily (see [`idle_expired`]).
+    idle_timer: Pin<Box<tokio::time::Sleep>>,
 }
 
 /// What one request did to the connection.
@@ -157,6 +160,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         requests: 0,
         timings: Timings::default(),
         send_timeout: ctx.ls.listener.limits.send_timeout,
+        idle_timer: Box::pin(tokio::time::sleep_until(far_future())),
     };
     loop {
         let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
@@ -203,8 +207,11 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
             }
         };
         c.requests += 1;
-        // The one clock read at the head: the head phase, and the pick time of a proxied request.
-        c.timings = Timings::begin(Instant::now());
+        // The one clock read at the head: the head phase, the pick time of a proxied request,
+        // and the start of a kept-alive connection's request.
+        let now = Instant::now();
+        let started = started.unwrap_or(now);
+        c.timings = Timings::begin(now);
         refresh(&mut ctx);
         c.send_timeout = ctx.ls.listener.limits.send_timeout;
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -278,8 +285,32 @@ pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
     false
 }
 
+/// A deadline no connection reaches (about a year; tokio caps deadlines near two years).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600)
+}
+
+/// Wait until `due` on a connection's one idle timer. The timer is only moved earlier; a timer
+/// that fires before `due` (armed for an earlier request) is then moved to `due`. A busy
+/// connection's deadline moves later with every request, so the timer is registered about once
+/// per keep-alive timeout instead of once per request (a registration, a cancellation and a
+/// clock read each time).
+async fn idle_expired(timer: &mut Pin<Box<tokio::time::Sleep>>, due: tokio::time::Instant) {
+    if timer.deadline() > due {
+        timer.as_mut().reset(due);
+    }
+    loop {
+        timer.as_mut().await;
+        if tokio::time::Instant::now() >= due {
+            return;
+        }
+        timer.as_mut().reset(due);
+    }
+}
+
 /// Wait for a complete request head and say when the request began (accept for the first
-/// request, its first byte for later ones). `Ok(None)`: the connection ended cleanly between
+/// request, its first byte for later ones; `None`: the head came complete in the first read of a
+/// kept-alive connection, so it began now). `Ok(None)`: the connection ended cleanly between
 /// requests (EOF, reset, idle timeout or shutdown).
 ///
 /// The parser runs only when the bytes read could complete the head or break a limit, so a head
@@ -288,7 +319,7 @@ async fn read_head(
     c: &mut Conn,
     ctx: &mut Ctx,
     accepted: Instant,
-) -> Result<Option<(RequestHead, Instant)>, ProxyError> {
+) -> Result<Option<(RequestHead, Option<Instant>)>, ProxyError> {
     let limits = &ctx.ls.listener.limits;
     let mut began = (c.requests == 0).then_some(accepted);
     // A new connection gets the head deadline at once; a kept-alive one waits idle first.
@@ -316,7 +347,7 @@ async fn read_head(
             line_checked |= newline;
             if worth_parsing {
                 match parse_request(&mut c.rbuf, &ctx.ls.limits) {
-                    Ok(Some(h)) => return Ok(Some((h, began.unwrap_or_else(Instant::now)))),
+                    Ok(Some(h)) => return Ok(Some((h, began))),
                     Ok(None) => {}
                     Err(e) => return Err(ProxyError::BadHead(e)),
                 }
@@ -335,11 +366,12 @@ async fn read_head(
                 if *ctx.shutdown.borrow() {
                     return Ok(None);
                 }
+                // Idle since the last response ended (its end was read for the access log).
+                let since = c.timings.done.unwrap_or_else(Instant::now);
+                let due = tokio::time::Instant::from_std(since) + limits.keepalive_timeout;
                 tokio::select! {
-                    r = timeout(limits.keepalive_timeout, c.stream.read_buf(&mut c.rbuf)) => match r {
-                        Err(_) => return Ok(None),
-                        Ok(r) => r,
-                    },
+                    r = c.stream.read_buf(&mut c.rbuf) => r,
+                    _ = idle_expired(&mut c.idle_timer, due) => return Ok(None),
                     _ = ctx.shutdown.changed() => return Ok(None),
                 }
             }

@@ -1065,3 +1065,36 @@ servers = [{list}]
     }
     assert_eq!(second.request(&get("/5")).unwrap().status, 200);
 }
+
+#[test]
+fn an_idle_keep_alive_connection_closes_a_timeout_after_its_last_response() {
+    let up = TestUpstream::start(|_| Reply::ok("hello"));
+    let p = proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[listeners.limits]
+keepalive_timeout = "400ms"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        up.addr
+    ));
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/1")).unwrap().status, 200);
+    // The second request comes while the idle timer armed after the first still runs: the
+    // timeout then counts from the second response, not from the first.
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(c.request(&get("/2")).unwrap().status, 200);
+    let last = std::time::Instant::now();
+    assert!(c.is_closed());
+    let idle = last.elapsed();
+    assert!(
+        idle >= Duration::from_millis(350),
+        "closed after {idle:?} idle"
+    );
+    assert!(idle < Duration::from_secs(5), "closed after {idle:?} idle");
+}
