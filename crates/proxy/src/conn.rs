@@ -15,7 +15,6 @@ use portico_config::{Action, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -115,8 +114,8 @@ pub struct Conn {
     pub timings: Timings,
     /// The listener's `limits.send_timeout` (refreshed with the configuration between requests).
     pub send_timeout: std::time::Duration,
-    /// The keep-alive timer, armed once and re-armed lazily (see [`idle_expired`]).
-    idle_timer: Pin<Box<tokio::time::Sleep>>,
+    /// The timer of the keep-alive wait and the response head wait, re-armed lazily.
+    pub timer: crate::fast_timeout::LazyTimer,
 }
 
 /// What one request did to the connection.
@@ -160,7 +159,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         requests: 0,
         timings: Timings::default(),
         send_timeout: ctx.ls.listener.limits.send_timeout,
-        idle_timer: Box::pin(tokio::time::sleep_until(far_future())),
+        timer: crate::fast_timeout::LazyTimer::new(),
     };
     loop {
         let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
@@ -285,29 +284,6 @@ pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
     false
 }
 
-/// A deadline no connection reaches (about a year; tokio caps deadlines near two years).
-fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600)
-}
-
-/// Wait until `due` on a connection's one idle timer. The timer is only moved earlier; a timer
-/// that fires before `due` (armed for an earlier request) is then moved to `due`. A busy
-/// connection's deadline moves later with every request, so the timer is registered about once
-/// per keep-alive timeout instead of once per request (a registration, a cancellation and a
-/// clock read each time).
-async fn idle_expired(timer: &mut Pin<Box<tokio::time::Sleep>>, due: tokio::time::Instant) {
-    if timer.deadline() > due {
-        timer.as_mut().reset(due);
-    }
-    loop {
-        timer.as_mut().await;
-        if tokio::time::Instant::now() >= due {
-            return;
-        }
-        timer.as_mut().reset(due);
-    }
-}
-
 /// Wait for a complete request head and say when the request began (accept for the first
 /// request, its first byte for later ones; `None`: the head came complete in the first read of a
 /// kept-alive connection, so it began now). `Ok(None)`: the connection ended cleanly between
@@ -371,7 +347,7 @@ async fn read_head(
                 let due = tokio::time::Instant::from_std(since) + limits.keepalive_timeout;
                 tokio::select! {
                     r = c.stream.read_buf(&mut c.rbuf) => r,
-                    _ = idle_expired(&mut c.idle_timer, due) => return Ok(None),
+                    _ = c.timer.until(due) => return Ok(None),
                     _ = ctx.shutdown.changed() => return Ok(None),
                 }
             }

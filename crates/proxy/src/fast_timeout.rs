@@ -1,10 +1,11 @@
-//! Timeouts that read no clock and arm no timer when the work is ready at its first poll.
+//! Cheap timeouts: none read the clock or arm a timer for work ready at its first poll, and a connection's successive deadlines share one lazily re-armed timer.
 
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
 use tokio::time::error::Elapsed;
+use tokio::time::{Instant, Sleep};
 
 /// [`tokio::time::timeout`], but `fut` is polled once before the deadline exists: writes that
 /// fit the socket buffer and capacity already granted (most of them on a busy connection) then
@@ -18,10 +19,56 @@ pub async fn timeout<F: Future>(limit: Duration, fut: F) -> Result<F::Output, El
     tokio::time::timeout(limit, fut).await
 }
 
+/// One connection's timer for deadlines that come one after another (the wait for the next
+/// request, then for a response head). It is only ever moved earlier; when it fires before the
+/// deadline being waited for (it was armed for an earlier one), it moves to that deadline. A busy
+/// connection's deadlines move later with every request, so the timer is registered about once
+/// per timeout instead of once per wait (a registration and a cancellation each).
+pub struct LazyTimer(Pin<Box<Sleep>>);
+
+impl LazyTimer {
+    pub fn new() -> Self {
+        // Unarmed: a deadline no wait reaches (tokio caps deadlines at about two years).
+        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        LazyTimer(Box::pin(tokio::time::sleep_until(far)))
+    }
+
+    /// Wait until `due`.
+    pub async fn until(&mut self, due: Instant) {
+        if self.0.deadline() > due {
+            self.0.as_mut().reset(due);
+        }
+        loop {
+            self.0.as_mut().await;
+            if Instant::now() >= due {
+                return;
+            }
+            self.0.as_mut().reset(due);
+        }
+    }
+
+    /// `fut`'s output, or `None` once `due` passed first (`fut` is polled first, as
+    /// [`tokio::time::timeout_at`] does).
+    pub async fn timeout_at<F: Future>(&mut self, due: Instant, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            v = fut => Some(v),
+            _ = self.until(due) => None,
+        }
+    }
+}
+
+impl Default for LazyTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::timeout;
+    use super::{timeout, LazyTimer};
     use std::time::Duration;
+    use tokio::time::Instant;
 
     #[test]
     fn ready_work_arms_no_timer() {
@@ -31,6 +78,30 @@ mod tests {
             .unwrap();
         let r = rt.block_on(timeout(Duration::from_secs(1), async { 7 }));
         assert_eq!(r.ok(), Some(7));
+    }
+
+    #[tokio::test]
+    async fn a_lazy_timer_armed_early_waits_for_the_later_deadline() {
+        let mut t = LazyTimer::new();
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        // Armed for 30 ms, then a wait for 60 ms: the early firing is not the deadline.
+        assert_eq!(t.timeout_at(start + ms(30), async { 1 }).await, Some(1));
+        assert_eq!(
+            t.timeout_at(start + ms(60), std::future::pending::<()>())
+                .await,
+            None
+        );
+        assert!(start.elapsed() >= ms(60));
+        // A deadline earlier than the armed one (a new timer's is a year away) moves the timer.
+        let mut t = LazyTimer::new();
+        let at = Instant::now();
+        assert_eq!(
+            t.timeout_at(at + ms(10), std::future::pending::<()>())
+                .await,
+            None
+        );
+        assert!(at.elapsed() < ms(5000));
     }
 
     #[tokio::test]

@@ -122,6 +122,7 @@ async fn attempt(
         let r = exchange(
             &mut c.stream,
             &mut c.rbuf,
+            &mut c.timer,
             &mut up,
             &c.ubuf,
             head.method(),
@@ -295,6 +296,7 @@ pub(crate) async fn connect(
 async fn exchange(
     client: &mut ClientStream,
     client_buf: &mut BytesMut,
+    timer: &mut crate::fast_timeout::LazyTimer,
     up: &mut UpConn,
     ubuf: &[u8],
     method: &Method,
@@ -365,9 +367,9 @@ async fn exchange(
     let mut deadline = tokio::time::Instant::now() + header_timeout;
     loop {
         let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
-        let head = match tokio::time::timeout_at(deadline, head_fut).await {
-            Err(_) => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
-            Ok(r) => r.map_err(head_failed)?,
+        let head = match timer.timeout_at(deadline, head_fut).await {
+            None => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
+            Some(r) => r.map_err(head_failed)?,
         };
         match head {
             Head::Final(h) => return Ok((h, true)),
