@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# A/B of Portico builds: CPU per request (user + system, and user alone, from /proc) of each
+# binary under the same load, the binaries alternating round by round. One worker pinned to
+# core 0; the origin (`portico origin` of the first binary) and the load generator on core 1.
+# Usage: scripts/ab-cpu.sh MODE ROUNDS BINARY...
+#   MODE https: wrk -t1 -c50 -d8s, TLS 1.3 X25519, 1 KB (P4's load)
+#        http:  the same over plain HTTP (P1's load)
+#        h2:    h2load -c 10 -m 100 -n 300000 over TLS, 1 KB (P9's load)
+# A wrapper script works as a BINARY (to set an environment variable, for example).
+# Needs wrk, h2load, openssl. Prints one line per binary per round, then each binary's median.
+set -euo pipefail
+mode=$1 rounds=$2
+shift 2
+[ $# -ge 1 ] || { echo "usage: $0 https|http|h2 ROUNDS BINARY..." >&2; exit 2; }
+d=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
+  -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+tck=$(getconf CLK_TCK)
+
+wait_port() { # port
+  for _ in $(seq 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "port $1 never opened" >&2
+  exit 1
+}
+
+taskset -c 1 "$1" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
+wait_port 9380
+
+tls=""
+if [ "$mode" != http ]; then
+  tls="[listeners.tls]
+certificates = [{ cert = \"$d/cert.pem\", key = \"$d/key.pem\" }]
+versions = \"1.3\"
+groups = [\"X25519\"]"
+fi
+cat > "$d/portico.toml" <<EOF
+[[listeners]]
+name = "ab"
+address = "127.0.0.1:9743"
+[listeners.limits]
+max_connections = 100000
+max_requests_per_connection = 0
+$tls
+[listeners.http2]
+max_concurrent_streams = 128
+[[listeners.routes]]
+proxy = "origin"
+[upstreams.origin]
+servers = ["127.0.0.1:9380"]
+keepalive = 1024
+EOF
+
+run() { # binary -> "us_per_req user_us_per_req"
+  taskset -c 0 "$1" run -c "$d/portico.toml" -w 1 > /dev/null 2>&1 &
+  local pid=$! out n before after
+  wait_port 9743
+  before=$(awk '{print $14 + $15, $14}' "/proc/$pid/stat")
+  case $mode in
+    h2)
+      n=300000
+      out=$(taskset -c 1 h2load -c 10 -m 100 -n $n https://127.0.0.1:9743/bytes/1k 2>&1)
+      grep -q "$n succeeded" <<<"$out" || { echo "h2load failed: $out" >&2; exit 1; }
+      ;;
+    https | http)
+      out=$(taskset -c 1 wrk -t1 -c50 -d8s "$mode://127.0.0.1:9743/bytes/1k" 2>&1)
+      n=$(awk '/requests in/ {print $1}' <<<"$out")
+      ;;
+    *) echo "unknown mode $mode" >&2; exit 2 ;;
+  esac
+  after=$(awk '{print $14 + $15, $14}' "/proc/$pid/stat")
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  awk -v b="$before" -v a="$after" -v n="$n" -v hz="$tck" 'BEGIN {
+    split(b, x, " "); split(a, y, " ")
+    printf "%.2f %.2f\n", (y[1] - x[1]) / hz * 1e6 / n, (y[2] - x[2]) / hz * 1e6 / n }'
+}
+
+declare -A all
+for r in $(seq "$rounds"); do
+  for bin in "$@"; do
+    read -r total user < <(run "$bin") || true
+    [ -n "${total:-}" ] || { echo "no figure for $bin" >&2; exit 1; }
+    echo "round $r $bin: $total us/req (user $user)"
+    all[$bin]="${all[$bin]:-} $total"
+  done
+done
+for bin in "$@"; do
+  # shellcheck disable=SC2086
+  echo "median $bin: $(printf '%s\n' ${all[$bin]} | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}') us/req"
+done
