@@ -37,6 +37,24 @@ servers = [{}]
     ))
 }
 
+/// A proxy with one listener "p" with `limits` (lines of `[listeners.limits]`) routing everything
+/// to `up`.
+fn limited(up: SocketAddr, limits: &str) -> Running {
+    proxy(&format!(
+        r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[listeners.limits]
+{limits}
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{up}"]
+"#
+    ))
+}
+
 fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: example.test\r\n\r\n").into_bytes()
 }
@@ -641,20 +659,7 @@ fn path_prefix_is_stripped_before_forwarding() {
 #[test]
 fn slow_request_head_gets_408() {
     let up = TestUpstream::start(|_| Reply::ok("x"));
-    let p = proxy(&format!(
-        r#"
-[[listeners]]
-name = "p"
-address = "127.0.0.1:0"
-[listeners.limits]
-head_timeout = "300ms"
-[[listeners.routes]]
-proxy = "b"
-[upstreams.b]
-servers = ["{}"]
-"#,
-        up.addr
-    ));
+    let p = limited(up.addr, "head_timeout = \"300ms\"");
     // Half a head, then nothing: the deadline counts from the first byte, not from each read.
     let raw = exchange_raw(p.addr("p").unwrap(), b"GET / HTTP/1.1\r\nHost: a\r\n").unwrap();
     assert_eq!(status_of(&raw), Some(408));
@@ -1069,20 +1074,7 @@ servers = [{list}]
 #[test]
 fn an_idle_keep_alive_connection_closes_a_timeout_after_its_last_response() {
     let up = TestUpstream::start(|_| Reply::ok("hello"));
-    let p = proxy(&format!(
-        r#"
-[[listeners]]
-name = "p"
-address = "127.0.0.1:0"
-[listeners.limits]
-keepalive_timeout = "400ms"
-[[listeners.routes]]
-proxy = "b"
-[upstreams.b]
-servers = ["{}"]
-"#,
-        up.addr
-    ));
+    let p = limited(up.addr, "keepalive_timeout = \"400ms\"");
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
     assert_eq!(c.request(&get("/1")).unwrap().status, 200);
     // The second request comes while the idle timer armed after the first still runs: the
