@@ -159,7 +159,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         requests: 0,
         timings: Timings::default(),
         send_timeout: ctx.ls.listener.limits.send_timeout,
-        timer: crate::fast_timeout::LazyTimer::new(),
+        timer: crate::fast_timeout::LazyTimer::default(),
     };
     loop {
         let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
@@ -346,6 +346,7 @@ async fn read_head(
                 let since = c.timings.done.unwrap_or_else(Instant::now);
                 let due = tokio::time::Instant::from_std(since) + limits.keepalive_timeout;
                 tokio::select! {
+                    biased;
                     r = c.stream.read_buf(&mut c.rbuf) => r,
                     _ = c.timer.until(due) => return Ok(None),
                     _ = ctx.shutdown.changed() => return Ok(None),

@@ -23,44 +23,41 @@ pub async fn timeout<F: Future>(limit: Duration, fut: F) -> Result<F::Output, El
 /// request, then for a response head). It is only ever moved earlier; when it fires before the
 /// deadline being waited for (it was armed for an earlier one), it moves to that deadline. A busy
 /// connection's deadlines move later with every request, so the timer is registered about once
-/// per timeout instead of once per wait (a registration and a cancellation each).
-pub struct LazyTimer(Pin<Box<Sleep>>);
+/// per timeout instead of once per wait (a registration and a cancellation each). Created at the
+/// first wait: a connection that never waits costs nothing.
+#[derive(Default)]
+pub struct LazyTimer(Option<Pin<Box<Sleep>>>);
 
 impl LazyTimer {
-    pub fn new() -> Self {
-        // Unarmed: a deadline no wait reaches (tokio caps deadlines at about two years).
-        let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-        LazyTimer(Box::pin(tokio::time::sleep_until(far)))
-    }
-
-    /// Wait until `due`.
+    /// Wait until `due` (a deadline of tokio's clock).
     pub async fn until(&mut self, due: Instant) {
-        if self.0.deadline() > due {
-            self.0.as_mut().reset(due);
-        }
+        let timer = match &mut self.0 {
+            Some(t) => {
+                if t.deadline() > due {
+                    t.as_mut().reset(due);
+                }
+                t
+            }
+            None => self.0.insert(Box::pin(tokio::time::sleep_until(due))),
+        };
         loop {
-            self.0.as_mut().await;
+            timer.as_mut().await;
             if Instant::now() >= due {
                 return;
             }
-            self.0.as_mut().reset(due);
+            timer.as_mut().reset(due);
         }
     }
 
-    /// `fut`'s output, or `None` once `due` passed first (`fut` is polled first, as
-    /// [`tokio::time::timeout_at`] does).
+    /// `fut`'s output, or `None` once `due` passed first. As with
+    /// [`tokio::time::timeout_at`], `fut` is polled first and the timer outside tokio's
+    /// cooperative budget (a busy `fut` cannot starve it).
     pub async fn timeout_at<F: Future>(&mut self, due: Instant, fut: F) -> Option<F::Output> {
         tokio::select! {
             biased;
             v = fut => Some(v),
-            _ = self.until(due) => None,
+            _ = tokio::task::unconstrained(self.until(due)) => None,
         }
-    }
-}
-
-impl Default for LazyTimer {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -82,26 +79,24 @@ mod tests {
 
     #[tokio::test]
     async fn a_lazy_timer_armed_early_waits_for_the_later_deadline() {
-        let mut t = LazyTimer::new();
+        let mut t = LazyTimer::default();
         let start = Instant::now();
         let ms = Duration::from_millis;
-        // Armed for 30 ms, then a wait for 60 ms: the early firing is not the deadline.
-        assert_eq!(t.timeout_at(start + ms(30), async { 1 }).await, Some(1));
-        assert_eq!(
-            t.timeout_at(start + ms(60), std::future::pending::<()>())
-                .await,
-            None
-        );
+        // Armed for 30 ms by a wait that ends sooner (the timer is polled, so registered).
+        let quick = tokio::time::sleep(ms(1));
+        assert_eq!(t.timeout_at(start + ms(30), quick).await, Some(()));
+        // A wait for 60 ms: the timer fires at 30 ms, which is not the deadline.
+        let never = std::future::pending::<()>();
+        assert_eq!(t.timeout_at(start + ms(60), never).await, None);
         assert!(start.elapsed() >= ms(60));
-        // A deadline earlier than the armed one (a new timer's is a year away) moves the timer.
-        let mut t = LazyTimer::new();
+        // A deadline earlier than the armed one moves the timer.
+        let mut t = LazyTimer::default();
         let at = Instant::now();
-        assert_eq!(
-            t.timeout_at(at + ms(10), std::future::pending::<()>())
-                .await,
-            None
-        );
-        assert!(at.elapsed() < ms(5000));
+        // Armed an hour ahead by a wait given up after 1 ms.
+        let _ = tokio::time::timeout(ms(1), t.until(at + ms(3_600_000))).await;
+        let never = std::future::pending::<()>();
+        let soon = tokio::time::timeout(ms(5000), t.timeout_at(at + ms(10), never)).await;
+        assert_eq!(soon.ok(), Some(None), "the earlier deadline was kept");
     }
 
     #[tokio::test]
