@@ -7,7 +7,8 @@
 # proxies alternate for ROUNDS rounds; a round with any failed or non-2xx request is reported void.
 # Usage: scripts/bench-h2.sh [REQUESTS_PER_ROUND] [ROUNDS]   (needs nginx, h2load, openssl;
 #        cargo build --release first)
-# PORTICO=BINARY runs another build; PORTICO_PRELOAD=LIB preloads a library (an allocator) into Portico only.
+# PORTICO=BINARY runs another build (also as the origin unless ORIGIN=BINARY names another: an A/B of
+# two builds should keep one origin); PORTICO_PRELOAD=LIB preloads a library (an allocator) into Portico only.
 set -euo pipefail
 n=${1:-200000}
 rounds=${2:-3}
@@ -36,7 +37,7 @@ wait_port() { # port
   exit 1
 }
 
-taskset -c 1 "$portico" origin --listen 127.0.0.1:9180 --workers 1 > "$d/origin.out" 2>&1 &
+taskset -c 1 "${ORIGIN:-$portico}" origin --listen 127.0.0.1:9180 --workers 1 > "$d/origin.out" 2>&1 &
 wait_port 9180
 
 cat > "$d/portico.toml" <<EOF2
