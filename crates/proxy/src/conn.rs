@@ -162,10 +162,13 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         timer: crate::fast_timeout::LazyTimer::default(),
     };
     loop {
-        let (head, started) = match read_head(&mut c, &mut ctx, accepted).await {
+        let mut began = None;
+        let head = match read_head(&mut c, &mut ctx, accepted, &mut began).await {
             Ok(Some(h)) => h,
             Ok(None) => return,
             Err(e) => {
+                // Its total runs from the request's start, not from the connection's.
+                let start = began.unwrap_or_else(Instant::now);
                 // Only count it as a request if bytes of one arrived.
                 if !matches!(e, ProxyError::ClientClosed) || !c.rbuf.is_empty() {
                     ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -197,7 +200,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
                                 bytes_sent: sent.unwrap_or(0),
                                 upstream: None,
                             },
-                            accepted,
+                            start,
                         );
                     }
                     close(&mut c, true).await;
@@ -209,7 +212,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         // The one clock read at the head: the head phase, the pick time of a proxied request,
         // and the start of a kept-alive connection's request.
         let now = Instant::now();
-        let started = started.unwrap_or(now);
+        let started = began.unwrap_or(now);
         c.timings = Timings::begin(now);
         refresh(&mut ctx);
         c.send_timeout = ctx.ls.listener.limits.send_timeout;
@@ -284,10 +287,10 @@ pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
     false
 }
 
-/// Wait for a complete request head and say when the request began (accept for the first
-/// request, its first byte for later ones; `None`: the head came complete in the first read of a
-/// kept-alive connection, so it began now). `Ok(None)`: the connection ended cleanly between
-/// requests (EOF, reset, idle timeout or shutdown).
+/// Wait for a complete request head. `began` says when the request began, also when its head
+/// failed: accept for the first request, its first byte for later ones, `None` when the head
+/// came complete in the first read of a kept-alive connection (it began now). `Ok(None)`: the
+/// connection ended cleanly between requests (EOF, reset, idle timeout or shutdown).
 ///
 /// The parser runs only when the bytes read could complete the head or break a limit, so a head
 /// trickled in tiny pieces costs linear, not quadratic, work.
@@ -295,9 +298,10 @@ async fn read_head(
     c: &mut Conn,
     ctx: &mut Ctx,
     accepted: Instant,
-) -> Result<Option<(RequestHead, Option<Instant>)>, ProxyError> {
+    began: &mut Option<Instant>,
+) -> Result<Option<RequestHead>, ProxyError> {
     let limits = &ctx.ls.listener.limits;
-    let mut began = (c.requests == 0).then_some(accepted);
+    *began = (c.requests == 0).then_some(accepted);
     // A new connection gets the head deadline at once; a kept-alive one waits idle first.
     let mut deadline = if c.requests == 0 {
         Some(tokio::time::Instant::from_std(accepted) + limits.head_timeout)
@@ -323,14 +327,14 @@ async fn read_head(
             line_checked |= newline;
             if worth_parsing {
                 match parse_request(&mut c.rbuf, &ctx.ls.limits) {
-                    Ok(Some(h)) => return Ok(Some((h, began))),
+                    Ok(Some(h)) => return Ok(Some(h)),
                     Ok(None) => {}
                     Err(e) => return Err(ProxyError::BadHead(e)),
                 }
             }
             if deadline.is_none() {
                 let now = tokio::time::Instant::now();
-                began = Some(now.into_std());
+                *began = Some(now.into_std());
                 deadline = Some(now + limits.head_timeout);
             }
         }

@@ -1111,3 +1111,45 @@ fn a_slow_response_outlasting_the_keep_alive_timeout_keeps_the_connection() {
     let r = c.request(&get("/3")).unwrap();
     assert_eq!((r.status, r.text()), (200, "hello".to_string()));
 }
+
+#[test]
+fn a_refused_head_on_a_kept_alive_connection_logs_its_own_duration() {
+    let dir = std::env::temp_dir().join(format!("portico-alog-ka-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let _ = std::fs::remove_file(&path);
+    let up = TestUpstream::start(|_| Reply::ok("hello"));
+    let p = proxy(&format!(
+        r#"
+[access_log]
+path = "{}"
+format = "json"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        path.display(),
+        up.addr
+    ));
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/1")).unwrap().status, 200);
+    // The connection is then a second old when a malformed head arrives.
+    std::thread::sleep(Duration::from_secs(1));
+    let r = c.request(b"GET /2 HTTP/1.1\r\nBad Header\r\n\r\n").unwrap();
+    assert_eq!(r.status, 400);
+    p.shutdown();
+    p.wait();
+    let log = std::fs::read_to_string(&path).unwrap();
+    let refused = log
+        .lines()
+        .find(|l| l.contains("\"status\":400"))
+        .unwrap_or_else(|| panic!("no 400 line: {log}"));
+    let d = refused.split("\"duration_s\":").nth(1).unwrap();
+    let secs: f64 = d[..d.find(',').unwrap()].parse().unwrap();
+    assert!(secs < 0.5, "the 400 logged the connection's age: {refused}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
