@@ -764,9 +764,10 @@ servers = ["{}"]
     assert!(text.ends_with("\r\n\r\nchunked body"), "{text}");
 }
 
-#[test]
-fn access_log_writes_one_json_line_per_request() {
-    let dir = std::env::temp_dir().join(format!("portico-alog-{}", std::process::id()));
+/// A proxy to `up` writing a JSON access log to a fresh file in a directory named after `name`
+/// (and this process); the proxy and the log's path.
+fn json_logged(name: &str, up: SocketAddr) -> (Running, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("access.log");
     let _ = std::fs::remove_file(&path);
@@ -781,11 +782,16 @@ address = "127.0.0.1:0"
 [[listeners.routes]]
 proxy = "b"
 [upstreams.b]
-servers = ["{}"]
+servers = ["{up}"]
 "#,
-        path.display(),
-        closed_port()
+        path.display()
     ));
+    (p, path)
+}
+
+#[test]
+fn access_log_writes_one_json_line_per_request() {
+    let (p, path) = json_logged("portico-alog", closed_port());
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
     assert_eq!(c.request(&get("/logged?q=1")).unwrap().status, 502);
     let _ = exchange_raw(p.addr("p").unwrap(), b"GET / HTTP/1.1\r\n\r\n").unwrap();
@@ -1114,27 +1120,8 @@ fn a_slow_response_outlasting_the_keep_alive_timeout_keeps_the_connection() {
 
 #[test]
 fn a_refused_head_on_a_kept_alive_connection_logs_its_own_duration() {
-    let dir = std::env::temp_dir().join(format!("portico-alog-ka-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("access.log");
-    let _ = std::fs::remove_file(&path);
     let up = TestUpstream::start(|_| Reply::ok("hello"));
-    let p = proxy(&format!(
-        r#"
-[access_log]
-path = "{}"
-format = "json"
-[[listeners]]
-name = "p"
-address = "127.0.0.1:0"
-[[listeners.routes]]
-proxy = "b"
-[upstreams.b]
-servers = ["{}"]
-"#,
-        path.display(),
-        up.addr
-    ));
+    let (p, path) = json_logged("portico-alog-ka", up.addr);
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
     assert_eq!(c.request(&get("/1")).unwrap().status, 200);
     // The connection is then a second old when a malformed head arrives.
@@ -1151,5 +1138,5 @@ servers = ["{}"]
     let d = refused.split("\"duration_s\":").nth(1).unwrap();
     let secs: f64 = d[..d.find(',').unwrap()].parse().unwrap();
     assert!(secs < 0.5, "the 400 logged the connection's age: {refused}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&path);
 }
