@@ -14,18 +14,10 @@ shift 2
 [ $# -ge 1 ] || { echo "usage: $0 https|http|h2 ROUNDS BINARY..." >&2; exit 2; }
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
-  -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
+make_cert "$d"
 tck=$(getconf CLK_TCK)
-
-wait_port() { # port
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "port $1 never opened" >&2
-  exit 1
-}
 
 taskset -c 1 "$1" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9380

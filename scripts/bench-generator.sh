@@ -13,15 +13,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 portico=${PORTICO:-$root/target/release/portico}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
 
-wait_port() { # port
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "port $1 never opened" >&2
-  exit 1
-}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 op=$(free_port)

@@ -16,8 +16,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 portico=${PORTICO:-$root/target/release/portico}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
-  -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
+make_cert "$d"
 tck=$(getconf CLK_TCK)
 
 cpu_ticks() { # utime+stime of the given PIDs (threads included)
@@ -26,15 +27,6 @@ cpu_ticks() { # utime+stime of the given PIDs (threads included)
     total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
   done
   echo $total
-}
-
-wait_port() { # port
-  for _ in $(seq 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "port $1 never opened" >&2
-  exit 1
 }
 
 taskset -c 1 "${ORIGIN:-$portico}" origin --listen 127.0.0.1:9180 --workers 1 > "$d/origin.out" 2>&1 &

@@ -11,8 +11,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 portico=${PORTICO:-$root/target/release/portico}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
-  -keyout "$d/key.pem" -out "$d/cert.pem" 2>/dev/null
+# shellcheck source=scripts/bench-lib.sh
+. "$(dirname "$0")/bench-lib.sh"
+make_cert "$d"
 tck=$(getconf CLK_TCK)
 
 cpu_ticks() { # utime+stime of a PID and its children (threads are included in the PID)
