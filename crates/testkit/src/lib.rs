@@ -210,13 +210,39 @@ pub struct StoppableUpstream {
     running: Arc<std::sync::atomic::AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
     acceptor: Mutex<Option<thread::JoinHandle<()>>>,
+    /// While stopped, a bound socket that does not listen holds the port: connects are refused,
+    /// and a test running in parallel cannot bind the port and answer in the dead server's place.
+    reserved: Mutex<Option<socket2::Socket>>,
+}
+
+/// A TCP socket bound to `addr` with `SO_REUSEPORT`, so the listener and the port's reservation
+/// can overlap when the server stops or starts again (the port is never free in between). The
+/// reservation leaves out `SO_REUSEADDR`: Linux lets two sockets that both set it share a port
+/// while neither listens, so a plain `TcpListener::bind` could take the port from it.
+fn reuse_port_socket(addr: SocketAddr, reuse_address: bool) -> io::Result<socket2::Socket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    s.set_reuse_address(reuse_address)?;
+    s.set_reuse_port(true)?;
+    s.bind(&addr.into())?;
+    Ok(s)
+}
+
+fn reuse_port_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let s = reuse_port_socket(addr, true)?;
+    s.listen(128)?;
+    Ok(s.into())
 }
 
 impl StoppableUpstream {
     pub fn start(
         handler: impl Fn(&Captured) -> Reply + Send + Sync + 'static,
     ) -> StoppableUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind test upstream");
+        let listener =
+            reuse_port_listener(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind test upstream");
         let addr = listener.local_addr().expect("local addr");
         let up = StoppableUpstream {
             addr,
@@ -225,6 +251,7 @@ impl StoppableUpstream {
             running: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             open: Arc::new(Mutex::new(Vec::new())),
             acceptor: Mutex::new(None),
+            reserved: Mutex::new(None),
         };
         up.accept_on(listener);
         up
@@ -269,8 +296,15 @@ impl StoppableUpstream {
         }
     }
 
-    /// Close the listener and every open connection.
+    /// Close the listener and every open connection. The port stays reserved until `restart`.
     pub fn stop(&self) {
+        if let Ok(mut r) = self.reserved.lock() {
+            if r.is_none() {
+                *r = Some(
+                    reuse_port_socket(self.addr, false).expect("reserve the stopped server's port"),
+                );
+            }
+        }
         self.running.store(false, Ordering::SeqCst);
         let t = self.acceptor.lock().ok().and_then(|mut a| a.take());
         if let Some(t) = t {
@@ -285,18 +319,11 @@ impl StoppableUpstream {
 
     /// Listen on the same address again.
     pub fn restart(&self) {
-        let mut tries = 0;
-        let listener = loop {
-            match TcpListener::bind(self.addr) {
-                Ok(l) => break l,
-                Err(e) if tries < 100 => {
-                    tries += 1;
-                    let _ = e;
-                    thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => panic!("rebind {}: {e}", self.addr),
-            }
-        };
+        let listener =
+            reuse_port_listener(self.addr).unwrap_or_else(|e| panic!("rebind {}: {e}", self.addr));
+        if let Ok(mut r) = self.reserved.lock() {
+            *r = None;
+        }
         self.running.store(true, Ordering::SeqCst);
         self.accept_on(listener);
     }
@@ -639,4 +666,27 @@ pub fn closed_port() -> SocketAddr {
 pub fn toml_servers(list: &[SocketAddr]) -> String {
     let quoted: Vec<String> = list.iter().map(|a| format!("\"{a}\"")).collect();
     format!("[{}]", quoted.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(addr: SocketAddr) -> io::Result<String> {
+        let r = Client::connect(addr)?.request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")?;
+        Ok(r.text())
+    }
+
+    #[test]
+    fn a_stopped_upstream_refuses_connects_and_keeps_its_port_until_restarted() {
+        let up = StoppableUpstream::start(|_| Reply::ok("alive"));
+        assert_eq!(answered(up.addr).unwrap(), "alive");
+        up.stop();
+        let refused = TcpStream::connect(up.addr).map(|_| ()).unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+        let taken = TcpListener::bind(up.addr).map(|_| ()).unwrap_err();
+        assert_eq!(taken.kind(), io::ErrorKind::AddrInUse, "port left free");
+        up.restart();
+        assert_eq!(answered(up.addr).unwrap(), "alive");
+    }
 }
