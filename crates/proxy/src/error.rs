@@ -135,12 +135,13 @@ impl ProxyError {
             ProxyError::QueueFull => (Side::Proxy, Cause::QueueFull),
             ProxyError::QueueTimeout => (Side::Proxy, Cause::QueueTimeout),
             ProxyError::Shed => (Side::Proxy, Cause::Shed),
-            ProxyError::Http2Malformed(_) | ProxyError::Http2Connect => {
-                (Side::Client, Cause::BadRequest)
-            }
+            ProxyError::Http2Malformed(_) => (Side::Client, Cause::BadRequest),
             ProxyError::Internal(_) => (Side::Proxy, Cause::BadResponse),
-            // 501: a WebSocket (or another protocol) the proxy does not forward, not a client fault.
-            ProxyError::ExtendedConnect(_) => (Side::Proxy, Cause::Refused),
+            // 501: a WebSocket (or another protocol), or a plain CONNECT over HTTP/2, that the
+            // proxy does not forward: a valid request it refuses, not a client fault.
+            ProxyError::ExtendedConnect(_) | ProxyError::Http2Connect => {
+                (Side::Proxy, Cause::Refused)
+            }
             ProxyError::NotSwitched(_) => (Side::Upstream, Cause::BadResponse),
         };
         Termination::new(side, phase, cause)
@@ -183,6 +184,24 @@ mod tests {
             Termination::new(Side::Upstream, Phase::Connect, Cause::Timeout)
         );
         assert_eq!(t.code(), "SC");
+    }
+
+    #[test]
+    fn a_refused_http2_connect_is_the_proxys_501_not_a_bad_request() {
+        for e in [
+            ProxyError::Http2Connect,
+            ProxyError::ExtendedConnect("the upstream group speaks HTTP/2"),
+        ] {
+            assert_eq!(e.status(), 501);
+            assert_eq!(
+                e.termination(Phase::RequestHead),
+                Termination::new(Side::Proxy, Phase::RequestHead, Cause::Refused)
+            );
+        }
+        assert_eq!(
+            ProxyError::Http2Malformed("x").termination(Phase::RequestHead),
+            Termination::new(Side::Client, Phase::RequestHead, Cause::BadRequest)
+        );
     }
 
     #[test]
