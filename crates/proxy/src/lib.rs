@@ -32,6 +32,7 @@ pub mod sticky;
 pub mod stream;
 pub mod timing;
 pub mod upstream_h2;
+mod upstream_h2_tunnel;
 pub mod upstream_tls;
 
 pub use error::ProxyError;

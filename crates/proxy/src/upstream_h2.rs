@@ -43,7 +43,7 @@ const STREAM_WINDOW: u32 = 256 * 1024;
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Fields that are connection-specific in HTTP/2 (RFC 9113 8.2.2) or owned by the framing.
-const DROPPED: [&str; 8] = [
+pub(crate) const DROPPED: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -66,12 +66,35 @@ struct H2Conn {
     idle_since: Cell<Instant>,
     /// The group's `idle_timeout` when it was opened: closed after that long without streams.
     idle_timeout: Duration,
+    /// The server's first SETTINGS was read (the answer to a PING sent at open came back, and
+    /// a server sends its SETTINGS before anything else), or the connection ended: whether it
+    /// allows extended CONNECT (RFC 8441) is known. `settled_notify` wakes those waiting.
+    settled: Rc<Cell<bool>>,
+    settled_notify: Rc<tokio::sync::Notify>,
 }
 
 impl H2Conn {
     fn usable(&self, now: Instant, idle: Duration) -> bool {
         !self.closed.get()
             && (self.active.get() > 0 || now.duration_since(self.idle_since.get()) < idle)
+    }
+
+    /// Whether the server allows extended CONNECT, waiting (up to `wait`) until its first
+    /// SETTINGS was read on a connection just opened.
+    async fn extended_connect(&self, wait: Duration) -> bool {
+        if !self.settled.get() {
+            let settle = async {
+                loop {
+                    let woken = self.settled_notify.notified();
+                    if self.settled.get() {
+                        return;
+                    }
+                    woken.await;
+                }
+            };
+            let _ = timeout(wait, settle).await;
+        }
+        self.send.is_extended_connect_protocol_enabled()
     }
 }
 
@@ -338,15 +361,41 @@ async fn open(
     };
     let max = Rc::new(Cell::new(MAX_STREAMS));
     let closed = Rc::new(Cell::new(false));
+    let settled = Rc::new(Cell::new(false));
+    let settled_notify = Rc::new(tokio::sync::Notify::new());
+    let ping = connection.ping_pong();
     let (m, c) = (max.clone(), closed.clone());
+    let (s, n) = (settled.clone(), settled_notify.clone());
     tokio::task::spawn_local(async move {
-        let r = poll_fn(|cx| {
+        let settle = |s: &Cell<bool>, n: &tokio::sync::Notify| {
+            s.set(true);
+            n.notify_waiters();
+        };
+        let drive = poll_fn(|cx| {
             let r = std::pin::Pin::new(&mut connection).poll(cx);
             m.set(connection.max_concurrent_send_streams());
             r
-        })
-        .await;
+        });
+        // One PING at open: its answer comes after the server's SETTINGS (RFC 9113 3.4), so
+        // once it is back, extended CONNECT's setting is known (`H2Conn::extended_connect`).
+        let pinged = async {
+            if let Some(mut p) = ping {
+                let _ = p.ping(h2::Ping::opaque()).await;
+            }
+        };
+        tokio::pin!(drive, pinged);
+        let mut answered = false;
+        let r = loop {
+            tokio::select! {
+                r = &mut drive => break r,
+                () = &mut pinged, if !answered => {
+                    answered = true;
+                    settle(&s, &n);
+                }
+            }
+        };
         c.set(true);
+        settle(&s, &n);
         if let Err(e) = r {
             tracing::debug!(server = %addr, "upstream HTTP/2 connection ended: {e}");
         }
@@ -358,6 +407,8 @@ async fn open(
         closed,
         idle_since: Cell::new(Instant::now()),
         idle_timeout: idle,
+        settled,
+        settled_notify,
     };
     Ok((Rc::new(conn), begun.elapsed()))
 }
@@ -387,6 +438,9 @@ enum Source<'a> {
         min_rate: u64,
         max: u64,
     },
+    /// An extended CONNECT (a WebSocket): no body; the stream stays open for the tunnel's
+    /// bytes, relayed after a 2xx answer (`upstream_h2_tunnel`).
+    Tunnel,
 }
 
 /// A request body being uploaded: the chunk being written survives a cancelled `upload`, so
@@ -404,12 +458,17 @@ impl<'a> Upload<'a> {
     fn is_none(&self) -> bool {
         matches!(self.src, Source::None)
     }
+
+    /// No body is uploaded while the response head is awaited (none, or a tunnel).
+    fn headless(&self) -> bool {
+        matches!(self.src, Source::None | Source::Tunnel)
+    }
 }
 
 impl Source<'_> {
     async fn next(&mut self) -> Result<Option<Bytes>, ProxyError> {
         match self {
-            Source::None => Ok(None),
+            Source::None | Source::Tunnel => Ok(None),
             Source::H1 { stream, rbuf, body } => body.next(*stream, rbuf).await,
             Source::H2 {
                 body,
@@ -453,7 +512,7 @@ impl Source<'_> {
 
     async fn trailers(&mut self) -> Result<Option<HeaderMap>, ProxyError> {
         match self {
-            Source::None => Ok(None),
+            Source::None | Source::Tunnel => Ok(None),
             Source::H1 { body, .. } => Ok(Some(raw_to_map(&body.trailers))),
             Source::H2 { body, .. } => {
                 match timeout(crate::conn::STALL_TIMEOUT, body.trailers()).await {
@@ -488,7 +547,7 @@ impl Failure {
     }
 }
 
-fn up_err(e: h2::Error) -> ProxyError {
+pub(crate) fn up_err(e: h2::Error) -> ProxyError {
     if e.is_io() {
         if let Some(io) = e.into_io() {
             return ProxyError::UpstreamIo(io);
@@ -498,7 +557,7 @@ fn up_err(e: h2::Error) -> ProxyError {
     ProxyError::UpstreamIo(io::Error::other(e.to_string()))
 }
 
-fn client_err(e: h2::Error) -> ProxyError {
+pub(crate) fn client_err(e: h2::Error) -> ProxyError {
     if e.is_reset() && e.is_remote() {
         return ProxyError::ClientClosed;
     }
@@ -564,6 +623,18 @@ fn build_request(
         map.insert(http::header::TE, HeaderValue::from_static("trailers"));
     }
     Ok(req)
+}
+
+/// The HTTP/2 request of a WebSocket opening handshake as an extended CONNECT (RFC 8441 4):
+/// `:method CONNECT`, `:protocol websocket`, `:scheme`, `:path` and `:authority` as for any
+/// request; the proxy's `sec-websocket-key` dropped (HTTP/2 has none), the client's other
+/// `sec-websocket-*` fields kept.
+fn extended_connect(mut req: http::Request<()>) -> http::Request<()> {
+    *req.method_mut() = http::Method::CONNECT;
+    req.headers_mut().remove("sec-websocket-key");
+    req.extensions_mut()
+        .insert(h2::ext::Protocol::from_static("websocket"));
+    req
 }
 
 /// Raw HTTP/1 trailer lines -> a field map (connection-specific names dropped).
@@ -647,11 +718,16 @@ async fn exchange(
         Ok(Err(e)) => return Err(refused(up_err(e))),
         Ok(Ok(r)) => r,
     };
+    // RFC 8441 3: `:protocol` only to a server that allows it.
+    if matches!(src.src, Source::Tunnel) && !conn.extended_connect(header_timeout).await {
+        let e = ProxyError::ExtendedConnect("the server does not allow extended CONNECT");
+        return Err(Failure::plain(e, Phase::RequestHead));
+    }
     let mut ready = ready;
     let (mut resp, mut send) = ready
         .send_request(req, src.is_none())
         .map_err(|e| refused(up_err(e)))?;
-    if src.is_none() {
+    if src.headless() {
         let mut deadline = tokio::time::Instant::now() + header_timeout;
         loop {
             match tokio::time::timeout_at(deadline, response_head(&mut resp)).await {
@@ -882,7 +958,7 @@ impl Run<'_> {
                     // Not after an interim response: it went to the client (see `Interims`).
                     if failed_on.is_none()
                         && f.phase == Phase::ResponseHead
-                        && src.is_none()
+                        && src.headless()
                         && interim.seen == 0
                         && (f.refused || (reused && self.retryable && !f.stream_only))
                     {
@@ -949,7 +1025,11 @@ pub(crate) async fn proxy_h1(
     let shared = &ctx.shared;
     let group = &**picked.upstream.group();
     let addr = picked.guard.address();
-    let req = match build_request(&c.ubuf, head, picked.tls.is_some(), addr) {
+    // A WebSocket opening handshake goes to the server as an extended CONNECT (other
+    // upgrades go as plain requests, without `Upgrade`, which the server may answer).
+    let tunnel = crate::upstream_h2_tunnel::is_websocket(head);
+    let req = build_request(&c.ubuf, head, picked.tls.is_some(), addr);
+    let req = match req.map(|r| if tunnel { extended_connect(r) } else { r }) {
         Ok(r) => r,
         Err(e) => return Some(fail(c, ctx, head, e, Phase::RequestHead, false).await),
     };
@@ -979,7 +1059,7 @@ pub(crate) async fn proxy_h1(
     let (r, held, seen) = {
         let (src, to) = match has_body {
             false => (
-                Source::None,
+                if tunnel { Source::Tunnel } else { Source::None },
                 match to_client {
                     true => Sink::H1(&mut c.stream, send_timeout),
                     false => Sink::Dropped,
@@ -1005,8 +1085,7 @@ pub(crate) async fn proxy_h1(
         let mut interim = Interims { seen: 0, to };
         let r = run
             .go(req, &mut src, &mut timings, true, &mut interim)
-            .await
-            .map(|(l, r, _, d)| (l, r, d));
+            .await;
         let held = match interim.to {
             Sink::Held(raw) => raw,
             _ => BytesMut::new(),
@@ -1018,7 +1097,7 @@ pub(crate) async fn proxy_h1(
     if seen > 0 {
         retry.commit();
     }
-    let (lease, resp, body_done) = match r {
+    let (lease, resp, up_send, body_done) = match r {
         Ok(x) => x,
         Err(f) => {
             if retry_after(&f, &picked, retry, &shared.stats) {
@@ -1047,6 +1126,18 @@ pub(crate) async fn proxy_h1(
         }
     }
     let (parts, mut body) = resp.into_parts();
+    if tunnel && (200..300).contains(&status) {
+        let legs = crate::upstream_h2_tunnel::H1Legs {
+            from_server: body,
+            to_server: up_send,
+            server: addr,
+            idle: group.idle_timeout,
+        };
+        let o = crate::upstream_h2_tunnel::run_h1(c, head, route, p, parts, legs).await;
+        drop(lease);
+        return Some(o);
+    }
+    drop(up_send);
     // The response as an HTTP/1 head, so the HTTP/1 path's framing choice and rules apply.
     let mut raw = BytesMut::with_capacity(512);
     encode::status_line(&mut raw, status, "");
@@ -1187,6 +1278,7 @@ pub(crate) struct H2Client<'a> {
     pub min_rate: u64,
     /// The listener's `limits.send_timeout`: the longest wait for the client's window.
     pub send_timeout: Duration,
+    pub peer: SocketAddr,
 }
 
 /// Proxy a stream from an HTTP/2 client to an HTTP/2 group; `ubuf` is the forwarded head
@@ -1204,7 +1296,11 @@ pub(crate) async fn proxy_h2(
     let group = &**picked.upstream.group();
     let addr = picked.guard.address();
     let head_only = *head.method() == portico_http1::Method::Head;
-    let req = match build_request(ubuf, head, picked.tls.is_some(), addr) {
+    // A WebSocket (an extended CONNECT, translated to an HTTP/1.1 upgrade by `h2::stream`)
+    // goes to the server as an extended CONNECT again (`extended_connect`).
+    let tunnel = head.upgrade;
+    let req = build_request(ubuf, head, picked.tls.is_some(), addr);
+    let req = match req.map(|r| if tunnel { extended_connect(r) } else { r }) {
         Ok(r) => r,
         Err(e) => {
             return Some(
@@ -1219,7 +1315,7 @@ pub(crate) async fn proxy_h2(
             )
         }
     };
-    let has_body = !cl.body.is_end_stream();
+    let has_body = !tunnel && !cl.body.is_end_stream();
     let run = Run {
         shared: cl.shared,
         worker: cl.worker,
@@ -1233,6 +1329,7 @@ pub(crate) async fn proxy_h2(
         retryable: head.method().is_idempotent() && !has_body,
     };
     let mut src = Upload::new(match has_body {
+        false if tunnel => Source::Tunnel,
         false => Source::None,
         true => Source::H2 {
             body: cl.body,
@@ -1283,6 +1380,20 @@ pub(crate) async fn proxy_h2(
     }
     let (parts, mut body) = resp.into_parts();
     let response = client_response(parts, &route.response_headers, p.via);
+    if tunnel && (200..300).contains(&status) {
+        let legs = crate::upstream_h2_tunnel::Legs {
+            respond: cl.respond,
+            from_client: cl.body,
+            from_server: body,
+            to_server: up_send,
+            peer: cl.peer,
+            server: addr,
+        };
+        let idle = group.idle_timeout;
+        let o = crate::upstream_h2_tunnel::run(legs, response, idle, cl.send_timeout).await;
+        drop(lease);
+        return Some(o);
+    }
     let end = body.is_end_stream();
     let mut send = match cl.respond.send_response(response, end) {
         Ok(s) => s,
@@ -1373,7 +1484,7 @@ pub(crate) async fn proxy_h2(
 }
 
 /// Send DATA to the client under its flow-control window, waiting at most `limit` for it.
-async fn send_client(
+pub(crate) async fn send_client(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
     limit: Duration,

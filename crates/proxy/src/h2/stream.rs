@@ -428,16 +428,6 @@ impl Stream<'_> {
     ) -> Option<Outcome> {
         let link = self.link;
         let mut asked = retry.started();
-        // Before a pick: such a request must not wait for (or hold) a slot only to get a 501.
-        let h2_group = |gi: usize| {
-            let g = shared.upstreams.get(gi).map(|u| u.group().protocol);
-            g == Some(portico_config::UpstreamProtocol::H2)
-        };
-        if head.upgrade && h2_group(p.upstream) {
-            tracing::info!(peer = %link.peer, "HTTP/2 WebSocket to an h2 upstream group (not supported): 501");
-            let e = ProxyError::ExtendedConnect("the upstream group speaks HTTP/2");
-            return Some(self.fail(Some(head), e, Phase::Route).await);
-        }
         // A client that resets the stream while it waits in the queue leaves at once.
         let picked = {
             let pick = attempt::pick(shared, p.upstream, &link.client_ip, head, retry, &mut asked);
@@ -458,12 +448,6 @@ impl Stream<'_> {
             cert_subject: link.client_cert_subject.as_deref(),
         };
         t.write_head(ubuf, head, route, p, &client);
-        // (An HTTP/1.1 group's fallback may speak HTTP/2.)
-        if head.upgrade && group.protocol == portico_config::UpstreamProtocol::H2 {
-            tracing::info!(peer = %link.peer, upstream = %addr, "HTTP/2 WebSocket to an h2 upstream group (not supported): 501");
-            let e = ProxyError::ExtendedConnect("the upstream group speaks HTTP/2");
-            return Some(self.fail(Some(head), e, Phase::Connect).await);
-        }
         // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
         if group.protocol == portico_config::UpstreamProtocol::H2 {
             let picked = crate::upstream_h2::Picked {
@@ -482,6 +466,7 @@ impl Stream<'_> {
                 timings: &mut self.timings,
                 min_rate: self.cur.ls.listener.limits.body_min_rate,
                 send_timeout: self.cur.ls.listener.limits.send_timeout,
+                peer: link.peer,
             };
             // Boxed: its state (3.3 KiB) would otherwise widen every stream's future, which is
             // copied into the heap once per stream.
