@@ -12,6 +12,8 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 # the PNG charts of `portico bench` reports are drawn with a system font (the compare test checks them)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
+# the WebSocket interop check runs HAProxy as a real HTTP/2 server (RFC 8441)
+command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"
@@ -37,6 +39,8 @@ cargo build --release --locked -p portico
 scripts/vtc.sh
 echo "==> h2spec (HTTP/2 conformance on a TLS and an h2c listener)"
 scripts/h2spec.sh
+echo "==> interop: WebSocket through Portico to HAProxy as an HTTP/2 server (extended CONNECT)"
+scripts/interop-ws-h2.sh target/release/portico
 echo "==> slow clients: slowhttptest slowloris, slow body, slow read"
 scripts/slowloris.sh
 echo "==> fuzz smoke run (every cargo-fuzz target, seed corpora, nightly)"
