@@ -1424,7 +1424,7 @@ pub(crate) async fn proxy_h2(
                 Ok(Some(Ok(d))) => d,
             };
             let n = d.len();
-            send_client(&mut send, d, cl.send_timeout).await?;
+            send_windowed(&mut send, d, cl.send_timeout, To::Client).await?;
             sent += n as u64;
             let _ = body.flow_control().release_capacity(n);
         }
@@ -1483,28 +1483,49 @@ pub(crate) async fn proxy_h2(
     })
 }
 
-/// Send DATA to the client under its flow-control window, waiting at most `limit` for it.
-pub(crate) async fn send_client(
+/// The peer a stream's DATA goes to, which names the failures of a write to it.
+#[derive(Clone, Copy)]
+pub(crate) enum To {
+    Client,
+    Server,
+}
+
+/// Send DATA under the peer's flow-control window, waiting at most `limit` for it each time.
+/// A client that grants none in time is a client timeout; a server, its idle timeout.
+pub(crate) async fn send_windowed(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
     limit: Duration,
+    to: To,
 ) -> Result<(), ProxyError> {
+    let fail = match to {
+        To::Client => client_err,
+        To::Server => up_err,
+    };
     while !data.is_empty() {
         send.reserve_capacity(data.len());
         let cap = match timeout(limit, poll_fn(|cx| send.poll_capacity(cx))).await {
             Err(_) => {
-                return Err(ProxyError::ClientIo(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "client granted no flow-control window in time",
-                )))
+                return Err(match to {
+                    To::Client => ProxyError::ClientIo(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "client granted no flow-control window in time",
+                    )),
+                    To::Server => ProxyError::UpstreamIdle,
+                })
             }
-            Ok(None) => return Err(ProxyError::ClientClosed),
-            Ok(Some(Err(e))) => return Err(client_err(e)),
+            Ok(None) => {
+                return Err(match to {
+                    To::Client => ProxyError::ClientClosed,
+                    To::Server => ProxyError::UpstreamClosed,
+                })
+            }
+            Ok(Some(Err(e))) => return Err(fail(e)),
             Ok(Some(Ok(n))) => n,
         };
         if cap > 0 {
             let chunk = data.split_to(cap.min(data.len()));
-            send.send_data(chunk, false).map_err(client_err)?;
+            send.send_data(chunk, false).map_err(fail)?;
         }
     }
     Ok(())
@@ -1565,7 +1586,7 @@ async fn h2_fail(
         if let Ok(resp) = b.body(()) {
             if let Ok(mut s) = respond.send_response(resp, head_only) {
                 if !head_only
-                    && send_client(&mut s, Bytes::from_static(body), limit)
+                    && send_windowed(&mut s, Bytes::from_static(body), limit, To::Client)
                         .await
                         .is_ok()
                 {

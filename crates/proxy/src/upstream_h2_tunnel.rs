@@ -4,6 +4,7 @@ use crate::conn::{send_all, Conn, Outcome};
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming};
 use crate::stats::{Phase, Termination};
+use crate::upstream_h2::{send_windowed, To};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
@@ -105,12 +106,7 @@ pub(crate) async fn run(
             if !up_done.get() {
                 to_server.send_reset(h2::Reason::CANCEL);
             }
-            if down_done.get() {
-                // Our side ended (END_STREAM sent): stop the client's without an error.
-                to_client.send_reset(h2::Reason::NO_ERROR);
-            } else if !e.client_gone() {
-                to_client.send_reset(h2::Reason::CANCEL);
-            }
+            crate::h2::stop_client(&mut to_client, down_done.get(), &e);
             outcome.termination = e.termination(Phase::Tunnel);
         }
     }
@@ -156,7 +152,7 @@ async fn relay(
                 Some(Ok(d)) => {
                     last.set(Instant::now());
                     let n = d.len();
-                    crate::upstream_h2::send_client(to_client, d, send_timeout).await?;
+                    send_windowed(to_client, d, send_timeout, To::Client).await?;
                     let _ = from_server.flow_control().release_capacity(n);
                     bytes[1].set(bytes[1].get() + n as u64);
                     last.set(Instant::now());
@@ -188,7 +184,7 @@ async fn relay(
                 Some(Ok(d)) => {
                     last.set(Instant::now());
                     let n = d.len();
-                    send_server(to_server, d, idle).await?;
+                    send_windowed(to_server, d, idle, To::Server).await?;
                     let _ = from_client.flow_control().release_capacity(n);
                     bytes[0].set(bytes[0].get() + n as u64);
                     last.set(Instant::now());
@@ -196,48 +192,10 @@ async fn relay(
             }
         }
     };
-    let watchdog = async {
-        loop {
-            let due = last.get() + idle;
-            if Instant::now() >= due {
-                if done[1].get() {
-                    return ProxyError::ClientIo(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "client idle after the upstream's end",
-                    ));
-                }
-                return ProxyError::UpstreamIdle;
-            }
-            tokio::time::sleep_until(due).await;
-        }
-    };
     tokio::select! {
         r = async { tokio::try_join!(down, up) } => r.map(|_| ()),
-        e = watchdog => Err(e),
+        e = crate::h2::idle_watchdog(&last, idle, done[1]) => Err(e),
     }
-}
-
-/// Send DATA to the server under its flow-control window, waiting at most `limit` for it.
-async fn send_server(
-    send: &mut SendStream<Bytes>,
-    mut data: Bytes,
-    limit: Duration,
-) -> Result<(), ProxyError> {
-    while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        let cap = match timeout(limit, poll_fn(|cx| send.poll_capacity(cx))).await {
-            Err(_) => return Err(ProxyError::UpstreamIdle),
-            Ok(None) => return Err(ProxyError::UpstreamClosed),
-            Ok(Some(Err(e))) => return Err(crate::upstream_h2::up_err(e)),
-            Ok(Some(Ok(n))) => n,
-        };
-        if cap > 0 {
-            let chunk = data.split_to(cap.min(data.len()));
-            send.send_data(chunk, false)
-                .map_err(crate::upstream_h2::up_err)?;
-        }
-    }
-    Ok(())
 }
 
 /// The server's side of an HTTP/1.1 client's tunnel.
@@ -324,7 +282,7 @@ pub(crate) async fn run_h1(
         if !c.rbuf.is_empty() {
             let early = c.rbuf.split().freeze();
             to_up += early.len() as u64;
-            send_server(&mut to_server, early, idle).await?;
+            send_windowed(&mut to_server, early, idle, To::Server).await?;
         }
         let (mut cr, mut cw) = tokio::io::split(&mut c.stream);
         let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -346,7 +304,8 @@ pub(crate) async fn run_h1(
                             up_done = true;
                         }
                         n => {
-                            send_server(&mut to_server, buf.split().freeze(), idle).await?;
+                            let d = buf.split().freeze();
+                            send_windowed(&mut to_server, d, idle, To::Server).await?;
                             to_up += n as u64;
                         }
                     }

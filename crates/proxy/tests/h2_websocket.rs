@@ -1,5 +1,4 @@
-//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) end to end: an in-process h2 client
-//! through a real portico to an in-process HTTP/1.1 upstream that answers the upgrade.
+//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) end to end: an in-process h2 client through a real portico to an in-process HTTP/1.1 upstream that answers the upgrade, or to an h2 server (extended CONNECT on both legs, also from HTTP/1.1 clients).
 
 use bytes::Bytes;
 use h2::client::SendRequest;
@@ -511,6 +510,14 @@ async fn a_client_reset_ends_the_tunnel_and_closes_the_upstream() {
 async fn an_idle_tunnel_ends_at_the_group_idle_timeout() {
     let mut up = upstream(Answer::Silent).await;
     let p = proxy(up.addr, "", "idle_timeout = \"300ms\"");
+    idle_tunnel_is_cancelled(&p).await;
+    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
+}
+
+/// Through `p` (a group with `idle_timeout = "300ms"`) to a server that stays silent: the
+/// tunnel opens, and the client's stream is reset with CANCEL no sooner than 300 ms after it
+/// asked for it, recorded as the upstream's idle timeout.
+async fn idle_tunnel_is_cancelled(p: &Running) {
     let mut c = client(p.addr("p").unwrap()).await;
     // Taken before the request: the proxy's timer starts later (after its 200), so however
     // loaded the machine, the reset cannot come sooner than idle_timeout after this.
@@ -524,7 +531,6 @@ async fn an_idle_tunnel_ends_at_the_group_idle_timeout() {
     let err = end.expect("a reset, not a clean end").unwrap_err();
     assert_eq!(err.reason(), Some(h2::Reason::CANCEL));
     assert!(started.elapsed() >= Duration::from_millis(300));
-    tokio::time::timeout(T, up.closed.recv()).await.unwrap();
     let t = Termination::new(Side::Upstream, Phase::Tunnel, Cause::Timeout);
     let stats = p.stats().clone();
     until("the idle record", || stats.terminations(t) == 1).await;
@@ -532,7 +538,6 @@ async fn an_idle_tunnel_ends_at_the_group_idle_timeout() {
 
 #[tokio::test]
 async fn websocket_to_a_local_route_is_501() {
-    // (WebSockets to `protocol = "h2"` groups: tests/h2_websocket_upstream.rs.)
     let up = upstream(Answer::Echo).await;
     let p = proxy(up.addr, "", "");
     let mut c = client(p.addr("p").unwrap()).await;
@@ -625,4 +630,333 @@ async fn an_upstream_that_stops_reading_ends_the_tunnel_though_it_still_sends() 
     send_all(&mut send, Bytes::from(vec![b'y'; len]), true).await;
     let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
     assert_eq!(resp.status(), 200);
+}
+
+// WebSockets to `protocol = "h2"` groups: an in-process h2 server; RFC 8441 extended CONNECT on
+// both legs (from HTTP/2 clients) or from an HTTP/1.1 client's upgrade.
+
+/// The proxied group's extra line for an HTTP/2 upstream.
+const H2_GROUP: &str = "protocol = \"h2\"";
+
+/// How the scripted h2 server answers an extended CONNECT.
+#[derive(Clone, Copy, PartialEq)]
+enum H2Answer {
+    /// 200 with `sec-websocket-protocol: chat`, "welcome", then each DATA echoed in upper
+    /// case; at the client's END_STREAM, "bye" and END_STREAM.
+    Echo,
+    /// 403 with the body "no".
+    Forbidden,
+    /// 200, then nothing (for the idle timeout).
+    Silent,
+}
+
+/// What the server saw of one request.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    protocol: Option<String>,
+    path: String,
+    authority: String,
+    headers: http::HeaderMap,
+}
+
+struct H2Server {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// One message per stream when it ends: "end" (clean), "reset" (reset by the proxy).
+    ended: mpsc::UnboundedReceiver<&'static str>,
+}
+
+/// An h2c server; `extended`: it advertises SETTINGS_ENABLE_CONNECT_PROTOCOL.
+async fn h2_server(answer: H2Answer, extended: bool) -> H2Server {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (tx, ended) = mpsc::unbounded_channel();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let (log, tx) = (log.clone(), tx.clone());
+            tokio::spawn(async move {
+                let mut b = h2::server::Builder::new();
+                if extended {
+                    b.enable_connect_protocol();
+                }
+                let Ok(mut conn) = b.handshake::<_, Bytes>(s).await else {
+                    return;
+                };
+                while let Some(Ok((req, respond))) = conn.accept().await {
+                    tokio::spawn(h2_stream(req, respond, answer, log.clone(), tx.clone()));
+                }
+            });
+        }
+    });
+    H2Server { addr, seen, ended }
+}
+
+async fn h2_stream(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    answer: H2Answer,
+    log: Arc<Mutex<Vec<Seen>>>,
+    ended: mpsc::UnboundedSender<&'static str>,
+) {
+    let (parts, mut body) = req.into_parts();
+    log.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        protocol: parts
+            .extensions
+            .get::<h2::ext::Protocol>()
+            .map(|p| p.as_str().to_string()),
+        path: parts.uri.path().to_string(),
+        authority: parts.uri.authority().map_or("", |a| a.as_str()).to_string(),
+        headers: parts.headers.clone(),
+    });
+    let status = if answer == H2Answer::Forbidden {
+        403
+    } else {
+        200
+    };
+    let mut resp = http::Response::builder().status(status);
+    if answer == H2Answer::Echo {
+        resp = resp.header("sec-websocket-protocol", "chat");
+    }
+    let mut send = respond
+        .send_response(resp.body(()).unwrap(), false)
+        .unwrap();
+    match answer {
+        H2Answer::Forbidden => {
+            let _ = send.send_data(Bytes::from_static(b"no"), true);
+            return;
+        }
+        H2Answer::Silent => {}
+        H2Answer::Echo => {
+            let _ = send.send_data(Bytes::from_static(b"welcome"), false);
+        }
+    }
+    loop {
+        match body.data().await {
+            Some(Ok(d)) => {
+                let _ = body.flow_control().release_capacity(d.len());
+                if answer == H2Answer::Echo {
+                    let _ = send.send_data(Bytes::from(d.to_ascii_uppercase()), false);
+                }
+            }
+            Some(Err(_)) => {
+                let _ = ended.send("reset");
+                return;
+            }
+            None => break,
+        }
+    }
+    let _ = send.send_data(Bytes::from_static(b"bye"), true);
+    let _ = ended.send("end");
+}
+
+#[tokio::test]
+async fn websocket_to_an_h2_group_is_an_extended_connect_with_bytes_both_ways() {
+    let mut up = h2_server(H2Answer::Echo, true).await;
+    let p = proxy(up.addr, "", H2_GROUP);
+    let mut c = client(p.addr("p").unwrap()).await;
+    // The first request to the server opens the upstream connection: the proxy must wait for
+    // the server's SETTINGS before it may send `:protocol`.
+    let (resp, mut send) = open(&mut c, "http://app.test/ws?room=1", Some("websocket")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers().get("sec-websocket-protocol").unwrap(),
+        "chat"
+    );
+    assert!(resp.headers().get("content-length").is_none());
+    let mut body = resp.into_body();
+    assert_eq!(read_n(&mut body, 7).await, b"welcome");
+    send.send_data(Bytes::from_static(b"ping"), false).unwrap();
+    assert_eq!(read_n(&mut body, 4).await, b"PING");
+    send.send_data(Bytes::from(vec![b'x'; 100_000]), false)
+        .unwrap();
+    assert_eq!(read_n(&mut body, 100_000).await, vec![b'X'; 100_000]);
+    // The client's END_STREAM reaches the server, whose last bytes and END_STREAM come back.
+    send.send_data(Bytes::new(), true).unwrap();
+    assert_eq!(read_n(&mut body, 10).await, b"bye");
+    assert!(tokio::time::timeout(T, body.data())
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        tokio::time::timeout(T, up.ended.recv()).await.unwrap(),
+        Some("end")
+    );
+
+    let seen = up.seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.method, "CONNECT");
+    assert_eq!(seen.protocol.as_deref(), Some("websocket"));
+    assert_eq!(seen.path, "/ws");
+    assert_eq!(seen.authority, "app.test");
+    assert_eq!(seen.headers.get("sec-websocket-version").unwrap(), "13");
+    assert_eq!(
+        seen.headers.get("sec-websocket-protocol").unwrap(),
+        "chat, superchat"
+    );
+    for hop in ["sec-websocket-key", "upgrade", "connection"] {
+        assert!(seen.headers.get(hop).is_none(), "{hop} forwarded");
+    }
+    let stats = p.stats().clone();
+    until("the success record", || {
+        stats.terminations(Termination::OK) == 2
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_server_that_does_not_allow_extended_connect_gets_none() {
+    let up = h2_server(H2Answer::Echo, false).await;
+    let p = proxy(up.addr, "", H2_GROUP);
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, _send) = open(&mut c, "http://app.test/ws", Some("websocket")).await;
+    assert_eq!(resp.status(), 501);
+    assert!(
+        up.seen.lock().unwrap().is_empty(),
+        "nothing reached the server"
+    );
+    let t = Termination::new(Side::Proxy, Phase::RequestHead, Cause::Refused);
+    let stats = p.stats().clone();
+    until("the proxy-refused record", || stats.terminations(t) == 1).await;
+}
+
+#[tokio::test]
+async fn a_refusal_is_relayed_as_a_response() {
+    let up = h2_server(H2Answer::Forbidden, true).await;
+    let p = proxy(up.addr, "", H2_GROUP);
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, _send) = open(&mut c, "http://app.test/ws", Some("websocket")).await;
+    assert_eq!(resp.status(), 403);
+    let mut body = resp.into_body();
+    assert_eq!(read_n(&mut body, 10).await, b"no");
+}
+
+#[tokio::test]
+async fn a_client_reset_resets_the_server_stream() {
+    let mut up = h2_server(H2Answer::Echo, true).await;
+    let p = proxy(up.addr, "", H2_GROUP);
+    let mut c = client(p.addr("p").unwrap()).await;
+    let (resp, mut send) = open(&mut c, "http://app.test/ws", Some("websocket")).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    assert_eq!(read_n(&mut body, 7).await, b"welcome");
+    send.send_reset(h2::Reason::CANCEL);
+    assert_eq!(
+        tokio::time::timeout(T, up.ended.recv()).await.unwrap(),
+        Some("reset")
+    );
+    let t = Termination::new(Side::Client, Phase::Tunnel, Cause::Closed);
+    let stats = p.stats().clone();
+    until("the client-closed record", || stats.terminations(t) == 1).await;
+}
+
+#[tokio::test]
+async fn an_idle_tunnel_to_an_h2_server_ends_at_the_group_idle_timeout() {
+    let mut up = h2_server(H2Answer::Silent, true).await;
+    let group = format!("{H2_GROUP}\nidle_timeout = \"300ms\"");
+    let p = proxy(up.addr, "", &group);
+    idle_tunnel_is_cancelled(&p).await;
+    let ended = tokio::time::timeout(T, up.ended.recv()).await.unwrap();
+    assert_eq!(ended, Some("reset"));
+}
+
+/// An HTTP/1.1 client's WebSocket opening handshake (RFC 6455 1.3's key) with `early` bytes
+/// in the same write; returns the connection and what it read up to the end of the head.
+async fn h1_upgrade(addr: SocketAddr, early: &[u8]) -> (TcpStream, String, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut req = b"GET /chat HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade\r\n\
+        Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+        Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: chat\r\n\r\n"
+        .to_vec();
+    req.extend_from_slice(early);
+    s.write_all(&req).await.unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(T, s.read(&mut chunk))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before the head: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+    (s, head, got[end..].to_vec())
+}
+
+/// Read from `s` until `want` bytes (after `have`) or EOF.
+async fn read_tcp(s: &mut TcpStream, mut have: Vec<u8>, want: usize) -> Vec<u8> {
+    let mut chunk = [0u8; 4096];
+    while have.len() < want {
+        let n = tokio::time::timeout(T, s.read(&mut chunk))
+            .await
+            .unwrap()
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        have.extend_from_slice(&chunk[..n]);
+    }
+    have
+}
+
+#[tokio::test]
+async fn an_http1_websocket_to_an_h2_group_is_a_101_over_an_extended_connect() {
+    let mut up = h2_server(H2Answer::Echo, true).await;
+    let p = proxy(up.addr, "", H2_GROUP);
+    let (mut s, head, rest) = h1_upgrade(p.addr("p").unwrap(), b"early").await;
+    assert!(head.starts_with("http/1.1 101 "), "{head}");
+    assert!(head.contains("upgrade: websocket\r\n"), "{head}");
+    assert!(head.contains("connection: upgrade\r\n"), "{head}");
+    // RFC 6455 1.3: the accept for the client's key, made by the proxy (HTTP/2 has none).
+    assert!(
+        head.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo=\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("sec-websocket-protocol: chat\r\n"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    // The server's first bytes, then the client's early bytes echoed.
+    assert_eq!(read_tcp(&mut s, rest, 12).await, b"welcomeEARLY");
+    s.write_all(b"ping").await.unwrap();
+    assert_eq!(read_tcp(&mut s, Vec::new(), 4).await, b"PING");
+    // The client's half close reaches the server as END_STREAM; its answer and END_STREAM
+    // come back as bytes and EOF.
+    s.shutdown().await.unwrap();
+    assert_eq!(read_tcp(&mut s, Vec::new(), 100).await, b"bye");
+    assert_eq!(
+        tokio::time::timeout(T, up.ended.recv()).await.unwrap(),
+        Some("end")
+    );
+    let seen = up.seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.method, "CONNECT");
+    assert_eq!(seen.protocol.as_deref(), Some("websocket"));
+    assert_eq!(seen.path, "/chat");
+    assert!(seen.headers.get("sec-websocket-key").is_none());
+    assert_eq!(seen.headers.get("sec-websocket-version").unwrap(), "13");
+    let stats = p.stats().clone();
+    until("the success record", || {
+        stats.terminations(Termination::OK) == 1
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_http1_websocket_refused_by_the_h2_server_gets_its_answer() {
+    let up = h2_server(H2Answer::Forbidden, true).await;
+    let p = proxy(up.addr, "", H2_GROUP);
+    let (mut s, head, rest) = h1_upgrade(p.addr("p").unwrap(), b"").await;
+    assert!(head.starts_with("http/1.1 403 "), "{head}");
+    assert!(!head.contains("upgrade"), "{head}");
+    // The server sent no length: chunked.
+    assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
+    assert_eq!(read_tcp(&mut s, rest, 12).await, b"2\r\nno\r\n0\r\n\r\n");
 }

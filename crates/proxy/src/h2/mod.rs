@@ -6,6 +6,7 @@ mod stream;
 mod tunnel;
 
 pub use tunnel::websocket_accept;
+pub(crate) use tunnel::{idle_watchdog, stop_client};
 
 use crate::conn::{self, Ctx};
 use crate::server::{ListenerState, Snapshot, Worker};

@@ -132,13 +132,7 @@ pub(super) async fn run(
         }
         Err(e) => {
             tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel failed: {e}");
-            if down_done.get() {
-                // Our side ended (END_STREAM sent): stop the client's without an error
-                // (RFC 9113 8.1; a no-op on a stream the client already reset).
-                send.send_reset(h2::Reason::NO_ERROR);
-            } else if !e.client_gone() {
-                send.send_reset(h2::Reason::CANCEL);
-            }
+            stop_client(&mut send, down_done.get(), &e);
             outcome.termination = e.termination(Phase::Tunnel);
         }
     }
@@ -227,24 +221,43 @@ async fn relay(
             }
         }
     };
-    let watchdog = async {
-        loop {
-            let due = last.get() + idle;
-            if Instant::now() >= due {
-                if down_done.get() {
-                    return ProxyError::ClientIo(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "client idle after the upstream's end",
-                    ));
-                }
-                return ProxyError::UpstreamIdle;
-            }
-            tokio::time::sleep_until(due).await;
-        }
-    };
     tokio::select! {
         r = async { tokio::try_join!(down, upward) } => r.map(|_| ()),
-        e = watchdog => Err(e),
+        e = idle_watchdog(&last, idle, down_done) => Err(e),
+    }
+}
+
+/// After a failed tunnel, the client's stream: reset with NO_ERROR when our side of it had
+/// ended (END_STREAM sent: its response was complete, RFC 9113 8.1; a no-op on a stream the
+/// client already reset), else with CANCEL unless the client is gone.
+pub(crate) fn stop_client(send: &mut SendStream<Bytes>, ended: bool, e: &ProxyError) {
+    if ended {
+        send.send_reset(h2::Reason::NO_ERROR);
+    } else if !e.client_gone() {
+        send.send_reset(h2::Reason::CANCEL);
+    }
+}
+
+/// A tunnel's idle timer: done once `idle` passed since `last` (which any byte either way
+/// moves). Silence is the upstream's timeout until the upstream's end has ended the client's
+/// stream (`client_only`); then only the client's side is open, and it is the client's.
+pub(crate) async fn idle_watchdog(
+    last: &Cell<Instant>,
+    idle: Duration,
+    client_only: &Cell<bool>,
+) -> ProxyError {
+    loop {
+        let due = last.get() + idle;
+        if Instant::now() >= due {
+            if client_only.get() {
+                return ProxyError::ClientIo(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "client idle after the upstream's end",
+                ));
+            }
+            return ProxyError::UpstreamIdle;
+        }
+        tokio::time::sleep_until(due).await;
     }
 }
 
