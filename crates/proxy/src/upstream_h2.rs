@@ -80,8 +80,13 @@ impl H2Conn {
     }
 
     /// Whether the server allows extended CONNECT, waiting (up to `wait`) until its first
-    /// SETTINGS was read on a connection just opened.
-    async fn extended_connect(&self, wait: Duration) -> bool {
+    /// SETTINGS was read on a connection just opened. Once allowed it stays so (RFC 8441 3), so
+    /// no wait then. A connection that ended first, or no answer in time, is an error: nothing
+    /// is known of the server, and the connection is not used for it.
+    async fn extended_connect(&self, wait: Duration) -> Result<bool, ProxyError> {
+        if self.send.is_extended_connect_protocol_enabled() {
+            return Ok(true);
+        }
         if !self.settled.get() {
             let settle = async {
                 loop {
@@ -94,7 +99,15 @@ impl H2Conn {
             };
             let _ = timeout(wait, settle).await;
         }
-        self.send.is_extended_connect_protocol_enabled()
+        if self.send.is_extended_connect_protocol_enabled() {
+            Ok(true)
+        } else if self.closed.get() {
+            Err(ProxyError::UpstreamClosed)
+        } else if !self.settled.get() {
+            Err(ProxyError::ResponseTimeout)
+        } else {
+            Ok(false)
+        }
     }
 }
 
@@ -718,17 +731,26 @@ async fn exchange(
         Ok(Err(e)) => return Err(refused(up_err(e))),
         Ok(Ok(r)) => r,
     };
-    // RFC 8441 3: `:protocol` only to a server that allows it.
-    if matches!(src.src, Source::Tunnel) && !conn.extended_connect(header_timeout).await {
-        let e = ProxyError::ExtendedConnect("the server does not allow extended CONNECT");
-        return Err(Failure::plain(e, Phase::RequestHead));
+    // The response head is due `header_timeout` after this, a wait for SETTINGS included.
+    let asked = tokio::time::Instant::now();
+    // RFC 8441 3: `:protocol` only to a server that allows it. A connection that closed or
+    // stayed silent before its SETTINGS refused nothing yet: the request may go elsewhere.
+    if matches!(src.src, Source::Tunnel) {
+        match conn.extended_connect(header_timeout).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let e = ProxyError::ExtendedConnect("the server does not allow extended CONNECT");
+                return Err(Failure::plain(e, Phase::RequestHead));
+            }
+            Err(e) => return Err(refused(e)),
+        }
     }
     let mut ready = ready;
     let (mut resp, mut send) = ready
         .send_request(req, src.is_none())
         .map_err(|e| refused(up_err(e)))?;
     if src.headless() {
-        let mut deadline = tokio::time::Instant::now() + header_timeout;
+        let mut deadline = asked + header_timeout;
         loop {
             match tokio::time::timeout_at(deadline, response_head(&mut resp)).await {
                 Err(_) => {
@@ -1127,13 +1149,20 @@ pub(crate) async fn proxy_h1(
     }
     let (parts, mut body) = resp.into_parts();
     if tunnel && (200..300).contains(&status) {
+        let Some(switch) = crate::upstream_h2_tunnel::switch_head(head, &parts) else {
+            let e =
+                ProxyError::UpstreamIo(io::Error::other("the 2xx's fields are not valid HTTP/1"));
+            let mut o = fail(c, ctx, head, e, Phase::ResponseHead, false).await;
+            o.upstream = Some(addr);
+            return Some(o);
+        };
         let legs = crate::upstream_h2_tunnel::H1Legs {
             from_server: body,
             to_server: up_send,
             server: addr,
             idle: group.idle_timeout,
         };
-        let o = crate::upstream_h2_tunnel::run_h1(c, head, route, p, parts, legs).await;
+        let o = crate::upstream_h2_tunnel::run_h1(c, head, route, p, switch, legs).await;
         drop(lease);
         return Some(o);
     }

@@ -9,23 +9,36 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use portico_config::{ProxyAction, Route};
-use portico_http1::{encode, parse_response, Limits, Method, RequestHead};
+use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::cell::Cell;
 use std::future::poll_fn;
 use std::net::SocketAddr;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{timeout, Instant};
 
 /// Whether an HTTP/1.1 request is a WebSocket opening handshake that can become an extended
-/// CONNECT: an upgrade to `websocket` (the only token RFC 8441 defines) with the key its
-/// `101` must answer.
+/// CONNECT: a `GET` without a body (RFC 6455 4.1) upgrading to `websocket` (the only token
+/// RFC 8441 defines), with the key its `101` must answer.
 pub(crate) fn is_websocket(head: &RequestHead) -> bool {
     head.upgrade
+        && *head.method() == Method::Get
+        && matches!(head.framing, Framing::None | Framing::Length(0))
         && head
             .field("upgrade")
             .is_some_and(|u| u.trim_ascii().eq_ignore_ascii_case(b"websocket"))
         && head.field("sec-websocket-key").is_some()
+}
+
+/// Whether the server reset its stream with NO_ERROR: after its whole answer, it asks for no
+/// more of the request (RFC 9113 8.1). The tunnel's other direction then ends without error.
+fn stopped_reading(send: &mut SendStream<Bytes>) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    matches!(
+        send.poll_reset(&mut cx),
+        Poll::Ready(Ok(h2::Reason::NO_ERROR))
+    )
 }
 
 /// The two streams of a tunnel and where they end.
@@ -80,10 +93,7 @@ pub(crate) async fn run(
             return outcome;
         }
     };
-    let up_bytes = Cell::new(0u64);
-    let down_bytes = Cell::new(0u64);
-    let down_done = Cell::new(false);
-    let up_done = Cell::new(false);
+    let done = Progress::new();
     let r = relay(
         from_client,
         &mut to_client,
@@ -91,32 +101,102 @@ pub(crate) async fn run(
         &mut to_server,
         idle,
         send_timeout,
-        [&up_bytes, &down_bytes],
-        [&up_done, &down_done],
+        &done,
     )
     .await;
-    let (to_up, to_down) = (up_bytes.get(), down_bytes.get());
+    let (to_up, to_down) = (done.to_server.get(), done.to_client.get());
     outcome.bytes_sent = to_down;
     match r {
         Ok(()) => {
             tracing::debug!(%peer, upstream = %server, to_up, to_client = to_down, "HTTP/2 WebSocket tunnel to an HTTP/2 server ended");
+            // A server that stopped reading leaves the client's side open: once this stream's
+            // handles are dropped, h2 resets it with NO_ERROR after the queued DATA and
+            // END_STREAM went out (RFC 9113 8.1; an explicit reset now would drop them).
         }
         Err(e) => {
             tracing::debug!(%peer, upstream = %server, to_up, to_client = to_down, "HTTP/2 WebSocket tunnel to an HTTP/2 server failed: {e}");
-            if !up_done.get() {
+            if !done.up_done.get() {
                 to_server.send_reset(h2::Reason::CANCEL);
             }
-            crate::h2::stop_client(&mut to_client, down_done.get(), &e);
+            crate::h2::stop_client(&mut to_client, done.down_done.get(), &e);
             outcome.termination = e.termination(Phase::Tunnel);
         }
     }
     outcome
 }
 
+/// What a tunnel's two directions did: bytes relayed each way, which directions ended
+/// (END_STREAM or EOF passed on), and whether the server stopped reading (`stopped_reading`).
+struct Progress {
+    to_server: Cell<u64>,
+    to_client: Cell<u64>,
+    up_done: Cell<bool>,
+    down_done: Cell<bool>,
+    server_stopped: Cell<bool>,
+    /// When a byte last moved either way (the idle timer counts from it).
+    last: Cell<Instant>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            to_server: Cell::new(0),
+            to_client: Cell::new(0),
+            up_done: Cell::new(false),
+            down_done: Cell::new(false),
+            server_stopped: Cell::new(false),
+            last: Cell::new(Instant::now()),
+        }
+    }
+
+    fn moved(&self) {
+        self.last.set(Instant::now());
+    }
+
+    /// The client-to-server direction ends: at the client's end, or when the server stopped
+    /// reading (then the client's further bytes go nowhere).
+    fn up_ended(&self, server_stopped: bool) {
+        self.up_done.set(true);
+        self.server_stopped.set(server_stopped);
+    }
+}
+
+/// Send the client's END_STREAM on to the server; a server that already stopped reading
+/// needs none.
+fn end_up(to_server: &mut SendStream<Bytes>, done: &Progress) -> Result<(), ProxyError> {
+    match to_server.send_data(Bytes::new(), true) {
+        Ok(()) => done.up_ended(false),
+        Err(_) if stopped_reading(to_server) => done.up_ended(true),
+        Err(e) => return Err(crate::upstream_h2::up_err(e)),
+    }
+    Ok(())
+}
+
+/// Send client bytes to the server; Ok(false) when the server stopped reading instead.
+async fn send_up(
+    to_server: &mut SendStream<Bytes>,
+    d: Bytes,
+    idle: Duration,
+    done: &Progress,
+) -> Result<bool, ProxyError> {
+    let n = d.len() as u64;
+    match send_windowed(to_server, d, idle, To::Server).await {
+        Ok(()) => {
+            done.to_server.set(done.to_server.get() + n);
+            done.moved();
+            Ok(true)
+        }
+        Err(_) if stopped_reading(to_server) => {
+            done.up_ended(true);
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Both directions at once under one idle timer that any byte either way restarts; the timer
-/// is the server's until its END_STREAM has ended the client's stream (`done[1]`), then the
-/// client's. `bytes` and `done`: [to the server, to the client].
-#[allow(clippy::too_many_arguments)]
+/// is the server's until its END_STREAM has ended the client's stream (`down_done`), then the
+/// client's.
 async fn relay(
     from_client: &mut RecvStream,
     to_client: &mut SendStream<Bytes>,
@@ -124,10 +204,8 @@ async fn relay(
     to_server: &mut SendStream<Bytes>,
     idle: Duration,
     send_timeout: Duration,
-    bytes: [&Cell<u64>; 2],
-    done: [&Cell<bool>; 2],
+    done: &Progress,
 ) -> Result<(), ProxyError> {
-    let last = Cell::new(Instant::now());
     // Server -> client. A reset by the client ends it while it waits for the server's bytes.
     let down = async {
         loop {
@@ -145,56 +223,55 @@ async fn relay(
                     to_client
                         .send_data(Bytes::new(), true)
                         .map_err(crate::upstream_h2::client_err)?;
-                    done[1].set(true);
+                    done.down_done.set(true);
                     return Ok(());
                 }
                 Some(Err(e)) => return Err(crate::upstream_h2::up_err(e)),
                 Some(Ok(d)) => {
-                    last.set(Instant::now());
+                    done.moved();
                     let n = d.len();
                     send_windowed(to_client, d, send_timeout, To::Client).await?;
                     let _ = from_server.flow_control().release_capacity(n);
-                    bytes[1].set(bytes[1].get() + n as u64);
-                    last.set(Instant::now());
+                    done.to_client.set(done.to_client.get() + n as u64);
+                    done.moved();
                 }
             }
         }
     };
-    // Client -> server. A reset by the server ends it while it waits for the client's bytes.
+    // Client -> server. A reset by the server ends it while it waits for the client's bytes:
+    // an error, unless it is the NO_ERROR of a server that answered in full and stops reading.
     let up = async {
         loop {
             let d = tokio::select! {
                 d = from_client.data() => d,
                 r = poll_fn(|cx| to_server.poll_reset(cx)) => {
-                    return Err(match r {
-                        Ok(_) => ProxyError::UpstreamClosed,
-                        Err(e) => crate::upstream_h2::up_err(e),
-                    });
+                    return match r {
+                        Ok(h2::Reason::NO_ERROR) => {
+                            done.up_ended(true);
+                            Ok(())
+                        }
+                        Ok(_) => Err(ProxyError::UpstreamClosed),
+                        Err(e) => Err(crate::upstream_h2::up_err(e)),
+                    };
                 }
             };
             match d {
-                None => {
-                    to_server
-                        .send_data(Bytes::new(), true)
-                        .map_err(crate::upstream_h2::up_err)?;
-                    done[0].set(true);
-                    return Ok(());
-                }
+                None => return end_up(to_server, done),
                 Some(Err(e)) => return Err(crate::upstream_h2::client_err(e)),
                 Some(Ok(d)) => {
-                    last.set(Instant::now());
+                    done.moved();
                     let n = d.len();
-                    send_windowed(to_server, d, idle, To::Server).await?;
+                    if !send_up(to_server, d, idle, done).await? {
+                        return Ok(());
+                    }
                     let _ = from_client.flow_control().release_capacity(n);
-                    bytes[0].set(bytes[0].get() + n as u64);
-                    last.set(Instant::now());
                 }
             }
         }
     };
     tokio::select! {
         r = async { tokio::try_join!(down, up) } => r.map(|_| ()),
-        e = crate::h2::idle_watchdog(&last, idle, done[1]) => Err(e),
+        e = crate::h2::idle_watchdog(&done.last, idle, &done.down_done) => Err(e),
     }
 }
 
@@ -207,32 +284,14 @@ pub(crate) struct H1Legs {
     pub idle: Duration,
 }
 
-/// An HTTP/1.1 client's WebSocket after the server's 2xx to the extended CONNECT: the `101`
-/// (`Upgrade: websocket`, `Sec-WebSocket-Accept` for the client's key, the 2xx's end-to-end
-/// fields and the route's response rules), then bytes both ways until both sides have ended
-/// (EOF and END_STREAM passed on as half closes), a reset, or `idle` without a byte either way.
-/// Counted as HTTP/1.1 upgrades are: status 101, the head and every byte written to the client.
-pub(crate) async fn run_h1(
-    c: &mut Conn,
+/// The `101` for an HTTP/1.1 client whose WebSocket the server accepted with a 2xx:
+/// `Upgrade: websocket`, the `Sec-WebSocket-Accept` of the client's key (HTTP/2 has none) and
+/// the 2xx's end-to-end fields (`sec-websocket-protocol`, `-extensions`, ...). None when those
+/// fields do not make a valid HTTP/1.1 head.
+pub(crate) fn switch_head(
     head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
-    parts: http::response::Parts,
-    legs: H1Legs,
-) -> Outcome {
-    let H1Legs {
-        mut from_server,
-        mut to_server,
-        server,
-        idle,
-    } = legs;
-    let mut outcome = Outcome {
-        termination: Termination::OK,
-        status: 101,
-        keep_alive: false,
-        bytes_sent: 0,
-        upstream: Some(server),
-    };
+    parts: &http::response::Parts,
+) -> Option<ResponseHead> {
     let key = head.field("sec-websocket-key").unwrap_or_default();
     let mut raw = BytesMut::with_capacity(256);
     encode::status_line(&mut raw, 101, "Switching Protocols");
@@ -252,72 +311,73 @@ pub(crate) async fn run_h1(
         max_head_bytes: raw.len() + 1,
         ..Limits::default()
     };
-    let Ok(Some(rh)) = parse_response(&mut raw, &Method::Get, &limits) else {
-        to_server.send_reset(h2::Reason::CANCEL);
-        let e = ProxyError::UpstreamIo(std::io::Error::other("response head not valid HTTP/1"));
-        outcome.termination = e.termination(Phase::ResponseHead);
-        return outcome;
-    };
+    parse_response(&mut raw, &Method::Get, &limits)
+        .ok()
+        .flatten()
+}
+
+/// An HTTP/1.1 client's WebSocket after the server's 2xx to the extended CONNECT: the `101`
+/// (`switch_head`, with the route's response rules), then bytes both ways at once until both
+/// sides have ended (EOF and END_STREAM passed on as half closes; a server that stops reading
+/// after its end, with NO_ERROR, ends the client's direction too), a reset, or `idle` without
+/// a byte either way. Counted as HTTP/1.1 upgrades are: status 101, the head and every byte
+/// written to the client.
+pub(crate) async fn run_h1(
+    c: &mut Conn,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    switch: ResponseHead,
+    legs: H1Legs,
+) -> Outcome {
+    let H1Legs {
+        mut from_server,
+        mut to_server,
+        server,
+        idle,
+    } = legs;
     c.wbuf.clear();
     let version = head.version();
     let rules = &route.response_headers;
     headers::client_response(
         &mut c.wbuf,
-        &rh,
+        &switch,
         ClientFraming::None,
         rules,
         p.via,
         version,
         true,
     );
-    let (mut to_up, mut to_client) = (0u64, 0u64);
     let send_timeout = c.send_timeout;
-    let mut up_done = false;
+    let done = Progress::new();
     let r: Result<(), ProxyError> = async {
         send_all(&mut c.stream, &c.wbuf, send_timeout)
             .await
             .map_err(ProxyError::ClientIo)?;
-        to_client += c.wbuf.len() as u64;
+        done.to_client.set(c.wbuf.len() as u64);
+        done.moved();
         // Bytes the client sent after its head, before the 101.
+        let mut up_open = true;
         if !c.rbuf.is_empty() {
             let early = c.rbuf.split().freeze();
-            to_up += early.len() as u64;
-            send_windowed(&mut to_server, early, idle, To::Server).await?;
+            up_open = send_up(&mut to_server, early, idle, &done).await?;
         }
         let (mut cr, mut cw) = tokio::io::split(&mut c.stream);
-        let mut buf = BytesMut::with_capacity(16 * 1024);
-        let (mut client_open, mut server_open) = (true, true);
-        let sleep = tokio::time::sleep(idle);
-        tokio::pin!(sleep);
-        while client_open || server_open {
-            if buf.capacity() < 4096 {
-                buf.reserve(16 * 1024);
-            }
-            tokio::select! {
-                r = cr.read_buf(&mut buf), if client_open => {
-                    match r.map_err(ProxyError::ClientIo)? {
-                        0 => {
-                            client_open = false;
-                            to_server
-                                .send_data(Bytes::new(), true)
-                                .map_err(crate::upstream_h2::up_err)?;
-                            up_done = true;
-                        }
-                        n => {
-                            let d = buf.split().freeze();
-                            send_windowed(&mut to_server, d, idle, To::Server).await?;
-                            to_up += n as u64;
-                        }
-                    }
-                }
-                d = from_server.data(), if server_open => match d {
+        let from_server = &mut from_server;
+        let to_server = &mut to_server;
+        let done = &done;
+        // Server -> client; the server's END_STREAM shuts the client's write side down.
+        let down = async {
+            loop {
+                match from_server.data().await {
                     None => {
-                        server_open = false;
-                        let shut = timeout(send_timeout, cw.shutdown()).await;
-                        client_write(shut)?;
+                        client_write(timeout(send_timeout, cw.shutdown()).await)?;
+                        done.down_done.set(true);
+                        return Ok(());
                     }
                     Some(Err(e)) => return Err(crate::upstream_h2::up_err(e)),
                     Some(Ok(d)) => {
+                        done.moved();
                         let n = d.len();
                         let write = async {
                             cw.write_all(&d).await?;
@@ -325,25 +385,49 @@ pub(crate) async fn run_h1(
                         };
                         client_write(timeout(send_timeout, write).await)?;
                         let _ = from_server.flow_control().release_capacity(n);
-                        to_client += n as u64;
+                        done.to_client.set(done.to_client.get() + n as u64);
+                        done.moved();
                     }
-                },
-                _ = &mut sleep => return Err(ProxyError::UpstreamIdle),
+                }
             }
-            sleep.as_mut().reset(Instant::now() + idle);
+        };
+        // Client -> server; the client's EOF is END_STREAM.
+        let up = async {
+            let mut buf = BytesMut::with_capacity(16 * 1024);
+            while up_open {
+                if buf.capacity() < 4096 {
+                    buf.reserve(16 * 1024);
+                }
+                if cr.read_buf(&mut buf).await.map_err(ProxyError::ClientIo)? == 0 {
+                    return end_up(to_server, done);
+                }
+                done.moved();
+                up_open = send_up(to_server, buf.split().freeze(), idle, done).await?;
+            }
+            Ok(())
+        };
+        tokio::select! {
+            r = async { tokio::try_join!(down, up) } => r.map(|_| ()),
+            e = crate::h2::idle_watchdog(&done.last, idle, &done.down_done) => Err(e),
         }
-        Ok(())
     }
     .await;
     c.wbuf.clear();
-    outcome.bytes_sent = to_client;
+    let (to_up, to_client) = (done.to_server.get(), done.to_client.get());
+    let mut outcome = Outcome {
+        termination: Termination::OK,
+        status: 101,
+        keep_alive: false,
+        bytes_sent: to_client,
+        upstream: Some(server),
+    };
     match r {
         Ok(()) => {
             tracing::debug!(peer = %c.peer, upstream = %server, to_up, to_client, "upgrade tunnel to an HTTP/2 server ended");
         }
         Err(e) => {
             tracing::debug!(peer = %c.peer, upstream = %server, to_up, to_client, "upgrade tunnel to an HTTP/2 server failed: {e}");
-            if !up_done {
+            if !done.up_done.get() {
                 to_server.send_reset(h2::Reason::CANCEL);
             }
             outcome.termination = e.termination(Phase::Tunnel);
@@ -363,5 +447,44 @@ fn client_write(
             std::io::ErrorKind::TimedOut,
             "tunnel write stalled",
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_websocket;
+
+    fn head(raw: &str) -> portico_http1::RequestHead {
+        let mut b = bytes::BytesMut::from(raw.as_bytes());
+        portico_http1::parse_request(&mut b, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_a_bodiless_get_upgrading_to_websocket_with_a_key_is_one() {
+        let ws = "Host: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n";
+        assert!(is_websocket(&head(&format!("GET / HTTP/1.1\r\n{ws}\r\n"))));
+        assert!(is_websocket(&head(&format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            ws.replace("websocket", "WebSocket")
+        ))));
+        let post = format!("POST / HTTP/1.1\r\n{ws}Content-Length: 2\r\n\r\nhi");
+        assert!(!is_websocket(&head(&post)), "a POST");
+        let body = format!("GET / HTTP/1.1\r\n{ws}Content-Length: 2\r\n\r\nhi");
+        assert!(!is_websocket(&head(&body)), "a GET with a body");
+        let other = format!("GET / HTTP/1.1\r\n{}\r\n", ws.replace("websocket", "foo"));
+        assert!(!is_websocket(&head(&other)), "another protocol");
+        let keyless = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            ws.replace("Sec-WebSocket-Key: k\r\n", "")
+        );
+        assert!(!is_websocket(&head(&keyless)), "no key");
+        let plain =
+            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n";
+        assert!(
+            !is_websocket(&head(plain)),
+            "Upgrade without Connection: upgrade"
+        );
     }
 }
