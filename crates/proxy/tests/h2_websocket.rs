@@ -859,13 +859,16 @@ async fn a_server_that_does_not_allow_extended_connect_gets_none() {
     let mut c = client(p.addr("p").unwrap()).await;
     let (resp, _send) = open(&mut c, "http://app.test/ws", Some("websocket")).await;
     assert_eq!(resp.status(), 501);
+    // The same for an HTTP/1.1 client's upgrade (on the connection now settled).
+    let (_s, head, _) = h1_upgrade(p.addr("p").unwrap(), b"").await;
+    assert!(head.starts_with("http/1.1 501 "), "{head}");
     assert!(
         up.seen.lock().unwrap().is_empty(),
         "nothing reached the server"
     );
     let t = Termination::new(Side::Proxy, Phase::RequestHead, Cause::Refused);
     let stats = p.stats().clone();
-    until("the proxy-refused record", || stats.terminations(t) == 1).await;
+    until("two proxy-refused records", || stats.terminations(t) == 2).await;
 }
 
 #[tokio::test]
