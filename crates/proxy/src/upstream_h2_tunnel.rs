@@ -125,14 +125,13 @@ pub(crate) async fn run(
     outcome
 }
 
-/// What a tunnel's two directions did: bytes relayed each way, which directions ended
-/// (END_STREAM or EOF passed on), and whether the server stopped reading (`stopped_reading`).
+/// What a tunnel's two directions did: bytes relayed each way, and which directions ended
+/// (END_STREAM or EOF passed on, or the server stopped reading: `stopped_reading`).
 struct Progress {
     to_server: Cell<u64>,
     to_client: Cell<u64>,
     up_done: Cell<bool>,
     down_done: Cell<bool>,
-    server_stopped: Cell<bool>,
     /// When a byte last moved either way (the idle timer counts from it).
     last: Cell<Instant>,
 }
@@ -144,7 +143,6 @@ impl Progress {
             to_client: Cell::new(0),
             up_done: Cell::new(false),
             down_done: Cell::new(false),
-            server_stopped: Cell::new(false),
             last: Cell::new(Instant::now()),
         }
     }
@@ -153,11 +151,10 @@ impl Progress {
         self.last.set(Instant::now());
     }
 
-    /// The client-to-server direction ends: at the client's end, or when the server stopped
+    /// The client-to-server direction ended: at the client's end, or when the server stopped
     /// reading (then the client's further bytes go nowhere).
-    fn up_ended(&self, server_stopped: bool) {
+    fn up_ended(&self) {
         self.up_done.set(true);
-        self.server_stopped.set(server_stopped);
     }
 }
 
@@ -165,8 +162,8 @@ impl Progress {
 /// needs none.
 fn end_up(to_server: &mut SendStream<Bytes>, done: &Progress) -> Result<(), ProxyError> {
     match to_server.send_data(Bytes::new(), true) {
-        Ok(()) => done.up_ended(false),
-        Err(_) if stopped_reading(to_server) => done.up_ended(true),
+        Ok(()) => done.up_ended(),
+        Err(_) if stopped_reading(to_server) => done.up_ended(),
         Err(e) => return Err(crate::upstream_h2::up_err(e)),
     }
     Ok(())
@@ -187,7 +184,7 @@ async fn send_up(
             Ok(true)
         }
         Err(_) if stopped_reading(to_server) => {
-            done.up_ended(true);
+            done.up_ended();
             Ok(false)
         }
         Err(e) => Err(e),
@@ -247,7 +244,7 @@ async fn relay(
                 r = poll_fn(|cx| to_server.poll_reset(cx)) => {
                     return match r {
                         Ok(h2::Reason::NO_ERROR) => {
-                            done.up_ended(true);
+                            done.up_ended();
                             Ok(())
                         }
                         Ok(_) => Err(ProxyError::UpstreamClosed),
