@@ -84,14 +84,46 @@ enum BenchJob {
 
 fn main() -> ExitCode {
     portico_tls::install_default_provider();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
+    let log = init_logging();
+    let code = job(Cli::parse());
+    // What was logged before the exit leaves, unless the log's output is blocked.
+    if let Some(log) = log {
+        log.flush(std::time::Duration::from_secs(2));
+    }
+    code
+}
+
+/// Log lines go to standard error through a bounded non-blocking sink (a worker never waits for
+/// stderr; lines it cannot take are dropped and counted), filtered by `RUST_LOG` or else
+/// [`portico_proxy::logging::DEFAULT_FILTER`]. The sink, to flush before exit.
+fn init_logging() -> Option<portico_proxy::logging::Sink> {
+    use portico_proxy::logging::{Sink, DEFAULT_FILTER, ERROR_LOG_DROPPED, SINK_CAPACITY};
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| DEFAULT_FILTER.into());
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    let cli = Cli::parse();
+        .with_ansi(std::io::stderr().is_terminal());
+    match Sink::new(
+        "error",
+        Box::new(std::io::stderr()),
+        SINK_CAPACITY,
+        &ERROR_LOG_DROPPED,
+    ) {
+        Ok(sink) => {
+            fmt.with_writer(sink.clone()).init();
+            Some(sink)
+        }
+        Err(e) => {
+            fmt.with_writer(std::io::stderr).init();
+            tracing::warn!(
+                "log lines are written by the workers themselves: cannot start the log thread: {e}"
+            );
+            None
+        }
+    }
+}
+
+fn job(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Run { config, workers } => match load(config.as_deref()) {
             Ok(cfg) => run(cfg, workers, Box::new(move || load(config.as_deref()))),

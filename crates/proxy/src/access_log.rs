@@ -1,6 +1,7 @@
 //! Access log: one line per request, combined format or JSON lines, with phase timings and the termination record.
 
 use crate::conn::Outcome;
+use crate::logging::Sink;
 use crate::timing::Phases;
 use portico_config::{AccessLog, AccessLogFormat};
 use portico_http1::RequestHead;
@@ -8,31 +9,35 @@ use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-/// A shared, line-buffered access log sink.
+/// The access log: lines go through a bounded non-blocking [`Sink`] (a worker never waits on
+/// the log's file or pipe; lines that find the sink full are dropped and counted).
 pub struct AccessLogger {
     format: AccessLogFormat,
-    out: Mutex<Box<dyn Write + Send>>,
+    out: Sink,
 }
 
 impl AccessLogger {
+    /// Open the file (appending) or take standard output, and start the sink's writer thread.
     pub fn open(cfg: &AccessLog) -> io::Result<Self> {
         let out: Box<dyn Write + Send> = match &cfg.path {
-            Some(p) => Box::new(io::LineWriter::new(
-                OpenOptions::new().create(true).append(true).open(p)?,
-            )),
-            None => Box::new(io::LineWriter::new(io::stdout())),
+            Some(p) => Box::new(OpenOptions::new().create(true).append(true).open(p)?),
+            None => Box::new(io::stdout()),
         };
         Ok(AccessLogger {
             format: cfg.format,
-            out: Mutex::new(out),
+            out: Sink::new(
+                "access",
+                out,
+                crate::logging::SINK_CAPACITY,
+                &crate::logging::ACCESS_LOG_DROPPED,
+            )?,
         })
     }
 
     /// Write one record; `protocol` as nginx's `$server_protocol` (`HTTP/1.1`, `HTTP/2.0`).
-    /// Never held across an await.
+    /// Never waits for the output.
     pub fn write(
         &self,
         peer: SocketAddr,
@@ -50,9 +55,12 @@ impl AccessLogger {
             phases,
             SystemTime::now(),
         );
-        if let Ok(mut out) = self.out.lock() {
-            let _ = out.write_all(line.as_bytes());
-        }
+        self.out.push(line.as_bytes());
+    }
+
+    /// Wait until the lines written so far are out, at most `timeout`.
+    pub fn flush(&self, timeout: std::time::Duration) -> bool {
+        self.out.flush(timeout)
     }
 }
 

@@ -800,10 +800,30 @@ pub fn metrics(control: &Control) -> String {
             "HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for resetting too many streams.",
             &stats.h2_reset_floods,
         ),
+        (
+            "portico_h2_ping_floods_total",
+            "HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for sending too many PING acknowledgements Portico never asked for.",
+            &stats.h2_ping_floods,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);
         e.sample(name, &[], v.load(Relaxed) as f64);
+    }
+    e.family(
+        "portico_log_lines_dropped_total",
+        "counter",
+        "Log lines dropped because the log's output (file, pipe, terminal) did not keep up; workers never wait for it.",
+    );
+    for (log, v) in [
+        ("error", &crate::logging::ERROR_LOG_DROPPED),
+        ("access", &crate::logging::ACCESS_LOG_DROPPED),
+    ] {
+        e.sample(
+            "portico_log_lines_dropped_total",
+            &[("log", log)],
+            v.load(Relaxed) as f64,
+        );
     }
     e.family(
         "portico_shedding",

@@ -240,7 +240,8 @@ impl Picked<'_> {
                 };
                 if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, self.tls) {
                     stats.upstream_tls_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
+                    crate::log_limited!(
+                        warn,
                         group = %group.name,
                         server = %addr,
                         server_name = %tls.origination.server_name(addr).to_str(),

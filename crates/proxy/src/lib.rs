@@ -18,6 +18,7 @@ pub mod headers;
 pub mod health;
 pub mod health_h2;
 pub mod load;
+pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod queue;

@@ -665,6 +665,11 @@ impl Running {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // Every request has logged its line: let the access log's writer catch up (bounded:
+        // its output may be blocked for good).
+        if let Some(log) = &self.control.snapshot().access_log {
+            log.flush(Duration::from_secs(2));
+        }
         if let Some(h) = self.control.lock().health.take() {
             h.stop();
         }
@@ -906,7 +911,7 @@ async fn accept_loop(
             Err(_) if draining => return,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(listener = %slot.name, "accept failed: {e}");
+                crate::log_limited!(warn, listener = %slot.name, "accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }

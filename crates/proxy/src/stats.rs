@@ -179,6 +179,8 @@ pub struct Stats {
     pub h2_connections: AtomicU64,
     /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for resetting too many streams.
     pub h2_reset_floods: AtomicU64,
+    /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for an unsolicited PING ACK flood.
+    pub h2_ping_floods: AtomicU64,
     terminations: Vec<AtomicU64>,
 }
 
@@ -207,6 +209,7 @@ impl Default for Stats {
             tls_certificate_reload_failures: AtomicU64::new(0),
             h2_connections: AtomicU64::new(0),
             h2_reset_floods: AtomicU64::new(0),
+            h2_ping_floods: AtomicU64::new(0),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),

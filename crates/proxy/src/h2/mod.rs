@@ -199,7 +199,15 @@ pub(crate) struct Link {
     resets: Cell<(Instant, u32)>,
     /// Signalled once resets exceed the limit.
     calm: Notify,
+    /// PING ACKs from the client in the current window: (window start, count).
+    ping_acks: Cell<(Instant, u32)>,
 }
+
+/// PING ACKs a client may send per `reset_window` without being asked. Portico's server side
+/// sends one PING per connection (with its graceful GOAWAY), so a client acknowledges at most
+/// that one; past this, the ACKs are a flood (each costs the `h2` crate work and, before it was
+/// silenced, a log line) and the connection ends with GOAWAY ENHANCE_YOUR_CALM.
+pub const MAX_UNSOLICITED_PING_ACKS: u32 = 10;
 
 impl Link {
     /// The newest snapshot and this listener's state in it (a listener a reload removed keeps
@@ -228,6 +236,23 @@ impl Link {
             self.idle_since.set(Instant::now());
             self.idle.notify_one();
         }
+    }
+
+    /// Count `n` PING ACKs from the client; true once they exceed
+    /// [`MAX_UNSOLICITED_PING_ACKS`] within a `reset_window`.
+    fn ping_acks(&self, n: u32) -> bool {
+        if n == 0 {
+            return false;
+        }
+        let now = Instant::now();
+        let (start, seen) = self.ping_acks.get();
+        let (start, seen) = if now.duration_since(start) > self.settings.reset_window {
+            (now, n)
+        } else {
+            (start, seen.saturating_add(n))
+        };
+        self.ping_acks.set((start, seen));
+        seen > MAX_UNSOLICITED_PING_ACKS
     }
 
     /// Count a stream reset by the client; past the limit the connection gets GOAWAY
@@ -290,6 +315,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         idle: Notify::new(),
         resets: Cell::new((Instant::now(), 0)),
         calm: Notify::new(),
+        ping_acks: Cell::new((Instant::now(), 0)),
     });
     let (corked, cork) = cork::cork(stream);
     let handshake = async {
@@ -324,6 +350,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let mut drain_from: Option<Instant> = None;
     let mut grace = limits.keepalive_timeout;
     let mut served: u64 = 0;
+    // ENHANCE_YOUR_CALM was sent for a PING ACK flood (once per connection).
+    let mut calmed = false;
     if *ctx.shutdown.borrow() {
         conn.graceful_shutdown();
         draining = true;
@@ -342,7 +370,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
-                tracing::info!(%peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
+                crate::log_limited!(info, %peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
                 ctx.shared.stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 draining = true;
@@ -405,6 +433,9 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                     }
                 };
                 cork.drain(cx);
+                if link.ping_acks(cork.take_ping_acks()) && !calmed {
+                    return Poll::Ready(Accepted::PingFlood);
+                }
                 r
             }) => match r {
                 Accepted::Closed => break,
@@ -414,6 +445,13 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                 }
                 Accepted::Limit => {
                     conn.graceful_shutdown();
+                    draining = true;
+                }
+                Accepted::PingFlood => {
+                    crate::log_limited!(info, %peer, "HTTP/2 PING ACK flood: GOAWAY ENHANCE_YOUR_CALM");
+                    ctx.shared.stats.h2_ping_floods.fetch_add(1, Ordering::Relaxed);
+                    calmed = true;
+                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                     draining = true;
                 }
             }
@@ -429,6 +467,8 @@ enum Accepted {
     Failed(h2::Error),
     /// `max_requests_per_connection` streams were accepted.
     Limit,
+    /// The client sent more PING ACKs than it was asked for.
+    PingFlood,
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ impl Stream<'_> {
         }
         if head.upgrade && !matches!(route.action, Action::Proxy(_)) {
             // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
-            tracing::info!(peer = %link.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
+            crate::log_limited!(info, peer = %link.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
             let e = ProxyError::ExtendedConnect("the route does not proxy");
             return self.fail(Some(head), e, Phase::Route).await;
         }
@@ -537,7 +537,7 @@ impl Stream<'_> {
         }
         if let Err(e) = super::tunnel::check_answer(head, &resp) {
             if head.upgrade {
-                tracing::info!(peer = %link.peer, upstream = %addr, "HTTP/2 WebSocket refused: {e}");
+                crate::log_limited!(info, peer = %link.peer, upstream = %addr, "HTTP/2 WebSocket refused: {e}");
             }
             let mut o = self.fail(Some(head), e, Phase::ResponseHead).await;
             o.upstream = Some(addr);

@@ -1,0 +1,187 @@
+//! The `portico` binary under log pressure: a PING ACK flood is cut and logs nothing per frame, and a log output nobody reads never stalls a listener.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_portico");
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
+/// A PING frame with the ACK flag that nobody asked for.
+const PING_ACK: [u8; 17] = [0, 0, 8, 6, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+
+/// A proxy on its own config file with an admin listener and a local origin route, logging
+/// with `RUST_LOG` (the default filter when None) to a pipe nobody reads until [`stop`]; the
+/// child and the addresses of its listener and its admin listener.
+fn start(name: &str, rust_log: Option<&str>) -> (Child, SocketAddr, SocketAddr) {
+    let dir = std::env::temp_dir().join(format!("portico-logging-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("portico.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\norigin = true\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG");
+    if let Some(filter) = rust_log {
+        cmd.env("RUST_LOG", filter);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut addrs = Vec::new();
+    while addrs.len() < 2 {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "portico exited");
+        if let Some(rest) = line.trim().split(" on http://").nth(1) {
+            let addr = rest.split('/').next().unwrap();
+            addrs.push(addr.parse().unwrap());
+        }
+    }
+    // Keep stdout open (and drained) so the proxy never sees it closed.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut out, &mut std::io::sink());
+    });
+    (child, addrs[0], addrs[1])
+}
+
+/// Send the preface, empty SETTINGS and `n` unsolicited PING ACKs (what the peer takes of
+/// them: the connection may close midway), then read frames until a GOAWAY; its error code,
+/// or None if the connection ended without one.
+fn ping_ack_flood(addr: SocketAddr, n: usize) -> Option<u32> {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut wire = PREFACE.to_vec();
+    wire.extend_from_slice(&EMPTY_SETTINGS);
+    for _ in 0..n {
+        wire.extend_from_slice(&PING_ACK);
+    }
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&wire);
+    });
+    let mut r = BufReader::new(s);
+    let code = loop {
+        let mut head = [0u8; 9];
+        if r.read_exact(&mut head).is_err() {
+            break None;
+        }
+        let len = (head[0] as usize) << 16 | (head[1] as usize) << 8 | head[2] as usize;
+        let mut payload = vec![0u8; len];
+        if r.read_exact(&mut payload).is_err() {
+            break None;
+        }
+        if head[3] == 7 {
+            break Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+        }
+    };
+    drop(r);
+    let _ = writer.join();
+    code
+}
+
+fn get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// The value of an unlabelled or labelled sample line in a Prometheus text page.
+fn metric(page: &str, sample: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {sample}"))
+}
+
+fn stop(mut child: Child) -> String {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let _ = child.wait();
+    err
+}
+
+#[test]
+fn a_ping_ack_flood_is_cut_with_enhance_your_calm_and_logs_no_line_per_frame() {
+    let (child, addr, admin) = start("flood", None);
+    let mut floods = Vec::new();
+    for _ in 0..3 {
+        floods.push(std::thread::spawn(move || ping_ack_flood(addr, 100_000)));
+    }
+    for f in floods {
+        // 0xb: ENHANCE_YOUR_CALM.
+        assert_eq!(f.join().unwrap(), Some(0xb));
+    }
+    let page = get(admin, "/metrics").unwrap();
+    assert_eq!(metric(&page, "portico_h2_ping_floods_total"), 3.0);
+    assert!(get(addr, "/bytes/10").unwrap().starts_with("HTTP/1.1 200"));
+    let err = stop(child);
+    assert!(
+        !err.contains("PING ack"),
+        "the h2 crate's per-frame warning leaked:\n{err}"
+    );
+    // A few lines: start, one per flood (rate-limited), stop.
+    assert!(err.lines().count() < 20, "{err}");
+    assert_eq!(err.matches("PING ACK flood").count(), 3, "{err}");
+}
+
+#[test]
+fn a_log_output_nobody_reads_costs_lines_not_service() {
+    // The h2 crate's trace lines (about 1 KB per frame read): a flood connection writes far
+    // more than a pipe holds (64 KiB) and the log's buffer, and this test never reads the pipe.
+    let (child, addr, admin) = start("unread", Some("info,h2=trace"));
+    let started = Instant::now();
+    let mut floods = 0;
+    let dropped = loop {
+        assert_eq!(ping_ack_flood(addr, 1_000), Some(0xb));
+        floods += 1;
+        // The listener answers at once throughout, as does the admin listener.
+        let t = Instant::now();
+        let answer = get(addr, "/bytes/100").expect("a request stalled");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        let page = get(admin, "/metrics").expect("the admin listener");
+        let dropped = metric(&page, "portico_log_lines_dropped_total{log=\"error\"}");
+        if dropped > 0.0 {
+            break dropped;
+        }
+        assert!(
+            floods < 500 && started.elapsed() < Duration::from_secs(60),
+            "no line dropped after {floods} floods: is the output read after all?"
+        );
+    };
+    // Well past the point where a blocking write would have stalled every worker.
+    for _ in 0..20 {
+        assert_eq!(ping_ack_flood(addr, 1_000), Some(0xb));
+        assert!(get(addr, "/bytes/10").unwrap().starts_with("HTTP/1.1 200"));
+    }
+    let page = get(admin, "/metrics").unwrap();
+    assert!(metric(&page, "portico_log_lines_dropped_total{log=\"error\"}") > dropped);
+    // Reading the pipe now lets the log thread write again: it says what it dropped.
+    let err = stop(child);
+    assert!(
+        err.contains("lines dropped"),
+        "{}",
+        &err[err.len().saturating_sub(2000)..]
+    );
+}
