@@ -408,7 +408,7 @@ async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     }
     if chunked {
         scratch.clear();
-        encode::last_chunk(&mut scratch, &body.trailers);
+        encode::last_chunk(&mut scratch, &crate::headers::trailer_lines(&body.trailers));
         let write = async {
             upstream.write_all(&scratch).await?;
             upstream.flush().await
@@ -586,7 +586,7 @@ async fn relay_body(
             }
             Decoded::Done { trailers } => {
                 if chunked {
-                    encode::last_chunk(&mut c.wbuf, &trailers);
+                    encode::last_chunk(&mut c.wbuf, &crate::headers::trailer_lines(&trailers));
                 }
                 return Ok(sent);
             }

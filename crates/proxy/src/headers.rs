@@ -21,6 +21,98 @@ pub struct Forwarding<'a> {
 /// copy sent by the client is always removed, so upstreams can trust it.
 pub const CLIENT_CERT_SUBJECT: &str = "X-Client-Cert-Subject";
 
+/// Fields a trailer section never carries onward, in either direction: those RFC 9110 6.5.1
+/// does not allow in trailers (framing, routing, request modifiers, authentication, response
+/// control data, content metadata), the hop-by-hop ones, and the identity fields Portico sets
+/// on forwarded requests (a backend that merges trailers into its headers must not see a
+/// client's `X-Forwarded-For` as Portico's).
+const NOT_IN_TRAILERS: [&str; 42] = [
+    // framing and hop-by-hop
+    "content-length",
+    "transfer-encoding",
+    "trailer",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    // routing and request modifiers
+    "host",
+    "expect",
+    "max-forwards",
+    "cache-control",
+    "pragma",
+    "range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+    // authentication and state
+    "authorization",
+    "proxy-authorization",
+    "www-authenticate",
+    "proxy-authenticate",
+    "cookie",
+    "set-cookie",
+    // response control data
+    "age",
+    "date",
+    "expires",
+    "location",
+    "retry-after",
+    "vary",
+    "warning",
+    // content metadata
+    "content-encoding",
+    "content-type",
+    "content-range",
+    // set by Portico
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+    "via",
+    "x-client-cert-subject",
+];
+
+/// True when a trailer field named `name` is dropped rather than forwarded.
+pub fn trailer_dropped(name: &str) -> bool {
+    NOT_IN_TRAILERS.iter().any(|d| d.eq_ignore_ascii_case(name))
+}
+
+/// Raw HTTP/1 trailer lines (`name: value\r\n`, as the chunked decoder returns them) without
+/// the fields [`trailer_dropped`] names; the same bytes when none is there.
+pub fn trailer_lines(raw: &bytes::Bytes) -> bytes::Bytes {
+    let dropped = |line: &[u8]| {
+        let name = line.split(|&b| b == b':').next().unwrap_or_default();
+        std::str::from_utf8(name).is_ok_and(trailer_dropped)
+    };
+    let lines = || raw.split_inclusive(|&b| b == b'\n');
+    if !lines().any(dropped) {
+        return raw.clone();
+    }
+    let mut out = BytesMut::with_capacity(raw.len());
+    for line in lines().filter(|l| !dropped(l)) {
+        out.extend_from_slice(line);
+    }
+    out.freeze()
+}
+
+/// HTTP/2 trailers without the fields [`trailer_dropped`] names.
+pub fn trailer_fields(mut map: http::HeaderMap) -> http::HeaderMap {
+    let names: Vec<http::HeaderName> = map
+        .keys()
+        .filter(|n| trailer_dropped(n.as_str()))
+        .cloned()
+        .collect();
+    for n in names {
+        map.remove(&n);
+    }
+    map
+}
+
 fn listed(names: &[String], name: &str) -> bool {
     names.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
@@ -240,4 +332,48 @@ fn ends_with_chunked(te: &[u8]) -> bool {
     te.rsplit(|&b| b == b',')
         .next()
         .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{trailer_dropped, trailer_fields, trailer_lines};
+    use bytes::Bytes;
+
+    #[test]
+    fn trailer_lines_keep_allowed_fields_and_share_bytes_when_all_are() {
+        let clean = Bytes::from_static(b"grpc-status: 0\r\nX-Checksum: abc\r\n");
+        let kept = trailer_lines(&clean);
+        assert_eq!(kept, clean);
+        assert_eq!(
+            kept.as_ptr(),
+            clean.as_ptr(),
+            "no copy when nothing is dropped"
+        );
+        let spoofed = Bytes::from_static(
+            b"X-Forwarded-For: 6.6.6.6\r\nhost: evil\r\nX-Checksum: abc\r\nCONTENT-LENGTH: 9\r\nConnection: close\r\nset-cookie: a=1\r\nx-real-ip: 1\r\ngrpc-status: 0\r\n",
+        );
+        assert_eq!(
+            trailer_lines(&spoofed),
+            Bytes::from_static(b"X-Checksum: abc\r\ngrpc-status: 0\r\n")
+        );
+        assert!(trailer_lines(&Bytes::new()).is_empty());
+    }
+
+    #[test]
+    fn trailer_fields_drop_the_same_names() {
+        let mut map = http::HeaderMap::new();
+        for (n, v) in [
+            ("x-forwarded-proto", "https"),
+            ("authorization", "x"),
+            ("grpc-message", "ok"),
+            ("via", "1.1 evil"),
+        ] {
+            map.append(n, v.parse().unwrap());
+        }
+        let kept = trailer_fields(map);
+        let names: Vec<&str> = kept.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["grpc-message"]);
+        assert!(trailer_dropped("X-Client-Cert-Subject"));
+        assert!(!trailer_dropped("grpc-status"));
+    }
 }

@@ -530,7 +530,7 @@ impl Source<'_> {
             Source::H2 { body, .. } => {
                 match timeout(crate::conn::STALL_TIMEOUT, body.trailers()).await {
                     Err(_) => Err(ProxyError::BodyTooSlow),
-                    Ok(r) => r.map_err(client_err),
+                    Ok(r) => Ok(r.map_err(client_err)?.map(crate::headers::trailer_fields)),
                 }
             }
         }
@@ -650,11 +650,9 @@ fn extended_connect(mut req: http::Request<()>) -> http::Request<()> {
     req
 }
 
-/// Raw HTTP/1 trailer lines -> a field map (connection-specific names dropped).
+/// Raw HTTP/1 trailer lines -> a field map (the names `headers::trailer_dropped` names dropped).
 fn raw_to_map(raw: &[u8]) -> HeaderMap {
-    trailer_map(raw, |name| {
-        DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name))
-    })
+    trailer_map(raw, crate::headers::trailer_dropped)
 }
 
 /// How a failure of the response head (or of the stream before it) is classified.
@@ -1256,7 +1254,9 @@ pub(crate) async fn proxy_h1(
                 let mut lines = BytesMut::new();
                 if let (Some(t), true) = (trailers, trailers_ok) {
                     for (n, v) in &t {
-                        encode::field(&mut lines, n.as_str(), v.as_bytes());
+                        if !crate::headers::trailer_dropped(n.as_str()) {
+                            encode::field(&mut lines, n.as_str(), v.as_bytes());
+                        }
                     }
                 }
                 encode::last_chunk(&mut c.wbuf, &lines);
@@ -1459,7 +1459,7 @@ pub(crate) async fn proxy_h2(
         }
         let trailers = match timeout(idle, body.trailers()).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
-            Ok(r) => r.map_err(up_err)?,
+            Ok(r) => r.map_err(up_err)?.map(crate::headers::trailer_fields),
         };
         match trailers {
             Some(t) if !t.is_empty() => send.send_trailers(t),

@@ -237,7 +237,7 @@ fn grpc_upstream() -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
         let _ = tx.send(seen);
         let _ = s.write_all(
             b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntrailer: grpc-status\r\ntransfer-encoding: chunked\r\n\r\n\
-              7\r\n\0\0\0\0\x02ok\r\n0\r\ngrpc-status: 0\r\ngrpc-message: fine\r\n\r\n",
+              7\r\n\0\0\0\0\x02ok\r\n0\r\ngrpc-status: 0\r\nset-cookie: session=stolen\r\ncontent-length: 99\r\nX-Forwarded-For: 6.6.6.6\r\ngrpc-message: fine\r\n\r\n",
         );
         let _ = s.read(&mut buf);
     });
@@ -260,6 +260,15 @@ async fn grpc_style_exchange_passes_trailers_both_ways() {
         .unwrap();
     let mut t = http::HeaderMap::new();
     t.insert("x-req-trailer", "yes".parse().unwrap());
+    // Fields that may not travel in trailers never reach the server.
+    for (n, v) in [
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "6.6.6.6"),
+        ("authorization", "Basic eA=="),
+        ("cache-control", "no-cache"),
+    ] {
+        t.insert(n, v.parse().unwrap());
+    }
     send.send_trailers(t).unwrap();
     let got = read(resp).await.unwrap();
     assert_eq!(got.status, 200);
@@ -267,6 +276,7 @@ async fn grpc_style_exchange_passes_trailers_both_ways() {
     let trailers = got.trailers.expect("response trailers");
     assert_eq!(trailers.get("grpc-status").unwrap(), "0");
     assert_eq!(trailers.get("grpc-message").unwrap(), "fine");
+    assert_eq!(trailers.len(), 2, "{trailers:?}");
     assert!(
         got.headers.get("trailer").is_none(),
         "hop-by-hop Trailer dropped"

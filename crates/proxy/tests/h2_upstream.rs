@@ -209,6 +209,33 @@ async fn answer(
         let _ = send.send_data(Bytes::new(), true);
         return;
     }
+    if path == "/trailers" {
+        // Answers with the request's trailers (sorted `name=value;`), then trailers of its own,
+        // among them fields that may not travel in trailers.
+        let mut seen: Vec<String> = match body.trailers().await {
+            Ok(Some(t)) => t
+                .iter()
+                .map(|(n, v)| format!("{n}={};", v.to_str().unwrap_or("?")))
+                .collect(),
+            _ => Vec::new(),
+        };
+        seen.sort();
+        let resp = http::Response::builder().status(200).body(()).unwrap();
+        let mut send = respond.send_response(resp, false).unwrap();
+        send.send_data(Bytes::from(seen.concat()), false).unwrap();
+        let mut trailers = http::HeaderMap::new();
+        for (n, v) in [
+            ("grpc-status", "0"),
+            ("set-cookie", "session=stolen"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("www-authenticate", "Basic"),
+            ("location", "http://evil.example/"),
+        ] {
+            trailers.insert(n, v.parse().unwrap());
+        }
+        let _ = send.send_trailers(trailers);
+        return;
+    }
     if path == "/grpc" {
         let resp = http::Response::builder()
             .status(200)
@@ -559,6 +586,60 @@ async fn grpc_style_exchange_passes_trailers() {
     .await;
     assert!(text.ends_with("0\r\n\r\n"), "{text:?}");
     assert!(!text.contains("grpc-status"), "{text:?}");
+}
+
+#[tokio::test]
+async fn trailers_that_may_not_travel_are_dropped_both_ways() {
+    let up = H2Upstream::start(None);
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    // From an HTTP/1.1 client: identity, routing and framing fields in the trailer section
+    // never reach the server; its own such trailers never reach the client.
+    let text = http1(
+        addr,
+        "POST /trailers HTTP/1.1\r\nHost: app.test\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+         2\r\nhi\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nHost: evil.example\r\nContent-Length: 99\r\nX-Real-IP: 6.6.6.6\r\nAuthorization: Basic eA==\r\nX-Checksum: abc\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\r\nx-checksum=abc;\r\n"), "{text:?}");
+    assert!(text.ends_with("0\r\ngrpc-status: 0\r\n\r\n"), "{text:?}");
+    // From an HTTP/2 client.
+    let client = h2c(addr).await;
+    let mut c = client.ready().await.unwrap();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/trailers"))
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (resp, mut body) = c.send_request(req, false).unwrap();
+    body.send_data(Bytes::from_static(b"hi"), false).unwrap();
+    let mut t = http::HeaderMap::new();
+    for (n, v) in [
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-forwarded-host", "evil.example"),
+        ("x-client-cert-subject", "CN=admin"),
+        ("cookie", "session=1"),
+        ("x-checksum", "abc"),
+    ] {
+        t.insert(n, v.parse().unwrap());
+    }
+    body.send_trailers(t).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let mut rb = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(d) = tokio::time::timeout(T, rb.data()).await.unwrap() {
+        got.extend_from_slice(&d.unwrap());
+    }
+    assert_eq!(String::from_utf8_lossy(&got), "x-checksum=abc;");
+    let trailers = tokio::time::timeout(T, rb.trailers())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("trailers");
+    let names: Vec<&str> = trailers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["grpc-status"]);
 }
 
 #[tokio::test]

@@ -1140,3 +1140,60 @@ fn a_refused_head_on_a_kept_alive_connection_logs_its_own_duration() {
     assert!(secs < 0.5, "the 400 logged the connection's age: {refused}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A one-exchange HTTP/1.1 server: reads a chunked request to the end of its trailer section,
+/// hands over the raw bytes, answers chunked with `trailers` as its trailer section.
+fn trailer_upstream(trailers: &'static str) -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(5).any(|w| w == b"\r\n0\r\n") || !seen.ends_with(b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(seen);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n{trailers}\r\n"
+        );
+        let _ = s.write_all(answer.as_bytes());
+        let _ = s.read(&mut buf);
+    });
+    (addr, rx)
+}
+
+#[test]
+fn trailers_that_may_not_travel_are_dropped_both_ways() {
+    let (up, seen) = trailer_upstream(
+        "Grpc-Status: 0\r\nSet-Cookie: session=stolen\r\nContent-Length: 99\r\nLocation: http://evil.example/\r\nX-Digest: sha-256=x\r\n",
+    );
+    let p = proxy(&format!(
+        "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{up}\"]\n"
+    ));
+    let text = exchange_raw(
+        p.addr("p").unwrap(),
+        b"POST / HTTP/1.1\r\nHost: app.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+          2\r\nhi\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nHost: evil.example\r\nContent-Length: 99\r\nConnection: close\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Checksum: abc\r\n\r\n",
+    )
+    .unwrap();
+    let raw =
+        String::from_utf8_lossy(&seen.recv_timeout(Duration::from_secs(10)).unwrap()).into_owned();
+    assert!(
+        raw.ends_with("\r\n2\r\nhi\r\n0\r\nX-Checksum: abc\r\n\r\n"),
+        "{raw}"
+    );
+    // Portico's own X-Forwarded-For is in the head, once.
+    assert_eq!(raw.matches("6.6.6.6").count(), 0, "{raw}");
+    let text = String::from_utf8_lossy(&text).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.ends_with("\r\n0\r\nGrpc-Status: 0\r\nX-Digest: sha-256=x\r\n\r\n"),
+        "{text:?}"
+    );
+}

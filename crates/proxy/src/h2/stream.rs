@@ -779,9 +779,10 @@ fn response_from(resp: &ResponseHead, rules: &HeaderRules, via: bool) -> http::R
     r
 }
 
-/// Raw HTTP/1 trailer lines (`name: value\r\n`) -> HTTP/2 trailers (hop-by-hop names dropped).
+/// Raw HTTP/1 trailer lines (`name: value\r\n`) -> HTTP/2 trailers (the names
+/// `headers::trailer_dropped` names dropped).
 fn trailers_from(raw: &[u8]) -> HeaderMap {
-    trailer_map(raw, portico_http1::head::is_fixed_hop_by_hop)
+    trailer_map(raw, crate::headers::trailer_dropped)
 }
 
 /// Write the head, stream the request body while waiting for the response head; return the
@@ -911,7 +912,9 @@ async fn upload<W: AsyncWrite + Unpin>(
         };
         let mut lines = BytesMut::new();
         for (n, v) in trailers.iter().flatten() {
-            encode::field(&mut lines, n.as_str(), v.as_bytes());
+            if !crate::headers::trailer_dropped(n.as_str()) {
+                encode::field(&mut lines, n.as_str(), v.as_bytes());
+            }
         }
         scratch.clear();
         encode::last_chunk(&mut scratch, &lines);
