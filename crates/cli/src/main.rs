@@ -315,7 +315,7 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
     }
     // Signal handlers are installed before the listeners are announced: a SIGTERM sent as soon
     // as the addresses are printed must stop gracefully, not kill the process.
-    let signals = match Signals::install() {
+    let mut signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
@@ -335,12 +335,57 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
         "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
     );
     signals.wait(running.control());
-    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    let drain = running.control().snapshot().config.drain_timeout;
+    tracing::info!(
+        "shutting down: no new connections, finishing requests in flight (at most drain_timeout {drain:?}; a second SIGTERM or Ctrl-C exits at once)"
+    );
     running.shutdown();
     let stats = running.stats().clone();
-    running.wait();
-    tracing::info!("stopped: {}", stats.summary());
-    ExitCode::SUCCESS
+    let (done, drained) = tokio::sync::oneshot::channel();
+    let waiter = std::thread::Builder::new()
+        .name("portico-stop".into())
+        .spawn(move || {
+            running.wait();
+            let _ = done.send(());
+        });
+    if let Err(e) = waiter {
+        tracing::error!("cannot start the thread that waits for the workers: {e}");
+        return ExitCode::FAILURE;
+    }
+    match signals.drained(drained, drain + EXIT_GRACE) {
+        Stop::Drained => {
+            tracing::info!("stopped: {}", stats.summary());
+            ExitCode::SUCCESS
+        }
+        Stop::Signalled => {
+            tracing::warn!(
+                "second signal: exiting without waiting for requests in flight: {}",
+                stats.summary()
+            );
+            ExitCode::FAILURE
+        }
+        Stop::Overdue => {
+            tracing::error!(
+                "still not stopped {EXIT_GRACE:?} after drain_timeout: exiting anyway: {}",
+                stats.summary()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How long past `drain_timeout` a stopping process waits for its workers before it exits
+/// anyway (they cut what is left at `drain_timeout`; this only bounds what should not happen).
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How a graceful stop ended.
+enum Stop {
+    /// Every worker drained and exited.
+    Drained,
+    /// A second SIGTERM or SIGINT came first.
+    Signalled,
+    /// The deadline passed first.
+    Overdue,
 }
 
 /// SIGTERM, SIGINT and SIGHUP handlers on a small runtime of the main thread.
@@ -366,9 +411,26 @@ impl Signals {
         })
     }
 
+    /// While the workers drain: wait for `drained`, a second SIGTERM or SIGINT, or `limit`,
+    /// whichever comes first.
+    fn drained(
+        mut self,
+        drained: tokio::sync::oneshot::Receiver<()>,
+        limit: std::time::Duration,
+    ) -> Stop {
+        self.rt.block_on(async {
+            tokio::select! {
+                _ = drained => Stop::Drained,
+                _ = self.term.recv() => Stop::Signalled,
+                _ = self.int.recv() => Stop::Signalled,
+                _ = tokio::time::sleep(limit) => Stop::Overdue,
+            }
+        })
+    }
+
     /// Wait for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile (an invalid one
     /// is logged and refused, and the running one stays).
-    fn wait(mut self, control: &portico_proxy::Control) {
+    fn wait(&mut self, control: &portico_proxy::Control) {
         self.rt.block_on(async {
             loop {
                 // A reload signalled before a stop is applied before it.

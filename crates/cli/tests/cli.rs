@@ -132,6 +132,61 @@ fn run_serves_and_stops_gracefully_on_sigterm() {
 }
 
 #[test]
+fn a_second_sigterm_while_draining_exits_at_once() {
+    // A server that takes requests and never answers keeps a request in flight.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let d = temp_dir("second-signal");
+    let path = d.join("p.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "drain_timeout = \"60s\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{}\"]\n",
+            server.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let (mut child, addrs) = spawn(
+        &["run", "--config", path.to_str().unwrap(), "--workers", "1"],
+        1,
+    );
+    let mut client = TcpStream::connect(addrs[0]).unwrap();
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: t\r\n\r\n")
+        .unwrap();
+    let (upstream, _) = server.accept().unwrap();
+    let mut head = BufReader::new(&upstream);
+    let mut line = String::new();
+    while line != "\r\n" {
+        line.clear();
+        assert!(head.read_line(&mut line).unwrap() > 0);
+    }
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut until = |what: &str| {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(err.read_line(&mut line).unwrap() > 0, "no {what} line");
+            if line.contains(what) {
+                return;
+            }
+        }
+    };
+    signal(&child, "TERM");
+    until("shutting down");
+    let t = std::time::Instant::now();
+    signal(&child, "TERM");
+    until("second signal");
+    let status = child.wait().unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(status.code(), Some(1));
+    drop(client);
+}
+
+#[test]
 fn origin_serves_files_from_root() {
     let d = temp_dir("origin");
     std::fs::write(d.join("hello.txt"), "hello file\n").unwrap();

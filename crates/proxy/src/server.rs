@@ -680,6 +680,9 @@ impl Running {
     }
 }
 
+/// The listen backlog of every listener socket.
+const BACKLOG: u32 = 4096;
+
 fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
@@ -687,7 +690,7 @@ fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     socket.set_nodelay(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(4096)?;
+    socket.listen(BACKLOG as i32)?;
     Ok(socket.into())
 }
 
@@ -884,6 +887,9 @@ async fn accept_loop(
 ) {
     let mut stop = slot.stop.subscribe();
     let mut draining = false;
+    // Connections taken from the backlog while stopping: at most a backlog's worth, so clients
+    // that keep connecting cannot hold the stop open.
+    let mut taken_while_draining = 0u32;
     loop {
         if !draining && *stop.borrow_and_update() {
             draining = true;
@@ -891,6 +897,10 @@ async fn accept_loop(
         let accepted = if draining {
             // Stopping: take the connections the kernel already completed (closing the socket
             // would reset them), then stop. They get one response with `Connection: close`.
+            taken_while_draining += 1;
+            if taken_while_draining > BACKLOG {
+                return;
+            }
             match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
                 Ok(r) => r,
                 Err(_) => return,
