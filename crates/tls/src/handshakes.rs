@@ -227,6 +227,47 @@ fn pinned_suite_and_group_are_negotiated_and_others_refused() {
 }
 
 #[test]
+fn a_configured_suite_order_is_the_servers_preference() {
+    let pki = make_pki("order");
+    // The client prefers ChaCha20, then AES-128, then AES-256.
+    let mut prefers_chacha = aws_lc_rs::default_provider();
+    prefers_chacha.cipher_suites = vec![
+        aws_lc_rs::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+        aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
+    ];
+    let client = client_with(&pki, prefers_chacha, false);
+    let negotiated = |suites: Option<Vec<&'static str>>| {
+        let mut s = settings(&pki);
+        s.cipher_suites = suites;
+        let server = server_config(&s, &Resumption::new()).unwrap();
+        let (c, _) = handshake(&server, &client).unwrap();
+        c.negotiated_cipher_suite().unwrap().suite()
+    };
+    // Configured: the server's order decides.
+    assert_eq!(
+        negotiated(Some(vec![
+            "TLS13_AES_256_GCM_SHA384",
+            "TLS13_AES_128_GCM_SHA256",
+            "TLS13_CHACHA20_POLY1305_SHA256",
+        ])),
+        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
+    );
+    assert_eq!(
+        negotiated(Some(vec![
+            "TLS13_AES_128_GCM_SHA256",
+            "TLS13_CHACHA20_POLY1305_SHA256",
+        ])),
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+    );
+    // Not configured: the client's.
+    assert_eq!(
+        negotiated(None),
+        rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+    );
+}
+
+#[test]
 fn post_quantum_hybrid_group_is_negotiated_when_pinned() {
     let pki = make_pki("pq");
     let mut s = settings(&pki);

@@ -171,6 +171,9 @@ pub fn server_config(
         Some(auth) => builder.with_client_cert_verifier(client_verifier(auth, provider)?),
     };
     let mut config = builder.with_cert_resolver(Arc::new(SniResolver { certs }));
+    // A configured `cipher_suites` list is the server's preference order; without one, the
+    // client's order wins (clients without AES hardware put ChaCha20 first).
+    config.ignore_client_order = settings.cipher_suites.is_some();
     let (ticketer, storage) = resumption.parts(settings)?;
     match ticketer {
         Some(t) => config.ticketer = t,
