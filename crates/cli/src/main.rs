@@ -319,6 +319,12 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
+    let tls_listeners: Vec<String> = cfg
+        .listeners
+        .iter()
+        .filter(|l| l.tls.is_some())
+        .map(|l| l.name.clone())
+        .collect();
     let running = match portico_proxy::start(cfg, workers) {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),
@@ -326,7 +332,11 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
     running.control().set_source(source);
     // Listening addresses go to stdout (scripts and tests wait for them); logs go to stderr.
     for (name, addr) in running.addrs() {
-        println!("portico: listener {name} on http://{addr}/");
+        let scheme = match tls_listeners.contains(&name) {
+            true => "https",
+            false => "http",
+        };
+        println!("portico: listener {name} on {scheme}://{addr}/");
     }
     if let Some(addr) = running.admin_addr() {
         println!("portico: admin on http://{addr}/ (dashboard, /metrics, /api/status)");

@@ -13,7 +13,7 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// Start `portico ARGS`, wait for its "listener NAME on http://ADDR/" lines, return them.
+/// Start `portico ARGS`, wait for its "listener NAME on http://ADDR/" (or https) lines, return them.
 fn spawn(args: &[&str], listeners: usize) -> (Child, Vec<SocketAddr>) {
     let mut child = Command::new(BIN)
         .args(args)
@@ -29,7 +29,7 @@ fn spawn(args: &[&str], listeners: usize) -> (Child, Vec<SocketAddr>) {
             out.read_line(&mut line).unwrap() > 0,
             "portico exited before listening"
         );
-        if let Some(rest) = line.trim().split(" on http://").nth(1) {
+        if let Some(rest) = line.trim().split("://").nth(1) {
             addrs.push(rest.trim_end_matches('/').parse().unwrap());
         }
     }
@@ -371,4 +371,45 @@ fn check_warns_about_an_expired_certificate_and_passes() {
         d.join("old.pem").display()
     );
     assert!(err.contains(&want), "want {want} in {err}");
+}
+
+#[test]
+fn run_announces_tls_listeners_as_https() {
+    let d = temp_dir("banner");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(d.join("c.pem"), cert.pem()).unwrap();
+    std::fs::write(d.join("c.key"), key.serialize_pem()).unwrap();
+    let path = d.join("p.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"s\"\naddress = \"127.0.0.1:0\"\n[listeners.tls]\ncertificates = [{ cert = \"c.pem\", key = \"c.key\" }]\n[[listeners.routes]]\nrespond = { status = 200 }\n\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nrespond = { status = 200 }\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--config", path.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        lines.push(line);
+    }
+    let (status, err) = terminate(child);
+    assert!(status.success(), "{err}");
+    assert!(
+        lines[0].starts_with("portico: listener s on https://127.0.0.1:"),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with("portico: listener p on http://127.0.0.1:"),
+        "{lines:?}"
+    );
 }

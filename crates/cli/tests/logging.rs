@@ -41,7 +41,7 @@ fn start(name: &str, rust_log: Option<&str>) -> (Child, SocketAddr, SocketAddr) 
     while addrs.len() < 2 {
         let mut line = String::new();
         assert!(out.read_line(&mut line).unwrap() > 0, "portico exited");
-        if let Some(rest) = line.trim().split(" on http://").nth(1) {
+        if let Some(rest) = line.trim().split("://").nth(1) {
             let addr = rest.split('/').next().unwrap();
             addrs.push(addr.parse().unwrap());
         }

@@ -116,7 +116,10 @@ async fn attempt(
             Ok(u) => u,
             Err((_, Failed::Retry)) => return None,
             Err((e, _)) => {
-                return Some(fail(c, ctx, head, e, Phase::Connect, body.is_none()).await)
+                // The access log names the server that refused or timed out.
+                let mut o = fail(c, ctx, head, e, Phase::Connect, body.is_none()).await;
+                o.upstream = Some(t.addr());
+                return Some(o);
             }
         };
         let r = exchange(

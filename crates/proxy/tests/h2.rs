@@ -898,6 +898,34 @@ async fn access_log_names_the_protocol_http2() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[tokio::test]
+async fn a_refused_connect_is_logged_with_its_server() {
+    let refusing = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let dir = std::env::temp_dir().join(format!("portico-h2-refused-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("access.log");
+    let p = proxy(&format!(
+        "[access_log]\npath = \"{}\"\nformat = \"json\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{refusing}\"]\n",
+        path.display(),
+    ));
+    let (client, _conn) = h2c(p.addr("p").unwrap()).await;
+    let mut c = client.clone();
+    assert_eq!(get(&mut c, "http://a/refused").await.status, 502);
+    let log = || std::fs::read_to_string(&path).unwrap_or_default();
+    until("the access-log line", || log().lines().count() == 1).await;
+    let line = log();
+    assert!(line.contains("\"cause\":\"Refused\""), "{line}");
+    assert!(
+        line.contains(&format!("\"upstream\":\"{refusing}\"")),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Read until the server closes the connection (EOF or reset); everything received. Panics if
 /// it stays open past the read timeout set on `s`.
 fn read_to_close(s: &mut std::net::TcpStream) -> Vec<u8> {

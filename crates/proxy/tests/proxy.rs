@@ -791,7 +791,8 @@ servers = ["{up}"]
 
 #[test]
 fn access_log_writes_one_json_line_per_request() {
-    let (p, path) = json_logged("portico-alog", closed_port());
+    let refusing = closed_port();
+    let (p, path) = json_logged("portico-alog", refusing);
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
     assert_eq!(c.request(&get("/logged?q=1")).unwrap().status, 502);
     let _ = exchange_raw(p.addr("p").unwrap(), b"GET / HTTP/1.1\r\n\r\n").unwrap();
@@ -808,6 +809,11 @@ fn access_log_writes_one_json_line_per_request() {
     assert!(proxied.contains("\"status\":502"), "{log}");
     assert!(
         proxied.contains("\"side\":\"Upstream\",\"phase\":\"Connect\",\"cause\":\"Refused\""),
+        "{log}"
+    );
+    // The server that refused is named.
+    assert!(
+        proxied.contains(&format!("\"upstream\":\"{refusing}\"")),
         "{log}"
     );
     let refused = lines

@@ -486,7 +486,12 @@ impl Stream<'_> {
             {
                 Ok(u) => u,
                 Err((_, Failed::Retry)) => return None,
-                Err((e, _)) => return Some(self.fail(Some(head), e, Phase::Connect).await),
+                Err((e, _)) => {
+                    // The access log names the server that refused or timed out.
+                    let mut o = self.fail(Some(head), e, Phase::Connect).await;
+                    o.upstream = Some(t.addr());
+                    return Some(o);
+                }
             };
             let body_limit = route.max_body_bytes;
             let r = {
