@@ -259,15 +259,20 @@ fn certificate_warnings(cfg: &Config) -> Vec<String> {
         .collect()
 }
 
+/// Print `msg` (one `error: ` line per line of it) and return exit status 2.
 fn fail(msg: &str) -> ExitCode {
-    eprintln!("error: {msg}");
+    for line in msg.lines() {
+        eprintln!("error: {line}");
+    }
     ExitCode::from(2)
 }
 
+/// The configuration at `path` (the embedded default without one); every validation error,
+/// one per line, when it is invalid.
 fn load(path: Option<&std::path::Path>) -> Result<Config, String> {
     match path {
-        Some(p) => portico_config::load(p).map_err(|e| e.to_string()),
-        None => portico_config::parse(portico_config::DEFAULT_CONFIG, "<embedded>")
+        Some(p) => portico_config::load_all(p).map_err(|e| e.to_string()),
+        None => portico_config::parse_all(portico_config::DEFAULT_CONFIG, "<embedded>")
             .map_err(|e| e.to_string()),
     }
 }

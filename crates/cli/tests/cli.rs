@@ -111,6 +111,31 @@ fn check_reports_file_line_column_and_key() {
 }
 
 #[test]
+fn check_prints_every_validation_error() {
+    let d = temp_dir("check-all");
+    let path = d.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"a\"\naddress = \"nope\"\n[[listeners.routes]]\nproxy = \"missing\"\n[[listeners]]\nname = \"b\"\naddress = \"127.0.0.1:99999\"\n[[listeners.routes]]\nstatic = \"/x\"\nmax_body = \"lots\"\n",
+    )
+    .unwrap();
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(2));
+    let lines: Vec<&str> = err.lines().collect();
+    let p = path.display();
+    let want = [
+        format!("error: {p}:3:11: listeners[0].address: "),
+        format!("error: {p}:5:9: listeners[0].routes[0].proxy: "),
+        format!("error: {p}:8:11: listeners[1].address: "),
+        format!("error: {p}:11:12: listeners[1].routes[0].max_body: "),
+    ];
+    assert_eq!(lines.len(), want.len(), "{err}");
+    for (line, want) in lines.iter().zip(&want) {
+        assert!(line.starts_with(want.as_str()), "want {want} in {err}");
+    }
+}
+
+#[test]
 fn run_serves_and_stops_gracefully_on_sigterm() {
     let d = temp_dir("run");
     let path = d.join("p.toml");
