@@ -156,7 +156,9 @@ fn write_loop(inner: &Inner, mut out: Box<dyn Write + Send>) {
         // A write error (a closed pipe, a full disk) loses this batch, not the next ones.
         let _ = out.write_all(&batch).and_then(|()| out.flush());
         batch.clear();
-        if batch.capacity() > SINK_CAPACITY {
+        // A burst must not keep megabytes for the process's life (buffer and batch swap, so
+        // both shrink in turn).
+        if batch.capacity() > 256 * 1024 {
             batch.shrink_to(64 * 1024);
         }
         // The output took lines again: say how many it missed (through the error log, which

@@ -1,6 +1,7 @@
 //! Downstream HTTP/2: protocol choice per connection (ALPN `h2`, h2c prior knowledge), the connection loop (settings, drain, idle, rapid-reset defence), one local task per stream.
 
 mod cork;
+pub(crate) mod frame_scan;
 mod request;
 mod stream;
 mod tunnel;
@@ -324,6 +325,9 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         poll_fn(|cx| {
             let r = hs.as_mut().poll(cx);
             cork.drain(cx);
+            // Counted in the connection's window (the cork reads no more past the limit until
+            // the count is taken).
+            link.ping_acks(cork.take_ping_acks());
             r
         })
         .await
