@@ -7,6 +7,7 @@
 #        http:  the same over plain HTTP (P1's load)
 #        h2:    h2load -c 10 -m 100 -n 300000 over TLS, 1 KB (P9's load)
 # A wrapper script works as a BINARY (to set an environment variable, for example).
+# AB_EXTRA_TOML is appended to the proxy's configuration (an [access_log] table, for example).
 # Needs wrk, h2load, openssl. Prints one line per binary per round, then each binary's median.
 set -euo pipefail
 mode=$1 rounds=$2
@@ -44,6 +45,7 @@ proxy = "origin"
 [upstreams.origin]
 servers = ["127.0.0.1:9380"]
 keepalive = 1024
+${AB_EXTRA_TOML:-}
 EOF
 
 run() { # binary -> "us_per_req user_us_per_req"

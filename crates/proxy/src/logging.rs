@@ -13,12 +13,23 @@ pub static ACCESS_LOG_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Bytes a sink holds at most while its output is slow or blocked; past that, lines are dropped.
 pub const SINK_CAPACITY: usize = 4 << 20;
 
+/// Bytes that make the writer thread write at once; fewer wait up to [`LINGER`] for company.
+const BATCH: usize = 64 * 1024;
+
+/// How long the first line of a batch waits for more before it is written. Lines reach the log's
+/// output this much later at most, and a busy proxy wakes the writer thread about this often
+/// instead of once per line (a wake-up and a write per line cost a worker more than the line).
+const LINGER: Duration = Duration::from_millis(50);
+
 struct State {
     buf: Vec<u8>,
-    /// The writer thread is waiting for lines (a push must wake it).
-    idle: bool,
+    /// The writer thread waits and must be woken: for the first line (it waits without a
+    /// deadline while the buffer is empty), for a full batch, a flush or the close.
+    asleep: bool,
     /// The writer thread is writing a batch taken out of `buf`.
     writing: bool,
+    /// A flush waits: write what is there without lingering.
+    flushing: bool,
     /// The last handle is gone: write what is left, then end.
     closed: bool,
 }
@@ -67,8 +78,9 @@ impl Sink {
             capacity,
             state: Mutex::new(State {
                 buf: Vec::new(),
-                idle: false,
+                asleep: false,
                 writing: false,
+                flushing: false,
                 closed: false,
             }),
             cond: Condvar::new(),
@@ -92,10 +104,14 @@ impl Sink {
             inner.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
+        let was = st.buf.len();
         st.buf.extend_from_slice(line);
-        // Only a sleeping writer needs a wake-up: a busy one takes the whole buffer next.
-        let wake = st.idle;
-        st.idle = false;
+        // A sleeping writer needs a wake-up for the first line (it then lingers for more) and
+        // for a full batch; a busy one takes the whole buffer when it comes back.
+        let wake = st.asleep && (was == 0 || (was < BATCH && st.buf.len() >= BATCH));
+        if wake {
+            st.asleep = false;
+        }
         drop(st);
         if wake {
             inner.cond.notify_all();
@@ -111,17 +127,23 @@ impl Sink {
         let Ok(mut st) = inner.state.lock() else {
             return false;
         };
-        while !st.buf.is_empty() || st.writing {
+        st.flushing = true;
+        inner.cond.notify_all();
+        let done = loop {
+            if st.buf.is_empty() && !st.writing {
+                break true;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return false;
+                break false;
             }
             st = match inner.cond.wait_timeout(st, left) {
                 Ok((st, _)) => st,
                 Err(_) => return false,
             };
-        }
-        true
+        };
+        st.flushing = false;
+        done
     }
 
     /// A `tracing_subscriber` writer for this sink (one `write` per event, a whole line).
@@ -138,18 +160,40 @@ fn write_loop(inner: &Inner, mut out: Box<dyn Write + Send>) {
             let Ok(mut st) = inner.state.lock() else {
                 return;
             };
-            st.writing = false;
-            inner.cond.notify_all();
-            while st.buf.is_empty() {
-                if st.closed {
-                    return;
+            if st.writing {
+                st.writing = false;
+                if st.flushing {
+                    inner.cond.notify_all();
                 }
-                st.idle = true;
-                st = match inner.cond.wait(st) {
-                    Ok(st) => st,
+            }
+            // Wait for the first line, then linger for a batch (unless a flush or the close
+            // wants it written now).
+            let mut since: Option<Instant> = None;
+            loop {
+                if st.buf.is_empty() {
+                    if st.closed {
+                        return;
+                    }
+                    since = None;
+                    st.asleep = true;
+                    st = match inner.cond.wait(st) {
+                        Ok(st) => st,
+                        Err(_) => return,
+                    };
+                    continue;
+                }
+                let first = *since.get_or_insert_with(Instant::now);
+                let left = LINGER.saturating_sub(first.elapsed());
+                if st.buf.len() >= BATCH || st.flushing || st.closed || left.is_zero() {
+                    break;
+                }
+                st.asleep = true;
+                st = match inner.cond.wait_timeout(st, left) {
+                    Ok((st, _)) => st,
                     Err(_) => return,
                 };
             }
+            st.asleep = false;
             std::mem::swap(&mut batch, &mut st.buf);
             st.writing = true;
         }
