@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# CI smoke run of every cargo-fuzz target (fuzz/): FUZZ_SECONDS (default 20) each, starting from the
-# committed seed corpora in fuzz/seeds. Installs the nightly toolchain (rustup, minimal profile) and
+# CI smoke run of every cargo-fuzz target (fuzz/): FUZZ_SECONDS (default 20) each, FUZZ_JOBS
+# (default 2) at a time, starting from the committed seed corpora in fuzz/seeds. Installs the nightly toolchain (rustup, minimal profile) and
 # cargo-fuzz when missing. Fails on the first crash; the input is left in fuzz/artifacts/<target>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +12,4 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   echo "==> installing cargo-fuzz"
   cargo install cargo-fuzz --locked
 fi
-(cd fuzz && cargo +nightly fuzz build)
-fuzz/run.sh "${FUZZ_SECONDS:-20}" "$@"
+FUZZ_JOBS="${FUZZ_JOBS:-2}" fuzz/run.sh "${FUZZ_SECONDS:-20}" "$@"

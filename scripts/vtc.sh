@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Run the varnishtest scenarios in tests/vtc/ against target/release/portico.
+# Run the varnishtest scenarios in tests/vtc/ against target/release/portico (PORTICO_BIN overrides).
 # Each scenario gets a free loopback port for the proxy as ${proxy_port} and the binary as ${portico}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="$PWD/target/release/portico"
+bin="${PORTICO_BIN:-$PWD/target/release/portico}"
 [ -x "$bin" ] || cargo build --release --locked -p portico
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pass=0; fail=0
