@@ -1,5 +1,8 @@
 //! Rough per-request cost of head parsing: `cargo run -p portico-http1 --release --example parse_bench`.
 
+// A benchmark reads the clock; the library it measures does not.
+#![allow(clippy::disallowed_methods)]
+
 use bytes::BytesMut;
 use portico_http1::{parse_request, parse_response, BodyDecoder, Decoded, Framing, Limits, Method};
 use std::hint::black_box;

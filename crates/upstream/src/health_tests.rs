@@ -1,5 +1,8 @@
 //! Unit tests for health, passive ejection, slow start, admin changes and reload carry-over.
 
+// Tests take a real `now` to hand to the sans-io code.
+#![allow(clippy::disallowed_methods)]
+
 use super::*;
 use portico_config::{HealthCheck, HealthCheckKind, PassiveCheck, Server};
 

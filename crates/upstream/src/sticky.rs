@@ -55,6 +55,7 @@ impl Upstream {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // a real `now` handed to the sans-io code
 mod tests {
     use super::*;
     use crate::tests::group;

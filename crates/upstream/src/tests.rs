@@ -1,5 +1,8 @@
 //! Unit tests for the balancer: algorithms in isolation and the shared `Upstream` under threads.
 
+// Tests take a real `now` to hand to the sans-io code.
+#![allow(clippy::disallowed_methods)]
+
 use super::*;
 use portico_config::{PassiveCheck, Server};
 use select::{least_connections, two_random_choices};
