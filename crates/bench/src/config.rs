@@ -386,9 +386,6 @@ impl Config {
             label: f.label.clone(),
             command: f.command.clone(),
         };
-        if cfg.h2 {
-            crate::h2conn::requests(&cfg)?;
-        }
         Ok(cfg)
     }
 

@@ -1,10 +1,10 @@
 //! One client connection (plain or TLS): connect, write the pre-encoded request, read one response with the codec.
 
-use crate::stats::ErrorKind;
 use crate::tls::TlsClient;
 use bytes::BytesMut;
 use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
 use rustls::pki_types::ServerName;
+use serde::Serialize;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +12,73 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The connection attempt was refused (nothing listening).
+    ConnectRefused,
+    /// Another connection failure (e.g. no local port available).
+    Connect,
+    /// No complete response within `--timeout` of the send.
+    Timeout,
+    /// The connection was reset (RST, or a write to a closed connection).
+    Reset,
+    /// The server closed the connection before the response was complete.
+    Closed,
+    /// The response did not parse as HTTP/1.1 or its body framing was broken.
+    BadResponse,
+    /// Another socket error.
+    Io,
+    /// The TLS handshake failed (certificate refused, no common version, suite or group...).
+    Tls,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::ConnectRefused,
+        ErrorKind::Connect,
+        ErrorKind::Timeout,
+        ErrorKind::Reset,
+        ErrorKind::Closed,
+        ErrorKind::BadResponse,
+        ErrorKind::Io,
+        ErrorKind::Tls,
+    ];
+
+    /// The key used in JSON output.
+    pub fn key(self) -> &'static str {
+        match self {
+            ErrorKind::ConnectRefused => "connect_refused",
+            ErrorKind::Connect => "connect",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Reset => "reset",
+            ErrorKind::Closed => "closed",
+            ErrorKind::BadResponse => "bad_response",
+            ErrorKind::Io => "io",
+            ErrorKind::Tls => "tls",
+        }
+    }
+
+    /// Words for the human summary.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::ConnectRefused => "connect refused",
+            ErrorKind::Connect => "connect failed",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Reset => "reset",
+            ErrorKind::Closed => "closed before the response",
+            ErrorKind::BadResponse => "bad response",
+            ErrorKind::Io => "other socket error",
+            ErrorKind::Tls => "TLS handshake failed",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
 
 /// Bytes kept free in the read buffer before each read.
 const READ_RESERVE: usize = 16 * 1024;

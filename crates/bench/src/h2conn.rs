@@ -1,13 +1,10 @@
 //! `--h2`: one HTTP/2 client connection (h2c prior knowledge, or TLS with ALPN h2) shared by the streams of one benchmark connection.
 
-use crate::config::{Config, Target};
+use crate::conn::ErrorKind;
 use crate::conn::{io_error, open_stream, Opened, Response, Stream, TlsTarget};
-use crate::error::BenchError;
-use crate::stats::ErrorKind;
+use crate::request::H2Request;
 use bytes::Bytes;
 use h2::client::SendRequest;
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
-use http::{HeaderMap, Method, Uri};
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -16,92 +13,6 @@ use std::rc::Rc;
 /// default): the server is never held back by the client's windows, which are given back as soon
 /// as the data is counted.
 const WINDOW: u32 = (1 << 30) - 1;
-
-/// Header fields HTTP/2 forbids (connection-specific, RFC 9113 section 8.2.2).
-const CONNECTION_SPECIFIC: [&str; 5] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// The run's request to one URL, built once: each send clones its parts.
-#[derive(Debug, Clone)]
-pub struct H2Request {
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl H2Request {
-    fn to_http(&self) -> http::Request<()> {
-        let mut r = http::Request::new(());
-        *r.method_mut() = self.method.clone();
-        *r.uri_mut() = self.uri.clone();
-        *r.headers_mut() = self.headers.clone();
-        r
-    }
-}
-
-fn flag(msg: impl Into<String>) -> BenchError {
-    BenchError::Flag(msg.into())
-}
-
-/// The run's HTTP/2 requests, one per URL (in the order of the URLs): `:method`, `:scheme`,
-/// `:authority` (the URL's, or `-H Host`), `:path`, the `-H` fields, `content-length` when there
-/// is a body (or the method usually carries one), the body. Refuses fields HTTP/2 forbids.
-pub fn requests(cfg: &Config) -> Result<Vec<H2Request>, BenchError> {
-    cfg.targets.iter().map(|t| request_to(cfg, t)).collect()
-}
-
-fn request_to(cfg: &Config, target: &Target) -> Result<H2Request, BenchError> {
-    let method = Method::from_bytes(cfg.method.as_str().as_bytes()).map_err(|_| {
-        flag(format!(
-            "--method {}: not an HTTP method",
-            cfg.method.as_str()
-        ))
-    })?;
-    let mut authority = target.authority.clone();
-    let mut headers = HeaderMap::new();
-    for (name, value) in &cfg.headers {
-        let lower = name.to_ascii_lowercase();
-        if lower == "host" {
-            authority = value.clone();
-            continue;
-        }
-        if CONNECTION_SPECIFIC.contains(&lower.as_str())
-            || (lower == "te" && !value.eq_ignore_ascii_case("trailers"))
-        {
-            return Err(flag(format!(
-                "-H {name}: a connection-specific field, forbidden in HTTP/2"
-            )));
-        }
-        let n = HeaderName::from_bytes(lower.as_bytes())
-            .map_err(|_| flag(format!("-H {name}: not a header name")))?;
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| flag(format!("-H {name}: {value:?} is not a header value")))?;
-        headers.append(n, v);
-    }
-    let body_method = matches!(cfg.method.as_str(), "POST" | "PUT" | "PATCH");
-    if !cfg.body.is_empty() || body_method {
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(cfg.body.len() as u64));
-    }
-    let scheme = if target.tls { "https" } else { "http" };
-    let uri = Uri::builder()
-        .scheme(scheme)
-        .authority(authority.as_str())
-        .path_and_query(target.path.as_str())
-        .build()
-        .map_err(|e| flag(format!("{}: not an HTTP/2 request target: {e}", target.url)))?;
-    Ok(H2Request {
-        method,
-        uri,
-        headers,
-        body: Bytes::from(cfg.body.clone()),
-    })
-}
 
 /// An open HTTP/2 connection: the handle streams are opened with, and whether its driver task
 /// still runs.
@@ -263,61 +174,6 @@ fn h2_error(e: h2::Error) -> ErrorKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Flags;
-
-    fn cfg(f: Flags) -> Result<Config, BenchError> {
-        Config::from_flags(&Flags {
-            url: "http://127.0.0.1:8081/p?q=1".into(),
-            rate: Some(1.0),
-            h2: true,
-            ..f
-        })
-    }
-
-    #[test]
-    fn requests_carry_the_pseudo_fields_and_headers() {
-        let c = cfg(Flags {
-            method: "POST".into(),
-            headers: vec!["Host: example:9".into(), "X-A: 1".into()],
-            body: Some("hello".into()),
-            ..Flags::default()
-        })
-        .unwrap();
-        let r = requests(&c).unwrap();
-        let h = r[0].to_http();
-        assert_eq!(h.method(), Method::POST);
-        assert_eq!(h.uri().to_string(), "http://example:9/p?q=1");
-        assert_eq!(h.headers()["x-a"], "1");
-        assert_eq!(h.headers()["content-length"], "5");
-        assert!(h.headers().get("host").is_none());
-        assert_eq!(&r[0].body[..], b"hello");
-        let c = cfg(Flags::default()).unwrap();
-        let h = requests(&c).unwrap()[0].to_http();
-        assert_eq!(h.uri().to_string(), "http://127.0.0.1:8081/p?q=1");
-        assert!(h.headers().is_empty());
-    }
-
-    #[test]
-    fn connection_specific_fields_are_refused() {
-        for bad in [
-            "Connection: keep-alive",
-            "Upgrade: h2c",
-            "TE: gzip",
-            "Keep-Alive: 5",
-        ] {
-            let e = cfg(Flags {
-                headers: vec![bad.into()],
-                ..Flags::default()
-            })
-            .unwrap_err();
-            assert!(e.to_string().contains("forbidden in HTTP/2"), "{bad}: {e}");
-        }
-        assert!(cfg(Flags {
-            headers: vec!["TE: trailers".into()],
-            ..Flags::default()
-        })
-        .is_ok());
-    }
 
     #[test]
     fn errors_map_to_kinds() {

@@ -1,7 +1,8 @@
 //! The results of a run: the accounting, distributions, CPU, timeline, warnings; as text and JSON.
 
 use crate::config::{Config, Mode, Stop};
-use crate::stats::{ErrorKind, Recorder};
+use crate::conn::ErrorKind;
+use crate::stats::Recorder;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -871,8 +872,9 @@ fn size(bytes: f64) -> String {
 /// `rate`, else closed loop), for tests.
 #[cfg(test)]
 pub fn test_report(rate: Option<f64>, latencies_ms: &[u64], errors: u64, lag_ms: u64) -> Report {
+    use crate::conn::ErrorKind;
     use crate::schedule::Timing;
-    use crate::stats::{ErrorKind, Recorder};
+    use crate::stats::Recorder;
     use std::time::Duration;
     let cfg = Config::from_flags(&crate::config::Flags {
         url: "http://127.0.0.1:1/".into(),

@@ -1,16 +1,18 @@
 //! A run: worker threads owning their connections, warm-up, CPU sampling, progress, merged results.
 
 use crate::config::{Config, Mode, Stop};
+use crate::conn::ErrorKind;
 use crate::conn::{Conn, Opened, Response};
 use crate::cpu;
 use crate::deadline::{watchdog, Deadline};
 use crate::error::BenchError;
-use crate::h2conn::{H2Conn, H2Request};
+use crate::h2conn::H2Conn;
 use crate::pacer::{spawn_sleeper, Pacer, Shared};
 use crate::report::{Measured, Report};
 use crate::request::encode_requests;
+use crate::request::H2Request;
 use crate::schedule::{thread_of, Schedule, Timing};
-use crate::stats::{ErrorKind, Live, Recorder};
+use crate::stats::{Live, Recorder};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -537,7 +539,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
         cfg: cfg.clone(),
         requests: encode_requests(cfg),
         h2_requests: if cfg.h2 {
-            crate::h2conn::requests(cfg)?
+            crate::request::h2_requests(cfg)?
         } else {
             Vec::new()
         },

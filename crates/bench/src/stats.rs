@@ -1,9 +1,8 @@
 //! Per-thread recording of request outcomes (histograms, status and error counts, timeline) and merging.
 
-use crate::conn::{Handshake, Opened};
+use crate::conn::{ErrorKind, Handshake, Opened};
 use crate::schedule::Timing;
 use hdrhistogram::Histogram;
-use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,73 +17,6 @@ const SECOND_MAX_US: u64 = 60_000_000;
 const MAX_SECONDS: usize = 86_400;
 /// Status codes are 100..=999.
 const STATUS_SLOTS: usize = 1000;
-
-/// Why a request failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    /// The connection attempt was refused (nothing listening).
-    ConnectRefused,
-    /// Another connection failure (e.g. no local port available).
-    Connect,
-    /// No complete response within `--timeout` of the send.
-    Timeout,
-    /// The connection was reset (RST, or a write to a closed connection).
-    Reset,
-    /// The server closed the connection before the response was complete.
-    Closed,
-    /// The response did not parse as HTTP/1.1 or its body framing was broken.
-    BadResponse,
-    /// Another socket error.
-    Io,
-    /// The TLS handshake failed (certificate refused, no common version, suite or group...).
-    Tls,
-}
-
-impl ErrorKind {
-    pub const ALL: [ErrorKind; 8] = [
-        ErrorKind::ConnectRefused,
-        ErrorKind::Connect,
-        ErrorKind::Timeout,
-        ErrorKind::Reset,
-        ErrorKind::Closed,
-        ErrorKind::BadResponse,
-        ErrorKind::Io,
-        ErrorKind::Tls,
-    ];
-
-    /// The key used in JSON output.
-    pub fn key(self) -> &'static str {
-        match self {
-            ErrorKind::ConnectRefused => "connect_refused",
-            ErrorKind::Connect => "connect",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Reset => "reset",
-            ErrorKind::Closed => "closed",
-            ErrorKind::BadResponse => "bad_response",
-            ErrorKind::Io => "io",
-            ErrorKind::Tls => "tls",
-        }
-    }
-
-    /// Words for the human summary.
-    pub fn describe(self) -> &'static str {
-        match self {
-            ErrorKind::ConnectRefused => "connect refused",
-            ErrorKind::Connect => "connect failed",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Reset => "reset",
-            ErrorKind::Closed => "closed before the response",
-            ErrorKind::BadResponse => "bad response",
-            ErrorKind::Io => "other socket error",
-            ErrorKind::Tls => "TLS handshake failed",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
 
 /// A histogram of microseconds with fixed bounds.
 pub fn new_histogram() -> Histogram<u64> {

@@ -50,7 +50,7 @@ impl Job {
                 }
             }
             check_label(f)?;
-            return Ok(Job::Run(Box::new(Config::from_flags(f)?)));
+            return Ok(Job::Run(Box::new(checked(Config::from_flags(f)?)?)));
         };
         if f.rate.is_some() || f.closed {
             return Err(flag(
@@ -81,10 +81,10 @@ impl Job {
         }
         let slo = f.slo.as_deref().map(Slo::parse).transpose()?;
         check_label(f)?;
-        let base = Config::from_flags(&Flags {
+        let base = checked(Config::from_flags(&Flags {
             rate: rates.first().copied(),
             ..f.clone()
-        })?;
+        })?)?;
         Ok(Job::Sweep(Box::new(SweepConfig {
             base,
             rates,
@@ -93,6 +93,15 @@ impl Job {
             bisect,
         })))
     }
+}
+
+/// `cfg`, once its HTTP/2 requests (`--h2`) can be built: a `-H` field HTTP/2 forbids is a flag
+/// error before anything runs.
+fn checked(cfg: Config) -> Result<Config, BenchError> {
+    if cfg.h2 {
+        crate::request::h2_requests(&cfg)?;
+    }
+    Ok(cfg)
 }
 
 fn check_label(f: &Flags) -> Result<(), BenchError> {
