@@ -2,10 +2,10 @@
 
 use crate::config::parse_duration;
 use crate::error::BenchError;
+use crate::manifest::{Manifest, Metric, ProcessEntry, ProxyEntry, ResultEntry, ScenarioEntry};
 use crate::page::Input;
 use crate::peers::{self, Proxy, Setup, TlsFiles};
 use crate::report::{rfc3339, Host};
-use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -118,20 +118,6 @@ impl CompareFlags {
             command: None,
         }
     }
-}
-
-/// What a scenario measures, and so which chart it joins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    /// Closed loop, keep-alive: requests per second.
-    Rps,
-    /// Closed loop, a new connection per request: connections per second.
-    Cps,
-    /// Closed loop, large responses: MB/s.
-    Throughput,
-    /// Open-loop rate sweep: latency against the offered rate.
-    Latency,
 }
 
 /// One scenario of NGINX's published method.
@@ -452,108 +438,6 @@ fn planned(f: &CompareFlags, s: &Scenario) -> Duration {
     (f.warmup + f.duration + crate::config::MAX_DRAIN) * steps as u32
 }
 
-/// The manifest: what ran, where, how, and which files hold the results.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Manifest {
-    pub version: u32,
-    /// `compare`.
-    pub kind: String,
-    pub title: String,
-    pub started: String,
-    pub finished: String,
-    pub command: Option<String>,
-    pub portico_version: String,
-    pub host: Host,
-    /// How processes were pinned (or why not).
-    pub pinning: String,
-    pub duration_s: f64,
-    pub warmup_s: f64,
-    pub connections: usize,
-    pub rates: String,
-    pub slo: String,
-    /// The certificate of the HTTPS scenarios.
-    pub tls: Option<String>,
-    pub origin: ProcessEntry,
-    pub generator: ProcessEntry,
-    pub proxies: Vec<ProxyEntry>,
-    pub scenarios: Vec<ScenarioEntry>,
-    /// Rounds per proxy and scenario (1 in manifests before `--rounds`).
-    #[serde(default = "one")]
-    pub rounds: u32,
-    pub results: Vec<ResultEntry>,
-    /// Medians and min..max over the rounds, per proxy and scenario (recomputed from the result
-    /// files when a page is drawn).
-    #[serde(default)]
-    pub summary: Vec<crate::rounds::Summary>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// A process `compare` ran.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ProcessEntry {
-    pub version: String,
-    pub command: Vec<String>,
-    /// CPUs it was pinned to.
-    pub cpus: Option<String>,
-}
-
-/// A proxy under test.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ProxyEntry {
-    pub name: String,
-    pub version: Option<String>,
-    pub command: Vec<String>,
-    pub environment: Vec<(String, String)>,
-    pub cpus: Option<String>,
-    /// The configuration file (relative to the output directory) and its text.
-    pub config_file: Option<String>,
-    pub config: Option<String>,
-    /// Why it did not run (not installed...).
-    pub skipped: Option<String>,
-    /// Why it stopped (failed to start, died).
-    pub error: Option<String>,
-}
-
-/// A scenario, as run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ScenarioEntry {
-    pub name: String,
-    /// A few words, for chart labels (the name when empty).
-    #[serde(default)]
-    pub short: String,
-    pub title: String,
-    pub path: String,
-    pub metric: Metric,
-    pub https: bool,
-    pub close: bool,
-    pub resume: bool,
-    /// HTTP/2 over TLS (absent in manifests before it existed).
-    #[serde(default)]
-    pub h2: bool,
-}
-
-/// One proxy × scenario.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ResultEntry {
-    pub proxy: String,
-    pub scenario: String,
-    /// Its round, from 1.
-    #[serde(default = "one")]
-    pub round: u32,
-    /// The `portico bench --json` file, relative to the output directory.
-    pub file: Option<String>,
-    /// The generator's command line.
-    pub command: Vec<String>,
-    pub skipped: Option<String>,
-    pub error: Option<String>,
-    /// Checks `compare` made of the result (e.g. responses smaller than the origin sends).
-    #[serde(default)]
-    pub warnings: Vec<String>,
-}
-
 /// The body size the origin sends for a `/bytes/N` path (k and m are powers of 1024, as the
 /// origin reads them).
 pub fn expected_body(path: &str) -> Option<u64> {
@@ -581,18 +465,6 @@ pub fn check_run(s: &Scenario, r: &crate::report::Report) -> Vec<String> {
         }
     }
     w
-}
-
-impl Manifest {
-    /// The result of `proxy` in `scenario`, loaded from `dir` (None when it did not run); with
-    /// several rounds, the first round's (`compare_page::load` gives every round).
-    pub fn load_result(&self, dir: &Path, proxy: &str, scenario: &str) -> Option<Input> {
-        let e = self
-            .results
-            .iter()
-            .find(|r| r.proxy == proxy && r.scenario == scenario && r.file.is_some())?;
-        Input::load(&dir.join(e.file.as_ref()?)).ok()
-    }
 }
 
 /// The children running now, for the signal guard; `true` once a signal stopped the comparison

@@ -1,10 +1,10 @@
 //! The `bench compare` page: proxies side by side (RPS, CPS, MB/s and CPU bars, latency and CPU against the offered rate, percentile spectra), a table and the manifest.
 
-use crate::compare::{Manifest, Metric, ScenarioEntry};
 use crate::error::BenchError;
+use crate::manifest::{Manifest, Metric, ScenarioEntry, Summary};
 use crate::page::{median_run, rate_text, Input, Page};
 use crate::report::{rfc3339, Report};
-use crate::rounds::{AllRounds, Summary};
+use crate::rounds::AllRounds;
 use crate::svg::{self, escape, BarGroup, LineChart, Series, XAxis};
 use crate::sweep::{Step, SweepReport};
 use std::collections::HashMap;
@@ -78,7 +78,7 @@ fn bars(
     value: &dyn Fn(&Report) -> Option<f64>,
 ) -> Option<String> {
     // The median over rounds, and min..max when there were several.
-    let figure = |p: &String, s: &ScenarioEntry| -> Option<crate::rounds::Spread> {
+    let figure = |p: &String, s: &ScenarioEntry| -> Option<crate::manifest::Spread> {
         if void.contains(&(p.clone(), s.name.clone())) {
             return None;
         }
@@ -95,7 +95,7 @@ fn bars(
     let groups: Vec<BarGroup> = scenarios
         .iter()
         .map(|s| {
-            let f: Vec<Option<crate::rounds::Spread>> =
+            let f: Vec<Option<crate::manifest::Spread>> =
                 proxies.iter().map(|(p, _)| figure(p, s)).collect();
             BarGroup {
                 label: short_of(s).to_string(),
@@ -831,7 +831,8 @@ pub fn write(m: &Manifest, dir: &Path, out: &Path) -> Result<PathBuf, BenchError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compare::{ProcessEntry, ProxyEntry, ResultEntry, SCENARIOS};
+    use crate::compare::SCENARIOS;
+    use crate::manifest::{ProcessEntry, ProxyEntry, ResultEntry};
     use crate::report::{test_report, CpuReport, Host};
 
     fn proxy(name: &str, skipped: Option<&str>) -> ProxyEntry {

@@ -567,17 +567,6 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
             )));
         }
     }
-    // A `bench compare` manifest: its own page, from the results beside it.
-    if let [only] = flags.files.as_slice() {
-        if let Some(m) = read_manifest(only)? {
-            let mut m = m;
-            if let Some(t) = &flags.title {
-                m.title = t.clone();
-            }
-            let dir = only.parent().unwrap_or(Path::new("."));
-            return crate::compare_page::write(&m, dir, &flags.out);
-        }
-    }
     let mut inputs = Vec::new();
     for path in &flags.files {
         inputs.push((path.display().to_string(), Input::load(path)?));
@@ -603,27 +592,6 @@ pub fn write(flags: &ReportFlags) -> Result<PathBuf, BenchError> {
     let index = flags.out.join("index.html");
     std::fs::write(&index, &page.html).map_err(file_err(index.clone()))?;
     Ok(index)
-}
-
-/// `path` as a `bench compare` manifest, if it is one (`"kind": "compare"`).
-fn read_manifest(path: &Path) -> Result<Option<crate::compare::Manifest>, BenchError> {
-    let text = std::fs::read_to_string(path).map_err(|source| BenchError::File {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let v: serde_json::Value = match serde_json::from_str(&text) {
-        Ok(v) => v,
-        Err(_) => return Ok(None),
-    };
-    if v.get("kind").and_then(|k| k.as_str()) != Some("compare") {
-        return Ok(None);
-    }
-    serde_json::from_value(v)
-        .map(Some)
-        .map_err(|e| BenchError::Json {
-            path: path.to_path_buf(),
-            reason: format!("not a bench compare manifest: {e}"),
-        })
 }
 
 #[cfg(test)]

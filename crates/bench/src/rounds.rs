@@ -1,24 +1,13 @@
 //! `bench compare --rounds N`: medians and spreads (min..max) over rounds per proxy and scenario, and the round that represents them.
 
-use crate::compare::{Manifest, Metric};
+use crate::manifest::{Manifest, Metric, Spread, Summary};
 use crate::page::Input;
 use crate::report::Report;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
 
 /// Every round's result by (proxy, scenario), in round order.
 pub type AllRounds = HashMap<(String, String), Vec<(u32, Input)>>;
-
-/// The median and the extremes of a figure over rounds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    /// Rounds the figure came from.
-    pub n: usize,
-}
 
 /// The median (the mean of the two middle values for an even count), minimum and maximum of the
 /// finite values; None when there is none.
@@ -58,24 +47,6 @@ impl Spread {
             f(self.median)
         }
     }
-}
-
-/// One proxy × scenario over its rounds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Summary {
-    pub proxy: String,
-    pub scenario: String,
-    /// What `rate` counts: `req/s`, `conn/s`, `MB/s`, or `knee req/s` for the latency sweep.
-    pub unit: String,
-    /// The scenario's figure (completed requests/s, connections/s, MB/s, the sweep's knee).
-    pub rate: Option<Spread>,
-    /// The proxy's CPU µs per request (per connection in the CPS scenarios: one request each).
-    pub cpu_us_per_request: Option<Spread>,
-    /// The proxy's CPU, % of one core.
-    pub cpu_percent_of_core: Option<Spread>,
-    /// The round whose `rate` is nearest the median (the earliest on a tie): the page's table and
-    /// spectra show that round's run.
-    pub median_round: Option<u32>,
 }
 
 /// What a scenario's `rate` counts.

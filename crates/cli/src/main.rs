@@ -171,7 +171,7 @@ fn job(cli: Cli) -> ExitCode {
             Err(msg) => fail(&msg),
         },
         Command::Bench(bench) => match (bench.job, bench.flags) {
-            (Some(BenchJob::Report(r)), _) => match portico_bench::page::write(&r) {
+            (Some(BenchJob::Report(r)), _) => match portico_bench::render::write(&r) {
                 Ok(index) => {
                     println!("wrote {}", index.display());
                     ExitCode::SUCCESS

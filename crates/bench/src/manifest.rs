@@ -1,0 +1,148 @@
+//! The `bench compare` manifest: what ran, where and how, which files hold the results, and the summaries over rounds (written by `compare`, read by the report pages).
+
+use crate::report::Host;
+use serde::{Deserialize, Serialize};
+
+/// What a scenario measures, and so which chart it joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Closed loop, keep-alive: requests per second.
+    Rps,
+    /// Closed loop, a new connection per request: connections per second.
+    Cps,
+    /// Closed loop, large responses: MB/s.
+    Throughput,
+    /// Open-loop rate sweep: latency against the offered rate.
+    Latency,
+}
+
+/// The manifest: what ran, where, how, and which files hold the results.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    /// `compare`.
+    pub kind: String,
+    pub title: String,
+    pub started: String,
+    pub finished: String,
+    pub command: Option<String>,
+    pub portico_version: String,
+    pub host: Host,
+    /// How processes were pinned (or why not).
+    pub pinning: String,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub connections: usize,
+    pub rates: String,
+    pub slo: String,
+    /// The certificate of the HTTPS scenarios.
+    pub tls: Option<String>,
+    pub origin: ProcessEntry,
+    pub generator: ProcessEntry,
+    pub proxies: Vec<ProxyEntry>,
+    pub scenarios: Vec<ScenarioEntry>,
+    /// Rounds per proxy and scenario (1 in manifests before `--rounds`).
+    #[serde(default = "one")]
+    pub rounds: u32,
+    pub results: Vec<ResultEntry>,
+    /// Medians and min..max over the rounds, per proxy and scenario (recomputed from the result
+    /// files when a page is drawn).
+    #[serde(default)]
+    pub summary: Vec<Summary>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A process `compare` ran.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProcessEntry {
+    pub version: String,
+    pub command: Vec<String>,
+    /// CPUs it was pinned to.
+    pub cpus: Option<String>,
+}
+
+/// A proxy under test.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProxyEntry {
+    pub name: String,
+    pub version: Option<String>,
+    pub command: Vec<String>,
+    pub environment: Vec<(String, String)>,
+    pub cpus: Option<String>,
+    /// The configuration file (relative to the output directory) and its text.
+    pub config_file: Option<String>,
+    pub config: Option<String>,
+    /// Why it did not run (not installed...).
+    pub skipped: Option<String>,
+    /// Why it stopped (failed to start, died).
+    pub error: Option<String>,
+}
+
+/// A scenario, as run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScenarioEntry {
+    pub name: String,
+    /// A few words, for chart labels (the name when empty).
+    #[serde(default)]
+    pub short: String,
+    pub title: String,
+    pub path: String,
+    pub metric: Metric,
+    pub https: bool,
+    pub close: bool,
+    pub resume: bool,
+    /// HTTP/2 over TLS (absent in manifests before it existed).
+    #[serde(default)]
+    pub h2: bool,
+}
+
+/// One proxy × scenario.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResultEntry {
+    pub proxy: String,
+    pub scenario: String,
+    /// Its round, from 1.
+    #[serde(default = "one")]
+    pub round: u32,
+    /// The `portico bench --json` file, relative to the output directory.
+    pub file: Option<String>,
+    /// The generator's command line.
+    pub command: Vec<String>,
+    pub skipped: Option<String>,
+    pub error: Option<String>,
+    /// Checks `compare` made of the result (e.g. responses smaller than the origin sends).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// The median and the extremes of a figure over rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Rounds the figure came from.
+    pub n: usize,
+}
+
+/// One proxy × scenario over its rounds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub proxy: String,
+    pub scenario: String,
+    /// What `rate` counts: `req/s`, `conn/s`, `MB/s`, or `knee req/s` for the latency sweep.
+    pub unit: String,
+    /// The scenario's figure (completed requests/s, connections/s, MB/s, the sweep's knee).
+    pub rate: Option<Spread>,
+    /// The proxy's CPU µs per request (per connection in the CPS scenarios: one request each).
+    pub cpu_us_per_request: Option<Spread>,
+    /// The proxy's CPU, % of one core.
+    pub cpu_percent_of_core: Option<Spread>,
+    /// The round whose `rate` is nearest the median (the earliest on a tie): the page's table and
+    /// spectra show that round's run.
+    pub median_round: Option<u32>,
+}
