@@ -35,7 +35,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "cargo test"
 cargo test --workspace --locked 2>&1 | tee target/cargo-test.log
 stage "dashboard in headless chromium"
-PORTICO_CHROMIUM="$(command -v chromium)" cargo test --locked -p portico-proxy --test dashboard -- --ignored
+PORTICO_CHROMIUM="$(command -v chromium)" cargo test --locked -p portico-proxy --test it dashboard:: -- --ignored
 # The behaviour checks run the binary the tests built (debug assertions on): a release build
 # with fat LTO would cost minutes and check the same behaviour.
 cargo build --locked -p portico

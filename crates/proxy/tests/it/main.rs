@@ -1,0 +1,18 @@
+//! The proxy's integration tests in one binary (one link instead of one per file): each module starts real servers on ephemeral ports in this process.
+
+mod admin;
+mod dashboard;
+mod early_hints;
+mod h2;
+mod h2_interim;
+mod h2_upstream;
+mod h2_websocket;
+mod health;
+mod overload;
+mod proxy;
+mod reload;
+mod resilience;
+mod send_timeout;
+mod tls;
+mod tls_upstream;
+mod tunnel_log;
