@@ -1,0 +1,5 @@
+//! The cli crate's integration tests in one binary (one link instead of one per file), a module per concern.
+
+mod cli;
+mod compare;
+mod logging;

@@ -1,0 +1,9 @@
+//! The config crate's integration tests in one binary (one link instead of one per file), a module per concern.
+
+mod docs;
+mod errors;
+mod health;
+mod overload;
+mod parse;
+mod resilience;
+mod send_timeout;
