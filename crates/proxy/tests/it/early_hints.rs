@@ -1,5 +1,6 @@
 //! Interim responses (103 Early Hints) reach clients as they arrive, before the server sends its final response, and commit the attempt (no retry after them).
 
+use crate::common::T;
 use portico_proxy::stats::{Cause, Phase, Side};
 use portico_proxy::{start, Running, Termination};
 use portico_testkit::{Client, Reply, TestUpstream};
@@ -11,8 +12,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 /// Every test step is bounded by this.
-const T: Duration = Duration::from_secs(10);
-
 const HINTS: &[u8] = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n";
 const FINAL: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
 

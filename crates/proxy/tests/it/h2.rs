@@ -1,6 +1,7 @@
 //! Downstream HTTP/2 end to end: an in-process h2 client (h2c prior knowledge and TLS with ALPN
 //! h2) against a real portico and scripted HTTP/1.1 upstreams.
 
+use crate::common::{until, T};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
@@ -14,8 +15,6 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 /// Every test step is bounded by this.
-const T: Duration = Duration::from_secs(10);
-
 fn proxy(toml: &str) -> Running {
     let cfg = portico_config::parse(toml, "h2-test.toml").unwrap_or_else(|e| panic!("{e}"));
     start(cfg, 1).expect("start")
@@ -99,15 +98,6 @@ async fn get(client: &mut SendRequest<Bytes>, uri: &str) -> Got {
     let (resp, _) = c.send_request(request("GET", uri, &[]), true).unwrap();
     *client = c;
     read(resp).await.unwrap()
-}
-
-/// Poll until `f` holds (bounded by `T`).
-async fn until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + T;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]

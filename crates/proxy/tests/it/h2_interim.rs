@@ -1,14 +1,12 @@
 //! Interim (1xx) responses of HTTP/1.1 upstreams reach HTTP/2 clients as informational HEADERS before the final response.
 
+use crate::common::T;
 use portico_proxy::start;
 use portico_testkit::{Reply, TestUpstream};
 use std::future::poll_fn;
-use std::time::Duration;
 use tokio::net::TcpStream;
 
 /// Every test step is bounded by this.
-const T: Duration = Duration::from_secs(10);
-
 #[tokio::test]
 async fn early_hints_reach_http2_clients_before_the_response() {
     let up = TestUpstream::start(|_| {

@@ -1,6 +1,7 @@
 //! Upstream HTTP/2 end to end: HTTP/1.1 and HTTP/2 clients -> portico -> an in-test `h2` server
 //! (h2c prior knowledge, and TLS with ALPN h2), multiplexing, gRPC-style trailers, GOAWAY.
 
+use crate::common::T;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
@@ -13,8 +14,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Every test step is bounded by this.
-const T: Duration = Duration::from_secs(10);
-
 /// Streams that must be in flight at once before `/wait` requests are answered.
 const WAIT_FOR: usize = 8;
 

@@ -1,5 +1,6 @@
 //! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) end to end: an in-process h2 client through a real portico to an in-process HTTP/1.1 upstream that answers the upgrade, or to an h2 server (extended CONNECT on both legs, also from HTTP/1.1 clients).
 
+use crate::common::{until, T};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::stats::{Cause, Phase, Side};
@@ -12,8 +13,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 /// Every test step is bounded by this.
-const T: Duration = Duration::from_secs(10);
-
 /// How the scripted upstream answers an upgrade request.
 #[derive(Clone, Copy)]
 enum Answer {
@@ -316,15 +315,6 @@ async fn send_all(send: &mut h2::SendStream<Bytes>, mut data: Bytes, end: bool) 
         let n = cap.min(data.len());
         send.send_data(data.split_to(n), end && data.is_empty())
             .unwrap();
-    }
-}
-
-/// Wait for a record or a log line (neither has a notification to wait on; polled, bounded).
-async fn until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + T;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -1,11 +1,12 @@
 //! Health integration tests: active probes, passive ejection, 503 when all are down, fallback groups.
 
+use crate::common::{closed_port, start_toml};
 use portico_config::{HealthCheck, HealthCheckKind, HttpCheck};
 use portico_proxy::stats::{Cause, Phase, Side};
-use portico_proxy::{start, Running, Termination};
+use portico_proxy::{Running, Termination};
 use portico_testkit::{Client, Reply, StoppableUpstream, TestUpstream};
 use portico_upstream::{Health, ServerStatus};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,9 +15,7 @@ use std::time::{Duration, Instant};
 const DEADLINE: Duration = Duration::from_secs(10);
 
 fn proxy(toml: &str, workers: usize) -> Running {
-    let cfg =
-        portico_config::parse(toml, "test.toml").unwrap_or_else(|e| panic!("config: {e}\n{toml}"));
-    start(cfg, workers).expect("start proxy")
+    start_toml(toml, workers)
 }
 
 /// One listener "p" proxying everything to group "main"; `groups` defines the groups.
@@ -38,13 +37,6 @@ proxy = "main"
 fn servers(list: &[SocketAddr]) -> String {
     let quoted: Vec<String> = list.iter().map(|a| format!("\"{a}\"")).collect();
     format!("[{}]", quoted.join(", "))
-}
-
-fn closed_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = l.local_addr().unwrap();
-    drop(l);
-    a
 }
 
 fn status(p: &Running, group: &str) -> Vec<ServerStatus> {

@@ -1,5 +1,7 @@
 //! The proxy's integration tests in one binary (one link instead of one per file): each module starts real servers on ephemeral ports in this process.
 
+mod common;
+
 mod admin;
 mod dashboard;
 mod early_hints;

@@ -1,7 +1,8 @@
 //! Integration tests: a real proxy, scripted upstreams and raw clients on ephemeral loopback ports.
 
+use crate::common::{closed_port, start_toml};
 use portico_proxy::stats::{Cause, Phase, Side};
-use portico_proxy::{start, Running, Termination};
+use portico_proxy::{Running, Termination};
 use portico_testkit::{exchange_raw, read_past_head, status_of, Client, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -9,9 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn proxy(toml: &str) -> Running {
-    let cfg =
-        portico_config::parse(toml, "test.toml").unwrap_or_else(|e| panic!("config: {e}\n{toml}"));
-    start(cfg, 2).expect("start proxy")
+    start_toml(toml, 2)
 }
 
 /// A proxy with one listener "p" routing everything to group "b" = `servers`, plus `extra` TOML
@@ -57,13 +56,6 @@ servers = ["{up}"]
 
 fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nHost: example.test\r\n\r\n").into_bytes()
-}
-
-fn closed_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = l.local_addr().unwrap();
-    drop(l);
-    a
 }
 
 #[test]

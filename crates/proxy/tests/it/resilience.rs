@@ -1,26 +1,18 @@
 //! Resilience integration tests: retries on other servers under a budget, with real upstreams that fail on cue.
 
-use portico_proxy::{start, Running};
+use crate::common::{closed_port, start_toml};
+use portico_proxy::Running;
 use portico_testkit::{Client, Reply, TestUpstream};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 
 fn proxy(toml: &str, workers: usize) -> Running {
-    let cfg =
-        portico_config::parse(toml, "test.toml").unwrap_or_else(|e| panic!("config: {e}\n{toml}"));
-    start(cfg, workers).expect("start proxy")
+    start_toml(toml, workers)
 }
 
 fn servers(list: &[SocketAddr]) -> String {
     let quoted: Vec<String> = list.iter().map(|a| format!("\"{a}\"")).collect();
     format!("[{}]", quoted.join(", "))
-}
-
-fn closed_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = l.local_addr().unwrap();
-    drop(l);
-    a
 }
 
 /// One listener "p" whose routes are `routes`, in front of group "main" (round robin, passive

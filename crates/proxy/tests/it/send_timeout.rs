@@ -1,6 +1,7 @@
 //! The listener's `limits.send_timeout`: a client that stops reading a large response is
 //! disconnected after it (HTTP/1.1 and HTTP/2), counted and logged as a client timeout.
 
+use crate::common::T;
 use portico_proxy::stats::{Cause, Phase, Side};
 use portico_proxy::{start, Running, Termination};
 use portico_testkit::{Reply, TestUpstream};
@@ -10,7 +11,6 @@ use std::time::{Duration, Instant};
 
 /// Every wait of these tests is bounded by this (far below the 60 s default send timeout, so
 /// a listener that ignored its configured value fails here).
-const T: Duration = Duration::from_secs(10);
 /// The configured send timeout.
 const SEND: Duration = Duration::from_millis(300);
 /// The upstream's response body: far more than the socket buffers in between can hold.

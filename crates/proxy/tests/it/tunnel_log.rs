@@ -1,20 +1,9 @@
 //! The access-log line of an HTTP/1.1 upgrade tunnel counts the bytes relayed to the client (the 101 head included), as the HTTP/2 WebSocket tunnel's line counts its DATA.
 
+use crate::common::{until, T};
 use portico_proxy::{start, Termination};
-use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// Every test step is bounded by this.
-const T: Duration = Duration::from_secs(10);
-
-async fn until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + T;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 #[tokio::test]
 async fn an_upgrade_tunnel_logs_the_bytes_relayed_to_the_client() {
