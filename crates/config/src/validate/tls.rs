@@ -1,0 +1,332 @@
+//! TLS: listener termination settings, upstream origination settings, certificate paths and server names.
+
+use super::*;
+
+pub(super) fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option<TlsSettings> {
+    let t = raw.get_ref();
+    let mut certificates = Vec::new();
+    match &t.certificates {
+        None => ctx.error(
+            start(raw),
+            key,
+            "tls needs `certificates = [{ cert = \"chain.pem\", key = \"key.pem\" }]`",
+        ),
+        Some(list) if list.get_ref().is_empty() => ctx.error(
+            start(list),
+            &sub(key, "certificates"),
+            "must contain at least one certificate",
+        ),
+        Some(list) => {
+            for (i, item) in list.get_ref().iter().enumerate() {
+                let ikey = format!("{key}.certificates[{i}]");
+                let c = item.get_ref();
+                let mut path = |field: &Option<Spanned<String>>, name: &str| match field {
+                    None => {
+                        ctx.error(
+                            start(item),
+                            &ikey,
+                            format!("certificate needs `{name}` (a PEM file path)"),
+                        );
+                        None
+                    }
+                    Some(p) if p.get_ref().trim().is_empty() => {
+                        ctx.error(start(p), &sub(&ikey, name), "must be a file path");
+                        None
+                    }
+                    Some(p) => Some(relative_to_config(ctx.file, p.get_ref())),
+                };
+                let cert = path(&c.cert, "cert");
+                let key_path = path(&c.key, "key");
+                if let (Some(cert), Some(key)) = (cert, key_path) {
+                    certificates.push(CertificateFiles { cert, key });
+                }
+            }
+        }
+    }
+    let mut versions = Vec::new();
+    match &t.versions {
+        None => versions = vec![TlsVersion::Tls12, TlsVersion::Tls13],
+        Some(v) => {
+            for (name, at) in v.get_ref().items(start(v)) {
+                match name.as_str() {
+                    "1.2" => versions.push(TlsVersion::Tls12),
+                    "1.3" => versions.push(TlsVersion::Tls13),
+                    other => ctx.error(
+                        at,
+                        &sub(key, "versions"),
+                        format!("unsupported TLS version {other:?}: use \"1.2\" and/or \"1.3\""),
+                    ),
+                }
+            }
+            if v.get_ref().items(0).is_empty() {
+                ctx.error(
+                    start(v),
+                    &sub(key, "versions"),
+                    "must name at least one version",
+                );
+            }
+        }
+    }
+    let cipher_suites = t.cipher_suites.as_ref().and_then(|list| {
+        let names: Vec<&str> = CIPHER_SUITES.iter().map(|(n, _)| *n).collect();
+        let suites = names_from(ctx, &sub(key, "cipher_suites"), list, &names, "cipher suite")?;
+        // Every enabled version needs at least one of its suites.
+        for v in &versions {
+            if !suites
+                .iter()
+                .any(|s| CIPHER_SUITES.iter().any(|(n, sv)| n == s && sv == v))
+            {
+                let (label, prefix) = match v {
+                    TlsVersion::Tls12 => ("1.2", "TLS_ECDHE_"),
+                    TlsVersion::Tls13 => ("1.3", "TLS13_"),
+                };
+                ctx.error(
+                    start(list),
+                    &sub(key, "cipher_suites"),
+                    format!(
+                        "no cipher suite for TLS {label}, which `versions` enables: add a {prefix}* suite or remove \"{label}\" from `versions`"
+                    ),
+                );
+            }
+        }
+        Some(suites)
+    });
+    let groups = t.groups.as_ref().and_then(|list| {
+        let names: Vec<&str> = KX_GROUPS.iter().map(|(n, _)| *n).collect();
+        let groups = names_from(ctx, &sub(key, "groups"), list, &names, "key-exchange group")?;
+        let tls12_ok = groups
+            .iter()
+            .any(|g| KX_GROUPS.iter().any(|(n, classic)| n == g && *classic));
+        if versions.contains(&TlsVersion::Tls12) && !tls12_ok {
+            ctx.error(
+                start(list),
+                &sub(key, "groups"),
+                "TLS 1.2 cannot use the post-quantum hybrid groups: add X25519, secp256r1 or secp384r1, or set versions = \"1.3\"",
+            );
+        }
+        Some(groups)
+    });
+    let session_tickets = t.session_tickets.as_ref().is_none_or(|b| *b.get_ref());
+    let session_cache = int(
+        ctx,
+        t.session_cache.as_ref(),
+        &sub(key, "session_cache"),
+        DEFAULT_SESSION_CACHE as i64,
+        0,
+        MAX_SESSION_CACHE,
+    ) as usize;
+    let client_auth = t.client_auth.as_ref().and_then(|c| match &c.ca {
+        None => {
+            ctx.error(
+                start(raw),
+                &sub(key, "client_auth"),
+                "client_auth needs `ca` (a PEM file of the CA certificates client certificates must chain to)",
+            );
+            None
+        }
+        Some(p) if p.get_ref().trim().is_empty() => {
+            ctx.error(
+                start(p),
+                &sub(&sub(key, "client_auth"), "ca"),
+                "must be a file path",
+            );
+            None
+        }
+        Some(p) => Some(ClientAuth {
+            ca: relative_to_config(ctx.file, p.get_ref()),
+            required: c.required.as_ref().is_none_or(|b| *b.get_ref()),
+        }),
+    });
+    let watch_interval = duration(
+        ctx,
+        t.watch_interval.as_ref(),
+        &sub(key, "watch_interval"),
+        DEFAULT_WATCH_INTERVAL,
+        false,
+    );
+    let watch = t
+        .watch
+        .as_ref()
+        .is_none_or(|b| *b.get_ref())
+        .then_some(watch_interval);
+    (!certificates.is_empty() && !versions.is_empty()).then_some(TlsSettings {
+        certificates,
+        versions,
+        cipher_suites,
+        groups,
+        session_tickets,
+        session_cache,
+        client_auth,
+        watch,
+    })
+}
+
+/// TLS versions from a `versions` key (default 1.2 and 1.3).
+pub(super) fn tls_versions(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: Option<&Spanned<StrList>>,
+) -> Vec<TlsVersion> {
+    let Some(v) = raw else {
+        return vec![TlsVersion::Tls12, TlsVersion::Tls13];
+    };
+    let mut versions = Vec::new();
+    for (name, at) in v.get_ref().items(start(v)) {
+        match name.as_str() {
+            "1.2" => versions.push(TlsVersion::Tls12),
+            "1.3" => versions.push(TlsVersion::Tls13),
+            other => ctx.error(
+                at,
+                key,
+                format!("unsupported TLS version {other:?}: use \"1.2\" and/or \"1.3\""),
+            ),
+        }
+    }
+    if v.get_ref().items(0).is_empty() {
+        ctx.error(start(v), key, "must name at least one version");
+    }
+    versions
+}
+
+/// `[upstreams.NAME.tls]`; `at` is the group name's position (the table itself has no span).
+pub(super) fn upstream_tls(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    at: usize,
+    t: &RawUpstreamTls,
+) -> Option<UpstreamTls> {
+    let before = ctx.errors.len();
+    let file_path = |ctx: &mut Ctx<'_>, value: &Spanned<String>, key: &str| {
+        if value.get_ref().trim().is_empty() {
+            ctx.error(start(value), key, "must be a file path");
+            None
+        } else {
+            Some(relative_to_config(ctx.file, value.get_ref()))
+        }
+    };
+    let ca_file = t
+        .ca_file
+        .as_ref()
+        .and_then(|p| file_path(ctx, p, &sub(key, "ca_file")));
+    let server_name = t.server_name.as_ref().map(|n| {
+        if let Some(message) = server_name_error(n.get_ref()) {
+            ctx.error(start(n), &sub(key, "server_name"), message);
+        }
+        n.get_ref().trim_end_matches('.').to_ascii_lowercase()
+    });
+    let certificate = t.certificate.as_ref().and_then(|c| {
+        let ckey = sub(key, "certificate");
+        match (&c.cert, &c.key) {
+            (Some(cert), Some(k)) => {
+                let cert = file_path(ctx, cert, &sub(&ckey, "cert"));
+                let k = file_path(ctx, k, &sub(&ckey, "key"));
+                Some(CertificateFiles {
+                    cert: cert?,
+                    key: k?,
+                })
+            }
+            _ => {
+                ctx.error(
+                    at,
+                    &ckey,
+                    "a client certificate needs both `cert` and `key` (PEM file paths): certificate = { cert = \"client.pem\", key = \"client.key\" }",
+                );
+                None
+            }
+        }
+    });
+    let verify = t.verify.as_ref().is_none_or(|b| *b.get_ref());
+    if let (false, Some(ca)) = (verify, &t.ca_file) {
+        ctx.error(
+            start(ca),
+            &sub(key, "ca_file"),
+            "ca_file has no effect with verify = false: remove one of them",
+        );
+    }
+    let versions = tls_versions(ctx, &sub(key, "versions"), t.versions.as_ref());
+    let session_cache = int(
+        ctx,
+        t.session_cache.as_ref(),
+        &sub(key, "session_cache"),
+        DEFAULT_UPSTREAM_SESSION_CACHE as i64,
+        0,
+        MAX_SESSION_CACHE,
+    ) as usize;
+    (ctx.errors.len() == before).then_some(UpstreamTls {
+        ca_file,
+        server_name,
+        certificate,
+        verify,
+        versions,
+        session_cache,
+    })
+}
+
+/// Why `name` cannot be a TLS server name: it must be a DNS name (no wildcard, no port) or an
+/// IP address.
+pub(super) fn server_name_error(name: &str) -> Option<String> {
+    if name.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    let host = name.strip_suffix('.').unwrap_or(name);
+    let valid_label = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if host.is_empty() || host.len() > 253 || !host.split('.').all(valid_label) {
+        return Some(format!(
+            "invalid server name {name:?}: expected a DNS name such as \"api.internal.example\" or an IP address (no port, no wildcard)"
+        ));
+    }
+    None
+}
+
+/// A non-empty list of names from `known` (matched ignoring ASCII case, returned as spelled in
+/// `known`, duplicates dropped); None after reporting an unknown name or an empty list.
+pub(super) fn names_from(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    list: &Spanned<StrList>,
+    known: &[&'static str],
+    what: &str,
+) -> Option<Vec<&'static str>> {
+    let items = list.get_ref().items(start(list));
+    if items.is_empty() {
+        ctx.error(start(list), key, format!("must name at least one {what}"));
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (name, at) in items {
+        match known.iter().find(|k| k.eq_ignore_ascii_case(name.trim())) {
+            Some(k) if !out.contains(k) => out.push(*k),
+            Some(_) => {}
+            None => {
+                ok = false;
+                ctx.error(
+                    at,
+                    key,
+                    format!("unknown {what} {name:?}; accepted: {}", known.join(", ")),
+                );
+            }
+        }
+    }
+    ok.then_some(out)
+}
+
+/// A path from the configuration, relative to the directory of the file it came from.
+pub(super) fn relative_to_config(file: &str, path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    if p.is_absolute() || file.starts_with('<') {
+        return p;
+    }
+    match std::path::Path::new(file).parent() {
+        Some(dir) => dir.join(p),
+        None => p,
+    }
+}
