@@ -1,4 +1,4 @@
-//! The `portico` binary under log pressure: a PING ACK flood is cut and logs nothing per frame, and a log output nobody reads never stalls a listener.
+//! The `portico` binary under log pressure: a PING ACK flood is cut and logs nothing per frame, an IP address as TLS server name logs nothing per handshake, and a log output nobody reads never stalls a listener.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,16 +12,29 @@ const EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
 /// A PING frame with the ACK flag that nobody asked for.
 const PING_ACK: [u8; 17] = [0, 0, 8, 6, 1, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
 
-/// A proxy on its own config file with an admin listener and a local origin route, logging
-/// with `RUST_LOG` (the default filter when None) to a pipe nobody reads until [`stop`]; the
-/// child and the addresses of its listener and its admin listener.
-fn start(name: &str, rust_log: Option<&str>) -> (Child, SocketAddr, SocketAddr) {
+/// A proxy on its own config file with an admin listener and a local origin route (over TLS
+/// when `tls`, with a fresh self-signed certificate), logging with `RUST_LOG` (the default
+/// filter when None) to a pipe nobody reads until [`stop`]; the child and the addresses of its
+/// listener and its admin listener.
+fn start(name: &str, rust_log: Option<&str>, tls: bool) -> (Child, SocketAddr, SocketAddr) {
     let dir = std::env::temp_dir().join(format!("portico-logging-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let mut listener_tls = String::new();
+    if tls {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("c.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("c.key"), key.serialize_pem()).unwrap();
+        listener_tls =
+            "[listeners.tls]\ncertificates = [{ cert = \"c.pem\", key = \"c.key\" }]\n".into();
+    }
     let cfg = dir.join("portico.toml");
     std::fs::write(
         &cfg,
-        "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\norigin = true\n",
+        format!("workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n{listener_tls}[[listeners.routes]]\norigin = true\n"),
     )
     .unwrap();
     let mut cmd = Command::new(BIN);
@@ -123,7 +136,7 @@ fn stop(mut child: Child) -> String {
 
 #[test]
 fn a_ping_ack_flood_is_cut_with_enhance_your_calm_and_logs_no_line_per_frame() {
-    let (child, addr, admin) = start("flood", None);
+    let (child, addr, admin) = start("flood", None, false);
     let mut floods = Vec::new();
     for _ in 0..3 {
         floods.push(std::thread::spawn(move || ping_ack_flood(addr, 100_000)));
@@ -149,7 +162,7 @@ fn a_ping_ack_flood_is_cut_with_enhance_your_calm_and_logs_no_line_per_frame() {
 fn a_log_output_nobody_reads_costs_lines_not_service() {
     // The h2 crate's trace lines (about 1 KB per frame read): a flood connection writes far
     // more than a pipe holds (64 KiB) and the log's buffer, and this test never reads the pipe.
-    let (child, addr, admin) = start("unread", Some("info,h2=trace"));
+    let (child, addr, admin) = start("unread", Some("info,h2=trace"), false);
     let started = Instant::now();
     let mut floods = 0;
     let dropped = loop {
@@ -184,4 +197,58 @@ fn a_log_output_nobody_reads_costs_lines_not_service() {
         "{}",
         &err[err.len().saturating_sub(2000)..]
     );
+}
+
+/// A TLS 1.3 ClientHello record (X25519, TLS_AES_128_GCM_SHA256) whose server_name is `sni`
+/// as a host_name, whatever it is: OpenSSL clients such as wrk send an IP address there.
+fn client_hello(sni: &str) -> Vec<u8> {
+    fn ext(out: &mut Vec<u8>, kind: u16, data: &[u8]) {
+        out.extend_from_slice(&kind.to_be_bytes());
+        out.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        out.extend_from_slice(data);
+    }
+    let name = sni.as_bytes();
+    let mut server_name = ((name.len() + 3) as u16).to_be_bytes().to_vec();
+    server_name.push(0);
+    server_name.extend_from_slice(&(name.len() as u16).to_be_bytes());
+    server_name.extend_from_slice(name);
+    let mut key_share = vec![0, 36, 0, 0x1d, 0, 32];
+    key_share.extend_from_slice(&[9; 32]);
+    let mut exts = Vec::new();
+    ext(&mut exts, 0, &server_name);
+    ext(&mut exts, 43, &[2, 3, 4]);
+    ext(&mut exts, 10, &[0, 2, 0, 0x1d]);
+    ext(&mut exts, 51, &key_share);
+    ext(&mut exts, 13, &[0, 6, 4, 3, 8, 4, 4, 1]);
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7; 32]);
+    body.push(32);
+    body.extend_from_slice(&[5; 32]);
+    body.extend_from_slice(&[0, 2, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&(exts.len() as u16).to_be_bytes());
+    body.extend_from_slice(&exts);
+    let mut hs = vec![1, 0];
+    hs.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    hs.extend_from_slice(&body);
+    let mut record = vec![22, 3, 1];
+    record.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    record.extend_from_slice(&hs);
+    record
+}
+
+#[test]
+fn handshakes_with_an_ip_address_as_server_name_log_nothing() {
+    let (child, addr, _) = start("ip-sni", None, true);
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&client_hello("127.0.0.1")).unwrap();
+        // The handshake goes on (a ServerHello record, type 22) with the default certificate.
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first).unwrap();
+        assert_eq!(first[0], 22);
+    }
+    let err = stop(child);
+    assert!(!err.contains("SNI"), "a per-handshake line:\n{err}");
+    assert!(err.lines().count() < 10, "{err}");
 }
