@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_portico");
+use crate::common::{announced, BIN};
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("portico-cli-{name}-{}", std::process::id()));
@@ -22,17 +22,7 @@ fn spawn(args: &[&str], listeners: usize) -> (Child, Vec<SocketAddr>) {
         .spawn()
         .expect("spawn portico");
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addrs = Vec::new();
-    while addrs.len() < listeners {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "portico exited before listening"
-        );
-        if let Some(rest) = line.trim().split("://").nth(1) {
-            addrs.push(rest.trim_end_matches('/').parse().unwrap());
-        }
-    }
+    let addrs = announced(&mut out, listeners);
     (child, addrs)
 }
 

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_portico");
+use crate::common::BIN;
 
 #[test]
 fn compare_direct_and_portico_writes_results_manifest_and_page() {

@@ -1,11 +1,11 @@
 //! The `portico` binary under log pressure: a PING ACK flood is cut and logs nothing per frame, an IP address as TLS server name logs nothing per handshake, and a log output nobody reads never stalls a listener.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_portico");
+use crate::common::{announced, BIN};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, 4, 0, 0, 0, 0, 0];
@@ -50,15 +50,7 @@ fn start(name: &str, rust_log: Option<&str>, tls: bool) -> (Child, SocketAddr, S
         .spawn()
         .expect("spawn portico");
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addrs = Vec::new();
-    while addrs.len() < 2 {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "portico exited");
-        if let Some(rest) = line.trim().split("://").nth(1) {
-            let addr = rest.split('/').next().unwrap();
-            addrs.push(addr.parse().unwrap());
-        }
-    }
+    let addrs = announced(&mut out, 2);
     // Keep stdout open (and drained) so the proxy never sees it closed.
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut out, &mut std::io::sink());
