@@ -12,9 +12,9 @@ pub(crate) fn append(map: &mut HeaderMap, name: &str, value: &[u8]) {
     }
 }
 
-/// Raw HTTP/1 trailer lines (`name: value\r\n`) -> a field map, without `content-length` and
-/// the names `skip` says to drop.
-pub(crate) fn trailer_map(raw: &[u8], skip: impl Fn(&str) -> bool) -> HeaderMap {
+/// Raw HTTP/1 trailer lines (`name: value\r\n`) -> a field map, without the names
+/// [`crate::headers::trailer_dropped`] names.
+pub(crate) fn trailer_map(raw: &[u8]) -> HeaderMap {
     let mut map = HeaderMap::new();
     for line in raw.split(|&b| b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -24,7 +24,7 @@ pub(crate) fn trailer_map(raw: &[u8], skip: impl Fn(&str) -> bool) -> HeaderMap 
         let Ok(name) = std::str::from_utf8(&line[..colon]) else {
             continue;
         };
-        if skip(name) || name.eq_ignore_ascii_case("content-length") {
+        if crate::headers::trailer_dropped(name) {
             continue;
         }
         append(&mut map, name, line[colon + 1..].trim_ascii());
@@ -41,3 +41,25 @@ pub(crate) const CONNECTION_SPECIFIC: [&str; 6] = [
     "upgrade",
     "te",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::trailer_map;
+
+    #[test]
+    fn chunked_trailers_become_http2_trailers() {
+        let t = trailer_map(b"grpc-status: 0\r\nGrpc-Message: ok \r\nTE: x\r\n");
+        assert_eq!(t.get("grpc-status").unwrap(), "0");
+        assert_eq!(t.get("grpc-message").unwrap(), "ok");
+        assert!(t.get("te").is_none());
+        assert!(trailer_map(b"").is_empty());
+    }
+
+    #[test]
+    fn raw_trailers_to_fields() {
+        let m = trailer_map(b"grpc-status: 0\r\ngrpc-message: ok\r\nconnection: x\r\n");
+        assert_eq!(m["grpc-status"], "0");
+        assert_eq!(m["grpc-message"], "ok");
+        assert!(!m.contains_key("connection"));
+    }
+}

@@ -100,6 +100,16 @@ pub fn trailer_lines(raw: &bytes::Bytes) -> bytes::Bytes {
     out.freeze()
 }
 
+/// HTTP/2 trailers as HTTP/1 trailer lines (`name: value\r\n`) into `out`, without the fields
+/// [`trailer_dropped`] names.
+pub fn encode_trailers(out: &mut BytesMut, map: &http::HeaderMap) {
+    for (n, v) in map {
+        if !trailer_dropped(n.as_str()) {
+            encode::field(out, n.as_str(), v.as_bytes());
+        }
+    }
+}
+
 /// HTTP/2 trailers without the fields [`trailer_dropped`] names.
 pub fn trailer_fields(mut map: http::HeaderMap) -> http::HeaderMap {
     let names: Vec<http::HeaderName> = map

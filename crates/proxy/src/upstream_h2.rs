@@ -526,7 +526,7 @@ impl Source<'_> {
     async fn trailers(&mut self) -> Result<Option<HeaderMap>, ProxyError> {
         match self {
             Source::None | Source::Tunnel => Ok(None),
-            Source::H1 { body, .. } => Ok(Some(raw_to_map(&body.trailers))),
+            Source::H1 { body, .. } => Ok(Some(trailer_map(&body.trailers))),
             Source::H2 { body, .. } => {
                 match timeout(crate::conn::STALL_TIMEOUT, body.trailers()).await {
                     Err(_) => Err(ProxyError::BodyTooSlow),
@@ -648,11 +648,6 @@ fn extended_connect(mut req: http::Request<()>) -> http::Request<()> {
     req.extensions_mut()
         .insert(h2::ext::Protocol::from_static("websocket"));
     req
-}
-
-/// Raw HTTP/1 trailer lines -> a field map (the names `headers::trailer_dropped` names dropped).
-fn raw_to_map(raw: &[u8]) -> HeaderMap {
-    trailer_map(raw, crate::headers::trailer_dropped)
 }
 
 /// How a failure of the response head (or of the stream before it) is classified.
@@ -1253,11 +1248,7 @@ pub(crate) async fn proxy_h1(
             if chunked {
                 let mut lines = BytesMut::new();
                 if let (Some(t), true) = (trailers, trailers_ok) {
-                    for (n, v) in &t {
-                        if !crate::headers::trailer_dropped(n.as_str()) {
-                            encode::field(&mut lines, n.as_str(), v.as_bytes());
-                        }
-                    }
+                    crate::headers::encode_trailers(&mut lines, &t);
                 }
                 encode::last_chunk(&mut c.wbuf, &lines);
             }
@@ -1636,7 +1627,7 @@ async fn h2_fail(
 
 #[cfg(test)]
 mod tests {
-    use super::{build_request, raw_to_map, H2Pool, Slot};
+    use super::{build_request, H2Pool, Slot};
     use crate::error::ProxyError;
     use crate::pool::PoolKey;
     use crate::stats::{Cause, Phase};
@@ -1848,13 +1839,5 @@ mod tests {
         for gone in ["connection", "transfer-encoding", "host"] {
             assert!(!r.headers().contains_key(gone), "{gone}");
         }
-    }
-
-    #[test]
-    fn raw_trailers_to_fields() {
-        let m = raw_to_map(b"grpc-status: 0\r\ngrpc-message: ok\r\nconnection: x\r\n");
-        assert_eq!(m["grpc-status"], "0");
-        assert_eq!(m["grpc-message"], "ok");
-        assert!(!m.contains_key("connection"));
     }
 }

@@ -784,12 +784,6 @@ fn response_from(resp: &ResponseHead, rules: &HeaderRules, via: bool) -> http::R
     r
 }
 
-/// Raw HTTP/1 trailer lines (`name: value\r\n`) -> HTTP/2 trailers (the names
-/// `headers::trailer_dropped` names dropped).
-fn trailers_from(raw: &[u8]) -> HeaderMap {
-    trailer_map(raw, crate::headers::trailer_dropped)
-}
-
 /// Write the head, stream the request body while waiting for the response head; return the
 /// final head and whether the request body was completely sent. Interim heads go to the client
 /// as informational HEADERS as they arrive (`interim` counts them, at most `MAX_INTERIM`); a
@@ -916,10 +910,8 @@ async fn upload<W: AsyncWrite + Unpin>(
             Ok(r) => r.map_err(h2_error)?,
         };
         let mut lines = BytesMut::new();
-        for (n, v) in trailers.iter().flatten() {
-            if !crate::headers::trailer_dropped(n.as_str()) {
-                encode::field(&mut lines, n.as_str(), v.as_bytes());
-            }
+        if let Some(t) = &trailers {
+            crate::headers::encode_trailers(&mut lines, t);
         }
         scratch.clear();
         encode::last_chunk(&mut scratch, &lines);
@@ -961,7 +953,7 @@ async fn relay(
                 }
             }
             Decoded::Done { trailers } => {
-                let map = trailers_from(&trailers);
+                let map = trailer_map(&trailers);
                 if map.is_empty() {
                     finish(send)?;
                 } else {
@@ -1004,19 +996,5 @@ async fn relay(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::trailers_from;
-
-    #[test]
-    fn chunked_trailers_become_http2_trailers() {
-        let t = trailers_from(b"grpc-status: 0\r\nGrpc-Message: ok \r\nTE: x\r\n");
-        assert_eq!(t.get("grpc-status").unwrap(), "0");
-        assert_eq!(t.get("grpc-message").unwrap(), "ok");
-        assert!(t.get("te").is_none());
-        assert!(trailers_from(b"").is_empty());
     }
 }
