@@ -196,12 +196,35 @@ pub(crate) struct Link {
     idle_since: Cell<Instant>,
     /// Wakes the connection loop when `active` drops to zero.
     idle: Notify,
-    /// Client resets in the current window: (window start, count).
-    resets: Cell<(Instant, u32)>,
+    /// Client resets in the current `reset_window`.
+    resets: Windowed,
     /// Signalled once resets exceed the limit.
     calm: Notify,
-    /// PING ACKs from the client in the current window: (window start, count).
-    ping_acks: Cell<(Instant, u32)>,
+    /// PING ACKs from the client in the current `reset_window`.
+    ping_acks: Windowed,
+}
+
+/// Events of one kind counted per window: the count starts again once `window` has passed since
+/// the window began.
+struct Windowed(Cell<(Instant, u32)>);
+
+impl Windowed {
+    fn new() -> Windowed {
+        Windowed(Cell::new((Instant::now(), 0)))
+    }
+
+    /// Add `n` events now; the count in the current window.
+    fn add(&self, n: u32, window: Duration) -> u32 {
+        let now = Instant::now();
+        let (start, seen) = self.0.get();
+        let (start, seen) = if now.duration_since(start) > window {
+            (now, n)
+        } else {
+            (start, seen.saturating_add(n))
+        };
+        self.0.set((start, seen));
+        seen
+    }
 }
 
 /// PING ACKs a client may send per `reset_window` without being asked. Portico's server side
@@ -242,31 +265,13 @@ impl Link {
     /// Count `n` PING ACKs from the client; true once they exceed
     /// [`MAX_UNSOLICITED_PING_ACKS`] within a `reset_window`.
     fn ping_acks(&self, n: u32) -> bool {
-        if n == 0 {
-            return false;
-        }
-        let now = Instant::now();
-        let (start, seen) = self.ping_acks.get();
-        let (start, seen) = if now.duration_since(start) > self.settings.reset_window {
-            (now, n)
-        } else {
-            (start, seen.saturating_add(n))
-        };
-        self.ping_acks.set((start, seen));
-        seen > MAX_UNSOLICITED_PING_ACKS
+        n > 0 && self.ping_acks.add(n, self.settings.reset_window) > MAX_UNSOLICITED_PING_ACKS
     }
 
     /// Count a stream reset by the client; past the limit the connection gets GOAWAY
     /// ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
     pub fn client_reset(&self) {
-        let now = Instant::now();
-        let (start, n) = self.resets.get();
-        let (start, n) = if now.duration_since(start) > self.settings.reset_window {
-            (now, 1)
-        } else {
-            (start, n.saturating_add(1))
-        };
-        self.resets.set((start, n));
+        let n = self.resets.add(1, self.settings.reset_window);
         if n == self.settings.max_resets.saturating_add(1) {
             self.calm.notify_one();
         }
@@ -314,9 +319,9 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         active: Cell::new(0),
         idle_since: Cell::new(Instant::now()),
         idle: Notify::new(),
-        resets: Cell::new((Instant::now(), 0)),
+        resets: Windowed::new(),
         calm: Notify::new(),
-        ping_acks: Cell::new((Instant::now(), 0)),
+        ping_acks: Windowed::new(),
     });
     let (corked, cork) = cork::cork(stream);
     let handshake = async {
