@@ -324,23 +324,16 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
-    let tls_listeners: Vec<String> = cfg
-        .listeners
-        .iter()
-        .filter(|l| l.tls.is_some())
-        .map(|l| l.name.clone())
-        .collect();
     let running = match portico_proxy::start(cfg, workers) {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),
     };
     running.control().set_source(source);
     // Listening addresses go to stdout (scripts and tests wait for them); logs go to stderr.
+    let config = running.control().snapshot().config.clone();
     for (name, addr) in running.addrs() {
-        let scheme = match tls_listeners.contains(&name) {
-            true => "https",
-            false => "http",
-        };
+        let tls = config.listeners.iter().any(|l| l.name == name && l.tls.is_some());
+        let scheme = if tls { "https" } else { "http" };
         println!("portico: listener {name} on {scheme}://{addr}/");
     }
     if let Some(addr) = running.admin_addr() {
