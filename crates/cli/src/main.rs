@@ -332,7 +332,10 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
     // Listening addresses go to stdout (scripts and tests wait for them); logs go to stderr.
     let config = running.control().snapshot().config.clone();
     for (name, addr) in running.addrs() {
-        let tls = config.listeners.iter().any(|l| l.name == name && l.tls.is_some());
+        let tls = config
+            .listeners
+            .iter()
+            .any(|l| l.name == name && l.tls.is_some());
         let scheme = if tls { "https" } else { "http" };
         println!("portico: listener {name} on {scheme}://{addr}/");
     }

@@ -1,6 +1,7 @@
-//! Helpers every test module uses: start a proxy from TOML, a port nobody listens on, waiting for a condition.
+//! Helpers the test modules share: start a proxy from TOML, a port nobody listens on, waiting for a condition, a raw chunked upstream.
 
 use portico_proxy::{start, Running};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
@@ -30,4 +31,29 @@ pub async fn until(what: &str, f: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A one-exchange HTTP/1.1 server: reads a chunked request to the end of its trailer section,
+/// hands the raw bytes over, then writes `answer`.
+pub fn chunked_upstream(answer: Vec<u8>) -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The request ends with the last chunk's trailer section.
+        while !seen.windows(5).any(|w| w == b"\r\n0\r\n") || !seen.ends_with(b"\r\n\r\n") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(seen);
+        let _ = s.write_all(&answer);
+        let _ = s.read(&mut buf);
+    });
+    (addr, rx)
 }

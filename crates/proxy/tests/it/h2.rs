@@ -1,7 +1,7 @@
 //! Downstream HTTP/2 end to end: an in-process h2 client (h2c prior knowledge and TLS with ALPN
 //! h2) against a real portico and scripted HTTP/1.1 upstreams.
 
-use crate::common::{until, T};
+use crate::common::{chunked_upstream, until, T};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_proxy::{start, Running};
@@ -209,29 +209,11 @@ async fn request_bodies_upload_chunked_or_with_length() {
 /// A one-connection HTTP/1.1 upstream speaking like a gRPC gateway: it reads the chunked request
 /// with its trailers, then answers chunked with `grpc-status` trailers.
 fn grpc_upstream() -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(T)).unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        // The request ends with the last chunk's trailer section.
-        while !seen.windows(5).any(|w| w == b"\r\n0\r\n") || !seen.ends_with(b"\r\n\r\n") {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-        let _ = tx.send(seen);
-        let _ = s.write_all(
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntrailer: grpc-status\r\ntransfer-encoding: chunked\r\n\r\n\
-              7\r\n\0\0\0\0\x02ok\r\n0\r\ngrpc-status: 0\r\nset-cookie: session=stolen\r\ncontent-length: 99\r\nX-Forwarded-For: 6.6.6.6\r\ngrpc-message: fine\r\n\r\n",
-        );
-        let _ = s.read(&mut buf);
-    });
-    (addr, rx)
+    chunked_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntrailer: grpc-status\r\ntransfer-encoding: chunked\r\n\r\n\
+          7\r\n\0\0\0\0\x02ok\r\n0\r\ngrpc-status: 0\r\nset-cookie: session=stolen\r\ncontent-length: 99\r\nX-Forwarded-For: 6.6.6.6\r\ngrpc-message: fine\r\n\r\n"
+            .to_vec(),
+    )
 }
 
 #[tokio::test]

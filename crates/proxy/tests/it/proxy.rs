@@ -1,6 +1,6 @@
 //! Integration tests: a real proxy, scripted upstreams and raw clients on ephemeral loopback ports.
 
-use crate::common::{closed_port, start_toml};
+use crate::common::{chunked_upstream, closed_port, start_toml};
 use portico_proxy::stats::{Cause, Phase, Side};
 use portico_proxy::{Running, Termination};
 use portico_testkit::{exchange_raw, read_past_head, status_of, Client, Reply, TestUpstream};
@@ -1139,31 +1139,14 @@ fn a_refused_head_on_a_kept_alive_connection_logs_its_own_duration() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A one-exchange HTTP/1.1 server: reads a chunked request to the end of its trailer section,
-/// hands over the raw bytes, answers chunked with `trailers` as its trailer section.
+/// [`chunked_upstream`] answering chunked with `trailers` as its trailer section.
 fn trailer_upstream(trailers: &'static str) -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !seen.windows(5).any(|w| w == b"\r\n0\r\n") || !seen.ends_with(b"\r\n\r\n") {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-        let _ = tx.send(seen);
-        let answer = format!(
+    chunked_upstream(
+        format!(
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n{trailers}\r\n"
-        );
-        let _ = s.write_all(answer.as_bytes());
-        let _ = s.read(&mut buf);
-    });
-    (addr, rx)
+        )
+        .into_bytes(),
+    )
 }
 
 #[test]
