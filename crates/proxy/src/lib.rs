@@ -14,6 +14,7 @@ pub mod forward;
 pub mod h2;
 mod h2_fields;
 pub mod h2_interim;
+mod h2_io;
 pub mod headers;
 pub mod health;
 pub mod health_h2;

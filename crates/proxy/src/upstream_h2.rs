@@ -6,6 +6,7 @@ use crate::error::ProxyError;
 use crate::forward::{connect, MAX_INTERIM};
 use crate::h2_fields::{append, trailer_map};
 use crate::h2_interim::{Interims, Sink};
+use crate::h2_io::{client_err, send_windowed, up_err, Peer};
 use crate::headers::{self, ClientFraming};
 use crate::pool::{PoolKey, UpStream};
 use crate::retry::{Retry, RetryCause};
@@ -560,29 +561,6 @@ impl Failure {
     }
 }
 
-pub(crate) fn up_err(e: h2::Error) -> ProxyError {
-    if e.is_io() {
-        if let Some(io) = e.into_io() {
-            return ProxyError::UpstreamIo(io);
-        }
-        return ProxyError::UpstreamClosed;
-    }
-    ProxyError::UpstreamIo(io::Error::other(e.to_string()))
-}
-
-pub(crate) fn client_err(e: h2::Error) -> ProxyError {
-    if e.is_reset() && e.is_remote() {
-        return ProxyError::ClientClosed;
-    }
-    if e.is_io() {
-        if let Some(io) = e.into_io() {
-            return ProxyError::ClientIo(io);
-        }
-        return ProxyError::ClientClosed;
-    }
-    ProxyError::ClientIo(io::Error::other(e.to_string()))
-}
-
 fn is_refusal(e: &h2::Error) -> bool {
     e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
 }
@@ -838,20 +816,9 @@ async fn upload(
             break;
         };
         let n = *n;
-        while !d.is_empty() {
-            send.reserve_capacity(d.len());
-            match timeout(idle, poll_fn(|cx| send.poll_capacity(cx))).await {
-                Err(_) => return Err((ProxyError::UpstreamIdle, body)),
-                Ok(None) => return Err((ProxyError::UpstreamClosed, body)),
-                Ok(Some(Err(e))) => return Err((up_err(e), body)),
-                Ok(Some(Ok(0))) => {}
-                Ok(Some(Ok(cap))) => {
-                    let chunk = d.split_to(cap.min(d.len()));
-                    send.send_data(chunk, false)
-                        .map_err(|e| (up_err(e), body))?;
-                }
-            }
-        }
+        send_windowed(send, d, false, idle, Peer::Server)
+            .await
+            .map_err(|e| (e, body))?;
         up.pending = None;
         up.src.release(n);
     }
@@ -1437,14 +1404,14 @@ pub(crate) async fn proxy_h2(
             return Ok(0);
         }
         loop {
-            let d = match timeout(idle, body.data()).await {
+            let mut d = match timeout(idle, body.data()).await {
                 Err(_) => return Err(ProxyError::UpstreamIdle),
                 Ok(None) => break,
                 Ok(Some(Err(e))) => return Err(up_err(e)),
                 Ok(Some(Ok(d))) => d,
             };
             let n = d.len();
-            send_windowed(&mut send, d, cl.send_timeout, To::Client).await?;
+            send_windowed(&mut send, &mut d, false, cl.send_timeout, Peer::Client).await?;
             sent += n as u64;
             let _ = body.flow_control().release_capacity(n);
         }
@@ -1503,54 +1470,6 @@ pub(crate) async fn proxy_h2(
     })
 }
 
-/// The peer a stream's DATA goes to, which names the failures of a write to it.
-#[derive(Clone, Copy)]
-pub(crate) enum To {
-    Client,
-    Server,
-}
-
-/// Send DATA under the peer's flow-control window, waiting at most `limit` for it each time.
-/// A client that grants none in time is a client timeout; a server, its idle timeout.
-pub(crate) async fn send_windowed(
-    send: &mut SendStream<Bytes>,
-    mut data: Bytes,
-    limit: Duration,
-    to: To,
-) -> Result<(), ProxyError> {
-    let fail = match to {
-        To::Client => client_err,
-        To::Server => up_err,
-    };
-    while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        let cap = match timeout(limit, poll_fn(|cx| send.poll_capacity(cx))).await {
-            Err(_) => {
-                return Err(match to {
-                    To::Client => ProxyError::ClientIo(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "client granted no flow-control window in time",
-                    )),
-                    To::Server => ProxyError::UpstreamIdle,
-                })
-            }
-            Ok(None) => {
-                return Err(match to {
-                    To::Client => ProxyError::ClientClosed,
-                    To::Server => ProxyError::UpstreamClosed,
-                })
-            }
-            Ok(Some(Err(e))) => return Err(fail(e)),
-            Ok(Some(Ok(n))) => n,
-        };
-        if cap > 0 {
-            let chunk = data.split_to(cap.min(data.len()));
-            send.send_data(chunk, false).map_err(fail)?;
-        }
-    }
-    Ok(())
-}
-
 /// The response for the HTTP/2 client: connection-specific fields dropped, route rules and Via.
 fn client_response(
     parts: http::response::Parts,
@@ -1606,9 +1525,15 @@ async fn h2_fail(
         if let Ok(resp) = b.body(()) {
             if let Ok(mut s) = respond.send_response(resp, head_only) {
                 if !head_only
-                    && send_windowed(&mut s, Bytes::from_static(body), limit, To::Client)
-                        .await
-                        .is_ok()
+                    && send_windowed(
+                        &mut s,
+                        &mut Bytes::from_static(body),
+                        false,
+                        limit,
+                        Peer::Client,
+                    )
+                    .await
+                    .is_ok()
                 {
                     let _ = s.send_data(Bytes::new(), true);
                     sent = body.len() as u64;

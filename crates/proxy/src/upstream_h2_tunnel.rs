@@ -2,9 +2,9 @@
 
 use crate::conn::{send_all, Conn, Outcome};
 use crate::error::ProxyError;
+use crate::h2_io::{client_err, send_windowed, up_err, Peer};
 use crate::headers::{self, ClientFraming};
 use crate::stats::{Phase, Termination};
-use crate::upstream_h2::{send_windowed, To};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
@@ -88,7 +88,7 @@ pub(crate) async fn run(
         Ok(s) => s,
         Err(e) => {
             to_server.send_reset(h2::Reason::CANCEL);
-            let e = crate::upstream_h2::client_err(e);
+            let e = client_err(e);
             outcome.termination = e.termination(Phase::ResponseHead);
             return outcome;
         }
@@ -164,7 +164,7 @@ fn end_up(to_server: &mut SendStream<Bytes>, done: &Progress) -> Result<(), Prox
     match to_server.send_data(Bytes::new(), true) {
         Ok(()) => done.up_ended(),
         Err(_) if stopped_reading(to_server) => done.up_ended(),
-        Err(e) => return Err(crate::upstream_h2::up_err(e)),
+        Err(e) => return Err(up_err(e)),
     }
     Ok(())
 }
@@ -172,12 +172,12 @@ fn end_up(to_server: &mut SendStream<Bytes>, done: &Progress) -> Result<(), Prox
 /// Send client bytes to the server; Ok(false) when the server stopped reading instead.
 async fn send_up(
     to_server: &mut SendStream<Bytes>,
-    d: Bytes,
+    mut d: Bytes,
     idle: Duration,
     done: &Progress,
 ) -> Result<bool, ProxyError> {
     let n = d.len() as u64;
-    match send_windowed(to_server, d, idle, To::Server).await {
+    match send_windowed(to_server, &mut d, false, idle, Peer::Server).await {
         Ok(()) => {
             done.to_server.set(done.to_server.get() + n);
             done.moved();
@@ -211,7 +211,7 @@ async fn relay(
                 r = poll_fn(|cx| to_client.poll_reset(cx)) => {
                     return Err(match r {
                         Ok(_) => ProxyError::ClientClosed,
-                        Err(e) => crate::upstream_h2::client_err(e),
+                        Err(e) => client_err(e),
                     });
                 }
             };
@@ -219,15 +219,15 @@ async fn relay(
                 None => {
                     to_client
                         .send_data(Bytes::new(), true)
-                        .map_err(crate::upstream_h2::client_err)?;
+                        .map_err(client_err)?;
                     done.down_done.set(true);
                     return Ok(());
                 }
-                Some(Err(e)) => return Err(crate::upstream_h2::up_err(e)),
-                Some(Ok(d)) => {
+                Some(Err(e)) => return Err(up_err(e)),
+                Some(Ok(mut d)) => {
                     done.moved();
                     let n = d.len();
-                    send_windowed(to_client, d, send_timeout, To::Client).await?;
+                    send_windowed(to_client, &mut d, false, send_timeout, Peer::Client).await?;
                     let _ = from_server.flow_control().release_capacity(n);
                     done.to_client.set(done.to_client.get() + n as u64);
                     done.moved();
@@ -248,13 +248,13 @@ async fn relay(
                             Ok(())
                         }
                         Ok(_) => Err(ProxyError::UpstreamClosed),
-                        Err(e) => Err(crate::upstream_h2::up_err(e)),
+                        Err(e) => Err(up_err(e)),
                     };
                 }
             };
             match d {
                 None => return end_up(to_server, done),
-                Some(Err(e)) => return Err(crate::upstream_h2::client_err(e)),
+                Some(Err(e)) => return Err(client_err(e)),
                 Some(Ok(d)) => {
                     done.moved();
                     let n = d.len();
@@ -372,7 +372,7 @@ pub(crate) async fn run_h1(
                         done.down_done.set(true);
                         return Ok(());
                     }
-                    Some(Err(e)) => return Err(crate::upstream_h2::up_err(e)),
+                    Some(Err(e)) => return Err(up_err(e)),
                     Some(Ok(d)) => {
                         done.moved();
                         let n = d.len();

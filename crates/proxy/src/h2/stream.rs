@@ -8,6 +8,7 @@ use crate::conn::{Outcome, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::forward::{read_response_head, Head, MAX_INTERIM};
 use crate::h2_fields::{append, trailer_map};
+use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
 use crate::resilience::RouteResilience;
 use crate::retry::Retry;
@@ -226,7 +227,7 @@ impl Stream<'_> {
         }
         match timeout(STALL_TIMEOUT, self.body.trailers()).await {
             Err(_) => Err(ProxyError::BodyTooSlow),
-            Ok(r) => r.map(|_| ()).map_err(h2_error),
+            Ok(r) => r.map(|_| ()).map_err(client_err),
         }
     }
 
@@ -342,9 +343,9 @@ impl Stream<'_> {
         let r: Result<u64, ProxyError> = async {
             match reply.body {
                 portico_origin::Body::Empty => Ok(0),
-                portico_origin::Body::Bytes(b) => {
+                portico_origin::Body::Bytes(mut b) => {
                     let n = b.len() as u64;
-                    send_body(&mut send, b, true, limit).await?;
+                    send_windowed(&mut send, &mut b, true, limit, Peer::Client).await?;
                     Ok(n)
                 }
                 portico_origin::Body::File {
@@ -368,7 +369,14 @@ impl Stream<'_> {
                         }
                         buf.truncate(n);
                         left -= n as u64;
-                        send_body(&mut send, Bytes::from(buf), left == 0, limit).await?;
+                        send_windowed(
+                            &mut send,
+                            &mut Bytes::from(buf),
+                            left == 0,
+                            limit,
+                            Peer::Client,
+                        )
+                        .await?;
                     }
                     Ok(len)
                 }
@@ -636,70 +644,18 @@ async fn next_data(
     match r {
         Err(_) => Err(ProxyError::BodyTooSlow),
         Ok(None) => Ok(None),
-        Ok(Some(r)) => r.map(Some).map_err(h2_error),
+        Ok(Some(r)) => r.map(Some).map_err(client_err),
     }
-}
-
-pub(super) fn h2_error(e: h2::Error) -> ProxyError {
-    if e.is_reset() && e.is_remote() {
-        return ProxyError::ClientClosed;
-    }
-    if e.is_io() {
-        if let Some(io) = e.into_io() {
-            return ProxyError::ClientIo(io);
-        }
-        return ProxyError::ClientClosed;
-    }
-    ProxyError::ClientIo(io::Error::other(e.to_string()))
 }
 
 fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
     Outcome {
-        termination: h2_error(e).termination(phase),
+        termination: client_err(e).termination(phase),
         status,
         keep_alive: true,
         bytes_sent: 0,
         upstream: None,
     }
-}
-
-/// Send `data` as DATA frames, waiting for flow-control capacity; a client that grants none
-/// for `limit` (the listener's `send_timeout`) is cut off.
-pub(super) async fn send_body(
-    send: &mut SendStream<Bytes>,
-    mut data: Bytes,
-    end: bool,
-    limit: Duration,
-) -> Result<(), ProxyError> {
-    if data.is_empty() && end {
-        return finish(send);
-    }
-    while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        let capacity = poll_fn(|cx| send.poll_capacity(cx));
-        let cap = match crate::fast_timeout::timeout(limit, capacity).await {
-            Err(_) => {
-                return Err(ProxyError::ClientIo(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "client granted no flow-control window in time",
-                )))
-            }
-            Ok(None) => return Err(ProxyError::ClientClosed),
-            Ok(Some(Err(e))) => return Err(h2_error(e)),
-            Ok(Some(Ok(n))) => n,
-        };
-        if cap == 0 {
-            continue;
-        }
-        let chunk = data.split_to(cap.min(data.len()));
-        send.send_data(chunk, end && data.is_empty())
-            .map_err(h2_error)?;
-    }
-    Ok(())
-}
-
-pub(super) fn finish(send: &mut SendStream<Bytes>) -> Result<(), ProxyError> {
-    send.send_data(Bytes::new(), true).map_err(h2_error)
 }
 
 /// A small complete response generated here; returns the body bytes sent.
@@ -732,11 +688,18 @@ async fn send_simple(
         .body(())
         .map_err(|e| ProxyError::ClientIo(io::Error::other(e)))?;
     let end = head_only || bodyless || body.is_empty();
-    let mut send = respond.send_response(response, end).map_err(h2_error)?;
+    let mut send = respond.send_response(response, end).map_err(client_err)?;
     if end {
         return Ok(0);
     }
-    send_body(&mut send, Bytes::copy_from_slice(body), true, limit).await?;
+    send_windowed(
+        &mut send,
+        &mut Bytes::copy_from_slice(body),
+        true,
+        limit,
+        Peer::Client,
+    )
+    .await?;
     Ok(body.len() as u64)
 }
 
@@ -907,7 +870,7 @@ async fn upload<W: AsyncWrite + Unpin>(
     if chunked {
         let trailers = match timeout(STALL_TIMEOUT, body.trailers()).await {
             Err(_) => return Err(ProxyError::BodyTooSlow),
-            Ok(r) => r.map_err(h2_error)?,
+            Ok(r) => r.map_err(client_err)?,
         };
         let mut lines = BytesMut::new();
         if let Some(t) = &trailers {
@@ -943,11 +906,11 @@ async fn relay(
             .decode(&mut up.rbuf, MAX_CHUNK)
             .map_err(ProxyError::BadResponseBody)?;
         match step {
-            Decoded::Data(d) => {
+            Decoded::Data(mut d) => {
                 sent += d.len() as u64;
                 // The last bytes of a sized body carry END_STREAM: no empty DATA frame after.
                 let last = dec.remaining() == Some(0);
-                send_body(send, d, last, limit).await?;
+                send_windowed(send, &mut d, last, limit, Peer::Client).await?;
                 if last {
                     return Ok(sent);
                 }
@@ -957,7 +920,7 @@ async fn relay(
                 if map.is_empty() {
                     finish(send)?;
                 } else {
-                    send.send_trailers(map).map_err(h2_error)?;
+                    send.send_trailers(map).map_err(client_err)?;
                 }
                 return Ok(sent);
             }
@@ -970,7 +933,7 @@ async fn relay(
                     r = poll_fn(|cx| send.poll_reset(cx)) => {
                         return Err(match r {
                             Ok(_) => ProxyError::ClientClosed,
-                            Err(e) => h2_error(e),
+                            Err(e) => client_err(e),
                         });
                     }
                 };

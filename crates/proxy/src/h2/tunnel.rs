@@ -1,9 +1,9 @@
 //! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) as an HTTP/1.1 upgrade upstream: the handshake key and its check, then the stream's DATA relayed to and from the upstream socket under flow control.
 
 use super::request::{extended_to_http1, Reject};
-use super::stream::{finish, h2_error, send_body};
 use crate::conn::{Outcome, MAX_CHUNK};
 use crate::error::ProxyError;
+use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
 use crate::stats::{Phase, Termination};
 use base64::engine::general_purpose::STANDARD;
@@ -106,7 +106,7 @@ pub(super) async fn run(
     let mut send = match respond.send_response(response, false) {
         Ok(s) => s,
         Err(e) => {
-            outcome.termination = h2_error(e).termination(Phase::ResponseHead);
+            outcome.termination = client_err(e).termination(Phase::ResponseHead);
             return outcome;
         }
     };
@@ -157,14 +157,14 @@ async fn relay(
     let last = Cell::new(Instant::now());
     let rbuf = &mut up.rbuf;
     let (mut ur, mut uw) = up.stream.split();
-    // Upstream -> client: bytes as DATA (capacity reserved first, `send_body`), EOF as
+    // Upstream -> client: bytes as DATA (capacity reserved first, `send_windowed`), EOF as
     // END_STREAM. A reset by the client ends it while it waits for upstream bytes.
     let down = async {
         loop {
             if !rbuf.is_empty() {
-                let d = rbuf.split().freeze();
+                let mut d = rbuf.split().freeze();
                 to_client.set(to_client.get() + d.len() as u64);
-                send_body(send, d, false, send_timeout).await?;
+                send_windowed(send, &mut d, false, send_timeout, Peer::Client).await?;
                 last.set(Instant::now());
             }
             if rbuf.capacity() < 4096 {
@@ -175,7 +175,7 @@ async fn relay(
                 r = poll_fn(|cx| send.poll_reset(cx)) => {
                     return Err(match r {
                         Ok(_) => ProxyError::ClientClosed,
-                        Err(e) => h2_error(e),
+                        Err(e) => client_err(e),
                     });
                 }
             };
@@ -202,7 +202,7 @@ async fn relay(
                 None => {
                     return uw.shutdown().await.map_err(ProxyError::UpstreamIo);
                 }
-                Some(Err(e)) => return Err(h2_error(e)),
+                Some(Err(e)) => return Err(client_err(e)),
                 Some(Ok(d)) => {
                     last.set(Instant::now());
                     let n = d.len();
