@@ -9,7 +9,7 @@ use crate::stats::Phase;
 use crate::upstream_tls::GroupTls;
 use bytes::BytesMut;
 use portico_config::{Balance, ProxyAction, Route, UpstreamGroup};
-use portico_http1::{Framing, RequestHead};
+use portico_http1::{Framing, RequestHead, ResponseHead};
 use portico_upstream::{PickError, Report, ServerGuard, Upstream};
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -34,6 +34,52 @@ pub struct Picked<'s> {
     pub pool_key: PoolKey,
     /// The sticky cookie to set on the response, if any.
     pub set_cookie: Option<String>,
+}
+
+/// How the exchange of one attempt ended, in either upstream protocol. Moved once per
+/// attempt: a box would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Exchanged {
+    /// The final response head (reported to passive checks at `got`), and whether the request
+    /// body was completely sent; `reused`: on a connection that served requests before.
+    Response {
+        resp: UpResponse,
+        body_done: bool,
+        reused: bool,
+        got: Instant,
+    },
+    /// The attempt failed before anything reached the client and the route's retry policy
+    /// granted another.
+    Retry,
+    /// Answer the client with the error (`body_done`: its request body was read to its end).
+    Failed {
+        e: ProxyError,
+        phase: Phase,
+        body_done: bool,
+    },
+}
+
+/// A final response from the server, and what its body is read from.
+pub(crate) enum UpResponse {
+    /// An HTTP/1.1 server's head; the body follows on the connection (and in `up.rbuf`).
+    H1 { up: UpConn, head: ResponseHead },
+    /// An HTTP/2 server's head and body, the request's send side (for an upload still going,
+    /// or a tunnel) and the stream slot on its connection.
+    H2 {
+        lease: crate::upstream_h2::Lease,
+        parts: http::response::Parts,
+        body: h2::RecvStream,
+        send: h2::SendStream<bytes::Bytes>,
+    },
+}
+
+impl UpResponse {
+    pub(crate) fn status(&self) -> u16 {
+        match self {
+            UpResponse::H1 { head, .. } => head.status(),
+            UpResponse::H2 { parts, .. } => parts.status.as_u16(),
+        }
+    }
 }
 
 /// What a failed connect or exchange leads to.

@@ -2,8 +2,8 @@
 
 use crate::admit::Refused;
 use crate::date::with_date;
+use crate::downstream::Down;
 use crate::error::ProxyError;
-use crate::forward;
 use crate::ratelimit::retry_after_secs;
 use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
@@ -428,7 +428,12 @@ async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> O
         Action::Proxy(p) => {
             let default = RouteResilience::default();
             let res = ls.resilience.get(idx).unwrap_or(&default);
-            forward::proxy(c, ctx, head, route, p, res, &ls.route_stats[idx]).await
+            let counters = &ls.route_stats[idx];
+            let mut ubuf = std::mem::take(&mut c.ubuf);
+            let mut down = Down::H1 { c, ctx };
+            let o = crate::flow::proxy(&mut down, head, route, p, res, counters, &mut ubuf).await;
+            c.ubuf = ubuf;
+            o
         }
         Action::Static(_) | Action::Origin(_) => {
             let Some(origin) = ls.origins[idx].as_ref() else {

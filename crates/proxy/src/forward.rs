@@ -1,252 +1,103 @@
-//! The proxy action: pick a server, reuse or open a connection, stream both ways, release.
+//! The exchange with an HTTP/1.1 server: a pooled or new connection (stale ones replaced), the forwarded head, the request body streamed while the response head is awaited, interim heads, and the upgrade tunnel.
 
-use crate::attempt::{self, Failed};
-use crate::conn::{
-    fail, head_may_be_complete, may_keep_alive, send_all, send_continue, write_framed, ClientBody,
-    Conn, Ctx, Outcome, MAX_CHUNK,
-};
+use crate::attempt::{Exchanged, Failed, Picked, UpResponse};
+use crate::conn::{head_may_be_complete, send_all, write_framed, Conn, Outcome};
+use crate::downstream::{Down, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming};
-use crate::metrics::RouteStats;
 use crate::pool::{UpConn, UpStream};
-use crate::resilience::RouteResilience;
 use crate::retry::Retry;
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
 use portico_config::{ProxyAction, Route};
-use portico_http1::{
-    encode, parse_response, BodyDecoder, Decoded, Framing, Limits, Method, RequestHead,
-    ResponseHead, Version,
-};
+use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-/// Most interim (1xx) responses accepted before the final one.
-pub(crate) const MAX_INTERIM: usize = 8;
-
-/// Proxy one request to the route's upstream group, retrying failed attempts on other servers
-/// as the route's `retry` policy and budget allow.
-pub async fn proxy(
-    c: &mut Conn,
-    ctx: &Ctx,
+/// The exchange of one attempt with the HTTP/1.1 server `t`: a pooled connection or a new one
+/// (a reused connection the server had closed while idle is replaced once, for requests that
+/// can be sent again), then [`exchange`]. Failures are reported to the server's passive checks
+/// and offered to `retry`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn exchange_attempt(
+    down: &mut Down<'_>,
+    env: Env<'_>,
+    t: &Picked<'_>,
+    ubuf: &[u8],
     head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
-    res: &RouteResilience,
-    counters: &RouteStats,
-) -> Outcome {
-    // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
-    // the header-time metric.
-    let now = c.timings.head.unwrap_or_else(Instant::now);
-    let budget = res.retry_budget.as_deref();
-    let mut retry = Retry::new(p.retry.as_ref(), budget, head, now, counters);
-    loop {
-        if let Some(outcome) = attempt(c, ctx, head, route, p, &mut retry).await {
-            return outcome;
-        }
-    }
-}
-
-/// One attempt: pick a server (not one that failed this request before, when another can take
-/// it), exchange, relay. None = the attempt failed before anything reached the client and
-/// `retry` granted another one.
-async fn attempt(
-    c: &mut Conn,
-    ctx: &Ctx,
-    head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
+    upload: &mut Upload,
+    interims: &mut Interims<'_>,
     retry: &mut Retry<'_>,
-) -> Option<Outcome> {
-    let shared = &*ctx.shared;
-    let mut asked = retry.started();
-    let t = match attempt::pick(shared, p.upstream, &c.client_ip, head, retry, &mut asked).await {
-        Ok(t) => t,
-        Err(e) => return Some(fail(c, ctx, head, e, Phase::Connect, false).await),
-    };
+) -> Exchanged {
+    let shared = env.shared;
     let group = t.group();
-    let addr = t.addr();
-    let client = attempt::Client {
-        ip: &c.client_ip,
-        tls: c.stream.is_tls(),
-        cert_subject: c.client_cert_subject.as_deref(),
-    };
-    t.write_head(&mut c.ubuf, head, route, p, &client);
-
-    // HTTP/2 groups: the same forwarded head, over a multiplexed connection.
-    if group.protocol == portico_config::UpstreamProtocol::H2 {
-        let picked = crate::upstream_h2::Picked {
-            upstream: t.upstream,
-            guard: t.guard,
-            gi: t.gi,
-            tls: t.tls,
-            asked,
-        };
-        return crate::upstream_h2::proxy_h1(c, ctx, head, route, p, picked, t.set_cookie, retry)
-            .await;
-    }
-
-    let mut body = match head.framing {
-        Framing::None | Framing::Length(0) => None,
-        f => Some(ClientBody::new(
-            f,
-            route.max_body_bytes,
-            ctx.ls.listener.limits.body_min_rate,
-        )),
-    };
-    if body.is_some() {
-        if let Err(e) = send_continue(c, head).await {
-            return Some(fail(c, ctx, head, e, Phase::RequestBody, false).await);
-        }
-    }
-    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2).
-    let mut interim = Interims::new(head.version() == Version::Http11);
+    let chunked = head.framing == Framing::Chunked;
     let mut fresh_only = false;
-    let (mut up, reused, resp, body_done, got) = loop {
-        let pool = &ctx.worker.pool;
-        let (mut up, reused) = match t
-            .connection(shared, pool, fresh_only, &mut c.timings.connect, retry)
-            .await
-        {
+    loop {
+        let mut connect = None;
+        let conn = t.connection(shared, &env.worker.pool, fresh_only, &mut connect, retry);
+        let r = conn.await;
+        down.timings().connect = connect;
+        let (mut up, reused) = match r {
             Ok(u) => u,
-            Err((_, Failed::Retry)) => return None,
+            Err((_, Failed::Retry)) => return Exchanged::Retry,
             Err((e, _)) => {
-                // The access log names the server that refused or timed out.
-                let mut o = fail(c, ctx, head, e, Phase::Connect, body.is_none()).await;
-                o.upstream = Some(t.addr());
-                return Some(o);
+                let body_done = upload.is_done();
+                return Exchanged::Failed {
+                    e,
+                    phase: Phase::Connect,
+                    body_done,
+                };
             }
         };
         let r = exchange(
-            &mut c.stream,
-            &mut c.rbuf,
-            &mut c.timer,
+            down,
             &mut up,
-            &c.ubuf,
+            ubuf,
             head.method(),
-            body.as_mut(),
-            head.framing == Framing::Chunked,
+            upload,
+            chunked,
+            interims,
             group.response_header_timeout,
             group.idle_timeout,
-            c.send_timeout,
-            &mut interim,
         )
         .await;
         // Once the server sent an interim response the attempt is committed (see `Interims`).
-        if interim.seen > 0 {
+        if interims.seen > 0 {
             retry.commit();
         }
         match r {
             Ok((resp, body_done)) => {
                 // One clock read: passive checks, the header-time metric, the access log.
                 let got = t.responded(resp.status());
-                c.timings.response = Some(got);
-                break (up, reused, resp, body_done, got);
+                return Exchanged::Response {
+                    resp: UpResponse::H1 { up, head: resp },
+                    body_done,
+                    reused,
+                    got,
+                };
             }
             Err((e, phase)) => {
-                let untouched = up.rbuf.is_empty() && interim.seen == 0;
+                let untouched = up.rbuf.is_empty() && interims.seen == 0;
                 match t.failed(shared, retry, head, &e, phase, reused, untouched) {
                     Failed::Stale => fresh_only = true,
-                    Failed::Retry => return None,
+                    Failed::Retry => return Exchanged::Retry,
                     Failed::Fail => {
-                        let body_done = body.as_ref().is_none_or(|b| b.is_done());
-                        let mut o = fail(c, ctx, head, e, phase, body_done).await;
-                        o.upstream = Some(addr);
-                        return Some(o);
+                        let body_done = upload.is_done();
+                        return Exchanged::Failed {
+                            e,
+                            phase,
+                            body_done,
+                        };
                     }
                 }
             }
         }
-    };
-    // A retried response is dropped before any of it is sent (never after an interim response:
-    // the retry was committed then); its connection closes with it.
-    if t.accepted(shared, retry, asked, got, reused, resp.status()) {
-        return None;
-    }
-    // Interim heads still held (they came during an upload that ended with this head).
-    if let Err(e) = interim.flush(&mut c.stream, c.send_timeout).await {
-        return Some(client_gone(resp.status(), addr, e));
-    }
-    if resp.status() == 101 {
-        if !head.upgrade {
-            let e = ProxyError::UnexpectedUpgrade;
-            return Some(fail(c, ctx, head, e, Phase::ResponseHead, body_done).await);
-        }
-        return Some(tunnel(c, up, &resp, route, p, head, addr, group.idle_timeout).await);
-    }
-
-    let cf = headers::client_framing(resp.framing, head.version());
-    let up_reusable = resp.keep_alive && body_done && resp.framing != Framing::Close;
-    let keep_alive = body_done && cf != ClientFraming::Close && may_keep_alive(c, ctx, head);
-    c.wbuf.clear();
-    headers::client_response(
-        &mut c.wbuf,
-        &resp,
-        cf,
-        &route.response_headers,
-        p.via,
-        head.version(),
-        keep_alive,
-    );
-    if let Some(cookie) = &t.set_cookie {
-        crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
-    }
-    let status = resp.status();
-    let outcome = match relay_body(
-        c,
-        &mut up,
-        resp.framing,
-        cf == ClientFraming::Chunked,
-        group.idle_timeout,
-    )
-    .await
-    {
-        Ok(mut sent) => {
-            // The upstream exchange is complete: free the connection and the server's active
-            // slot before the last client write, so neither waits on a slow client.
-            t.release(shared, &ctx.worker.pool, up, up_reusable);
-            match flush(c, &mut sent).await {
-                Ok(()) => Outcome {
-                    termination: Termination::OK,
-                    status,
-                    keep_alive,
-                    bytes_sent: sent,
-                    upstream: Some(addr),
-                },
-                Err(e) => Outcome {
-                    termination: e.termination(Phase::ResponseBody),
-                    status,
-                    keep_alive: false,
-                    bytes_sent: sent,
-                    upstream: Some(addr),
-                },
-            }
-        }
-        Err(e) => Outcome {
-            termination: e.termination(Phase::ResponseBody),
-            status,
-            keep_alive: false,
-            bytes_sent: 0,
-            upstream: Some(addr),
-        },
-    };
-    Some(outcome)
-}
-
-/// A client write of the response head failed with `e` (a client that accepted nothing within
-/// `send_timeout` is a client timeout, as for every other client write).
-fn client_gone(status: u16, addr: SocketAddr, e: std::io::Error) -> Outcome {
-    Outcome {
-        termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
-        status,
-        keep_alive: false,
-        bytes_sent: 0,
-        upstream: Some(addr),
     }
 }
 
@@ -293,22 +144,20 @@ pub(crate) async fn connect(
 }
 
 /// Send the request head, stream the request body while waiting for the response head; return
-/// the final response head and whether the request body was completely sent. Interim heads are
-/// passed to the client as they arrive (see `Interims`).
+/// the final response head and whether the request body was completely sent. Interim heads go
+/// to `interims` as they arrive: an HTTP/1.1 client's are held while its connection is read for
+/// the body, then written at once.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
-    client: &mut ClientStream,
-    client_buf: &mut BytesMut,
-    timer: &mut crate::fast_timeout::LazyTimer,
+    down: &mut Down<'_>,
     up: &mut UpConn,
     ubuf: &[u8],
     method: &Method,
-    body: Option<&mut ClientBody>,
+    upload: &mut Upload,
     chunked: bool,
+    interims: &mut Interims<'_>,
     header_timeout: Duration,
     idle: Duration,
-    send_timeout: Duration,
-    interim: &mut Interims,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
     // Most heads fit the socket buffer at once: only arm the timer when they do not.
     let written = match up.stream.try_write(ubuf) {
@@ -330,17 +179,18 @@ async fn exchange(
     }
     let head_failed = |e: ProxyError| (e, Phase::ResponseHead);
     let (mut ur, mut uw) = up.stream.split();
-    if let Some(body) = body {
-        // While the body streams up, the client connection is being read for it: interim
-        // heads are held until the upload ends (no head timeout runs yet: the body has its own).
-        let body_fut = forward_body(client, client_buf, &mut uw, body, chunked, idle);
+    if !upload.headless() {
+        // While the body streams up, an HTTP/1.1 client's connection is being read for it:
+        // interim heads are held until the upload ends (no head timeout runs yet: the body has
+        // its own).
+        let body_fut = upload_body(down, upload, &mut uw, chunked, idle);
         tokio::pin!(body_fut);
         loop {
             let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
             tokio::select! {
                 biased;
                 r = head_fut => match r.map_err(head_failed)? {
-                    Head::Interim(raw) => interim.hold(raw).map_err(head_failed)?,
+                    Head::Interim(raw) => interims.hold(Interim::Raw(raw)).map_err(head_failed)?,
                     Head::Final(h) => {
                         // A success that arrives before the upload ends (a server streaming its
                         // answer while it reads): finish the upload first, so the request is
@@ -363,58 +213,63 @@ async fn exchange(
     // The upload is over (or there was none): the head timeout runs, and interim heads go out
     // as they arrive (a slow client's write of one does not count against the server).
     let client_io = |e: std::io::Error| (ProxyError::ClientIo(e), Phase::ResponseHead);
-    interim
-        .flush(client, send_timeout)
-        .await
-        .map_err(client_io)?;
+    interims.flush(down).await.map_err(client_io)?;
     let mut deadline = tokio::time::Instant::now() + header_timeout;
     loop {
         let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
-        let head = match timer.timeout_at(deadline, head_fut).await {
+        let head = match down.timer().timeout_at(deadline, head_fut).await {
             None => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
             Some(r) => r.map_err(head_failed)?,
         };
         match head {
             Head::Final(h) => return Ok((h, true)),
             Head::Interim(raw) => {
-                interim.hold(raw).map_err(head_failed)?;
-                let began = tokio::time::Instant::now();
-                interim
-                    .flush(client, send_timeout)
-                    .await
-                    .map_err(client_io)?;
-                deadline += began.elapsed();
+                interims.hold(Interim::Raw(raw)).map_err(head_failed)?;
+                if interims.holding() {
+                    let began = tokio::time::Instant::now();
+                    interims.flush(down).await.map_err(client_io)?;
+                    deadline += began.elapsed();
+                }
             }
         }
     }
 }
 
-async fn forward_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    client: &mut R,
-    rbuf: &mut BytesMut,
-    upstream: &mut W,
-    body: &mut ClientBody,
+/// Stream the request body to the server (chunked with its trailers when the client's had no
+/// length), releasing an HTTP/2 client's flow-control capacity as it is written.
+async fn upload_body<W: AsyncWrite + Unpin>(
+    down: &mut Down<'_>,
+    upload: &mut Upload,
+    w: &mut W,
     chunked: bool,
     idle: Duration,
 ) -> Result<(), ProxyError> {
     let mut scratch = BytesMut::new();
-    while let Some(data) = body.next(client, rbuf).await? {
-        let write = async {
-            write_framed(upstream, &mut scratch, &data, chunked).await?;
-            upstream.flush().await
-        };
-        match timeout(idle, write).await {
-            Err(_) => return Err(ProxyError::UpstreamIdle),
-            Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
-            Ok(Ok(())) => {}
+    while let Some(data) = upload.next(down).await? {
+        let n = data.len();
+        if n > 0 {
+            // Flushed: a TLS upstream's last records must not stay buffered in rustls when the
+            // socket was full.
+            let write = async {
+                write_framed(w, &mut scratch, &data, chunked).await?;
+                w.flush().await
+            };
+            match timeout(idle, write).await {
+                Err(_) => return Err(ProxyError::UpstreamIdle),
+                Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
+                Ok(Ok(())) => {}
+            }
         }
+        upload.release(down, n);
     }
     if chunked {
+        let mut lines = BytesMut::new();
+        upload.trailer_lines(down, &mut lines).await?;
         scratch.clear();
-        encode::last_chunk(&mut scratch, &crate::headers::trailer_lines(&body.trailers));
+        encode::last_chunk(&mut scratch, &lines);
         let write = async {
-            upstream.write_all(&scratch).await?;
-            upstream.flush().await
+            w.write_all(&scratch).await?;
+            w.flush().await
         };
         match timeout(idle, write).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
@@ -484,161 +339,9 @@ fn interim_head(h: &ResponseHead) -> Bytes {
     out.freeze()
 }
 
-/// The interim (1xx) heads of one attempt on an HTTP/1.1 server, passed to an HTTP/1.1 client
-/// as they arrive (103 Early Hints lets the browser preload while the server still works on
-/// the answer). Heads that arrive while the client connection is read for the request body
-/// are held until the upload ends. At most [`MAX_INTERIM`] are accepted.
-///
-/// The first interim head commits the attempt: the request is not retried after it
-/// (`Retry::commit`), as if the response had begun, even when the route's policy would retry
-/// the failure that follows. Retrying could show the client the hints of one server and the
-/// answer of another, or hold every hint until the final head, which defeats 103 exactly for
-/// the requests that are retried (body-less GETs, the ones browsers preload for). A later
-/// failure gets its 502/504 after the interim heads, which RFC 9110 15.2 allows.
-pub(crate) struct Interims {
-    /// Interim heads the server sent so far in this attempt.
-    pub seen: usize,
-    /// The client gets them (HTTP/1.1; HTTP/1.0 clients get none, RFC 9110 15.2).
-    to_client: bool,
-    /// Heads read but not yet written to the client.
-    held: Vec<Bytes>,
-}
-
-impl Interims {
-    pub(crate) fn new(to_client: bool) -> Self {
-        Interims {
-            seen: 0,
-            to_client,
-            held: Vec::new(),
-        }
-    }
-
-    /// Count one interim head and keep it for the client; too many is an upstream error.
-    fn hold(&mut self, raw: Bytes) -> Result<(), ProxyError> {
-        if self.seen >= MAX_INTERIM {
-            return Err(ProxyError::TooManyInterim);
-        }
-        self.seen += 1;
-        if self.to_client {
-            self.held.push(raw);
-        }
-        Ok(())
-    }
-
-    /// Write the held heads to the client, if any.
-    async fn flush(&mut self, client: &mut ClientStream, limit: Duration) -> std::io::Result<()> {
-        if self.held.is_empty() {
-            return Ok(());
-        }
-        // Boxed: rare, and a client write's state would otherwise widen every request's future.
-        Box::pin(self.write_held(client, limit)).await
-    }
-
-    /// Write the held heads to the client (one write when several wait).
-    async fn write_held(
-        &mut self,
-        client: &mut ClientStream,
-        limit: Duration,
-    ) -> std::io::Result<()> {
-        match self.held.len() {
-            0 => return Ok(()),
-            1 => send_all(client, &self.held[0], limit).await?,
-            _ => send_all(client, &self.held.concat(), limit).await?,
-        }
-        self.held.clear();
-        Ok(())
-    }
-}
-
-/// Stream the response body from upstream to client. `c.wbuf` holds the response head; small
-/// bodies already buffered go out in the same write. Returns once the upstream side is complete,
-/// leaving the last bytes in `c.wbuf` for the caller to flush.
-async fn relay_body(
-    c: &mut Conn,
-    up: &mut UpConn,
-    framing: Framing,
-    chunked: bool,
-    idle: Duration,
-) -> Result<u64, ProxyError> {
-    let mut dec = BodyDecoder::new(framing);
-    let mut sent = 0u64;
-    loop {
-        let step = dec
-            .decode(&mut up.rbuf, MAX_CHUNK)
-            .map_err(ProxyError::BadResponseBody)?;
-        match step {
-            Decoded::Data(d) => {
-                if chunked {
-                    encode::chunk_header(&mut c.wbuf, d.len());
-                }
-                if c.wbuf.len() + d.len() <= 64 * 1024 {
-                    c.wbuf.extend_from_slice(&d);
-                    if chunked {
-                        c.wbuf.extend_from_slice(b"\r\n");
-                    }
-                } else {
-                    flush(c, &mut sent).await?;
-                    send_all(&mut c.stream, &d, c.send_timeout)
-                        .await
-                        .map_err(ProxyError::ClientIo)?;
-                    sent += d.len() as u64;
-                    if chunked {
-                        c.wbuf.extend_from_slice(b"\r\n");
-                    }
-                }
-            }
-            Decoded::Done { trailers } => {
-                if chunked {
-                    encode::last_chunk(&mut c.wbuf, &crate::headers::trailer_lines(&trailers));
-                }
-                return Ok(sent);
-            }
-            Decoded::NeedMore => {
-                flush(c, &mut sent).await?;
-                if up.rbuf.capacity() - up.rbuf.len() < 4096 {
-                    up.rbuf.reserve(MAX_CHUNK);
-                }
-                let read = match timeout(idle, up.stream.read_buf(&mut up.rbuf)).await {
-                    // A TLS server closing without close_notify (common) ends a close-delimited
-                    // body as a plain close would; framed bodies still fail the decoder below.
-                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ok(0)),
-                    r => r,
-                };
-                match read {
-                    Err(_) => return Err(ProxyError::UpstreamIdle),
-                    Ok(Err(e)) => return Err(ProxyError::UpstreamIo(e)),
-                    Ok(Ok(0)) => {
-                        if let Decoded::Done { .. } =
-                            dec.on_eof().map_err(ProxyError::BadResponseBody)?
-                        {
-                            if chunked {
-                                encode::last_chunk(&mut c.wbuf, b"");
-                            }
-                            return Ok(sent);
-                        }
-                        return Err(ProxyError::UpstreamClosed);
-                    }
-                    Ok(Ok(_)) => {}
-                }
-            }
-        }
-    }
-}
-
-async fn flush(c: &mut Conn, sent: &mut u64) -> Result<(), ProxyError> {
-    if !c.wbuf.is_empty() {
-        send_all(&mut c.stream, &c.wbuf, c.send_timeout)
-            .await
-            .map_err(ProxyError::ClientIo)?;
-        *sent += c.wbuf.len() as u64;
-        c.wbuf.clear();
-    }
-    Ok(())
-}
-
 /// After a 101: send the head, then relay bytes both ways until either side closes.
 #[allow(clippy::too_many_arguments)]
-async fn tunnel(
+pub(crate) async fn tunnel(
     c: &mut Conn,
     mut up: UpConn,
     resp: &ResponseHead,
@@ -807,20 +510,7 @@ async fn relay_both_ways(
 
 #[cfg(test)]
 mod tests {
-    use super::{client_gone, cookie_value};
-    use crate::stats::{Cause, Phase, Side, Termination};
-    use std::io::{Error, ErrorKind};
-
-    #[test]
-    fn a_failed_interim_write_keeps_its_cause() {
-        let addr = "127.0.0.1:9".parse().unwrap();
-        let stalled = client_gone(103, addr, Error::new(ErrorKind::TimedOut, "no room"));
-        let timeout = Termination::new(Side::Client, Phase::ResponseHead, Cause::Timeout);
-        assert_eq!(stalled.termination, timeout);
-        assert!(!stalled.keep_alive);
-        let reset = client_gone(103, addr, ErrorKind::ConnectionReset.into());
-        assert_eq!(reset.termination.cause, Cause::Io);
-    }
+    use super::cookie_value;
 
     #[test]
     fn interim_heads_lose_their_hop_by_hop_fields() {

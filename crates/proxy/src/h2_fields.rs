@@ -1,6 +1,9 @@
-//! HTTP/1 fields into HTTP/2 field maps, shared by the downstream and upstream HTTP/2 paths: the checked append, trailer lines to a map, the connection-specific names.
+//! HTTP/1 fields and heads into HTTP/2 ones and back, shared by the downstream and upstream HTTP/2 paths: the checked append, trailer lines to a map, the connection-specific names, response heads across protocols.
 
+use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
+use portico_config::HeaderRules;
+use portico_http1::{encode, parse_response, Framing, Limits, Method, ResponseHead};
 
 /// Append a field if its name and value are valid in HTTP/2 (names are lowercased).
 pub(crate) fn append(map: &mut HeaderMap, name: &str, value: &[u8]) {
@@ -41,6 +44,130 @@ pub(crate) const CONNECTION_SPECIFIC: [&str; 6] = [
     "upgrade",
     "te",
 ];
+
+/// Fields that are connection-specific in HTTP/2 (RFC 9113 8.2.2) or owned by the framing.
+pub(crate) const DROPPED: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+    "te",
+    "host",
+    "expect",
+];
+
+fn listed(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// The HTTP/2 response for an HTTP/1 response head: hop-by-hop fields dropped (and
+/// content-length unless the body is length-delimited), route rules and Via applied.
+pub(crate) fn response_from(
+    resp: &ResponseHead,
+    rules: &HeaderRules,
+    via: bool,
+) -> http::Response<()> {
+    let mut headers = HeaderMap::new();
+    let mut prev_via: Option<&[u8]> = None;
+    let set = |n: &str| rules.set.iter().any(|(s, _)| s.eq_ignore_ascii_case(n));
+    for (name, value) in resp.fields() {
+        if resp.is_hop_by_hop(name) || listed(&rules.remove, name) || set(name) {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("content-length")
+            && !matches!(resp.framing, Framing::Length(_) | Framing::None)
+        {
+            continue;
+        }
+        if via && name.eq_ignore_ascii_case("via") {
+            prev_via = Some(value);
+            continue;
+        }
+        append(&mut headers, name, value);
+    }
+    if via {
+        let mut v = Vec::with_capacity(32);
+        if let Some(p) = prev_via.filter(|p| !p.is_empty()) {
+            v.extend_from_slice(p);
+            v.extend_from_slice(b", ");
+        }
+        v.extend_from_slice(b"1.1 portico");
+        append(&mut headers, "via", &v);
+    }
+    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
+        append(&mut headers, n, v.as_bytes());
+    }
+    let mut r = http::Response::new(());
+    *r.status_mut() =
+        http::StatusCode::from_u16(resp.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *r.headers_mut() = headers;
+    r
+}
+
+/// The response for the HTTP/2 client: connection-specific fields dropped, route rules and Via.
+pub(crate) fn response_from_h2(
+    parts: http::response::Parts,
+    rules: &HeaderRules,
+    via: bool,
+) -> http::Response<()> {
+    let mut headers = parts.headers;
+    for d in DROPPED {
+        headers.remove(d);
+    }
+    for n in rules.remove.iter().chain(rules.set.iter().map(|(n, _)| n)) {
+        headers.remove(n.as_str());
+    }
+    if via {
+        let mut v = Vec::with_capacity(32);
+        if let Some(prev) = headers.remove(http::header::VIA) {
+            v.extend_from_slice(prev.as_bytes());
+            v.extend_from_slice(b", ");
+        }
+        v.extend_from_slice(b"2 portico");
+        append(&mut headers, "via", &v);
+    }
+    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
+        append(&mut headers, n, v.as_bytes());
+    }
+    let mut r = http::Response::new(());
+    *r.status_mut() = parts.status;
+    *r.headers_mut() = headers;
+    r
+}
+
+/// The HTTP/1 head of an HTTP/2 server's response (for an HTTP/1.1 client, so that the HTTP/1
+/// path's framing choice and rules apply): connection-specific fields dropped; `end`: no body
+/// follows. None when its fields do not make a valid HTTP/1 head.
+pub(crate) fn http1_response(
+    parts: &http::response::Parts,
+    method: &Method,
+    end: bool,
+) -> Option<ResponseHead> {
+    let status = parts.status.as_u16();
+    let mut raw = BytesMut::with_capacity(512);
+    encode::status_line(&mut raw, status, "");
+    for (n, v) in &parts.headers {
+        if !DROPPED.contains(&n.as_str()) {
+            encode::field(&mut raw, n.as_str(), v.as_bytes());
+        }
+    }
+    // No length is invented for responses that have no body by definition (RFC 9110 6.4.1,
+    // 8.6): a HEAD response's length describes the resource, 1xx/204/304 carry none.
+    let bodiless = *method == Method::Head || status < 200 || status == 204 || status == 304;
+    if !bodiless && !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        match end {
+            true => encode::content_length(&mut raw, 0),
+            false => encode::field(&mut raw, "Transfer-Encoding", b"chunked"),
+        }
+    }
+    encode::end_head(&mut raw);
+    let limits = Limits {
+        max_head_bytes: raw.len() + 1,
+        ..Limits::default()
+    };
+    parse_response(&mut raw, method, &limits).ok().flatten()
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,35 +1,26 @@
 //! Interim (1xx) responses passed on across protocols: those of HTTP/1.1 upstreams to HTTP/2 clients as informational HEADERS, those of HTTP/2 upstreams to HTTP/2 clients and (as raw heads) to HTTP/1.1 clients (103 Early Hints and the like).
 
-use crate::conn::send_all;
-use crate::error::ProxyError;
 use crate::h2_fields::{append, CONNECTION_SPECIFIC};
-use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use portico_http1::{encode, parse_response, Limits, Method};
-use std::cell::RefCell;
-use std::time::Duration;
 
-/// Send each interim head in `interim` (raw HTTP/1.1 1xx heads as read, never 101, by
-/// `forward::read_response_head`, as they arrive) to the HTTP/2 client as an informational
-/// response: a HEADERS frame without END_STREAM before the final one (RFC 9113 8.1).
-/// Connection-specific fields are dropped (RFC 9113 8.2.2), other fields pass as they came, as
-/// they do to HTTP/1.1 clients. A head that does not parse again or a client that is gone is
-/// skipped: the stream's reset watch or the final response reports the client.
-pub(crate) fn forward(respond: &mut SendResponse<Bytes>, interim: &[Bytes], method: &Method) {
-    for raw in interim {
-        if let Some(resp) = informational(raw, method) {
-            if respond.send_informational(resp).is_err() {
-                return;
-            }
-        }
+/// Send an interim head (a raw HTTP/1.1 1xx head as read, never 101, by
+/// `forward::read_response_head`) to the HTTP/2 client as an informational response: a
+/// HEADERS frame without END_STREAM before the final one (RFC 9113 8.1). Connection-specific
+/// fields are dropped (RFC 9113 8.2.2), other fields pass as they came, as they do to HTTP/1.1
+/// clients. A head that does not parse again or a client that is gone is skipped: the stream's
+/// reset watch or the final response reports the client.
+pub(crate) fn forward(respond: &mut SendResponse<Bytes>, raw: &[u8]) {
+    if let Some(resp) = informational(raw) {
+        let _ = respond.send_informational(resp);
     }
 }
 
 /// Send one interim response of an HTTP/2 upstream to the HTTP/2 client, as `forward` does
 /// for raw heads: connection-specific fields dropped, 101 skipped, a client that is gone
 /// ignored (the stream's reset watch or the final response reports it).
-fn forward_h2(respond: &mut SendResponse<Bytes>, mut resp: http::Response<()>) {
+pub(crate) fn forward_h2(respond: &mut SendResponse<Bytes>, mut resp: http::Response<()>) {
     if !qualifies(resp.status()) {
         return;
     }
@@ -38,55 +29,6 @@ fn forward_h2(respond: &mut SendResponse<Bytes>, mut resp: http::Response<()>) {
         headers.remove(name);
     }
     let _ = respond.send_informational(resp);
-}
-
-/// Where the interim responses of an HTTP/2 upstream go, as `upstream_h2` reads them.
-pub(crate) enum Sink<'a> {
-    /// An HTTP/2 client's stream: informational HEADERS at once. The cell is shared with the
-    /// stream's reset watch; each side borrows it for one synchronous call only.
-    H2(&'a RefCell<&'a mut SendResponse<Bytes>>),
-    /// An HTTP/1.1 client's connection that no upload reads: raw heads written at once, under
-    /// the listener's `send_timeout`.
-    H1(&'a mut ClientStream, Duration),
-    /// An HTTP/1.1 client's connection read for the upload: raw heads kept here for the caller
-    /// to write before the final response.
-    Held(BytesMut),
-    /// An HTTP/1.0 client: none are passed on (RFC 9110 15.2).
-    Dropped,
-}
-
-/// The interim responses of one attempt on an HTTP/2 upstream: how many came (the first one
-/// commits the attempt, see `forward::Interims`) and where they go.
-pub(crate) struct Interims<'a> {
-    pub seen: usize,
-    pub to: Sink<'a>,
-}
-
-impl Interims<'_> {
-    /// Pass one interim response on (`seen` is the caller's to count); an error is the HTTP/1.1
-    /// client's failed write.
-    pub(crate) async fn pass(&mut self, resp: http::Response<()>) -> Result<(), ProxyError> {
-        match &mut self.to {
-            Sink::H2(cell) => {
-                // Never borrowed elsewhere during this call (single-threaded, no await held).
-                if let Ok(mut respond) = cell.try_borrow_mut() {
-                    forward_h2(&mut respond, resp);
-                }
-            }
-            Sink::H1(stream, limit) => {
-                let mut raw = BytesMut::new();
-                http1_head(&mut raw, &resp);
-                if !raw.is_empty() {
-                    send_all(stream, &raw, *limit)
-                        .await
-                        .map_err(ProxyError::ClientIo)?;
-                }
-            }
-            Sink::Held(raw) => http1_head(raw, &resp),
-            Sink::Dropped => {}
-        }
-        Ok(())
-    }
 }
 
 /// Append an interim response of an HTTP/2 upstream to `out` as a raw HTTP/1.1 head (for
@@ -110,13 +52,13 @@ fn qualifies(status: http::StatusCode) -> bool {
 }
 
 /// The informational response for one raw 1xx head; None when it is not one.
-fn informational(raw: &[u8], method: &Method) -> Option<http::Response<()>> {
+fn informational(raw: &[u8]) -> Option<http::Response<()>> {
     let mut buf = BytesMut::from(raw);
     let limits = Limits {
         max_head_bytes: raw.len() + 1,
         ..Limits::default()
     };
-    let head = parse_response(&mut buf, method, &limits).ok()??;
+    let head = parse_response(&mut buf, &Method::Get, &limits).ok()??;
     let status = head.status();
     if !(100..200).contains(&status) || status == 101 {
         return None;
@@ -144,12 +86,11 @@ fn connection_specific(name: &str) -> bool {
 mod tests {
     use super::{http1_head, informational};
     use bytes::BytesMut;
-    use portico_http1::Method;
 
     #[test]
     fn early_hints_keep_their_fields_and_lose_connection_ones() {
         let raw = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\nLink: </b.js>; rel=preload\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\r\n";
-        let r = informational(raw, &Method::Get).unwrap();
+        let r = informational(raw).unwrap();
         assert_eq!(r.status(), 103);
         let links: Vec<_> = r.headers().get_all("link").iter().collect();
         assert_eq!(links, ["</a.css>; rel=preload", "</b.js>; rel=preload"]);
@@ -179,13 +120,9 @@ mod tests {
 
     #[test]
     fn only_interim_heads_qualify() {
-        assert!(informational(b"HTTP/1.1 100 Continue\r\n\r\n", &Method::Get).is_some());
-        assert!(informational(
-            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
-            &Method::Get
-        )
-        .is_none());
-        assert!(informational(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", &Method::Get).is_none());
-        assert!(informational(b"garbage", &Method::Get).is_none());
+        assert!(informational(b"HTTP/1.1 100 Continue\r\n\r\n").is_some());
+        assert!(informational(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").is_none());
+        assert!(informational(b"HTTP/1.1 101 Switching Protocols\r\n\r\n").is_none());
+        assert!(informational(b"garbage").is_none());
     }
 }

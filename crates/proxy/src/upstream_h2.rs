@@ -1,27 +1,23 @@
 //! Upstream HTTP/2 (`protocol = "h2"` groups): per worker and server a few multiplexed `h2` client connections (h2c, or TLS with ALPN h2) opened on demand, and one request exchanged over them for HTTP/1.1 and HTTP/2 clients.
 
-use crate::attempt::failure_report;
-use crate::conn::{fail, may_keep_alive, send_all, send_continue, ClientBody, Conn, Ctx, Outcome};
+use crate::attempt::{failure_report, Exchanged, Picked, UpResponse};
+use crate::downstream::{Down, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
-use crate::forward::{connect, MAX_INTERIM};
-use crate::h2_fields::{append, trailer_map};
-use crate::h2_interim::{Interims, Sink};
-use crate::h2_io::{client_err, send_windowed, up_err, Peer};
-use crate::headers::{self, ClientFraming};
+use crate::forward::connect;
+use crate::h2_fields::{append, DROPPED};
+use crate::h2_io::{send_windowed, up_err, Peer};
 use crate::pool::{PoolKey, UpStream};
 use crate::retry::{Retry, RetryCause};
-use crate::server::{Snapshot, Worker};
-use crate::stats::{Phase, Stats, Termination};
-use crate::stream::ClientStream;
-use crate::timing::Timings;
+use crate::server::{Shared, Worker};
+use crate::stats::{Phase, Stats};
 use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
-use http::header::{HeaderMap, HeaderValue};
-use portico_config::{HeaderRules, ProxyAction, Route, UpstreamGroup};
-use portico_http1::{encode, parse_request, parse_response, Framing, Limits, Method, RequestHead};
-use portico_upstream::{Report, ServerGuard, Upstream};
+use http::header::HeaderValue;
+use portico_config::UpstreamGroup;
+use portico_http1::{parse_request, Limits, RequestHead};
+use portico_upstream::Report;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
@@ -42,18 +38,6 @@ const STREAM_WINDOW: u32 = 256 * 1024;
 
 /// Far-away deadline while a request body is still streaming.
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Fields that are connection-specific in HTTP/2 (RFC 9113 8.2.2) or owned by the framing.
-pub(crate) const DROPPED: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-    "te",
-    "host",
-    "expect",
-];
 
 /// One multiplexed connection to a server.
 struct H2Conn {
@@ -226,7 +210,7 @@ enum Slot<'a> {
 }
 
 /// A stream slot on a connection, freed on drop.
-struct Lease(Rc<H2Conn>);
+pub(crate) struct Lease(Rc<H2Conn>);
 
 impl Lease {
     fn new(c: Rc<H2Conn>) -> Self {
@@ -427,117 +411,6 @@ async fn open(
     Ok((Rc::new(conn), begun.elapsed()))
 }
 
-/// The server chosen for a request, as `forward` and `h2::stream` picked it.
-pub(crate) struct Picked<'a> {
-    pub upstream: &'a Upstream,
-    pub guard: ServerGuard,
-    pub gi: usize,
-    pub tls: Option<&'a GroupTls>,
-    /// When the pick was asked for (the header-time metric).
-    pub asked: Instant,
-}
-
-/// Where the request body comes from.
-enum Source<'a> {
-    None,
-    H1 {
-        stream: &'a mut ClientStream,
-        rbuf: &'a mut BytesMut,
-        body: ClientBody,
-    },
-    H2 {
-        body: &'a mut RecvStream,
-        started: tokio::time::Instant,
-        received: u64,
-        min_rate: u64,
-        max: u64,
-    },
-    /// An extended CONNECT (a WebSocket): no body; the stream stays open for the tunnel's
-    /// bytes, relayed after a 2xx answer (`upstream_h2_tunnel`).
-    Tunnel,
-}
-
-/// A request body being uploaded: the chunk being written survives a cancelled `upload`, so
-/// an upload paused while the response head is handled resumes where it stopped.
-struct Upload<'a> {
-    src: Source<'a>,
-    pending: Option<(Bytes, usize)>,
-}
-
-impl<'a> Upload<'a> {
-    fn new(src: Source<'a>) -> Self {
-        Upload { src, pending: None }
-    }
-
-    fn is_none(&self) -> bool {
-        matches!(self.src, Source::None)
-    }
-
-    /// No body is uploaded while the response head is awaited (none, or a tunnel).
-    fn headless(&self) -> bool {
-        matches!(self.src, Source::None | Source::Tunnel)
-    }
-}
-
-impl Source<'_> {
-    async fn next(&mut self) -> Result<Option<Bytes>, ProxyError> {
-        match self {
-            Source::None | Source::Tunnel => Ok(None),
-            Source::H1 { stream, rbuf, body } => body.next(*stream, rbuf).await,
-            Source::H2 {
-                body,
-                started,
-                received,
-                min_rate,
-                max,
-            } => {
-                let due = crate::conn::body_byte_due(
-                    *started,
-                    *received,
-                    *min_rate,
-                    Duration::from_secs(10),
-                );
-                let r = match due {
-                    Some(due) => tokio::time::timeout_at(due, body.data()).await,
-                    None => timeout(crate::conn::STALL_TIMEOUT, body.data()).await,
-                };
-                match r {
-                    Err(_) => Err(ProxyError::BodyTooSlow),
-                    Ok(None) => Ok(None),
-                    Ok(Some(Err(e))) => Err(client_err(e)),
-                    Ok(Some(Ok(d))) => {
-                        *received += d.len() as u64;
-                        if *max > 0 && *received > *max {
-                            return Err(ProxyError::BodyTooLarge);
-                        }
-                        Ok(Some(d))
-                    }
-                }
-            }
-        }
-    }
-
-    /// Flow control: `n` bytes of the client's body were passed on.
-    fn release(&mut self, n: usize) {
-        if let Source::H2 { body, .. } = self {
-            let _ = body.flow_control().release_capacity(n);
-        }
-    }
-
-    async fn trailers(&mut self) -> Result<Option<HeaderMap>, ProxyError> {
-        match self {
-            Source::None | Source::Tunnel => Ok(None),
-            Source::H1 { body, .. } => Ok(Some(trailer_map(&body.trailers))),
-            Source::H2 { body, .. } => {
-                match timeout(crate::conn::STALL_TIMEOUT, body.trailers()).await {
-                    Err(_) => Err(ProxyError::BodyTooSlow),
-                    Ok(r) => Ok(r.map_err(client_err)?.map(crate::headers::trailer_fields)),
-                }
-            }
-        }
-    }
-}
-
 /// How an exchange failed, and whether the server surely did not process it.
 struct Failure {
     e: ProxyError,
@@ -663,21 +536,27 @@ async fn response_head(resp: &mut ResponseFuture) -> Result<Head, Failure> {
     .await
 }
 
-/// Count one interim response of the exchange and pass it on (at once, see `Interims`); more
-/// than `MAX_INTERIM` fails the stream, a failed client write fails the request. Callers box
-/// it: interim responses are rare, and its state (a client write) would otherwise widen every
+/// Count one interim response of the exchange and pass it on (see `Interims`); more than
+/// `MAX_INTERIM` fails the stream, a failed client write fails the request. With `down` (no
+/// upload reads the client), an HTTP/1.1 client's head is written at once. Callers box it:
+/// interim responses are rare, and its state (a client write) would otherwise widen every
 /// exchange's future.
-async fn pass_interim(interim: &mut Interims<'_>, r: http::Response<()>) -> Result<(), Failure> {
+async fn pass_interim(
+    interims: &mut Interims<'_>,
+    r: http::Response<()>,
+    down: Option<&mut Down<'_>>,
+) -> Result<(), Failure> {
     // Either failure is this stream's only: the connection stays usable.
     let stream_only = |e| Failure {
         stream_only: true,
         ..Failure::plain(e, Phase::ResponseHead)
     };
-    if interim.seen >= MAX_INTERIM {
-        return Err(stream_only(ProxyError::TooManyInterim));
+    interims.hold(Interim::H2(r)).map_err(stream_only)?;
+    if let Some(down) = down {
+        let flushed = interims.flush(down).await;
+        flushed.map_err(|e| stream_only(ProxyError::ClientIo(e)))?;
     }
-    interim.seen += 1;
-    interim.pass(r).await.map_err(stream_only)
+    Ok(())
 }
 
 /// Send the request on `conn`, stream its body while waiting for the response head; return
@@ -687,7 +566,8 @@ async fn pass_interim(interim: &mut Interims<'_>, r: http::Response<()>) -> Resu
 async fn exchange(
     conn: &H2Conn,
     req: http::Request<()>,
-    src: &mut Upload<'_>,
+    src: &mut Upload,
+    down: &mut Down<'_>,
     header_timeout: Duration,
     idle: Duration,
     finish: bool,
@@ -706,7 +586,7 @@ async fn exchange(
     let asked = tokio::time::Instant::now();
     // RFC 8441 3: `:protocol` only to a server that allows it. A connection that closed or
     // stayed silent before its SETTINGS refused nothing yet: the request may go elsewhere.
-    if matches!(src.src, Source::Tunnel) {
+    if src.is_tunnel() {
         match conn.extended_connect(header_timeout).await {
             Ok(true) => {}
             Ok(false) => {
@@ -733,7 +613,7 @@ async fn exchange(
                     Head::Interim(r) => {
                         // A slow client's write of it does not count against the server.
                         let began = tokio::time::Instant::now();
-                        Box::pin(pass_interim(interim, r)).await?;
+                        Box::pin(pass_interim(interim, r, Some(&mut *down))).await?;
                         deadline += began.elapsed();
                     }
                 },
@@ -741,7 +621,7 @@ async fn exchange(
         }
     }
     let r = {
-        let body_fut = upload(&mut send, src, idle);
+        let body_fut = upload(&mut send, src, down, idle);
         tokio::pin!(body_fut);
         let sleep = tokio::time::sleep(FAR);
         tokio::pin!(sleep);
@@ -752,7 +632,7 @@ async fn exchange(
                 r = response_head(&mut resp) => {
                     let h = match r {
                         Ok(Head::Final(h)) => h,
-                        Ok(Head::Interim(r)) => match Box::pin(pass_interim(interim, r)).await {
+                        Ok(Head::Interim(r)) => match Box::pin(pass_interim(interim, r, None)).await {
                             Ok(()) => continue,
                             Err(f) => break Err(f),
                         },
@@ -796,15 +676,16 @@ async fn exchange(
 }
 
 /// Stream the request body and its trailers to the server under its flow control.
-async fn upload(
+pub(crate) async fn upload(
     send: &mut SendStream<Bytes>,
-    up: &mut Upload<'_>,
+    up: &mut Upload,
+    down: &mut Down<'_>,
     idle: Duration,
 ) -> Result<(), (ProxyError, Phase)> {
     let body = Phase::RequestBody;
     loop {
         if up.pending.is_none() {
-            match up.src.next().await.map_err(|e| (e, body))? {
+            match up.next(down).await.map_err(|e| (e, body))? {
                 Some(d) => {
                     let n = d.len();
                     up.pending = Some((d, n));
@@ -820,9 +701,9 @@ async fn upload(
             .await
             .map_err(|e| (e, body))?;
         up.pending = None;
-        up.src.release(n);
+        up.release(down, n);
     }
-    match up.src.trailers().await.map_err(|e| (e, body))? {
+    match up.trailers(down).await.map_err(|e| (e, body))? {
         Some(t) if !t.is_empty() => send.send_trailers(t),
         _ => send.send_data(Bytes::new(), true),
     }
@@ -831,7 +712,7 @@ async fn upload(
 
 /// The per-request state shared by both client kinds.
 struct Run<'a> {
-    shared: &'a Snapshot,
+    shared: &'a Shared,
     worker: &'a Worker,
     group: &'a UpstreamGroup,
     picked: &'a Picked<'a>,
@@ -847,11 +728,20 @@ impl Run<'_> {
     async fn go(
         &self,
         req: http::Request<()>,
-        src: &mut Upload<'_>,
-        timings: &mut Timings,
+        src: &mut Upload,
+        down: &mut Down<'_>,
         finish: bool,
         interim: &mut Interims<'_>,
-    ) -> Result<(Lease, http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
+    ) -> Result<
+        (
+            Lease,
+            http::Response<RecvStream>,
+            SendStream<Bytes>,
+            bool,
+            bool,
+        ),
+        Failure,
+    > {
         // The connection the first exchange failed on, once it did.
         let mut failed_on: Option<Rc<H2Conn>> = None;
         loop {
@@ -878,7 +768,7 @@ impl Run<'_> {
                     .await
                     {
                         Ok((c, took)) => {
-                            timings.connect = Some(took);
+                            down.timings().connect = Some(took);
                             let stats = &self.shared.stats;
                             stats.upstream_connects.fetch_add(1, Ordering::Relaxed);
                             // In the pool before the waiters are woken (no await in between).
@@ -892,7 +782,7 @@ impl Run<'_> {
                                 ProxyError::ConnectTimeout => Report::Timeout,
                                 _ => Report::ConnectError,
                             };
-                            let server = self.picked.guard.index();
+                            let server = self.picked.server();
                             self.picked.upstream.report(server, report, Instant::now());
                             return Err(Failure::plain(e, Phase::Connect));
                         }
@@ -904,6 +794,7 @@ impl Run<'_> {
                 &lease.0,
                 req.clone(),
                 src,
+                down,
                 group.response_header_timeout,
                 group.idle_timeout,
                 finish,
@@ -912,23 +803,7 @@ impl Run<'_> {
             .await;
             match r {
                 Ok((resp, up_send, body_done)) => {
-                    let got = Instant::now();
-                    let status = resp.status().as_u16();
-                    let server = self.picked.guard.index();
-                    self.picked
-                        .upstream
-                        .report(server, Report::Response { status }, got);
-                    timings.response = Some(got);
-                    let gs = &self.shared.group_stats[self.picked.gi];
-                    if let Some(h) = gs.header_time.get(server) {
-                        h.observe(got.saturating_duration_since(self.picked.asked));
-                    }
-                    let stats = &self.shared.stats;
-                    stats.upstream_requests.fetch_add(1, Ordering::Relaxed);
-                    if reused {
-                        stats.upstream_reused.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Ok((lease, resp, up_send, body_done));
+                    return Ok((lease, resp, up_send, body_done, reused));
                 }
                 Err(f) => {
                     if f.phase == Phase::ResponseHead && !f.stream_only {
@@ -950,7 +825,7 @@ impl Run<'_> {
                         continue;
                     }
                     if let Some(report) = failure_report(&f.e, reused) {
-                        let server = self.picked.guard.index();
+                        let server = self.picked.server();
                         self.picked.upstream.report(server, report, Instant::now());
                     }
                     return Err(f);
@@ -975,578 +850,74 @@ fn retry_after(f: &Failure, picked: &Picked<'_>, retry: &mut Retry<'_>, stats: &
         }
         _ => return false,
     };
-    retry.allows(cause, picked.gi, picked.guard.index(), stats)
+    retry.allows(cause, picked.gi, picked.server(), stats)
 }
 
-/// Whether the route's `retry` policy drops a response with `status` (502, 503, 504 as
-/// listed) unsent and sends the request to another server.
-fn retry_status(status: u16, picked: &Picked<'_>, retry: &mut Retry<'_>, stats: &Stats) -> bool {
-    retry.on_status(status)
-        && retry.allows(
-            RetryCause::Status(status),
-            picked.gi,
-            picked.guard.index(),
-            stats,
-        )
-}
-
-/// Proxy a request from an HTTP/1.1 client to an HTTP/2 group; `c.ubuf` holds the forwarded
-/// head built by `headers::upstream_request`. None = the attempt failed before anything reached
-/// the client and `retry` granted another one (as `forward::attempt`).
+/// The exchange of one attempt with the HTTP/2 server `t`: the forwarded head `ubuf` as an
+/// HTTP/2 request (an extended CONNECT for a WebSocket), a stream on a multiplexed connection
+/// (`Run::go`), failures reported and offered to `retry`. An HTTP/1.1 client's upload ends
+/// before the response (`finish`); an HTTP/2 client's may go on while the response streams.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn proxy_h1(
-    c: &mut Conn,
-    ctx: &Ctx,
-    head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
-    picked: Picked<'_>,
-    set_cookie: Option<String>,
-    retry: &mut Retry<'_>,
-) -> Option<Outcome> {
-    let shared = &ctx.shared;
-    let group = &**picked.upstream.group();
-    let addr = picked.guard.address();
-    // A WebSocket opening handshake goes to the server as an extended CONNECT (other
-    // upgrades go as plain requests, without `Upgrade`, which the server may answer).
-    let tunnel = crate::upstream_h2_tunnel::is_websocket(head);
-    let req = build_request(&c.ubuf, head, picked.tls.is_some(), addr);
-    let req = match req.map(|r| if tunnel { extended_connect(r) } else { r }) {
-        Ok(r) => r,
-        Err(e) => return Some(fail(c, ctx, head, e, Phase::RequestHead, false).await),
-    };
-    let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
-    if has_body {
-        if let Err(e) = send_continue(c, head).await {
-            return Some(fail(c, ctx, head, e, Phase::RequestBody, false).await);
-        }
-    }
-    let run = Run {
-        shared,
-        worker: &ctx.worker,
-        group,
-        picked: &picked,
-        key: PoolKey {
-            addr,
-            tls: picked.tls.map_or(0, |t| t.pool_id),
-        },
-        addr,
-        retryable: head.method().is_idempotent() && !has_body,
-    };
-    let mut timings = std::mem::take(&mut c.timings);
-    // Interim responses go to HTTP/1.1 clients only (RFC 9110 15.2), as raw heads: at once
-    // when no upload reads the client connection, else just before the final response.
-    let to_client = head.version() == portico_http1::Version::Http11;
-    let send_timeout = c.send_timeout;
-    let (r, held, seen) = {
-        let (src, to) = match has_body {
-            false => (
-                if tunnel { Source::Tunnel } else { Source::None },
-                match to_client {
-                    true => Sink::H1(&mut c.stream, send_timeout),
-                    false => Sink::Dropped,
-                },
-            ),
-            true => (
-                Source::H1 {
-                    stream: &mut c.stream,
-                    rbuf: &mut c.rbuf,
-                    body: ClientBody::new(
-                        head.framing,
-                        route.max_body_bytes,
-                        ctx.ls.listener.limits.body_min_rate,
-                    ),
-                },
-                match to_client {
-                    true => Sink::Held(BytesMut::new()),
-                    false => Sink::Dropped,
-                },
-            ),
-        };
-        let mut src = Upload::new(src);
-        let mut interim = Interims { seen: 0, to };
-        let r = run
-            .go(req, &mut src, &mut timings, true, &mut interim)
-            .await;
-        let held = match interim.to {
-            Sink::Held(raw) => raw,
-            _ => BytesMut::new(),
-        };
-        (r, held, interim.seen)
-    };
-    c.timings = timings;
-    // The first interim response committed the attempt (see `forward::Interims`).
-    if seen > 0 {
-        retry.commit();
-    }
-    let (lease, resp, up_send, body_done) = match r {
-        Ok(x) => x,
-        Err(f) => {
-            if retry_after(&f, &picked, retry, &shared.stats) {
-                return None;
-            }
-            let mut o = fail(c, ctx, head, f.e, f.phase, !has_body).await;
-            o.upstream = Some(addr);
-            return Some(o);
-        }
-    };
-    let status = resp.status().as_u16();
-    // A retried response is dropped unsent (the stream is cancelled with it).
-    if retry_status(status, &picked, retry, &shared.stats) {
-        return None;
-    }
-    // Interim responses held while the upload read the client connection.
-    if !held.is_empty() {
-        if let Err(e) = send_all(&mut c.stream, &held, c.send_timeout).await {
-            return Some(Outcome {
-                termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
-                status,
-                keep_alive: false,
-                bytes_sent: 0,
-                upstream: Some(addr),
-            });
-        }
-    }
-    let (parts, mut body) = resp.into_parts();
-    if tunnel && (200..300).contains(&status) {
-        let Some(switch) = crate::upstream_h2_tunnel::switch_head(head, &parts) else {
-            let e =
-                ProxyError::UpstreamIo(io::Error::other("the 2xx's fields are not valid HTTP/1"));
-            let mut o = fail(c, ctx, head, e, Phase::ResponseHead, false).await;
-            o.upstream = Some(addr);
-            return Some(o);
-        };
-        let legs = crate::upstream_h2_tunnel::H1Legs {
-            from_server: body,
-            to_server: up_send,
-            server: addr,
-            idle: group.idle_timeout,
-        };
-        let o = crate::upstream_h2_tunnel::run_h1(c, head, route, p, switch, legs).await;
-        drop(lease);
-        return Some(o);
-    }
-    drop(up_send);
-    // The response as an HTTP/1 head, so the HTTP/1 path's framing choice and rules apply.
-    let mut raw = BytesMut::with_capacity(512);
-    encode::status_line(&mut raw, status, "");
-    for (n, v) in &parts.headers {
-        if !DROPPED.contains(&n.as_str()) {
-            encode::field(&mut raw, n.as_str(), v.as_bytes());
-        }
-    }
-    // No length is invented for responses that have no body by definition (RFC 9110 6.4.1,
-    // 8.6): a HEAD response's length describes the resource, 1xx/204/304 carry none.
-    let bodiless = *head.method() == Method::Head || status < 200 || status == 204 || status == 304;
-    if !bodiless && !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
-        match body.is_end_stream() {
-            true => encode::content_length(&mut raw, 0),
-            false => encode::field(&mut raw, "Transfer-Encoding", b"chunked"),
-        }
-    }
-    encode::end_head(&mut raw);
-    let limits = Limits {
-        max_head_bytes: raw.len() + 1,
-        ..Limits::default()
-    };
-    let rh = match parse_response(&mut raw, head.method(), &limits) {
-        Ok(Some(h)) => h,
-        _ => {
-            let e = ProxyError::UpstreamIo(io::Error::other("response head not valid HTTP/1"));
-            let mut o = fail(c, ctx, head, e, Phase::ResponseHead, body_done).await;
-            o.upstream = Some(addr);
-            return Some(o);
-        }
-    };
-    let cf = headers::client_framing(rh.framing, head.version());
-    let keep_alive = body_done && cf != ClientFraming::Close && may_keep_alive(c, ctx, head);
-    let trailers_ok = cf == ClientFraming::Chunked
-        && head.field("te").is_some_and(|v| {
-            v.split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-        });
-    c.wbuf.clear();
-    headers::client_response(
-        &mut c.wbuf,
-        &rh,
-        cf,
-        &route.response_headers,
-        p.via,
-        head.version(),
-        keep_alive,
-    );
-    if let Some(cookie) = &set_cookie {
-        crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
-    }
-    let chunked = cf == ClientFraming::Chunked;
-    let idle = group.idle_timeout;
-    let r: Result<u64, ProxyError> = async {
-        let mut sent = 0u64;
-        if rh.framing != Framing::None {
-            loop {
-                let d = match timeout(idle, body.data()).await {
-                    Err(_) => return Err(ProxyError::UpstreamIdle),
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => return Err(up_err(e)),
-                    Ok(Some(Ok(d))) => d,
-                };
-                let n = d.len();
-                if n == 0 {
-                    continue;
-                }
-                if chunked {
-                    encode::chunk_header(&mut c.wbuf, n);
-                }
-                c.wbuf.extend_from_slice(&d);
-                if chunked {
-                    c.wbuf.extend_from_slice(b"\r\n");
-                }
-                send_all(&mut c.stream, &c.wbuf, c.send_timeout)
-                    .await
-                    .map_err(ProxyError::ClientIo)?;
-                sent += c.wbuf.len() as u64;
-                c.wbuf.clear();
-                let _ = body.flow_control().release_capacity(n);
-            }
-            let trailers = match timeout(idle, body.trailers()).await {
-                Err(_) => return Err(ProxyError::UpstreamIdle),
-                Ok(r) => r.map_err(up_err)?,
-            };
-            if chunked {
-                let mut lines = BytesMut::new();
-                if let (Some(t), true) = (trailers, trailers_ok) {
-                    crate::headers::encode_trailers(&mut lines, &t);
-                }
-                encode::last_chunk(&mut c.wbuf, &lines);
-            }
-        }
-        // The exchange is over: free the stream slot and the server's active slot before the
-        // last client write.
-        drop(lease);
-        drop(picked);
-        if !c.wbuf.is_empty() {
-            send_all(&mut c.stream, &c.wbuf, c.send_timeout)
-                .await
-                .map_err(ProxyError::ClientIo)?;
-            sent += c.wbuf.len() as u64;
-            c.wbuf.clear();
-        }
-        Ok(sent)
-    }
-    .await;
-    Some(match r {
-        Ok(sent) => Outcome {
-            termination: Termination::OK,
-            status,
-            keep_alive,
-            bytes_sent: sent,
-            upstream: Some(addr),
-        },
-        Err(e) => {
-            c.wbuf.clear();
-            Outcome {
-                termination: e.termination(Phase::ResponseBody),
-                status,
-                keep_alive: false,
-                bytes_sent: 0,
-                upstream: Some(addr),
-            }
-        }
-    })
-}
-
-/// What an HTTP/2 client's stream lends to the exchange.
-pub(crate) struct H2Client<'a> {
-    pub worker: &'a Worker,
-    pub shared: &'a Snapshot,
-    pub respond: &'a mut h2::server::SendResponse<Bytes>,
-    pub body: &'a mut RecvStream,
-    pub timings: &'a mut Timings,
-    pub min_rate: u64,
-    /// The listener's `limits.send_timeout`: the longest wait for the client's window.
-    pub send_timeout: Duration,
-    pub peer: SocketAddr,
-}
-
-/// Proxy a stream from an HTTP/2 client to an HTTP/2 group; `ubuf` is the forwarded head
-/// built by `headers::upstream_request`. None = the attempt failed before anything reached the
-/// client and `retry` granted another one.
-pub(crate) async fn proxy_h2(
-    cl: H2Client<'_>,
-    head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
-    picked: Picked<'_>,
+pub(crate) async fn exchange_attempt(
+    down: &mut Down<'_>,
+    env: Env<'_>,
+    t: &Picked<'_>,
     ubuf: &[u8],
+    head: &RequestHead,
+    upload: &mut Upload,
+    interims: &mut Interims<'_>,
     retry: &mut Retry<'_>,
-) -> Option<Outcome> {
-    let group = &**picked.upstream.group();
-    let addr = picked.guard.address();
-    let head_only = *head.method() == portico_http1::Method::Head;
-    // A WebSocket (an extended CONNECT, translated to an HTTP/1.1 upgrade by `h2::stream`)
-    // goes to the server as an extended CONNECT again (`extended_connect`).
-    let tunnel = head.upgrade;
-    let req = build_request(ubuf, head, picked.tls.is_some(), addr);
+) -> Exchanged {
+    let addr = t.addr();
+    let req = build_request(ubuf, head, t.tls.is_some(), addr);
+    let tunnel = upload.is_tunnel();
     let req = match req.map(|r| if tunnel { extended_connect(r) } else { r }) {
         Ok(r) => r,
         Err(e) => {
-            return Some(
-                h2_fail(
-                    cl.respond,
-                    e,
-                    Phase::RequestHead,
-                    head_only,
-                    cl.send_timeout,
-                )
-                .await,
-            )
+            return Exchanged::Failed {
+                e,
+                phase: Phase::RequestHead,
+                body_done: false,
+            }
         }
     };
-    let has_body = !tunnel && !cl.body.is_end_stream();
     let run = Run {
-        shared: cl.shared,
-        worker: cl.worker,
-        group,
-        picked: &picked,
-        key: PoolKey {
-            addr,
-            tls: picked.tls.map_or(0, |t| t.pool_id),
-        },
+        shared: env.shared,
+        worker: env.worker,
+        group: t.group(),
+        picked: t,
+        key: t.pool_key,
         addr,
-        retryable: head.method().is_idempotent() && !has_body,
+        retryable: head.method().is_idempotent() && upload.headless(),
     };
-    let mut src = Upload::new(match has_body {
-        false if tunnel => Source::Tunnel,
-        false => Source::None,
-        true => Source::H2 {
-            body: cl.body,
-            started: tokio::time::Instant::now(),
-            received: 0,
-            min_rate: cl.min_rate,
-            max: route.max_body_bytes,
-        },
-    });
-    // Interim responses go out as they arrive, as informational HEADERS.
-    let (r, seen) = {
-        let respond = RefCell::new(&mut *cl.respond);
-        let mut interim = Interims {
-            seen: 0,
-            to: Sink::H2(&respond),
-        };
-        // Each side borrows `respond` for one synchronous call only, so both borrows succeed.
-        let reset = poll_fn(|cx| match respond.try_borrow_mut() {
-            Ok(mut respond) => respond.poll_reset(cx).map(|_| ()),
-            Err(_) => Poll::Pending,
-        });
-        let r = tokio::select! {
-            r = run.go(req, &mut src, cl.timings, false, &mut interim) => r,
-            _ = reset => Err(Failure::plain(ProxyError::ClientClosed, Phase::ResponseHead)),
-        };
-        (r, interim.seen)
-    };
-    // The first interim response committed the attempt (see `forward::Interims`).
-    if seen > 0 {
+    let finish = !down.is_h2();
+    let r = run.go(req, upload, down, finish, interims).await;
+    // The first interim response committed the attempt (see `downstream::Interims`).
+    if interims.seen > 0 {
         retry.commit();
     }
-    let (lease, resp, mut up_send, body_done) = match r {
-        Ok(x) => x,
-        Err(f) => {
-            if retry_after(&f, &picked, retry, &cl.shared.stats) {
-                return None;
-            }
-            let mut o = h2_fail(cl.respond, f.e, f.phase, head_only, cl.send_timeout).await;
-            o.upstream = Some(addr);
-            return Some(o);
-        }
-    };
-    let status = resp.status().as_u16();
-    // A retried response is dropped unsent (the stream is cancelled with it); only body-less
-    // requests are retried, so there is no upload to stop.
-    if retry_status(status, &picked, retry, &cl.shared.stats) {
-        return None;
-    }
-    let (parts, mut body) = resp.into_parts();
-    let response = client_response(parts, &route.response_headers, p.via);
-    if tunnel && (200..300).contains(&status) {
-        let legs = crate::upstream_h2_tunnel::Legs {
-            respond: cl.respond,
-            from_client: cl.body,
-            from_server: body,
-            to_server: up_send,
-            peer: cl.peer,
-            server: addr,
-        };
-        let idle = group.idle_timeout;
-        let o = crate::upstream_h2_tunnel::run(legs, response, idle, cl.send_timeout).await;
-        drop(lease);
-        return Some(o);
-    }
-    let end = body.is_end_stream();
-    let mut send = match cl.respond.send_response(response, end) {
-        Ok(s) => s,
-        Err(e) => {
-            return Some(Outcome {
-                termination: client_err(e).termination(Phase::ResponseHead),
-                status,
-                keep_alive: true,
-                bytes_sent: 0,
-                upstream: Some(addr),
-            })
-        }
-    };
-    let idle = group.idle_timeout;
-    // A success streams the rest of the request body while the response streams back (gRPC
-    // bidirectional calls); an early error response ended the upload in `exchange`.
-    let mut upload_done = body_done || status >= 300;
-    let relay = async {
-        let mut sent = 0u64;
-        if end {
-            return Ok(0);
-        }
-        loop {
-            let mut d = match timeout(idle, body.data()).await {
-                Err(_) => return Err(ProxyError::UpstreamIdle),
-                Ok(None) => break,
-                Ok(Some(Err(e))) => return Err(up_err(e)),
-                Ok(Some(Ok(d))) => d,
-            };
-            let n = d.len();
-            send_windowed(&mut send, &mut d, false, cl.send_timeout, Peer::Client).await?;
-            sent += n as u64;
-            let _ = body.flow_control().release_capacity(n);
-        }
-        let trailers = match timeout(idle, body.trailers()).await {
-            Err(_) => return Err(ProxyError::UpstreamIdle),
-            Ok(r) => r.map_err(up_err)?.map(crate::headers::trailer_fields),
-        };
-        match trailers {
-            Some(t) if !t.is_empty() => send.send_trailers(t),
-            _ => send.send_data(Bytes::new(), true),
-        }
-        .map_err(client_err)?;
-        Ok(sent)
-    };
-    let r: Result<u64, (ProxyError, Phase)> = if upload_done {
-        relay.await.map_err(|e| (e, Phase::ResponseBody))
-    } else {
-        tokio::pin!(relay);
-        let up_fut = upload(&mut up_send, &mut src, idle);
-        tokio::pin!(up_fut);
-        loop {
-            tokio::select! {
-                r = &mut relay => break r.map_err(|e| (e, Phase::ResponseBody)),
-                u = &mut up_fut, if !upload_done => match u {
-                    Ok(()) => upload_done = true,
-                    Err(e) => break Err(e),
+    match r {
+        Ok((lease, resp, send, body_done, reused)) => {
+            let got = t.responded(resp.status().as_u16());
+            let (parts, body) = resp.into_parts();
+            Exchanged::Response {
+                resp: UpResponse::H2 {
+                    lease,
+                    parts,
+                    body,
+                    send,
                 },
+                body_done,
+                reused,
+                got,
             }
         }
-    };
-    if !upload_done {
-        up_send.send_reset(h2::Reason::CANCEL);
-    }
-    drop(lease);
-    drop(picked);
-    Some(match r {
-        Ok(sent) => Outcome {
-            termination: Termination::OK,
-            status,
-            keep_alive: true,
-            bytes_sent: sent,
-            upstream: Some(addr),
+        Err(f) if retry_after(&f, t, retry, &env.shared.stats) => Exchanged::Retry,
+        Err(f) => Exchanged::Failed {
+            e: f.e,
+            phase: f.phase,
+            body_done: upload.headless(),
         },
-        Err((e, phase)) => {
-            if !e.client_gone() {
-                send.send_reset(h2::Reason::INTERNAL_ERROR);
-            }
-            Outcome {
-                termination: e.termination(phase),
-                status,
-                keep_alive: true,
-                bytes_sent: 0,
-                upstream: Some(addr),
-            }
-        }
-    })
-}
-
-/// The response for the HTTP/2 client: connection-specific fields dropped, route rules and Via.
-fn client_response(
-    parts: http::response::Parts,
-    rules: &HeaderRules,
-    via: bool,
-) -> http::Response<()> {
-    let mut headers = parts.headers;
-    for d in DROPPED {
-        headers.remove(d);
-    }
-    for n in rules.remove.iter().chain(rules.set.iter().map(|(n, _)| n)) {
-        headers.remove(n.as_str());
-    }
-    if via {
-        let mut v = Vec::with_capacity(32);
-        if let Some(prev) = headers.remove(http::header::VIA) {
-            v.extend_from_slice(prev.as_bytes());
-            v.extend_from_slice(b", ");
-        }
-        v.extend_from_slice(b"2 portico");
-        append(&mut headers, "via", &v);
-    }
-    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
-        append(&mut headers, n, v.as_bytes());
-    }
-    let mut r = http::Response::new(());
-    *r.status_mut() = parts.status;
-    *r.headers_mut() = headers;
-    r
-}
-
-/// An error status for an HTTP/2 client (unless it is gone).
-async fn h2_fail(
-    respond: &mut h2::server::SendResponse<Bytes>,
-    e: ProxyError,
-    phase: Phase,
-    head_only: bool,
-    limit: Duration,
-) -> Outcome {
-    let status = e.status();
-    tracing::debug!("HTTP/2 upstream request failed: {e}");
-    let mut sent = 0;
-    if !e.client_gone() {
-        let body = crate::conn::error_body(status);
-        let mut b = http::Response::builder()
-            .status(status)
-            .header("server", "portico")
-            .header("content-type", "text/plain")
-            .header("content-length", body.len());
-        if status == 503 {
-            b = b.header("retry-after", "1");
-        }
-        if let Ok(resp) = b.body(()) {
-            if let Ok(mut s) = respond.send_response(resp, head_only) {
-                if !head_only
-                    && send_windowed(
-                        &mut s,
-                        &mut Bytes::from_static(body),
-                        false,
-                        limit,
-                        Peer::Client,
-                    )
-                    .await
-                    .is_ok()
-                {
-                    let _ = s.send_data(Bytes::new(), true);
-                    sent = body.len() as u64;
-                }
-            }
-        }
-    }
-    Outcome {
-        termination: e.termination(phase),
-        status,
-        keep_alive: true,
-        bytes_sent: sent,
-        upstream: None,
     }
 }
 

@@ -299,7 +299,7 @@ pub(crate) fn switch_head(
     for (n, v) in &parts.headers {
         let n = n.as_str();
         let skip = ["content-length", "sec-websocket-accept"];
-        if !crate::upstream_h2::DROPPED.contains(&n) && !skip.contains(&n) {
+        if !crate::h2_fields::DROPPED.contains(&n) && !skip.contains(&n) {
             encode::field(&mut raw, n, v.as_bytes());
         }
     }

@@ -7,7 +7,7 @@ mod stream;
 mod tunnel;
 
 pub use tunnel::websocket_accept;
-pub(crate) use tunnel::{idle_watchdog, stop_client};
+pub(crate) use tunnel::{check_answer, idle_watchdog, run as run_tunnel, stop_client};
 
 use crate::conn::{self, Ctx};
 use crate::server::{ListenerState, Snapshot, Worker};

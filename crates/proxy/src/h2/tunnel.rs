@@ -42,7 +42,7 @@ pub(super) fn translate(
 /// extended CONNECT; then it opens the tunnel) and only when it completes the handshake
 /// ([`check_switch`]); for an upgrade no 2xx either, which would tell the client a tunnel is
 /// open when none is. Anything else is relayed as a normal response.
-pub(super) fn check_answer(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
+pub(crate) fn check_answer(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyError> {
     match (head.upgrade, resp.status()) {
         (true, 101) => check_switch(head, resp),
         (true, 200..=299) => Err(ProxyError::NotSwitched(
@@ -78,7 +78,7 @@ fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyErro
 /// closes), a reset either way, or `idle` without a byte (the group's `idle_timeout`, as for
 /// HTTP/1.1 upgrades). One outcome: status 200 and the bytes sent to the client.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn run(
+pub(crate) async fn run(
     respond: &mut SendResponse<Bytes>,
     body: &mut RecvStream,
     mut up: UpConn,

@@ -1,0 +1,638 @@
+//! The proxy action for every client and every upstream protocol: one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, tunnel, response head, one relay, release).
+
+use crate::attempt::{Exchanged, UpResponse};
+use crate::conn::{Outcome, MAX_CHUNK};
+use crate::downstream::{Down, HeadFailed, Out, RespHead, Sent, Trailers};
+use crate::error::ProxyError;
+use crate::metrics::RouteStats;
+use crate::pool::UpConn;
+use crate::resilience::RouteResilience;
+use crate::retry::Retry;
+use crate::stats::{Phase, Termination};
+use bytes::{Bytes, BytesMut};
+use h2::RecvStream;
+use http::header::HeaderMap;
+use portico_config::{ProxyAction, Route, UpstreamProtocol};
+use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead, ResponseHead};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::time::timeout;
+
+/// Proxy one request to the route's upstream group, retrying failed attempts on other servers
+/// as the route's `retry` policy and budget allow. `ubuf` holds the forwarded head (its
+/// allocation is kept across requests).
+pub(crate) async fn proxy(
+    down: &mut Down<'_>,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    res: &RouteResilience,
+    counters: &RouteStats,
+    ubuf: &mut BytesMut,
+) -> Outcome {
+    // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
+    // the header-time metric.
+    let now = down.timings().head.unwrap_or_else(Instant::now);
+    let budget = res.retry_budget.as_deref();
+    let mut retry = Retry::new(p.retry.as_ref(), budget, head, now, counters);
+    loop {
+        if let Some(outcome) = attempt(down, head, route, p, &mut retry, ubuf).await {
+            return outcome;
+        }
+    }
+}
+
+/// One attempt: pick a server (not one that failed this request before, when another can take
+/// it), exchange, relay. None = the attempt failed before anything reached the client and
+/// `retry` granted another one.
+async fn attempt(
+    down: &mut Down<'_>,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    retry: &mut Retry<'_>,
+    ubuf: &mut BytesMut,
+) -> Option<Outcome> {
+    let env = down.env();
+    let shared = env.shared;
+    let mut asked = retry.started();
+    let mut t = match down.pick(shared, p.upstream, head, retry, &mut asked).await {
+        Ok(t) => t,
+        Err(e) => return Some(down.fail(head, e, Phase::Connect, false).await),
+    };
+    t.write_head(ubuf, head, route, p, &down.client());
+    let addr = t.addr();
+    let h2_group = t.group().protocol == UpstreamProtocol::H2;
+    // A WebSocket opening handshake goes to an HTTP/2 server as an extended CONNECT (other
+    // upgrades go as plain requests, without `Upgrade`, which the server may answer).
+    let tunnel = h2_group && crate::upstream_h2_tunnel::is_websocket(head);
+    let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
+    if has_body {
+        if let Err(e) = down.before_upload(head).await {
+            return Some(down.fail(head, e, Phase::RequestBody, false).await);
+        }
+    }
+    let mut upload = down.upload(head, route, has_body, tunnel);
+    let mut interims = down.interims(head);
+    let watch = down.watch();
+    let exchanged = {
+        let work = async {
+            match h2_group {
+                // Boxed: its state would otherwise widen every request's future.
+                true => {
+                    let x = crate::upstream_h2::exchange_attempt(
+                        down,
+                        env,
+                        &t,
+                        ubuf,
+                        head,
+                        &mut upload,
+                        &mut interims,
+                        retry,
+                    );
+                    Box::pin(x).await
+                }
+                false => {
+                    crate::forward::exchange_attempt(
+                        down,
+                        env,
+                        &t,
+                        ubuf,
+                        head,
+                        &mut upload,
+                        &mut interims,
+                        retry,
+                    )
+                    .await
+                }
+            }
+        };
+        // An HTTP/2 client that resets its stream ends the exchange at once.
+        match watch.active() {
+            false => work.await,
+            true => tokio::select! {
+                x = work => x,
+                () = watch.reset() => Exchanged::Failed {
+                    e: ProxyError::ClientClosed,
+                    phase: Phase::ResponseHead,
+                    body_done: false,
+                },
+            },
+        }
+    };
+    let (resp, body_done, reused, got) = match exchanged {
+        Exchanged::Retry => return None,
+        Exchanged::Failed {
+            e,
+            phase,
+            body_done,
+        } => {
+            // The access log names the server that refused, timed out or failed.
+            let mut o = down.fail(head, e, phase, body_done).await;
+            o.upstream = Some(addr);
+            return Some(o);
+        }
+        Exchanged::Response {
+            resp,
+            body_done,
+            reused,
+            got,
+        } => (resp, body_done, reused, got),
+    };
+    down.timings().response = Some(got);
+    let status = resp.status();
+    // A retried response is dropped before any of it is sent (never after an interim response:
+    // the retry was committed then); its connection or stream closes with it.
+    if t.accepted(shared, retry, asked, got, reused, status) {
+        return None;
+    }
+    // Interim heads still held (they came while the client connection was read for the body).
+    if let Err(e) = interims.flush(down).await {
+        return Some(client_gone(status, addr, e));
+    }
+    let idle = t.group().idle_timeout;
+    let set_cookie = t.set_cookie.take();
+    match resp {
+        UpResponse::H1 { mut up, head: rh } => {
+            // 101: the upgrade's tunnel, or an error when it is not one.
+            let switching = match down.is_h2() {
+                true => match crate::h2::check_answer(head, &rh) {
+                    Err(e) => {
+                        if head.upgrade {
+                            crate::log_limited!(info, peer = %env.peer, upstream = %addr, "HTTP/2 WebSocket refused: {e}");
+                        }
+                        Some(Err(e))
+                    }
+                    Ok(()) => (status == 101).then_some(Ok(())),
+                },
+                false => match (status == 101, head.upgrade) {
+                    (true, false) => Some(Err(ProxyError::UnexpectedUpgrade)),
+                    (true, true) => Some(Ok(())),
+                    _ => None,
+                },
+            };
+            match switching {
+                Some(Err(e)) => {
+                    let mut o = down.fail(head, e, Phase::ResponseHead, body_done).await;
+                    o.upstream = Some(addr);
+                    return Some(o);
+                }
+                Some(Ok(())) => {
+                    let cookie = set_cookie.as_deref();
+                    let tunnel = tunnel_h1(down, up, &rh, route, p, head, addr, idle, cookie);
+                    // Boxed: a rare, long-lived state that would otherwise widen every request.
+                    return Some(Box::pin(tunnel).await);
+                }
+                None => {}
+            }
+            let up_reusable = rh.keep_alive && body_done && rh.framing != Framing::Close;
+            let resp = RespHead::H1(&rh);
+            let cookie = set_cookie.as_deref();
+            let mut sent = match down.response_head(head, resp, route, p.via, cookie, body_done) {
+                Ok(s) => s,
+                Err(f) => return Some(head_failed(down, head, f, status, addr, body_done).await),
+            };
+            let r = match sent.end {
+                true => Ok(()),
+                false => {
+                    let mut body = UpBody::H1 {
+                        up: &mut up,
+                        dec: BodyDecoder::new(rh.framing),
+                        idle,
+                        eof: false,
+                    };
+                    relay(&mut body, &mut sent.out).await
+                }
+            };
+            if r.is_ok() {
+                // The upstream exchange is complete: free the connection and the server's
+                // active slot before the last client write, so neither waits on a slow client.
+                t.release(shared, &env.worker.pool, up, up_reusable);
+            }
+            let r = r.map_err(|e| (e, Phase::ResponseBody));
+            Some(end_response(r, sent, status, addr).await)
+        }
+        UpResponse::H2 {
+            lease,
+            parts,
+            mut body,
+            mut send,
+        } => {
+            if upload.is_tunnel() && parts.status.is_success() {
+                let tunnel = tunnel_h2(down, head, route, p, parts, body, send, addr, idle);
+                let o = Box::pin(tunnel).await;
+                drop(lease);
+                return Some(o);
+            }
+            let end = body.is_end_stream();
+            let resp = RespHead::H2 { parts, end };
+            let cookie = set_cookie.as_deref();
+            // A success before an HTTP/2 client's upload ended streams the rest of it while
+            // the response streams back (gRPC bidirectional calls); an early error response
+            // ended the upload in the exchange.
+            let mut upload_done = body_done || status >= 300;
+            if upload_done {
+                drop(send);
+                let mut sent = match down.response_head(head, resp, route, p.via, cookie, body_done)
+                {
+                    Ok(s) => s,
+                    Err(f) => {
+                        return Some(head_failed(down, head, f, status, addr, body_done).await)
+                    }
+                };
+                let r = match sent.end {
+                    true => Ok(()),
+                    false => relay(&mut UpBody::h2(&mut body, idle), &mut sent.out).await,
+                };
+                // The exchange is over: free the stream slot and the server's active slot
+                // before the last client write.
+                drop(lease);
+                drop(t);
+                let r = r.map_err(|e| (e, Phase::ResponseBody));
+                return Some(end_response(r, sent, status, addr).await);
+            }
+            let sent = match down.h2_response_head(resp, route, p.via, cookie) {
+                Ok(s) => s,
+                Err(f) => return Some(head_failed(down, head, f, status, addr, body_done).await),
+            };
+            let mut out = sent.out;
+            let r = {
+                let relay = async {
+                    match sent.end {
+                        true => Ok(()),
+                        false => relay(&mut UpBody::h2(&mut body, idle), &mut out).await,
+                    }
+                };
+                tokio::pin!(relay);
+                let up_fut = crate::upstream_h2::upload(&mut send, &mut upload, down, idle);
+                tokio::pin!(up_fut);
+                loop {
+                    tokio::select! {
+                        r = &mut relay => break r.map_err(|e| (e, Phase::ResponseBody)),
+                        u = &mut up_fut, if !upload_done => match u {
+                            Ok(()) => upload_done = true,
+                            Err(e) => break Err(e),
+                        },
+                    }
+                }
+            };
+            if !upload_done {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+            drop(lease);
+            drop(t);
+            let sent = Sent {
+                out,
+                keep_alive: true,
+                end: sent.end,
+            };
+            Some(end_response(r, sent, status, addr).await)
+        }
+    }
+}
+
+/// The response head could not go out: an invalid head is answered with its error, a client
+/// that is gone only recorded.
+async fn head_failed(
+    down: &mut Down<'_>,
+    head: &RequestHead,
+    f: HeadFailed,
+    status: u16,
+    addr: SocketAddr,
+    body_done: bool,
+) -> Outcome {
+    let mut o = match f {
+        HeadFailed::Invalid(e) => down.fail(head, e, Phase::ResponseHead, body_done).await,
+        HeadFailed::Client(e) => Outcome {
+            termination: e.termination(Phase::ResponseHead),
+            status,
+            keep_alive: down.is_h2(),
+            bytes_sent: 0,
+            upstream: None,
+        },
+    };
+    o.upstream = Some(addr);
+    o
+}
+
+/// The last buffered bytes go out, and the request's outcome: a failure in the body stops an
+/// HTTP/2 client's stream (unless the client is gone) and closes an HTTP/1.1 connection.
+async fn end_response(
+    r: Result<(), (ProxyError, Phase)>,
+    sent: Sent<'_>,
+    status: u16,
+    addr: SocketAddr,
+) -> Outcome {
+    let Sent {
+        mut out,
+        keep_alive,
+        ..
+    } = sent;
+    let r = match r {
+        Ok(()) => out.finish().await.map_err(|e| (e, Phase::ResponseBody)),
+        Err(x) => {
+            out.abort(&x.0);
+            return Outcome {
+                termination: x.0.termination(x.1),
+                status,
+                keep_alive: out.is_h2(),
+                bytes_sent: 0,
+                upstream: Some(addr),
+            };
+        }
+    };
+    match r {
+        Ok(()) => Outcome {
+            termination: Termination::OK,
+            status,
+            keep_alive,
+            bytes_sent: out.sent(),
+            upstream: Some(addr),
+        },
+        Err((e, phase)) => Outcome {
+            termination: e.termination(phase),
+            status,
+            keep_alive: false,
+            bytes_sent: out.sent(),
+            upstream: Some(addr),
+        },
+    }
+}
+
+/// After an HTTP/1.1 server's 101 to an upgrade: the client's tunnel.
+#[allow(clippy::too_many_arguments)]
+// Exclusive here: the reset watch and the interim sender, which share the cell, are not
+// polled while this answer or tunnel runs.
+#[allow(clippy::await_holding_refcell_ref)]
+async fn tunnel_h1(
+    down: &mut Down<'_>,
+    up: UpConn,
+    rh: &ResponseHead,
+    route: &Route,
+    p: &ProxyAction,
+    head: &RequestHead,
+    addr: SocketAddr,
+    idle: Duration,
+    set_cookie: Option<&str>,
+) -> Outcome {
+    match down {
+        Down::H1 { c, .. } => crate::forward::tunnel(c, up, rh, route, p, head, addr, idle).await,
+        Down::H2(d) => {
+            let mut response = crate::h2_fields::response_from(rh, &route.response_headers, p.via);
+            if let Some(cookie) = set_cookie {
+                crate::h2_fields::append(response.headers_mut(), "set-cookie", cookie.as_bytes());
+            }
+            let send_timeout = d.ls.listener.limits.send_timeout;
+            let mut respond = d.respond.borrow_mut();
+            let (peer, body) = (d.link.peer, &mut *d.body);
+            crate::h2::run_tunnel(
+                &mut respond,
+                body,
+                up,
+                response,
+                peer,
+                addr,
+                idle,
+                send_timeout,
+            )
+            .await
+        }
+    }
+}
+
+/// After an HTTP/2 server's 2xx to a WebSocket's extended CONNECT: the client's tunnel.
+#[allow(clippy::too_many_arguments)]
+// Exclusive here: the reset watch and the interim sender, which share the cell, are not
+// polled while this answer or tunnel runs.
+#[allow(clippy::await_holding_refcell_ref)]
+async fn tunnel_h2(
+    down: &mut Down<'_>,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    parts: http::response::Parts,
+    from_server: RecvStream,
+    to_server: h2::SendStream<Bytes>,
+    addr: SocketAddr,
+    idle: Duration,
+) -> Outcome {
+    match down {
+        Down::H1 { c, ctx } => {
+            let Some(switch) = crate::upstream_h2_tunnel::switch_head(head, &parts) else {
+                let e = ProxyError::UpstreamIo(std::io::Error::other(
+                    "the 2xx's fields are not valid HTTP/1",
+                ));
+                let mut o = crate::conn::fail(c, ctx, head, e, Phase::ResponseHead, false).await;
+                o.upstream = Some(addr);
+                return o;
+            };
+            let legs = crate::upstream_h2_tunnel::H1Legs {
+                from_server,
+                to_server,
+                server: addr,
+                idle,
+            };
+            crate::upstream_h2_tunnel::run_h1(c, head, route, p, switch, legs).await
+        }
+        Down::H2(d) => {
+            let rules = &route.response_headers;
+            let response = crate::h2_fields::response_from_h2(parts, rules, p.via);
+            let send_timeout = d.ls.listener.limits.send_timeout;
+            let mut respond = d.respond.borrow_mut();
+            let legs = crate::upstream_h2_tunnel::Legs {
+                respond: &mut respond,
+                from_client: &mut *d.body,
+                from_server,
+                to_server,
+                peer: d.link.peer,
+                server: addr,
+            };
+            crate::upstream_h2_tunnel::run(legs, response, idle, send_timeout).await
+        }
+    }
+}
+
+/// A response body as the server sends it: an HTTP/1.1 connection's bytes through the body
+/// decoder, or an HTTP/2 stream's DATA and trailers.
+enum UpBody<'u> {
+    H1 {
+        up: &'u mut UpConn,
+        dec: BodyDecoder,
+        idle: Duration,
+        /// The server closed a close-delimited body: it is complete.
+        eof: bool,
+    },
+    H2 {
+        body: &'u mut RecvStream,
+        idle: Duration,
+        /// DATA received and not yet handed out.
+        pending: Option<Bytes>,
+        /// The stream ended, with these trailers.
+        end: Option<Option<HeaderMap>>,
+    },
+}
+
+/// What a response body has ready.
+enum Step {
+    /// Bytes; true when they end a sized body (nothing follows them).
+    Data(Bytes, bool),
+    /// The end of the body, with its trailers.
+    End(Trailers),
+    /// Nothing until the server sends more ([`UpBody::fill`]).
+    Wait,
+}
+
+impl<'u> UpBody<'u> {
+    fn h2(body: &'u mut RecvStream, idle: Duration) -> Self {
+        UpBody::H2 {
+            body,
+            idle,
+            pending: None,
+            end: None,
+        }
+    }
+
+    /// What is ready without waiting.
+    fn step(&mut self) -> Result<Step, ProxyError> {
+        match self {
+            UpBody::H1 { eof: true, .. } => Ok(Step::End(Trailers::Raw(Bytes::new()))),
+            UpBody::H1 { up, dec, .. } => {
+                match dec
+                    .decode(&mut up.rbuf, MAX_CHUNK)
+                    .map_err(ProxyError::BadResponseBody)?
+                {
+                    Decoded::Data(d) => Ok(Step::Data(d, dec.remaining() == Some(0))),
+                    Decoded::Done { trailers } => Ok(Step::End(Trailers::Raw(trailers))),
+                    Decoded::NeedMore => Ok(Step::Wait),
+                }
+            }
+            UpBody::H2 { pending, end, .. } => {
+                if let Some(d) = pending.take() {
+                    return Ok(Step::Data(d, false));
+                }
+                match end.take() {
+                    Some(t) => Ok(Step::End(Trailers::Map(t))),
+                    None => Ok(Step::Wait),
+                }
+            }
+        }
+    }
+
+    /// Wait for more of the body, at most the group's `idle_timeout`.
+    async fn fill(&mut self) -> Result<(), ProxyError> {
+        match self {
+            UpBody::H1 {
+                up, dec, idle, eof, ..
+            } => {
+                if up.rbuf.capacity() - up.rbuf.len() < 4096 {
+                    up.rbuf.reserve(MAX_CHUNK);
+                }
+                let read = match timeout(*idle, up.stream.read_buf(&mut up.rbuf)).await {
+                    // A TLS server closing without close_notify (common) ends a close-delimited
+                    // body as a plain close would; framed bodies still fail the decoder below.
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Ok(0)),
+                    r => r,
+                };
+                match read {
+                    Err(_) => Err(ProxyError::UpstreamIdle),
+                    Ok(Err(e)) => Err(ProxyError::UpstreamIo(e)),
+                    Ok(Ok(0)) => match dec.on_eof().map_err(ProxyError::BadResponseBody)? {
+                        Decoded::Done { .. } => {
+                            *eof = true;
+                            Ok(())
+                        }
+                        _ => Err(ProxyError::UpstreamClosed),
+                    },
+                    Ok(Ok(_)) => Ok(()),
+                }
+            }
+            UpBody::H2 {
+                body,
+                idle,
+                pending,
+                end,
+            } => match timeout(*idle, body.data()).await {
+                Err(_) => Err(ProxyError::UpstreamIdle),
+                Ok(Some(Err(e))) => Err(crate::h2_io::up_err(e)),
+                Ok(Some(Ok(d))) => {
+                    if !d.is_empty() {
+                        *pending = Some(d);
+                    }
+                    Ok(())
+                }
+                Ok(None) => {
+                    let trailers = match timeout(*idle, body.trailers()).await {
+                        Err(_) => return Err(ProxyError::UpstreamIdle),
+                        Ok(r) => r.map_err(crate::h2_io::up_err)?,
+                    };
+                    *end = Some(trailers.map(crate::headers::trailer_fields));
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// `n` bytes were passed to the client: an HTTP/2 server may send as many more.
+    fn release(&mut self, n: usize) {
+        if let UpBody::H2 { body, .. } = self {
+            let _ = body.flow_control().release_capacity(n);
+        }
+    }
+}
+
+/// Relay a response body to the client until the server's side is complete (an HTTP/1.1
+/// client's last bytes stay buffered for [`Out::finish`]). An HTTP/2 client's reset ends it
+/// while it waits for the server.
+async fn relay(up: &mut UpBody<'_>, out: &mut Out<'_>) -> Result<(), ProxyError> {
+    loop {
+        match up.step()? {
+            Step::Data(d, last) => {
+                let n = d.len();
+                out.data(d, last).await?;
+                up.release(n);
+                if last {
+                    return Ok(());
+                }
+            }
+            Step::End(trailers) => return out.end(trailers),
+            Step::Wait => {
+                out.flush().await?;
+                tokio::select! {
+                    r = up.fill() => r?,
+                    e = out.reset() => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// A client write of the response head failed with `e` (a client that accepted nothing within
+/// `send_timeout` is a client timeout, as for every other client write).
+pub(crate) fn client_gone(status: u16, addr: SocketAddr, e: std::io::Error) -> Outcome {
+    Outcome {
+        termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
+        status,
+        keep_alive: false,
+        bytes_sent: 0,
+        upstream: Some(addr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::client_gone;
+    use crate::stats::{Cause, Phase, Side, Termination};
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_failed_interim_write_keeps_its_cause() {
+        let addr = "127.0.0.1:9".parse().unwrap();
+        let stalled = client_gone(103, addr, Error::new(ErrorKind::TimedOut, "no room"));
+        let timeout = Termination::new(Side::Client, Phase::ResponseHead, Cause::Timeout);
+        assert_eq!(stalled.termination, timeout);
+        assert!(!stalled.keep_alive);
+        let reset = client_gone(103, addr, ErrorKind::ConnectionReset.into());
+        assert_eq!(reset.termination.cause, Cause::Io);
+    }
+}
