@@ -1,17 +1,13 @@
 //! One downstream connection: read heads, route, run the action, write responses, keep alive.
 
-use crate::admit::Refused;
 use crate::date::with_date;
 use crate::downstream::Down;
 use crate::error::ProxyError;
-use crate::ratelimit::retry_after_secs;
-use crate::resilience::RouteResilience;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
-use portico_config::{Action, Route};
 use portico_http1::{encode, parse_request, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;
 use std::net::SocketAddr;
@@ -378,156 +374,8 @@ pub fn may_keep_alive(c: &Conn, ctx: &Ctx, head: &RequestHead) -> bool {
 }
 
 async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -> Outcome {
-    let ls = &*ctx.ls;
-    let routes = &ls.listener.routes;
-    let idx = crate::route::select(
-        routes,
-        head.method().as_str(),
-        head.host(),
-        head.path(),
-        |n| head.field(n),
-    );
-    let Some(idx) = idx else {
-        return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;
-    };
-    let outcome = run_route(c, ctx, head, idx).await;
-    // A response the client never got (status 0 or a failed write) still counts its latency.
-    // The same clock read ends the access log's timings.
-    let done = Instant::now();
-    ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
-    c.timings.done = Some(done);
-    outcome
-}
-
-async fn run_route(c: &mut Conn, ctx: &Ctx, head: &RequestHead, idx: usize) -> Outcome {
-    let ls = &*ctx.ls;
-    let route = &ls.listener.routes[idx];
-    let now = c.timings.head.unwrap_or_else(Instant::now);
-    let stats = &ctx.shared.stats;
-    match crate::admit::check(ls, &ctx.worker, stats, idx, c.peer, &c.client_ip, head, now) {
-        Ok(()) => {}
-        Err(Refused::Shed) => return crate::load::shed(c, ctx, head).await,
-        Err(Refused::RateLimited(wait)) => return rate_limited(c, ctx, head, wait).await,
-    }
-    if route.max_body_bytes > 0 {
-        if let Framing::Length(n) = head.framing {
-            if n > route.max_body_bytes {
-                return fail(
-                    c,
-                    ctx,
-                    head,
-                    ProxyError::BodyTooLarge,
-                    Phase::RequestBody,
-                    false,
-                )
-                .await;
-            }
-        }
-    }
-    match &route.action {
-        Action::Proxy(p) => {
-            let default = RouteResilience::default();
-            let res = ls.resilience.get(idx).unwrap_or(&default);
-            let counters = &ls.route_stats[idx];
-            let mut ubuf = std::mem::take(&mut c.ubuf);
-            let mut down = Down::H1 { c, ctx };
-            let o = crate::flow::proxy(&mut down, head, route, p, res, counters, &mut ubuf).await;
-            c.ubuf = ubuf;
-            o
-        }
-        Action::Static(_) | Action::Origin(_) => {
-            let Some(origin) = ls.origins[idx].as_ref() else {
-                return fail(c, ctx, head, ProxyError::NoRoute, Phase::Route, false).await;
-            };
-            if let Err(e) = drain_body(c, ctx, head, route).await {
-                return fail(c, ctx, head, e, Phase::RequestBody, false).await;
-            }
-            serve_origin(c, ctx, head, route, origin).await
-        }
-        Action::Redirect { status, location } => {
-            if let Err(e) = drain_body(c, ctx, head, route).await {
-                return fail(c, ctx, head, e, Phase::RequestBody, false).await;
-            }
-            let ka = may_keep_alive(c, ctx, head);
-            let r = write_simple(
-                c,
-                *status,
-                "text/plain",
-                b"",
-                ka,
-                Some(head),
-                &[("Location", location.as_str())],
-            )
-            .await;
-            local_outcome(r, *status, ka)
-        }
-        Action::Fixed {
-            status,
-            content_type,
-            body,
-        } => {
-            if let Err(e) = drain_body(c, ctx, head, route).await {
-                return fail(c, ctx, head, e, Phase::RequestBody, false).await;
-            }
-            let ka = may_keep_alive(c, ctx, head);
-            let r = write_simple(
-                c,
-                *status,
-                content_type,
-                body.as_bytes(),
-                ka,
-                Some(head),
-                &[],
-            )
-            .await;
-            local_outcome(r, *status, ka)
-        }
-    }
-}
-
-/// Answer 429 with `Retry-After` (whole seconds until the key's next token, at least 1).
-async fn rate_limited(
-    c: &mut Conn,
-    ctx: &Ctx,
-    head: &RequestHead,
-    wait: std::time::Duration,
-) -> Outcome {
-    let e = ProxyError::RateLimited;
-    // The body (if any) is not read: the connection closes after the answer.
-    let ka =
-        matches!(head.framing, Framing::None | Framing::Length(0)) && may_keep_alive(c, ctx, head);
-    let secs = retry_after_secs(wait).to_string();
-    let status = e.status();
-    let r = write_simple(
-        c,
-        status,
-        "text/plain",
-        error_body(status),
-        ka,
-        Some(head),
-        &[("Retry-After", secs.as_str())],
-    )
-    .await;
-    Outcome {
-        termination: e.termination(Phase::Route),
-        status,
-        keep_alive: ka && r.is_ok(),
-        bytes_sent: r.unwrap_or(0),
-        upstream: None,
-    }
-}
-
-fn local_outcome(r: Result<u64, ProxyError>, status: u16, ka: bool) -> Outcome {
-    match r {
-        Ok(n) => Outcome::ok(status, ka, n),
-        Err(e) => Outcome {
-            termination: e.termination(Phase::ResponseBody),
-            status,
-            keep_alive: false,
-            bytes_sent: 0,
-            upstream: None,
-        },
-    }
+    let mut down = Down::H1 { c, ctx };
+    crate::flow::serve(&mut down, head, started).await
 }
 
 /// Answer with an error status (if the client is still there) and record the failure.
@@ -653,26 +501,6 @@ pub async fn send_continue(c: &mut Conn, head: &RequestHead) -> Result<(), Proxy
     Ok(())
 }
 
-/// Read and discard the request body (local actions), enforcing the route's size and rate limits.
-async fn drain_body(
-    c: &mut Conn,
-    ctx: &Ctx,
-    head: &RequestHead,
-    route: &Route,
-) -> Result<(), ProxyError> {
-    if matches!(head.framing, Framing::None | Framing::Length(0)) {
-        return Ok(());
-    }
-    send_continue(c, head).await?;
-    let mut body = ClientBody::new(
-        head.framing,
-        route.max_body_bytes,
-        ctx.ls.listener.limits.body_min_rate,
-    );
-    while let Some(_data) = body.next(&mut c.stream, &mut c.rbuf).await? {}
-    Ok(())
-}
-
 /// A request body being read from the client under the route's limits.
 pub struct ClientBody {
     decoder: BodyDecoder,
@@ -788,11 +616,11 @@ pub async fn write_framed<W: AsyncWrite + Unpin>(
     w.write_all(b"\r\n").await
 }
 
-async fn serve_origin(
+/// The origin action's answer (`static` and `origin` routes) on an HTTP/1.1 connection.
+pub(crate) async fn serve_origin(
     c: &mut Conn,
     ctx: &Ctx,
     head: &RequestHead,
-    _route: &Route,
     origin: &portico_origin::Origin,
 ) -> Outcome {
     let ka = may_keep_alive(c, ctx, head);

@@ -94,10 +94,14 @@ impl Watch<'_> {
         if self.0.is_none() {
             return work.await;
         }
-        tokio::select! {
-            r = work => r,
-            () = self.reset() => Err(ProxyError::ClientClosed),
-        }
+        // Boxed: only HTTP/2 streams watch, and the race would widen every request's future.
+        Box::pin(async {
+            tokio::select! {
+                r = work => r,
+                () = self.reset() => Err(ProxyError::ClientClosed),
+            }
+        })
+        .await
     }
 }
 
@@ -202,7 +206,16 @@ impl<'a> Down<'a> {
                 let body = conn::error_body(e.status());
                 let limit = d.ls.listener.limits.send_timeout;
                 let mut respond = d.respond.borrow_mut();
-                answer_h2(&mut respond, Some(head), e, phase, body, &[], limit).await
+                Box::pin(answer_h2(
+                    &mut respond,
+                    Some(head),
+                    e,
+                    phase,
+                    body,
+                    &[],
+                    limit,
+                ))
+                .await
             }
         }
     }
@@ -261,6 +274,142 @@ impl<'a> Down<'a> {
             seen: 0,
             to,
             held: Vec::new(),
+        }
+    }
+}
+
+// An HTTP/2 stream's `respond` cell is borrowed across the awaits of these answers: exclusive
+// there, as the reset watch and the interim sender that share it are not polled meanwhile.
+#[allow(clippy::await_holding_refcell_ref)]
+impl Down<'_> {
+    /// The buffer for the forwarded head: an HTTP/1.1 connection's (its allocation kept across
+    /// requests; give it back with `put_ubuf`), or a new one.
+    pub(crate) fn take_ubuf(&mut self) -> BytesMut {
+        match self {
+            Down::H1 { c, .. } => std::mem::take(&mut c.ubuf),
+            Down::H2(_) => BytesMut::with_capacity(1024),
+        }
+    }
+
+    pub(crate) fn put_ubuf(&mut self, ubuf: BytesMut) {
+        if let Down::H1 { c, .. } = self {
+            c.ubuf = ubuf;
+        }
+    }
+
+    /// The client's address as a string (hashing, rate-limit keys).
+    pub(crate) fn client_ip(&self) -> &str {
+        match self {
+            Down::H1 { c, .. } => &c.client_ip,
+            Down::H2(d) => &d.link.client_ip,
+        }
+    }
+
+    /// Refuse a routed request before its action (shed, rate limited) with `body` and `extra`
+    /// fields. An HTTP/1.1 connection stays open only when no request body is left unread.
+    pub(crate) async fn refuse(
+        &mut self,
+        head: &RequestHead,
+        e: ProxyError,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        match self {
+            Down::H1 { c, ctx } => {
+                let status = e.status();
+                let body_done = matches!(head.framing, Framing::None | Framing::Length(0));
+                let ka = body_done && conn::may_keep_alive(c, ctx, head);
+                let r =
+                    conn::write_simple(c, status, "text/plain", body, ka, Some(head), extra).await;
+                Outcome {
+                    termination: e.termination(Phase::Route),
+                    status,
+                    keep_alive: ka && r.is_ok(),
+                    bytes_sent: r.unwrap_or(0),
+                    upstream: None,
+                }
+            }
+            Down::H2(d) => {
+                let limit = d.ls.listener.limits.send_timeout;
+                let respond = &mut *d.respond.borrow_mut();
+                let answer = answer_h2(respond, Some(head), e, Phase::Route, body, extra, limit);
+                Box::pin(answer).await
+            }
+        }
+    }
+
+    /// Read and discard the request body (and an HTTP/2 client's trailers) before a local
+    /// answer, under the route's size limit and the listener's minimum rate.
+    pub(crate) async fn drain(
+        &mut self,
+        head: &RequestHead,
+        route: &Route,
+    ) -> Result<(), ProxyError> {
+        let body = match self {
+            Down::H1 { .. } => !matches!(head.framing, Framing::None | Framing::Length(0)),
+            Down::H2(d) => !d.body.is_end_stream(),
+        };
+        if !body {
+            return Ok(());
+        }
+        self.before_upload(head).await?;
+        let mut up = self.upload(head, route, true, false);
+        while let Some(d) = up.next(self).await? {
+            up.release(self, d.len());
+        }
+        up.trailers(self).await.map(|_| ())
+    }
+
+    /// A complete small response generated here (redirect, fixed answer).
+    pub(crate) async fn local(
+        &mut self,
+        head: &RequestHead,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let (r, keep_alive) = match self {
+            Down::H1 { c, ctx } => {
+                let ka = conn::may_keep_alive(c, ctx, head);
+                let r =
+                    conn::write_simple(c, status, content_type, body, ka, Some(head), extra).await;
+                (r, ka)
+            }
+            Down::H2(d) => {
+                let head_only = *head.method() == Method::Head;
+                let limit = d.ls.listener.limits.send_timeout;
+                let respond = &mut *d.respond.borrow_mut();
+                let send =
+                    send_simple(respond, status, content_type, body, extra, head_only, limit);
+                (Box::pin(send).await, true)
+            }
+        };
+        match r {
+            Ok(n) => Outcome::ok(status, keep_alive, n),
+            Err(e) => Outcome {
+                termination: e.termination(Phase::ResponseBody),
+                status,
+                keep_alive: keep_alive && self.is_h2(),
+                bytes_sent: 0,
+                upstream: None,
+            },
+        }
+    }
+
+    /// The origin action's answer (`static` and `origin` routes).
+    pub(crate) async fn origin(
+        &mut self,
+        head: &RequestHead,
+        origin: &portico_origin::Origin,
+    ) -> Outcome {
+        match self {
+            Down::H1 { c, ctx } => conn::serve_origin(c, ctx, head, origin).await,
+            Down::H2(d) => {
+                let limit = d.ls.listener.limits.send_timeout;
+                let respond = &mut *d.respond.borrow_mut();
+                Box::pin(crate::h2::origin(respond, head, origin, limit)).await
+            }
         }
     }
 }
@@ -480,7 +629,8 @@ impl Interims<'_> {
 }
 
 /// An error answer on an HTTP/2 stream (unless the client is gone) with `body` and `extra`
-/// fields, and its outcome.
+/// fields, and its outcome. Callers that also serve HTTP/1.1 box it: HTTP/2-only state would
+/// widen their futures.
 pub(crate) async fn answer_h2(
     respond: &mut SendResponse<Bytes>,
     head: Option<&RequestHead>,

@@ -1,5 +1,6 @@
-//! The proxy action for every client and every upstream protocol: one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, tunnel, response head, one relay, release).
+//! One request for every client and every upstream protocol: route, admit, then a local answer or the proxy action's one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, tunnel, response head, one relay, release).
 
+use crate::admit::Refused;
 use crate::attempt::{Exchanged, UpResponse};
 use crate::conn::{Outcome, MAX_CHUNK};
 use crate::downstream::{Down, HeadFailed, Out, RespHead, Sent, Trailers};
@@ -12,17 +13,117 @@ use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
 use h2::RecvStream;
 use http::header::HeaderMap;
-use portico_config::{ProxyAction, Route, UpstreamProtocol};
+use portico_config::{Action, ProxyAction, Route, UpstreamProtocol};
 use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead, ResponseHead};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
+/// Serve one request whose head arrived (at `started`): route, admit, run the route's action,
+/// and record the route's latency. The access log's end time is set here.
+pub(crate) async fn serve(down: &mut Down<'_>, head: &RequestHead, started: Instant) -> Outcome {
+    let env = down.env();
+    let ls = env.ls;
+    let idx = crate::route::select(
+        &ls.listener.routes,
+        head.method().as_str(),
+        head.host(),
+        head.path(),
+        |n| head.field(n),
+    );
+    let Some(idx) = idx else {
+        return down
+            .fail(head, ProxyError::NoRoute, Phase::Route, false)
+            .await;
+    };
+    let outcome = run_route(down, head, idx).await;
+    // A response the client never got (status 0 or a failed write) still counts its latency.
+    // One clock read: the route latency and the end of the access log's timings.
+    let done = Instant::now();
+    ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
+    down.timings().done = Some(done);
+    outcome
+}
+
+/// Admission (shedding, the route's rate limit), the route's body limit, then its action.
+async fn run_route(down: &mut Down<'_>, head: &RequestHead, idx: usize) -> Outcome {
+    let env = down.env();
+    let ls = env.ls;
+    let route = &ls.listener.routes[idx];
+    let now = down.timings().head.unwrap_or_else(Instant::now);
+    let (stats, ip) = (&env.shared.stats, down.client_ip());
+    match crate::admit::check(ls, env.worker, stats, idx, env.peer, ip, head, now) {
+        Ok(()) => {}
+        Err(Refused::Shed) => {
+            let e = ProxyError::Shed;
+            return down.refuse(head, e, crate::load::SHED_BODY, &[]).await;
+        }
+        Err(Refused::RateLimited(wait)) => {
+            let secs = crate::ratelimit::retry_after_secs(wait).to_string();
+            let e = ProxyError::RateLimited;
+            let body = crate::conn::error_body(e.status());
+            return down.refuse(head, e, body, &[("Retry-After", &secs)]).await;
+        }
+    }
+    if route.max_body_bytes > 0 {
+        if let Framing::Length(n) = head.framing {
+            if n > route.max_body_bytes {
+                let e = ProxyError::BodyTooLarge;
+                return down.fail(head, e, Phase::RequestBody, false).await;
+            }
+        }
+    }
+    let local = !matches!(route.action, Action::Proxy(_));
+    if local && head.upgrade && down.is_h2() {
+        // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
+        crate::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
+        let e = ProxyError::ExtendedConnect("the route does not proxy");
+        return down.fail(head, e, Phase::Route, false).await;
+    }
+    if local {
+        // Local actions read the whole request first: the answer then never races the body
+        // (and a malformed end of an HTTP/2 stream is a stream error).
+        if let Err(e) = down.drain(head, route).await {
+            return down.fail(head, e, Phase::RequestBody, false).await;
+        }
+    }
+    match &route.action {
+        Action::Proxy(p) => {
+            let default = RouteResilience::default();
+            let res = ls.resilience.get(idx).unwrap_or(&default);
+            let counters = &ls.route_stats[idx];
+            let mut ubuf = down.take_ubuf();
+            let o = proxy(down, head, route, p, res, counters, &mut ubuf).await;
+            down.put_ubuf(ubuf);
+            o
+        }
+        Action::Static(_) | Action::Origin(_) => match ls.origins[idx].as_ref() {
+            Some(origin) => down.origin(head, origin).await,
+            None => {
+                down.fail(head, ProxyError::NoRoute, Phase::Route, true)
+                    .await
+            }
+        },
+        Action::Redirect { status, location } => {
+            let extra = [("Location", location.as_str())];
+            down.local(head, *status, "text/plain", b"", &extra).await
+        }
+        Action::Fixed {
+            status,
+            content_type,
+            body,
+        } => {
+            down.local(head, *status, content_type, body.as_bytes(), &[])
+                .await
+        }
+    }
+}
+
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
 /// as the route's `retry` policy and budget allow. `ubuf` holds the forwarded head (its
 /// allocation is kept across requests).
-pub(crate) async fn proxy(
+async fn proxy(
     down: &mut Down<'_>,
     head: &RequestHead,
     route: &Route,

@@ -86,21 +86,33 @@ pub(crate) fn response_from(
         }
         append(&mut headers, name, value);
     }
-    if via {
+    let status = http::StatusCode::from_u16(resp.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    let via = via.then_some((prev_via, &b"1.1 portico"[..]));
+    with_rules(headers, status, via, rules)
+}
+
+/// The response with `headers` (the upstream's, already filtered) and `status`, then Via (the
+/// upstream's `prev` Via and our `hop` appended) and the route's `set` and `add` rules.
+fn with_rules(
+    mut headers: HeaderMap,
+    status: http::StatusCode,
+    via: Option<(Option<&[u8]>, &[u8])>,
+    rules: &HeaderRules,
+) -> http::Response<()> {
+    if let Some((prev, hop)) = via {
         let mut v = Vec::with_capacity(32);
-        if let Some(p) = prev_via.filter(|p| !p.is_empty()) {
+        if let Some(p) = prev.filter(|p| !p.is_empty()) {
             v.extend_from_slice(p);
             v.extend_from_slice(b", ");
         }
-        v.extend_from_slice(b"1.1 portico");
+        v.extend_from_slice(hop);
         append(&mut headers, "via", &v);
     }
     for (n, v) in rules.set.iter().chain(rules.add.iter()) {
         append(&mut headers, n, v.as_bytes());
     }
     let mut r = http::Response::new(());
-    *r.status_mut() =
-        http::StatusCode::from_u16(resp.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    *r.status_mut() = status;
     *r.headers_mut() = headers;
     r
 }
@@ -118,22 +130,12 @@ pub(crate) fn response_from_h2(
     for n in rules.remove.iter().chain(rules.set.iter().map(|(n, _)| n)) {
         headers.remove(n.as_str());
     }
-    if via {
-        let mut v = Vec::with_capacity(32);
-        if let Some(prev) = headers.remove(http::header::VIA) {
-            v.extend_from_slice(prev.as_bytes());
-            v.extend_from_slice(b", ");
-        }
-        v.extend_from_slice(b"2 portico");
-        append(&mut headers, "via", &v);
-    }
-    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
-        append(&mut headers, n, v.as_bytes());
-    }
-    let mut r = http::Response::new(());
-    *r.status_mut() = parts.status;
-    *r.headers_mut() = headers;
-    r
+    let prev = match via {
+        true => headers.remove(http::header::VIA),
+        false => None,
+    };
+    let via = via.then_some((prev.as_ref().map(|p| p.as_bytes()), &b"2 portico"[..]));
+    with_rules(headers, parts.status, via, rules)
 }
 
 /// The HTTP/1 head of an HTTP/2 server's response (for an HTTP/1.1 client, so that the HTTP/1

@@ -1,11 +1,8 @@
 //! Per-worker load: the event-loop lag probe, each listener's shedding state, the fast 503 for shed requests.
 
-use crate::conn::{may_keep_alive, write_simple, Conn, Ctx, Outcome};
-use crate::error::ProxyError;
 use crate::server::{ListenerState, Worker};
 use crate::shed::{Change, Shedder};
-use crate::stats::{Phase, Stats};
-use portico_http1::{Framing, RequestHead};
+use crate::stats::Stats;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -129,19 +126,4 @@ pub async fn probe(worker: Rc<Worker>) {
 /// Whether this request is shed: its listener sheds and this worker is saturated.
 pub fn shed_now(ls: &ListenerState, worker: &Worker) -> bool {
     ls.listener.shed.is_some() && worker.load.shedding(ls.slot)
-}
-
-/// Answer a shed request at once: 503 with `Retry-After`, nothing else done for it. The
-/// connection stays open when the request has no body left to read.
-pub async fn shed(c: &mut Conn, ctx: &Ctx, head: &RequestHead) -> Outcome {
-    let body_done = matches!(head.framing, Framing::None | Framing::Length(0));
-    let keep_alive = body_done && may_keep_alive(c, ctx, head);
-    let sent = write_simple(c, 503, "text/plain", SHED_BODY, keep_alive, Some(head), &[]).await;
-    Outcome {
-        termination: ProxyError::Shed.termination(Phase::Route),
-        status: 503,
-        keep_alive: keep_alive && sent.is_ok(),
-        bytes_sent: sent.unwrap_or(0),
-        upstream: None,
-    }
 }

@@ -6,6 +6,7 @@ mod request;
 mod stream;
 mod tunnel;
 
+pub(crate) use stream::origin;
 pub use tunnel::websocket_accept;
 pub(crate) use tunnel::{check_answer, idle_watchdog, run as run_tunnel, stop_client};
 
