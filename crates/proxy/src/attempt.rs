@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Who sent the request, for the forwarded head (X-Forwarded-*, hashing, rate-limit keys).
-pub struct Client<'a> {
+pub struct Who<'a> {
     pub ip: &'a str,
     /// The client connection is TLS.
     pub tls: bool,
@@ -198,7 +198,7 @@ impl Picked<'_> {
         head: &RequestHead,
         route: &Route,
         p: &ProxyAction,
-        client: &Client<'_>,
+        client: &Who<'_>,
     ) {
         let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
             Cow::Borrowed(head.target())

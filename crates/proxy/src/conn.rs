@@ -1,7 +1,7 @@
 //! One downstream connection: read heads, route, run the action, write responses, keep alive.
 
 use crate::date::with_date;
-use crate::downstream::Down;
+use crate::downstream::H1Down;
 use crate::error::ProxyError;
 use crate::server::{ListenerState, Snapshot, Worker};
 use crate::stats::{Phase, Termination};
@@ -374,7 +374,7 @@ pub fn may_keep_alive(c: &Conn, ctx: &Ctx, head: &RequestHead) -> bool {
 }
 
 async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -> Outcome {
-    let mut down = Down::H1 { c, ctx };
+    let mut down = H1Down { c, ctx };
     crate::flow::serve(&mut down, head, started).await
 }
 

@@ -3,7 +3,7 @@
 use crate::admit::Refused;
 use crate::attempt::{Exchanged, UpResponse};
 use crate::conn::{Outcome, MAX_CHUNK};
-use crate::downstream::{Down, HeadFailed, Out, RespHead, Sent, Trailers};
+use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
 use crate::metrics::RouteStats;
 use crate::pool::UpConn;
@@ -11,18 +11,25 @@ use crate::resilience::RouteResilience;
 use crate::retry::Retry;
 use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
-use h2::RecvStream;
+use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
 use portico_config::{Action, ProxyAction, Route, UpstreamProtocol};
-use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead, ResponseHead};
+use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
 /// Serve one request whose head arrived (at `started`): route, admit, run the route's action,
 /// and record the route's latency. The access log's end time is set here.
-pub(crate) async fn serve(down: &mut Down<'_>, head: &RequestHead, started: Instant) -> Outcome {
+pub(crate) async fn serve<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    started: Instant,
+) -> Outcome {
     let env = down.env();
     let ls = env.ls;
     let idx = crate::route::select(
@@ -47,12 +54,12 @@ pub(crate) async fn serve(down: &mut Down<'_>, head: &RequestHead, started: Inst
 }
 
 /// Admission (shedding, the route's rate limit), the route's body limit, then its action.
-async fn run_route(down: &mut Down<'_>, head: &RequestHead, idx: usize) -> Outcome {
+async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usize) -> Outcome {
     let env = down.env();
     let ls = env.ls;
     let route = &ls.listener.routes[idx];
     let now = down.timings().head.unwrap_or_else(Instant::now);
-    let (stats, ip) = (&env.shared.stats, down.client_ip());
+    let (stats, ip) = (&env.shared.stats, down.who().ip);
     match crate::admit::check(ls, env.worker, stats, idx, env.peer, ip, head, now) {
         Ok(()) => {}
         Err(Refused::Shed) => {
@@ -75,7 +82,7 @@ async fn run_route(down: &mut Down<'_>, head: &RequestHead, idx: usize) -> Outco
         }
     }
     let local = !matches!(route.action, Action::Proxy(_));
-    if local && head.upgrade && down.is_h2() {
+    if local && head.upgrade && D::H2 {
         // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
         crate::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
         let e = ProxyError::ExtendedConnect("the route does not proxy");
@@ -84,7 +91,7 @@ async fn run_route(down: &mut Down<'_>, head: &RequestHead, idx: usize) -> Outco
     if local {
         // Local actions read the whole request first: the answer then never races the body
         // (and a malformed end of an HTTP/2 stream is a stream error).
-        if let Err(e) = down.drain(head, route).await {
+        if let Err(e) = downstream::drain(down, head, route).await {
             return down.fail(head, e, Phase::RequestBody, false).await;
         }
     }
@@ -123,8 +130,8 @@ async fn run_route(down: &mut Down<'_>, head: &RequestHead, idx: usize) -> Outco
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
 /// as the route's `retry` policy and budget allow. `ubuf` holds the forwarded head (its
 /// allocation is kept across requests).
-async fn proxy(
-    down: &mut Down<'_>,
+async fn proxy<'a, D: Client<'a>>(
+    down: &mut D,
     head: &RequestHead,
     route: &Route,
     p: &ProxyAction,
@@ -147,8 +154,8 @@ async fn proxy(
 /// One attempt: pick a server (not one that failed this request before, when another can take
 /// it), exchange, relay. None = the attempt failed before anything reached the client and
 /// `retry` granted another one.
-async fn attempt(
-    down: &mut Down<'_>,
+async fn attempt<'a, D: Client<'a>>(
+    down: &mut D,
     head: &RequestHead,
     route: &Route,
     p: &ProxyAction,
@@ -158,11 +165,16 @@ async fn attempt(
     let env = down.env();
     let shared = env.shared;
     let mut asked = retry.started();
-    let mut t = match down.pick(shared, p.upstream, head, retry, &mut asked).await {
+    let watch = down.watch();
+    let pick = crate::attempt::pick(shared, p.upstream, down.who().ip, head, retry, &mut asked);
+    // An HTTP/2 client that resets its stream while the request waits in a queue leaves at once.
+    let picked = unless_reset(watch, std::pin::pin!(pick)).await;
+    let picked = picked.unwrap_or(Err(ProxyError::ClientClosed));
+    let mut t = match picked {
         Ok(t) => t,
         Err(e) => return Some(down.fail(head, e, Phase::Connect, false).await),
     };
-    t.write_head(ubuf, head, route, p, &down.client());
+    t.write_head(ubuf, head, route, p, &down.who());
     let addr = t.addr();
     let h2_group = t.group().protocol == UpstreamProtocol::H2;
     // A WebSocket opening handshake goes to an HTTP/2 server as an extended CONNECT (other
@@ -176,7 +188,6 @@ async fn attempt(
     }
     let mut upload = down.upload(head, route, has_body, tunnel);
     let mut interims = down.interims(head);
-    let watch = down.watch();
     let exchanged = {
         let work = async {
             match h2_group {
@@ -210,17 +221,12 @@ async fn attempt(
             }
         };
         // An HTTP/2 client that resets its stream ends the exchange at once.
-        match watch.active() {
-            false => work.await,
-            true => tokio::select! {
-                x = work => x,
-                () = watch.reset() => Exchanged::Failed {
-                    e: ProxyError::ClientClosed,
-                    phase: Phase::ResponseHead,
-                    body_done: false,
-                },
-            },
-        }
+        let exchanged = unless_reset(watch, std::pin::pin!(work)).await;
+        exchanged.unwrap_or(Exchanged::Failed {
+            e: ProxyError::ClientClosed,
+            phase: Phase::ResponseHead,
+            body_done: false,
+        })
     };
     let (resp, body_done, reused, got) = match exchanged {
         Exchanged::Retry => return None,
@@ -249,7 +255,7 @@ async fn attempt(
         return None;
     }
     // Interim heads still held (they came while the client connection was read for the body).
-    if let Err(e) = interims.flush(down).await {
+    if let Err(e) = down.flush_interims(&mut interims).await {
         return Some(client_gone(status, addr, e));
     }
     let idle = t.group().idle_timeout;
@@ -257,22 +263,7 @@ async fn attempt(
     match resp {
         UpResponse::H1 { mut up, head: rh } => {
             // 101: the upgrade's tunnel, or an error when it is not one.
-            let switching = match down.is_h2() {
-                true => match crate::h2::check_answer(head, &rh) {
-                    Err(e) => {
-                        if head.upgrade {
-                            crate::log_limited!(info, peer = %env.peer, upstream = %addr, "HTTP/2 WebSocket refused: {e}");
-                        }
-                        Some(Err(e))
-                    }
-                    Ok(()) => (status == 101).then_some(Ok(())),
-                },
-                false => match (status == 101, head.upgrade) {
-                    (true, false) => Some(Err(ProxyError::UnexpectedUpgrade)),
-                    (true, true) => Some(Ok(())),
-                    _ => None,
-                },
-            };
+            let switching = down.switching(head, &rh, addr);
             match switching {
                 Some(Err(e)) => {
                     let mut o = down.fail(head, e, Phase::ResponseHead, body_done).await;
@@ -281,7 +272,7 @@ async fn attempt(
                 }
                 Some(Ok(())) => {
                     let cookie = set_cookie.as_deref();
-                    let tunnel = tunnel_h1(down, up, &rh, route, p, head, addr, idle, cookie);
+                    let tunnel = down.tunnel_h1(up, &rh, route, p, head, addr, idle, cookie);
                     // Boxed: a rare, long-lived state that would otherwise widen every request.
                     return Some(Box::pin(tunnel).await);
                 }
@@ -290,38 +281,41 @@ async fn attempt(
             let up_reusable = rh.keep_alive && body_done && rh.framing != Framing::Close;
             let resp = RespHead::H1(&rh);
             let cookie = set_cookie.as_deref();
-            let mut sent = match down.response_head(head, resp, route, p.via, cookie, body_done) {
-                Ok(s) => s,
-                Err(f) => return Some(head_failed(down, head, f, status, addr, body_done).await),
-            };
-            let r = match sent.end {
-                true => Ok(()),
-                false => {
-                    let mut body = UpBody::H1 {
-                        up: &mut up,
-                        dec: BodyDecoder::new(rh.framing),
-                        idle,
-                        eof: false,
+            let failed = match down.response_head(head, resp, route, p.via, cookie, body_done) {
+                Ok(mut sent) => {
+                    let r = match sent.end {
+                        true => Ok(()),
+                        false => {
+                            let mut body = UpBody::H1 {
+                                up: &mut up,
+                                dec: BodyDecoder::new(rh.framing),
+                                idle,
+                                eof: false,
+                            };
+                            relay(&mut body, &mut sent.out).await
+                        }
                     };
-                    relay(&mut body, &mut sent.out).await
+                    if r.is_ok() {
+                        // The upstream exchange is complete: free the connection and the
+                        // server's active slot before the last client write, so neither waits
+                        // on a slow client.
+                        t.release(shared, &env.worker.pool, up, up_reusable);
+                    }
+                    let r = r.map_err(|e| (e, Phase::ResponseBody));
+                    return Some(end_response(r, sent, status, addr, D::H2).await);
                 }
+                Err(f) => f,
             };
-            if r.is_ok() {
-                // The upstream exchange is complete: free the connection and the server's
-                // active slot before the last client write, so neither waits on a slow client.
-                t.release(shared, &env.worker.pool, up, up_reusable);
-            }
-            let r = r.map_err(|e| (e, Phase::ResponseBody));
-            Some(end_response(r, sent, status, addr).await)
+            Some(head_failed(down, head, failed, status, addr, body_done).await)
         }
         UpResponse::H2 {
             lease,
             parts,
             mut body,
-            mut send,
+            send,
         } => {
             if upload.is_tunnel() && parts.status.is_success() {
-                let tunnel = tunnel_h2(down, head, route, p, parts, body, send, addr, idle);
+                let tunnel = down.tunnel_h2(head, route, p, parts, body, send, addr, idle);
                 let o = Box::pin(tunnel).await;
                 drop(lease);
                 return Some(o);
@@ -332,71 +326,104 @@ async fn attempt(
             // A success before an HTTP/2 client's upload ended streams the rest of it while
             // the response streams back (gRPC bidirectional calls); an early error response
             // ended the upload in the exchange.
-            let mut upload_done = body_done || status >= 300;
-            if upload_done {
+            if body_done || status >= 300 {
                 drop(send);
-                let mut sent = match down.response_head(head, resp, route, p.via, cookie, body_done)
-                {
-                    Ok(s) => s,
-                    Err(f) => {
-                        return Some(head_failed(down, head, f, status, addr, body_done).await)
+                let failed = match down.response_head(head, resp, route, p.via, cookie, body_done) {
+                    Ok(mut sent) => {
+                        let r = match sent.end {
+                            true => Ok(()),
+                            false => relay(&mut UpBody::h2(&mut body, idle), &mut sent.out).await,
+                        };
+                        // The exchange is over: free the stream slot and the server's active
+                        // slot before the last client write.
+                        drop(lease);
+                        drop(t);
+                        let r = r.map_err(|e| (e, Phase::ResponseBody));
+                        return Some(end_response(r, sent, status, addr, D::H2).await);
                     }
+                    Err(f) => f,
                 };
-                let r = match sent.end {
-                    true => Ok(()),
-                    false => relay(&mut UpBody::h2(&mut body, idle), &mut sent.out).await,
-                };
-                // The exchange is over: free the stream slot and the server's active slot
-                // before the last client write.
-                drop(lease);
-                drop(t);
-                let r = r.map_err(|e| (e, Phase::ResponseBody));
-                return Some(end_response(r, sent, status, addr).await);
+                return Some(head_failed(down, head, failed, status, addr, body_done).await);
             }
-            let sent = match down.h2_response_head(resp, route, p.via, cookie) {
+            let sent = match down.response_head_apart(resp, route, p.via, cookie) {
                 Ok(s) => s,
                 Err(f) => return Some(head_failed(down, head, f, status, addr, body_done).await),
             };
-            let mut out = sent.out;
-            let r = {
-                let relay = async {
-                    match sent.end {
-                        true => Ok(()),
-                        false => relay(&mut UpBody::h2(&mut body, idle), &mut out).await,
-                    }
-                };
-                tokio::pin!(relay);
-                let up_fut = crate::upstream_h2::upload(&mut send, &mut upload, down, idle);
-                tokio::pin!(up_fut);
-                loop {
-                    tokio::select! {
-                        r = &mut relay => break r.map_err(|e| (e, Phase::ResponseBody)),
-                        u = &mut up_fut, if !upload_done => match u {
-                            Ok(()) => upload_done = true,
-                            Err(e) => break Err(e),
-                        },
-                    }
-                }
-            };
-            if !upload_done {
-                send.send_reset(h2::Reason::CANCEL);
-            }
+            // Boxed: only HTTP/2 clients stream both ways at once.
+            let both = relay_with_upload(down, sent, body, send, upload, idle, status, addr);
+            let o = Box::pin(both).await;
             drop(lease);
             drop(t);
-            let sent = Sent {
-                out,
-                keep_alive: true,
-                end: sent.end,
-            };
-            Some(end_response(r, sent, status, addr).await)
+            Some(o)
         }
     }
 }
 
+/// A success before an HTTP/2 client's upload ended: the rest of the upload (to `send`) goes
+/// on while the response body streams back.
+#[allow(clippy::too_many_arguments)]
+async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
+    down: &mut D,
+    sent: Sent<O>,
+    mut body: RecvStream,
+    mut send: SendStream<Bytes>,
+    mut upload: Upload,
+    idle: Duration,
+    status: u16,
+    addr: SocketAddr,
+) -> Outcome {
+    let Sent { mut out, end, .. } = sent;
+    let mut upload_done = false;
+    let r = {
+        let relay = async {
+            match end {
+                true => Ok(()),
+                false => relay(&mut UpBody::h2(&mut body, idle), &mut out).await,
+            }
+        };
+        tokio::pin!(relay);
+        let up_fut = crate::upstream_h2::upload(&mut send, &mut upload, down, idle);
+        tokio::pin!(up_fut);
+        loop {
+            tokio::select! {
+                r = &mut relay => break r.map_err(|e| (e, Phase::ResponseBody)),
+                u = &mut up_fut, if !upload_done => match u {
+                    Ok(()) => upload_done = true,
+                    Err(e) => break Err(e),
+                },
+            }
+        }
+    };
+    if !upload_done {
+        send.send_reset(h2::Reason::CANCEL);
+    }
+    let sent = Sent {
+        out,
+        keep_alive: true,
+        end,
+    };
+    end_response(r, sent, status, addr, true).await
+}
+
+/// `work`'s output, or None when the client reset its stream first (never for an HTTP/1.1
+/// client). `work` is pinned by the caller and polled where it is: no second copy of its state,
+/// as a `select!` or an `async fn` taking it would keep.
+fn unless_reset<'w, F: Future>(
+    watch: Watch<'w>,
+    mut work: Pin<&'w mut F>,
+) -> impl Future<Output = Option<F::Output>> + 'w {
+    std::future::poll_fn(move |cx| {
+        if let Poll::Ready(v) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        watch.poll_reset(cx).map(|()| None)
+    })
+}
+
 /// The response head could not go out: an invalid head is answered with its error, a client
 /// that is gone only recorded.
-async fn head_failed(
-    down: &mut Down<'_>,
+async fn head_failed<'a, D: Client<'a>>(
+    down: &mut D,
     head: &RequestHead,
     f: HeadFailed,
     status: u16,
@@ -408,7 +435,7 @@ async fn head_failed(
         HeadFailed::Client(e) => Outcome {
             termination: e.termination(Phase::ResponseHead),
             status,
-            keep_alive: down.is_h2(),
+            keep_alive: D::H2,
             bytes_sent: 0,
             upstream: None,
         },
@@ -419,11 +446,12 @@ async fn head_failed(
 
 /// The last buffered bytes go out, and the request's outcome: a failure in the body stops an
 /// HTTP/2 client's stream (unless the client is gone) and closes an HTTP/1.1 connection.
-async fn end_response(
+async fn end_response<O: Sink>(
     r: Result<(), (ProxyError, Phase)>,
-    sent: Sent<'_>,
+    sent: Sent<O>,
     status: u16,
     addr: SocketAddr,
+    h2: bool,
 ) -> Outcome {
     let Sent {
         mut out,
@@ -431,13 +459,13 @@ async fn end_response(
         ..
     } = sent;
     let r = match r {
-        Ok(()) => out.finish().await.map_err(|e| (e, Phase::ResponseBody)),
+        Ok(()) => out.flush().await.map_err(|e| (e, Phase::ResponseBody)),
         Err(x) => {
             out.abort(&x.0);
             return Outcome {
                 termination: x.0.termination(x.1),
                 status,
-                keep_alive: out.is_h2(),
+                keep_alive: h2,
                 bytes_sent: 0,
                 upstream: Some(addr),
             };
@@ -458,99 +486,6 @@ async fn end_response(
             bytes_sent: out.sent(),
             upstream: Some(addr),
         },
-    }
-}
-
-/// After an HTTP/1.1 server's 101 to an upgrade: the client's tunnel.
-#[allow(clippy::too_many_arguments)]
-// Exclusive here: the reset watch and the interim sender, which share the cell, are not
-// polled while this answer or tunnel runs.
-#[allow(clippy::await_holding_refcell_ref)]
-async fn tunnel_h1(
-    down: &mut Down<'_>,
-    up: UpConn,
-    rh: &ResponseHead,
-    route: &Route,
-    p: &ProxyAction,
-    head: &RequestHead,
-    addr: SocketAddr,
-    idle: Duration,
-    set_cookie: Option<&str>,
-) -> Outcome {
-    match down {
-        Down::H1 { c, .. } => crate::forward::tunnel(c, up, rh, route, p, head, addr, idle).await,
-        Down::H2(d) => {
-            let mut response = crate::h2_fields::response_from(rh, &route.response_headers, p.via);
-            if let Some(cookie) = set_cookie {
-                crate::h2_fields::append(response.headers_mut(), "set-cookie", cookie.as_bytes());
-            }
-            let send_timeout = d.ls.listener.limits.send_timeout;
-            let mut respond = d.respond.borrow_mut();
-            let (peer, body) = (d.link.peer, &mut *d.body);
-            crate::h2::run_tunnel(
-                &mut respond,
-                body,
-                up,
-                response,
-                peer,
-                addr,
-                idle,
-                send_timeout,
-            )
-            .await
-        }
-    }
-}
-
-/// After an HTTP/2 server's 2xx to a WebSocket's extended CONNECT: the client's tunnel.
-#[allow(clippy::too_many_arguments)]
-// Exclusive here: the reset watch and the interim sender, which share the cell, are not
-// polled while this answer or tunnel runs.
-#[allow(clippy::await_holding_refcell_ref)]
-async fn tunnel_h2(
-    down: &mut Down<'_>,
-    head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
-    parts: http::response::Parts,
-    from_server: RecvStream,
-    to_server: h2::SendStream<Bytes>,
-    addr: SocketAddr,
-    idle: Duration,
-) -> Outcome {
-    match down {
-        Down::H1 { c, ctx } => {
-            let Some(switch) = crate::upstream_h2_tunnel::switch_head(head, &parts) else {
-                let e = ProxyError::UpstreamIo(std::io::Error::other(
-                    "the 2xx's fields are not valid HTTP/1",
-                ));
-                let mut o = crate::conn::fail(c, ctx, head, e, Phase::ResponseHead, false).await;
-                o.upstream = Some(addr);
-                return o;
-            };
-            let legs = crate::upstream_h2_tunnel::H1Legs {
-                from_server,
-                to_server,
-                server: addr,
-                idle,
-            };
-            crate::upstream_h2_tunnel::run_h1(c, head, route, p, switch, legs).await
-        }
-        Down::H2(d) => {
-            let rules = &route.response_headers;
-            let response = crate::h2_fields::response_from_h2(parts, rules, p.via);
-            let send_timeout = d.ls.listener.limits.send_timeout;
-            let mut respond = d.respond.borrow_mut();
-            let legs = crate::upstream_h2_tunnel::Legs {
-                respond: &mut respond,
-                from_client: &mut *d.body,
-                from_server,
-                to_server,
-                peer: d.link.peer,
-                server: addr,
-            };
-            crate::upstream_h2_tunnel::run(legs, response, idle, send_timeout).await
-        }
     }
 }
 
@@ -683,9 +618,9 @@ impl<'u> UpBody<'u> {
 }
 
 /// Relay a response body to the client until the server's side is complete (an HTTP/1.1
-/// client's last bytes stay buffered for [`Out::finish`]). An HTTP/2 client's reset ends it
+/// client's last bytes stay buffered for the final [`Sink::flush`]). An HTTP/2 client's reset ends it
 /// while it waits for the server.
-async fn relay(up: &mut UpBody<'_>, out: &mut Out<'_>) -> Result<(), ProxyError> {
+async fn relay<O: Sink>(up: &mut UpBody<'_>, out: &mut O) -> Result<(), ProxyError> {
     loop {
         match up.step()? {
             Step::Data(d, last) => {

@@ -2,7 +2,7 @@
 
 use crate::attempt::{Exchanged, Failed, Picked, UpResponse};
 use crate::conn::{head_may_be_complete, send_all, write_framed, Conn, Outcome};
-use crate::downstream::{Down, Env, Interim, Interims, Upload};
+use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming};
 use crate::pool::{UpConn, UpStream};
@@ -24,14 +24,14 @@ use tokio::time::timeout;
 /// can be sent again), then [`exchange`]. Failures are reported to the server's passive checks
 /// and offered to `retry`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn exchange_attempt(
-    down: &mut Down<'_>,
+pub(crate) async fn exchange_attempt<'a, D: Client<'a>>(
+    down: &mut D,
     env: Env<'_>,
     t: &Picked<'_>,
     ubuf: &[u8],
     head: &RequestHead,
     upload: &mut Upload,
-    interims: &mut Interims<'_>,
+    interims: &mut Interims<'a>,
     retry: &mut Retry<'_>,
 ) -> Exchanged {
     let shared = env.shared;
@@ -148,14 +148,14 @@ pub(crate) async fn connect(
 /// to `interims` as they arrive: an HTTP/1.1 client's are held while its connection is read for
 /// the body, then written at once.
 #[allow(clippy::too_many_arguments)]
-async fn exchange(
-    down: &mut Down<'_>,
+async fn exchange<'a, D: Client<'a>>(
+    down: &mut D,
     up: &mut UpConn,
     ubuf: &[u8],
     method: &Method,
     upload: &mut Upload,
     chunked: bool,
-    interims: &mut Interims<'_>,
+    interims: &mut Interims<'a>,
     header_timeout: Duration,
     idle: Duration,
 ) -> Result<(ResponseHead, bool), (ProxyError, Phase)> {
@@ -213,7 +213,7 @@ async fn exchange(
     // The upload is over (or there was none): the head timeout runs, and interim heads go out
     // as they arrive (a slow client's write of one does not count against the server).
     let client_io = |e: std::io::Error| (ProxyError::ClientIo(e), Phase::ResponseHead);
-    interims.flush(down).await.map_err(client_io)?;
+    down.flush_interims(interims).await.map_err(client_io)?;
     let mut deadline = tokio::time::Instant::now() + header_timeout;
     loop {
         let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
@@ -227,7 +227,7 @@ async fn exchange(
                 interims.hold(Interim::Raw(raw)).map_err(head_failed)?;
                 if interims.holding() {
                     let began = tokio::time::Instant::now();
-                    interims.flush(down).await.map_err(client_io)?;
+                    down.flush_interims(interims).await.map_err(client_io)?;
                     deadline += began.elapsed();
                 }
             }
@@ -237,15 +237,15 @@ async fn exchange(
 
 /// Stream the request body to the server (chunked with its trailers when the client's had no
 /// length), releasing an HTTP/2 client's flow-control capacity as it is written.
-async fn upload_body<W: AsyncWrite + Unpin>(
-    down: &mut Down<'_>,
+async fn upload_body<'a, D: Client<'a>, W: AsyncWrite + Unpin>(
+    down: &mut D,
     upload: &mut Upload,
     w: &mut W,
     chunked: bool,
     idle: Duration,
 ) -> Result<(), ProxyError> {
     let mut scratch = BytesMut::new();
-    while let Some(data) = upload.next(down).await? {
+    while let Some(data) = down.body_next(upload).await? {
         let n = data.len();
         if n > 0 {
             // Flushed: a TLS upstream's last records must not stay buffered in rustls when the
@@ -260,7 +260,7 @@ async fn upload_body<W: AsyncWrite + Unpin>(
                 Ok(Ok(())) => {}
             }
         }
-        upload.release(down, n);
+        down.body_release(n);
     }
     if chunked {
         let mut lines = BytesMut::new();

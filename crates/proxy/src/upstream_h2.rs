@@ -1,7 +1,7 @@
 //! Upstream HTTP/2 (`protocol = "h2"` groups): per worker and server a few multiplexed `h2` client connections (h2c, or TLS with ALPN h2) opened on demand, and one request exchanged over them for HTTP/1.1 and HTTP/2 clients.
 
 use crate::attempt::{failure_report, Exchanged, Picked, UpResponse};
-use crate::downstream::{Down, Env, Interim, Interims, Upload};
+use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
 use crate::forward::connect;
 use crate::h2_fields::{append, DROPPED};
@@ -541,10 +541,10 @@ async fn response_head(resp: &mut ResponseFuture) -> Result<Head, Failure> {
 /// upload reads the client), an HTTP/1.1 client's head is written at once. Callers box it:
 /// interim responses are rare, and its state (a client write) would otherwise widen every
 /// exchange's future.
-async fn pass_interim(
-    interims: &mut Interims<'_>,
+async fn pass_interim<'a, D: Client<'a>>(
+    interims: &mut Interims<'a>,
     r: http::Response<()>,
-    down: Option<&mut Down<'_>>,
+    down: Option<&mut D>,
 ) -> Result<(), Failure> {
     // Either failure is this stream's only: the connection stays usable.
     let stream_only = |e| Failure {
@@ -553,7 +553,7 @@ async fn pass_interim(
     };
     interims.hold(Interim::H2(r)).map_err(stream_only)?;
     if let Some(down) = down {
-        let flushed = interims.flush(down).await;
+        let flushed = down.flush_interims(interims).await;
         flushed.map_err(|e| stream_only(ProxyError::ClientIo(e)))?;
     }
     Ok(())
@@ -563,15 +563,15 @@ async fn pass_interim(
 /// the head and whether the body was completely sent. Interim responses go to `interim` as
 /// they arrive.
 #[allow(clippy::too_many_arguments)]
-async fn exchange(
+async fn exchange<'a, D: Client<'a>>(
     conn: &H2Conn,
     req: http::Request<()>,
     src: &mut Upload,
-    down: &mut Down<'_>,
+    down: &mut D,
     header_timeout: Duration,
     idle: Duration,
     finish: bool,
-    interim: &mut Interims<'_>,
+    interim: &mut Interims<'a>,
 ) -> Result<(http::Response<RecvStream>, SendStream<Bytes>, bool), Failure> {
     let refused = |e: ProxyError| Failure {
         refused: true,
@@ -632,7 +632,7 @@ async fn exchange(
                 r = response_head(&mut resp) => {
                     let h = match r {
                         Ok(Head::Final(h)) => h,
-                        Ok(Head::Interim(r)) => match Box::pin(pass_interim(interim, r, None)).await {
+                        Ok(Head::Interim(r)) => match Box::pin(pass_interim::<D>(interim, r, None)).await {
                             Ok(()) => continue,
                             Err(f) => break Err(f),
                         },
@@ -676,16 +676,16 @@ async fn exchange(
 }
 
 /// Stream the request body and its trailers to the server under its flow control.
-pub(crate) async fn upload(
+pub(crate) async fn upload<'a, D: Client<'a>>(
     send: &mut SendStream<Bytes>,
     up: &mut Upload,
-    down: &mut Down<'_>,
+    down: &mut D,
     idle: Duration,
 ) -> Result<(), (ProxyError, Phase)> {
     let body = Phase::RequestBody;
     loop {
         if up.pending.is_none() {
-            match up.next(down).await.map_err(|e| (e, body))? {
+            match down.body_next(up).await.map_err(|e| (e, body))? {
                 Some(d) => {
                     let n = d.len();
                     up.pending = Some((d, n));
@@ -701,9 +701,9 @@ pub(crate) async fn upload(
             .await
             .map_err(|e| (e, body))?;
         up.pending = None;
-        up.release(down, n);
+        down.body_release(n);
     }
-    match up.trailers(down).await.map_err(|e| (e, body))? {
+    match down.body_trailers(up).await.map_err(|e| (e, body))? {
         Some(t) if !t.is_empty() => send.send_trailers(t),
         _ => send.send_data(Bytes::new(), true),
     }
@@ -725,13 +725,13 @@ impl Run<'_> {
     /// Get a slot (reused or on a new connection) and exchange; a reused connection that failed
     /// before the response head, or any refusal, is retried once on another connection (a new
     /// one unless another has room) for requests that can be sent again.
-    async fn go(
+    async fn go<'a, D: Client<'a>>(
         &self,
         req: http::Request<()>,
         src: &mut Upload,
-        down: &mut Down<'_>,
+        down: &mut D,
         finish: bool,
-        interim: &mut Interims<'_>,
+        interim: &mut Interims<'a>,
     ) -> Result<
         (
             Lease,
@@ -858,14 +858,14 @@ fn retry_after(f: &Failure, picked: &Picked<'_>, retry: &mut Retry<'_>, stats: &
 /// (`Run::go`), failures reported and offered to `retry`. An HTTP/1.1 client's upload ends
 /// before the response (`finish`); an HTTP/2 client's may go on while the response streams.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn exchange_attempt(
-    down: &mut Down<'_>,
+pub(crate) async fn exchange_attempt<'a, D: Client<'a>>(
+    down: &mut D,
     env: Env<'_>,
     t: &Picked<'_>,
     ubuf: &[u8],
     head: &RequestHead,
     upload: &mut Upload,
-    interims: &mut Interims<'_>,
+    interims: &mut Interims<'a>,
     retry: &mut Retry<'_>,
 ) -> Exchanged {
     let addr = t.addr();
@@ -890,7 +890,7 @@ pub(crate) async fn exchange_attempt(
         addr,
         retryable: head.method().is_idempotent() && upload.headless(),
     };
-    let finish = !down.is_h2();
+    let finish = !D::H2;
     let r = run.go(req, upload, down, finish, interims).await;
     // The first interim response committed the attempt (see `downstream::Interims`).
     if interims.seen > 0 {

@@ -3,7 +3,7 @@
 use super::request::{to_http1, Reject};
 use super::{Current, Link};
 use crate::conn::{Outcome, MAX_CHUNK};
-use crate::downstream::{answer_h2, Down, H2Down};
+use crate::downstream::{answer_h2, H2Down};
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
 use crate::h2_io::{client_err, send_windowed, Peer};
@@ -94,7 +94,7 @@ impl Stream<'_> {
     /// Route and run the request: the one flow, with this stream as its client.
     async fn run(&mut self, head: &RequestHead, started: Instant) -> Outcome {
         let cur = self.cur.clone();
-        let mut down = Down::H2(H2Down {
+        let mut down = H2Down {
             link: self.link,
             ls: &cur.ls,
             shared: &cur.shared,
@@ -102,7 +102,7 @@ impl Stream<'_> {
             body: &mut self.body,
             timings: &mut self.timings,
             timer: LazyTimer::default(),
-        });
+        };
         crate::flow::serve(&mut down, head, started).await
     }
 

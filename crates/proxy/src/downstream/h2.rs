@@ -1,0 +1,476 @@
+//! An HTTP/2 stream as the client of one request: its DATA read under flow control, interim heads sent at once, the response as HEADERS and DATA under the client's window, a reset watched throughout.
+
+use super::{
+    Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
+    BODY_RATE_GRACE,
+};
+use crate::attempt::Who;
+use crate::conn::{self, Outcome, STALL_TIMEOUT};
+use crate::error::ProxyError;
+use crate::fast_timeout::LazyTimer;
+use crate::h2::Link;
+use crate::h2_fields::{append, trailer_map};
+use crate::h2_io::{client_err, finish, send_windowed, Peer};
+use crate::pool::UpConn;
+use crate::server::{ListenerState, Shared};
+use crate::stats::Phase;
+use crate::timing::Timings;
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::header::HeaderMap;
+use portico_config::{ProxyAction, Route};
+use portico_http1::{Framing, Method, RequestHead, ResponseHead};
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::time::timeout;
+
+/// What an HTTP/2 stream lends to the flow.
+pub(crate) struct H2Down<'a> {
+    pub link: &'a Link,
+    pub ls: &'a ListenerState,
+    pub shared: &'a Shared,
+    /// Shared with the reset watch and the interim sender; each borrows it for one synchronous
+    /// call only.
+    pub respond: &'a RefCell<SendResponse<Bytes>>,
+    pub body: &'a mut RecvStream,
+    pub timings: &'a mut Timings,
+    /// The response head wait's timer.
+    pub timer: LazyTimer,
+}
+
+impl H2Down<'_> {
+    fn send_timeout(&self) -> Duration {
+        self.ls.listener.limits.send_timeout
+    }
+}
+
+// The `respond` cell is borrowed across the awaits of answers and tunnels: exclusive there, as
+// the reset watch and the interim sender that share it are not polled meanwhile.
+#[allow(clippy::await_holding_refcell_ref)]
+impl<'a> Client<'a> for H2Down<'a> {
+    const H2: bool = true;
+    type Out<'o>
+        = H2Out
+    where
+        Self: 'o;
+
+    fn env(&self) -> Env<'a> {
+        Env {
+            shared: self.shared,
+            worker: &self.link.worker,
+            ls: self.ls,
+            peer: self.link.peer,
+        }
+    }
+
+    fn watch(&self) -> Watch<'a> {
+        Watch(Some(self.respond))
+    }
+
+    fn timings(&mut self) -> &mut Timings {
+        self.timings
+    }
+
+    fn timer(&mut self) -> &mut LazyTimer {
+        &mut self.timer
+    }
+
+    fn who(&self) -> Who<'_> {
+        Who {
+            ip: &self.link.client_ip,
+            tls: self.link.tls,
+            cert_subject: self.link.client_cert_subject.as_deref(),
+        }
+    }
+
+    fn take_ubuf(&mut self) -> BytesMut {
+        BytesMut::with_capacity(1024)
+    }
+
+    fn put_ubuf(&mut self, _: BytesMut) {}
+
+    async fn fail(&mut self, head: &RequestHead, e: ProxyError, phase: Phase, _: bool) -> Outcome {
+        tracing::debug!(peer = %self.link.peer, target = head.target(), "HTTP/2 request failed: {e}");
+        let body = conn::error_body(e.status());
+        let limit = self.send_timeout();
+        let mut respond = self.respond.borrow_mut();
+        answer_h2(&mut respond, Some(head), e, phase, body, &[], limit).await
+    }
+
+    async fn refuse(
+        &mut self,
+        head: &RequestHead,
+        e: ProxyError,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let limit = self.send_timeout();
+        let mut respond = self.respond.borrow_mut();
+        answer_h2(
+            &mut respond,
+            Some(head),
+            e,
+            Phase::Route,
+            body,
+            extra,
+            limit,
+        )
+        .await
+    }
+
+    async fn local(
+        &mut self,
+        head: &RequestHead,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Outcome {
+        let head_only = *head.method() == Method::Head;
+        let limit = self.send_timeout();
+        let mut respond = self.respond.borrow_mut();
+        let r = send_simple(
+            &mut respond,
+            status,
+            content_type,
+            body,
+            extra,
+            head_only,
+            limit,
+        );
+        match r.await {
+            Ok(n) => Outcome::ok(status, true, n),
+            Err(e) => Outcome {
+                termination: e.termination(Phase::ResponseBody),
+                status,
+                keep_alive: true,
+                bytes_sent: 0,
+                upstream: None,
+            },
+        }
+    }
+
+    async fn origin(&mut self, head: &RequestHead, origin: &portico_origin::Origin) -> Outcome {
+        let limit = self.send_timeout();
+        let mut respond = self.respond.borrow_mut();
+        crate::h2::origin(&mut respond, head, origin, limit).await
+    }
+
+    fn has_body(&self, _: &RequestHead) -> bool {
+        !self.body.is_end_stream()
+    }
+
+    async fn before_upload(&mut self, _: &RequestHead) -> Result<(), ProxyError> {
+        Ok(())
+    }
+
+    fn upload(&self, _: &RequestHead, route: &Route, body: bool, tunnel: bool) -> Upload {
+        Upload::new(match (body, tunnel) {
+            (false, false) => Kind::None,
+            (false, true) => Kind::Tunnel,
+            (true, _) => Kind::H2 {
+                started: tokio::time::Instant::now(),
+                received: 0,
+                min_rate: self.ls.listener.limits.body_min_rate,
+                max: route.max_body_bytes,
+            },
+        })
+    }
+
+    async fn body_next(&mut self, up: &mut Upload) -> Result<Option<Bytes>, ProxyError> {
+        let Kind::H2 {
+            started,
+            received,
+            min_rate,
+            max,
+        } = &mut up.kind
+        else {
+            return Ok(None);
+        };
+        let due = conn::body_byte_due(*started, *received, *min_rate, BODY_RATE_GRACE);
+        let r = match due {
+            Some(due) => tokio::time::timeout_at(due, self.body.data()).await,
+            None => timeout(STALL_TIMEOUT, self.body.data()).await,
+        };
+        match r {
+            Err(_) => Err(ProxyError::BodyTooSlow),
+            Ok(None) => Ok(None),
+            Ok(Some(Err(e))) => Err(client_err(e)),
+            Ok(Some(Ok(data))) => {
+                *received += data.len() as u64;
+                if *max > 0 && *received > *max {
+                    return Err(ProxyError::BodyTooLarge);
+                }
+                Ok(Some(data))
+            }
+        }
+    }
+
+    fn body_release(&mut self, n: usize) {
+        let _ = self.body.flow_control().release_capacity(n);
+    }
+
+    async fn body_trailers(&mut self, up: &Upload) -> Result<Option<HeaderMap>, ProxyError> {
+        if !matches!(up.kind, Kind::H2 { .. }) {
+            return Ok(None);
+        }
+        match timeout(STALL_TIMEOUT, self.body.trailers()).await {
+            Err(_) => Err(ProxyError::BodyTooSlow),
+            Ok(r) => Ok(r.map_err(client_err)?.map(crate::headers::trailer_fields)),
+        }
+    }
+
+    fn interims(&self, _: &RequestHead) -> Interims<'a> {
+        Interims {
+            seen: 0,
+            to: To::H2(self.respond),
+            held: Vec::new(),
+        }
+    }
+
+    async fn flush_interims(&mut self, _: &mut Interims<'a>) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn switching(
+        &self,
+        head: &RequestHead,
+        rh: &ResponseHead,
+        server: SocketAddr,
+    ) -> Option<Result<(), ProxyError>> {
+        match crate::h2::check_answer(head, rh) {
+            Err(e) => {
+                if head.upgrade {
+                    crate::log_limited!(info, peer = %self.link.peer, upstream = %server, "HTTP/2 WebSocket refused: {e}");
+                }
+                Some(Err(e))
+            }
+            Ok(()) => (rh.status() == 101).then_some(Ok(())),
+        }
+    }
+
+    fn response_head(
+        &mut self,
+        _: &RequestHead,
+        resp: RespHead,
+        route: &Route,
+        via: bool,
+        set_cookie: Option<&str>,
+        _: bool,
+    ) -> Result<Sent<H2Out>, HeadFailed> {
+        self.response_head_apart(resp, route, via, set_cookie)
+    }
+
+    fn response_head_apart(
+        &self,
+        resp: RespHead,
+        route: &Route,
+        via: bool,
+        set_cookie: Option<&str>,
+    ) -> Result<Sent<H2Out>, HeadFailed> {
+        let rules = &route.response_headers;
+        let (mut response, end) = match resp {
+            RespHead::H1(r) => (
+                crate::h2_fields::response_from(r, rules, via),
+                matches!(r.framing, Framing::None | Framing::Length(0)),
+            ),
+            RespHead::H2 { parts, end } => {
+                (crate::h2_fields::response_from_h2(parts, rules, via), end)
+            }
+        };
+        if let Some(cookie) = set_cookie {
+            append(response.headers_mut(), "set-cookie", cookie.as_bytes());
+        }
+        let send = self
+            .respond
+            .borrow_mut()
+            .send_response(response, end)
+            .map_err(|e| HeadFailed::Client(client_err(e)))?;
+        Ok(Sent {
+            end,
+            keep_alive: true,
+            out: H2Out {
+                send,
+                limit: self.send_timeout(),
+                sent: 0,
+            },
+        })
+    }
+
+    async fn tunnel_h1(
+        &mut self,
+        up: UpConn,
+        rh: &ResponseHead,
+        route: &Route,
+        p: &ProxyAction,
+        _: &RequestHead,
+        server: SocketAddr,
+        idle: Duration,
+        set_cookie: Option<&str>,
+    ) -> Outcome {
+        let mut response = crate::h2_fields::response_from(rh, &route.response_headers, p.via);
+        if let Some(cookie) = set_cookie {
+            append(response.headers_mut(), "set-cookie", cookie.as_bytes());
+        }
+        let send_timeout = self.send_timeout();
+        let peer = self.link.peer;
+        let mut respond = self.respond.borrow_mut();
+        let body = &mut *self.body;
+        let tunnel = crate::h2::run_tunnel(
+            &mut respond,
+            body,
+            up,
+            response,
+            peer,
+            server,
+            idle,
+            send_timeout,
+        );
+        tunnel.await
+    }
+
+    async fn tunnel_h2(
+        &mut self,
+        _: &RequestHead,
+        route: &Route,
+        p: &ProxyAction,
+        parts: http::response::Parts,
+        from_server: RecvStream,
+        to_server: SendStream<Bytes>,
+        server: SocketAddr,
+        idle: Duration,
+    ) -> Outcome {
+        let response = crate::h2_fields::response_from_h2(parts, &route.response_headers, p.via);
+        let send_timeout = self.send_timeout();
+        let mut respond = self.respond.borrow_mut();
+        let legs = crate::upstream_h2_tunnel::Legs {
+            respond: &mut respond,
+            from_client: &mut *self.body,
+            from_server,
+            to_server,
+            peer: self.link.peer,
+            server,
+        };
+        crate::upstream_h2_tunnel::run(legs, response, idle, send_timeout).await
+    }
+}
+
+/// An HTTP/2 response body: DATA under the client's window.
+pub(crate) struct H2Out {
+    send: SendStream<Bytes>,
+    /// The listener's `send_timeout`: the longest wait for the client's window.
+    limit: Duration,
+    /// Body bytes sent so far.
+    sent: u64,
+}
+
+impl Sink for H2Out {
+    async fn data(&mut self, mut d: Bytes, last: bool) -> Result<(), ProxyError> {
+        self.sent += d.len() as u64;
+        send_windowed(&mut self.send, &mut d, last, self.limit, Peer::Client).await
+    }
+
+    async fn flush(&mut self) -> Result<(), ProxyError> {
+        Ok(())
+    }
+
+    fn end(&mut self, trailers: Trailers) -> Result<(), ProxyError> {
+        let map = match trailers {
+            Trailers::Raw(raw) => trailer_map(&raw),
+            Trailers::Map(t) => t.unwrap_or_default(),
+        };
+        if map.is_empty() {
+            finish(&mut self.send)
+        } else {
+            self.send.send_trailers(map).map_err(client_err)
+        }
+    }
+
+    async fn reset(&mut self) -> ProxyError {
+        match poll_fn(|cx| self.send.poll_reset(cx)).await {
+            Ok(_) => ProxyError::ClientClosed,
+            Err(e) => client_err(e),
+        }
+    }
+
+    fn abort(&mut self, e: &ProxyError) {
+        if !e.client_gone() {
+            self.send.send_reset(h2::Reason::INTERNAL_ERROR);
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent
+    }
+}
+
+/// An error answer on an HTTP/2 stream (unless the client is gone) with `body` and `extra`
+/// fields, and its outcome.
+pub(crate) async fn answer_h2(
+    respond: &mut SendResponse<Bytes>,
+    head: Option<&RequestHead>,
+    e: ProxyError,
+    phase: Phase,
+    body: &[u8],
+    extra: &[(&str, &str)],
+    limit: Duration,
+) -> Outcome {
+    let status = e.status();
+    let sent = if e.client_gone() {
+        0
+    } else {
+        let head_only = head.is_some_and(|h| *h.method() == Method::Head);
+        send_simple(respond, status, "text/plain", body, extra, head_only, limit)
+            .await
+            .unwrap_or(0)
+    };
+    Outcome {
+        termination: e.termination(phase),
+        status,
+        keep_alive: true,
+        bytes_sent: sent,
+        upstream: None,
+    }
+}
+
+/// A small complete response generated here on an HTTP/2 stream; returns the body bytes sent.
+pub(crate) async fn send_simple(
+    respond: &mut SendResponse<Bytes>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    extra: &[(&str, &str)],
+    head_only: bool,
+    limit: Duration,
+) -> Result<u64, ProxyError> {
+    let mut b = http::Response::builder()
+        .status(status)
+        .header("server", "portico");
+    for (n, v) in extra {
+        b = b.header(*n, *v);
+    }
+    if status == 503 {
+        b = b.header("retry-after", "1");
+    }
+    let bodyless = status == 204 || status == 304;
+    if !bodyless {
+        b = b
+            .header("content-type", content_type)
+            .header("content-length", body.len());
+    }
+    b = crate::date::with_date(|d| b.header("date", d));
+    let response = b
+        .body(())
+        .map_err(|e| ProxyError::ClientIo(std::io::Error::other(e)))?;
+    let end = head_only || bodyless || body.is_empty();
+    let mut send = respond.send_response(response, end).map_err(client_err)?;
+    if end {
+        return Ok(0);
+    }
+    let mut data = Bytes::copy_from_slice(body);
+    send_windowed(&mut send, &mut data, true, limit, Peer::Client).await?;
+    Ok(body.len() as u64)
+}
