@@ -1,7 +1,7 @@
 //! Access log: one line per request, combined format or JSON lines, with phase timings and the termination record.
 
-use crate::conn::Outcome;
 use crate::logging::Sink;
+use crate::stats::Outcome;
 use crate::timing::Phases;
 use portico_config::{AccessLog, AccessLogFormat};
 use portico_http1::RequestHead;

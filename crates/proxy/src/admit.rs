@@ -1,9 +1,9 @@
 //! Admission of a routed request, shared by HTTP/1.1 requests and HTTP/2 streams: load shedding, then the route's rate limit.
 
-use crate::forward::cookie_value;
 use crate::ratelimit::RateLimiter;
 use crate::server::{ListenerState, Worker};
 use crate::stats::Stats;
+use crate::sticky::cookie_value;
 use portico_config::{RateLimit, RateLimitKey};
 use portico_http1::RequestHead;
 use std::net::SocketAddr;

@@ -66,7 +66,7 @@ pub(crate) enum UpResponse {
     /// An HTTP/2 server's head and body, the request's send side (for an upload still going,
     /// or a tunnel) and the stream slot on its connection.
     H2 {
-        lease: crate::upstream_h2::Lease,
+        lease: crate::upstream_h2_pool::Lease,
         parts: http::response::Parts,
         body: h2::RecvStream,
         send: h2::SendStream<bytes::Bytes>,
@@ -172,7 +172,7 @@ fn hash_key<'a>(balance: &Balance, client_ip: &'a str, head: &'a RequestHead) ->
         Balance::HashHeader(name) => head.field(name),
         Balance::HashCookie(name) => head
             .field("cookie")
-            .and_then(|v| crate::forward::cookie_value(v, name.as_bytes())),
+            .and_then(|v| crate::sticky::cookie_value(v, name.as_bytes())),
         _ => None,
     }
 }
@@ -261,11 +261,7 @@ impl Picked<'_> {
         let stats = &shared.stats;
         // Boxed: a new connection (and its TLS handshake) is the rare case on kept-alive pools;
         // unboxed, its 1.5 KiB of state would widen every request's future.
-        let opening = Box::pin(crate::forward::connect(
-            addr,
-            group.connect_timeout,
-            self.tls,
-        ));
+        let opening = Box::pin(crate::pool::connect(addr, group.connect_timeout, self.tls));
         match opening.await {
             Ok((u, took)) => {
                 *connect = Some(took);

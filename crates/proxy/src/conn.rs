@@ -4,7 +4,7 @@ use crate::date::with_date;
 use crate::downstream::H1Down;
 use crate::error::ProxyError;
 use crate::server::{ListenerState, Snapshot, Worker};
-use crate::stats::{Phase, Termination};
+use crate::stats::{Outcome, Phase, Termination};
 use crate::stream::ClientStream;
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
@@ -112,28 +112,6 @@ pub struct Conn {
     pub send_timeout: std::time::Duration,
     /// The timer of the keep-alive wait and the response head wait, re-armed lazily.
     pub timer: crate::fast_timeout::LazyTimer,
-}
-
-/// What one request did to the connection.
-pub struct Outcome {
-    pub termination: Termination,
-    pub status: u16,
-    /// The connection can carry another request.
-    pub keep_alive: bool,
-    pub bytes_sent: u64,
-    pub upstream: Option<SocketAddr>,
-}
-
-impl Outcome {
-    pub fn ok(status: u16, keep_alive: bool, bytes_sent: u64) -> Self {
-        Outcome {
-            termination: Termination::OK,
-            status,
-            keep_alive,
-            bytes_sent,
-            upstream: None,
-        }
-    }
 }
 
 /// Serve one accepted connection until it closes.

@@ -2,13 +2,14 @@
 
 use crate::admit::Refused;
 use crate::attempt::{Exchanged, UpResponse};
-use crate::conn::{Outcome, MAX_CHUNK};
+use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
 use crate::metrics::RouteStats;
 use crate::pool::UpConn;
 use crate::resilience::RouteResilience;
 use crate::retry::Retry;
+use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};

@@ -1,22 +1,21 @@
 //! The exchange with an HTTP/1.1 server: a pooled or new connection (stale ones replaced), the forwarded head, the request body streamed while the response head is awaited, interim heads, and the upgrade tunnel.
 
 use crate::attempt::{Exchanged, Failed, Picked, UpResponse};
-use crate::conn::{head_may_be_complete, send_all, write_framed, Conn, Outcome};
+use crate::conn::{head_may_be_complete, send_all, write_framed, Conn};
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
 use crate::headers::{self, ClientFraming};
 use crate::pool::{UpConn, UpStream};
 use crate::retry::Retry;
+use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
-use crate::upstream_tls::GroupTls;
 use bytes::{Bytes, BytesMut};
 use portico_config::{ProxyAction, Route};
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::timeout;
 
 /// The exchange of one attempt with the HTTP/1.1 server `t`: a pooled connection or a new one
@@ -98,48 +97,6 @@ pub(crate) async fn exchange_attempt<'a, D: Client<'a>>(
                 }
             }
         }
-    }
-}
-
-/// The value of cookie `name` in a Cookie header value.
-pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
-    header.split(|&b| b == b';').find_map(|pair| {
-        let pair = pair.trim_ascii();
-        let eq = pair.iter().position(|&b| b == b'=')?;
-        (pair[..eq].trim_ascii() == name).then(|| pair[eq + 1..].trim_ascii())
-    })
-}
-
-/// Connect to `addr`, and for a TLS group finish the handshake, all under `t`; also says how
-/// long that took.
-pub(crate) async fn connect(
-    addr: SocketAddr,
-    t: Duration,
-    tls: Option<&GroupTls>,
-) -> Result<(UpConn, Duration), ProxyError> {
-    let begun = Instant::now();
-    let Some(tls) = tls else {
-        return match timeout(t, TcpStream::connect(addr)).await {
-            Err(_) => Err(ProxyError::ConnectTimeout),
-            Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
-            Ok(Ok(s)) => {
-                let took = begun.elapsed();
-                let _ = s.set_nodelay(true);
-                Ok((UpConn::new(UpStream::Plain(s)), took))
-            }
-        };
-    };
-    let connected = timeout(t, async {
-        let s = TcpStream::connect(addr)
-            .await
-            .map_err(ProxyError::ConnectFailed)?;
-        let _ = s.set_nodelay(true);
-        tls.handshake(addr, s).await
-    })
-    .await;
-    match connected {
-        Err(_) => Err(ProxyError::ConnectTimeout),
-        Ok(r) => r.map(|u| (UpConn::new(u), begun.elapsed())),
     }
 }
 
@@ -510,7 +467,6 @@ async fn relay_both_ways(
 
 #[cfg(test)]
 mod tests {
-    use super::cookie_value;
 
     #[test]
     fn interim_heads_lose_their_hop_by_hop_fields() {
@@ -526,16 +482,5 @@ mod tests {
             &super::interim_head(&h)[..],
             b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
         );
-    }
-
-    #[test]
-    fn cookie_lookup() {
-        assert_eq!(
-            cookie_value(b"a=1; session=xyz; b=2", b"session"),
-            Some(b"xyz".as_slice())
-        );
-        assert_eq!(cookie_value(b"session=", b"session"), Some(b"".as_slice()));
-        assert_eq!(cookie_value(b"sessionx=1", b"session"), None);
-        assert_eq!(cookie_value(b"", b"session"), None);
     }
 }

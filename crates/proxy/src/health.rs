@@ -1,5 +1,6 @@
 //! Active health checks: one probe per server per interval for the whole process, on its own thread.
 
+use crate::health_h2::MAX_PROBE_BODY;
 use crate::upstream_tls::{GroupTls, UpStream};
 use bytes::BytesMut;
 use portico_config::{HealthCheck, HealthCheckKind, HttpCheck, UpstreamProtocol};
@@ -13,9 +14,6 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-
-/// At most this much of a probe response body is read when looking for `expect_body`.
-pub const MAX_PROBE_BODY: usize = 64 * 1024;
 
 /// A group to probe: its shared state and, for an HTTPS group, how to reach its servers (probes
 /// then make the TLS handshake too, with the group's settings).

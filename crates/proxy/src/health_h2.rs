@@ -1,11 +1,13 @@
 //! Active `http` health probes of `protocol = "h2"` groups: the check's request over HTTP/2 (h2c prior knowledge, or TLS with ALPN h2) with the `h2` client.
 
-use crate::health::MAX_PROBE_BODY;
 use crate::upstream_tls::UpStream;
 use bytes::Bytes;
 use portico_config::HttpCheck;
 use portico_http1::Limits;
 use std::net::SocketAddr;
+
+/// At most this much of a probe response body is read when looking for `expect_body`.
+pub const MAX_PROBE_BODY: usize = 64 * 1024;
 
 /// One HTTP/2 request on `stream` (already connected, TLS done for an HTTPS group): the same
 /// status and body expectations as the HTTP/1.1 probe. The caller bounds it by the check's

@@ -36,6 +36,7 @@ pub mod sticky;
 pub mod stream;
 pub mod timing;
 pub mod upstream_h2;
+mod upstream_h2_pool;
 mod upstream_h2_tunnel;
 pub mod upstream_tls;
 

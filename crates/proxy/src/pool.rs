@@ -1,5 +1,7 @@
 //! Per-worker idle keep-alive pools of upstream connections, one list per server address and transport.
 
+use crate::error::ProxyError;
+use crate::upstream_tls::GroupTls;
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -7,6 +9,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
 
 pub use crate::upstream_tls::UpStream;
 
@@ -164,6 +168,39 @@ impl Pool {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Connect to `addr`, and for a TLS group finish the handshake, all under `t`; also says how
+/// long that took.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    t: Duration,
+    tls: Option<&GroupTls>,
+) -> Result<(UpConn, Duration), ProxyError> {
+    let begun = Instant::now();
+    let Some(tls) = tls else {
+        return match timeout(t, TcpStream::connect(addr)).await {
+            Err(_) => Err(ProxyError::ConnectTimeout),
+            Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
+            Ok(Ok(s)) => {
+                let took = begun.elapsed();
+                let _ = s.set_nodelay(true);
+                Ok((UpConn::new(UpStream::Plain(s)), took))
+            }
+        };
+    };
+    let connected = timeout(t, async {
+        let s = TcpStream::connect(addr)
+            .await
+            .map_err(ProxyError::ConnectFailed)?;
+        let _ = s.set_nodelay(true);
+        tls.handshake(addr, s).await
+    })
+    .await;
+    match connected {
+        Err(_) => Err(ProxyError::ConnectTimeout),
+        Ok(r) => r.map(|u| (UpConn::new(u), begun.elapsed())),
     }
 }
 

@@ -101,7 +101,7 @@ impl std::ops::Deref for Snapshot {
 pub struct Worker {
     pub pool: Pool,
     /// Multiplexed HTTP/2 connections to the servers of `protocol = "h2"` groups.
-    pub h2pool: crate::upstream_h2::H2Pool,
+    pub h2pool: crate::upstream_h2_pool::H2Pool,
     /// Connections open on this worker (drain waits for zero).
     pub open: Cell<usize>,
     pub idle_notify: Notify,

@@ -320,3 +320,26 @@ impl Stats {
         s
     }
 }
+
+/// What one request did: its termination record, status, whether the connection can carry
+/// another request, bytes sent, the server it went to.
+pub struct Outcome {
+    pub termination: Termination,
+    pub status: u16,
+    /// The connection can carry another request.
+    pub keep_alive: bool,
+    pub bytes_sent: u64,
+    pub upstream: Option<std::net::SocketAddr>,
+}
+
+impl Outcome {
+    pub fn ok(status: u16, keep_alive: bool, bytes_sent: u64) -> Self {
+        Outcome {
+            termination: Termination::OK,
+            status,
+            keep_alive,
+            bytes_sent,
+            upstream: None,
+        }
+    }
+}

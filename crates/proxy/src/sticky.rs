@@ -1,6 +1,5 @@
 //! Session persistence by a cookie Portico inserts: read the request's server id, add `Set-Cookie` to the response.
 
-use crate::forward::cookie_value;
 use bytes::BytesMut;
 use portico_http1::{encode, RequestHead};
 use portico_upstream::Upstream;
@@ -34,8 +33,30 @@ pub fn append_field(head: &mut BytesMut, name: &str, value: &str) {
     head.extend_from_slice(b"\r\n");
 }
 
+/// The value of cookie `name` in a Cookie header value.
+pub fn cookie_value<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    header.split(|&b| b == b';').find_map(|pair| {
+        let pair = pair.trim_ascii();
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        (pair[..eq].trim_ascii() == name).then(|| pair[eq + 1..].trim_ascii())
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::cookie_value;
+
+    #[test]
+    fn cookie_lookup() {
+        assert_eq!(
+            cookie_value(b"a=1; session=xyz; b=2", b"session"),
+            Some(b"xyz".as_slice())
+        );
+        assert_eq!(cookie_value(b"session=", b"session"), Some(b"".as_slice()));
+        assert_eq!(cookie_value(b"sessionx=1", b"session"), None);
+        assert_eq!(cookie_value(b"", b"session"), None);
+    }
+
     use super::*;
     use portico_config::{parse, StickyCookie};
     use portico_http1::{parse_request, Limits};

@@ -1,9 +1,10 @@
 //! WebSockets to `protocol = "h2"` groups (RFC 8441 extended CONNECT upstream): after the server's 2xx, its stream's DATA relayed to and from the client's HTTP/2 stream or, after a 101, its HTTP/1.1 connection.
 
-use crate::conn::{send_all, Conn, Outcome};
+use crate::conn::{send_all, Conn};
 use crate::error::ProxyError;
 use crate::h2_io::{client_err, send_windowed, up_err, Peer};
 use crate::headers::{self, ClientFraming};
+use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;

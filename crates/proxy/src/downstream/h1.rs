@@ -4,12 +4,13 @@ use super::{
     Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
 };
 use crate::attempt::Who;
-use crate::conn::{self, ClientBody, Conn, Ctx, Outcome};
+use crate::conn::{self, ClientBody, Conn, Ctx};
 use crate::downstream::H2Out;
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
 use crate::headers::{self, ClientFraming};
 use crate::pool::UpConn;
+use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};

@@ -5,7 +5,7 @@ use super::{
     BODY_RATE_GRACE,
 };
 use crate::attempt::Who;
-use crate::conn::{self, Outcome, STALL_TIMEOUT};
+use crate::conn::{self, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
 use crate::h2::Link;
@@ -13,6 +13,7 @@ use crate::h2_fields::{append, trailer_map};
 use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
 use crate::server::{ListenerState, Shared};
+use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};

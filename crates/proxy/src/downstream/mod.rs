@@ -7,12 +7,13 @@ pub(crate) use self::h1::H1Down;
 pub(crate) use self::h2::{answer_h2, H2Down, H2Out};
 
 use crate::attempt::Who;
-use crate::conn::{ClientBody, Outcome};
+use crate::conn::ClientBody;
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
 use crate::headers;
 use crate::pool::UpConn;
 use crate::server::{ListenerState, Shared, Worker};
+use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
 use ::h2::server::SendResponse;

@@ -2,11 +2,12 @@
 
 use super::request::{to_http1, Reject};
 use super::{Current, Link};
-use crate::conn::{Outcome, MAX_CHUNK};
+use crate::conn::MAX_CHUNK;
 use crate::downstream::{answer_h2, H2Down};
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
 use crate::h2_io::{client_err, send_windowed, Peer};
+use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};

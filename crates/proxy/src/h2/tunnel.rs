@@ -1,10 +1,11 @@
 //! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) as an HTTP/1.1 upgrade upstream: the handshake key and its check, then the stream's DATA relayed to and from the upstream socket under flow control.
 
 use super::request::{extended_to_http1, Reject};
-use crate::conn::{Outcome, MAX_CHUNK};
+use crate::conn::MAX_CHUNK;
 use crate::error::ProxyError;
 use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
+use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
