@@ -1,7 +1,8 @@
 //! The admin listener: status and change API, Prometheus `/metrics` and the live dashboard, on its own thread.
 
+use crate::control::Control;
 use crate::metrics::{Exposition, HistogramSnapshot, RouteStats, BUCKETS_US};
-use crate::server::{Control, Shared};
+use crate::state::Shared;
 use crate::stats::Stats;
 use bytes::BytesMut;
 use portico_config::{Action, Admin, Balance, Config, Route, Server, UpstreamGroup};

@@ -1,7 +1,7 @@
 //! Admission of a routed request, shared by HTTP/1.1 requests and HTTP/2 streams: load shedding, then the route's rate limit.
 
 use crate::ratelimit::RateLimiter;
-use crate::server::{ListenerState, Worker};
+use crate::state::{ListenerState, Worker};
 use crate::stats::Stats;
 use crate::sticky::cookie_value;
 use portico_config::{RateLimit, RateLimitKey};
@@ -33,7 +33,7 @@ pub fn check(
     head: &RequestHead,
     now: Instant,
 ) -> Result<(), Refused> {
-    if crate::load::shed_now(ls, worker) {
+    if worker.sheds(ls) {
         stats.requests_shed.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(%peer, target = head.target(), "request shed: worker saturated");
         return Err(Refused::Shed);

@@ -4,7 +4,7 @@ use crate::error::ProxyError;
 use crate::headers::{self, Forwarding};
 use crate::pool::{Pool, PoolKey, UpConn};
 use crate::retry::{Retry, RetryCause};
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::stats::Phase;
 use crate::upstream_tls::GroupTls;
 use bytes::BytesMut;

@@ -1,19 +1,15 @@
 //! Listener certificates reloaded without a restart: a swappable TLS configuration per listener and the thread that polls its files.
 
-use crate::server::Control;
 use crate::stats::Stats;
 use arc_swap::ArcSwap;
 use portico_config::TlsSettings;
-use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Mutex, Weak};
-use std::thread::JoinHandle;
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 /// The longest the watcher sleeps, so listeners added by a reload are looked at soon.
-const MAX_TICK: Duration = Duration::from_secs(1);
+pub(crate) const MAX_TICK: Duration = Duration::from_secs(1);
 
 /// What identifies a file's content cheaply: modification time, size and inode (a rename over
 /// the file, as certificate tools do, changes the inode). None = the file cannot be read.
@@ -129,53 +125,6 @@ fn files(settings: &TlsSettings) -> Vec<PathBuf> {
         .flat_map(|c| [c.cert.clone(), c.key.clone()])
         .chain(settings.client_auth.iter().map(|a| a.ca.clone()))
         .collect()
-}
-
-/// The thread `portico-certs`: checks the watched listeners of the current configuration when
-/// their interval is due (file reads stay off the workers). Stops when dropped or when the
-/// control plane is gone.
-pub struct CertWatcher {
-    stop: Option<mpsc::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl CertWatcher {
-    pub fn start(control: Weak<Control>) -> io::Result<CertWatcher> {
-        let (stop, rx) = mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("portico-certs".into())
-            .spawn(move || loop {
-                let Some(control) = control.upgrade() else {
-                    return;
-                };
-                let shared = control.snapshot();
-                let now = Instant::now();
-                let wait = shared
-                    .listeners
-                    .iter()
-                    .filter_map(|l| l.tls.as_ref()?.check(now, &shared.stats))
-                    .fold(MAX_TICK, Duration::min);
-                drop(shared);
-                drop(control);
-                match rx.recv_timeout(wait) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    _ => return,
-                }
-            })?;
-        Ok(CertWatcher {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for CertWatcher {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 #[cfg(test)]

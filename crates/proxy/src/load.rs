@@ -1,17 +1,15 @@
 //! Per-worker load: the event-loop lag probe, each listener's shedding state, the fast 503 for shed requests.
 
-use crate::server::{ListenerState, Worker};
 use crate::shed::{Change, Shedder};
 use crate::stats::Stats;
 use std::cell::RefCell;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Time between two lag samples while a listener sheds (100 timer wake-ups per second per worker).
 pub const PROBE: Duration = Duration::from_millis(10);
 /// How often a worker looks whether a reload turned shedding on, while no listener sheds.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
+pub(crate) const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 pub const SHED_BODY: &[u8] = b"503 Service Unavailable: overloaded, retry later\n";
 
@@ -37,7 +35,7 @@ impl WorkerLoad {
     }
 
     /// Apply one lag sample to every listener of `listeners` (slot, settings) that sheds.
-    fn observe(
+    pub(crate) fn observe(
         &self,
         listeners: &[(u64, portico_config::Shed)],
         lag: Duration,
@@ -87,43 +85,4 @@ impl WorkerLoad {
             }
         }
     }
-}
-
-/// The worker's lag probe: while a listener of the current snapshot sheds, sample how late a
-/// [`PROBE`] timer fires and feed the [`Shedder`]s. Runs until the worker aborts it.
-pub async fn probe(worker: Rc<Worker>) {
-    let mut listeners = Vec::new();
-    loop {
-        let snapshot = worker.snapshot();
-        listeners.clear();
-        listeners.extend(
-            snapshot
-                .listeners
-                .iter()
-                .filter_map(|l| l.listener.shed.map(|s| (l.slot, s))),
-        );
-        if listeners.is_empty() {
-            worker.load.reset(&snapshot.stats);
-            drop(snapshot);
-            tokio::time::sleep(IDLE_CHECK).await;
-            continue;
-        }
-        let deadline = tokio::time::Instant::now() + PROBE;
-        if let Some(stall) = worker.control().simulated_stall() {
-            // Testing aid: hold the thread as a CPU-bound burst would, then let other tasks run.
-            std::thread::sleep(stall);
-            tokio::task::yield_now().await;
-        }
-        tokio::time::sleep_until(deadline).await;
-        let now = tokio::time::Instant::now();
-        let lag = now.saturating_duration_since(deadline);
-        worker
-            .load
-            .observe(&listeners, lag, now.into_std(), &snapshot.stats);
-    }
-}
-
-/// Whether this request is shed: its listener sheds and this worker is saturated.
-pub fn shed_now(ls: &ListenerState, worker: &Worker) -> bool {
-    ls.listener.shed.is_some() && worker.load.shedding(ls.slot)
 }

@@ -2,7 +2,6 @@
 
 use crate::ratelimit::RateLimiter;
 use crate::retry::RetryBudget;
-use crate::server::ListenerState;
 use portico_config::{Action, Listener, Route};
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,14 +18,17 @@ pub struct RouteResilience {
 /// The state for each route of `l`. A route of the same name in `previous` (the listener of the
 /// same name in the running snapshot) with the same settings hands its state over, so a reload
 /// neither refills a retry budget or a client's rate-limit bucket nor forgets them.
-pub fn for_listener(l: &Listener, previous: Option<&ListenerState>) -> Vec<RouteResilience> {
+pub fn for_listener(
+    l: &Listener,
+    previous: Option<(&Listener, &[RouteResilience])>,
+) -> Vec<RouteResilience> {
     let now = Instant::now();
     l.routes
         .iter()
         .map(|r| {
-            let before = previous.and_then(|p| {
-                let i = p.listener.routes.iter().position(|o| o.name == r.name)?;
-                Some((&p.listener.routes[i], p.resilience.get(i)?))
+            let before = previous.and_then(|(listener, states)| {
+                let i = listener.routes.iter().position(|o| o.name == r.name)?;
+                Some((&listener.routes[i], states.get(i)?))
             });
             RouteResilience {
                 retry_budget: retry_budget(r, before, now),

@@ -7,7 +7,7 @@ use crate::h2_fields::{append, DROPPED};
 use crate::h2_io::{send_windowed, up_err, Peer};
 use crate::pool::PoolKey;
 use crate::retry::{Retry, RetryCause};
-use crate::server::{Shared, Worker};
+use crate::state::{Shared, Worker};
 use crate::stats::{Phase, Stats};
 use crate::upstream_h2_pool::{open, H2Conn, Lease, Slot};
 use bytes::{Bytes, BytesMut};

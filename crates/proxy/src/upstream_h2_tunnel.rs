@@ -119,7 +119,7 @@ pub(crate) async fn run(
             if !done.up_done.get() {
                 to_server.send_reset(h2::Reason::CANCEL);
             }
-            crate::h2::stop_client(&mut to_client, done.down_done.get(), &e);
+            crate::h2::tunnel::stop_client(&mut to_client, done.down_done.get(), &e);
             outcome.termination = e.termination(Phase::Tunnel);
         }
     }
@@ -269,7 +269,7 @@ async fn relay(
     };
     tokio::select! {
         r = async { tokio::try_join!(down, up) } => r.map(|_| ()),
-        e = crate::h2::idle_watchdog(&done.last, idle, &done.down_done) => Err(e),
+        e = crate::h2::tunnel::idle_watchdog(&done.last, idle, &done.down_done) => Err(e),
     }
 }
 
@@ -295,7 +295,7 @@ pub(crate) fn switch_head(
     encode::status_line(&mut raw, 101, "Switching Protocols");
     encode::field(&mut raw, "Upgrade", b"websocket");
     encode::field(&mut raw, "Connection", b"upgrade");
-    let accept = crate::h2::websocket_accept(key);
+    let accept = crate::h2::tunnel::websocket_accept(key);
     encode::field(&mut raw, "Sec-WebSocket-Accept", accept.as_bytes());
     for (n, v) in &parts.headers {
         let n = n.as_str();
@@ -406,7 +406,7 @@ pub(crate) async fn run_h1(
         };
         tokio::select! {
             r = async { tokio::try_join!(down, up) } => r.map(|_| ()),
-            e = crate::h2::idle_watchdog(&done.last, idle, &done.down_done) => Err(e),
+            e = crate::h2::tunnel::idle_watchdog(&done.last, idle, &done.down_done) => Err(e),
         }
     }
     .await;

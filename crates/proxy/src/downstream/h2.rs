@@ -5,14 +5,14 @@ use super::{
     BODY_RATE_GRACE,
 };
 use crate::attempt::Who;
-use crate::conn::{self, STALL_TIMEOUT};
+use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
-use crate::h2::Link;
+use crate::h2::link::Link;
 use crate::h2_fields::{append, trailer_map};
 use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
-use crate::server::{ListenerState, Shared};
+use crate::state::{ListenerState, Shared};
 use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
@@ -20,10 +20,12 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
+use portico_config::HeaderRules;
 use portico_config::{ProxyAction, Route};
-use portico_http1::{Framing, Method, RequestHead, ResponseHead};
+use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::cell::RefCell;
 use std::future::poll_fn;
+use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::time::timeout;
@@ -157,7 +159,7 @@ impl<'a> Client<'a> for H2Down<'a> {
     async fn origin(&mut self, head: &RequestHead, origin: &portico_origin::Origin) -> Outcome {
         let limit = self.send_timeout();
         let mut respond = self.respond.borrow_mut();
-        crate::h2::origin(&mut respond, head, origin, limit).await
+        origin_answer(&mut respond, head, origin, limit).await
     }
 
     fn has_body(&self, _: &RequestHead) -> bool {
@@ -242,7 +244,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         rh: &ResponseHead,
         server: SocketAddr,
     ) -> Option<Result<(), ProxyError>> {
-        match crate::h2::check_answer(head, rh) {
+        match crate::h2::tunnel::check_answer(head, rh) {
             Err(e) => {
                 if head.upgrade {
                     crate::log_limited!(info, peer = %self.link.peer, upstream = %server, "HTTP/2 WebSocket refused: {e}");
@@ -320,7 +322,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         let peer = self.link.peer;
         let mut respond = self.respond.borrow_mut();
         let body = &mut *self.body;
-        let tunnel = crate::h2::run_tunnel(
+        let tunnel = crate::h2::tunnel::run(
             &mut respond,
             body,
             up,
@@ -474,4 +476,111 @@ pub(crate) async fn send_simple(
     let mut data = Bytes::copy_from_slice(body);
     send_windowed(&mut send, &mut data, true, limit, Peer::Client).await?;
     Ok(body.len() as u64)
+}
+
+/// The origin action on an HTTP/2 stream: the origin's HTTP/1 head is parsed back and sent as
+/// HTTP/2, its body as DATA under the client's window (`limit`: the listener's `send_timeout`).
+async fn origin_answer(
+    respond: &mut SendResponse<Bytes>,
+    head: &RequestHead,
+    origin: &portico_origin::Origin,
+    limit: Duration,
+) -> Outcome {
+    let mut buf = BytesMut::with_capacity(512);
+    let reply = origin.respond(head, &mut buf);
+    encode::end_head(&mut buf);
+    if let Some(d) = reply.delay {
+        tokio::time::sleep(d).await;
+    }
+    let status = reply.status;
+    let resp = match parse_response(&mut buf, head.method(), &Limits::default()) {
+        Ok(Some(r)) => r,
+        _ => {
+            let e = ProxyError::Internal("origin head did not parse");
+            let body = crate::conn::error_body(e.status());
+            return answer_h2(
+                respond,
+                Some(head),
+                e,
+                Phase::ResponseHead,
+                body,
+                &[],
+                limit,
+            )
+            .await;
+        }
+    };
+    let response = crate::h2_fields::response_from(&resp, &HeaderRules::default(), false);
+    let end = matches!(reply.body, portico_origin::Body::Empty);
+    let mut send = match respond.send_response(response, end) {
+        Ok(s) => s,
+        Err(e) => return client_failed(e, status, Phase::ResponseHead),
+    };
+    let r: Result<u64, ProxyError> = async {
+        match reply.body {
+            portico_origin::Body::Empty => Ok(0),
+            portico_origin::Body::Bytes(mut b) => {
+                let n = b.len() as u64;
+                send_windowed(&mut send, &mut b, true, limit, Peer::Client).await?;
+                Ok(n)
+            }
+            portico_origin::Body::File {
+                mut file,
+                offset,
+                len,
+            } => {
+                use std::io::{Read, Seek, SeekFrom};
+                file.seek(SeekFrom::Start(offset))
+                    .map_err(ProxyError::ClientIo)?;
+                let mut left = len;
+                while left > 0 {
+                    let want = left.min(MAX_CHUNK as u64) as usize;
+                    let mut buf = vec![0u8; want];
+                    let n = file.read(&mut buf).map_err(ProxyError::ClientIo)?;
+                    if n == 0 {
+                        return Err(ProxyError::ClientIo(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "file shrank while serving",
+                        )));
+                    }
+                    buf.truncate(n);
+                    left -= n as u64;
+                    send_windowed(
+                        &mut send,
+                        &mut Bytes::from(buf),
+                        left == 0,
+                        limit,
+                        Peer::Client,
+                    )
+                    .await?;
+                }
+                Ok(len)
+            }
+        }
+    }
+    .await;
+    match r {
+        Ok(n) => Outcome::ok(status, true, n),
+        Err(e) => {
+            send.send_reset(h2::Reason::INTERNAL_ERROR);
+            Outcome {
+                termination: e.termination(Phase::ResponseBody),
+                status,
+                keep_alive: true,
+                bytes_sent: 0,
+                upstream: None,
+            }
+        }
+    }
+}
+
+/// The outcome of a stream the client reset or closed under the response head.
+fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
+    Outcome {
+        termination: client_err(e).termination(phase),
+        status,
+        keep_alive: true,
+        bytes_sent: 0,
+        upstream: None,
+    }
 }

@@ -12,7 +12,7 @@ use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
 use crate::headers;
 use crate::pool::UpConn;
-use crate::server::{ListenerState, Shared, Worker};
+use crate::state::{ListenerState, Shared, Worker};
 use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;

@@ -2,26 +2,24 @@
 
 mod cork;
 pub(crate) mod frame_scan;
+pub(crate) mod link;
 mod request;
 mod stream;
-mod tunnel;
+pub(crate) mod tunnel;
 
-pub(crate) use stream::origin;
+pub use link::MAX_UNSOLICITED_PING_ACKS;
+pub(crate) use link::{Current, Link, Windowed};
 pub use tunnel::websocket_accept;
-pub(crate) use tunnel::{check_answer, idle_watchdog, run as run_tunnel, stop_client};
 
-use crate::conn::{self, Ctx};
-use crate::server::{ListenerState, Snapshot, Worker};
+use crate::conn::Ctx;
 use crate::stats::{Cause, Phase, Side, Termination};
 use crate::stream::ClientStream;
 use bytes::Bytes;
-use portico_config::Http2Settings;
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
@@ -34,7 +32,7 @@ pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
     let settings = ctx.ls.listener.http2;
     if !settings.enabled {
-        return conn::serve(stream, peer, ctx).await;
+        return crate::serve_h1::serve(stream, peer, ctx).await;
     }
     // The first head deadline runs from here, sniffing included.
     let accepted = Instant::now();
@@ -57,7 +55,7 @@ pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
         // A sniff that ran out of time lands here too: the HTTP/1 path finds its head deadline
         // (from `accepted`) already passed and closes as for any head timeout (silently when
         // nothing arrived, 408 when part of a head did).
-        Sniffed::Http1 => conn::serve_since(stream, peer, ctx, accepted).await,
+        Sniffed::Http1 => crate::serve_h1::serve_since(stream, peer, ctx, accepted).await,
         Sniffed::Neither => {
             // Not an HTTP/1.x request line and not the preface: an invalid preface is a
             // connection error (RFC 9113 3.4), so the connection closes without an answer.
@@ -172,111 +170,6 @@ async fn sniff(s: &TcpStream, deadline: tokio::time::Instant) -> Sniffed {
     tokio::time::timeout_at(deadline, work)
         .await
         .unwrap_or(Sniffed::Http1)
-}
-
-/// The configuration a stream runs on: its listener's state in a snapshot. Streams share it by
-/// `Rc` (a thread-local count), not by cloning the `Arc`s all workers share.
-pub(crate) struct Current {
-    pub ls: Arc<ListenerState>,
-    pub shared: Snapshot,
-}
-
-/// State of one HTTP/2 connection shared with its stream tasks (all on this worker's thread).
-pub(crate) struct Link {
-    pub worker: Rc<Worker>,
-    pub peer: SocketAddr,
-    pub client_ip: String,
-    pub tls: bool,
-    pub client_cert_subject: Option<String>,
-    slot: u64,
-    current: RefCell<Rc<Current>>,
-    settings: Http2Settings,
-    /// Streams whose task is running.
-    active: Cell<usize>,
-    /// When the last stream ended (or the connection began).
-    idle_since: Cell<Instant>,
-    /// Wakes the connection loop when `active` drops to zero.
-    idle: Notify,
-    /// Client resets in the current `reset_window`.
-    resets: Windowed,
-    /// Signalled once resets exceed the limit.
-    calm: Notify,
-    /// PING ACKs from the client in the current `reset_window`.
-    ping_acks: Windowed,
-}
-
-/// Events of one kind counted per window: the count starts again once `window` has passed since
-/// the window began.
-struct Windowed(Cell<(Instant, u32)>);
-
-impl Windowed {
-    fn new() -> Windowed {
-        Windowed(Cell::new((Instant::now(), 0)))
-    }
-
-    /// Add `n` events now; the count in the current window.
-    fn add(&self, n: u32, window: Duration) -> u32 {
-        let now = Instant::now();
-        let (start, seen) = self.0.get();
-        let (start, seen) = if now.duration_since(start) > window {
-            (now, n)
-        } else {
-            (start, seen.saturating_add(n))
-        };
-        self.0.set((start, seen));
-        seen
-    }
-}
-
-/// PING ACKs a client may send per `reset_window` without being asked. Portico's server side
-/// sends one PING per connection (with its graceful GOAWAY), so a client acknowledges at most
-/// that one; past this, the ACKs are a flood (each costs the `h2` crate work and, before it was
-/// silenced, a log line) and the connection ends with GOAWAY ENHANCE_YOUR_CALM.
-pub const MAX_UNSOLICITED_PING_ACKS: u32 = 10;
-
-impl Link {
-    /// The newest snapshot and this listener's state in it (a listener a reload removed keeps
-    /// its last state until the connection ends).
-    pub fn current(&self) -> Rc<Current> {
-        let mut cur = self.current.borrow_mut();
-        if self.worker.generation() != cur.shared.generation {
-            let newest = self.worker.snapshot();
-            if let Some(ls) = newest.listener(self.slot) {
-                *cur = Rc::new(Current {
-                    ls: ls.clone(),
-                    shared: newest,
-                });
-            }
-        }
-        cur.clone()
-    }
-
-    fn stream_started(&self) {
-        self.active.set(self.active.get() + 1);
-    }
-
-    fn stream_ended(&self) {
-        self.active.set(self.active.get().saturating_sub(1));
-        if self.active.get() == 0 {
-            self.idle_since.set(Instant::now());
-            self.idle.notify_one();
-        }
-    }
-
-    /// Count `n` PING ACKs from the client; true once they exceed
-    /// [`MAX_UNSOLICITED_PING_ACKS`] within a `reset_window`.
-    fn ping_acks(&self, n: u32) -> bool {
-        n > 0 && self.ping_acks.add(n, self.settings.reset_window) > MAX_UNSOLICITED_PING_ACKS
-    }
-
-    /// Count a stream reset by the client; past the limit the connection gets GOAWAY
-    /// ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487).
-    pub fn client_reset(&self) {
-        let n = self.resets.add(1, self.settings.reset_window);
-        if n == self.settings.max_resets.saturating_add(1) {
-            self.calm.notify_one();
-        }
-    }
 }
 
 /// Serve an HTTP/2 connection until it closes: accept streams (one local task each), GOAWAY on

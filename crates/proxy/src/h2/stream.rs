@@ -1,25 +1,21 @@
 //! One HTTP/2 stream: translate, route, admit, run the action (the proxy flow, origin, redirect, respond), record once.
 
+use super::link::{Current, Link};
 use super::request::{to_http1, Reject};
-use super::{Current, Link};
-use crate::conn::MAX_CHUNK;
 use crate::downstream::{answer_h2, H2Down};
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
-use crate::h2_io::{client_err, send_windowed, Peer};
 use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
-use portico_config::HeaderRules;
-use portico_http1::{encode, parse_response, Limits, RequestHead};
+use portico_http1::RequestHead;
 use std::cell::RefCell;
-use std::io;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A stream being served.
 struct Stream<'a> {
@@ -125,111 +121,5 @@ impl Stream<'_> {
     ) -> Outcome {
         let limit = self.cur.ls.listener.limits.send_timeout;
         answer_h2(self.respond.get_mut(), head, e, phase, body, extra, limit).await
-    }
-}
-
-fn client_failed(e: h2::Error, status: u16, phase: Phase) -> Outcome {
-    Outcome {
-        termination: client_err(e).termination(phase),
-        status,
-        keep_alive: true,
-        bytes_sent: 0,
-        upstream: None,
-    }
-}
-
-/// The origin action on an HTTP/2 stream: the origin's HTTP/1 head is parsed back and sent as
-/// HTTP/2, its body as DATA under the client's window (`limit`: the listener's `send_timeout`).
-pub(crate) async fn origin(
-    respond: &mut SendResponse<Bytes>,
-    head: &RequestHead,
-    origin: &portico_origin::Origin,
-    limit: Duration,
-) -> Outcome {
-    let mut buf = BytesMut::with_capacity(512);
-    let reply = origin.respond(head, &mut buf);
-    encode::end_head(&mut buf);
-    if let Some(d) = reply.delay {
-        tokio::time::sleep(d).await;
-    }
-    let status = reply.status;
-    let resp = match parse_response(&mut buf, head.method(), &Limits::default()) {
-        Ok(Some(r)) => r,
-        _ => {
-            let e = ProxyError::Internal("origin head did not parse");
-            let body = crate::conn::error_body(e.status());
-            return answer_h2(
-                respond,
-                Some(head),
-                e,
-                Phase::ResponseHead,
-                body,
-                &[],
-                limit,
-            )
-            .await;
-        }
-    };
-    let response = crate::h2_fields::response_from(&resp, &HeaderRules::default(), false);
-    let end = matches!(reply.body, portico_origin::Body::Empty);
-    let mut send = match respond.send_response(response, end) {
-        Ok(s) => s,
-        Err(e) => return client_failed(e, status, Phase::ResponseHead),
-    };
-    let r: Result<u64, ProxyError> = async {
-        match reply.body {
-            portico_origin::Body::Empty => Ok(0),
-            portico_origin::Body::Bytes(mut b) => {
-                let n = b.len() as u64;
-                send_windowed(&mut send, &mut b, true, limit, Peer::Client).await?;
-                Ok(n)
-            }
-            portico_origin::Body::File {
-                mut file,
-                offset,
-                len,
-            } => {
-                use std::io::{Read, Seek, SeekFrom};
-                file.seek(SeekFrom::Start(offset))
-                    .map_err(ProxyError::ClientIo)?;
-                let mut left = len;
-                while left > 0 {
-                    let want = left.min(MAX_CHUNK as u64) as usize;
-                    let mut buf = vec![0u8; want];
-                    let n = file.read(&mut buf).map_err(ProxyError::ClientIo)?;
-                    if n == 0 {
-                        return Err(ProxyError::ClientIo(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "file shrank while serving",
-                        )));
-                    }
-                    buf.truncate(n);
-                    left -= n as u64;
-                    send_windowed(
-                        &mut send,
-                        &mut Bytes::from(buf),
-                        left == 0,
-                        limit,
-                        Peer::Client,
-                    )
-                    .await?;
-                }
-                Ok(len)
-            }
-        }
-    }
-    .await;
-    match r {
-        Ok(n) => Outcome::ok(status, true, n),
-        Err(e) => {
-            send.send_reset(h2::Reason::INTERNAL_ERROR);
-            Outcome {
-                termination: e.termination(Phase::ResponseBody),
-                status,
-                keep_alive: true,
-                bytes_sent: 0,
-                upstream: None,
-            }
-        }
     }
 }

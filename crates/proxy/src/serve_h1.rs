@@ -1,0 +1,235 @@
+//! One HTTP/1.1 connection's task: read each request head under its deadlines, hand the request to the flow, log it, then keep the connection alive or close it (lingering after an error).
+
+use crate::conn::{error_body, head_may_be_complete, write_simple, Conn, Ctx};
+use crate::downstream::H1Down;
+use crate::error::ProxyError;
+use crate::stats::{Outcome, Phase, Termination};
+use crate::stream::ClientStream;
+use crate::timing::Timings;
+use bytes::BytesMut;
+use portico_http1::{parse_request, RequestHead};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{timeout, timeout_at};
+
+/// How long a closing connection keeps reading after an error response.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Serve one accepted connection until it closes.
+pub async fn serve(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
+    serve_since(stream, peer, ctx, Instant::now()).await
+}
+
+/// [`serve`] a connection whose first head deadline runs from `accepted` (time already spent
+/// on it, such as sniffing its protocol, counts).
+pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, accepted: Instant) {
+    let mut c = Conn {
+        client_cert_subject: stream.client_cert_subject(),
+        stream,
+        peer,
+        client_ip: peer.ip().to_string(),
+        rbuf: BytesMut::with_capacity(8 * 1024),
+        wbuf: BytesMut::with_capacity(8 * 1024),
+        ubuf: BytesMut::with_capacity(1024),
+        requests: 0,
+        timings: Timings::default(),
+        send_timeout: ctx.ls.listener.limits.send_timeout,
+        timer: crate::fast_timeout::LazyTimer::default(),
+    };
+    loop {
+        let mut began = None;
+        let head = match read_head(&mut c, &mut ctx, accepted, &mut began).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return,
+            Err(e) => {
+                // Its total runs from the request's start, not from the connection's.
+                let start = began.unwrap_or_else(Instant::now);
+                // Only count it as a request if bytes of one arrived.
+                if !matches!(e, ProxyError::ClientClosed) || !c.rbuf.is_empty() {
+                    ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+                    let t = e.termination(Phase::RequestHead);
+                    ctx.shared.stats.record(t);
+                    tracing::debug!(peer = %c.peer, "request head refused: {e}");
+                    if !e.client_gone() {
+                        let status = e.status();
+                        let sent = write_simple(
+                            &mut c,
+                            status,
+                            "text/plain",
+                            error_body(status),
+                            false,
+                            None,
+                            &[],
+                        )
+                        .await;
+                        // No head: no phases but the total (not the previous request's).
+                        c.timings = Timings::default();
+                        log_access(
+                            &ctx,
+                            &c,
+                            None,
+                            &Outcome {
+                                termination: t,
+                                status,
+                                keep_alive: false,
+                                bytes_sent: sent.unwrap_or(0),
+                                upstream: None,
+                            },
+                            start,
+                        );
+                    }
+                    close(&mut c, true).await;
+                }
+                return;
+            }
+        };
+        c.requests += 1;
+        // The one clock read at the head: the head phase, the pick time of a proxied request,
+        // and the start of a kept-alive connection's request.
+        let now = Instant::now();
+        let started = began.unwrap_or(now);
+        c.timings = Timings::begin(now);
+        refresh(&mut ctx);
+        c.send_timeout = ctx.ls.listener.limits.send_timeout;
+        ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let outcome = handle(&mut c, &ctx, &head, started).await;
+        ctx.shared.stats.record(outcome.termination);
+        log_access(&ctx, &c, Some(&head), &outcome, started);
+        if !outcome.keep_alive {
+            let lingering = outcome.termination != Termination::OK;
+            close(&mut c, lingering).await;
+            return;
+        }
+    }
+}
+
+/// Move the connection to the newest configuration snapshot before a request starts. A listener
+/// that a reload removed keeps its last state; its stop signal ends the connection after this
+/// request.
+fn refresh(ctx: &mut Ctx) {
+    if ctx.worker.generation() == ctx.shared.generation {
+        return;
+    }
+    let newest = ctx.worker.snapshot();
+    if let Some(ls) = newest.listener(ctx.ls.slot) {
+        ctx.ls = ls.clone();
+        ctx.shared = newest;
+    }
+}
+
+/// Close the connection. After an error the client may still be sending (a refused body): read
+/// and discard for a moment so the kernel does not answer with a reset that destroys our response.
+async fn close(c: &mut Conn, lingering: bool) {
+    let _ = c.stream.shutdown().await;
+    if lingering {
+        let drain = async {
+            let mut left: usize = 64 * 1024;
+            let mut buf = [0u8; 4096];
+            while left > 0 {
+                match c.stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        };
+        let _ = timeout(LINGER, drain).await;
+    }
+}
+
+fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
+    if let Some(log) = &ctx.shared.access_log {
+        let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
+        log.write(c.peer, head, protocol, o, &c.timings.phases(started));
+    }
+}
+
+/// Wait for a complete request head. `began` says when the request began, also when its head
+/// failed: accept for the first request, its first byte for later ones, `None` when the head
+/// came complete in the first read of a kept-alive connection (it began now). `Ok(None)`: the
+/// connection ended cleanly between requests (EOF, reset, idle timeout or shutdown).
+///
+/// The parser runs only when the bytes read could complete the head or break a limit, so a head
+/// trickled in tiny pieces costs linear, not quadratic, work.
+async fn read_head(
+    c: &mut Conn,
+    ctx: &mut Ctx,
+    accepted: Instant,
+    began: &mut Option<Instant>,
+) -> Result<Option<RequestHead>, ProxyError> {
+    let limits = &ctx.ls.listener.limits;
+    *began = (c.requests == 0).then_some(accepted);
+    // A new connection gets the head deadline at once; a kept-alive one waits idle first.
+    let mut deadline = if c.requests == 0 {
+        Some(tokio::time::Instant::from_std(accepted) + limits.head_timeout)
+    } else {
+        None
+    };
+    // Bytes already searched for the end of the head; whether the request line was checked.
+    let mut scanned = 0;
+    let mut line_checked = false;
+    loop {
+        // Empty lines before a request are allowed (RFC 9112 2.2): they start nothing.
+        if c.rbuf.iter().all(|&b| b == b'\r' || b == b'\n') {
+            c.rbuf.clear();
+            scanned = 0;
+        }
+        if !c.rbuf.is_empty() {
+            let newline = !line_checked && c.rbuf.contains(&b'\n');
+            let worth_parsing = head_may_be_complete(&c.rbuf, scanned)
+                || newline
+                || c.rbuf.len() > limits.max_head_bytes
+                || (!line_checked && c.rbuf.len() > limits.max_request_line);
+            scanned = c.rbuf.len();
+            line_checked |= newline;
+            if worth_parsing {
+                match parse_request(&mut c.rbuf, &ctx.ls.limits) {
+                    Ok(Some(h)) => return Ok(Some(h)),
+                    Ok(None) => {}
+                    Err(e) => return Err(ProxyError::BadHead(e)),
+                }
+            }
+            if deadline.is_none() {
+                let now = tokio::time::Instant::now();
+                *began = Some(now.into_std());
+                deadline = Some(now + limits.head_timeout);
+            }
+        }
+        if c.rbuf.capacity() - c.rbuf.len() < 1024 {
+            c.rbuf.reserve(8 * 1024);
+        }
+        let n = match deadline {
+            None => {
+                if *ctx.shutdown.borrow() {
+                    return Ok(None);
+                }
+                // Idle since the last response ended (its end was read for the access log).
+                let since = c.timings.done.unwrap_or_else(Instant::now);
+                let due = tokio::time::Instant::from_std(since) + limits.keepalive_timeout;
+                tokio::select! {
+                    biased;
+                    r = c.stream.read_buf(&mut c.rbuf) => r,
+                    _ = c.timer.until(due) => return Ok(None),
+                    _ = ctx.shutdown.changed() => return Ok(None),
+                }
+            }
+            Some(d) => match timeout_at(d, c.stream.read_buf(&mut c.rbuf)).await {
+                Err(_) if c.rbuf.is_empty() && c.requests == 0 => return Ok(None),
+                Err(_) => return Err(ProxyError::HeadTimeout),
+                Ok(r) => r,
+            },
+        };
+        match n {
+            Ok(0) | Err(_) if c.rbuf.is_empty() => return Ok(None),
+            Ok(0) => return Err(ProxyError::ClientClosed),
+            Ok(_) => {}
+            Err(e) => return Err(ProxyError::ClientIo(e)),
+        }
+    }
+}
+
+async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -> Outcome {
+    let mut down = H1Down { c, ctx };
+    crate::flow::serve(&mut down, head, started).await
+}
