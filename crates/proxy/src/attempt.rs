@@ -1,4 +1,4 @@
-//! One upstream attempt, shared by HTTP/1.1 requests and HTTP/2 streams: server pick (sticky, balancer, queue, fallback, retry exclusion), the forwarded head, the connection (pool or connect, TLS counters and log), outcome reports and retry decisions.
+//! The server of one attempt, for either client kind and upstream protocol: the pick (sticky, balancer, queue, fallback, retry exclusion), the forwarded head, the connection (pool or connect, TLS counters and log), outcome reports and retry decisions, and what an exchange returns (`Exchanged`, `UpResponse`).
 
 use crate::error::ProxyError;
 use crate::headers::{self, Forwarding};

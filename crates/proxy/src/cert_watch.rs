@@ -1,4 +1,4 @@
-//! Listener certificates reloaded without a restart: a swappable TLS configuration per listener and the thread that polls its files.
+//! Listener certificates reloaded without a restart: a swappable TLS configuration per listener and the stamps of its files (the thread that polls them is in `server`).
 
 use crate::stats::Stats;
 use arc_swap::ArcSwap;

@@ -1,4 +1,4 @@
-//! One downstream connection: read heads, route, run the action, write responses, keep alive.
+//! An HTTP/1.1 connection below the flow: its buffers and timers, writes under the listener's `send_timeout`, error and local answers, `100 Continue`, request bodies under the route's limits, the origin answer.
 
 use crate::date::with_date;
 use crate::error::ProxyError;

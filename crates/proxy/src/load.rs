@@ -1,4 +1,4 @@
-//! Per-worker load: the event-loop lag probe, each listener's shedding state, the fast 503 for shed requests.
+//! Per-worker load: the event-loop lag samples fed to each shedding listener's `Shedder` (the probe that takes them is in `server`), and the body of a shed request's 503.
 
 use crate::shed::{Change, Shedder};
 use crate::stats::Stats;

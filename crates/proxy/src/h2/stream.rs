@@ -1,4 +1,4 @@
-//! One HTTP/2 stream: translate, route, admit, run the action (the proxy flow, origin, redirect, respond), record once.
+//! One HTTP/2 stream: translate its head, run it through the flow with the stream as its client, record it once.
 
 use super::link::{Current, Link};
 use super::request::{to_http1, Reject};
