@@ -23,30 +23,7 @@ tck=$(getconf CLK_TCK)
 taskset -c 1 "$1" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9380
 
-tls=""
-if [ "$mode" != http ]; then
-  tls="[listeners.tls]
-certificates = [{ cert = \"$d/cert.pem\", key = \"$d/key.pem\" }]
-versions = \"1.3\"
-groups = [\"X25519\"]"
-fi
-cat > "$d/portico.toml" <<EOF
-[[listeners]]
-name = "ab"
-address = "127.0.0.1:9743"
-[listeners.limits]
-max_connections = 100000
-max_requests_per_connection = 0
-$tls
-[listeners.http2]
-max_concurrent_streams = 128
-[[listeners.routes]]
-proxy = "origin"
-[upstreams.origin]
-servers = ["127.0.0.1:9380"]
-keepalive = 1024
-${AB_EXTRA_TOML:-}
-EOF
+ab_config "$d" "$mode"
 
 run() { # binary -> "us_per_req user_us_per_req"
   taskset -c 0 "$1" run -c "$d/portico.toml" -w 1 > /dev/null 2>&1 &

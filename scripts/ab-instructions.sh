@@ -4,7 +4,8 @@
 # this machine's VM exposes no hardware counters to `perf stat`). Each binary serves N1 and then
 # N2 requests in two runs under callgrind; the difference divided by N2 - N1 removes start-up
 # and shutdown. Closed loop (h2load, 4 connections), the origin a separate `portico origin`.
-# Usage: scripts/ab-instructions.sh http|https|h2 BINARY...
+# Usage: scripts/ab-instructions.sh http|https|h2 BINARY... (AB_EXTRA_TOML is appended to the configuration,
+# as for scripts/ab-cpu.sh; AB_N1 and AB_N2 set the two request counts)
 # Needs valgrind, h2load, openssl. Prints one line per binary.
 set -euo pipefail
 mode=$1
@@ -20,27 +21,7 @@ make_cert "$d"
 "$1" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9380
 
-tls=""
-if [ "$mode" != http ]; then
-  tls="[listeners.tls]
-certificates = [{ cert = \"$d/cert.pem\", key = \"$d/key.pem\" }]
-versions = \"1.3\"
-groups = [\"X25519\"]"
-fi
-cat > "$d/portico.toml" <<EOF
-[[listeners]]
-name = "ab"
-address = "127.0.0.1:9743"
-[listeners.limits]
-max_connections = 100000
-max_requests_per_connection = 0
-$tls
-[[listeners.routes]]
-proxy = "origin"
-[upstreams.origin]
-servers = ["127.0.0.1:9380"]
-keepalive = 1024
-EOF
+ab_config "$d" "$mode"
 
 count() { # binary requests -> instructions of the proxy process for that run
   valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$1" run -c "$d/portico.toml" -w 1 \

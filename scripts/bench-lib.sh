@@ -13,3 +13,32 @@ make_cert() { # dir: a self-signed ECDSA P-256 certificate for localhost, dir/ce
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -subj /CN=localhost \
     -keyout "$1/key.pem" -out "$1/cert.pem" 2>/dev/null
 }
+
+ab_config() { # dir mode: dir/portico.toml for the A/B scripts, one listener on 127.0.0.1:9743
+  # (TLS 1.3 with X25519 unless mode is http) proxying to the origin on 127.0.0.1:9380, with
+  # AB_EXTRA_TOML appended.
+  local tls=""
+  if [ "$2" != http ]; then
+    tls="[listeners.tls]
+certificates = [{ cert = \"$1/cert.pem\", key = \"$1/key.pem\" }]
+versions = \"1.3\"
+groups = [\"X25519\"]"
+  fi
+  cat > "$1/portico.toml" <<EOF
+[[listeners]]
+name = "ab"
+address = "127.0.0.1:9743"
+[listeners.limits]
+max_connections = 100000
+max_requests_per_connection = 0
+$tls
+[listeners.http2]
+max_concurrent_streams = 128
+[[listeners.routes]]
+proxy = "origin"
+[upstreams.origin]
+servers = ["127.0.0.1:9380"]
+keepalive = 1024
+${AB_EXTRA_TOML:-}
+EOF
+}
