@@ -56,6 +56,7 @@ impl ClientCounts {
     }
 
     /// Open connections counted for `ip`.
+    #[cfg(test)]
     pub fn open(&self, ip: IpAddr) -> u32 {
         self.shard(&ip).get(&ip).copied().unwrap_or(0)
     }

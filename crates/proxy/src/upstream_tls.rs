@@ -85,9 +85,3 @@ pub fn settings_id(settings: &UpstreamTls) -> u64 {
 /// An upstream connection's byte stream (`UpStream::Plain` or `UpStream::Tls`), with
 /// `try_write`, `resumed`, `split` and `is_idle_alive`.
 pub type UpStream = portico_tls::MaybeTls<TlsStream<portico_tls::Tcp>>;
-
-/// The read half of an [`UpStream`].
-pub type UpRead<'a> = portico_tls::MaybeTlsRead<'a, TlsStream<portico_tls::Tcp>>;
-
-/// The write half of an [`UpStream`].
-pub type UpWrite<'a> = portico_tls::MaybeTlsWrite<'a, TlsStream<portico_tls::Tcp>>;
