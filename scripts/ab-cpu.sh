@@ -3,9 +3,9 @@
 # binary under the same load, the binaries alternating round by round. One worker pinned to
 # core 0; the origin (`portico origin` of the first binary) and the load generator on core 1.
 # Usage: scripts/ab-cpu.sh MODE ROUNDS BINARY...
-#   MODE https: wrk -t1 -c50 -d8s, TLS 1.3 X25519, 1 KB (P4's load)
-#        http:  the same over plain HTTP (P1's load)
-#        h2:    h2load -c 10 -m 100 -n 300000 over TLS, 1 KB (P9's load)
+#   MODE https: wrk -t1 -c50 -d8s, TLS 1.3 X25519, 1 KB (the HTTPS keep-alive load of docs/benchmarks.md)
+#        http:  the same over plain HTTP (the HTTP/1.1 keep-alive load)
+#        h2:    h2load -c 10 -m 100 -n 300000 over TLS, 1 KB (the HTTP/2 load)
 # A wrapper script works as a BINARY (to set an environment variable, for example).
 # AB_EXTRA_TOML is appended to the proxy's configuration (an [access_log] table, for example).
 # Needs wrk, h2load, openssl. Prints one line per binary per round, then each binary's median.

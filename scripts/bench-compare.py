@@ -225,8 +225,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median per proxy is reported")
     ap.add_argument("--proxies", default="portico,nginx,haproxy")
     ap.add_argument("--json", help="write results here")
-    ap.add_argument("--https", action="store_true", help="TLS 1.3 on the client leg (P4)")
-    ap.add_argument("--latency", type=int, metavar="RATE", help="open-loop latency at RATE req/s with portico bench, plus 'direct' (P12)")
+    ap.add_argument("--https", action="store_true", help="TLS 1.3 on the client leg")
+    ap.add_argument("--latency", type=int, metavar="RATE", help="open-loop latency at RATE req/s with portico bench, plus 'direct'")
     args = ap.parse_args()
 
     portico = os.path.join(ROOT, "target/release/portico")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Proxy CPU per request with an HTTP/2 client leg and HTTP/1.1 keep-alive upstreams (P9 of
-# ../shared/design/performance.md): h2load -m 100 over TLS 1.3 (X25519, ECDSA P-256, ALPN h2)
+# Proxy CPU per request with an HTTP/2 client leg and HTTP/1.1 keep-alive upstreams (see
+# docs/benchmarks.md): h2load -m 100 over TLS 1.3 (X25519, ECDSA P-256, ALPN h2)
 # for a 1 KB response, against Portico (release build, one worker) and nginx (one worker), both in
 # front of the same `portico origin`. Proxy on core 0; origin and h2load on core 1. CPU = utime +
 # stime of the proxy's process tree from /proc, divided by the requests h2load completed. The two

@@ -446,11 +446,6 @@ impl Control {
         self.published.stall_us.store(us, Ordering::Relaxed);
     }
 
-    /// The stall [`Control::simulate_saturation`] asks for, if any.
-    pub fn simulated_stall(&self) -> Option<Duration> {
-        self.published.simulated_stall()
-    }
-
     /// Stop accepting everywhere and let the workers drain.
     pub fn shutdown(&self) {
         let mut inner = self.lock();

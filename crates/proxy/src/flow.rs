@@ -646,7 +646,7 @@ async fn relay<O: Sink>(up: &mut UpBody<'_>, out: &mut O) -> Result<(), ProxyErr
 
 /// A client write of the response head failed with `e` (a client that accepted nothing within
 /// `send_timeout` is a client timeout, as for every other client write).
-pub(crate) fn client_gone(status: u16, addr: SocketAddr, e: std::io::Error) -> Outcome {
+fn client_gone(status: u16, addr: SocketAddr, e: std::io::Error) -> Outcome {
     Outcome {
         termination: ProxyError::ClientIo(e).termination(Phase::ResponseHead),
         status,

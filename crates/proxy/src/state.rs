@@ -139,7 +139,7 @@ impl Worker {
 pub struct Published {
     pub(crate) current: ArcSwap<Shared>,
     pub(crate) generation: AtomicU64,
-    /// Testing aid (microseconds, 0 = off), see `Control::simulate_saturation`.
+    /// Testing aid (microseconds, 0 = off), set by `Control::simulate_saturation`.
     pub(crate) stall_us: AtomicU64,
 }
 
