@@ -443,6 +443,13 @@ pub struct HeaderRules {
     pub add: Vec<(String, String)>,
 }
 
+impl HeaderRules {
+    /// No rule at all.
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct UpstreamGroup {
     pub name: String,

@@ -1,6 +1,7 @@
 //! The server of one attempt, for either client kind and upstream protocol: the pick (sticky, balancer, queue, fallback, retry exclusion), the forwarded head, the connection (pool or connect, TLS counters and log), outcome reports and retry decisions, and what an exchange returns (`Exchanged`, `UpResponse`).
 
 use crate::error::ProxyError;
+use crate::filter::Edits;
 use crate::headers::{self, Forwarding};
 use crate::pool::{Pool, PoolKey, UpConn};
 use crate::retry::{Retry, RetryCause};
@@ -32,8 +33,6 @@ pub struct Picked<'s> {
     pub guard: ServerGuard,
     pub tls: Option<&'s GroupTls>,
     pub pool_key: PoolKey,
-    /// The sticky cookie to set on the response, if any.
-    pub set_cookie: Option<String>,
 }
 
 /// How the exchange of one attempt ended, in either upstream protocol. Moved once per
@@ -149,7 +148,6 @@ pub async fn pick<'s>(
             .fetch_add(1, Ordering::Relaxed);
         return Err(e);
     };
-    let set_cookie = crate::sticky::set_cookie(upstream, head, guard.index());
     let tls = shared.upstream_tls.get(gi).and_then(Option::as_deref);
     let pool_key = PoolKey {
         addr: guard.address(),
@@ -161,7 +159,6 @@ pub async fn pick<'s>(
         guard,
         tls,
         pool_key,
-        set_cookie,
     })
 }
 
@@ -190,14 +187,14 @@ impl Picked<'_> {
         self.guard.address()
     }
 
-    /// Write the request head for this server into `ubuf` (built once: retries on the same
-    /// server resend the same bytes).
-    pub fn write_head(
+    /// Write the request head for this server into `ubuf`, with the forward filters' `edits`.
+    pub(crate) fn write_head(
         &self,
         ubuf: &mut BytesMut,
         head: &RequestHead,
         route: &Route,
         p: &ProxyAction,
+        edits: &Edits<'_>,
         client: &Who<'_>,
     ) {
         let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
@@ -227,7 +224,7 @@ impl Picked<'_> {
             head,
             &target,
             p,
-            &route.request_headers,
+            edits,
             &Forwarding {
                 client_ip: client.ip,
                 proto: if client.tls { "https" } else { "http" },

@@ -264,8 +264,13 @@ impl Control {
                 l,
                 previous.map(|p| (&p.listener, &p.resilience[..])),
             );
+            let filters = l
+                .routes
+                .iter()
+                .map(|r| crate::filter::Filters::for_route(l, r, &config.upstreams))
+                .collect();
             listeners.push(Arc::new(listener_state(
-                l, slot.id, tls, counters, resilience,
+                l, slot.id, tls, counters, resilience, filters,
             )));
         }
         let upstreams: Vec<Arc<Upstream>> = config
@@ -463,6 +468,7 @@ fn listener_state(
     tls: Option<Arc<crate::cert_watch::ListenerTls>>,
     route_stats: Vec<Arc<RouteStats>>,
     resilience: Vec<RouteResilience>,
+    filters: Vec<crate::filter::Filters>,
 ) -> ListenerState {
     let origins = l
         .routes
@@ -485,6 +491,7 @@ fn listener_state(
         tls,
         route_stats,
         resilience,
+        filters,
     }
 }
 

@@ -148,6 +148,25 @@ impl ProxyError {
     }
 }
 
+/// Short body for an error status.
+pub fn error_body(status: u16) -> &'static [u8] {
+    match status {
+        400 => b"400 Bad Request\n",
+        404 => b"404 Not Found: no route matches this request\n",
+        408 => b"408 Request Timeout\n",
+        413 => b"413 Content Too Large\n",
+        414 => b"414 URI Too Long\n",
+        429 => b"429 Too Many Requests: retry after the time in Retry-After\n",
+        431 => b"431 Request Header Fields Too Large\n",
+        501 => b"501 Not Implemented\n",
+        502 => b"502 Bad Gateway: the upstream server could not be reached or answered badly\n",
+        503 => b"503 Service Unavailable: no upstream server available\n",
+        504 => b"504 Gateway Timeout: the upstream server did not answer in time\n",
+        505 => b"505 HTTP Version Not Supported\n",
+        _ => b"error\n",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,10 +1,10 @@
-//! One request for every client and every upstream protocol: route, admit, then a local answer or the proxy action's one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, tunnel, response head, one relay, release).
+//! One request for every client and every upstream protocol: route, the request filters, then a local answer or the proxy action's one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, response filters, tunnel, response head, one relay, release), then the log filters.
 
-use crate::admit::Refused;
 use crate::attempt::{Exchanged, UpResponse};
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
+use crate::filter::{Edits, Filters};
 use crate::metrics::RouteStats;
 use crate::pool::UpConn;
 use crate::resilience::RouteResilience;
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
-/// Serve one request whose head arrived (at `started`): route, admit, run the route's action,
-/// and record the route's latency. The access log's end time is set here.
+/// Serve one request whose head arrived (at `started`): route, run the route's filters and its
+/// action. The access log's end time is set here.
 pub(crate) async fn serve<'a, D: Client<'a>>(
     down: &mut D,
     head: &RequestHead,
@@ -47,32 +47,36 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
     };
     let outcome = run_route(down, head, idx).await;
     // A response the client never got (status 0 or a failed write) still counts its latency.
-    // One clock read: the route latency and the end of the access log's timings.
+    // One clock read: the log filters' latency and the end of the access log's timings.
     let done = Instant::now();
-    ls.route_stats[idx].record(outcome.status, done.saturating_duration_since(started));
+    let latency = done.saturating_duration_since(started);
+    ls.filters[idx].log(&ls.route_stats[idx], outcome.status, latency);
     down.timings().done = Some(done);
     outcome
 }
 
-/// Admission (shedding, the route's rate limit), the route's body limit, then its action.
+/// The request filters (one may answer), the route's body limit, then its action.
 async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usize) -> Outcome {
     let env = down.env();
     let ls = env.ls;
     let route = &ls.listener.routes[idx];
+    let filters = &ls.filters[idx];
     let now = down.timings().head.unwrap_or_else(Instant::now);
-    let (stats, ip) = (&env.shared.stats, down.who().ip);
-    match crate::admit::check(ls, env.worker, stats, idx, env.peer, ip, head, now) {
-        Ok(()) => {}
-        Err(Refused::Shed) => {
-            let e = ProxyError::Shed;
-            return down.refuse(head, e, crate::load::SHED_BODY, &[]).await;
-        }
-        Err(Refused::RateLimited(wait)) => {
-            let secs = crate::ratelimit::retry_after_secs(wait).to_string();
-            let e = ProxyError::RateLimited;
-            let body = crate::conn::error_body(e.status());
-            return down.refuse(head, e, body, &[("Retry-After", &secs)]).await;
-        }
+    let answer = filters.request(&crate::filter::Cx {
+        route,
+        counters: &ls.route_stats[idx],
+        limiter: ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
+        load: &env.worker.load,
+        slot: ls.slot,
+        stats: &env.shared.stats,
+        peer: env.peer,
+        client_ip: down.who().ip,
+        head,
+        now,
+    });
+    if let Err(a) = answer {
+        let fields: Vec<(&str, &str)> = a.fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        return down.refuse(head, a.error, a.body, &fields).await;
     }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
@@ -101,8 +105,16 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             let default = RouteResilience::default();
             let res = ls.resilience.get(idx).unwrap_or(&default);
             let counters = &ls.route_stats[idx];
+            let mut forward = Edits::default();
+            filters.forward(route, &mut forward);
+            let px = Proxied {
+                route,
+                p,
+                filters,
+                forward,
+            };
             let mut ubuf = down.take_ubuf();
-            let o = proxy(down, head, route, p, res, counters, &mut ubuf).await;
+            let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
             down.put_ubuf(ubuf);
             o
         }
@@ -128,14 +140,22 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     }
 }
 
+/// A proxy route as its attempts see it: its configuration, its filters and the forward
+/// filters' edits (made once per request).
+struct Proxied<'r> {
+    route: &'r Route,
+    p: &'r ProxyAction,
+    filters: &'r Filters,
+    forward: Edits<'r>,
+}
+
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
 /// as the route's `retry` policy and budget allow. `ubuf` holds the forwarded head (its
 /// allocation is kept across requests).
 async fn proxy<'a, D: Client<'a>>(
     down: &mut D,
     head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
+    px: &Proxied<'_>,
     res: &RouteResilience,
     counters: &RouteStats,
     ubuf: &mut BytesMut,
@@ -144,9 +164,9 @@ async fn proxy<'a, D: Client<'a>>(
     // the header-time metric.
     let now = down.timings().head.unwrap_or_else(Instant::now);
     let budget = res.retry_budget.as_deref();
-    let mut retry = Retry::new(p.retry.as_ref(), budget, head, now, counters);
+    let mut retry = Retry::new(px.p.retry.as_ref(), budget, head, now, counters);
     loop {
-        if let Some(outcome) = attempt(down, head, route, p, &mut retry, ubuf).await {
+        if let Some(outcome) = attempt(down, head, px, &mut retry, ubuf).await {
             return outcome;
         }
     }
@@ -158,11 +178,11 @@ async fn proxy<'a, D: Client<'a>>(
 async fn attempt<'a, D: Client<'a>>(
     down: &mut D,
     head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
+    px: &Proxied<'_>,
     retry: &mut Retry<'_>,
     ubuf: &mut BytesMut,
 ) -> Option<Outcome> {
+    let (route, p) = (px.route, px.p);
     let env = down.env();
     let shared = env.shared;
     let mut asked = retry.started();
@@ -171,11 +191,11 @@ async fn attempt<'a, D: Client<'a>>(
     // An HTTP/2 client that resets its stream while the request waits in a queue leaves at once.
     let picked = unless_reset(watch, std::pin::pin!(pick)).await;
     let picked = picked.unwrap_or(Err(ProxyError::ClientClosed));
-    let mut t = match picked {
+    let t = match picked {
         Ok(t) => t,
         Err(e) => return Some(down.fail(head, e, Phase::Connect, false).await),
     };
-    t.write_head(ubuf, head, route, p, &down.who());
+    t.write_head(ubuf, head, route, p, &px.forward, &down.who());
     let addr = t.addr();
     let h2_group = t.group().protocol == UpstreamProtocol::H2;
     // A WebSocket opening handshake goes to an HTTP/2 server as an extended CONNECT (other
@@ -260,7 +280,10 @@ async fn attempt<'a, D: Client<'a>>(
         return Some(client_gone(status, addr, e));
     }
     let idle = t.group().idle_timeout;
-    let set_cookie = t.set_cookie.take();
+    let mut edits = Edits::default();
+    px.filters
+        .response(route, head, t.upstream, t.server(), &mut edits);
+    let via = p.via;
     match resp {
         UpResponse::H1 { mut up, head: rh } => {
             // 101: the upgrade's tunnel, or an error when it is not one.
@@ -272,8 +295,7 @@ async fn attempt<'a, D: Client<'a>>(
                     return Some(o);
                 }
                 Some(Ok(())) => {
-                    let cookie = set_cookie.as_deref();
-                    let tunnel = down.tunnel_h1(up, &rh, route, p, head, addr, idle, cookie);
+                    let tunnel = down.tunnel_h1(up, &rh, &edits, via, head, addr, idle);
                     // Boxed: a rare, long-lived state that would otherwise widen every request.
                     return Some(Box::pin(tunnel).await);
                 }
@@ -281,8 +303,7 @@ async fn attempt<'a, D: Client<'a>>(
             }
             let up_reusable = rh.keep_alive && body_done && rh.framing != Framing::Close;
             let resp = RespHead::H1(&rh);
-            let cookie = set_cookie.as_deref();
-            let failed = match down.response_head(head, resp, route, p.via, cookie, body_done) {
+            let failed = match down.response_head(head, resp, &edits, via, body_done) {
                 Ok(mut sent) => {
                     let r = match sent.end {
                         true => Ok(()),
@@ -316,20 +337,19 @@ async fn attempt<'a, D: Client<'a>>(
             send,
         } => {
             if upload.is_tunnel() && parts.status.is_success() {
-                let tunnel = down.tunnel_h2(head, route, p, parts, body, send, addr, idle);
+                let tunnel = down.tunnel_h2(head, &edits, via, parts, body, send, addr, idle);
                 let o = Box::pin(tunnel).await;
                 drop(lease);
                 return Some(o);
             }
             let end = body.is_end_stream();
             let resp = RespHead::H2 { parts, end };
-            let cookie = set_cookie.as_deref();
             // A success before an HTTP/2 client's upload ended streams the rest of it while
             // the response streams back (gRPC bidirectional calls); an early error response
             // ended the upload in the exchange.
             if body_done || status >= 300 {
                 drop(send);
-                let failed = match down.response_head(head, resp, route, p.via, cookie, body_done) {
+                let failed = match down.response_head(head, resp, &edits, via, body_done) {
                     Ok(mut sent) => {
                         let r = match sent.end {
                             true => Ok(()),
@@ -346,7 +366,7 @@ async fn attempt<'a, D: Client<'a>>(
                 };
                 return Some(head_failed(down, head, failed, status, addr, body_done).await);
             }
-            let sent = match down.response_head_apart(resp, route, p.via, cookie) {
+            let sent = match down.response_head_apart(resp, &edits, via) {
                 Ok(s) => s,
                 Err(f) => return Some(head_failed(down, head, f, status, addr, body_done).await),
             };

@@ -4,6 +4,7 @@ use crate::attempt::{Exchanged, Failed, Picked, UpResponse};
 use crate::conn::{head_may_be_complete, send_all, write_framed, Conn};
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
+use crate::filter::Edits;
 use crate::headers::{self, ClientFraming};
 use crate::pool::{UpConn, UpStream};
 use crate::retry::Retry;
@@ -11,7 +12,6 @@ use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
 use crate::stream::ClientStream;
 use bytes::{Bytes, BytesMut};
-use portico_config::{ProxyAction, Route};
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -302,8 +302,8 @@ pub(crate) async fn tunnel(
     c: &mut Conn,
     mut up: UpConn,
     resp: &ResponseHead,
-    route: &Route,
-    p: &ProxyAction,
+    edits: &Edits<'_>,
+    via: bool,
     head: &RequestHead,
     addr: SocketAddr,
     idle: Duration,
@@ -313,8 +313,8 @@ pub(crate) async fn tunnel(
         &mut c.wbuf,
         resp,
         ClientFraming::None,
-        &route.response_headers,
-        p.via,
+        edits,
+        via,
         head.version(),
         true,
     );

@@ -1,8 +1,8 @@
 //! HTTP/1 fields and heads into HTTP/2 ones and back, shared by the downstream and upstream HTTP/2 paths: the checked append, trailer lines to a map, the connection-specific names, response heads across protocols.
 
+use crate::filter::Edits;
 use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use portico_config::HeaderRules;
 use portico_http1::{encode, parse_response, Framing, Limits, Method, ResponseHead};
 
 /// Append a field if its name and value are valid in HTTP/2 (names are lowercased).
@@ -57,22 +57,17 @@ pub(crate) const DROPPED: [&str; 8] = [
     "expect",
 ];
 
-fn listed(names: &[String], name: &str) -> bool {
-    names.iter().any(|n| n.eq_ignore_ascii_case(name))
-}
-
 /// The HTTP/2 response for an HTTP/1 response head: hop-by-hop fields dropped (and
-/// content-length unless the body is length-delimited), route rules and Via applied.
+/// content-length unless the body is length-delimited), the filters' edits and Via applied.
 pub(crate) fn response_from(
     resp: &ResponseHead,
-    rules: &HeaderRules,
+    edits: &Edits<'_>,
     via: bool,
 ) -> http::Response<()> {
     let mut headers = HeaderMap::new();
     let mut prev_via: Option<&[u8]> = None;
-    let set = |n: &str| rules.set.iter().any(|(s, _)| s.eq_ignore_ascii_case(n));
     for (name, value) in resp.fields() {
-        if resp.is_hop_by_hop(name) || listed(&rules.remove, name) || set(name) {
+        if resp.is_hop_by_hop(name) || edits.drops(name) {
             continue;
         }
         if name.eq_ignore_ascii_case("content-length")
@@ -88,16 +83,16 @@ pub(crate) fn response_from(
     }
     let status = http::StatusCode::from_u16(resp.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
     let via = via.then_some((prev_via, &b"1.1 portico"[..]));
-    with_rules(headers, status, via, rules)
+    with_edits(headers, status, via, edits)
 }
 
 /// The response with `headers` (the upstream's, already filtered) and `status`, then Via (the
-/// upstream's `prev` Via and our `hop` appended) and the route's `set` and `add` rules.
-fn with_rules(
+/// upstream's `prev` Via and our `hop` appended) and the fields the filters set or add.
+fn with_edits(
     mut headers: HeaderMap,
     status: http::StatusCode,
     via: Option<(Option<&[u8]>, &[u8])>,
-    rules: &HeaderRules,
+    edits: &Edits<'_>,
 ) -> http::Response<()> {
     if let Some((prev, hop)) = via {
         let mut v = Vec::with_capacity(32);
@@ -108,8 +103,8 @@ fn with_rules(
         v.extend_from_slice(hop);
         append(&mut headers, "via", &v);
     }
-    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
-        append(&mut headers, n, v.as_bytes());
+    for (n, v) in edits.fields() {
+        append(&mut headers, n, v);
     }
     let mut r = http::Response::new(());
     *r.status_mut() = status;
@@ -117,25 +112,26 @@ fn with_rules(
     r
 }
 
-/// The response for the HTTP/2 client: connection-specific fields dropped, route rules and Via.
+/// The response for the HTTP/2 client: connection-specific fields dropped, the filters' edits
+/// and Via.
 pub(crate) fn response_from_h2(
     parts: http::response::Parts,
-    rules: &HeaderRules,
+    edits: &Edits<'_>,
     via: bool,
 ) -> http::Response<()> {
     let mut headers = parts.headers;
     for d in DROPPED {
         headers.remove(d);
     }
-    for n in rules.remove.iter().chain(rules.set.iter().map(|(n, _)| n)) {
-        headers.remove(n.as_str());
+    for n in edits.dropped() {
+        headers.remove(n);
     }
     let prev = match via {
         true => headers.remove(http::header::VIA),
         false => None,
     };
     let via = via.then_some((prev.as_ref().map(|p| p.as_bytes()), &b"2 portico"[..]));
-    with_rules(headers, parts.status, via, rules)
+    with_edits(headers, parts.status, via, edits)
 }
 
 /// The HTTP/1 head of an HTTP/2 server's response (for an HTTP/1.1 client, so that the HTTP/1

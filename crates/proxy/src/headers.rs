@@ -1,7 +1,8 @@
-//! Building the forwarded request head and the returned response head (hop-by-hop removal, X-Forwarded-*, rules).
+//! Building the forwarded request head and the returned response head (hop-by-hop removal, X-Forwarded-*, the filters' edits).
 
+use crate::filter::Edits;
 use bytes::BytesMut;
-use portico_config::{HeaderRules, ProxyAction};
+use portico_config::ProxyAction;
 use portico_http1::{encode, Framing, RequestHead, ResponseHead, Version};
 
 /// What the forwarded head needs beyond the request: the client and the Host to send.
@@ -123,28 +124,22 @@ pub fn trailer_fields(mut map: http::HeaderMap) -> http::HeaderMap {
     map
 }
 
-fn listed(names: &[String], name: &str) -> bool {
-    names.iter().any(|n| n.eq_ignore_ascii_case(name))
-}
-
-fn set_listed(rules: &HeaderRules, name: &str) -> bool {
-    rules.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
-}
-
-fn write_rules(out: &mut BytesMut, rules: &HeaderRules) {
-    for (n, v) in rules.set.iter().chain(rules.add.iter()) {
-        encode::field(out, n, v.as_bytes());
+/// Append the fields the filters set or add.
+fn write_edits(out: &mut BytesMut, edits: &Edits<'_>) {
+    for (n, v) in edits.fields() {
+        encode::field(out, n, v);
     }
 }
 
 /// Write the request head sent upstream: request line with `target`, end-to-end fields minus the
-/// ones Portico owns, then Host, X-Forwarded-*, Via, rules, exactly one framing field, upgrade.
-pub fn upstream_request(
+/// ones Portico owns and those the filters drop, then Host, X-Forwarded-*, Via, the filters'
+/// fields, exactly one framing field, upgrade.
+pub(crate) fn upstream_request(
     out: &mut BytesMut,
     head: &RequestHead,
     target: &str,
     action: &ProxyAction,
-    rules: &HeaderRules,
+    edits: &Edits<'_>,
     fwd: &Forwarding<'_>,
 ) {
     encode::request_line(out, head.method().as_str(), target);
@@ -166,7 +161,7 @@ pub fn upstream_request(
         {
             continue;
         }
-        if listed(&rules.remove, name) || set_listed(rules, name) {
+        if edits.drops(name) {
             continue;
         }
         if action.forwarded_headers {
@@ -193,7 +188,7 @@ pub fn upstream_request(
     if fwd.absolute {
         host_value = Some(fwd.authority.as_bytes());
     }
-    if !set_listed(rules, "host") {
+    if !edits.sets("host") {
         match (action.preserve_host, host_value) {
             (true, Some(h)) => encode::field(out, "Host", h),
             _ => encode::field(out, "Host", fwd.authority.as_bytes()),
@@ -222,7 +217,7 @@ pub fn upstream_request(
     if action.via {
         write_via(out, via, head.version());
     }
-    write_rules(out, rules);
+    write_edits(out, edits);
     match head.framing {
         Framing::Length(n) => encode::content_length(out, n),
         Framing::Chunked => encode::field(out, "Transfer-Encoding", b"chunked"),
@@ -274,11 +269,11 @@ pub fn client_framing(f: Framing, v: Version) -> ClientFraming {
 
 /// Write the response head sent to the client. `keep_alive` is the decision for the client
 /// connection (false adds `Connection: close`).
-pub fn client_response(
+pub(crate) fn client_response(
     out: &mut BytesMut,
     resp: &ResponseHead,
     framing: ClientFraming,
-    rules: &HeaderRules,
+    edits: &Edits<'_>,
     via: bool,
     client_version: Version,
     keep_alive: bool,
@@ -295,7 +290,7 @@ pub fn client_response(
         if framing != ClientFraming::None && name.eq_ignore_ascii_case("content-length") {
             continue;
         }
-        if listed(&rules.remove, name) || set_listed(rules, name) {
+        if edits.drops(name) {
             continue;
         }
         if via && name.eq_ignore_ascii_case("via") {
@@ -307,7 +302,7 @@ pub fn client_response(
     if via {
         write_via(out, prev_via, resp.version());
     }
-    write_rules(out, rules);
+    write_edits(out, edits);
     match framing {
         ClientFraming::Length(n) => encode::content_length(out, n),
         ClientFraming::Chunked => match resp.field("transfer-encoding") {

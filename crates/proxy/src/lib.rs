@@ -2,7 +2,6 @@
 
 mod access_log;
 pub mod admin;
-mod admit;
 mod attempt;
 mod cert_watch;
 mod client_limit;
@@ -12,6 +11,7 @@ mod date;
 mod downstream;
 mod error;
 mod fast_timeout;
+mod filter;
 mod flow;
 mod forward;
 pub mod h2;

@@ -32,6 +32,8 @@ pub struct ListenerState {
     pub route_stats: Vec<Arc<RouteStats>>,
     /// Retry budgets per route (shared by all workers), indexed like `listener.routes`.
     pub resilience: Vec<RouteResilience>,
+    /// The filters each route runs, indexed like `listener.routes`.
+    pub(crate) filters: Vec<crate::filter::Filters>,
 }
 
 /// A bound listener: its sockets outlive configuration snapshots while its name and configured
@@ -125,12 +127,6 @@ impl Worker {
             *cur = Snapshot(Rc::new(self.published.current.load_full()));
         }
         cur.clone()
-    }
-
-    /// Whether a request on listener `ls` is shed now: the listener sheds and this worker is
-    /// saturated.
-    pub fn sheds(&self, ls: &ListenerState) -> bool {
-        ls.listener.shed.is_some() && self.load.shedding(ls.slot)
     }
 }
 

@@ -1,7 +1,6 @@
-//! Session persistence by a cookie Portico inserts: read the request's server id, add `Set-Cookie` to the response.
+//! Session persistence by a cookie Portico inserts: the server id a request names, the `Set-Cookie` value for its response, cookie lookup.
 
-use bytes::BytesMut;
-use portico_http1::{encode, RequestHead};
+use portico_http1::RequestHead;
 use portico_upstream::Upstream;
 
 /// The server id the request's sticky cookie carries, if the group has `sticky_cookie` and the
@@ -20,17 +19,6 @@ pub fn set_cookie(upstream: &Upstream, head: &RequestHead, server: usize) -> Opt
         return None;
     }
     Some(cookie.set_cookie(id))
-}
-
-/// Add a field to a complete response head (ending with an empty line) already in `head`.
-/// A buffer that does not end a head is left alone.
-pub fn append_field(head: &mut BytesMut, name: &str, value: &str) {
-    if !head.ends_with(b"\r\n\r\n") {
-        return;
-    }
-    head.truncate(head.len() - 2);
-    encode::field(head, name, value.as_bytes());
-    head.extend_from_slice(b"\r\n");
 }
 
 /// The value of cookie `name` in a Cookie header value.
@@ -58,6 +46,7 @@ mod tests {
     }
 
     use super::*;
+    use bytes::BytesMut;
     use portico_config::{parse, StickyCookie};
     use portico_http1::{parse_request, Limits};
     use std::sync::Arc;
@@ -114,18 +103,5 @@ mod tests {
             c.set_cookie("ab"),
             "S=ab; Path=/app; Max-Age=3600; Secure; SameSite=Lax"
         );
-    }
-
-    #[test]
-    fn field_goes_before_the_empty_line() {
-        let mut h = BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..]);
-        append_field(&mut h, "Set-Cookie", "S=1");
-        assert_eq!(
-            &h[..],
-            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nSet-Cookie: S=1\r\n\r\n"
-        );
-        let mut partial = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
-        append_field(&mut partial, "Set-Cookie", "S=1");
-        assert_eq!(&partial[..], b"HTTP/1.1 200 OK\r\n");
     }
 }

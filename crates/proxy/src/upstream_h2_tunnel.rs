@@ -2,6 +2,7 @@
 
 use crate::conn::{send_all, Conn};
 use crate::error::ProxyError;
+use crate::filter::Edits;
 use crate::h2_io::{client_err, send_windowed, up_err, Peer};
 use crate::headers::{self, ClientFraming};
 use crate::stats::Outcome;
@@ -9,7 +10,6 @@ use crate::stats::{Phase, Termination};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
-use portico_config::{ProxyAction, Route};
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::cell::Cell;
 use std::future::poll_fn;
@@ -315,7 +315,7 @@ pub(crate) fn switch_head(
 }
 
 /// An HTTP/1.1 client's WebSocket after the server's 2xx to the extended CONNECT: the `101`
-/// (`switch_head`, with the route's response rules), then bytes both ways at once until both
+/// (`switch_head`, with the response filters' edits), then bytes both ways at once until both
 /// sides have ended (EOF and END_STREAM passed on as half closes; a server that stops reading
 /// after its end, with NO_ERROR, ends the client's direction too), a reset, or `idle` without
 /// a byte either way. Counted as HTTP/1.1 upgrades are: status 101, the head and every byte
@@ -323,8 +323,8 @@ pub(crate) fn switch_head(
 pub(crate) async fn run_h1(
     c: &mut Conn,
     head: &RequestHead,
-    route: &Route,
-    p: &ProxyAction,
+    edits: &Edits<'_>,
+    via: bool,
     switch: ResponseHead,
     legs: H1Legs,
 ) -> Outcome {
@@ -336,13 +336,12 @@ pub(crate) async fn run_h1(
     } = legs;
     c.wbuf.clear();
     let version = head.version();
-    let rules = &route.response_headers;
     headers::client_response(
         &mut c.wbuf,
         &switch,
         ClientFraming::None,
-        rules,
-        p.via,
+        edits,
+        via,
         version,
         true,
     );

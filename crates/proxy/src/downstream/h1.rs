@@ -8,6 +8,7 @@ use crate::conn::{self, ClientBody, Conn, Ctx};
 use crate::downstream::H2Out;
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
+use crate::filter::Edits;
 use crate::headers::{self, ClientFraming};
 use crate::pool::UpConn;
 use crate::stats::Outcome;
@@ -16,7 +17,7 @@ use crate::timing::Timings;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
-use portico_config::{ProxyAction, Route};
+use portico_config::Route;
 use portico_http1::{encode, Framing, RequestHead, ResponseHead, Version};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -210,9 +211,8 @@ impl<'a> Client<'a> for H1Down<'a> {
         &mut self,
         head: &RequestHead,
         resp: RespHead,
-        route: &Route,
+        edits: &Edits<'_>,
         via: bool,
-        set_cookie: Option<&str>,
         body_done: bool,
     ) -> Result<Sent<H1Out<'_>>, HeadFailed> {
         let h1;
@@ -238,18 +238,7 @@ impl<'a> Client<'a> for H1Down<'a> {
         let keep_alive =
             body_done && cf != ClientFraming::Close && conn::may_keep_alive(c, self.ctx, head);
         c.wbuf.clear();
-        headers::client_response(
-            &mut c.wbuf,
-            rh,
-            cf,
-            &route.response_headers,
-            via,
-            head.version(),
-            keep_alive,
-        );
-        if let Some(cookie) = set_cookie {
-            crate::sticky::append_field(&mut c.wbuf, "Set-Cookie", cookie);
-        }
+        headers::client_response(&mut c.wbuf, rh, cf, edits, via, head.version(), keep_alive);
         let chunked = cf == ClientFraming::Chunked;
         Ok(Sent {
             end: rh.framing == Framing::None,
@@ -266,9 +255,8 @@ impl<'a> Client<'a> for H1Down<'a> {
     fn response_head_apart(
         &self,
         _: RespHead,
-        _: &Route,
+        _: &Edits<'_>,
         _: bool,
-        _: Option<&str>,
     ) -> Result<Sent<H2Out>, HeadFailed> {
         Err(HeadFailed::Invalid(ProxyError::Internal(
             "an HTTP/1.1 client's upload ends before its response",
@@ -279,21 +267,20 @@ impl<'a> Client<'a> for H1Down<'a> {
         &mut self,
         up: UpConn,
         rh: &ResponseHead,
-        route: &Route,
-        p: &ProxyAction,
+        edits: &Edits<'_>,
+        via: bool,
         head: &RequestHead,
         server: SocketAddr,
         idle: Duration,
-        _: Option<&str>,
     ) -> Outcome {
-        crate::forward::tunnel(self.c, up, rh, route, p, head, server, idle).await
+        crate::forward::tunnel(self.c, up, rh, edits, via, head, server, idle).await
     }
 
     async fn tunnel_h2(
         &mut self,
         head: &RequestHead,
-        route: &Route,
-        p: &ProxyAction,
+        edits: &Edits<'_>,
+        via: bool,
         parts: http::response::Parts,
         from_server: RecvStream,
         to_server: SendStream<Bytes>,
@@ -314,7 +301,7 @@ impl<'a> Client<'a> for H1Down<'a> {
             server,
             idle,
         };
-        crate::upstream_h2_tunnel::run_h1(self.c, head, route, p, switch, legs).await
+        crate::upstream_h2_tunnel::run_h1(self.c, head, edits, via, switch, legs).await
     }
 }
 

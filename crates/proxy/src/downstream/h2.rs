@@ -8,8 +8,9 @@ use crate::attempt::Who;
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
+use crate::filter::Edits;
 use crate::h2::link::Link;
-use crate::h2_fields::{append, trailer_map};
+use crate::h2_fields::trailer_map;
 use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
 use crate::state::{ListenerState, Shared};
@@ -20,8 +21,7 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
-use portico_config::HeaderRules;
-use portico_config::{ProxyAction, Route};
+use portico_config::Route;
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::cell::RefCell;
 use std::future::poll_fn;
@@ -97,7 +97,7 @@ impl<'a> Client<'a> for H2Down<'a> {
 
     async fn fail(&mut self, head: &RequestHead, e: ProxyError, phase: Phase, _: bool) -> Outcome {
         tracing::debug!(peer = %self.link.peer, target = head.target(), "HTTP/2 request failed: {e}");
-        let body = conn::error_body(e.status());
+        let body = crate::error::error_body(e.status());
         let limit = self.send_timeout();
         let mut respond = self.respond.borrow_mut();
         answer_h2(&mut respond, Some(head), e, phase, body, &[], limit).await
@@ -259,34 +259,28 @@ impl<'a> Client<'a> for H2Down<'a> {
         &mut self,
         _: &RequestHead,
         resp: RespHead,
-        route: &Route,
+        edits: &Edits<'_>,
         via: bool,
-        set_cookie: Option<&str>,
         _: bool,
     ) -> Result<Sent<H2Out>, HeadFailed> {
-        self.response_head_apart(resp, route, via, set_cookie)
+        self.response_head_apart(resp, edits, via)
     }
 
     fn response_head_apart(
         &self,
         resp: RespHead,
-        route: &Route,
+        edits: &Edits<'_>,
         via: bool,
-        set_cookie: Option<&str>,
     ) -> Result<Sent<H2Out>, HeadFailed> {
-        let rules = &route.response_headers;
-        let (mut response, end) = match resp {
+        let (response, end) = match resp {
             RespHead::H1(r) => (
-                crate::h2_fields::response_from(r, rules, via),
+                crate::h2_fields::response_from(r, edits, via),
                 matches!(r.framing, Framing::None | Framing::Length(0)),
             ),
             RespHead::H2 { parts, end } => {
-                (crate::h2_fields::response_from_h2(parts, rules, via), end)
+                (crate::h2_fields::response_from_h2(parts, edits, via), end)
             }
         };
-        if let Some(cookie) = set_cookie {
-            append(response.headers_mut(), "set-cookie", cookie.as_bytes());
-        }
         let send = self
             .respond
             .borrow_mut()
@@ -307,17 +301,13 @@ impl<'a> Client<'a> for H2Down<'a> {
         &mut self,
         up: UpConn,
         rh: &ResponseHead,
-        route: &Route,
-        p: &ProxyAction,
+        edits: &Edits<'_>,
+        via: bool,
         _: &RequestHead,
         server: SocketAddr,
         idle: Duration,
-        set_cookie: Option<&str>,
     ) -> Outcome {
-        let mut response = crate::h2_fields::response_from(rh, &route.response_headers, p.via);
-        if let Some(cookie) = set_cookie {
-            append(response.headers_mut(), "set-cookie", cookie.as_bytes());
-        }
+        let response = crate::h2_fields::response_from(rh, edits, via);
         let send_timeout = self.send_timeout();
         let peer = self.link.peer;
         let mut respond = self.respond.borrow_mut();
@@ -338,15 +328,15 @@ impl<'a> Client<'a> for H2Down<'a> {
     async fn tunnel_h2(
         &mut self,
         _: &RequestHead,
-        route: &Route,
-        p: &ProxyAction,
+        edits: &Edits<'_>,
+        via: bool,
         parts: http::response::Parts,
         from_server: RecvStream,
         to_server: SendStream<Bytes>,
         server: SocketAddr,
         idle: Duration,
     ) -> Outcome {
-        let response = crate::h2_fields::response_from_h2(parts, &route.response_headers, p.via);
+        let response = crate::h2_fields::response_from_h2(parts, edits, via);
         let send_timeout = self.send_timeout();
         let mut respond = self.respond.borrow_mut();
         let legs = crate::upstream_h2_tunnel::Legs {
@@ -497,7 +487,7 @@ async fn origin_answer(
         Ok(Some(r)) => r,
         _ => {
             let e = ProxyError::Internal("origin head did not parse");
-            let body = crate::conn::error_body(e.status());
+            let body = crate::error::error_body(e.status());
             return answer_h2(
                 respond,
                 Some(head),
@@ -510,7 +500,7 @@ async fn origin_answer(
             .await;
         }
     };
-    let response = crate::h2_fields::response_from(&resp, &HeaderRules::default(), false);
+    let response = crate::h2_fields::response_from(&resp, &Edits::default(), false);
     let end = matches!(reply.body, portico_origin::Body::Empty);
     let mut send = match respond.send_response(response, end) {
         Ok(s) => s,

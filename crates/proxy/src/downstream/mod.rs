@@ -10,6 +10,7 @@ use crate::attempt::Who;
 use crate::conn::ClientBody;
 use crate::error::ProxyError;
 use crate::fast_timeout::LazyTimer;
+use crate::filter::Edits;
 use crate::headers;
 use crate::pool::UpConn;
 use crate::state::{ListenerState, Shared, Worker};
@@ -20,7 +21,7 @@ use ::h2::server::SendResponse;
 use ::h2::{RecvStream, SendStream};
 use bytes::{Bytes, BytesMut};
 use http::header::HeaderMap;
-use portico_config::{ProxyAction, Route};
+use portico_config::Route;
 use portico_http1::{RequestHead, ResponseHead};
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -115,15 +116,14 @@ pub(crate) trait Client<'a> {
         rh: &ResponseHead,
         server: SocketAddr,
     ) -> Option<Result<(), ProxyError>>;
-    /// Send the response head (with the route's response rules, Via and a sticky cookie) and
+    /// Send the response head (with the response filters' `edits` and, when `via`, Via) and
     /// return where its body goes. `body_done`: the request body was read to its end.
     fn response_head(
         &mut self,
         head: &RequestHead,
         resp: RespHead,
-        route: &Route,
+        edits: &Edits<'_>,
         via: bool,
-        set_cookie: Option<&str>,
         body_done: bool,
     ) -> Result<Sent<Self::Out<'_>>, HeadFailed>;
     /// An HTTP/2 client's response head, its body going out on a stream of its own so that
@@ -131,9 +131,8 @@ pub(crate) trait Client<'a> {
     fn response_head_apart(
         &self,
         resp: RespHead,
-        route: &Route,
+        edits: &Edits<'_>,
         via: bool,
-        set_cookie: Option<&str>,
     ) -> Result<Sent<H2Out>, HeadFailed>;
 
     /// After an HTTP/1.1 server's 101 to an upgrade: the client's tunnel.
@@ -142,20 +141,19 @@ pub(crate) trait Client<'a> {
         &mut self,
         up: UpConn,
         rh: &ResponseHead,
-        route: &Route,
-        p: &ProxyAction,
+        edits: &Edits<'_>,
+        via: bool,
         head: &RequestHead,
         server: SocketAddr,
         idle: Duration,
-        set_cookie: Option<&str>,
     ) -> Outcome;
     /// After an HTTP/2 server's 2xx to a WebSocket's extended CONNECT: the client's tunnel.
     #[allow(clippy::too_many_arguments)]
     async fn tunnel_h2(
         &mut self,
         head: &RequestHead,
-        route: &Route,
-        p: &ProxyAction,
+        edits: &Edits<'_>,
+        via: bool,
         parts: http::response::Parts,
         from_server: RecvStream,
         to_server: SendStream<Bytes>,

@@ -106,7 +106,7 @@ impl Stream<'_> {
     /// Answer with an error status (unless the client is gone) and describe the failure.
     async fn fail(&mut self, head: Option<&RequestHead>, e: ProxyError, phase: Phase) -> Outcome {
         tracing::debug!(peer = %self.link.peer, target = head.map_or("-", |h| h.target()), "HTTP/2 request failed: {e}");
-        let body = crate::conn::error_body(e.status());
+        let body = crate::error::error_body(e.status());
         self.answer(head, e, phase, body, &[]).await
     }
 

@@ -1,0 +1,371 @@
+//! The filter stage: compiled-in filters a route runs at fixed phases of the one flow (request, forwarded head, response head, log), each able to answer the request locally.
+//!
+//! Phases, in the order a request meets them:
+//! - **request**: after routing, before the route's action; a filter may answer (and the action
+//!   does not run);
+//! - **forward**: the fields of the head sent upstream (once per request, whatever the
+//!   upstream's protocol);
+//! - **response**: the fields of the final response head sent to the client (also a 101 or a
+//!   tunnel's 2xx), whatever the client's protocol;
+//! - **log**: the request is over, answered or not.
+//!
+//! Filters edit heads through [`Edits`], which the one encoder of each protocol applies: a filter
+//! never writes protocol bytes.
+
+use crate::error::ProxyError;
+use crate::load::WorkerLoad;
+use crate::metrics::RouteStats;
+use crate::ratelimit::RateLimiter;
+use crate::stats::Stats;
+use crate::sticky::cookie_value;
+use portico_config::{
+    Action, HeaderRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup,
+};
+use portico_http1::RequestHead;
+use portico_upstream::Upstream;
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One compiled-in filter. Which phases it takes part in is fixed by its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Filter {
+    /// request: 503 with `Retry-After` while the listener sheds and this worker is saturated.
+    Shed,
+    /// request: the route's `rate_limit` (429 with `Retry-After`).
+    RateLimit,
+    /// forward: the route's `request_headers` rules.
+    RequestHeaders,
+    /// response: the route's `response_headers` rules.
+    ResponseHeaders,
+    /// response: `Set-Cookie` naming the server that answered, for a group with `sticky_cookie`
+    /// (the cookie's other half, preferring that server, is part of the server pick).
+    StickyCookie,
+    /// log: the route's request count and latency histogram.
+    RouteMetrics,
+}
+
+/// A route's filters, in the order they run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Filters {
+    list: Vec<Filter>,
+}
+
+/// A local answer from the request phase: the error it is counted as, its body and extra
+/// fields.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub error: ProxyError,
+    pub body: &'static [u8],
+    pub fields: Vec<(&'static str, String)>,
+}
+
+/// What the request phase reads: the routed request, its client, the route's state and the
+/// worker's load.
+pub(crate) struct Cx<'r> {
+    pub route: &'r Route,
+    /// The route's counters.
+    pub counters: &'r RouteStats,
+    /// The route's rate limiter (shared by all workers), when it has a `rate_limit`.
+    pub limiter: Option<&'r RateLimiter>,
+    /// This worker's load, and the listener's socket set (shedding is per listener).
+    pub load: &'r WorkerLoad,
+    pub slot: u64,
+    pub stats: &'r Stats,
+    pub peer: SocketAddr,
+    pub client_ip: &'r str,
+    pub head: &'r RequestHead,
+    /// The clock read at the request head.
+    pub now: Instant,
+}
+
+impl Filters {
+    /// The filters of `route` on listener `l`; `groups`: the configuration's upstream groups.
+    pub(crate) fn for_route(l: &Listener, route: &Route, groups: &[Arc<UpstreamGroup>]) -> Filters {
+        let mut list = Vec::new();
+        if l.shed.is_some() {
+            list.push(Filter::Shed);
+        }
+        if route.rate_limit.is_some() {
+            list.push(Filter::RateLimit);
+        }
+        if let Action::Proxy(p) = &route.action {
+            if !route.request_headers.is_empty() {
+                list.push(Filter::RequestHeaders);
+            }
+            if !route.response_headers.is_empty() {
+                list.push(Filter::ResponseHeaders);
+            }
+            if sticky_reachable(groups, p.upstream) {
+                list.push(Filter::StickyCookie);
+            }
+        }
+        list.push(Filter::RouteMetrics);
+        Filters { list }
+    }
+
+    /// The request phase: the first filter that answers stops the request (the answer is
+    /// counted and logged here; the caller sends it in the client's protocol).
+    pub(crate) fn request(&self, cx: &Cx<'_>) -> Result<(), Answer> {
+        for f in &self.list {
+            match f {
+                Filter::Shed => shed(cx)?,
+                Filter::RateLimit => rate_limit(cx)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The forward phase: edits of the head sent upstream.
+    pub(crate) fn forward<'r>(&self, route: &'r Route, edits: &mut Edits<'r>) {
+        for f in &self.list {
+            if let Filter::RequestHeaders = f {
+                edits.rules(&route.request_headers);
+            }
+        }
+    }
+
+    /// The response phase: edits of the final head sent to the client, which `server` of
+    /// `upstream` sent.
+    pub(crate) fn response<'r>(
+        &self,
+        route: &'r Route,
+        head: &RequestHead,
+        upstream: &Upstream,
+        server: usize,
+        edits: &mut Edits<'r>,
+    ) {
+        for f in &self.list {
+            match f {
+                Filter::ResponseHeaders => edits.rules(&route.response_headers),
+                Filter::StickyCookie => {
+                    if let Some(c) = crate::sticky::set_cookie(upstream, head, server) {
+                        edits.add("set-cookie", Cow::Owned(c));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The log phase: the request ended with `status` (0: the client got no response) after
+    /// `latency`; `counters`: the route's.
+    pub(crate) fn log(&self, counters: &RouteStats, status: u16, latency: Duration) {
+        for f in &self.list {
+            if let Filter::RouteMetrics = f {
+                counters.record(status, latency);
+            }
+        }
+    }
+}
+
+/// Whether the group `gi`, or a fallback it leads to, sets sticky cookies.
+fn sticky_reachable(groups: &[Arc<UpstreamGroup>], mut gi: usize) -> bool {
+    // Validation forbids fallback cycles; the bound keeps this finite regardless.
+    for _ in 0..=groups.len() {
+        let Some(g) = groups.get(gi) else {
+            return false;
+        };
+        if g.sticky_cookie.is_some() {
+            return true;
+        }
+        match g.fallback {
+            Some(f) => gi = f,
+            None => return false,
+        }
+    }
+    false
+}
+
+fn shed(cx: &Cx<'_>) -> Result<(), Answer> {
+    if !cx.load.shedding(cx.slot) {
+        return Ok(());
+    }
+    cx.stats.requests_shed.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(peer = %cx.peer, target = cx.head.target(), "request shed: worker saturated");
+    Err(Answer {
+        error: ProxyError::Shed,
+        body: crate::load::SHED_BODY,
+        fields: Vec::new(),
+    })
+}
+
+fn rate_limit(cx: &Cx<'_>) -> Result<(), Answer> {
+    let (Some(limit), Some(limiter)) = (&cx.route.rate_limit, cx.limiter) else {
+        return Ok(());
+    };
+    let Err(wait) = take_token(cx.client_ip, cx.head, limit, limiter, cx.now) else {
+        return Ok(());
+    };
+    cx.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+    cx.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
+    let error = ProxyError::RateLimited;
+    tracing::debug!(peer = %cx.peer, target = cx.head.target(), "{error}");
+    let secs = crate::ratelimit::retry_after_secs(wait).to_string();
+    Err(Answer {
+        body: crate::error::error_body(error.status()),
+        error,
+        fields: vec![("Retry-After", secs)],
+    })
+}
+
+/// Take a token from the bucket of this request's key: the header or cookie value when the
+/// limit names one and the request has it, else the client IP (in its own key space).
+fn take_token(
+    client_ip: &str,
+    head: &RequestHead,
+    limit: &RateLimit,
+    limiter: &RateLimiter,
+    now: Instant,
+) -> Result<(), Duration> {
+    let ip = (0, client_ip.as_bytes());
+    let (kind, key) = match &limit.key {
+        RateLimitKey::ClientIp => ip,
+        RateLimitKey::Header(name) => head.field(name).map_or(ip, |v| (1, v)),
+        RateLimitKey::Cookie(name) => head
+            .field("cookie")
+            .and_then(|v| cookie_value(v, name.as_bytes()))
+            .map_or(ip, |v| (2, v)),
+    };
+    // The clock read at the head is recent enough (a bucket ignores time running backwards).
+    limiter.check(kind, key, now)
+}
+
+/// Edits of a message's fields, collected from the filters of one phase and applied by the
+/// protocol's encoder: fields named in `remove` or `set` are dropped from the message, then
+/// every `set` and every `add` field is appended, in the order the filters gave them. Empty
+/// (and allocation-free) when no filter edits.
+#[derive(Debug, Default)]
+pub(crate) struct Edits<'r> {
+    /// Lowercased names.
+    remove: Vec<&'r str>,
+    set: Vec<(&'r str, Cow<'r, str>)>,
+    add: Vec<(&'r str, Cow<'r, str>)>,
+}
+
+impl<'r> Edits<'r> {
+    /// Apply header rules from the configuration.
+    pub(crate) fn rules(&mut self, r: &'r HeaderRules) {
+        self.remove.extend(r.remove.iter().map(String::as_str));
+        let borrowed = |(n, v): &'r (String, String)| (n.as_str(), Cow::Borrowed(v.as_str()));
+        self.set.extend(r.set.iter().map(borrowed));
+        self.add.extend(r.add.iter().map(borrowed));
+    }
+
+    /// Append a field (`name` lowercased).
+    pub(crate) fn add(&mut self, name: &'r str, value: Cow<'r, str>) {
+        self.add.push((name, value));
+    }
+
+    /// Whether the message's own field `name` is dropped (removed or replaced).
+    pub(crate) fn drops(&self, name: &str) -> bool {
+        !self.is_empty()
+            && (self.remove.iter().any(|n| n.eq_ignore_ascii_case(name)) || self.sets(name))
+    }
+
+    /// Whether a filter sets `name` (the message's own field is replaced).
+    pub(crate) fn sets(&self, name: &str) -> bool {
+        self.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+    }
+
+    /// The names of the message's own fields that are dropped.
+    pub(crate) fn dropped(&self) -> impl Iterator<Item = &str> + '_ {
+        let set = self.set.iter().map(|(n, _)| *n);
+        self.remove.iter().copied().chain(set)
+    }
+
+    /// The fields to append: every `set`, then every `add`.
+    pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
+        let all = self.set.iter().chain(self.add.iter());
+        all.map(|(n, v)| (*n, v.as_bytes()))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> portico_config::Config {
+        portico_config::parse(toml, "test.toml").unwrap()
+    }
+
+    const GROUPS: &str = "[upstreams.a]\nservers = [\"10.0.0.1:80\"]\nfallback = \"b\"\n\
+                          [upstreams.b]\nservers = [\"10.0.0.2:80\"]\n";
+
+    #[test]
+    fn a_route_runs_only_the_filters_its_configuration_asks_for() {
+        let c = config(&format!(
+            "{GROUPS}[[listeners]]\naddress = \"127.0.0.1:1\"\n\
+             [[listeners.routes]]\nproxy = \"a\"\n\
+             [[listeners.routes]]\nproxy = \"a\"\nrate_limit = {{ rate = 5.0, burst = 5 }}\n\
+             [listeners.routes.request_headers]\nset = {{ \"x-a\" = \"1\" }}\n\
+             [listeners.routes.response_headers]\nremove = [\"server\"]\n\
+             [[listeners.routes]]\nrespond = {{ status = 204 }}\nrate_limit = {{ rate = 1.0, burst = 1 }}\n"
+        ));
+        let l = &c.listeners[0];
+        let of = |i: usize| Filters::for_route(l, &l.routes[i], &c.upstreams).list;
+        assert_eq!(of(0), [Filter::RouteMetrics]);
+        assert_eq!(
+            of(1),
+            [
+                Filter::RateLimit,
+                Filter::RequestHeaders,
+                Filter::ResponseHeaders,
+                Filter::RouteMetrics
+            ]
+        );
+        // A local answer runs the request and log phases.
+        assert_eq!(of(2), [Filter::RateLimit, Filter::RouteMetrics]);
+    }
+
+    #[test]
+    fn sticky_cookies_are_set_for_the_group_or_its_fallback() {
+        let mut c = config(&format!(
+            "{GROUPS}[[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"a\"\n"
+        ));
+        let l = c.listeners[0].clone();
+        assert!(!Filters::for_route(&l, &l.routes[0], &c.upstreams)
+            .list
+            .contains(&Filter::StickyCookie));
+        let sticky = config(
+            "[upstreams.s]\nservers = [\"10.0.0.1:80\"]\nsticky_cookie = \"SRV\"\n\
+             [[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"s\"\n",
+        );
+        Arc::make_mut(&mut c.upstreams[1]).sticky_cookie =
+            sticky.upstreams[0].sticky_cookie.clone();
+        assert!(Filters::for_route(&l, &l.routes[0], &c.upstreams)
+            .list
+            .contains(&Filter::StickyCookie));
+    }
+
+    #[test]
+    fn edits_drop_removed_and_replaced_fields_and_append_in_order() {
+        let rules = HeaderRules {
+            remove: vec!["server".into()],
+            set: vec![("x-frame-options".into(), "DENY".into())],
+            add: vec![("x-extra".into(), "1".into())],
+        };
+        let mut e = Edits::default();
+        assert!(e.is_empty() && !e.drops("server"));
+        e.rules(&rules);
+        e.add("set-cookie", Cow::Owned("SRV=abc".into()));
+        assert!(e.drops("Server") && e.drops("X-Frame-Options") && !e.drops("x-extra"));
+        assert!(e.sets("x-frame-options") && !e.sets("server"));
+        let fields: Vec<_> = e.fields().collect();
+        assert_eq!(
+            fields,
+            [
+                ("x-frame-options", b"DENY".as_slice()),
+                ("x-extra", b"1".as_slice()),
+                ("set-cookie", b"SRV=abc".as_slice())
+            ]
+        );
+    }
+}
