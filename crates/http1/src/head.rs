@@ -395,7 +395,20 @@ fn scan_request(
     let target_off = offset_in(head, target.as_bytes()).ok_or(ParseErrorKind::Malformed)?;
     let t = parse_target(target.as_bytes(), &method, target_off)?;
     let scan = scan_fields(head, headers)?;
+    let target = range32(target_off, target_off.saturating_add(target.len()));
+    let head = request_head(method, target, t, version, scan)?;
+    Ok(Some((n, head)))
+}
 
+/// The request head of a request line and its fields, once each is checked: the Host rule,
+/// the framing, the connection decisions (its `buf` is set by the caller).
+pub(crate) fn request_head(
+    method: Method,
+    target: Range<u32>,
+    t: Target,
+    version: Version,
+    scan: FieldScan,
+) -> Result<RequestHead, ParseErrorKind> {
     // Host (RFC 9112 3.2): exactly one in HTTP/1.1, at most one in HTTP/1.0.
     if scan.hosts > 1 || (version == Version::Http11 && scan.hosts == 0) {
         return Err(ParseErrorKind::BadHost);
@@ -429,10 +442,10 @@ fn scan_request(
         Version::Http10 => scan.conn_keep_alive && !scan.conn_close,
     };
     let upgrade = version == Version::Http11 && scan.conn_upgrade && scan.upgrade_field;
-    let head = RequestHead {
+    Ok(RequestHead {
         buf: Bytes::new(),
         method,
-        target: range32(target_off, target_off.saturating_add(target.len())),
+        target,
         version,
         fields: scan.fields,
         form: t.form,
@@ -444,8 +457,7 @@ fn scan_request(
         keep_alive,
         expect_continue: version == Version::Http11 && scan.expect_continue,
         upgrade,
-    };
-    Ok(Some((n, head)))
+    })
 }
 
 /// httparse wants more bytes: that is fine unless the limits are already exceeded.
@@ -520,7 +532,7 @@ fn request_version_error<T>(avail: &[u8], limits: &Limits) -> Result<Option<T>, 
 }
 
 /// What the request target told us.
-struct Target {
+pub(crate) struct Target {
     form: TargetForm,
     path: Range<u32>,
     query: Option<Range<u32>>,
@@ -528,7 +540,11 @@ struct Target {
 }
 
 /// Validate the request target (visible ASCII, no fragment) and its form against the method.
-fn parse_target(t: &[u8], method: &Method, off: usize) -> Result<Target, ParseErrorKind> {
+pub(crate) fn parse_target(
+    t: &[u8],
+    method: &Method,
+    off: usize,
+) -> Result<Target, ParseErrorKind> {
     // One pass: httparse refuses CTLs, SP and DEL; we also refuse obs-text and fragments, and
     // note the first '?', which ends the path (and an absolute-form authority).
     let mut q = None;
@@ -629,7 +645,7 @@ struct TransferEncoding {
 }
 
 /// Everything the framing and connection decisions need, gathered in one pass over the fields.
-struct FieldScan {
+pub(crate) struct FieldScan {
     fields: Vec<FieldPos>,
     conn: ConnTokens,
     conn_close: bool,
@@ -670,19 +686,7 @@ fn known_field(name: &[u8]) -> Option<Known> {
 }
 
 fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldScan, ParseErrorKind> {
-    let mut s = FieldScan {
-        fields: Vec::with_capacity(headers.len()),
-        conn: ConnTokens::default(),
-        conn_close: false,
-        conn_keep_alive: false,
-        conn_upgrade: false,
-        upgrade_field: false,
-        expect_continue: false,
-        hosts: 0,
-        host: None,
-        cl: ContentLength::Absent,
-        te: None,
-    };
+    let mut s = FieldScan::with_capacity(headers.len());
     let base = head.as_ptr() as usize;
     for h in headers {
         let name = h.name.as_bytes();
@@ -713,11 +717,47 @@ fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldSca
         if cr != Some(&b'\r') || lf != Some(&b'\n') {
             return Err(ParseErrorKind::Malformed);
         }
-        s.fields.push(FieldPos {
-            name: range32(name_off, name_end),
-            value: range32(value_off, value_end),
-        });
+        s.field(name, value, name_off, value_off)?;
+    }
+    Ok(s)
+}
 
+impl FieldScan {
+    pub(crate) fn with_capacity(n: usize) -> FieldScan {
+        FieldScan {
+            fields: Vec::with_capacity(n),
+            conn: ConnTokens::default(),
+            conn_close: false,
+            conn_keep_alive: false,
+            conn_upgrade: false,
+            upgrade_field: false,
+            expect_continue: false,
+            hosts: 0,
+            host: None,
+            cl: ContentLength::Absent,
+            te: None,
+        }
+    }
+
+    /// The number of fields seen.
+    pub(crate) fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// One field, `name` at `name_off` and `value` at `value_off` in the head: its position, and
+    /// what it says of the host, the framing and the connection.
+    pub(crate) fn field(
+        &mut self,
+        name: &[u8],
+        value: &[u8],
+        name_off: usize,
+        value_off: usize,
+    ) -> Result<(), ParseErrorKind> {
+        let s = self;
+        s.fields.push(FieldPos {
+            name: range32(name_off, name_off.saturating_add(name.len())),
+            value: range32(value_off, value_off.saturating_add(value.len())),
+        });
         match known_field(name) {
             Some(Known::Host) => {
                 s.hosts = s.hosts.saturating_add(1);
@@ -766,8 +806,8 @@ fn scan_fields(head: &[u8], headers: &[httparse::Header<'_>]) -> Result<FieldSca
             }
             None => {}
         }
+        Ok(())
     }
-    Ok(s)
 }
 
 /// Fold one Content-Length field into the state: every list element must be `1*DIGIT`, fit in a

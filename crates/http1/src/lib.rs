@@ -1,6 +1,7 @@
 //! Sans-io HTTP/1.1 (RFC 9112): strict head parsing, body framing, encoding, for both roles.
 
 pub mod body;
+pub mod build;
 pub mod encode;
 pub mod error;
 pub mod head;
@@ -10,6 +11,7 @@ mod syntax;
 mod tests;
 
 pub use body::{BodyDecoder, Decoded, Framing};
+pub use build::RequestBuilder;
 pub use error::{BodyError, ParseError, ParseErrorKind};
 pub use head::{
     parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, TargetForm, Version,

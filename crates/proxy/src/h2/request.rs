@@ -1,7 +1,6 @@
-//! HTTP/2 request -> HTTP/1.1 request head (sans-io): RFC 9113 section 8 checks, then the head is written and parsed by the HTTP/1 codec.
+//! HTTP/2 request -> HTTP/1.1 request head (sans-io): RFC 9113 section 8 checks, then the head is built field by field with the HTTP/1 codec's checks (no second parse).
 
-use bytes::BytesMut;
-use portico_http1::{encode, parse_request, Limits, ParseError, RequestHead};
+use portico_http1::{Limits, ParseError, RequestBuilder, RequestHead};
 
 /// Why a request cannot be translated.
 #[derive(Debug)]
@@ -51,7 +50,7 @@ fn valid_name(n: &str) -> bool {
         })
 }
 
-/// Translate a request's header section into an HTTP/1.1 head parsed by the HTTP/1 codec, so
+/// Translate a request's header section into an HTTP/1.1 head built by the HTTP/1 codec, so
 /// routing, forwarding rules and the access log see the same `RequestHead` an HTTP/1 request
 /// gives. `has_body`: the HEADERS frame did not end the stream. Framing: the client's
 /// content-length when it sent one (the h2 crate checks DATA against it), else chunked when a
@@ -124,14 +123,13 @@ fn translate(
     websocket_key: Option<&str>,
     limits: &Limits,
 ) -> Result<RequestHead, Reject> {
-    let mut out = BytesMut::with_capacity(512);
-    encode::request_line(&mut out, method, target);
+    let mut out = RequestBuilder::new(method, target, limits).map_err(Reject::Head)?;
     let authority = parts.uri.authority().map(|a| a.as_str());
     if let Some(a) = authority {
         if a.contains('@') {
             return Err(Reject::Malformed(":authority must not contain userinfo"));
         }
-        encode::field(&mut out, "host", a.as_bytes());
+        out.field("host", a.as_bytes()).map_err(Reject::Head)?;
     }
     let mut cookies: Vec<&[u8]> = Vec::new();
     let mut has_length = false;
@@ -164,31 +162,25 @@ fn translate(
             "content-length" => has_length = true,
             _ => {}
         }
-        encode::field(&mut out, n, v);
+        out.field(n, v).map_err(Reject::Head)?;
     }
     if !cookies.is_empty() {
-        out.extend_from_slice(b"cookie: ");
-        for (i, c) in cookies.iter().enumerate() {
-            if i > 0 {
-                out.extend_from_slice(b"; ");
-            }
-            out.extend_from_slice(c);
-        }
-        out.extend_from_slice(b"\r\n");
+        out.field_list("cookie", &cookies, b"; ")
+            .map_err(Reject::Head)?;
     }
-    if let Some(key) = websocket_key {
-        encode::field(&mut out, "connection", b"upgrade");
-        encode::field(&mut out, "upgrade", b"websocket");
-        encode::field(&mut out, "sec-websocket-key", key.as_bytes());
-    } else if has_body && !has_length {
-        encode::field(&mut out, "transfer-encoding", b"chunked");
+    let fixed: &[(&str, &[u8])] = match websocket_key {
+        Some(key) => &[
+            ("connection", b"upgrade"),
+            ("upgrade", b"websocket"),
+            ("sec-websocket-key", key.as_bytes()),
+        ],
+        None if has_body && !has_length => &[("transfer-encoding", b"chunked")],
+        None => &[],
+    };
+    for (n, v) in fixed {
+        out.field(n, v).map_err(Reject::Head)?;
     }
-    encode::end_head(&mut out);
-    match parse_request(&mut out, limits) {
-        Ok(Some(head)) => Ok(head),
-        Ok(None) => Err(Reject::Malformed("incomplete translated head")),
-        Err(e) => Err(Reject::Head(e)),
-    }
+    out.finish().map_err(Reject::Head)
 }
 
 #[cfg(test)]
