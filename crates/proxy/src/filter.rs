@@ -236,10 +236,13 @@ fn take_token(
 
 /// Edits of a message's fields, collected from the filters of one phase and applied by the
 /// protocol's encoder: fields named in `remove` or `set` are dropped from the message, then
-/// every `set` and every `add` field is appended, in the order the filters gave them. Empty
-/// (and allocation-free) when no filter edits.
+/// every `set` and every `add` field is appended, in the order the filters gave them. A null
+/// pointer (no allocation, nothing to check per field) when no filter edits.
 #[derive(Debug, Default)]
-pub(crate) struct Edits<'r> {
+pub(crate) struct Edits<'r>(Option<Box<Lists<'r>>>);
+
+#[derive(Debug, Default)]
+struct Lists<'r> {
     /// Lowercased names.
     remove: Vec<&'r str>,
     set: Vec<(&'r str, Cow<'r, str>)>,
@@ -247,44 +250,61 @@ pub(crate) struct Edits<'r> {
 }
 
 impl<'r> Edits<'r> {
+    fn lists(&mut self) -> &mut Lists<'r> {
+        self.0.get_or_insert_with(Box::default)
+    }
+
     /// Apply header rules from the configuration.
     pub(crate) fn rules(&mut self, r: &'r HeaderRules) {
-        self.remove.extend(r.remove.iter().map(String::as_str));
+        if r.is_empty() {
+            return;
+        }
+        let l = self.lists();
+        l.remove.extend(r.remove.iter().map(String::as_str));
         let borrowed = |(n, v): &'r (String, String)| (n.as_str(), Cow::Borrowed(v.as_str()));
-        self.set.extend(r.set.iter().map(borrowed));
-        self.add.extend(r.add.iter().map(borrowed));
+        l.set.extend(r.set.iter().map(borrowed));
+        l.add.extend(r.add.iter().map(borrowed));
     }
 
     /// Append a field (`name` lowercased).
     pub(crate) fn add(&mut self, name: &'r str, value: Cow<'r, str>) {
-        self.add.push((name, value));
+        self.lists().add.push((name, value));
     }
 
     /// Whether the message's own field `name` is dropped (removed or replaced).
+    #[inline]
     pub(crate) fn drops(&self, name: &str) -> bool {
-        !self.is_empty()
-            && (self.remove.iter().any(|n| n.eq_ignore_ascii_case(name)) || self.sets(name))
+        self.0.as_ref().is_some_and(|l| {
+            l.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
+                || l.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+        })
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
+    #[inline]
     pub(crate) fn sets(&self, name: &str) -> bool {
-        self.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+        let set = |l: &Lists<'_>| l.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+        self.0.as_deref().is_some_and(set)
     }
 
     /// The names of the message's own fields that are dropped.
     pub(crate) fn dropped(&self) -> impl Iterator<Item = &str> + '_ {
-        let set = self.set.iter().map(|(n, _)| *n);
-        self.remove.iter().copied().chain(set)
+        self.0.iter().flat_map(|l| {
+            let set = l.set.iter().map(|(n, _)| *n);
+            l.remove.iter().copied().chain(set)
+        })
     }
 
     /// The fields to append: every `set`, then every `add`.
     pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
-        let all = self.set.iter().chain(self.add.iter());
+        let all = self.0.iter().flat_map(|l| l.set.iter().chain(l.add.iter()));
         all.map(|(n, v)| (*n, v.as_bytes()))
     }
 
+    /// No filter edits.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+        self.0.is_none()
     }
 }
 

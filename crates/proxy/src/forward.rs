@@ -174,7 +174,7 @@ async fn exchange<'a, D: Client<'a>>(
     let mut deadline = tokio::time::Instant::now() + header_timeout;
     loop {
         let head_fut = read_response_head(&mut ur, &mut up.rbuf, method);
-        let head = match down.timer().timeout_at(deadline, head_fut).await {
+        let head = match down.head_wait(deadline, head_fut).await {
             None => return Err((ProxyError::ResponseTimeout, Phase::ResponseHead)),
             Some(r) => r.map_err(head_failed)?,
         };

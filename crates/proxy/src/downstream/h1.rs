@@ -7,7 +7,6 @@ use crate::attempt::Who;
 use crate::conn::{self, ClientBody, Conn, Ctx};
 use crate::downstream::H2Out;
 use crate::error::ProxyError;
-use crate::fast_timeout::LazyTimer;
 use crate::filter::Edits;
 use crate::headers::{self, ClientFraming};
 use crate::pool::UpConn;
@@ -53,8 +52,12 @@ impl<'a> Client<'a> for H1Down<'a> {
         &mut self.c.timings
     }
 
-    fn timer(&mut self) -> &mut LazyTimer {
-        &mut self.c.timer
+    async fn head_wait<F: std::future::Future>(
+        &mut self,
+        due: tokio::time::Instant,
+        wait: F,
+    ) -> Option<F::Output> {
+        self.c.timer.timeout_at(due, wait).await
     }
 
     fn who(&self) -> Who<'_> {

@@ -7,7 +7,6 @@ use super::{
 use crate::attempt::Who;
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
-use crate::fast_timeout::LazyTimer;
 use crate::filter::Edits;
 use crate::h2::link::Link;
 use crate::h2_fields::trailer_map;
@@ -40,8 +39,6 @@ pub(crate) struct H2Down<'a> {
     pub respond: &'a RefCell<SendResponse<Bytes>>,
     pub body: &'a mut RecvStream,
     pub timings: &'a mut Timings,
-    /// The response head wait's timer.
-    pub timer: LazyTimer,
 }
 
 impl H2Down<'_> {
@@ -77,8 +74,12 @@ impl<'a> Client<'a> for H2Down<'a> {
         self.timings
     }
 
-    fn timer(&mut self) -> &mut LazyTimer {
-        &mut self.timer
+    async fn head_wait<F: std::future::Future>(
+        &mut self,
+        due: tokio::time::Instant,
+        wait: F,
+    ) -> Option<F::Output> {
+        tokio::time::timeout_at(due, wait).await.ok()
     }
 
     fn who(&self) -> Who<'_> {

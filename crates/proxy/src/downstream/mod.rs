@@ -9,7 +9,6 @@ pub(crate) use self::h2::{answer_h2, H2Down, H2Out};
 use crate::attempt::Who;
 use crate::conn::ClientBody;
 use crate::error::ProxyError;
-use crate::fast_timeout::LazyTimer;
 use crate::filter::Edits;
 use crate::headers;
 use crate::pool::UpConn;
@@ -48,8 +47,13 @@ pub(crate) trait Client<'a> {
     fn env(&self) -> Env<'a>;
     fn watch(&self) -> Watch<'a>;
     fn timings(&mut self) -> &mut Timings;
-    /// The timer of the response head wait.
-    fn timer(&mut self) -> &mut LazyTimer;
+    /// `wait` (for a response head), or None once `due` passed first. An HTTP/1.1 connection
+    /// reuses one timer across its requests; an HTTP/2 stream's lives in the wait.
+    async fn head_wait<F: std::future::Future>(
+        &mut self,
+        due: tokio::time::Instant,
+        wait: F,
+    ) -> Option<F::Output>;
     /// Who sent the request, for the forwarded head and hashing.
     fn who(&self) -> Who<'_>;
     /// The buffer for the forwarded head (an HTTP/1.1 connection keeps its allocation across

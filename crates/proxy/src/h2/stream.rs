@@ -4,7 +4,6 @@ use super::link::{Current, Link};
 use super::request::{to_http1, Reject};
 use crate::downstream::{answer_h2, H2Down};
 use crate::error::ProxyError;
-use crate::fast_timeout::LazyTimer;
 use crate::stats::Outcome;
 use crate::stats::Phase;
 use crate::timing::Timings;
@@ -98,7 +97,6 @@ impl Stream<'_> {
             respond: &self.respond,
             body: &mut self.body,
             timings: &mut self.timings,
-            timer: LazyTimer::default(),
         };
         crate::flow::serve(&mut down, head, started).await
     }
