@@ -143,7 +143,7 @@ impl Filters {
                 Filter::ResponseHeaders => edits.rules(&route.response_headers),
                 Filter::StickyCookie => {
                     if let Some(c) = crate::sticky::set_cookie(upstream, head, server) {
-                        edits.add("set-cookie", Cow::Owned(c));
+                        edits.add("Set-Cookie", Cow::Owned(c));
                     }
                 }
                 _ => {}
@@ -266,7 +266,7 @@ impl<'r> Edits<'r> {
         l.add.extend(r.add.iter().map(borrowed));
     }
 
-    /// Append a field (`name` lowercased).
+    /// Append a field (`name` as HTTP/1.1 writes it; HTTP/2 lowercases it).
     pub(crate) fn add(&mut self, name: &'r str, value: Cow<'r, str>) {
         self.lists().add.push((name, value));
     }
