@@ -5,12 +5,13 @@ use crate::conn::{head_may_be_complete, send_all, write_framed, Conn};
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
 use crate::filter::Edits;
+use crate::h2_io::Peer;
 use crate::headers::{self, ClientFraming};
-use crate::pool::{UpConn, UpStream};
+use crate::pool::UpConn;
 use crate::retry::Retry;
 use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
-use crate::stream::ClientStream;
+use crate::tunnel::{self, Progress, SocketIn, SocketOut};
 use bytes::{Bytes, BytesMut};
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::net::SocketAddr;
@@ -296,7 +297,8 @@ fn interim_head(h: &ResponseHead) -> Bytes {
     out.freeze()
 }
 
-/// After a 101: send the head, then relay bytes both ways until either side closes.
+/// After a 101: send the head, then relay bytes both ways (`tunnel::relay`) until both sides
+/// have closed. Counted as bytes written to the client, the 101 head included.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn tunnel(
     c: &mut Conn,
@@ -318,43 +320,30 @@ pub(crate) async fn tunnel(
         head.version(),
         true,
     );
-    // Bytes written to the client (the 101 head included, as every HTTP/1.1 response counts
-    // its head) and to the upstream, also when the tunnel fails.
-    let (mut to_client, mut to_up) = (0u64, 0u64);
     let send_timeout = c.send_timeout;
+    let p = Progress::new();
     let r: Result<(), ProxyError> = async {
         send_all(&mut c.stream, &c.wbuf, send_timeout)
             .await
             .map_err(ProxyError::ClientIo)?;
-        to_client += c.wbuf.len() as u64;
-        if !up.rbuf.is_empty() {
-            send_all(&mut c.stream, &up.rbuf, send_timeout)
-                .await
-                .map_err(ProxyError::ClientIo)?;
-            to_client += up.rbuf.len() as u64;
-            up.rbuf.clear();
-        }
-        if !c.rbuf.is_empty() {
-            let early = async {
-                up.stream.write_all(&c.rbuf).await?;
-                up.stream.flush().await
-            };
-            bounded(idle, early).await.map_err(upstream_error)?;
-            to_up += c.rbuf.len() as u64;
-            c.rbuf.clear();
-        }
-        let ends = TunnelEnds { idle, send_timeout };
-        relay_both_ways(
-            &mut c.stream,
-            &mut up.stream,
-            ends,
-            &mut to_up,
-            &mut to_client,
+        p.to_client.set(c.wbuf.len() as u64);
+        // Bytes either side sent after its head come first.
+        let early = std::mem::take(&mut c.rbuf);
+        let (cr, cw) = c.stream.split();
+        let (ur, uw) = up.stream.split();
+        tunnel::relay(
+            &mut SocketIn::new(cr, early, Peer::Client),
+            &mut SocketOut::new(uw, idle, Peer::Server),
+            &mut SocketIn::new(ur, std::mem::take(&mut up.rbuf), Peer::Server),
+            &mut SocketOut::new(cw, send_timeout, Peer::Client),
+            &p,
+            idle,
         )
         .await
     }
     .await;
     c.wbuf.clear();
+    let (to_up, to_client) = (p.to_server.get(), p.to_client.get());
     let termination = match r {
         Ok(()) => {
             tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel ended");
@@ -372,97 +361,6 @@ pub(crate) async fn tunnel(
         bytes_sent: to_client,
         upstream: Some(addr),
     }
-}
-
-/// The limits of an upgrade tunnel: silence both ways and each write to the upstream are
-/// bounded by the group's `idle_timeout`; each write to the client by the listener's
-/// `send_timeout`, as every other client write.
-#[derive(Clone, Copy)]
-struct TunnelEnds {
-    idle: Duration,
-    send_timeout: Duration,
-}
-
-/// A write (or shutdown) that fails with `TimedOut` when it makes no progress for `limit`: a
-/// peer that stops reading would otherwise hang the tunnel for ever, as the idle timer is not
-/// polled during a write.
-async fn bounded(
-    limit: Duration,
-    write: impl std::future::Future<Output = std::io::Result<()>>,
-) -> std::io::Result<()> {
-    match timeout(limit, write).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "tunnel write stalled",
-        )),
-    }
-}
-
-/// An upstream failure in a tunnel: a stalled write is the upstream's timeout.
-fn upstream_error(e: std::io::Error) -> ProxyError {
-    match e.kind() {
-        std::io::ErrorKind::TimedOut => ProxyError::UpstreamIdle,
-        _ => ProxyError::UpstreamIo(e),
-    }
-}
-
-/// Copy bytes both ways until both sides have closed; half-closes are passed on. A failure
-/// names its side: the client's read or write (a write stalled for `send_timeout` is a client
-/// timeout), the upstream's (a write stalled for `idle` is an upstream timeout), or silence
-/// both ways for `idle` (recorded as the upstream's idle timeout, as in the HTTP/2 tunnel). The
-/// bytes copied each way are added to `a_to_b` and `b_to_a` as they are written, so a failed
-/// tunnel counts them too.
-async fn relay_both_ways(
-    a: &mut ClientStream,
-    b: &mut UpStream,
-    ends: TunnelEnds,
-    a_to_b: &mut u64,
-    b_to_a: &mut u64,
-) -> Result<(), ProxyError> {
-    let TunnelEnds { idle, send_timeout } = ends;
-    let (mut ar, mut aw) = tokio::io::split(a);
-    let (mut br, mut bw) = b.split();
-    let mut abuf = vec![0u8; 16 * 1024];
-    let mut bbuf = vec![0u8; 16 * 1024];
-    let (mut a_open, mut b_open) = (true, true);
-    let sleep = tokio::time::sleep(idle);
-    tokio::pin!(sleep);
-    while a_open || b_open {
-        tokio::select! {
-            r = ar.read(&mut abuf), if a_open => {
-                let n = r.map_err(ProxyError::ClientIo)?;
-                if n == 0 {
-                    a_open = false;
-                    bounded(idle, bw.shutdown()).await.map_err(upstream_error)?;
-                } else {
-                    let write = async {
-                        bw.write_all(&abuf[..n]).await?;
-                        bw.flush().await
-                    };
-                    bounded(idle, write).await.map_err(upstream_error)?;
-                    *a_to_b += n as u64;
-                }
-            }
-            r = br.read(&mut bbuf), if b_open => {
-                let n = r.map_err(ProxyError::UpstreamIo)?;
-                if n == 0 {
-                    b_open = false;
-                    bounded(send_timeout, aw.shutdown()).await.map_err(ProxyError::ClientIo)?;
-                } else {
-                    let write = async {
-                        aw.write_all(&bbuf[..n]).await?;
-                        aw.flush().await
-                    };
-                    bounded(send_timeout, write).await.map_err(ProxyError::ClientIo)?;
-                    *b_to_a += n as u64;
-                }
-            }
-            _ = &mut sleep => return Err(ProxyError::UpstreamIdle),
-        }
-        sleep.as_mut().reset(tokio::time::Instant::now() + idle);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ pub mod stats;
 mod sticky;
 mod stream;
 mod timing;
+mod tunnel;
 mod upstream_h2;
 mod upstream_h2_pool;
 mod upstream_h2_tunnel;

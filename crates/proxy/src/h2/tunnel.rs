@@ -1,24 +1,20 @@
-//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) as an HTTP/1.1 upgrade upstream: the handshake key and its check, then the stream's DATA relayed to and from the upstream socket under flow control.
+//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) as an HTTP/1.1 upgrade upstream: the handshake key and its check, then the stream's DATA relayed to and from the upstream socket (`tunnel::relay`).
 
 use super::request::{extended_to_http1, Reject};
-use crate::conn::MAX_CHUNK;
 use crate::error::ProxyError;
-use crate::h2_io::{client_err, finish, send_windowed, Peer};
+use crate::h2_io::{client_err, Peer};
 use crate::pool::UpConn;
 use crate::stats::Outcome;
 use crate::stats::{Phase, Termination};
+use crate::tunnel::{self, Progress, SocketIn, SocketOut, StreamIn, StreamOut};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use bytes::Bytes;
 use h2::server::SendResponse;
-use h2::{RecvStream, SendStream};
+use h2::RecvStream;
 use portico_http1::{Limits, RequestHead, ResponseHead};
-use std::cell::Cell;
-use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::Instant;
 
 /// The `:protocol` of an extended CONNECT (the h2 crate hands it over as an extension, only
 /// when the connection advertised SETTINGS_ENABLE_CONNECT_PROTOCOL).
@@ -111,21 +107,19 @@ pub(crate) async fn run(
             return outcome;
         }
     };
-    let up_bytes = Cell::new(0u64);
-    let down_bytes = Cell::new(0u64);
-    let down_done = Cell::new(false);
-    let r = relay(
-        body,
-        &mut send,
-        &mut up,
+    let p = Progress::new();
+    let early = std::mem::take(&mut up.rbuf);
+    let (ur, uw) = up.stream.split();
+    let r = tunnel::relay(
+        &mut StreamIn::new(body, Peer::Client),
+        &mut SocketOut::new(uw, idle, Peer::Server),
+        &mut SocketIn::new(ur, early, Peer::Server),
+        &mut StreamOut::new(&mut send, send_timeout, Peer::Client),
+        &p,
         idle,
-        send_timeout,
-        &up_bytes,
-        &down_bytes,
-        &down_done,
     )
     .await;
-    let (to_up, to_client) = (up_bytes.get(), down_bytes.get());
+    let (to_up, to_client) = (p.to_server.get(), p.to_client.get());
     outcome.bytes_sent = to_client;
     match r {
         Ok(()) => {
@@ -133,133 +127,11 @@ pub(crate) async fn run(
         }
         Err(e) => {
             tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel failed: {e}");
-            stop_client(&mut send, down_done.get(), &e);
+            tunnel::stop_client(&mut send, p.down_done.get(), &e);
             outcome.termination = e.termination(Phase::Tunnel);
         }
     }
     outcome
-}
-
-/// Both directions at once (neither waits on the other's flow control), under one idle timer
-/// that any byte either way restarts, and each write bounded: to the client by `send_timeout`
-/// (`send_body`), to the upstream by `idle`. The idle timer is the upstream's until its EOF
-/// has ended the stream (`down_done`), then the client's: only its side is still open.
-#[allow(clippy::too_many_arguments)]
-async fn relay(
-    body: &mut RecvStream,
-    send: &mut SendStream<Bytes>,
-    up: &mut UpConn,
-    idle: Duration,
-    send_timeout: Duration,
-    to_up: &Cell<u64>,
-    to_client: &Cell<u64>,
-    down_done: &Cell<bool>,
-) -> Result<(), ProxyError> {
-    let last = Cell::new(Instant::now());
-    let rbuf = &mut up.rbuf;
-    let (mut ur, mut uw) = up.stream.split();
-    // Upstream -> client: bytes as DATA (capacity reserved first, `send_windowed`), EOF as
-    // END_STREAM. A reset by the client ends it while it waits for upstream bytes.
-    let down = async {
-        loop {
-            if !rbuf.is_empty() {
-                let mut d = rbuf.split().freeze();
-                to_client.set(to_client.get() + d.len() as u64);
-                send_windowed(send, &mut d, false, send_timeout, Peer::Client).await?;
-                last.set(Instant::now());
-            }
-            if rbuf.capacity() < 4096 {
-                rbuf.reserve(MAX_CHUNK);
-            }
-            let read = tokio::select! {
-                r = ur.read_buf(rbuf) => r,
-                r = poll_fn(|cx| send.poll_reset(cx)) => {
-                    return Err(match r {
-                        Ok(_) => ProxyError::ClientClosed,
-                        Err(e) => client_err(e),
-                    });
-                }
-            };
-            match read {
-                // A TLS server closing without close_notify ends its side as a plain close.
-                Ok(0) => return finish(send).inspect(|_| down_done.set(true)),
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return finish(send).inspect(|_| down_done.set(true));
-                }
-                Err(e) => return Err(ProxyError::UpstreamIo(e)),
-                Ok(_) => last.set(Instant::now()),
-            }
-        }
-    };
-    // Client -> upstream: DATA written to the socket, its window released once written;
-    // END_STREAM as a half close (shutdown of the write side). Each write is bounded by
-    // `idle`, as upstream writes of HTTP/1.1 request bodies are (`forward::forward_body`):
-    // bytes the other way restart the shared timer, so without the bound an upstream that
-    // reads nothing while it still sends would hold this stream's DATA (and with it the
-    // client connection's window, shared by every stream) for ever.
-    let upward = async {
-        loop {
-            match body.data().await {
-                None => {
-                    return uw.shutdown().await.map_err(ProxyError::UpstreamIo);
-                }
-                Some(Err(e)) => return Err(client_err(e)),
-                Some(Ok(d)) => {
-                    last.set(Instant::now());
-                    let n = d.len();
-                    let write = async {
-                        uw.write_all(&d).await?;
-                        uw.flush().await
-                    };
-                    match tokio::time::timeout(idle, write).await {
-                        Err(_) => return Err(ProxyError::UpstreamIdle),
-                        Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
-                    }
-                    let _ = body.flow_control().release_capacity(n);
-                    to_up.set(to_up.get() + n as u64);
-                    last.set(Instant::now());
-                }
-            }
-        }
-    };
-    tokio::select! {
-        r = async { tokio::try_join!(down, upward) } => r.map(|_| ()),
-        e = idle_watchdog(&last, idle, down_done) => Err(e),
-    }
-}
-
-/// After a failed tunnel, the client's stream: reset with NO_ERROR when our side of it had
-/// ended (END_STREAM sent: its response was complete, RFC 9113 8.1; a no-op on a stream the
-/// client already reset), else with CANCEL unless the client is gone.
-pub(crate) fn stop_client(send: &mut SendStream<Bytes>, ended: bool, e: &ProxyError) {
-    if ended {
-        send.send_reset(h2::Reason::NO_ERROR);
-    } else if !e.client_gone() {
-        send.send_reset(h2::Reason::CANCEL);
-    }
-}
-
-/// A tunnel's idle timer: done once `idle` passed since `last` (which any byte either way
-/// moves). Silence is the upstream's timeout until the upstream's end has ended the client's
-/// stream (`client_only`); then only the client's side is open, and it is the client's.
-pub(crate) async fn idle_watchdog(
-    last: &Cell<Instant>,
-    idle: Duration,
-    client_only: &Cell<bool>,
-) -> ProxyError {
-    loop {
-        let due = last.get() + idle;
-        if Instant::now() >= due {
-            if client_only.get() {
-                return ProxyError::ClientIo(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "client idle after the upstream's end",
-                ));
-            }
-            return ProxyError::UpstreamIdle;
-        }
-        tokio::time::sleep_until(due).await;
-    }
 }
 
 /// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1: a nonce "randomly
