@@ -279,7 +279,7 @@ impl Picked<'_> {
                 };
                 if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, self.tls) {
                     stats.upstream_tls_failures.fetch_add(1, Ordering::Relaxed);
-                    crate::log_limited!(
+                    crate::logging::log_limited!(
                         warn,
                         group = %group.name,
                         server = %addr,

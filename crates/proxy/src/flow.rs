@@ -89,7 +89,7 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     let local = !matches!(route.action, Action::Proxy(_));
     if local && head.upgrade && D::H2 {
         // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
-        crate::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
+        crate::logging::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
         let e = ProxyError::ExtendedConnect("the route does not proxy");
         return down.fail(head, e, Phase::Route, false).await;
     }
@@ -200,7 +200,7 @@ async fn attempt<'a, D: Client<'a>>(
     let h2_group = t.group().protocol == UpstreamProtocol::H2;
     // A WebSocket opening handshake goes to an HTTP/2 server as an extended CONNECT (other
     // upgrades go as plain requests, without `Upgrade`, which the server may answer).
-    let tunnel = h2_group && crate::upstream_h2_tunnel::is_websocket(head);
+    let tunnel = h2_group && crate::websocket::is_websocket(head);
     let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
     if has_body {
         if let Err(e) = down.before_upload(head).await {

@@ -1,20 +1,14 @@
-//! The exchange with an HTTP/1.1 server: a pooled or new connection (stale ones replaced), the forwarded head, the request body streamed while the response head is awaited, interim heads, and the upgrade tunnel.
+//! The exchange with an HTTP/1.1 server: a pooled or new connection (stale ones replaced), the forwarded head, the request body streamed while the response head is awaited, interim heads.
 
 use crate::attempt::{Exchanged, Failed, Picked, UpResponse};
-use crate::conn::{head_may_be_complete, send_all, write_framed, Conn};
+use crate::conn::{head_may_be_complete, write_framed};
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
-use crate::filter::Edits;
-use crate::h2_io::Peer;
-use crate::headers::{self, ClientFraming};
 use crate::pool::UpConn;
 use crate::retry::Retry;
-use crate::stats::Outcome;
-use crate::stats::{Phase, Termination};
-use crate::tunnel::{self, Progress, SocketIn, SocketOut};
+use crate::stats::Phase;
 use bytes::{Bytes, BytesMut};
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
-use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::timeout;
@@ -295,72 +289,6 @@ fn interim_head(h: &ResponseHead) -> Bytes {
     }
     encode::end_head(&mut out);
     out.freeze()
-}
-
-/// After a 101: send the head, then relay bytes both ways (`tunnel::relay`) until both sides
-/// have closed. Counted as bytes written to the client, the 101 head included.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn tunnel(
-    c: &mut Conn,
-    mut up: UpConn,
-    resp: &ResponseHead,
-    edits: &Edits<'_>,
-    via: bool,
-    head: &RequestHead,
-    addr: SocketAddr,
-    idle: Duration,
-) -> Outcome {
-    c.wbuf.clear();
-    headers::client_response(
-        &mut c.wbuf,
-        resp,
-        ClientFraming::None,
-        edits,
-        via,
-        head.version(),
-        true,
-    );
-    let send_timeout = c.send_timeout;
-    let p = Progress::new();
-    let r: Result<(), ProxyError> = async {
-        send_all(&mut c.stream, &c.wbuf, send_timeout)
-            .await
-            .map_err(ProxyError::ClientIo)?;
-        p.to_client.set(c.wbuf.len() as u64);
-        // Bytes either side sent after its head come first.
-        let early = std::mem::take(&mut c.rbuf);
-        let (cr, cw) = c.stream.split();
-        let (ur, uw) = up.stream.split();
-        tunnel::relay(
-            &mut SocketIn::new(cr, early, Peer::Client),
-            &mut SocketOut::new(uw, idle, Peer::Server),
-            &mut SocketIn::new(ur, std::mem::take(&mut up.rbuf), Peer::Server),
-            &mut SocketOut::new(cw, send_timeout, Peer::Client),
-            &p,
-            idle,
-        )
-        .await
-    }
-    .await;
-    c.wbuf.clear();
-    let (to_up, to_client) = (p.to_server.get(), p.to_client.get());
-    let termination = match r {
-        Ok(()) => {
-            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel ended");
-            Termination::OK
-        }
-        Err(e) => {
-            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel failed: {e}");
-            e.termination(Phase::Tunnel)
-        }
-    };
-    Outcome {
-        termination,
-        status: 101,
-        keep_alive: false,
-        bytes_sent: to_client,
-        upstream: Some(addr),
-    }
 }
 
 #[cfg(test)]

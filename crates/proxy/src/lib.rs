@@ -41,8 +41,8 @@ mod timing;
 mod tunnel;
 mod upstream_h2;
 mod upstream_h2_pool;
-mod upstream_h2_tunnel;
 mod upstream_tls;
+mod websocket;
 
 pub use control::{ConfigSource, Control, ReloadError, ReloadSummary, StartError};
 pub use error::ProxyError;

@@ -303,7 +303,6 @@ impl Limit {
 
 /// `tracing::warn!` (or another level) limited per call site to [`Limit::BURST`] lines per
 /// [`Limit::WINDOW`], with a `suppressed` field counting the lines left out before this one.
-#[macro_export]
 macro_rules! log_limited {
     ($level:ident, $($rest:tt)+) => {{
         static LIMIT: $crate::logging::Limit = $crate::logging::Limit::new();
@@ -312,6 +311,7 @@ macro_rules! log_limited {
         }
     }};
 }
+pub(crate) use log_limited;
 
 #[cfg(test)]
 mod tests {

@@ -269,7 +269,7 @@ async fn accept_loop(
             Err(_) if draining => return,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
-                crate::log_limited!(warn, listener = %slot.name, "accept failed: {e}");
+                crate::logging::log_limited!(warn, listener = %slot.name, "accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }

@@ -276,7 +276,7 @@ impl<'a> Client<'a> for H1Down<'a> {
         server: SocketAddr,
         idle: Duration,
     ) -> Outcome {
-        crate::forward::tunnel(self.c, up, rh, edits, via, head, server, idle).await
+        super::tunnel::h1_to_h1(self.c, up, rh, edits, via, head, server, idle).await
     }
 
     async fn tunnel_h2(
@@ -290,7 +290,7 @@ impl<'a> Client<'a> for H1Down<'a> {
         server: SocketAddr,
         idle: Duration,
     ) -> Outcome {
-        let Some(switch) = crate::upstream_h2_tunnel::switch_head(head, &parts) else {
+        let Some(switch) = crate::websocket::switch_head(head, &parts) else {
             let e = ProxyError::UpstreamIo(std::io::Error::other(
                 "the 2xx's fields are not valid HTTP/1",
             ));
@@ -298,13 +298,13 @@ impl<'a> Client<'a> for H1Down<'a> {
             o.upstream = Some(server);
             return o;
         };
-        let legs = crate::upstream_h2_tunnel::H1Legs {
+        let legs = super::tunnel::H1Legs {
             from_server,
             to_server,
             server,
             idle,
         };
-        crate::upstream_h2_tunnel::run_h1(self.c, head, edits, via, switch, legs).await
+        super::tunnel::h1_to_h2(self.c, head, edits, via, switch, legs).await
     }
 }
 

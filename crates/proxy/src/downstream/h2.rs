@@ -1,5 +1,6 @@
 //! An HTTP/2 stream as the client of one request: its DATA read under flow control, interim heads sent at once, the response as HEADERS and DATA under the client's window, a reset watched throughout.
 
+use super::link::Link;
 use super::{
     Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
     BODY_RATE_GRACE,
@@ -8,7 +9,6 @@ use crate::attempt::Who;
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::filter::Edits;
-use crate::h2::link::Link;
 use crate::h2_fields::trailer_map;
 use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::pool::UpConn;
@@ -245,10 +245,10 @@ impl<'a> Client<'a> for H2Down<'a> {
         rh: &ResponseHead,
         server: SocketAddr,
     ) -> Option<Result<(), ProxyError>> {
-        match crate::h2::tunnel::check_answer(head, rh) {
+        match crate::websocket::check_answer(head, rh) {
             Err(e) => {
                 if head.upgrade {
-                    crate::log_limited!(info, peer = %self.link.peer, upstream = %server, "HTTP/2 WebSocket refused: {e}");
+                    crate::logging::log_limited!(info, peer = %self.link.peer, upstream = %server, "HTTP/2 WebSocket refused: {e}");
                 }
                 Some(Err(e))
             }
@@ -313,7 +313,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         let peer = self.link.peer;
         let mut respond = self.respond.borrow_mut();
         let body = &mut *self.body;
-        let tunnel = crate::h2::tunnel::run(
+        let tunnel = super::tunnel::h2_to_h1(
             &mut respond,
             body,
             up,
@@ -340,7 +340,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         let response = crate::h2_fields::response_from_h2(parts, edits, via);
         let send_timeout = self.send_timeout();
         let mut respond = self.respond.borrow_mut();
-        let legs = crate::upstream_h2_tunnel::Legs {
+        let legs = super::tunnel::Legs {
             respond: &mut respond,
             from_client: &mut *self.body,
             from_server,
@@ -348,7 +348,7 @@ impl<'a> Client<'a> for H2Down<'a> {
             peer: self.link.peer,
             server,
         };
-        crate::upstream_h2_tunnel::run(legs, response, idle, send_timeout).await
+        super::tunnel::h2_to_h2(legs, response, idle, send_timeout).await
     }
 }
 

@@ -2,6 +2,8 @@
 
 mod h1;
 mod h2;
+pub(crate) mod link;
+mod tunnel;
 
 pub(crate) use self::h1::H1Down;
 pub(crate) use self::h2::{answer_h2, H2Down, H2Out};

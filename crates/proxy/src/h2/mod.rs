@@ -2,14 +2,12 @@
 
 mod cork;
 pub(crate) mod frame_scan;
-pub(crate) mod link;
 mod request;
 mod stream;
-pub(crate) mod tunnel;
 
-pub use link::MAX_UNSOLICITED_PING_ACKS;
-pub(crate) use link::{Current, Link, Windowed};
-pub use tunnel::websocket_accept;
+pub use crate::downstream::link::MAX_UNSOLICITED_PING_ACKS;
+pub(crate) use crate::downstream::link::{Current, Link, Windowed};
+pub use crate::websocket::websocket_accept;
 
 use crate::conn::Ctx;
 use crate::stats::{Cause, Phase, Side, Termination};
@@ -273,7 +271,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
-                crate::log_limited!(info, %peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
+                crate::logging::log_limited!(info, %peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
                 ctx.shared.stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 draining = true;
@@ -351,7 +349,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                     draining = true;
                 }
                 Accepted::PingFlood => {
-                    crate::log_limited!(info, %peer, "HTTP/2 PING ACK flood: GOAWAY ENHANCE_YOUR_CALM");
+                    crate::logging::log_limited!(info, %peer, "HTTP/2 PING ACK flood: GOAWAY ENHANCE_YOUR_CALM");
                     ctx.shared.stats.h2_ping_floods.fetch_add(1, Ordering::Relaxed);
                     calmed = true;
                     conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);

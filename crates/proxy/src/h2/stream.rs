@@ -1,7 +1,7 @@
 //! One HTTP/2 stream: translate its head, run it through the flow with the stream as its client, record it once.
 
-use super::link::{Current, Link};
 use super::request::{to_http1, Reject};
+use crate::downstream::link::{Current, Link};
 use crate::downstream::{answer_h2, H2Down};
 use crate::error::ProxyError;
 use crate::stats::Outcome;
@@ -45,9 +45,9 @@ pub(super) async fn handle(
         timings: Timings::begin(started),
     };
     // An extended CONNECT (RFC 8441) becomes an HTTP/1.1 upgrade request (`tunnel`).
-    let translated = match super::tunnel::protocol(&parts) {
+    let translated = match protocol(&parts) {
         None => to_http1(&parts, has_body, &s.cur.ls.limits),
-        Some(p) => super::tunnel::translate(&parts, p, &s.cur.ls.limits),
+        Some(p) => translate(&parts, p, &s.cur.ls.limits),
     };
     let (head, outcome) = match translated {
         Err(reject) => {
@@ -56,7 +56,7 @@ pub(super) async fn handle(
                 Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
                 Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
                 Reject::Protocol => {
-                    let p = super::tunnel::protocol(&parts).unwrap_or_default();
+                    let p = protocol(&parts).unwrap_or_default();
                     tracing::debug!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
                     let e = ProxyError::ExtendedConnect(":protocol other than websocket");
                     (e, "extended CONNECT protocol")
@@ -120,4 +120,23 @@ impl Stream<'_> {
         let limit = self.cur.ls.listener.limits.send_timeout;
         answer_h2(self.respond.get_mut(), head, e, phase, body, extra, limit).await
     }
+}
+
+/// The `:protocol` of an extended CONNECT (the h2 crate hands it over as an extension, only
+/// when the connection advertised SETTINGS_ENABLE_CONNECT_PROTOCOL).
+fn protocol(parts: &http::request::Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<h2::ext::Protocol>()
+        .map(|p| p.as_str())
+}
+
+/// An extended CONNECT as the HTTP/1.1 upgrade request for the upstream, with a fresh
+/// `Sec-WebSocket-Key` (`request::extended_to_http1`).
+fn translate(
+    parts: &http::request::Parts,
+    protocol: &str,
+    limits: &portico_http1::Limits,
+) -> Result<RequestHead, super::request::Reject> {
+    super::request::extended_to_http1(parts, protocol, &crate::websocket::new_key(), limits)
 }

@@ -1,38 +1,22 @@
-//! WebSockets over HTTP/2 (RFC 8441 extended CONNECT) as an HTTP/1.1 upgrade upstream: the handshake key and its check, then the stream's DATA relayed to and from the upstream socket (`tunnel::relay`).
+//! WebSocket handshakes across protocols (sans-io): which HTTP/1.1 requests can become an extended CONNECT, a fresh key, the accept hash, the checks of a server's 101, and the 101 an HTTP/1.1 client gets for an HTTP/2 server's 2xx.
 
-use super::request::{extended_to_http1, Reject};
 use crate::error::ProxyError;
-use crate::h2_io::{client_err, Peer};
-use crate::pool::UpConn;
-use crate::stats::Outcome;
-use crate::stats::{Phase, Termination};
-use crate::tunnel::{self, Progress, SocketIn, SocketOut, StreamIn, StreamOut};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use bytes::Bytes;
-use h2::server::SendResponse;
-use h2::RecvStream;
-use portico_http1::{Limits, RequestHead, ResponseHead};
-use std::net::SocketAddr;
-use std::time::Duration;
+use bytes::BytesMut;
+use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 
-/// The `:protocol` of an extended CONNECT (the h2 crate hands it over as an extension, only
-/// when the connection advertised SETTINGS_ENABLE_CONNECT_PROTOCOL).
-pub(super) fn protocol(parts: &http::request::Parts) -> Option<&str> {
-    parts
-        .extensions
-        .get::<h2::ext::Protocol>()
-        .map(|p| p.as_str())
-}
-
-/// An extended CONNECT as the HTTP/1.1 upgrade request for the upstream, with a fresh
-/// `Sec-WebSocket-Key` (`request::extended_to_http1`).
-pub(super) fn translate(
-    parts: &http::request::Parts,
-    protocol: &str,
-    limits: &Limits,
-) -> Result<RequestHead, Reject> {
-    extended_to_http1(parts, protocol, &new_key(), limits)
+/// Whether an HTTP/1.1 request is a WebSocket opening handshake that can become an extended
+/// CONNECT: a `GET` without a body (RFC 6455 4.1) upgrading to `websocket` (the only token
+/// RFC 8441 defines), with the key its `101` must answer.
+pub(crate) fn is_websocket(head: &RequestHead) -> bool {
+    head.upgrade
+        && *head.method() == Method::Get
+        && matches!(head.framing, Framing::None | Framing::Length(0))
+        && head
+            .field("upgrade")
+            .is_some_and(|u| u.trim_ascii().eq_ignore_ascii_case(b"websocket"))
+        && head.field("sec-websocket-key").is_some()
 }
 
 /// Whether an upstream answer may go to an HTTP/2 client: a 101 only for an upgrade (an
@@ -67,76 +51,41 @@ fn check_switch(head: &RequestHead, resp: &ResponseHead) -> Result<(), ProxyErro
     Ok(())
 }
 
-/// The tunnel after the upstream's 101: `:status 200` with the 101's end-to-end fields
-/// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5;
-/// `content-length` and `transfer-encoding` too, whether from the upstream or the route's
-/// header rules: a 2xx to CONNECT has neither, RFC 9110 9.3.6, and a client's h2 would reset
-/// the stream at its first DATA), then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
-/// closes), a reset either way, or `idle` without a byte (the group's `idle_timeout`, as for
-/// HTTP/1.1 upgrades). One outcome: status 200 and the bytes sent to the client.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn run(
-    respond: &mut SendResponse<Bytes>,
-    body: &mut RecvStream,
-    mut up: UpConn,
-    mut response: http::Response<()>,
-    peer: SocketAddr,
-    addr: SocketAddr,
-    idle: Duration,
-    send_timeout: Duration,
-) -> Outcome {
-    for name in [
-        "sec-websocket-accept",
-        "content-length",
-        "transfer-encoding",
-    ] {
-        response.headers_mut().remove(name);
-    }
-    *response.status_mut() = http::StatusCode::OK;
-    let mut outcome = Outcome {
-        termination: Termination::OK,
-        status: 200,
-        keep_alive: true,
-        bytes_sent: 0,
-        upstream: Some(addr),
-    };
-    let mut send = match respond.send_response(response, false) {
-        Ok(s) => s,
-        Err(e) => {
-            outcome.termination = client_err(e).termination(Phase::ResponseHead);
-            return outcome;
-        }
-    };
-    let p = Progress::new();
-    let early = std::mem::take(&mut up.rbuf);
-    let (ur, uw) = up.stream.split();
-    let r = tunnel::relay(
-        &mut StreamIn::new(body, Peer::Client),
-        &mut SocketOut::new(uw, idle, Peer::Server),
-        &mut SocketIn::new(ur, early, Peer::Server),
-        &mut StreamOut::new(&mut send, send_timeout, Peer::Client),
-        &p,
-        idle,
-    )
-    .await;
-    let (to_up, to_client) = (p.to_server.get(), p.to_client.get());
-    outcome.bytes_sent = to_client;
-    match r {
-        Ok(()) => {
-            tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel ended");
-        }
-        Err(e) => {
-            tracing::debug!(%peer, upstream = %addr, to_up, to_client, "HTTP/2 WebSocket tunnel failed: {e}");
-            tunnel::stop_client(&mut send, p.down_done.get(), &e);
-            outcome.termination = e.termination(Phase::Tunnel);
+/// The `101` for an HTTP/1.1 client whose WebSocket the server accepted with a 2xx:
+/// `Upgrade: websocket`, the `Sec-WebSocket-Accept` of the client's key (HTTP/2 has none) and
+/// the 2xx's end-to-end fields (`sec-websocket-protocol`, `-extensions`, ...). None when those
+/// fields do not make a valid HTTP/1.1 head.
+pub(crate) fn switch_head(
+    head: &RequestHead,
+    parts: &http::response::Parts,
+) -> Option<ResponseHead> {
+    let key = head.field("sec-websocket-key").unwrap_or_default();
+    let mut raw = BytesMut::with_capacity(256);
+    encode::status_line(&mut raw, 101, "Switching Protocols");
+    encode::field(&mut raw, "Upgrade", b"websocket");
+    encode::field(&mut raw, "Connection", b"upgrade");
+    let accept = websocket_accept(key);
+    encode::field(&mut raw, "Sec-WebSocket-Accept", accept.as_bytes());
+    for (n, v) in &parts.headers {
+        let n = n.as_str();
+        let skip = ["content-length", "sec-websocket-accept"];
+        if !crate::h2_fields::DROPPED.contains(&n) && !skip.contains(&n) {
+            encode::field(&mut raw, n, v.as_bytes());
         }
     }
-    outcome
+    encode::end_head(&mut raw);
+    let limits = Limits {
+        max_head_bytes: raw.len() + 1,
+        ..Limits::default()
+    };
+    parse_response(&mut raw, &Method::Get, &limits)
+        .ok()
+        .flatten()
 }
 
 /// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1: a nonce "randomly
 /// selected", so no party can predict it), from aws-lc-rs's CSPRNG (already built for rustls).
-fn new_key() -> String {
+pub(crate) fn new_key() -> String {
     let mut nonce = [0u8; 16];
     if aws_lc_rs::rand::fill(&mut nonce).is_err() {
         // Not expected (AWS-LC's RAND_bytes aborts rather than fail): a handshake still goes.
@@ -218,5 +167,44 @@ mod tests {
             &got(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
         )
         .is_ok());
+    }
+}
+
+#[cfg(test)]
+mod handshake_tests {
+    use super::is_websocket;
+
+    fn head(raw: &str) -> portico_http1::RequestHead {
+        let mut b = bytes::BytesMut::from(raw.as_bytes());
+        portico_http1::parse_request(&mut b, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn only_a_bodiless_get_upgrading_to_websocket_with_a_key_is_one() {
+        let ws = "Host: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n";
+        assert!(is_websocket(&head(&format!("GET / HTTP/1.1\r\n{ws}\r\n"))));
+        assert!(is_websocket(&head(&format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            ws.replace("websocket", "WebSocket")
+        ))));
+        let post = format!("POST / HTTP/1.1\r\n{ws}Content-Length: 2\r\n\r\nhi");
+        assert!(!is_websocket(&head(&post)), "a POST");
+        let body = format!("GET / HTTP/1.1\r\n{ws}Content-Length: 2\r\n\r\nhi");
+        assert!(!is_websocket(&head(&body)), "a GET with a body");
+        let other = format!("GET / HTTP/1.1\r\n{}\r\n", ws.replace("websocket", "foo"));
+        assert!(!is_websocket(&head(&other)), "another protocol");
+        let keyless = format!(
+            "GET / HTTP/1.1\r\n{}\r\n",
+            ws.replace("Sec-WebSocket-Key: k\r\n", "")
+        );
+        assert!(!is_websocket(&head(&keyless)), "no key");
+        let plain =
+            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n";
+        assert!(
+            !is_websocket(&head(plain)),
+            "Upgrade without Connection: upgrade"
+        );
     }
 }
