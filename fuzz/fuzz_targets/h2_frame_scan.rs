@@ -1,11 +1,11 @@
-//! Fuzz the HTTP/2 frame-header follower (`crates/proxy/src/h2/frame_scan.rs`, compiled here by
+//! Fuzz the HTTP/2 frame-header follower (`crates/proxy/src/serve/h2/frame_scan.rs`, compiled here by
 //! path: it needs nothing else): no panic, and the PING ACKs it counts do not depend on how the
 //! bytes are split into reads (the first input byte picks the read size).
 
 #![no_main]
 
 #[allow(dead_code)]
-#[path = "../../crates/proxy/src/h2/frame_scan.rs"]
+#[path = "../../crates/proxy/src/serve/h2/frame_scan.rs"]
 mod frame_scan;
 
 use frame_scan::FrameScan;

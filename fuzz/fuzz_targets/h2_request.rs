@@ -1,4 +1,4 @@
-//! Fuzz the HTTP/2 -> HTTP/1.1 request translation (`crates/proxy/src/h2/request.rs`, compiled here
+//! Fuzz the HTTP/2 -> HTTP/1.1 request translation (`crates/proxy/src/serve/h2/request.rs`, compiled here
 //! by path: it needs only `http` and the HTTP/1 codec): no panic, and an accepted request's head
 //! re-parses with the HTTP/1 parser into the same method, target, host and framing; an accepted
 //! extended CONNECT (`extended_to_http1`, `:protocol websocket`) is a body-less HTTP/1 upgrade.
@@ -6,7 +6,7 @@
 #![no_main]
 
 #[allow(dead_code)]
-#[path = "../../crates/proxy/src/h2/request.rs"]
+#[path = "../../crates/proxy/src/serve/h2/request.rs"]
 mod request;
 
 use bytes::BytesMut;

@@ -1,6 +1,6 @@
 //! Listener certificates reloaded without a restart: a swappable TLS configuration per listener and the stamps of its files (the thread that polls them is in `server`).
 
-use crate::stats::Stats;
+use crate::telemetry::stats::Stats;
 use arc_swap::ArcSwap;
 use portico_config::TlsSettings;
 use std::path::PathBuf;

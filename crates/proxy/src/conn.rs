@@ -3,9 +3,9 @@
 use crate::date::with_date;
 use crate::error::ProxyError;
 use crate::state::{ListenerState, Snapshot, Worker};
-use crate::stats::{Outcome, Phase};
 use crate::stream::ClientStream;
-use crate::timing::Timings;
+use crate::telemetry::stats::{Outcome, Phase};
+use crate::telemetry::timing::Timings;
 use bytes::{Bytes, BytesMut};
 use portico_http1::{encode, BodyDecoder, Decoded, Framing, RequestHead, Version};
 use portico_origin::Body;

@@ -1,11 +1,11 @@
 //! The process's control plane: the current configuration snapshot and how a reload builds and publishes the next one, the bound listeners, the workers' command channels, start and reload errors.
 
-use crate::access_log::AccessLogger;
-use crate::health::{HealthChecker, ProbeTarget};
 use crate::metrics::{GroupStats, Histogram, RouteStats};
 use crate::resilience::RouteResilience;
 use crate::state::{ListenerSlot, ListenerState, Published, Shared};
-use crate::stats::Stats;
+use crate::telemetry::access_log::AccessLogger;
+use crate::telemetry::stats::Stats;
+use crate::upstream::health::{HealthChecker, ProbeTarget};
 use arc_swap::ArcSwap;
 use portico_config::{Action, Config, Listener};
 use portico_origin::Origin;
@@ -76,7 +76,7 @@ pub struct ReloadSummary {
 type KeptGroupTls = (
     u64,
     Vec<crate::cert_watch::Stamp>,
-    Arc<crate::upstream_tls::GroupTls>,
+    Arc<crate::upstream::tls::GroupTls>,
 );
 
 pub(crate) enum Cmd {
@@ -107,7 +107,7 @@ pub(crate) struct Inner {
     no_server: HashMap<String, Arc<AtomicU64>>,
     header_time: HashMap<(String, SocketAddr), Arc<Histogram>>,
     /// Group queues (waiting requests and their counters), by group name.
-    queues: HashMap<String, Arc<crate::queue::GroupQueue>>,
+    queues: HashMap<String, Arc<crate::upstream::queue::GroupQueue>>,
     next_slot: u64,
     senders: Vec<mpsc::UnboundedSender<Cmd>>,
     shutting_down: bool,
@@ -293,8 +293,8 @@ impl Control {
             };
             // The protocol is part of the identity: it sets the ALPN offered.
             let h2 = g.protocol == portico_config::UpstreamProtocol::H2;
-            let id = crate::upstream_tls::settings_id(t) ^ u64::from(h2);
-            let files = crate::cert_watch::stamps(&crate::upstream_tls::files(t));
+            let id = crate::upstream::tls::settings_id(t) ^ u64::from(h2);
+            let files = crate::cert_watch::stamps(&crate::upstream::tls::files(t));
             let tls = match inner.upstream_tls.get(&g.name) {
                 // Same settings and unchanged files: the same rustls configuration, so its
                 // sessions keep resuming (rustls resumes a session only under the verifier and
@@ -313,7 +313,7 @@ impl Control {
                             name: g.name.clone(),
                             source,
                         })?;
-                    Arc::new(crate::upstream_tls::GroupTls::new(t, origination))
+                    Arc::new(crate::upstream::tls::GroupTls::new(t, origination))
                 }
             };
             tls_kept.insert(g.name.clone(), (id, files, tls.clone()));

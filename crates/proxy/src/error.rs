@@ -1,6 +1,6 @@
 //! Why a request failed, and the one function that maps a failure to an HTTP status.
 
-use crate::stats::{Cause, Phase, Side, Termination};
+use crate::telemetry::stats::{Cause, Phase, Side, Termination};
 use portico_http1::{BodyError, ParseError};
 use std::io;
 

@@ -129,7 +129,7 @@ pub struct GroupStats {
     /// response head (connect and any `100 Continue` included).
     pub header_time: Vec<Arc<Histogram>>,
     /// The group's bounded queue (its counters and the wake-up of waiting requests).
-    pub queue: Arc<crate::queue::GroupQueue>,
+    pub queue: Arc<crate::upstream::queue::GroupQueue>,
 }
 
 impl GroupStats {

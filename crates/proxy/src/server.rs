@@ -3,10 +3,10 @@
 use crate::admin::AdminServer;
 use crate::conn;
 use crate::control::{Cmd, Control, ReloadSummary, StartError, BACKLOG};
-use crate::pool::Pool;
 use crate::state::{ListenerSlot, Snapshot, Worker};
-use crate::stats::Stats;
 use crate::stream::ClientStream;
+use crate::telemetry::stats::Stats;
+use crate::upstream::pool::Pool;
 use portico_config::Config;
 use portico_upstream::Upstream;
 use std::cell::{Cell, RefCell};
@@ -165,7 +165,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
             idle_notify: Notify::new(),
             snapshot: RefCell::new(Snapshot::new(control.published.current.load_full())),
             published: control.published.clone(),
-            load: crate::load::WorkerLoad::default(),
+            load: crate::resilience::load::WorkerLoad::default(),
         });
         let loops: Rc<RefCell<Vec<tokio::task::JoinHandle<()>>>> = Rc::default();
         let listen = {
@@ -269,7 +269,7 @@ async fn accept_loop(
             Err(_) if draining => return,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
-                crate::logging::log_limited!(warn, listener = %slot.name, "accept failed: {e}");
+                crate::telemetry::logging::log_limited!(warn, listener = %slot.name, "accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -352,7 +352,7 @@ async fn accept_loop(
                     }
                 }
             };
-            crate::h2::dispatch(stream, peer, ctx).await;
+            crate::serve::h2::dispatch(stream, peer, ctx).await;
             drop(guard);
         });
     }
@@ -394,10 +394,10 @@ async fn probe(worker: Rc<Worker>) {
         if listeners.is_empty() {
             worker.load.reset(&snapshot.stats);
             drop(snapshot);
-            tokio::time::sleep(crate::load::IDLE_CHECK).await;
+            tokio::time::sleep(crate::resilience::load::IDLE_CHECK).await;
             continue;
         }
-        let deadline = tokio::time::Instant::now() + crate::load::PROBE;
+        let deadline = tokio::time::Instant::now() + crate::resilience::load::PROBE;
         if let Some(stall) = worker.published.simulated_stall() {
             // Testing aid: hold the thread as a CPU-bound burst would, then let other tasks run.
             std::thread::sleep(stall);

@@ -1,10 +1,10 @@
 //! The state requests read: a listener's state in one configuration snapshot, the bound listener it accepts on, the snapshot shared by all workers, each worker's own state, and what the control plane publishes to the workers.
 
-use crate::access_log::AccessLogger;
 use crate::metrics::{GroupStats, RouteStats};
-use crate::pool::Pool;
 use crate::resilience::RouteResilience;
-use crate::stats::Stats;
+use crate::telemetry::access_log::AccessLogger;
+use crate::telemetry::stats::Stats;
+use crate::upstream::pool::Pool;
 use arc_swap::ArcSwap;
 use portico_config::{Config, Listener};
 use portico_origin::Origin;
@@ -48,7 +48,7 @@ pub struct ListenerSlot {
     /// Open connections on this listener across all workers and snapshots.
     pub active: AtomicU32,
     /// Open connections by client address (counted only while `max_connections_per_client` is set).
-    pub clients: crate::client_limit::ClientCounts,
+    pub clients: crate::resilience::client_limit::ClientCounts,
     /// Set when the listener is removed by a reload or the process shuts down: accept loops
     /// take what is in the backlog and stop, idle connections close, busy ones finish.
     pub(crate) stop: watch::Sender<bool>,
@@ -65,7 +65,7 @@ pub struct Shared {
     /// Proxy-side counters per upstream group, indexed like `upstreams`.
     pub group_stats: Vec<GroupStats>,
     /// TLS origination per upstream group, indexed like `upstreams` (None = plain HTTP).
-    pub upstream_tls: Vec<Option<Arc<crate::upstream_tls::GroupTls>>>,
+    pub upstream_tls: Vec<Option<Arc<crate::upstream::tls::GroupTls>>>,
     pub stats: Arc<Stats>,
     pub access_log: Option<AccessLogger>,
     pub workers: usize,
@@ -101,7 +101,7 @@ impl std::ops::Deref for Snapshot {
 pub struct Worker {
     pub pool: Pool,
     /// Multiplexed HTTP/2 connections to the servers of `protocol = "h2"` groups.
-    pub h2pool: crate::upstream_h2_pool::H2Pool,
+    pub h2pool: crate::upstream::h2_pool::H2Pool,
     /// Connections open on this worker (drain waits for zero).
     pub open: Cell<usize>,
     pub idle_notify: Notify,
@@ -110,7 +110,7 @@ pub struct Worker {
     /// `Arc`'s count is touched once per reload per worker instead of once per request.
     pub(crate) snapshot: RefCell<Snapshot>,
     /// Event-loop lag and load shedding state of this worker.
-    pub load: crate::load::WorkerLoad,
+    pub load: crate::resilience::load::WorkerLoad,
 }
 
 impl Worker {

@@ -1,18 +1,18 @@
 //! An HTTP/1.1 (or 1.0) connection as the client of one request: its body read through the HTTP/1 decoder, interim heads held while it is read, the response written through a buffer that lets a small body leave with its head.
 
+use super::Who;
 use super::{
     Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
 };
-use crate::attempt::Who;
 use crate::conn::{self, ClientBody, Conn, Ctx};
 use crate::downstream::H2Out;
 use crate::error::ProxyError;
 use crate::filter::Edits;
 use crate::headers::{self, ClientFraming};
-use crate::pool::UpConn;
-use crate::stats::Outcome;
-use crate::stats::Phase;
-use crate::timing::Timings;
+use crate::telemetry::stats::Outcome;
+use crate::telemetry::stats::Phase;
+use crate::telemetry::timing::Timings;
+use crate::upstream::pool::UpConn;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;

@@ -1,21 +1,21 @@
 //! An HTTP/2 stream as the client of one request: its DATA read under flow control, interim heads sent at once, the response as HEADERS and DATA under the client's window, a reset watched throughout.
 
 use super::link::Link;
+use super::Who;
 use super::{
     Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
     BODY_RATE_GRACE,
 };
-use crate::attempt::Who;
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::filter::Edits;
 use crate::h2_fields::trailer_map;
 use crate::h2_io::{client_err, finish, send_windowed, Peer};
-use crate::pool::UpConn;
 use crate::state::{ListenerState, Shared};
-use crate::stats::Outcome;
-use crate::stats::Phase;
-use crate::timing::Timings;
+use crate::telemetry::stats::Outcome;
+use crate::telemetry::stats::Phase;
+use crate::telemetry::timing::Timings;
+use crate::upstream::pool::UpConn;
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
@@ -248,7 +248,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         match crate::websocket::check_answer(head, rh) {
             Err(e) => {
                 if head.upgrade {
-                    crate::logging::log_limited!(info, peer = %self.link.peer, upstream = %server, "HTTP/2 WebSocket refused: {e}");
+                    crate::telemetry::logging::log_limited!(info, peer = %self.link.peer, upstream = %server, "HTTP/2 WebSocket refused: {e}");
                 }
                 Some(Err(e))
             }

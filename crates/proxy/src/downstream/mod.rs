@@ -8,16 +8,15 @@ mod tunnel;
 pub(crate) use self::h1::H1Down;
 pub(crate) use self::h2::{answer_h2, H2Down, H2Out};
 
-use crate::attempt::Who;
 use crate::conn::ClientBody;
 use crate::error::ProxyError;
 use crate::filter::Edits;
 use crate::headers;
-use crate::pool::UpConn;
 use crate::state::{ListenerState, Shared, Worker};
-use crate::stats::Outcome;
-use crate::stats::Phase;
-use crate::timing::Timings;
+use crate::telemetry::stats::Outcome;
+use crate::telemetry::stats::Phase;
+use crate::telemetry::timing::Timings;
+use crate::upstream::pool::UpConn;
 use ::h2::server::SendResponse;
 use ::h2::{RecvStream, SendStream};
 use bytes::{Bytes, BytesMut};
@@ -28,6 +27,14 @@ use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::task::Poll;
 use std::time::Duration;
+
+/// Who sent the request, for the forwarded head (X-Forwarded-*, hashing, rate-limit keys).
+pub struct Who<'a> {
+    pub ip: &'a str,
+    /// The client connection is TLS.
+    pub tls: bool,
+    pub cert_subject: Option<&'a str>,
+}
 
 /// Most interim (1xx) responses accepted before the final one.
 pub(crate) const MAX_INTERIM: usize = 8;

@@ -1,15 +1,15 @@
 //! The exchange of one attempt with an HTTP/2 server (`protocol = "h2"` groups), for either client kind: the forwarded head as an HTTP/2 request, a stream leased from `upstream_h2_pool`, the upload while the response head is awaited, interim responses, resends on another connection after a refusal, retry decisions.
 
-use crate::attempt::{failure_report, Exchanged, Picked, UpResponse};
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
+use crate::flow::attempt::{failure_report, Exchanged, Picked, UpResponse};
 use crate::h2_fields::{append, DROPPED};
 use crate::h2_io::{send_windowed, up_err, Peer};
-use crate::pool::PoolKey;
-use crate::retry::{Retry, RetryCause};
+use crate::resilience::retry::{Retry, RetryCause};
 use crate::state::{Shared, Worker};
-use crate::stats::{Phase, Stats};
-use crate::upstream_h2_pool::{open, H2Conn, Lease, Slot};
+use crate::telemetry::stats::{Phase, Stats};
+use crate::upstream::h2_pool::{open, H2Conn, Lease, Slot};
+use crate::upstream::pool::PoolKey;
 use bytes::{Bytes, BytesMut};
 use h2::client::ResponseFuture;
 use h2::{RecvStream, SendStream};

@@ -3,7 +3,7 @@
 use crate::control::Control;
 use crate::metrics::{Exposition, HistogramSnapshot, RouteStats, BUCKETS_US};
 use crate::state::Shared;
-use crate::stats::Stats;
+use crate::telemetry::stats::Stats;
 use bytes::BytesMut;
 use portico_config::{Action, Admin, Balance, Config, Route, Server, UpstreamGroup};
 use portico_http1::{parse_request, Framing};
@@ -817,8 +817,8 @@ pub fn metrics(control: &Control) -> String {
         "Log lines dropped because the log's output (file, pipe, terminal) did not keep up; workers never wait for it.",
     );
     for (log, v) in [
-        ("error", &crate::logging::ERROR_LOG_DROPPED),
-        ("access", &crate::logging::ACCESS_LOG_DROPPED),
+        ("error", &crate::telemetry::logging::ERROR_LOG_DROPPED),
+        ("access", &crate::telemetry::logging::ACCESS_LOG_DROPPED),
     ] {
         e.sample(
             "portico_log_lines_dropped_total",
@@ -954,7 +954,7 @@ pub fn metrics(control: &Control) -> String {
             f64::from(gs.queue.waiting()),
         );
     }
-    type QueueField = fn(&crate::queue::GroupQueue) -> u64;
+    type QueueField = fn(&crate::upstream::queue::GroupQueue) -> u64;
     let queue: [(&str, &str, QueueField); 4] = [
         (
             "portico_group_queued_total",

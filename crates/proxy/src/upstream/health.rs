@@ -1,7 +1,7 @@
 //! Active health checks: one probe per server per interval for the whole process, on its own thread.
 
-use crate::health_h2::MAX_PROBE_BODY;
-use crate::upstream_tls::{GroupTls, UpStream};
+use crate::upstream::health_h2::MAX_PROBE_BODY;
+use crate::upstream::tls::{GroupTls, UpStream};
 use bytes::BytesMut;
 use portico_config::{HealthCheck, HealthCheckKind, HttpCheck, UpstreamProtocol};
 use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
@@ -168,7 +168,7 @@ pub async fn probe_with(
         match &check.kind {
             HealthCheckKind::Tcp => Ok(connected.to_string()),
             HealthCheckKind::Http(http) if protocol == UpstreamProtocol::H2 => {
-                crate::health_h2::probe(stream, addr, http, tls.is_some()).await
+                crate::upstream::health_h2::probe(stream, addr, http, tls.is_some()).await
             }
             HealthCheckKind::Http(http) => http_probe(stream, addr, http).await,
         }

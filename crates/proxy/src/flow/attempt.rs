@@ -1,13 +1,14 @@
 //! The server of one attempt, for either client kind and upstream protocol: the pick (sticky, balancer, queue, fallback, retry exclusion), the forwarded head, the connection (pool or connect, TLS counters and log), outcome reports and retry decisions, and what an exchange returns (`Exchanged`, `UpResponse`).
 
+use crate::downstream::Who;
 use crate::error::ProxyError;
 use crate::filter::Edits;
 use crate::headers::{self, Forwarding};
-use crate::pool::{Pool, PoolKey, UpConn};
-use crate::retry::{Retry, RetryCause};
+use crate::resilience::retry::{Retry, RetryCause};
 use crate::state::Shared;
-use crate::stats::Phase;
-use crate::upstream_tls::GroupTls;
+use crate::telemetry::stats::Phase;
+use crate::upstream::pool::{Pool, PoolKey, UpConn};
+use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
 use portico_config::{Balance, ProxyAction, Route, UpstreamGroup};
 use portico_http1::{Framing, RequestHead, ResponseHead};
@@ -16,14 +17,6 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// Who sent the request, for the forwarded head (X-Forwarded-*, hashing, rate-limit keys).
-pub struct Who<'a> {
-    pub ip: &'a str,
-    /// The client connection is TLS.
-    pub tls: bool,
-    pub cert_subject: Option<&'a str>,
-}
 
 /// The server an attempt goes to, holding its active slot until dropped.
 pub struct Picked<'s> {
@@ -65,7 +58,7 @@ pub(crate) enum UpResponse {
     /// An HTTP/2 server's head and body, the request's send side (for an upload still going,
     /// or a tunnel) and the stream slot on its connection.
     H2 {
-        lease: crate::upstream_h2_pool::Lease,
+        lease: crate::upstream::h2_pool::Lease,
         parts: http::response::Parts,
         body: h2::RecvStream,
         send: h2::SendStream<bytes::Bytes>,
@@ -258,7 +251,11 @@ impl Picked<'_> {
         let stats = &shared.stats;
         // Boxed: a new connection (and its TLS handshake) is the rare case on kept-alive pools;
         // unboxed, its 1.5 KiB of state would widen every request's future.
-        let opening = Box::pin(crate::pool::connect(addr, group.connect_timeout, self.tls));
+        let opening = Box::pin(crate::upstream::pool::connect(
+            addr,
+            group.connect_timeout,
+            self.tls,
+        ));
         match opening.await {
             Ok((u, took)) => {
                 *connect = Some(took);
@@ -279,7 +276,7 @@ impl Picked<'_> {
                 };
                 if let (ProxyError::TlsHandshake(why), Some(tls)) = (&e, self.tls) {
                     stats.upstream_tls_failures.fetch_add(1, Ordering::Relaxed);
-                    crate::logging::log_limited!(
+                    crate::telemetry::logging::log_limited!(
                         warn,
                         group = %group.name,
                         server = %addr,

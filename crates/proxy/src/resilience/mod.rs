@@ -1,7 +1,13 @@
 //! Per-route resilience state shared by every worker: retry budget and rate-limit buckets, carried across reloads.
 
-use crate::ratelimit::RateLimiter;
-use crate::retry::RetryBudget;
+pub mod client_limit;
+pub mod load;
+pub mod ratelimit;
+pub mod retry;
+pub mod shed;
+
+use crate::resilience::ratelimit::RateLimiter;
+use crate::resilience::retry::RetryBudget;
 use portico_config::{Action, Listener, Route};
 use std::sync::Arc;
 use std::time::Instant;

@@ -13,11 +13,11 @@
 //! never writes protocol bytes.
 
 use crate::error::ProxyError;
-use crate::load::WorkerLoad;
 use crate::metrics::RouteStats;
-use crate::ratelimit::RateLimiter;
-use crate::stats::Stats;
+use crate::resilience::load::WorkerLoad;
+use crate::resilience::ratelimit::RateLimiter;
 use crate::sticky::cookie_value;
+use crate::telemetry::stats::Stats;
 use portico_config::{
     Action, HeaderRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup,
 };
@@ -188,7 +188,7 @@ fn shed(cx: &Cx<'_>) -> Result<(), Answer> {
     tracing::debug!(peer = %cx.peer, target = cx.head.target(), "request shed: worker saturated");
     Err(Answer {
         error: ProxyError::Shed,
-        body: crate::load::SHED_BODY,
+        body: crate::resilience::load::SHED_BODY,
         fields: Vec::new(),
     })
 }
@@ -204,7 +204,7 @@ fn rate_limit(cx: &Cx<'_>) -> Result<(), Answer> {
     cx.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
     let error = ProxyError::RateLimited;
     tracing::debug!(peer = %cx.peer, target = cx.head.target(), "{error}");
-    let secs = crate::ratelimit::retry_after_secs(wait).to_string();
+    let secs = crate::resilience::ratelimit::retry_after_secs(wait).to_string();
     Err(Answer {
         body: crate::error::error_body(error.status()),
         error,

@@ -1,6 +1,6 @@
 //! Active `http` health probes of `protocol = "h2"` groups: the check's request over HTTP/2 (h2c prior knowledge, or TLS with ALPN h2) with the `h2` client.
 
-use crate::upstream_tls::UpStream;
+use crate::upstream::tls::UpStream;
 use bytes::Bytes;
 use portico_config::HttpCheck;
 use portico_http1::Limits;

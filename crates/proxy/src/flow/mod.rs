@@ -1,16 +1,20 @@
 //! One request for every client and every upstream protocol: route, the request filters, then a local answer or the proxy action's one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, response filters, tunnel, response head, one relay, release), then the log filters.
 
-use crate::attempt::{Exchanged, UpResponse};
+pub(crate) mod attempt;
+mod exchange_h1;
+mod exchange_h2;
+
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
 use crate::filter::{Edits, Filters};
+use crate::flow::attempt::{Exchanged, UpResponse};
 use crate::metrics::RouteStats;
-use crate::pool::UpConn;
+use crate::resilience::retry::Retry;
 use crate::resilience::RouteResilience;
-use crate::retry::Retry;
-use crate::stats::Outcome;
-use crate::stats::{Phase, Termination};
+use crate::telemetry::stats::Outcome;
+use crate::telemetry::stats::{Phase, Termination};
+use crate::upstream::pool::UpConn;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
@@ -89,7 +93,7 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     let local = !matches!(route.action, Action::Proxy(_));
     if local && head.upgrade && D::H2 {
         // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
-        crate::logging::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
+        crate::telemetry::logging::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
         let e = ProxyError::ExtendedConnect("the route does not proxy");
         return down.fail(head, e, Phase::Route, false).await;
     }
@@ -187,7 +191,8 @@ async fn attempt<'a, D: Client<'a>>(
     let shared = env.shared;
     let mut asked = retry.started();
     let watch = down.watch();
-    let pick = crate::attempt::pick(shared, p.upstream, down.who().ip, head, retry, &mut asked);
+    let pick =
+        crate::flow::attempt::pick(shared, p.upstream, down.who().ip, head, retry, &mut asked);
     // An HTTP/2 client that resets its stream while the request waits in a queue leaves at once.
     let picked = unless_reset(watch, std::pin::pin!(pick)).await;
     let picked = picked.unwrap_or(Err(ProxyError::ClientClosed));
@@ -214,7 +219,7 @@ async fn attempt<'a, D: Client<'a>>(
             match h2_group {
                 // Boxed: its state would otherwise widen every request's future.
                 true => {
-                    let x = crate::upstream_h2::exchange_attempt(
+                    let x = crate::flow::exchange_h2::exchange_attempt(
                         down,
                         env,
                         &t,
@@ -227,7 +232,7 @@ async fn attempt<'a, D: Client<'a>>(
                     Box::pin(x).await
                 }
                 false => {
-                    crate::forward::exchange_attempt(
+                    crate::flow::exchange_h1::exchange_attempt(
                         down,
                         env,
                         &t,
@@ -403,7 +408,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
             }
         };
         tokio::pin!(relay);
-        let up_fut = crate::upstream_h2::upload(&mut send, &mut upload, down, idle);
+        let up_fut = crate::flow::exchange_h2::upload(&mut send, &mut upload, down, idle);
         tokio::pin!(up_fut);
         loop {
             tokio::select! {
@@ -679,7 +684,7 @@ fn client_gone(status: u16, addr: SocketAddr, e: std::io::Error) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::client_gone;
-    use crate::stats::{Cause, Phase, Side, Termination};
+    use crate::telemetry::stats::{Cause, Phase, Side, Termination};
     use std::io::{Error, ErrorKind};
 
     #[test]

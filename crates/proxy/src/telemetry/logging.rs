@@ -305,7 +305,7 @@ impl Limit {
 /// [`Limit::WINDOW`], with a `suppressed` field counting the lines left out before this one.
 macro_rules! log_limited {
     ($level:ident, $($rest:tt)+) => {{
-        static LIMIT: $crate::logging::Limit = $crate::logging::Limit::new();
+        static LIMIT: $crate::telemetry::logging::Limit = $crate::telemetry::logging::Limit::new();
         if let Some(suppressed) = LIMIT.admit() {
             tracing::$level!(suppressed, $($rest)+);
         }

@@ -1,12 +1,12 @@
 //! The exchange with an HTTP/1.1 server: a pooled or new connection (stale ones replaced), the forwarded head, the request body streamed while the response head is awaited, interim heads.
 
-use crate::attempt::{Exchanged, Failed, Picked, UpResponse};
 use crate::conn::{head_may_be_complete, write_framed};
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
-use crate::pool::UpConn;
-use crate::retry::Retry;
-use crate::stats::Phase;
+use crate::flow::attempt::{Exchanged, Failed, Picked, UpResponse};
+use crate::resilience::retry::Retry;
+use crate::telemetry::stats::Phase;
+use crate::upstream::pool::UpConn;
 use bytes::{Bytes, BytesMut};
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Per-worker load: the event-loop lag samples fed to each shedding listener's `Shedder` (the probe that takes them is in `server`), and the body of a shed request's 503.
 
-use crate::shed::{Change, Shedder};
-use crate::stats::Stats;
+use crate::resilience::shed::{Change, Shedder};
+use crate::telemetry::stats::Stats;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Route retries: the process-wide retry budget (sans-io, time passed in) and the per-request retry decision.
 
 use crate::metrics::RouteStats;
-use crate::stats::Stats;
+use crate::telemetry::stats::Stats;
 use portico_config::{RetryPolicy, RETRY_BUDGET_WINDOW};
 use portico_http1::{Framing, RequestHead};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,8 +1,8 @@
 //! Each worker's multiplexed HTTP/2 connections to the servers of `protocol = "h2"` groups: a few per server, opened on demand (h2c, or TLS with ALPN h2), one open at a time per server and worker with the requests waiting for it, stream slots leased per request.
 
 use crate::error::ProxyError;
-use crate::pool::{connect, PoolKey, UpStream};
-use crate::upstream_tls::GroupTls;
+use crate::upstream::pool::{connect, PoolKey, UpStream};
+use crate::upstream::tls::GroupTls;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_http1::Limits;
@@ -397,8 +397,8 @@ pub(crate) async fn open(
 mod tests {
     use super::{H2Pool, Slot};
     use crate::error::ProxyError;
-    use crate::pool::PoolKey;
-    use crate::stats::{Cause, Phase};
+    use crate::telemetry::stats::{Cause, Phase};
+    use crate::upstream::pool::PoolKey;
     use std::cell::RefCell;
     use std::rc::Rc;
     use std::time::Duration;

@@ -1,8 +1,8 @@
 //! Access log: one line per request, combined format or JSON lines, with phase timings and the termination record.
 
-use crate::logging::Sink;
-use crate::stats::Outcome;
-use crate::timing::Phases;
+use crate::telemetry::logging::Sink;
+use crate::telemetry::stats::Outcome;
+use crate::telemetry::timing::Phases;
 use portico_config::{AccessLog, AccessLogFormat};
 use portico_http1::RequestHead;
 use std::fmt::Write as _;
@@ -30,8 +30,8 @@ impl AccessLogger {
             out: Sink::new(
                 "access",
                 out,
-                crate::logging::SINK_CAPACITY,
-                &crate::logging::ACCESS_LOG_DROPPED,
+                crate::telemetry::logging::SINK_CAPACITY,
+                &crate::telemetry::logging::ACCESS_LOG_DROPPED,
             )?,
         })
     }
@@ -168,7 +168,7 @@ pub fn format_line(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::Termination;
+    use crate::telemetry::stats::Termination;
     use bytes::BytesMut;
     use std::time::UNIX_EPOCH;
 

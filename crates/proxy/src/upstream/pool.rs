@@ -1,7 +1,7 @@
 //! Per-worker idle keep-alive pools of upstream connections, one list per server address and transport.
 
 use crate::error::ProxyError;
-use crate::upstream_tls::GroupTls;
+use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-pub use crate::upstream_tls::UpStream;
+pub use crate::upstream::tls::UpStream;
 
 /// What a pooled connection can be reused for: the server address and the transport (0 = plain
-/// TCP, else [`crate::upstream_tls::GroupTls::pool_id`] of the TLS settings it was made with).
+/// TCP, else [`crate::upstream::tls::GroupTls::pool_id`] of the TLS settings it was made with).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub addr: SocketAddr,

@@ -10,8 +10,8 @@ pub(crate) use crate::downstream::link::{Current, Link, Windowed};
 pub use crate::websocket::websocket_accept;
 
 use crate::conn::Ctx;
-use crate::stats::{Cause, Phase, Side, Termination};
 use crate::stream::ClientStream;
+use crate::telemetry::stats::{Cause, Phase, Side, Termination};
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
@@ -30,7 +30,7 @@ pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
     let settings = ctx.ls.listener.http2;
     if !settings.enabled {
-        return crate::serve_h1::serve(stream, peer, ctx).await;
+        return crate::serve::h1::serve(stream, peer, ctx).await;
     }
     // The first head deadline runs from here, sniffing included.
     let accepted = Instant::now();
@@ -53,7 +53,7 @@ pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
         // A sniff that ran out of time lands here too: the HTTP/1 path finds its head deadline
         // (from `accepted`) already passed and closes as for any head timeout (silently when
         // nothing arrived, 408 when part of a head did).
-        Sniffed::Http1 => crate::serve_h1::serve_since(stream, peer, ctx, accepted).await,
+        Sniffed::Http1 => crate::serve::h1::serve_since(stream, peer, ctx, accepted).await,
         Sniffed::Neither => {
             // Not an HTTP/1.x request line and not the preface: an invalid preface is a
             // connection error (RFC 9113 3.4), so the connection closes without an answer.
@@ -271,7 +271,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
-                crate::logging::log_limited!(info, %peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
+                crate::telemetry::logging::log_limited!(info, %peer, "HTTP/2 reset flood: GOAWAY ENHANCE_YOUR_CALM");
                 ctx.shared.stats.h2_reset_floods.fetch_add(1, Ordering::Relaxed);
                 conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
                 draining = true;
@@ -349,7 +349,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                     draining = true;
                 }
                 Accepted::PingFlood => {
-                    crate::logging::log_limited!(info, %peer, "HTTP/2 PING ACK flood: GOAWAY ENHANCE_YOUR_CALM");
+                    crate::telemetry::logging::log_limited!(info, %peer, "HTTP/2 PING ACK flood: GOAWAY ENHANCE_YOUR_CALM");
                     ctx.shared.stats.h2_ping_floods.fetch_add(1, Ordering::Relaxed);
                     calmed = true;
                     conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);

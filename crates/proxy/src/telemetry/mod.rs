@@ -1,0 +1,6 @@
+//! What the proxy tells about itself: counters and termination records, the access log, the non-blocking log sink and rate-limited log lines, per-request phase timings.
+
+pub mod access_log;
+pub mod logging;
+pub mod stats;
+pub mod timing;
