@@ -898,7 +898,19 @@ fn scan_response(
         range32(0, 0)
     };
     let scan = scan_fields(head, headers)?;
+    let head = response_head(status, reason, version, scan, method)?;
+    Ok(Some((n, head)))
+}
 
+/// The response head of a status line and its fields, once each is checked: the framing for a
+/// request of `method` (RFC 9112 6.3), the connection decision (its `buf` is set by the caller).
+pub(crate) fn response_head(
+    status: u16,
+    reason: Range<u32>,
+    version: Version,
+    scan: FieldScan,
+    method: &Method,
+) -> Result<ResponseHead, ParseErrorKind> {
     let framing = match (scan.cl, scan.te) {
         (ContentLength::Absent, None) => Framing::Close,
         (ContentLength::Value(_) | ContentLength::Bad, Some(_)) => {
@@ -928,7 +940,7 @@ fn scan_response(
             Version::Http11 => !scan.conn_close,
             Version::Http10 => scan.conn_keep_alive && !scan.conn_close,
         };
-    let head = ResponseHead {
+    Ok(ResponseHead {
         buf: Bytes::new(),
         version,
         status,
@@ -937,8 +949,7 @@ fn scan_response(
         conn: scan.conn,
         framing,
         keep_alive,
-    };
-    Ok(Some((n, head)))
+    })
 }
 
 /// httparse refused the version of a status line: see [`request_version_error`].

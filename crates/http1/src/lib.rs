@@ -11,7 +11,7 @@ mod syntax;
 mod tests;
 
 pub use body::{BodyDecoder, Decoded, Framing};
-pub use build::RequestBuilder;
+pub use build::{RequestBuilder, ResponseBuilder};
 pub use error::{BodyError, ParseError, ParseErrorKind};
 pub use head::{
     parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, TargetForm, Version,

@@ -1,9 +1,8 @@
 //! HTTP/1 fields and heads into HTTP/2 ones and back, shared by the downstream and upstream HTTP/2 paths: the checked append, trailer lines to a map, the connection-specific names, response heads across protocols.
 
 use crate::filter::Edits;
-use bytes::BytesMut;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
-use portico_http1::{encode, parse_response, Framing, Limits, Method, ResponseHead};
+use portico_http1::{Framing, Limits, Method, ResponseBuilder, ResponseHead};
 
 /// Append a field if its name and value are valid in HTTP/2 (names are lowercased).
 pub(crate) fn append(map: &mut HeaderMap, name: &str, value: &[u8]) {
@@ -143,11 +142,15 @@ pub(crate) fn http1_response(
     end: bool,
 ) -> Option<ResponseHead> {
     let status = parts.status.as_u16();
-    let mut raw = BytesMut::with_capacity(512);
-    encode::status_line(&mut raw, status, "");
+    // The HTTP/2 client's header list limit bounded the size already.
+    let limits = Limits {
+        max_head_bytes: usize::MAX,
+        ..Limits::default()
+    };
+    let mut b = ResponseBuilder::new(status, method, &limits).ok()?;
     for (n, v) in &parts.headers {
         if !DROPPED.contains(&n.as_str()) {
-            encode::field(&mut raw, n.as_str(), v.as_bytes());
+            b.field(n.as_str(), v.as_bytes()).ok()?;
         }
     }
     // No length is invented for responses that have no body by definition (RFC 9110 6.4.1,
@@ -155,16 +158,11 @@ pub(crate) fn http1_response(
     let bodiless = *method == Method::Head || status < 200 || status == 204 || status == 304;
     if !bodiless && !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
         match end {
-            true => encode::content_length(&mut raw, 0),
-            false => encode::field(&mut raw, "Transfer-Encoding", b"chunked"),
+            true => b.field("content-length", b"0").ok()?,
+            false => b.field("transfer-encoding", b"chunked").ok()?,
         }
     }
-    encode::end_head(&mut raw);
-    let limits = Limits {
-        max_head_bytes: raw.len() + 1,
-        ..Limits::default()
-    };
-    parse_response(&mut raw, method, &limits).ok().flatten()
+    b.finish().ok()
 }
 
 #[cfg(test)]

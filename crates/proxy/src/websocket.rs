@@ -3,8 +3,7 @@
 use crate::error::ProxyError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use bytes::BytesMut;
-use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
+use portico_http1::{Framing, Limits, Method, RequestHead, ResponseBuilder, ResponseHead};
 
 /// Whether an HTTP/1.1 request is a WebSocket opening handshake that can become an extended
 /// CONNECT: a `GET` without a body (RFC 6455 4.1) upgrading to `websocket` (the only token
@@ -60,27 +59,23 @@ pub(crate) fn switch_head(
     parts: &http::response::Parts,
 ) -> Option<ResponseHead> {
     let key = head.field("sec-websocket-key").unwrap_or_default();
-    let mut raw = BytesMut::with_capacity(256);
-    encode::status_line(&mut raw, 101, "Switching Protocols");
-    encode::field(&mut raw, "Upgrade", b"websocket");
-    encode::field(&mut raw, "Connection", b"upgrade");
+    let limits = Limits {
+        max_head_bytes: usize::MAX,
+        ..Limits::default()
+    };
+    let mut b = ResponseBuilder::new(101, &Method::Get, &limits).ok()?;
+    b.field("Upgrade", b"websocket").ok()?;
+    b.field("Connection", b"upgrade").ok()?;
     let accept = websocket_accept(key);
-    encode::field(&mut raw, "Sec-WebSocket-Accept", accept.as_bytes());
+    b.field("Sec-WebSocket-Accept", accept.as_bytes()).ok()?;
     for (n, v) in &parts.headers {
         let n = n.as_str();
         let skip = ["content-length", "sec-websocket-accept"];
         if !crate::h2_fields::DROPPED.contains(&n) && !skip.contains(&n) {
-            encode::field(&mut raw, n, v.as_bytes());
+            b.field(n, v.as_bytes()).ok()?;
         }
     }
-    encode::end_head(&mut raw);
-    let limits = Limits {
-        max_head_bytes: raw.len() + 1,
-        ..Limits::default()
-    };
-    parse_response(&mut raw, &Method::Get, &limits)
-        .ok()
-        .flatten()
+    b.finish().ok()
 }
 
 /// A fresh `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455 4.1: a nonce "randomly
