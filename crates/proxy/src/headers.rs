@@ -124,10 +124,49 @@ pub fn trailer_fields(mut map: http::HeaderMap) -> http::HeaderMap {
     map
 }
 
+/// Where a forwarded request head is written, in the upstream's protocol: HTTP/1.1 bytes
+/// (`BytesMut`), or an HTTP/2 request (`flow::exchange_h2`). The forwarding rules are written
+/// once, in [`upstream_request`].
+pub(crate) trait HeadOut {
+    fn request_line(&mut self, method: &str, target: &str);
+    /// One field whose value is `parts` one after the other.
+    fn field(&mut self, name: &str, parts: &[&[u8]]);
+    fn content_length(&mut self, n: u64);
+    fn end(&mut self);
+}
+
+impl HeadOut for BytesMut {
+    fn request_line(&mut self, method: &str, target: &str) {
+        encode::request_line(self, method, target);
+    }
+
+    fn field(&mut self, name: &str, parts: &[&[u8]]) {
+        match parts {
+            [one] => encode::field(self, name, one),
+            _ => {
+                self.extend_from_slice(name.as_bytes());
+                self.extend_from_slice(b": ");
+                for p in parts {
+                    self.extend_from_slice(p);
+                }
+                self.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+
+    fn content_length(&mut self, n: u64) {
+        encode::content_length(self, n);
+    }
+
+    fn end(&mut self) {
+        encode::end_head(self);
+    }
+}
+
 /// Append the fields the filters set or add.
-fn write_edits(out: &mut BytesMut, edits: &Edits<'_>) {
+fn write_edits(out: &mut impl HeadOut, edits: &Edits<'_>) {
     for (n, v) in edits.fields() {
-        encode::field(out, n, v);
+        out.field(n, &[v]);
     }
 }
 
@@ -135,14 +174,14 @@ fn write_edits(out: &mut BytesMut, edits: &Edits<'_>) {
 /// ones Portico owns and those the filters drop, then Host, X-Forwarded-*, Via, the filters'
 /// fields, exactly one framing field, upgrade.
 pub(crate) fn upstream_request(
-    out: &mut BytesMut,
+    out: &mut impl HeadOut,
     head: &RequestHead,
     target: &str,
     action: &ProxyAction,
     edits: &Edits<'_>,
     fwd: &Forwarding<'_>,
 ) {
-    encode::request_line(out, head.method().as_str(), target);
+    out.request_line(head.method().as_str(), target);
     let mut xff: Option<&[u8]> = None;
     let mut via: Option<&[u8]> = None;
     let mut host_value: Option<&[u8]> = None;
@@ -183,67 +222,61 @@ pub(crate) fn upstream_request(
             via = Some(value);
             continue;
         }
-        encode::field(out, name, value);
+        out.field(name, &[value]);
     }
     if fwd.absolute {
         host_value = Some(fwd.authority.as_bytes());
     }
     if !edits.sets("host") {
         match (action.preserve_host, host_value) {
-            (true, Some(h)) => encode::field(out, "Host", h),
-            _ => encode::field(out, "Host", fwd.authority.as_bytes()),
+            (true, Some(h)) => out.field("Host", &[h]),
+            _ => out.field("Host", &[fwd.authority.as_bytes()]),
         }
     }
     if action.forwarded_headers {
         match xff {
             Some(prev) if !prev.is_empty() => {
-                out.extend_from_slice(b"X-Forwarded-For: ");
-                out.extend_from_slice(prev);
-                out.extend_from_slice(b", ");
-                out.extend_from_slice(fwd.client_ip.as_bytes());
-                out.extend_from_slice(b"\r\n");
+                let ip = fwd.client_ip.as_bytes();
+                out.field("X-Forwarded-For", &[prev, b", ", ip]);
             }
-            _ => encode::field(out, "X-Forwarded-For", fwd.client_ip.as_bytes()),
+            _ => out.field("X-Forwarded-For", &[fwd.client_ip.as_bytes()]),
         }
-        encode::field(out, "X-Forwarded-Proto", fwd.proto.as_bytes());
+        out.field("X-Forwarded-Proto", &[fwd.proto.as_bytes()]);
         if let Some(h) = host_value {
-            encode::field(out, "X-Forwarded-Host", h);
+            out.field("X-Forwarded-Host", &[h]);
         }
-        encode::field(out, "X-Real-IP", fwd.client_ip.as_bytes());
+        out.field("X-Real-IP", &[fwd.client_ip.as_bytes()]);
     }
     if let Some(subject) = fwd.client_cert_subject {
-        encode::field(out, CLIENT_CERT_SUBJECT, subject.as_bytes());
+        out.field(CLIENT_CERT_SUBJECT, &[subject.as_bytes()]);
     }
     if action.via {
         write_via(out, via, head.version());
     }
     write_edits(out, edits);
     match head.framing {
-        Framing::Length(n) => encode::content_length(out, n),
-        Framing::Chunked => encode::field(out, "Transfer-Encoding", b"chunked"),
+        Framing::Length(n) => out.content_length(n),
+        Framing::Chunked => out.field("Transfer-Encoding", &[b"chunked"]),
         Framing::None | Framing::Close => {}
     }
     if head.upgrade {
         if let Some(up) = head.field("upgrade") {
-            encode::field(out, "Connection", b"upgrade");
-            encode::field(out, "Upgrade", up);
+            out.field("Connection", &[b"upgrade"]);
+            out.field("Upgrade", &[up]);
         }
     }
-    encode::end_head(out);
+    out.end();
 }
 
-fn write_via(out: &mut BytesMut, prev: Option<&[u8]>, version: Version) {
+fn write_via(out: &mut impl HeadOut, prev: Option<&[u8]>, version: Version) {
     let ours: &[u8] = match version {
         Version::Http10 => b"1.0 portico",
         Version::Http11 => b"1.1 portico",
     };
-    out.extend_from_slice(b"Via: ");
-    if let Some(p) = prev.filter(|p| !p.is_empty()) {
-        out.extend_from_slice(p);
-        out.extend_from_slice(b", ");
+    match prev.filter(|p| !p.is_empty()) {
+        Some(p) => out.field("Via", &[p, b", ", ours]),
+        None => out.field("Via", &[ours]),
     }
-    out.extend_from_slice(ours);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// How the response body is framed towards the client.

@@ -1,16 +1,15 @@
-//! The client side of one request as the flow sees it: the `Client` trait, implemented by an HTTP/1.1 connection (`h1`) and an HTTP/2 stream (`h2`) and dispatched statically, so each kind's request future holds only its own state.
+//! The client side of one request as the flow sees it: the `Client` trait, implemented by an HTTP/1.1 connection (`http1`) and an HTTP/2 stream (`http2`) and dispatched statically, so each kind's request future holds only its own state.
 
-mod h1;
-mod h2;
+pub(crate) mod http1;
+pub(crate) mod http2;
 pub(crate) mod link;
 mod tunnel;
-
-pub(crate) use self::h1::H1Down;
-pub(crate) use self::h2::{answer_h2, H2Down, H2Out};
 
 use crate::conn::ClientBody;
 use crate::error::ProxyError;
 use crate::filter::Edits;
+use crate::h2_fields::trailer_map;
+use crate::h2_io::{client_err, finish, send_windowed, Peer};
 use crate::headers;
 use crate::state::{ListenerState, Shared, Worker};
 use crate::telemetry::stats::Outcome;
@@ -24,6 +23,7 @@ use http::header::HeaderMap;
 use portico_config::Route;
 use portico_http1::{RequestHead, ResponseHead};
 use std::cell::RefCell;
+use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::task::Poll;
 use std::time::Duration;
@@ -414,4 +414,63 @@ pub(crate) enum HeadFailed {
     Invalid(ProxyError),
     /// The client is gone.
     Client(ProxyError),
+}
+
+/// An HTTP/2 response body: DATA under the client's window.
+pub(crate) struct H2Out {
+    send: SendStream<Bytes>,
+    /// The listener's `send_timeout`: the longest wait for the client's window.
+    limit: Duration,
+    /// Body bytes sent so far.
+    sent: u64,
+}
+
+impl H2Out {
+    pub(crate) fn new(send: SendStream<Bytes>, limit: Duration) -> Self {
+        H2Out {
+            send,
+            limit,
+            sent: 0,
+        }
+    }
+}
+
+impl Sink for H2Out {
+    async fn data(&mut self, mut d: Bytes, last: bool) -> Result<(), ProxyError> {
+        self.sent += d.len() as u64;
+        send_windowed(&mut self.send, &mut d, last, self.limit, Peer::Client).await
+    }
+
+    async fn flush(&mut self) -> Result<(), ProxyError> {
+        Ok(())
+    }
+
+    fn end(&mut self, trailers: Trailers) -> Result<(), ProxyError> {
+        let map = match trailers {
+            Trailers::Raw(raw) => trailer_map(&raw),
+            Trailers::Map(t) => t.unwrap_or_default(),
+        };
+        if map.is_empty() {
+            finish(&mut self.send)
+        } else {
+            self.send.send_trailers(map).map_err(client_err)
+        }
+    }
+
+    async fn reset(&mut self) -> ProxyError {
+        match poll_fn(|cx| self.send.poll_reset(cx)).await {
+            Ok(_) => ProxyError::ClientClosed,
+            Err(e) => client_err(e),
+        }
+    }
+
+    fn abort(&mut self, e: &ProxyError) {
+        if !e.client_gone() {
+            self.send.send_reset(::h2::Reason::INTERNAL_ERROR);
+        }
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent
+    }
 }

@@ -2,14 +2,13 @@
 
 use crate::downstream::Who;
 use crate::error::ProxyError;
-use crate::filter::Edits;
-use crate::headers::{self, Forwarding};
+use crate::filter::{Edits, Filters};
+use crate::headers::{self, Forwarding, HeadOut};
 use crate::resilience::retry::{Retry, RetryCause};
 use crate::state::Shared;
 use crate::telemetry::stats::Phase;
 use crate::upstream::pool::{Pool, PoolKey, UpConn};
 use crate::upstream::tls::GroupTls;
-use bytes::BytesMut;
 use portico_config::{Balance, ProxyAction, Route, UpstreamGroup};
 use portico_http1::{Framing, RequestHead, ResponseHead};
 use portico_upstream::{PickError, Report, ServerGuard, Upstream};
@@ -17,6 +16,15 @@ use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+/// A proxy route as its attempts see it: its configuration, its filters and the forward
+/// filters' edits (made once per request).
+pub(crate) struct Proxied<'r> {
+    pub route: &'r Route,
+    pub p: &'r ProxyAction,
+    pub filters: &'r Filters,
+    pub forward: Edits<'r>,
+}
 
 /// The server an attempt goes to, holding its active slot until dropped.
 pub struct Picked<'s> {
@@ -180,10 +188,11 @@ impl Picked<'_> {
         self.guard.address()
     }
 
-    /// Write the request head for this server into `ubuf`, with the forward filters' `edits`.
+    /// Write the request head for this server into `out` (in its protocol), with the forward
+    /// filters' `edits`.
     pub(crate) fn write_head(
         &self,
-        ubuf: &mut BytesMut,
+        out: &mut impl HeadOut,
         head: &RequestHead,
         route: &Route,
         p: &ProxyAction,
@@ -211,9 +220,8 @@ impl Picked<'_> {
                 None => addr.to_string(),
             },
         };
-        ubuf.clear();
         headers::upstream_request(
-            ubuf,
+            out,
             head,
             &target,
             p,

@@ -1,22 +1,24 @@
-//! The exchange of one attempt with an HTTP/2 server (`protocol = "h2"` groups), for either client kind: the forwarded head as an HTTP/2 request, a stream leased from `upstream_h2_pool`, the upload while the response head is awaited, interim responses, resends on another connection after a refusal, retry decisions.
+//! The exchange of one attempt with an HTTP/2 server (`protocol = "h2"` groups), for either client kind: the forwarded head written as an HTTP/2 request, a stream leased from `upstream::h2_pool`, the upload while the response head is awaited, interim responses, resends on another connection after a refusal, retry decisions.
 
 use crate::downstream::{Client, Env, Interim, Interims, Upload};
 use crate::error::ProxyError;
-use crate::flow::attempt::{failure_report, Exchanged, Picked, UpResponse};
+use crate::flow::attempt::{failure_report, Exchanged, Picked, Proxied, UpResponse};
 use crate::h2_fields::{append, DROPPED};
 use crate::h2_io::{send_windowed, up_err, Peer};
+use crate::headers::HeadOut;
 use crate::resilience::retry::{Retry, RetryCause};
 use crate::state::{Shared, Worker};
 use crate::telemetry::stats::{Phase, Stats};
 use crate::upstream::h2_pool::{open, H2Conn, Lease, Slot};
 use crate::upstream::pool::PoolKey;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use h2::client::ResponseFuture;
 use h2::{RecvStream, SendStream};
 use http::header::HeaderValue;
 use portico_config::UpstreamGroup;
-use portico_http1::{parse_request, Limits, RequestHead};
+use portico_http1::RequestHead;
 use portico_upstream::Report;
+use std::borrow::Cow;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -56,55 +58,91 @@ fn is_refusal(e: &h2::Error) -> bool {
     e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM)
 }
 
-/// The HTTP/2 request for the forwarded HTTP/1 head `ubuf` (built by
-/// `headers::upstream_request`): `:authority` from its Host, connection-specific fields dropped,
-/// `te: trailers` when the client asked for trailers.
-fn build_request(
-    ubuf: &[u8],
-    client: &RequestHead,
-    https: bool,
-    addr: SocketAddr,
-) -> Result<http::Request<()>, ProxyError> {
-    let mut buf = BytesMut::from(ubuf);
-    let limits = Limits {
-        max_head_bytes: ubuf.len() + 1,
-        ..Limits::default()
-    };
-    let head = match parse_request(&mut buf, &limits) {
-        Ok(Some(h)) => h,
-        _ => return Err(ProxyError::Internal("forwarded head did not parse")),
-    };
-    let authority = match head.field("host") {
-        Some(h) if !h.is_empty() => String::from_utf8_lossy(h).into_owned(),
-        _ => addr.to_string(),
-    };
-    let uri = http::Uri::builder()
-        .scheme(if https { "https" } else { "http" })
-        .authority(authority.as_str())
-        .path_and_query(head.target())
-        .build()
-        .map_err(|_| ProxyError::Internal("forwarded target is not a valid URI"))?;
-    let method = http::Method::from_bytes(head.method().as_str().as_bytes())
-        .map_err(|_| ProxyError::Internal("forwarded method is not valid"))?;
-    let mut req = http::Request::new(());
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.version_mut() = http::Version::HTTP_2;
-    let map = req.headers_mut();
-    for (name, value) in head.fields() {
-        if DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name)) {
-            continue;
+/// The forwarded head as an HTTP/2 request, written by `headers::upstream_request` (the same
+/// forwarding rules as for HTTP/1.1 servers): the Host field becomes `:authority`, the fields
+/// HTTP/2 does not carry (`h2_fields::DROPPED`) are left out.
+pub(super) struct H2Head {
+    method: Option<http::Method>,
+    target: String,
+    authority: Option<String>,
+    headers: http::HeaderMap,
+}
+
+impl H2Head {
+    pub(super) fn new() -> Self {
+        H2Head {
+            method: None,
+            target: String::new(),
+            authority: None,
+            headers: http::HeaderMap::new(),
         }
-        append(map, name, value);
     }
-    let wants_trailers = client.field("te").is_some_and(|v| {
-        v.split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-    });
-    if wants_trailers {
-        map.insert(http::header::TE, HeaderValue::from_static("trailers"));
+
+    /// The request, to a server at `addr` (its `:authority` when the head has no Host); `te:
+    /// trailers` when the client asked for trailers.
+    fn request(
+        self,
+        client: &RequestHead,
+        https: bool,
+        addr: SocketAddr,
+    ) -> Result<http::Request<()>, ProxyError> {
+        let authority = match self.authority {
+            Some(a) if !a.is_empty() => a,
+            _ => addr.to_string(),
+        };
+        let uri = http::Uri::builder()
+            .scheme(if https { "https" } else { "http" })
+            .authority(authority.as_str())
+            .path_and_query(self.target)
+            .build()
+            .map_err(|_| ProxyError::Internal("forwarded target is not a valid URI"))?;
+        let method = self
+            .method
+            .ok_or(ProxyError::Internal("forwarded method is not valid"))?;
+        let mut req = http::Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = uri;
+        *req.version_mut() = http::Version::HTTP_2;
+        *req.headers_mut() = self.headers;
+        let wants_trailers = client.field("te").is_some_and(|v| {
+            v.split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+        });
+        if wants_trailers {
+            let map = req.headers_mut();
+            map.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        }
+        Ok(req)
     }
-    Ok(req)
+}
+
+impl HeadOut for H2Head {
+    fn request_line(&mut self, method: &str, target: &str) {
+        self.method = http::Method::from_bytes(method.as_bytes()).ok();
+        self.target = target.to_owned();
+    }
+
+    fn field(&mut self, name: &str, parts: &[&[u8]]) {
+        let value: Cow<'_, [u8]> = match parts {
+            [one] => Cow::Borrowed(one),
+            _ => Cow::Owned(parts.concat()),
+        };
+        if name.eq_ignore_ascii_case("host") {
+            self.authority = Some(String::from_utf8_lossy(&value).into_owned());
+        } else if !DROPPED.iter().any(|d| d.eq_ignore_ascii_case(name)) {
+            append(&mut self.headers, name, &value);
+        }
+    }
+
+    fn content_length(&mut self, n: u64) {
+        append(
+            &mut self.headers,
+            "content-length",
+            n.to_string().as_bytes(),
+        );
+    }
+
+    fn end(&mut self) {}
 }
 
 /// The HTTP/2 request of a WebSocket opening handshake as an extended CONNECT (RFC 8441 4):
@@ -471,7 +509,7 @@ fn retry_after(f: &Failure, picked: &Picked<'_>, retry: &mut Retry<'_>, stats: &
     retry.allows(cause, picked.gi, picked.server(), stats)
 }
 
-/// The exchange of one attempt with the HTTP/2 server `t`: the forwarded head `ubuf` as an
+/// The exchange of one attempt with the HTTP/2 server `t`: the forwarded head written as an
 /// HTTP/2 request (an extended CONNECT for a WebSocket), a stream on a multiplexed connection
 /// (`Run::go`), failures reported and offered to `retry`. An HTTP/1.1 client's upload ends
 /// before the response (`finish`); an HTTP/2 client's may go on while the response streams.
@@ -480,14 +518,16 @@ pub(crate) async fn exchange_attempt<'a, D: Client<'a>>(
     down: &mut D,
     env: Env<'_>,
     t: &Picked<'_>,
-    ubuf: &[u8],
+    px: &Proxied<'_>,
     head: &RequestHead,
     upload: &mut Upload,
     interims: &mut Interims<'a>,
     retry: &mut Retry<'_>,
 ) -> Exchanged {
     let addr = t.addr();
-    let req = build_request(ubuf, head, t.tls.is_some(), addr);
+    let mut out = H2Head::new();
+    t.write_head(&mut out, head, px.route, px.p, &px.forward, &down.who());
+    let req = out.request(head, t.tls.is_some(), addr);
     let tunnel = upload.is_tunnel();
     let req = match req.map(|r| if tunnel { extended_connect(r) } else { r }) {
         Ok(r) => r,
@@ -541,7 +581,8 @@ pub(crate) async fn exchange_attempt<'a, D: Client<'a>>(
 
 #[cfg(test)]
 mod tests {
-    use super::build_request;
+    use super::H2Head;
+    use crate::headers::HeadOut;
     use bytes::BytesMut;
     use portico_http1::{parse_request, Limits};
 
@@ -553,13 +594,22 @@ mod tests {
         let client = parse_request(&mut client, &Limits::default())
             .unwrap()
             .unwrap();
-        let up = b"POST /svc/M HTTP/1.1\r\nContent-Type: application/grpc\r\nHost: a.test\r\nX-Forwarded-For: 1.2.3.4\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut up = H2Head::new();
+        up.request_line("POST", "/svc/M");
+        up.field("Content-Type", &[b"application/grpc"]);
+        up.field("Host", &[b"a.test"]);
+        up.field("X-Forwarded-For", &[b"1.2.3.4", b", ", b"5.6.7.8"]);
+        up.field("Connection", &[b"keep-alive"]);
+        up.field("Transfer-Encoding", &[b"chunked"]);
+        up.content_length(7);
+        up.end();
         let addr = "127.0.0.1:9".parse().unwrap();
-        let r = build_request(up, &client, false, addr).unwrap();
+        let r = up.request(&client, false, addr).unwrap();
         assert_eq!(r.method(), http::Method::POST);
         assert_eq!(r.uri().to_string(), "http://a.test/svc/M");
         assert_eq!(r.headers()["te"], "trailers");
-        assert_eq!(r.headers()["x-forwarded-for"], "1.2.3.4");
+        assert_eq!(r.headers()["x-forwarded-for"], "1.2.3.4, 5.6.7.8");
+        assert_eq!(r.headers()["content-length"], "7");
         assert_eq!(r.headers()["content-type"], "application/grpc");
         for gone in ["connection", "transfer-encoding", "host"] {
             assert!(!r.headers().contains_key(gone), "{gone}");

@@ -7,8 +7,8 @@ mod exchange_h2;
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
-use crate::filter::{Edits, Filters};
-use crate::flow::attempt::{Exchanged, UpResponse};
+use crate::filter::Edits;
+use crate::flow::attempt::{Exchanged, Proxied, UpResponse};
 use crate::metrics::RouteStats;
 use crate::resilience::retry::Retry;
 use crate::resilience::RouteResilience;
@@ -18,7 +18,7 @@ use crate::upstream::pool::UpConn;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
-use portico_config::{Action, ProxyAction, Route, UpstreamProtocol};
+use portico_config::{Action, UpstreamProtocol};
 use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -144,15 +144,6 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     }
 }
 
-/// A proxy route as its attempts see it: its configuration, its filters and the forward
-/// filters' edits (made once per request).
-struct Proxied<'r> {
-    route: &'r Route,
-    p: &'r ProxyAction,
-    filters: &'r Filters,
-    forward: Edits<'r>,
-}
-
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
 /// as the route's `retry` policy and budget allow. `ubuf` holds the forwarded head (its
 /// allocation is kept across requests).
@@ -200,9 +191,14 @@ async fn attempt<'a, D: Client<'a>>(
         Ok(t) => t,
         Err(e) => return Some(down.fail(head, e, Phase::Connect, false).await),
     };
-    t.write_head(ubuf, head, route, p, &px.forward, &down.who());
     let addr = t.addr();
     let h2_group = t.group().protocol == UpstreamProtocol::H2;
+    // The forwarded head in the group's protocol: HTTP/1.1 bytes here, an HTTP/2 request in
+    // the HTTP/2 exchange.
+    if !h2_group {
+        ubuf.clear();
+        t.write_head(ubuf, head, route, p, &px.forward, &down.who());
+    }
     // A WebSocket opening handshake goes to an HTTP/2 server as an extended CONNECT (other
     // upgrades go as plain requests, without `Upgrade`, which the server may answer).
     let tunnel = h2_group && crate::websocket::is_websocket(head);
@@ -223,7 +219,7 @@ async fn attempt<'a, D: Client<'a>>(
                         down,
                         env,
                         &t,
-                        ubuf,
+                        px,
                         head,
                         &mut upload,
                         &mut interims,

@@ -1,7 +1,7 @@
 //! One HTTP/1.1 connection's task: read each request head under its deadlines, hand the request to the flow, log it, then keep the connection alive or close it (lingering after an error).
 
 use crate::conn::{head_may_be_complete, write_simple, Conn, Ctx};
-use crate::downstream::H1Down;
+use crate::downstream::http1::H1Down;
 use crate::error::error_body;
 use crate::error::ProxyError;
 use crate::stream::ClientStream;

@@ -130,7 +130,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Corked<S> {
         if let Some(kind) = inner.failed {
             return Poll::Ready(Err(kind.into()));
         }
-        if inner.scan.pending_ping_acks() > super::MAX_UNSOLICITED_PING_ACKS {
+        if inner.scan.pending_ping_acks() > crate::downstream::link::MAX_UNSOLICITED_PING_ACKS {
             // A flood: read no more in this poll of the connection, whose loop takes the count
             // when the poll returns and ends the connection (then reads go on).
             cx.waker().wake_by_ref();

@@ -1,8 +1,8 @@
 //! One HTTP/2 stream: translate its head, run it through the flow with the stream as its client, record it once.
 
 use super::request::{to_http1, Reject};
+use crate::downstream::http2::{answer_h2, H2Down};
 use crate::downstream::link::{Current, Link};
-use crate::downstream::{answer_h2, H2Down};
 use crate::error::ProxyError;
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::Phase;

@@ -3,14 +3,13 @@
 use super::link::Link;
 use super::Who;
 use super::{
-    Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
+    Client, Env, H2Out, HeadFailed, Interims, Kind, RespHead, Sent, To, Upload, Watch,
     BODY_RATE_GRACE,
 };
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::filter::Edits;
-use crate::h2_fields::trailer_map;
-use crate::h2_io::{client_err, finish, send_windowed, Peer};
+use crate::h2_io::{client_err, send_windowed, Peer};
 use crate::state::{ListenerState, Shared};
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::Phase;
@@ -23,7 +22,6 @@ use http::header::HeaderMap;
 use portico_config::Route;
 use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
 use std::cell::RefCell;
-use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -290,11 +288,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         Ok(Sent {
             end,
             keep_alive: true,
-            out: H2Out {
-                send,
-                limit: self.send_timeout(),
-                sent: 0,
-            },
+            out: H2Out::new(send, self.send_timeout()),
         })
     }
 
@@ -349,55 +343,6 @@ impl<'a> Client<'a> for H2Down<'a> {
             server,
         };
         super::tunnel::h2_to_h2(legs, response, idle, send_timeout).await
-    }
-}
-
-/// An HTTP/2 response body: DATA under the client's window.
-pub(crate) struct H2Out {
-    send: SendStream<Bytes>,
-    /// The listener's `send_timeout`: the longest wait for the client's window.
-    limit: Duration,
-    /// Body bytes sent so far.
-    sent: u64,
-}
-
-impl Sink for H2Out {
-    async fn data(&mut self, mut d: Bytes, last: bool) -> Result<(), ProxyError> {
-        self.sent += d.len() as u64;
-        send_windowed(&mut self.send, &mut d, last, self.limit, Peer::Client).await
-    }
-
-    async fn flush(&mut self) -> Result<(), ProxyError> {
-        Ok(())
-    }
-
-    fn end(&mut self, trailers: Trailers) -> Result<(), ProxyError> {
-        let map = match trailers {
-            Trailers::Raw(raw) => trailer_map(&raw),
-            Trailers::Map(t) => t.unwrap_or_default(),
-        };
-        if map.is_empty() {
-            finish(&mut self.send)
-        } else {
-            self.send.send_trailers(map).map_err(client_err)
-        }
-    }
-
-    async fn reset(&mut self) -> ProxyError {
-        match poll_fn(|cx| self.send.poll_reset(cx)).await {
-            Ok(_) => ProxyError::ClientClosed,
-            Err(e) => client_err(e),
-        }
-    }
-
-    fn abort(&mut self, e: &ProxyError) {
-        if !e.client_gone() {
-            self.send.send_reset(h2::Reason::INTERNAL_ERROR);
-        }
-    }
-
-    fn sent(&self) -> u64 {
-        self.sent
     }
 }
 

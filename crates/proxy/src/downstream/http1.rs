@@ -1,11 +1,11 @@
 //! An HTTP/1.1 (or 1.0) connection as the client of one request: its body read through the HTTP/1 decoder, interim heads held while it is read, the response written through a buffer that lets a small body leave with its head.
 
+use super::H2Out;
 use super::Who;
 use super::{
     Client, Env, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers, Upload, Watch,
 };
 use crate::conn::{self, ClientBody, Conn, Ctx};
-use crate::downstream::H2Out;
 use crate::error::ProxyError;
 use crate::filter::Edits;
 use crate::headers::{self, ClientFraming};
