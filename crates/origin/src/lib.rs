@@ -110,6 +110,13 @@ impl Origin {
         self.handle(req).encode(out)
     }
 
+    /// The same answer for a client that does not take HTTP/1 bytes (an HTTP/2 stream):
+    /// `field` gets each header field in order (names as written, Content-Length last when
+    /// there is one), and the status and body come back.
+    pub fn respond_fields(&self, req: &RequestHead, field: impl FnMut(&str, &[u8])) -> Reply {
+        self.handle(req).fields_to(field)
+    }
+
     pub(crate) fn handle(&self, req: &impl RequestView) -> Response {
         let resp = self.dispatch(req);
         if *req.method() == Method::Head {

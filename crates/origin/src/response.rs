@@ -109,6 +109,21 @@ impl Response {
         if let Some(n) = self.content_length {
             encode::content_length(out, n);
         }
+        self.into_reply()
+    }
+
+    /// Hand each field to `field` (Content-Length last) and give back the body.
+    pub fn fields_to(self, mut field: impl FnMut(&str, &[u8])) -> Reply {
+        for (name, value) in &self.fields {
+            field(name, value.as_bytes());
+        }
+        if let Some(n) = self.content_length {
+            field("Content-Length", n.to_string().as_bytes());
+        }
+        self.into_reply()
+    }
+
+    fn into_reply(self) -> Reply {
         Reply {
             status: self.status,
             body: self.body,

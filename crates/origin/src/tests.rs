@@ -604,3 +604,35 @@ fn origin_with_root_and_synthetic() {
     assert_eq!(get(&o, "/").1, b"<h1>home</h1>\n");
     assert!(format!("{o:?}").contains("synthetic: true"));
 }
+
+#[test]
+fn fields_for_http2_are_the_fields_of_the_http1_head() {
+    let o = synthetic();
+    for raw in [
+        "GET /bytes/10 HTTP/1.1\r\nHost: a\r\n\r\n",
+        "HEAD /bytes/10 HTTP/1.1\r\nHost: a\r\n\r\n",
+        "GET /?status=204 HTTP/1.1\r\nHost: a\r\n\r\n",
+        "DELETE /bytes/1 HTTP/1.1\r\nHost: a\r\n\r\n",
+    ] {
+        let limits = portico_http1::Limits::default();
+        let mut b = bytes::BytesMut::from(raw.as_bytes());
+        let req = portico_http1::parse_request(&mut b, &limits)
+            .unwrap()
+            .unwrap();
+        let mut head = bytes::BytesMut::new();
+        let bytes_reply = o.respond(&req, &mut head);
+        portico_http1::encode::end_head(&mut head);
+        let parsed = portico_http1::parse_response(&mut head, req.method(), &limits)
+            .unwrap()
+            .unwrap();
+        let mut fields = Vec::new();
+        let reply = o.respond_fields(&req, |n, v| fields.push((n.to_owned(), v.to_vec())));
+        assert_eq!(reply.status, bytes_reply.status, "{raw}");
+        assert_eq!(reply.status, parsed.status(), "{raw}");
+        let want: Vec<_> = parsed
+            .fields()
+            .map(|(n, v)| (n.to_owned(), v.to_vec()))
+            .collect();
+        assert_eq!(fields, want, "{raw}");
+    }
+}

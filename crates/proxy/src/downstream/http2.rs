@@ -9,6 +9,7 @@ use super::{
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::filter::Edits;
+use crate::h2_fields::append;
 use crate::h2_io::{client_err, send_windowed, Peer};
 use crate::state::{ListenerState, Shared};
 use crate::telemetry::stats::Outcome;
@@ -20,7 +21,7 @@ use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
 use portico_config::Route;
-use portico_http1::{encode, parse_response, Framing, Limits, Method, RequestHead, ResponseHead};
+use portico_http1::{Framing, Method, RequestHead, ResponseHead};
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
@@ -414,39 +415,31 @@ pub(crate) async fn send_simple(
     Ok(body.len() as u64)
 }
 
-/// The origin action on an HTTP/2 stream: the origin's HTTP/1 head is parsed back and sent as
-/// HTTP/2, its body as DATA under the client's window (`limit`: the listener's `send_timeout`).
+/// The origin action on an HTTP/2 stream: the origin's fields as HEADERS (no HTTP/1 head in
+/// between), its body as DATA under the client's window (`limit`: the listener's `send_timeout`).
 async fn origin_answer(
     respond: &mut SendResponse<Bytes>,
     head: &RequestHead,
     origin: &portico_origin::Origin,
     limit: Duration,
 ) -> Outcome {
-    let mut buf = BytesMut::with_capacity(512);
-    let reply = origin.respond(head, &mut buf);
-    encode::end_head(&mut buf);
+    let mut headers = http::HeaderMap::new();
+    let reply = origin.respond_fields(head, |n, v| {
+        if !crate::h2_fields::DROPPED
+            .iter()
+            .any(|d| d.eq_ignore_ascii_case(n))
+        {
+            append(&mut headers, n, v);
+        }
+    });
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;
     }
     let status = reply.status;
-    let resp = match parse_response(&mut buf, head.method(), &Limits::default()) {
-        Ok(Some(r)) => r,
-        _ => {
-            let e = ProxyError::Internal("origin head did not parse");
-            let body = crate::error::error_body(e.status());
-            return answer_h2(
-                respond,
-                Some(head),
-                e,
-                Phase::ResponseHead,
-                body,
-                &[],
-                limit,
-            )
-            .await;
-        }
-    };
-    let response = crate::h2_fields::response_from(&resp, &Edits::default(), false);
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    *response.headers_mut() = headers;
     let end = matches!(reply.body, portico_origin::Body::Empty);
     let mut send = match respond.send_response(response, end) {
         Ok(s) => s,
