@@ -378,39 +378,9 @@ pub fn bar_chart(title: &str, x_label: &str, bars: &[(String, f64)]) -> String {
         .map(|(_, v)| *v)
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
-    let t = ticks(max, 5);
-    let step = t.get(1).copied().unwrap_or(1.0);
-    let hi = t.last().copied().unwrap_or(1.0).max(1e-9);
-    let px = |v: f64| left + v.max(0.0) / hi * plot_w;
     let mut out = String::new();
     open_svg(&mut out, width, height, title);
-    out.push_str("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n");
-    for v in &t {
-        let _ = writeln!(
-            out,
-            "<line x1=\"{:.1}\" y1=\"{TOP:.1}\" x2=\"{:.1}\" y2=\"{:.1}\"/>",
-            px(*v),
-            px(*v),
-            TOP + plot_h
-        );
-    }
-    out.push_str("</g>\n");
-    for v in &t {
-        let _ = writeln!(
-            out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-            px(*v),
-            TOP + plot_h + 18.0,
-            tick_text(*v, step)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
-        left + plot_w / 2.0,
-        TOP + plot_h + 42.0,
-        escape(x_label)
-    );
+    let px = value_axis(&mut out, max, left, plot_w, plot_h, x_label);
     for (i, (label, v)) in bars.iter().enumerate() {
         let y = TOP + GAP + i as f64 * (BAR + GAP);
         let v = if v.is_finite() { *v } else { 0.0 };
@@ -492,39 +462,9 @@ pub fn grouped_bar_chart(
         })
         .filter(|v| v.is_finite())
         .fold(0.0, f64::max);
-    let t = ticks(max, 5);
-    let step = t.get(1).copied().unwrap_or(1.0);
-    let hi = t.last().copied().unwrap_or(1.0).max(1e-9);
-    let px = |v: f64| left + v.max(0.0) / hi * plot_w;
     let mut out = String::new();
     open_svg(&mut out, width, height, title);
-    out.push_str("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n");
-    for v in &t {
-        let _ = writeln!(
-            out,
-            "<line x1=\"{:.1}\" y1=\"{TOP:.1}\" x2=\"{:.1}\" y2=\"{:.1}\"/>",
-            px(*v),
-            px(*v),
-            TOP + plot_h
-        );
-    }
-    out.push_str("</g>\n");
-    for v in &t {
-        let _ = writeln!(
-            out,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
-            px(*v),
-            TOP + plot_h + 18.0,
-            tick_text(*v, step)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
-        left + plot_w / 2.0,
-        TOP + plot_h + 42.0,
-        escape(x_label)
-    );
+    let px = value_axis(&mut out, max, left, plot_w, plot_h, x_label);
     for (gi, g) in groups.iter().enumerate() {
         let y0 = TOP + GAP + gi as f64 * (group_h + GAP);
         let _ = writeln!(
@@ -618,6 +558,51 @@ pub fn grouped_bar_chart(
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The value axis of a horizontal bar chart, from 0 to the tick above `max`: grid lines, tick
+/// labels under the plot area (`left`, `plot_w` wide, `plot_h` high) and the axis title. Returns
+/// the x position of a value.
+fn value_axis(
+    out: &mut String,
+    max: f64,
+    left: f64,
+    plot_w: f64,
+    plot_h: f64,
+    x_label: &str,
+) -> impl Fn(f64) -> f64 {
+    let t = ticks(max, 5);
+    let step = t.get(1).copied().unwrap_or(1.0);
+    let hi = t.last().copied().unwrap_or(1.0).max(1e-9);
+    let px = move |v: f64| left + v.max(0.0) / hi * plot_w;
+    out.push_str("<g stroke=\"#e3e3e3\" stroke-width=\"1\">\n");
+    for v in &t {
+        let _ = writeln!(
+            out,
+            "<line x1=\"{:.1}\" y1=\"{TOP:.1}\" x2=\"{:.1}\" y2=\"{:.1}\"/>",
+            px(*v),
+            px(*v),
+            TOP + plot_h
+        );
+    }
+    out.push_str("</g>\n");
+    for v in &t {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            px(*v),
+            TOP + plot_h + 18.0,
+            tick_text(*v, step)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"13\">{}</text>",
+        left + plot_w / 2.0,
+        TOP + plot_h + 42.0,
+        escape(x_label)
+    );
+    px
 }
 
 #[cfg(test)]
