@@ -682,11 +682,26 @@ type RouteCounter = (
     fn(&Route) -> bool,
 );
 
-/// The Prometheus exposition of every counter, gauge and histogram.
+/// The status classes responses are counted by.
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The Prometheus exposition of the whole process: process-wide counters, listeners and
+/// routes, groups, servers, terminations.
 pub fn metrics(control: &Control) -> String {
     let shared = control.snapshot();
-    let stats = &shared.stats;
     let mut e = Exposition::new();
+    process_metrics(&mut e, control, &shared);
+    route_metrics(&mut e, control, &shared);
+    group_metrics(&mut e, &shared);
+    server_metrics(&mut e, &shared);
+    termination_metrics(&mut e, &shared.stats);
+    e.finish()
+}
+
+/// Version, uptime, configuration generation, the process-wide counters, dropped log lines,
+/// shedding, idle upstream connections.
+fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
+    let stats = &shared.stats;
     e.family("portico_info", "gauge", "Portico version.");
     e.sample(
         "portico_info",
@@ -842,7 +857,10 @@ pub fn metrics(control: &Control) -> String {
         &[],
         control.idle_upstream.load(Relaxed) as f64,
     );
+}
 
+/// Open connections per listener; responses, counters and latency per route.
+fn route_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
     e.family(
         "portico_listener_connections",
         "gauge",
@@ -856,7 +874,6 @@ pub fn metrics(control: &Control) -> String {
             f64::from(control.listener_connections(name)),
         );
     }
-    const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
     e.family(
         "portico_route_responses_total",
         "counter",
@@ -930,6 +947,10 @@ pub fn metrics(control: &Control) -> String {
             );
         }
     }
+}
+
+/// Per group: refusals for want of a server, its queue, the response-head time of each server.
+fn group_metrics(e: &mut Exposition, shared: &Shared) {
     e.family(
         "portico_group_no_server_total",
         "counter",
@@ -987,6 +1008,26 @@ pub fn metrics(control: &Control) -> String {
             );
         }
     }
+    e.family(
+        "portico_upstream_header_duration_seconds",
+        "histogram",
+        "Time from picking an upstream server to its response head, per server.",
+    );
+    for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
+        let g = u.group();
+        for (s, h) in g.servers.iter().zip(&gs.header_time) {
+            let addr = s.address.to_string();
+            e.histogram(
+                "portico_upstream_header_duration_seconds",
+                &[("group", g.name.as_str()), ("server", &addr)],
+                &h.snapshot(),
+            );
+        }
+    }
+}
+
+/// Per server: activity, health, weights, admin state, responses.
+fn server_metrics(e: &mut Exposition, shared: &Shared) {
     let now = Instant::now();
     let servers: Vec<(String, Vec<ServerStatus>)> = shared
         .upstreams
@@ -1058,22 +1099,10 @@ pub fn metrics(control: &Control) -> String {
             }
         }
     }
-    e.family(
-        "portico_upstream_header_duration_seconds",
-        "histogram",
-        "Time from picking an upstream server to its response head, per server.",
-    );
-    for (u, gs) in shared.upstreams.iter().zip(&shared.group_stats) {
-        let g = u.group();
-        for (s, h) in g.servers.iter().zip(&gs.header_time) {
-            let addr = s.address.to_string();
-            e.histogram(
-                "portico_upstream_header_duration_seconds",
-                &[("group", g.name.as_str()), ("server", &addr)],
-                &h.snapshot(),
-            );
-        }
-    }
+}
+
+/// Finished requests by termination record.
+fn termination_metrics(e: &mut Exposition, stats: &Stats) {
     e.family(
         "portico_terminations_total",
         "counter",
@@ -1087,5 +1116,4 @@ pub fn metrics(control: &Control) -> String {
             n as f64,
         );
     }
-    e.finish()
 }
