@@ -26,63 +26,76 @@ struct Stream<'a> {
     timings: Timings,
 }
 
-/// Serve one stream; exactly one termination record and one access-log line.
-pub(super) async fn handle(
-    link: &Link,
+/// Serve one stream; exactly one termination record and one access-log line. The head is
+/// translated before the stream's future is made, so that future holds the translated head
+/// only (not the `http` request and its parts as well: it is moved into the heap once per
+/// stream, and every byte of it is copied).
+pub(super) fn handle<'l>(
+    link: &'l Link,
     req: http::Request<RecvStream>,
     respond: SendResponse<Bytes>,
-) {
+) -> impl std::future::Future<Output = ()> + 'l {
     let started = Instant::now();
     let cur = link.current();
     cur.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let has_body = !body.is_end_stream();
-    let mut s = Stream {
-        link,
-        cur,
-        respond: RefCell::new(respond),
-        body,
-        timings: Timings::begin(started),
-    };
     // An extended CONNECT (RFC 8441) becomes an HTTP/1.1 upgrade request (`tunnel`).
     let translated = match protocol(&parts) {
-        None => to_http1(&parts, has_body, &s.cur.ls.limits),
-        Some(p) => translate(&parts, p, &s.cur.ls.limits),
+        None => to_http1(&parts, has_body, &cur.ls.limits),
+        Some(p) => translate(&parts, p, &cur.ls.limits),
     };
-    let (head, outcome) = match translated {
-        Err(reject) => {
-            let (e, what) = match reject {
-                Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
-                Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
-                Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
-                Reject::Protocol => {
-                    let p = protocol(&parts).unwrap_or_default();
-                    tracing::debug!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
-                    let e = ProxyError::ExtendedConnect(":protocol other than websocket");
-                    (e, "extended CONNECT protocol")
-                }
-            };
-            tracing::debug!(peer = %link.peer, "HTTP/2 request refused: {what}");
-            (None, s.fail(None, e, Phase::RequestHead).await)
-        }
-        Ok(head) => {
-            let o = s.run(&head, started).await;
-            (Some(head), o)
-        }
+    let translated = translated.map_err(|reject| {
+        let (e, what) = match reject {
+            Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
+            Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
+            Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
+            Reject::Protocol => {
+                let p = protocol(&parts).unwrap_or_default();
+                tracing::debug!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
+                let e = ProxyError::ExtendedConnect(":protocol other than websocket");
+                (e, "extended CONNECT protocol")
+            }
+        };
+        tracing::debug!(peer = %link.peer, "HTTP/2 request refused: {what}");
+        e
+    });
+    drop(parts);
+    let (head, refused) = match translated {
+        Ok(head) => (Some(head), None),
+        Err(e) => (None, Some(e)),
     };
-    // A stream the client reset before its end (any phase) counts towards the rapid-reset limit.
-    if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
-        link.client_reset();
-    }
-    s.cur.shared.stats.record(outcome.termination);
-    if let Some(log) = &s.cur.shared.access_log {
-        log.write(
-            link.peer,
-            head.as_ref(),
-            "HTTP/2.0",
-            &outcome,
-            &s.timings.phases(started),
-        );
+    async move {
+        let mut s = Stream {
+            link,
+            cur,
+            respond: RefCell::new(respond),
+            body,
+            timings: Timings::begin(started),
+        };
+        // Borrowed: the head stays where the future keeps it, not copied into a second slot.
+        let outcome = match (&head, refused) {
+            (Some(head), _) => s.run(head, started).await,
+            (None, e) => {
+                let e = e.unwrap_or(ProxyError::Internal("an HTTP/2 stream without a head"));
+                s.fail(None, e, Phase::RequestHead).await
+            }
+        };
+        // A stream the client reset before its end (any phase) counts towards the rapid-reset
+        // limit.
+        if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
+            link.client_reset();
+        }
+        s.cur.shared.stats.record(outcome.termination);
+        if let Some(log) = &s.cur.shared.access_log {
+            log.write(
+                link.peer,
+                head.as_ref(),
+                "HTTP/2.0",
+                &outcome,
+                &s.timings.phases(started),
+            );
+        }
     }
 }
 
