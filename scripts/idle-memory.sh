@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Memory per idle keep-alive connection: a proxy (one worker) in front of `portico origin`; N
 # clients each send one request (GET /bytes/1k), read the answer, then stay connected and
-# silent. The proxy's resident memory (VmRSS from /proc) before and after, divided by N.
+# silent; 2 s later the proxy's resident memory (VmRSS from /proc) is read: before and after,
+# divided by N.
 # Usage: scripts/idle-memory.sh BINARY [N]    (N = 10000 by default; 127.0.0.1 only)
 # Prints one line: the binary, N, RSS before and after, KB per idle connection.
 set -euo pipefail
@@ -24,6 +25,7 @@ python3 "$(dirname "$0")/interop/idle_clients.py" 127.0.0.1 9743 "$n" "$d/ready"
 client=$!
 for _ in $(seq 600); do [ -e "$d/ready" ] && break; sleep 0.1; done
 [ -e "$d/ready" ] || { echo "clients never got ready" >&2; exit 1; }
+sleep 2 # every connection idle for a while (the proxy may release buffers after a grace)
 after=$(rss)
 kill "$client" 2>/dev/null || true
 echo "$bin: $n idle connections, RSS ${before} KB -> ${after} KB, $(( (after - before) * 1000 / n )) bytes per connection"

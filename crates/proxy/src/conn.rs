@@ -109,6 +109,26 @@ pub struct Conn {
     pub timer: crate::fast_timeout::LazyTimer,
 }
 
+/// The write buffer a connection starts with (a response head and a small body fit).
+pub const WBUF: usize = 8 * 1024;
+
+impl Conn {
+    /// An idle connection gives its buffers back to the allocator, keeping `read` bytes to read
+    /// its next request into. The read buffer must be empty.
+    pub fn release_buffers(&mut self, read: usize) {
+        self.rbuf = BytesMut::with_capacity(read);
+        self.wbuf = BytesMut::new();
+        self.ubuf = BytesMut::new();
+    }
+
+    /// A write buffer again for a request that came after the buffers were released.
+    pub fn restore_buffers(&mut self) {
+        if self.wbuf.capacity() == 0 {
+            self.wbuf.reserve(WBUF);
+        }
+    }
+}
+
 /// Whether `buf` holds the end of a head that may have been cut at `from`: CRLF CRLF, or a bare
 /// LF pair the parser will refuse. Only the new bytes (and 3 before them) are searched.
 pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {

@@ -18,6 +18,12 @@ use tokio::time::{timeout, timeout_at};
 /// How long a closing connection keeps reading after an error response.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a kept-alive connection waits for its next request with its buffers.
+const IDLE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The read buffer an idle connection keeps (a request head usually fits).
+const IDLE_READ: usize = 1024;
+
 /// Serve one accepted connection until it closes.
 pub async fn serve(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
     serve_since(stream, peer, ctx, Instant::now()).await
@@ -32,7 +38,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         peer,
         client_ip: peer.ip().to_string(),
         rbuf: BytesMut::with_capacity(8 * 1024),
-        wbuf: BytesMut::with_capacity(8 * 1024),
+        wbuf: BytesMut::with_capacity(crate::conn::WBUF),
         ubuf: BytesMut::with_capacity(1024),
         requests: 0,
         timings: Timings::default(),
@@ -87,6 +93,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
             }
         };
         c.requests += 1;
+        c.restore_buffers();
         // The one clock read at the head: the head phase, the pick time of a proxied request,
         // and the start of a kept-alive connection's request.
         let now = Instant::now();
@@ -197,7 +204,8 @@ async fn read_head(
                 deadline = Some(now + limits.head_timeout);
             }
         }
-        if c.rbuf.capacity() - c.rbuf.len() < 1024 {
+        // An idle connection reads into what it kept; any other read has room for a head.
+        if c.rbuf.capacity() - c.rbuf.len() < 1024 && !(deadline.is_none() && c.rbuf.is_empty()) {
             c.rbuf.reserve(8 * 1024);
         }
         let n = match deadline {
@@ -207,11 +215,22 @@ async fn read_head(
                 }
                 // Idle since the last response ended (its end was read for the access log).
                 let since = c.timings.done.unwrap_or_else(Instant::now);
-                let due = tokio::time::Instant::from_std(since) + limits.keepalive_timeout;
+                let since = tokio::time::Instant::from_std(since);
+                let due = since + limits.keepalive_timeout;
+                // A connection still idle after `IDLE_GRACE` gives its buffers back until its
+                // next request (a busy one's next request comes sooner and keeps them).
+                let release = (c.rbuf.capacity() > IDLE_READ).then(|| since + IDLE_GRACE);
+                let wake = release.map_or(due, |r| r.min(due));
                 tokio::select! {
                     biased;
                     r = c.stream.read_buf(&mut c.rbuf) => r,
-                    _ = c.timer.until(due) => return Ok(None),
+                    _ = c.timer.until(wake) => {
+                        if wake < due {
+                            c.release_buffers(IDLE_READ);
+                            continue;
+                        }
+                        return Ok(None);
+                    }
                     _ = ctx.shutdown.changed() => return Ok(None),
                 }
             }

@@ -1100,6 +1100,29 @@ fn an_idle_keep_alive_connection_closes_a_timeout_after_its_last_response() {
 }
 
 #[test]
+fn a_connection_idle_past_its_grace_serves_large_heads_and_answers_again() {
+    // Idle past the grace, a kept-alive connection gives its buffers back; its next request
+    // (a head larger than what it kept) and answer (larger than the write buffer) still pass
+    // whole, and so does the one after.
+    let body = "x".repeat(20_000);
+    let answer = body.clone();
+    let up = TestUpstream::start(move |_| Reply::ok(&answer));
+    let p = limited(up.addr, "keepalive_timeout = \"10s\"");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(c.request(&get("/1")).unwrap().status, 200);
+    // The scenario is the idle time itself: longer than the 500 ms grace.
+    std::thread::sleep(Duration::from_millis(900));
+    let long = format!(
+        "GET /2 HTTP/1.1\r\nHost: example.test\r\nX-Long: {}\r\n\r\n",
+        "v".repeat(3000)
+    );
+    for _ in 0..2 {
+        let r = c.request(long.as_bytes()).unwrap();
+        assert_eq!((r.status, r.text()), (200, body.clone()));
+    }
+}
+
+#[test]
 fn a_slow_response_outlasting_the_keep_alive_timeout_keeps_the_connection() {
     // The keep-alive and response-head waits share one timer: the keep-alive deadline passing
     // while a response is awaited must neither end the exchange nor the connection.
