@@ -7,7 +7,7 @@ use crate::h2_io::{client_err, Peer};
 use crate::headers::{self, ClientFraming};
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::{Phase, Termination};
-use crate::tunnel::{self, Progress, SocketIn, SocketOut, StreamIn, StreamOut};
+use crate::tunnel::{self, Dest, Progress, SocketIn, SocketOut, Source, StreamIn, StreamOut};
 use crate::upstream::pool::UpConn;
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -16,8 +16,7 @@ use portico_http1::{RequestHead, ResponseHead};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// After a 101: send the head, then relay bytes both ways (`tunnel::relay`) until both sides
-/// have closed. Counted as bytes written to the client, the 101 head included.
+/// After an HTTP/1.1 server's 101: the 101 to the client, then bytes both ways.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn h1_to_h1(
     c: &mut Conn,
@@ -29,47 +28,83 @@ pub(crate) async fn h1_to_h1(
     addr: SocketAddr,
     idle: Duration,
 ) -> Outcome {
+    let p = Progress::new();
+    // The server's bytes read past its 101 come first.
+    let early = std::mem::take(&mut up.rbuf);
+    let (ur, uw) = up.stream.split();
+    let server = Server {
+        from: &mut SocketIn::new(ur, early, Peer::Server),
+        to: &mut SocketOut::new(uw, idle, Peer::Server),
+        addr,
+        idle,
+    };
+    h1_client(c, resp, edits, via, head, server, &p).await
+}
+
+/// The server's side of an HTTP/1.1 client's tunnel.
+struct Server<'s, I, O> {
+    from: &'s mut I,
+    to: &'s mut O,
+    addr: SocketAddr,
+    /// The group's `idle_timeout`: silence both ways, and each write to the server.
+    idle: Duration,
+}
+
+/// An HTTP/1.1 client's tunnel: the 101 (`switch`, with the response filters' `edits`), then
+/// `tunnel::relay` between the client's connection and `server` until both sides have ended
+/// (each end passed on as a half close), a failure, or `idle` without a byte either way.
+/// Counted as HTTP/1.1 upgrades are: status 101, the head and every byte written to the client.
+async fn h1_client<I: Source, O: Dest>(
+    c: &mut Conn,
+    switch: &ResponseHead,
+    edits: &Edits<'_>,
+    via: bool,
+    head: &RequestHead,
+    server: Server<'_, I, O>,
+    p: &Progress,
+) -> Outcome {
     c.wbuf.clear();
+    let framing = ClientFraming::None;
     headers::client_response(
         &mut c.wbuf,
-        resp,
-        ClientFraming::None,
+        switch,
+        framing,
         edits,
         via,
         head.version(),
         true,
     );
     let send_timeout = c.send_timeout;
-    let p = Progress::new();
     let r: Result<(), ProxyError> = async {
         send_all(&mut c.stream, &c.wbuf, send_timeout)
             .await
             .map_err(ProxyError::ClientIo)?;
         p.to_client.set(c.wbuf.len() as u64);
-        // Bytes either side sent after its head come first.
+        p.moved();
+        // Bytes the client sent after its head, before the 101, come first.
         let early = std::mem::take(&mut c.rbuf);
         let (cr, cw) = c.stream.split();
-        let (ur, uw) = up.stream.split();
         tunnel::relay(
             &mut SocketIn::new(cr, early, Peer::Client),
-            &mut SocketOut::new(uw, idle, Peer::Server),
-            &mut SocketIn::new(ur, std::mem::take(&mut up.rbuf), Peer::Server),
+            server.to,
+            server.from,
             &mut SocketOut::new(cw, send_timeout, Peer::Client),
-            &p,
-            idle,
+            p,
+            server.idle,
         )
         .await
     }
     .await;
     c.wbuf.clear();
     let (to_up, to_client) = (p.to_server.get(), p.to_client.get());
+    let (peer, upstream) = (c.peer, server.addr);
     let termination = match r {
         Ok(()) => {
-            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel ended");
+            tracing::debug!(%peer, %upstream, to_up, to_client, "upgrade tunnel ended");
             Termination::OK
         }
         Err(e) => {
-            tracing::debug!(peer = %c.peer, upstream = %addr, to_up, to_client, "upgrade tunnel failed: {e}");
+            tracing::debug!(%peer, %upstream, to_up, to_client, "upgrade tunnel failed: {e}");
             e.termination(Phase::Tunnel)
         }
     };
@@ -78,7 +113,7 @@ pub(crate) async fn h1_to_h1(
         status: 101,
         keep_alive: false,
         bytes_sent: to_client,
-        upstream: Some(addr),
+        upstream: Some(upstream),
     }
 }
 
@@ -241,12 +276,10 @@ pub(crate) struct H1Legs {
     pub idle: Duration,
 }
 
-/// An HTTP/1.1 client's WebSocket after the server's 2xx to the extended CONNECT: the `101`
-/// (`switch_head`, with the response filters' edits), then bytes both ways at once until both
-/// sides have ended (EOF and END_STREAM passed on as half closes; a server that stops reading
-/// after its end, with NO_ERROR, ends the client's direction too), a reset, or `idle` without
-/// a byte either way. Counted as HTTP/1.1 upgrades are: status 101, the head and every byte
-/// written to the client.
+/// An HTTP/1.1 client's WebSocket after an HTTP/2 server's 2xx to the extended CONNECT: the
+/// `101` (`websocket::switch_head`), then bytes both ways; a server that stops reading after
+/// its end, with NO_ERROR, ends the client's direction too. A failed tunnel cancels the
+/// server's stream unless the client's direction had ended.
 pub(crate) async fn h1_to_h2(
     c: &mut Conn,
     head: &RequestHead,
@@ -261,59 +294,16 @@ pub(crate) async fn h1_to_h2(
         server,
         idle,
     } = legs;
-    c.wbuf.clear();
-    let version = head.version();
-    headers::client_response(
-        &mut c.wbuf,
-        &switch,
-        ClientFraming::None,
-        edits,
-        via,
-        version,
-        true,
-    );
-    let send_timeout = c.send_timeout;
     let p = Progress::new();
-    let r: Result<(), ProxyError> = async {
-        send_all(&mut c.stream, &c.wbuf, send_timeout)
-            .await
-            .map_err(ProxyError::ClientIo)?;
-        p.to_client.set(c.wbuf.len() as u64);
-        p.moved();
-        // Bytes the client sent after its head, before the 101, come first.
-        let early = std::mem::take(&mut c.rbuf);
-        let (cr, cw) = c.stream.split();
-        tunnel::relay(
-            &mut SocketIn::new(cr, early, Peer::Client),
-            &mut StreamOut::new(&mut to_server, idle, Peer::Server),
-            &mut StreamIn::new(&mut from_server, Peer::Server),
-            &mut SocketOut::new(cw, send_timeout, Peer::Client),
-            &p,
-            idle,
-        )
-        .await
-    }
-    .await;
-    c.wbuf.clear();
-    let (to_up, to_client) = (p.to_server.get(), p.to_client.get());
-    let mut outcome = Outcome {
-        termination: Termination::OK,
-        status: 101,
-        keep_alive: false,
-        bytes_sent: to_client,
-        upstream: Some(server),
+    let side = Server {
+        from: &mut StreamIn::new(&mut from_server, Peer::Server),
+        to: &mut StreamOut::new(&mut to_server, idle, Peer::Server),
+        addr: server,
+        idle,
     };
-    match r {
-        Ok(()) => {
-            tracing::debug!(peer = %c.peer, upstream = %server, to_up, to_client, "upgrade tunnel to an HTTP/2 server ended");
-        }
-        Err(e) => {
-            tracing::debug!(peer = %c.peer, upstream = %server, to_up, to_client, "upgrade tunnel to an HTTP/2 server failed: {e}");
-            if !p.up_done.get() {
-                to_server.send_reset(h2::Reason::CANCEL);
-            }
-            outcome.termination = e.termination(Phase::Tunnel);
-        }
+    let outcome = h1_client(c, &switch, edits, via, head, side, &p).await;
+    if outcome.termination != Termination::OK && !p.up_done.get() {
+        to_server.send_reset(h2::Reason::CANCEL);
     }
     outcome
 }
