@@ -118,7 +118,12 @@ impl Response {
             field(name, value.as_bytes());
         }
         if let Some(n) = self.content_length {
-            field("Content-Length", n.to_string().as_bytes());
+            // Written on the stack: no allocation per answer.
+            let mut digits = [0u8; 20];
+            let mut rest = &mut digits[..];
+            let _ = std::io::Write::write_fmt(&mut rest, format_args!("{n}"));
+            let len = 20 - rest.len();
+            field("Content-Length", digits.get(..len).unwrap_or_default());
         }
         self.into_reply()
     }

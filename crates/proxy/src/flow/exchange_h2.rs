@@ -135,11 +135,8 @@ impl HeadOut for H2Head {
     }
 
     fn content_length(&mut self, n: u64) {
-        append(
-            &mut self.headers,
-            "content-length",
-            n.to_string().as_bytes(),
-        );
+        let v = HeaderValue::from(n);
+        self.headers.append(http::header::CONTENT_LENGTH, v);
     }
 
     fn end(&mut self) {}
