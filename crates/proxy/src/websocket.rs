@@ -116,8 +116,8 @@ mod tests {
         assert_ne!(a, b);
     }
 
-    fn head(raw: &[u8]) -> RequestHead {
-        let mut b = bytes::BytesMut::from(raw);
+    fn head(raw: impl AsRef<[u8]>) -> RequestHead {
+        let mut b = bytes::BytesMut::from(raw.as_ref());
         portico_http1::parse_request(&mut b, &Limits::default())
             .unwrap()
             .unwrap()
@@ -163,24 +163,12 @@ mod tests {
         )
         .is_ok());
     }
-}
-
-#[cfg(test)]
-mod handshake_tests {
-    use super::is_websocket;
-
-    fn head(raw: &str) -> portico_http1::RequestHead {
-        let mut b = bytes::BytesMut::from(raw.as_bytes());
-        portico_http1::parse_request(&mut b, &portico_http1::Limits::default())
-            .unwrap()
-            .unwrap()
-    }
 
     #[test]
     fn only_a_bodiless_get_upgrading_to_websocket_with_a_key_is_one() {
         let ws = "Host: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n";
-        assert!(is_websocket(&head(&format!("GET / HTTP/1.1\r\n{ws}\r\n"))));
-        assert!(is_websocket(&head(&format!(
+        assert!(is_websocket(&head(format!("GET / HTTP/1.1\r\n{ws}\r\n"))));
+        assert!(is_websocket(&head(format!(
             "GET / HTTP/1.1\r\n{}\r\n",
             ws.replace("websocket", "WebSocket")
         ))));
