@@ -134,7 +134,7 @@ pub(crate) fn response_from_h2(
 }
 
 /// The HTTP/1 head of an HTTP/2 server's response (for an HTTP/1.1 client, so that the HTTP/1
-/// path's framing choice and rules apply): connection-specific fields dropped; `end`: no body
+/// path's framing choice and the filters' edits apply): connection-specific fields dropped; `end`: no body
 /// follows. None when its fields do not make a valid HTTP/1 head.
 pub(crate) fn http1_response(
     parts: &http::response::Parts,

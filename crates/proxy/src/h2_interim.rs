@@ -6,7 +6,7 @@ use h2::server::SendResponse;
 use portico_http1::{encode, parse_response, Limits, Method};
 
 /// Send an interim head (a raw HTTP/1.1 1xx head as read, never 101, by
-/// `forward::read_response_head`) to the HTTP/2 client as an informational response: a
+/// `flow::exchange_h1::read_response_head`) to the HTTP/2 client as an informational response: a
 /// HEADERS frame without END_STREAM before the final one (RFC 9113 8.1). Connection-specific
 /// fields are dropped (RFC 9113 8.2.2), other fields pass as they came, as they do to HTTP/1.1
 /// clients. A head that does not parse again or a client that is gone is skipped: the stream's

@@ -90,7 +90,8 @@ impl<'a> Client<'a> for H2Down<'a> {
     }
 
     fn take_ubuf(&mut self) -> BytesMut {
-        BytesMut::with_capacity(1024)
+        // Grown by the first write: an HTTP/2 group's head is no bytes.
+        BytesMut::new()
     }
 
     fn put_ubuf(&mut self, _: BytesMut) {}

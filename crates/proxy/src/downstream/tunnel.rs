@@ -119,8 +119,8 @@ async fn h1_client<I: Source, O: Dest>(
 
 /// The tunnel after the upstream's 101: `:status 200` with the 101's end-to-end fields
 /// (`sec-websocket-protocol`, `-extensions`; `sec-websocket-accept` dropped, RFC 8441 5;
-/// `content-length` and `transfer-encoding` too, whether from the upstream or the route's
-/// header rules: a 2xx to CONNECT has neither, RFC 9110 9.3.6, and a client's h2 would reset
+/// `content-length` and `transfer-encoding` too, whether from the upstream or the response
+/// filters' edits: a 2xx to CONNECT has neither, RFC 9110 9.3.6, and a client's h2 would reset
 /// the stream at its first DATA), then bytes both ways until both sides have ended (END_STREAM / EOF, passed on as half
 /// closes), a reset either way, or `idle` without a byte (the group's `idle_timeout`, as for
 /// HTTP/1.1 upgrades). One outcome: status 200 and the bytes sent to the client.

@@ -92,7 +92,7 @@ impl H2Head {
         };
         let uri = http::Uri::builder()
             .scheme(if https { "https" } else { "http" })
-            .authority(authority.as_str())
+            .authority(authority)
             .path_and_query(self.target)
             .build()
             .map_err(|_| ProxyError::Internal("forwarded target is not a valid URI"))?;

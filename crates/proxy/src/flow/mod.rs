@@ -1,6 +1,6 @@
 //! One request for every client and every upstream protocol: route, the request filters, then a local answer or the proxy action's one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, response filters, tunnel, response head, one relay, release), then the log filters.
 
-pub(crate) mod attempt;
+mod attempt;
 mod exchange_h1;
 mod exchange_h2;
 

@@ -5,7 +5,6 @@ pub(crate) mod frame_scan;
 mod request;
 mod stream;
 
-pub use crate::downstream::link::MAX_UNSOLICITED_PING_ACKS;
 pub(crate) use crate::downstream::link::{Current, Link, Windowed};
 pub use crate::websocket::websocket_accept;
 
@@ -193,7 +192,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         // Streams reset before this task accepted them (h2 answers ENHANCE_YOUR_CALM itself).
         .max_pending_accept_reset_streams(settings.max_resets.min(20) as usize);
     if settings.extended_connect {
-        // RFC 8441: WebSockets over HTTP/2 (`tunnel`).
+        // RFC 8441: WebSockets over HTTP/2 (`downstream::tunnel`).
         builder.enable_connect_protocol();
     }
     let link = Rc::new(Link {

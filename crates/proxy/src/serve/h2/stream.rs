@@ -40,7 +40,7 @@ pub(super) fn handle<'l>(
     cur.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
     let has_body = !body.is_end_stream();
-    // An extended CONNECT (RFC 8441) becomes an HTTP/1.1 upgrade request (`tunnel`).
+    // An extended CONNECT (RFC 8441) becomes an HTTP/1.1 upgrade request (`downstream::tunnel`).
     let translated = match protocol(&parts) {
         None => to_http1(&parts, has_body, &cur.ls.limits),
         Some(p) => translate(&parts, p, &cur.ls.limits),
