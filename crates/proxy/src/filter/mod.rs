@@ -234,77 +234,69 @@ fn take_token(
     limiter.check(kind, key, now)
 }
 
-/// Edits of a message's fields, collected from the filters of one phase and applied by the
-/// protocol's encoder: fields named in `remove` or `set` are dropped from the message, then
-/// every `set` and every `add` field is appended, in the order the filters gave them. A null
-/// pointer (no allocation, nothing to check per field) when no filter edits.
+/// Edits of a message's fields from the filters of one phase, applied by the protocol's
+/// encoder: the phase's header rules, borrowed from the configuration (fields named in `remove`
+/// or `set` are dropped from the message, then every `set` and every `add` field is appended),
+/// then the fields other filters add, in their order. Nothing is allocated unless a filter adds
+/// a field.
 #[derive(Debug, Default)]
-pub(crate) struct Edits<'r>(Option<Box<Lists<'r>>>);
-
-#[derive(Debug, Default)]
-struct Lists<'r> {
-    /// Lowercased names.
-    remove: Vec<&'r str>,
-    set: Vec<(&'r str, Cow<'r, str>)>,
-    add: Vec<(&'r str, Cow<'r, str>)>,
+pub(crate) struct Edits<'r> {
+    rules: Option<&'r HeaderRules>,
+    added: Vec<(&'r str, Cow<'r, str>)>,
 }
 
 impl<'r> Edits<'r> {
-    fn lists(&mut self) -> &mut Lists<'r> {
-        self.0.get_or_insert_with(Box::default)
-    }
-
-    /// Apply header rules from the configuration.
+    /// The phase's header rules from the configuration (one set per phase).
     pub(crate) fn rules(&mut self, r: &'r HeaderRules) {
-        if r.is_empty() {
-            return;
+        debug_assert!(self.rules.is_none(), "one set of header rules per phase");
+        if !r.is_empty() {
+            self.rules = Some(r);
         }
-        let l = self.lists();
-        l.remove.extend(r.remove.iter().map(String::as_str));
-        let borrowed = |(n, v): &'r (String, String)| (n.as_str(), Cow::Borrowed(v.as_str()));
-        l.set.extend(r.set.iter().map(borrowed));
-        l.add.extend(r.add.iter().map(borrowed));
     }
 
     /// Append a field (`name` as HTTP/1.1 writes it; HTTP/2 lowercases it).
     pub(crate) fn add(&mut self, name: &'r str, value: Cow<'r, str>) {
-        self.lists().add.push((name, value));
+        self.added.push((name, value));
     }
 
     /// Whether the message's own field `name` is dropped (removed or replaced).
     #[inline]
     pub(crate) fn drops(&self, name: &str) -> bool {
-        self.0.as_ref().is_some_and(|l| {
-            l.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
-                || l.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+        self.rules.is_some_and(|r| {
+            r.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
+                || r.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
         })
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
     #[inline]
     pub(crate) fn sets(&self, name: &str) -> bool {
-        let set = |l: &Lists<'_>| l.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
-        self.0.as_deref().is_some_and(set)
+        self.rules
+            .is_some_and(|r| r.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)))
     }
 
     /// The names of the message's own fields that are dropped.
     pub(crate) fn dropped(&self) -> impl Iterator<Item = &str> + '_ {
-        self.0.iter().flat_map(|l| {
-            let set = l.set.iter().map(|(n, _)| *n);
-            l.remove.iter().copied().chain(set)
+        self.rules.into_iter().flat_map(|r| {
+            let set = r.set.iter().map(|(n, _)| n.as_str());
+            r.remove.iter().map(String::as_str).chain(set)
         })
     }
 
-    /// The fields to append: every `set`, then every `add`.
+    /// The fields to append: every `set`, every `add`, then what other filters added.
     pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
-        let all = self.0.iter().flat_map(|l| l.set.iter().chain(l.add.iter()));
-        all.map(|(n, v)| (*n, v.as_bytes()))
+        let rules = self
+            .rules
+            .into_iter()
+            .flat_map(|r| r.set.iter().chain(r.add.iter()));
+        let rules = rules.map(|(n, v)| (n.as_str(), v.as_bytes()));
+        rules.chain(self.added.iter().map(|(n, v)| (*n, v.as_bytes())))
     }
 
     /// No filter edits.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_none()
+        self.rules.is_none() && self.added.is_empty()
     }
 }
 
