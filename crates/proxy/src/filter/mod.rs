@@ -53,13 +53,13 @@ pub(crate) struct Filters {
     list: Vec<Filter>,
 }
 
-/// A local answer from the request phase: the error it is counted as, its body and extra
-/// fields.
+/// A local answer from the request phase: the error it is counted as, its body, and when the
+/// client may try again (`Retry-After`, in seconds).
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub error: ProxyError,
     pub body: &'static [u8],
-    pub fields: Vec<(&'static str, String)>,
+    pub retry_after: Option<u64>,
 }
 
 /// What the request phase reads: the routed request, its client, the route's state and the
@@ -189,7 +189,7 @@ fn shed(cx: &Cx<'_>) -> Result<(), Answer> {
     Err(Answer {
         error: ProxyError::Shed,
         body: crate::resilience::load::SHED_BODY,
-        fields: Vec::new(),
+        retry_after: None,
     })
 }
 
@@ -204,11 +204,10 @@ fn rate_limit(cx: &Cx<'_>) -> Result<(), Answer> {
     cx.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
     let error = ProxyError::RateLimited;
     tracing::debug!(peer = %cx.peer, target = cx.head.target(), "{error}");
-    let secs = crate::resilience::ratelimit::retry_after_secs(wait).to_string();
     Err(Answer {
         body: crate::error::error_body(error.status()),
         error,
-        fields: vec![("Retry-After", secs)],
+        retry_after: Some(crate::resilience::ratelimit::retry_after_secs(wait)),
     })
 }
 

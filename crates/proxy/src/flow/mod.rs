@@ -79,8 +79,12 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
         now,
     });
     if let Err(a) = answer {
-        let fields: Vec<(&str, &str)> = a.fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        return down.refuse(head, a.error, a.body, &fields).await;
+        let secs = a.retry_after.map(|s| s.to_string());
+        let fields = match &secs {
+            Some(s) => &[("Retry-After", s.as_str())][..],
+            None => &[],
+        };
+        return down.refuse(head, a.error, a.body, fields).await;
     }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
