@@ -97,11 +97,9 @@ impl<'a> Client<'a> for H2Down<'a> {
     fn put_ubuf(&mut self, _: BytesMut) {}
 
     async fn fail(&mut self, head: &RequestHead, e: ProxyError, phase: Phase, _: bool) -> Outcome {
-        tracing::debug!(peer = %self.link.peer, target = head.target(), "HTTP/2 request failed: {e}");
-        let body = crate::error::error_body(e.status());
         let limit = self.send_timeout();
         let mut respond = self.respond.borrow_mut();
-        answer_h2(&mut respond, Some(head), e, phase, body, &[], limit).await
+        fail_h2(&mut respond, self.link.peer, Some(head), e, phase, limit).await
     }
 
     async fn refuse(
@@ -348,9 +346,25 @@ impl<'a> Client<'a> for H2Down<'a> {
     }
 }
 
+/// A failed request on an HTTP/2 stream from `peer`: logged, answered with its error status
+/// (unless the client is gone), and its outcome.
+pub(crate) async fn fail_h2(
+    respond: &mut SendResponse<Bytes>,
+    peer: SocketAddr,
+    head: Option<&RequestHead>,
+    e: ProxyError,
+    phase: Phase,
+    limit: Duration,
+) -> Outcome {
+    let target = head.map_or("-", |h| h.target());
+    tracing::debug!(%peer, target, "HTTP/2 request failed: {e}");
+    let body = crate::error::error_body(e.status());
+    answer_h2(respond, head, e, phase, body, &[], limit).await
+}
+
 /// An error answer on an HTTP/2 stream (unless the client is gone) with `body` and `extra`
 /// fields, and its outcome.
-pub(crate) async fn answer_h2(
+async fn answer_h2(
     respond: &mut SendResponse<Bytes>,
     head: Option<&RequestHead>,
     e: ProxyError,

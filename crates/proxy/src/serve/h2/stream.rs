@@ -1,7 +1,7 @@
 //! One HTTP/2 stream: translate its head, run it through the flow with the stream as its client, record it once.
 
 use super::request::{to_http1, Reject};
-use crate::downstream::http2::{answer_h2, H2Down};
+use crate::downstream::http2::{fail_h2, H2Down};
 use crate::downstream::link::{Current, Link};
 use crate::error::ProxyError;
 use crate::telemetry::stats::Outcome;
@@ -78,7 +78,7 @@ pub(super) fn handle<'l>(
             (Some(head), _) => s.run(head, started).await,
             (None, e) => {
                 let e = e.unwrap_or(ProxyError::Internal("an HTTP/2 stream without a head"));
-                s.fail(None, e, Phase::RequestHead).await
+                s.refused(e).await
             }
         };
         // A stream the client reset before its end (any phase) counts towards the rapid-reset
@@ -114,24 +114,11 @@ impl Stream<'_> {
         crate::flow::serve(&mut down, head, started).await
     }
 
-    /// Answer with an error status (unless the client is gone) and describe the failure.
-    async fn fail(&mut self, head: Option<&RequestHead>, e: ProxyError, phase: Phase) -> Outcome {
-        tracing::debug!(peer = %self.link.peer, target = head.map_or("-", |h| h.target()), "HTTP/2 request failed: {e}");
-        let body = crate::error::error_body(e.status());
-        self.answer(head, e, phase, body, &[]).await
-    }
-
-    /// The error response for `e` and its outcome.
-    async fn answer(
-        &mut self,
-        head: Option<&RequestHead>,
-        e: ProxyError,
-        phase: Phase,
-        body: &[u8],
-        extra: &[(&str, &str)],
-    ) -> Outcome {
+    /// A stream refused before it had a head: its error answer and outcome.
+    async fn refused(&mut self, e: ProxyError) -> Outcome {
         let limit = self.cur.ls.listener.limits.send_timeout;
-        answer_h2(self.respond.get_mut(), head, e, phase, body, extra, limit).await
+        let respond = self.respond.get_mut();
+        fail_h2(respond, self.link.peer, None, e, Phase::RequestHead, limit).await
     }
 }
 
