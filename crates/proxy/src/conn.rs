@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::{timeout, timeout_at};
 
 /// Grace period before the minimum body rate is enforced.
-const BODY_RATE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const BODY_RATE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Largest body slice decoded at once.
 pub const MAX_CHUNK: usize = 64 * 1024;
 

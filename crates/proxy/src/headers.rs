@@ -163,6 +163,14 @@ impl HeadOut for BytesMut {
     }
 }
 
+/// Whether the client's `TE` field asks for trailers.
+pub(crate) fn wants_trailers(head: &RequestHead) -> bool {
+    head.field("te").is_some_and(|v| {
+        v.split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    })
+}
+
 /// Append the fields the filters set or add.
 fn write_edits(out: &mut impl HeadOut, edits: &Edits<'_>) {
     for (n, v) in edits.fields() {

@@ -229,11 +229,7 @@ impl<'a> Client<'a> for H1Down<'a> {
                 h1 = crate::h2_fields::http1_response(&parts, head.method(), end)
                     .ok_or_else(invalid)?;
                 // An HTTP/2 server's trailers go only to a client that asked for them.
-                let te = head.field("te").is_some_and(|v| {
-                    v.split(|&b| b == b',')
-                        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-                });
-                (&h1, te)
+                (&h1, headers::wants_trailers(head))
             }
         };
         let c = &mut *self.c;

@@ -2,10 +2,7 @@
 
 use super::link::Link;
 use super::Who;
-use super::{
-    Client, Env, H2Out, HeadFailed, Interims, Kind, RespHead, Sent, To, Upload, Watch,
-    BODY_RATE_GRACE,
-};
+use super::{Client, Env, H2Out, HeadFailed, Interims, Kind, RespHead, Sent, To, Upload, Watch};
 use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::filter::Edits;
@@ -192,7 +189,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         else {
             return Ok(None);
         };
-        let due = conn::body_byte_due(*started, *received, *min_rate, BODY_RATE_GRACE);
+        let due = conn::body_byte_due(*started, *received, *min_rate, conn::BODY_RATE_GRACE);
         let r = match due {
             Some(due) => tokio::time::timeout_at(due, self.body.data()).await,
             None => timeout(STALL_TIMEOUT, self.body.data()).await,

@@ -39,9 +39,6 @@ pub struct Who<'a> {
 /// Most interim (1xx) responses accepted before the final one.
 pub(crate) const MAX_INTERIM: usize = 8;
 
-/// Grace period before the listener's `body_min_rate` is enforced on a request body.
-const BODY_RATE_GRACE: Duration = Duration::from_secs(10);
-
 /// The client of one request: what the flow needs of it. `'a` is how long the connection and
 /// configuration it lends stay borrowed.
 pub(crate) trait Client<'a> {

@@ -104,11 +104,7 @@ impl H2Head {
         *req.uri_mut() = uri;
         *req.version_mut() = http::Version::HTTP_2;
         *req.headers_mut() = self.headers;
-        let wants_trailers = client.field("te").is_some_and(|v| {
-            v.split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"trailers"))
-        });
-        if wants_trailers {
+        if crate::headers::wants_trailers(client) {
             let map = req.headers_mut();
             map.insert(http::header::TE, HeaderValue::from_static("trailers"));
         }
