@@ -26,11 +26,17 @@ impl Peer {
         } else {
             Some(io::Error::other(e.to_string()))
         };
-        match (self, io) {
-            (Peer::Client, Some(io)) => ProxyError::ClientIo(io),
-            (Peer::Client, None) => ProxyError::ClientClosed,
-            (Peer::Server, Some(io)) => ProxyError::UpstreamIo(io),
-            (Peer::Server, None) => ProxyError::UpstreamClosed,
+        match io {
+            Some(io) => self.io(io),
+            None => self.gone(),
+        }
+    }
+
+    /// An I/O error on this peer's side.
+    pub(crate) fn io(self, e: io::Error) -> ProxyError {
+        match self {
+            Peer::Client => ProxyError::ClientIo(e),
+            Peer::Server => ProxyError::UpstreamIo(e),
         }
     }
 

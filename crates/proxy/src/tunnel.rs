@@ -95,7 +95,7 @@ impl<R: AsyncRead + Unpin> Source for SocketIn<R> {
             Err(e) if self.side == Peer::Server && e.kind() == io::ErrorKind::UnexpectedEof => {
                 Ok(None)
             }
-            Err(e) => Err(io_error(self.side, e)),
+            Err(e) => Err(self.side.io(e)),
             Ok(_) => Ok(Some(self.buf.split().freeze())),
         }
     }
@@ -290,14 +290,6 @@ async fn idle_watchdog(
     }
 }
 
-/// An I/O error of a tunnel's socket, named after its side.
-fn io_error(side: Peer, e: io::Error) -> ProxyError {
-    match side {
-        Peer::Client => ProxyError::ClientIo(e),
-        Peer::Server => ProxyError::UpstreamIo(e),
-    }
-}
-
 /// A socket write (or shutdown) that must make progress within `limit`: a peer that stops
 /// reading would otherwise hang the tunnel for ever, as the idle timer is not polled during a
 /// write. Stalled, it is a client timeout for a client, the idle timeout for a server.
@@ -307,7 +299,7 @@ async fn bounded(
     write: impl std::future::Future<Output = io::Result<()>>,
 ) -> Result<(), ProxyError> {
     match tokio::time::timeout(limit, write).await {
-        Ok(r) => r.map_err(|e| io_error(side, e)),
+        Ok(r) => r.map_err(|e| side.io(e)),
         Err(_) => match side {
             Peer::Client => Err(ProxyError::ClientIo(io::Error::new(
                 io::ErrorKind::TimedOut,
