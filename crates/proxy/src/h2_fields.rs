@@ -133,6 +133,31 @@ pub(crate) fn response_from_h2(
     with_edits(headers, parts.status, via, edits)
 }
 
+/// The limits of an HTTP/1 head built from an HTTP/2 one: the HTTP/2 header list limit bounded
+/// its size already.
+pub(crate) fn from_h2_limits() -> Limits {
+    Limits {
+        max_head_bytes: usize::MAX,
+        ..Limits::default()
+    }
+}
+
+/// An HTTP/2 head's fields into an HTTP/1 one, without the connection-specific ones and `skip`.
+/// None when one is not valid HTTP/1.
+pub(crate) fn copy_fields(
+    b: &mut ResponseBuilder<'_>,
+    map: &HeaderMap,
+    skip: &[&str],
+) -> Option<()> {
+    for (n, v) in map {
+        let n = n.as_str();
+        if !DROPPED.contains(&n) && !skip.contains(&n) {
+            b.field(n, v.as_bytes()).ok()?;
+        }
+    }
+    Some(())
+}
+
 /// The HTTP/1 head of an HTTP/2 server's response (for an HTTP/1.1 client, so that the HTTP/1
 /// path's framing choice and the filters' edits apply): connection-specific fields dropped; `end`: no body
 /// follows. None when its fields do not make a valid HTTP/1 head.
@@ -142,17 +167,9 @@ pub(crate) fn http1_response(
     end: bool,
 ) -> Option<ResponseHead> {
     let status = parts.status.as_u16();
-    // The HTTP/2 client's header list limit bounded the size already.
-    let limits = Limits {
-        max_head_bytes: usize::MAX,
-        ..Limits::default()
-    };
+    let limits = from_h2_limits();
     let mut b = ResponseBuilder::new(status, method, &limits).ok()?;
-    for (n, v) in &parts.headers {
-        if !DROPPED.contains(&n.as_str()) {
-            b.field(n.as_str(), v.as_bytes()).ok()?;
-        }
-    }
+    copy_fields(&mut b, &parts.headers, &[])?;
     // No length is invented for responses that have no body by definition (RFC 9110 6.4.1,
     // 8.6): a HEAD response's length describes the resource, 1xx/204/304 carry none.
     let bodiless = *method == Method::Head || status < 200 || status == 204 || status == 304;

@@ -3,7 +3,7 @@
 use crate::error::ProxyError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use portico_http1::{Framing, Limits, Method, RequestHead, ResponseBuilder, ResponseHead};
+use portico_http1::{Framing, Method, RequestHead, ResponseBuilder, ResponseHead};
 
 /// Whether an HTTP/1.1 request is a WebSocket opening handshake that can become an extended
 /// CONNECT: a `GET` without a body (RFC 6455 4.1) upgrading to `websocket` (the only token
@@ -59,22 +59,14 @@ pub(crate) fn switch_head(
     parts: &http::response::Parts,
 ) -> Option<ResponseHead> {
     let key = head.field("sec-websocket-key").unwrap_or_default();
-    let limits = Limits {
-        max_head_bytes: usize::MAX,
-        ..Limits::default()
-    };
+    let limits = crate::h2_fields::from_h2_limits();
     let mut b = ResponseBuilder::new(101, &Method::Get, &limits).ok()?;
     b.field("Upgrade", b"websocket").ok()?;
     b.field("Connection", b"upgrade").ok()?;
     let accept = websocket_accept(key);
     b.field("Sec-WebSocket-Accept", accept.as_bytes()).ok()?;
-    for (n, v) in &parts.headers {
-        let n = n.as_str();
-        let skip = ["content-length", "sec-websocket-accept"];
-        if !crate::h2_fields::DROPPED.contains(&n) && !skip.contains(&n) {
-            b.field(n, v.as_bytes()).ok()?;
-        }
-    }
+    let skip = ["content-length", "sec-websocket-accept"];
+    crate::h2_fields::copy_fields(&mut b, &parts.headers, &skip)?;
     b.finish().ok()
 }
 
@@ -118,7 +110,7 @@ mod tests {
 
     fn head(raw: impl AsRef<[u8]>) -> RequestHead {
         let mut b = bytes::BytesMut::from(raw.as_ref());
-        portico_http1::parse_request(&mut b, &Limits::default())
+        portico_http1::parse_request(&mut b, &portico_http1::Limits::default())
             .unwrap()
             .unwrap()
     }
@@ -126,7 +118,7 @@ mod tests {
     fn resp(raw: &[u8]) -> ResponseHead {
         let mut b = bytes::BytesMut::from(raw);
         let m = portico_http1::Method::Get;
-        portico_http1::parse_response(&mut b, &m, &Limits::default())
+        portico_http1::parse_response(&mut b, &m, &portico_http1::Limits::default())
             .unwrap()
             .unwrap()
     }
