@@ -101,13 +101,12 @@ pub fn trailer_lines(raw: &bytes::Bytes) -> bytes::Bytes {
     out.freeze()
 }
 
-/// HTTP/2 trailers as HTTP/1 trailer lines (`name: value\r\n`) into `out`, without the fields
-/// [`trailer_dropped`] names.
+/// Trailers as HTTP/1 trailer lines (`name: value\r\n`) into `out`. The map is one
+/// [`trailer_fields`] or `h2_fields::trailer_map` made: the fields [`trailer_dropped`] names are
+/// gone from it already.
 pub fn encode_trailers(out: &mut BytesMut, map: &http::HeaderMap) {
     for (n, v) in map {
-        if !trailer_dropped(n.as_str()) {
-            encode::field(out, n.as_str(), v.as_bytes());
-        }
+        encode::field(out, n.as_str(), v.as_bytes());
     }
 }
 
