@@ -1080,6 +1080,10 @@ impl RequestHead {
     pub fn raw(&self) -> &Bytes {
         &self.buf
     }
+    /// The head announces body bytes (its framing is chunked or a non-zero length).
+    pub fn has_body(&self) -> bool {
+        !matches!(self.framing, Framing::None | Framing::Length(0))
+    }
 }
 
 impl ResponseHead {

@@ -166,7 +166,7 @@ pub async fn fail(
     let t = e.termination(phase);
     tracing::debug!(peer = %c.peer, target = head.target(), "request failed: {e}");
     let status = e.status();
-    let body_done = body_done || matches!(head.framing, Framing::None | Framing::Length(0));
+    let body_done = body_done || !head.has_body();
     let ka = body_done && may_keep_alive(c, ctx, head);
     let sent = if e.client_gone() {
         0

@@ -3,7 +3,7 @@
 use crate::error::ProxyError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use portico_http1::{Framing, Method, RequestHead, ResponseBuilder, ResponseHead};
+use portico_http1::{Method, RequestHead, ResponseBuilder, ResponseHead};
 
 /// Whether an HTTP/1.1 request is a WebSocket opening handshake that can become an extended
 /// CONNECT: a `GET` without a body (RFC 6455 4.1) upgrading to `websocket` (the only token
@@ -11,7 +11,7 @@ use portico_http1::{Framing, Method, RequestHead, ResponseBuilder, ResponseHead}
 pub(crate) fn is_websocket(head: &RequestHead) -> bool {
     head.upgrade
         && *head.method() == Method::Get
-        && matches!(head.framing, Framing::None | Framing::Length(0))
+        && !head.has_body()
         && head
             .field("upgrade")
             .is_some_and(|u| u.trim_ascii().eq_ignore_ascii_case(b"websocket"))

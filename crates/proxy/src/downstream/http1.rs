@@ -95,7 +95,7 @@ impl<'a> Client<'a> for H1Down<'a> {
     ) -> Outcome {
         // The connection stays open only when no request body is left unread.
         let status = e.status();
-        let body_done = matches!(head.framing, Framing::None | Framing::Length(0));
+        let body_done = !head.has_body();
         let ka = body_done && conn::may_keep_alive(self.c, self.ctx, head);
         let r = conn::write_simple(self.c, status, "text/plain", body, ka, Some(head), extra).await;
         Outcome {
@@ -134,7 +134,7 @@ impl<'a> Client<'a> for H1Down<'a> {
     }
 
     fn has_body(&self, head: &RequestHead) -> bool {
-        !matches!(head.framing, Framing::None | Framing::Length(0))
+        head.has_body()
     }
 
     async fn before_upload(&mut self, head: &RequestHead) -> Result<(), ProxyError> {

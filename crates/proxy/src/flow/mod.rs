@@ -206,7 +206,7 @@ async fn attempt<'a, D: Client<'a>>(
     // A WebSocket opening handshake goes to an HTTP/2 server as an extended CONNECT (other
     // upgrades go as plain requests, without `Upgrade`, which the server may answer).
     let tunnel = h2_group && crate::websocket::is_websocket(head);
-    let has_body = !matches!(head.framing, Framing::None | Framing::Length(0));
+    let has_body = head.has_body();
     if has_body {
         if let Err(e) = down.before_upload(head).await {
             return Some(down.fail(head, e, Phase::RequestBody, false).await);

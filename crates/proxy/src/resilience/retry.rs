@@ -3,7 +3,7 @@
 use crate::metrics::RouteStats;
 use crate::telemetry::stats::Stats;
 use portico_config::{RetryPolicy, RETRY_BUDGET_WINDOW};
-use portico_http1::{Framing, RequestHead};
+use portico_http1::RequestHead;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -155,7 +155,7 @@ impl<'a> Retry<'a> {
             (Some(p), Some(b))
                 if p.retries > 0
                     && (p.non_idempotent || head.method().is_idempotent())
-                    && matches!(head.framing, Framing::None | Framing::Length(0))
+                    && !head.has_body()
                     && !head.upgrade =>
             {
                 b.deposit(now);
