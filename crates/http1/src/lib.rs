@@ -2,6 +2,7 @@
 
 pub mod body;
 pub mod build;
+pub mod coding;
 pub mod encode;
 pub mod error;
 pub mod head;
@@ -12,6 +13,7 @@ mod tests;
 
 pub use body::{BodyDecoder, Decoded, Framing};
 pub use build::{RequestBuilder, ResponseBuilder};
+pub use coding::Coding;
 pub use error::{BodyError, ParseError, ParseErrorKind};
 pub use head::{
     parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, TargetForm, Version,
