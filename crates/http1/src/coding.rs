@@ -35,7 +35,11 @@ impl Coding {
         Coding::ALL
             .into_iter()
             .find(|c| token.eq_ignore_ascii_case(c.token().as_bytes()))
-            .or_else(|| token.eq_ignore_ascii_case(b"x-gzip").then_some(Coding::Gzip))
+            .or_else(|| {
+                token
+                    .eq_ignore_ascii_case(b"x-gzip")
+                    .then_some(Coding::Gzip)
+            })
     }
 }
 

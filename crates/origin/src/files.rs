@@ -5,7 +5,9 @@ use crate::range::{self, RangeRequest};
 use crate::response::Response;
 use crate::validators::Validators;
 use crate::RequestView;
+use portico_http1::coding::{self, Coding};
 use portico_http1::Method;
+use std::ffi::OsString;
 use std::fs::{self, File, Metadata};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -37,8 +39,14 @@ impl Root {
     }
 }
 
-/// Serve `req` from the files under `root`.
-pub(crate) fn serve(root: &Root, index: &[String], req: &impl RequestView) -> Response {
+/// Serve `req` from the files under `root`; `precompressed` (empty = off) are the codings whose
+/// siblings (`app.js.br`) may stand in for a file, in the server's preference.
+pub(crate) fn serve(
+    root: &Root,
+    index: &[String],
+    precompressed: &[Coding],
+    req: &impl RequestView,
+) -> Response {
     let method = req.method();
     if !matches!(method, Method::Get | Method::Head) {
         return Response::method_not_allowed(ALLOW);
@@ -64,13 +72,13 @@ pub(crate) fn serve(root: &Root, index: &[String], req: &impl RequestView) -> Re
         if !decoded.trailing_slash {
             return redirect_to_slash(req.path(), req.query());
         }
-        return serve_index(&root_dir, &real, index, req);
+        return serve_index(&root_dir, &real, index, precompressed, req);
     }
     if !meta.is_file() || decoded.trailing_slash {
         // Devices, FIFOs, sockets (opening a FIFO would block); `/file.txt/` names no directory.
         return not_found();
     }
-    serve_file(&real, &candidate, req)
+    serve_file(&root_dir, &real, &candidate, precompressed, req)
 }
 
 /// Canonicalize `candidate` and check it stays under `root_dir` (symlinks escaping the root
@@ -86,11 +94,19 @@ fn resolve(root_dir: &Path, candidate: &Path) -> Result<(PathBuf, Metadata), Res
 
 /// A directory asked for with a trailing slash: its first existing index file, else 404
 /// (no listings).
-fn serve_index(root_dir: &Path, dir: &Path, index: &[String], req: &impl RequestView) -> Response {
+fn serve_index(
+    root_dir: &Path,
+    dir: &Path,
+    index: &[String],
+    precompressed: &[Coding],
+    req: &impl RequestView,
+) -> Response {
     for name in index {
         let candidate = dir.join(name);
         match resolve(root_dir, &candidate) {
-            Ok((real, meta)) if meta.is_file() => return serve_file(&real, &candidate, req),
+            Ok((real, meta)) if meta.is_file() => {
+                return serve_file(root_dir, &real, &candidate, precompressed, req)
+            }
             Ok(_) => continue,
             Err(resp) if resp.status == 403 => return resp,
             Err(_) => continue,
@@ -113,26 +129,39 @@ fn redirect_to_slash(raw_path: &str, query: Option<&str>) -> Response {
     Response::text(301, "moved permanently\n").with_field("Location", location)
 }
 
-/// Serve one regular file: `real` is opened, `named` (the path as requested) picks the MIME type.
-fn serve_file(real: &Path, named: &Path, req: &impl RequestView) -> Response {
-    let file = match File::open(real) {
-        Ok(f) => f,
-        Err(e) => return io_error(&e),
-    };
-    // Metadata of the opened file, so length and validators describe what will be sent.
-    let meta = match file.metadata() {
-        Ok(m) if m.is_file() => m,
-        Ok(_) => return not_found(),
-        Err(e) => return io_error(&e),
+/// Serve one regular file: `real` (canonical, under `root_dir`) is opened, or the precompressed
+/// sibling of it the request negotiates; `named` (the path as requested) picks the MIME type.
+fn serve_file(
+    root_dir: &Path,
+    real: &Path,
+    named: &Path,
+    precompressed: &[Coding],
+    req: &impl RequestView,
+) -> Response {
+    let (file, meta, coding) = match sibling(root_dir, real, precompressed, req) {
+        Some((file, meta, c)) => (file, meta, Some(c)),
+        None => match open_regular(real) {
+            Ok((file, meta)) => (file, meta, None),
+            Err(e) => return e,
+        },
     };
     let len = meta.len();
-    let validators = Validators::new(len, meta.modified().ok());
+    let mut validators = Validators::new(len, meta.modified().ok());
+    if let Some(c) = coding {
+        validators = validators.for_coding(c);
+    }
     let last_modified = validators.last_modified_value();
+    let vary = !precompressed.is_empty();
 
     let with_validators = |mut resp: Response| {
         resp = resp.with_field("ETag", validators.etag.clone());
         if let Some(lm) = &last_modified {
             resp = resp.with_field("Last-Modified", lm.clone());
+        }
+        if vary {
+            // The answer depends on Accept-Encoding whichever variant it is, so caches keep
+            // them apart (304 included, RFC 9110 15.4.5).
+            resp = resp.with_field("Vary", "Accept-Encoding");
         }
         resp
     };
@@ -154,22 +183,70 @@ fn serve_file(real: &Path, named: &Path, req: &impl RequestView) -> Response {
         }
     }
 
-    let content_type = content_type(named);
+    // The content's fields; Content-Encoding describes the bytes of the selected variant, so it
+    // goes on 200 and 206, not on the 416 text or a 304 (which carries no content).
+    let content = |resp: Response| {
+        let resp = resp.with_field("Content-Type", content_type(named));
+        let resp = match coding {
+            Some(c) => resp.with_field("Content-Encoding", c.token()),
+            None => resp,
+        };
+        resp.with_field("Accept-Ranges", "bytes")
+    };
     match wanted {
         RangeRequest::Unsatisfiable => with_validators(
             Response::text(416, "range not satisfiable\n")
                 .with_field("Content-Range", format!("bytes */{len}")),
         ),
-        RangeRequest::Satisfiable { start, end } => with_validators(Response::new(206))
-            .with_field("Content-Type", content_type)
-            .with_field("Accept-Ranges", "bytes")
+        RangeRequest::Satisfiable { start, end } => content(with_validators(Response::new(206)))
             .with_field("Content-Range", format!("bytes {start}-{end}/{len}"))
             .with_file(file, start, end - start + 1),
-        RangeRequest::Ignore => with_validators(Response::new(200))
-            .with_field("Content-Type", content_type)
-            .with_field("Accept-Ranges", "bytes")
-            .with_file(file, 0, len),
+        RangeRequest::Ignore => {
+            content(with_validators(Response::new(200))).with_file(file, 0, len)
+        }
     }
+}
+
+/// Open `path` and check, on the opened handle, that it is a regular file (so its metadata
+/// describes what will be sent).
+fn open_regular(path: &Path) -> Result<(File, Metadata), Response> {
+    let file = File::open(path).map_err(|e| io_error(&e))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok((file, m)),
+        Ok(_) => Err(not_found()),
+        Err(e) => Err(io_error(&e)),
+    }
+}
+
+/// The precompressed sibling of `real` to serve instead of it: the coding negotiated from
+/// Accept-Encoding among `precompressed`; when its sibling is missing (or not a readable regular
+/// file, or a symlink out of `root_dir`), the client's next acceptable coding, and so on. None
+/// when the feature is off, the client accepts none, or no acceptable sibling exists.
+fn sibling(
+    root_dir: &Path,
+    real: &Path,
+    precompressed: &[Coding],
+    req: &impl RequestView,
+) -> Option<(File, Metadata, Coding)> {
+    if precompressed.is_empty() {
+        return None;
+    }
+    let accept = req.field("accept-encoding");
+    let mut offered = precompressed.to_vec();
+    while let Some(c) = coding::negotiate(accept, &offered) {
+        let mut name = OsString::from(real.as_os_str());
+        name.push(c.extension());
+        // Checked before opening: opening a FIFO would block.
+        if let Ok((sib, meta)) = resolve(root_dir, Path::new(&name)) {
+            if meta.is_file() {
+                if let Ok((file, meta)) = open_regular(&sib) {
+                    return Some((file, meta, c));
+                }
+            }
+        }
+        offered.retain(|&o| o != c);
+    }
+    None
 }
 
 /// MIME type by extension; text types get `charset=utf-8`.

@@ -11,7 +11,7 @@ mod validators;
 mod tests;
 
 use bytes::{Bytes, BytesMut};
-use portico_http1::{Method, RequestHead};
+use portico_http1::{Coding, Method, RequestHead};
 use response::Response;
 use std::fmt;
 use std::path::PathBuf;
@@ -48,6 +48,8 @@ pub enum Body {
 pub struct Origin {
     root: Option<files::Root>,
     index: Vec<String>,
+    /// Codings whose precompressed siblings may be served, in the server's preference.
+    precompressed: Vec<Coding>,
     synthetic: bool,
     /// One 1 MiB pattern buffer, sliced (no copy) for synthetic bodies up to its size.
     pattern: Bytes,
@@ -58,6 +60,7 @@ impl fmt::Debug for Origin {
         f.debug_struct("Origin")
             .field("root", &self.root.as_ref().map(|r| &r.configured))
             .field("index", &self.index)
+            .field("precompressed", &self.precompressed)
             .field("synthetic", &self.synthetic)
             .finish()
     }
@@ -96,9 +99,25 @@ impl Origin {
         Origin {
             root: root.map(files::Root::new),
             index,
+            precompressed: Vec::new(),
             synthetic,
             pattern: synthetic::pattern(),
         }
+    }
+
+    /// Serve precompressed siblings of static files (nginx `gzip_static`, Caddy
+    /// `precompressed`): for a file `app.js`, the sibling `app.js.br` (`.zst`, `.gz`; see
+    /// [`Coding::extension`]) of the coding negotiated from the request's `Accept-Encoding`,
+    /// with `Content-Encoding` set, the original's Content-Type, and the sibling's own
+    /// validators and length (ranges and conditionals apply to the sibling's bytes). A coding
+    /// whose sibling is missing falls back to the client's next acceptable one; with none, the
+    /// original is served. Every file response then carries `Vary: Accept-Encoding`.
+    ///
+    /// `codings` is in the server's order of preference (it breaks ties between equal client
+    /// weights); empty (the default) turns the feature off.
+    pub fn with_precompressed(mut self, codings: Vec<Coding>) -> Self {
+        self.precompressed = codings;
+        self
     }
 
     /// Write the status line and response header fields (not the final empty line, not Date,
@@ -136,7 +155,7 @@ impl Origin {
             }
         }
         if let Some(root) = &self.root {
-            return files::serve(root, &self.index, req);
+            return files::serve(root, &self.index, &self.precompressed, req);
         }
         if self.synthetic && path == "/" {
             return synthetic::index_page(req.method());

@@ -2,7 +2,7 @@
 
 use crate::response::Response;
 use crate::{Body, Origin, RequestView};
-use portico_http1::Method;
+use portico_http1::{Coding, Method};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -629,6 +629,424 @@ fn fields_for_http2_are_the_fields_of_the_http1_head() {
         let reply = o.respond_fields(&req, |n, v| fields.push((n.to_owned(), v.to_vec())));
         assert_eq!(reply.status, bytes_reply.status, "{raw}");
         assert_eq!(reply.status, parsed.status(), "{raw}");
+        let want: Vec<_> = parsed
+            .fields()
+            .map(|(n, v)| (n.to_owned(), v.to_vec()))
+            .collect();
+        assert_eq!(fields, want, "{raw}");
+    }
+}
+
+// ---------------- precompressed siblings ----------------
+
+const JS: &[u8] = b"console.log('the original, uncompressed');\n";
+const JS_BR: &[u8] = b"BR:compressed-js";
+const JS_GZ: &[u8] = b"GZ:compressed-js-0123456789";
+const CSS_GZ: &[u8] = b"GZ:compressed-css";
+
+/// A root with precompressed siblings next to some files (their contents stand in for real
+/// compressed bytes: the origin never decodes them).
+fn precompressed_dir() -> TempDir {
+    let dir = TempDir::new();
+    dir.write("app.js", JS);
+    dir.write("app.js.br", JS_BR);
+    dir.write("app.js.gz", JS_GZ);
+    dir.write("only-gz.css", b"body { color: red }\n");
+    dir.write("only-gz.css.gz", CSS_GZ);
+    dir.write("plain.txt", b"no siblings\n");
+    dir.write("index.html", b"<h1>home</h1>\n");
+    dir.write("index.html.gz", b"GZ:index");
+    // A directory where a sibling would be is not a sibling.
+    dir.write("dir-sibling.txt", b"original\n");
+    std::fs::create_dir_all(dir.path().join("dir-sibling.txt.br")).unwrap();
+    dir
+}
+
+fn precompressed_origin(dir: &TempDir, codings: Vec<Coding>) -> Origin {
+    Origin::new(
+        Some(dir.path().to_owned()),
+        vec!["index.html".into()],
+        false,
+    )
+    .with_precompressed(codings)
+}
+
+/// GET `target` with `Accept-Encoding: accept` (None: no such field).
+fn get_encoded(o: &Origin, target: &str, accept: Option<&str>) -> (u16, Vec<u8>, Response) {
+    let mut req = Req::get(target);
+    if let Some(a) = accept {
+        req = req.with("Accept-Encoding", a);
+    }
+    check(o.handle(&req), false)
+}
+
+#[test]
+fn precompressed_br_is_chosen_over_gzip_when_both_exist() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    let (_, _, original) = get_encoded(&o, "/app.js", None);
+    let js_type = original.field("content-type").unwrap().to_owned();
+    assert_eq!(js_type, "text/javascript; charset=utf-8");
+    // zstd is preferred but has no sibling; br beats gzip by the server's order.
+    for accept in ["gzip, deflate, br, zstd", "gzip, br", "br;q=1.0, gzip;q=1"] {
+        let (status, body, resp) = get_encoded(&o, "/app.js", Some(accept));
+        assert_eq!((status, &body[..]), (200, JS_BR), "{accept}");
+        assert_eq!(resp.field("content-encoding"), Some("br"), "{accept}");
+        assert_eq!(resp.field("content-type"), Some(&js_type[..]), "{accept}");
+        assert_eq!(resp.field("vary"), Some("Accept-Encoding"), "{accept}");
+        assert_eq!(resp.field("accept-ranges"), Some("bytes"));
+        assert_eq!(resp.content_length, Some(JS_BR.len() as u64));
+    }
+    // The sibling's validators: its own length in the tag, the coding keeping variants apart.
+    let (_, _, br) = get_encoded(&o, "/app.js", Some("br"));
+    let (_, _, gz) = get_encoded(&o, "/app.js", Some("gzip"));
+    let br_tag = br.field("etag").unwrap();
+    let gz_tag = gz.field("etag").unwrap();
+    assert!(br_tag.starts_with(&format!("\"{:x}-", JS_BR.len())) && br_tag.ends_with("-br\""));
+    assert!(gz_tag.starts_with(&format!("\"{:x}-", JS_GZ.len())) && gz_tag.ends_with("-gzip\""));
+    assert_ne!(br_tag, original.field("etag").unwrap());
+    assert!(httpdate::parse_http_date(br.field("last-modified").unwrap()).is_ok());
+    // Client weights decide over the server's order; the server's order breaks ties.
+    let (_, body, resp) = get_encoded(&o, "/app.js", Some("br;q=0.5, gzip;q=0.8"));
+    assert_eq!(
+        (&body[..], resp.field("content-encoding")),
+        (JS_GZ, Some("gzip"))
+    );
+    let gzip_first = precompressed_origin(&dir, vec![Coding::Gzip, Coding::Br]);
+    let (_, body, resp) = get_encoded(&gzip_first, "/app.js", Some("br, gzip"));
+    assert_eq!(
+        (&body[..], resp.field("content-encoding")),
+        (JS_GZ, Some("gzip"))
+    );
+    // Only the configured codings are looked for.
+    let gzip_only = precompressed_origin(&dir, vec![Coding::Gzip]);
+    let (_, body, _) = get_encoded(&gzip_only, "/app.js", Some("br"));
+    assert_eq!(body, JS);
+}
+
+#[test]
+fn precompressed_falls_back_to_the_next_acceptable_sibling() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    // br is preferred and accepted, but only the .gz exists.
+    let (status, body, resp) = get_encoded(&o, "/only-gz.css", Some("br, gzip"));
+    assert_eq!((status, &body[..]), (200, CSS_GZ));
+    assert_eq!(resp.field("content-encoding"), Some("gzip"));
+    assert_eq!(resp.field("content-type"), Some("text/css; charset=utf-8"));
+    // The client's weights order the fallback too.
+    let (_, body, _) = get_encoded(&o, "/only-gz.css", Some("br;q=0.9, zstd, gzip;q=0.1"));
+    assert_eq!(body, CSS_GZ);
+    // No acceptable sibling: the original, still with Vary.
+    for (target, accept, want) in [
+        ("/only-gz.css", "br", &b"body { color: red }\n"[..]),
+        ("/plain.txt", "gzip, br, zstd", b"no siblings\n"),
+        ("/dir-sibling.txt", "br", b"original\n"),
+    ] {
+        let (status, body, resp) = get_encoded(&o, target, Some(accept));
+        assert_eq!((status, &body[..]), (200, want), "{target}");
+        assert_eq!(resp.field("content-encoding"), None, "{target}");
+        assert_eq!(resp.field("vary"), Some("Accept-Encoding"), "{target}");
+    }
+}
+
+#[test]
+fn precompressed_original_without_accept_encoding_or_with_identity() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    for accept in [None, Some("identity"), Some(""), Some("deflate")] {
+        let (status, body, resp) = get_encoded(&o, "/app.js", accept);
+        assert_eq!((status, &body[..]), (200, JS), "{accept:?}");
+        assert_eq!(resp.field("content-encoding"), None, "{accept:?}");
+        assert_eq!(resp.field("vary"), Some("Accept-Encoding"), "{accept:?}");
+        let etag = resp.field("etag").unwrap();
+        assert!(etag.starts_with(&format!("\"{:x}-", JS.len())) && !etag.ends_with("-br\""));
+    }
+}
+
+#[test]
+fn precompressed_refused_codings_are_not_served() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    for (accept, want, coding) in [
+        ("br;q=0, gzip", JS_GZ, Some("gzip")),
+        ("br;q=0, gzip;q=0", JS, None),
+        ("*;q=0", JS, None),
+        ("gzip;q=0, *", JS_BR, Some("br")),
+        ("br;q=0, gzip;q=0, *", JS, None),
+        ("br;q=nonsense", JS, None),
+    ] {
+        let (status, body, resp) = get_encoded(&o, "/app.js", Some(accept));
+        assert_eq!((status, &body[..]), (200, want), "{accept}");
+        assert_eq!(resp.field("content-encoding"), coding, "{accept}");
+        assert_eq!(resp.field("vary"), Some("Accept-Encoding"), "{accept}");
+    }
+}
+
+#[test]
+fn precompressed_head_gets_the_siblings_length() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    let req = Req::new(Method::Head, "/app.js").with("Accept-Encoding", "gzip");
+    let (status, body, resp) = check(o.handle(&req), true);
+    assert_eq!(
+        (status, body.len(), resp.content_length),
+        (200, 0, Some(JS_GZ.len() as u64))
+    );
+    assert_eq!(resp.field("content-encoding"), Some("gzip"));
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+    let (_, _, get) = get_encoded(&o, "/app.js", Some("gzip"));
+    assert_eq!(resp.fields, get.fields, "HEAD has the fields of GET");
+    let req = Req::new(Method::Head, "/app.js");
+    let resp = o.handle(&req);
+    assert_eq!(resp.content_length, Some(JS.len() as u64));
+}
+
+#[test]
+fn precompressed_ranges_apply_to_the_sibling() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    let gz_len = JS_GZ.len();
+    let (_, _, full) = get_encoded(&o, "/app.js", Some("gzip"));
+    let gz_tag = full.field("etag").unwrap().to_owned();
+    let (_, _, original) = get_encoded(&o, "/app.js", None);
+    let js_tag = original.field("etag").unwrap().to_owned();
+    let ranged = |range: &str, if_range: Option<&str>| {
+        let mut req = Req::get("/app.js")
+            .with("Accept-Encoding", "gzip")
+            .with("Range", range);
+        if let Some(ir) = if_range {
+            req = req.with("If-Range", ir);
+        }
+        check(o.handle(&req), false)
+    };
+    let (status, body, resp) = ranged("bytes=0-3", None);
+    assert_eq!((status, &body[..]), (206, &JS_GZ[..4]));
+    assert_eq!(
+        resp.field("content-range"),
+        Some(&format!("bytes 0-3/{gz_len}")[..])
+    );
+    assert_eq!(resp.field("content-encoding"), Some("gzip"));
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+    assert_eq!(
+        resp.field("content-type"),
+        Some("text/javascript; charset=utf-8")
+    );
+    let (status, body, _) = ranged("bytes=-5", None);
+    assert_eq!((status, &body[..]), (206, &JS_GZ[gz_len - 5..]));
+    // If-Range compares with the sibling's validators.
+    let (status, body, _) = ranged("bytes=0-3", Some(&gz_tag));
+    assert_eq!((status, &body[..]), (206, &JS_GZ[..4]));
+    let (status, body, resp) = ranged("bytes=0-3", Some(&js_tag));
+    assert_eq!((status, &body[..]), (200, JS_GZ));
+    assert_eq!(resp.field("content-encoding"), Some("gzip"));
+    // Past the sibling's end (not the original's): 416 with the sibling's length, no coding
+    // on the error text.
+    let past = format!("bytes={gz_len}-");
+    assert!(gz_len < JS.len());
+    let (status, _, resp) = ranged(&past, None);
+    assert_eq!(status, 416);
+    assert_eq!(
+        resp.field("content-range"),
+        Some(&format!("bytes */{gz_len}")[..])
+    );
+    assert_eq!(resp.field("content-encoding"), None);
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+    // The original, ranged, when the client accepts no coding.
+    let req = Req::get("/app.js").with("Range", "bytes=0-6");
+    let (status, body, resp) = check(o.handle(&req), false);
+    assert_eq!((status, &body[..]), (206, &JS[..7]));
+    assert_eq!(resp.field("content-encoding"), None);
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+}
+
+#[test]
+fn precompressed_not_modified_uses_the_siblings_etag() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    let (_, _, br) = get_encoded(&o, "/app.js", Some("br"));
+    let br_tag = br.field("etag").unwrap().to_owned();
+    let br_lm = br.field("last-modified").unwrap().to_owned();
+    let (_, _, original) = get_encoded(&o, "/app.js", None);
+    let js_tag = original.field("etag").unwrap().to_owned();
+    let conditional = |accept: Option<&str>, inm: &str| {
+        let mut req = Req::get("/app.js").with("If-None-Match", inm);
+        if let Some(a) = accept {
+            req = req.with("Accept-Encoding", a);
+        }
+        check(o.handle(&req), false)
+    };
+    let (status, body, resp) = conditional(Some("br"), &br_tag);
+    assert_eq!((status, body.len()), (304, 0));
+    assert_eq!(resp.field("etag"), Some(&br_tag[..]));
+    assert_eq!(resp.field("last-modified"), Some(&br_lm[..]));
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+    assert_eq!(resp.field("content-encoding"), None);
+    // Another variant's tag does not validate this one.
+    let (status, body, resp) = conditional(Some("br"), &js_tag);
+    assert_eq!((status, &body[..]), (200, JS_BR));
+    assert_eq!(resp.field("etag"), Some(&br_tag[..]));
+    let (status, body, _) = conditional(None, &br_tag);
+    assert_eq!((status, &body[..]), (200, JS));
+    let (status, _, _) = conditional(Some("gzip"), &br_tag);
+    assert_eq!(status, 200);
+    // A cache holding both variants revalidates with both tags.
+    let (status, _, resp) = conditional(None, &format!("{br_tag}, {js_tag}"));
+    assert_eq!(status, 304);
+    assert_eq!(resp.field("etag"), Some(&js_tag[..]));
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+}
+
+#[test]
+fn precompressed_variants_never_share_an_etag() {
+    // Same length and mtime (an archive unpacked in one go): the tags still differ.
+    let dir = TempDir::new();
+    dir.write("same.txt", b"12345678");
+    dir.write("same.txt.gz", b"abcdefgh");
+    dir.write("same.txt.br", b"ABCDEFGH");
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    for name in ["same.txt", "same.txt.gz", "same.txt.br"] {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join(name))
+            .unwrap();
+        f.set_modified(when).unwrap();
+    }
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    let tags: Vec<String> = [None, Some("gzip"), Some("br")]
+        .into_iter()
+        .map(|a| {
+            let (_, _, resp) = get_encoded(&o, "/same.txt", a);
+            resp.field("etag").unwrap().to_owned()
+        })
+        .collect();
+    assert_ne!(tags[0], tags[1]);
+    assert_ne!(tags[0], tags[2]);
+    assert_ne!(tags[1], tags[2]);
+}
+
+#[test]
+fn precompressed_index_files_too() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    let (status, body, resp) = get_encoded(&o, "/", Some("gzip, br"));
+    assert_eq!((status, &body[..]), (200, &b"GZ:index"[..]));
+    assert_eq!(resp.field("content-encoding"), Some("gzip"));
+    assert_eq!(resp.field("content-type"), Some("text/html; charset=utf-8"));
+    assert_eq!(resp.field("vary"), Some("Accept-Encoding"));
+    // Redirects and errors are not file responses: no Vary.
+    std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+    for target in ["/sub", "/sub/", "/missing.js"] {
+        let (status, _, resp) = get_encoded(&o, target, Some("gzip"));
+        assert!(status == 301 || status == 404, "{target}");
+        assert_eq!(resp.field("vary"), None, "{target}");
+        assert_eq!(resp.field("content-encoding"), None, "{target}");
+    }
+}
+
+#[test]
+fn precompressed_sibling_symlink_out_of_the_root_is_ignored() {
+    #[cfg(unix)]
+    {
+        let dir = precompressed_dir();
+        let outside = TempDir::new();
+        outside.write("secret.br", b"secret");
+        dir.write("linked.js", b"linked original");
+        dir.write("linked.js.gz", b"GZ:linked");
+        std::os::unix::fs::symlink(
+            outside.path().join("secret.br"),
+            dir.path().join("linked.js.br"),
+        )
+        .unwrap();
+        // A sibling symlinked inside the root is fine.
+        dir.write("inner.js", b"inner original");
+        std::os::unix::fs::symlink(dir.path().join("app.js.br"), dir.path().join("inner.js.br"))
+            .unwrap();
+        let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+        let (status, body, resp) = get_encoded(&o, "/linked.js", Some("br"));
+        assert_eq!((status, &body[..]), (200, &b"linked original"[..]));
+        assert_eq!(resp.field("content-encoding"), None);
+        let (status, body, resp) = get_encoded(&o, "/linked.js", Some("br, gzip"));
+        assert_eq!((status, &body[..]), (200, &b"GZ:linked"[..]));
+        assert_eq!(resp.field("content-encoding"), Some("gzip"));
+        let (status, body, resp) = get_encoded(&o, "/inner.js", Some("br"));
+        assert_eq!((status, &body[..]), (200, JS_BR));
+        assert_eq!(resp.field("content-encoding"), Some("br"));
+    }
+}
+
+#[test]
+fn precompressed_sibling_asked_for_by_name_is_a_plain_file() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, Coding::ALL.to_vec());
+    for accept in [None, Some("gzip, br")] {
+        let (status, body, resp) = get_encoded(&o, "/app.js.gz", accept);
+        assert_eq!((status, &body[..]), (200, JS_GZ), "{accept:?}");
+        assert_eq!(resp.field("content-encoding"), None, "{accept:?}");
+        assert_eq!(resp.field("content-type"), Some("application/gzip"));
+        let etag = resp.field("etag").unwrap();
+        assert!(!etag.ends_with("-gzip\""), "{etag}");
+    }
+}
+
+#[test]
+fn precompressed_is_off_by_default() {
+    let dir = precompressed_dir();
+    let default = Origin::new(
+        Some(dir.path().to_owned()),
+        vec!["index.html".into()],
+        false,
+    );
+    let empty = precompressed_origin(&dir, vec![]);
+    for o in [&default, &empty] {
+        for target in ["/app.js", "/"] {
+            let (status, body, resp) = get_encoded(o, target, Some("gzip, br, zstd"));
+            assert_eq!(status, 200);
+            assert!(!body.starts_with(b"GZ:") && !body.starts_with(b"BR:"));
+            assert_eq!(resp.field("content-encoding"), None);
+            assert_eq!(resp.field("vary"), None);
+        }
+    }
+    assert!(format!("{default:?}").contains("precompressed: []"));
+}
+
+#[test]
+fn precompressed_through_a_parsed_head() {
+    let dir = precompressed_dir();
+    let o = precompressed_origin(&dir, vec![Coding::Br, Coding::Gzip]);
+    let limits = portico_http1::Limits::default();
+    for (raw, coding, len) in [
+        (
+            "GET /app.js HTTP/1.1\r\nHost: a\r\nAccept-Encoding:  gzip, deflate, br \r\n\r\n",
+            Some(&b"br"[..]),
+            JS_BR.len(),
+        ),
+        (
+            "GET /app.js HTTP/1.1\r\nHost: a\r\naccept-encoding: gzip\r\n\r\n",
+            Some(b"gzip"),
+            JS_GZ.len(),
+        ),
+        ("GET /app.js HTTP/1.1\r\nHost: a\r\n\r\n", None, JS.len()),
+    ] {
+        let mut b = bytes::BytesMut::from(raw.as_bytes());
+        let req = portico_http1::parse_request(&mut b, &limits)
+            .unwrap()
+            .unwrap();
+        let mut head = bytes::BytesMut::new();
+        let reply = o.respond(&req, &mut head);
+        portico_http1::encode::end_head(&mut head);
+        let parsed = portico_http1::parse_response(&mut head, req.method(), &limits)
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply.status, 200, "{raw}");
+        assert_eq!(parsed.field("content-encoding"), coding, "{raw}");
+        assert_eq!(parsed.field("vary"), Some(&b"Accept-Encoding"[..]), "{raw}");
+        assert_eq!(
+            parsed.field("content-length"),
+            Some(len.to_string().as_bytes()),
+            "{raw}"
+        );
+        let mut fields = Vec::new();
+        o.respond_fields(&req, |n, v| fields.push((n.to_owned(), v.to_vec())));
         let want: Vec<_> = parsed
             .fields()
             .map(|(n, v)| (n.to_owned(), v.to_vec()))

@@ -28,6 +28,17 @@ impl Validators {
         }
     }
 
+    /// The validators of a precompressed variant: the coding's token goes into the entity tag
+    /// (`"{len:x}-{mtime_nanos:x}-br"`), so a variant never shares a tag with the original or
+    /// another variant even when lengths and mtimes coincide (files unpacked from one archive).
+    pub fn for_coding(mut self, coding: portico_http1::Coding) -> Self {
+        self.etag.pop();
+        self.etag.push('-');
+        self.etag.push_str(coding.token());
+        self.etag.push('"');
+        self
+    }
+
     /// `Last-Modified` field value.
     pub fn last_modified_value(&self) -> Option<String> {
         self.last_modified.map(httpdate::fmt_http_date)
@@ -151,6 +162,23 @@ mod tests {
         );
         assert_eq!(far.last_modified_value(), None);
         assert_eq!(Validators::new(0, None).etag, "\"0-0\"");
+    }
+
+    #[test]
+    fn a_variant_tag_names_its_coding() {
+        let v = v();
+        let br = v.clone().for_coding(portico_http1::Coding::Br);
+        let gz = v.clone().for_coding(portico_http1::Coding::Gzip);
+        assert_eq!(
+            br.etag,
+            format!("{}-br\"", v.etag.strip_suffix('"').unwrap())
+        );
+        assert!(gz.etag.ends_with("-gzip\"") && gz.etag.starts_with('"'));
+        assert_ne!(br.etag, v.etag);
+        assert_eq!(br.last_modified, v.last_modified);
+        assert!(br.not_modified(Some(br.etag.as_bytes()), None));
+        assert!(!br.not_modified(Some(v.etag.as_bytes()), None));
+        assert!(br.if_range_matches(br.etag.as_bytes()));
     }
 
     #[test]
