@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use crate::model::{
-    AccessLogFormat, Action, Balance, Config, HeaderRules, HealthCheckKind, HostMatch,
-    ListenerLimits, Matcher, PathMatch, ProxyAction, RateLimitKey, RetryPolicy, Route,
+    AccessLogFormat, Action, Balance, Coding, Compression, Config, HeaderRules, HealthCheckKind,
+    HostMatch, ListenerLimits, Matcher, PathMatch, ProxyAction, RateLimitKey, RetryPolicy, Route,
     StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
@@ -397,7 +397,34 @@ fn route_extras(route: &Route) -> Vec<String> {
             l.rate, l.burst, l.max_keys
         ));
     }
+    if let Some(c) = &route.compression {
+        out.push(compression_summary(c));
+    }
+    if let Action::Static(s) = &route.action {
+        if !s.precompressed.is_empty() {
+            let names: Vec<&str> = s.precompressed.iter().map(|c| c.token()).collect();
+            out.push(format!("precompressed siblings: {}", names.join(", ")));
+        }
+    }
     out
+}
+
+fn compression_summary(c: &Compression) -> String {
+    let levels: Vec<String> = c
+        .algorithms
+        .iter()
+        .map(|a| match a {
+            Coding::Zstd => format!("zstd {}", c.zstd_level),
+            Coding::Br => format!("br {}", c.brotli_level),
+            Coding::Gzip => format!("gzip {}", c.gzip_level),
+        })
+        .collect();
+    format!(
+        "compression: {} (in this order), responses of {} from {} bytes or of unknown length",
+        levels.join(", "),
+        c.types.join(", "),
+        c.min_length
+    )
 }
 
 fn retry_summary(r: &RetryPolicy) -> String {

@@ -1,5 +1,6 @@
 //! The validated, typed configuration the runtime reads; never re-parsed at runtime.
 
+pub use portico_http1::Coding;
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -245,6 +246,78 @@ pub struct Route {
     pub response_headers: HeaderRules,
     /// Requests per key (`[listeners.routes.rate_limit]`); None = unlimited.
     pub rate_limit: Option<RateLimit>,
+    /// Response compression: the route's own `compression` table, else its listener's; None =
+    /// off (the default, and `enabled = false`).
+    pub compression: Option<Compression>,
+}
+
+/// Response compression (`[listeners.compression]`, `[listeners.routes.compression]`): a
+/// response whose type is listed and whose length is unknown or at least `min_length` is
+/// compressed with the coding the client accepts, preferring the earlier in `algorithms`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compression {
+    /// The codings offered, in the server's order of preference (default zstd, br, gzip).
+    pub algorithms: Vec<Coding>,
+    /// Responses announcing a shorter `Content-Length` are sent as they are (default 256).
+    pub min_length: u64,
+    /// Media types compressed: `type/subtype` or `type/*`, lowercased (default
+    /// [`DEFAULT_COMPRESSION_TYPES`]).
+    pub types: Vec<String>,
+    /// gzip level 1-9 (default 6, zlib's own default).
+    pub gzip_level: u32,
+    /// brotli quality 0-11 (default 4: 11 is for files compressed once, far too slow per request).
+    pub brotli_level: u32,
+    /// zstd level 1-19 (default 3, zstd's own default).
+    pub zstd_level: i32,
+}
+
+/// The media types compressed when `types` is not set: text, and the structured and script
+/// types that are text underneath (not images, video, archives or fonts already compressed).
+pub const DEFAULT_COMPRESSION_TYPES: [&str; 13] = [
+    "text/*",
+    "application/javascript",
+    "application/json",
+    "application/ld+json",
+    "application/manifest+json",
+    "application/xml",
+    "application/xhtml+xml",
+    "application/atom+xml",
+    "application/rss+xml",
+    "application/wasm",
+    "image/svg+xml",
+    "font/ttf",
+    "font/otf",
+];
+
+impl Compression {
+    /// The documented defaults.
+    pub fn defaults() -> Compression {
+        Compression {
+            algorithms: Coding::ALL.to_vec(),
+            min_length: 256,
+            types: DEFAULT_COMPRESSION_TYPES.map(String::from).to_vec(),
+            gzip_level: 6,
+            brotli_level: 4,
+            zstd_level: 3,
+        }
+    }
+
+    /// Whether a response of media type `mime` (a `Content-Type` value; parameters and case
+    /// ignored) is compressed.
+    pub fn compresses_type(&self, mime: &[u8]) -> bool {
+        let essence = mime
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        self.types.iter().any(|t| match t.strip_suffix('*') {
+            Some(prefix) => {
+                essence.len() > prefix.len()
+                    && essence[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+            }
+            None => essence.eq_ignore_ascii_case(t.as_bytes()),
+        })
+    }
 }
 
 /// A token bucket per key, shared by every worker: `burst` tokens at most, `rate` new tokens per
@@ -432,6 +505,9 @@ pub struct StaticAction {
     pub root: Option<PathBuf>,
     /// Index file names tried for directories (default ["index.html"]).
     pub index: Vec<String>,
+    /// Precompressed siblings (`app.js.br`) served to clients that accept their coding, in this
+    /// order of preference (default none).
+    pub precompressed: Vec<Coding>,
 }
 
 /// Header rewrite rules, applied in order: remove, then set (replace), then add (append).
@@ -706,6 +782,7 @@ impl Default for StaticAction {
         StaticAction {
             root: None,
             index: vec!["index.html".to_string()],
+            precompressed: Vec::new(),
         }
     }
 }

@@ -45,6 +45,20 @@ pub(crate) struct RawListener {
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
     pub http2: Option<RawHttp2>,
     pub shed: Option<RawShed>,
+    pub compression: Option<RawCompression>,
+}
+
+/// `[listeners.compression]` and `[listeners.routes.compression]`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a compression table")]
+pub(crate) struct RawCompression {
+    pub enabled: Option<Spanned<bool>>,
+    pub algorithms: Option<Spanned<StrList>>,
+    pub min_length: Option<Spanned<Scalar>>,
+    pub types: Option<Spanned<StrList>>,
+    pub gzip_level: Option<Spanned<Int>>,
+    pub brotli_level: Option<Spanned<Int>>,
+    pub zstd_level: Option<Spanned<Int>>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -144,6 +158,7 @@ pub(crate) struct RawRoute {
     pub preserve_host: Option<Spanned<bool>>,
     // static / origin options
     pub index: Option<Spanned<StrList>>,
+    pub precompressed: Option<Spanned<StrList>>,
     // redirect options
     pub redirect_status: Option<Spanned<Int>>,
     // header rules
@@ -152,6 +167,7 @@ pub(crate) struct RawRoute {
     // resilience
     pub retry: Option<RawRetry>,
     pub rate_limit: Option<RawRateLimit>,
+    pub compression: Option<RawCompression>,
 }
 
 /// `[listeners.routes.rate_limit]`: a token bucket per client IP, header value or cookie value.

@@ -77,6 +77,10 @@ pub(super) fn listeners(
         let tls = l.tls.as_ref().and_then(|t| tls(ctx, &sub(&key, "tls"), t));
         let shed = l.shed.as_ref().map(|s| shed(ctx, &sub(&key, "shed"), s));
         let http2 = http2(ctx, &sub(&key, "http2"), l.http2.as_ref());
+        let compression = l
+            .compression
+            .as_ref()
+            .and_then(|c| compression(ctx, &sub(&key, "compression"), c, None));
         let routes = match &l.routes {
             None => {
                 ctx.error(
@@ -99,7 +103,8 @@ pub(super) fn listeners(
                 .iter()
                 .enumerate()
                 .filter_map(|(j, r)| {
-                    route(ctx, &format!("{key}.routes[{j}]"), &name, j, r, upstreams)
+                    let key = format!("{key}.routes[{j}]");
+                    route(ctx, &key, &name, j, r, upstreams, compression.as_ref())
                 })
                 .collect(),
         };

@@ -1,10 +1,12 @@
 //! Raw model -> typed `Config`: every rule, each error with its position and dotted key.
 
+mod compression;
 mod listeners;
 mod routes;
 mod tls;
 mod upstreams;
 
+use compression::*;
 use listeners::*;
 use routes::*;
 use tls::*;
@@ -20,15 +22,15 @@ use toml::Spanned;
 
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
-    AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Config,
-    HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck, Listener,
-    ListenerLimits, Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit, RateLimitKey,
-    RetryOn, RetryPolicy, Route, Server, Shed, StaticAction, StickyCookie, TlsSettings, TlsVersion,
-    UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES, DEFAULT_CHECK_INTERVAL,
-    DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
-    DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,
-    DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE,
+    AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Compression,
+    Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck,
+    Listener, ListenerLimits, Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit,
+    RateLimitKey, RetryOn, RetryPolicy, Route, Server, Shed, StaticAction, StickyCookie,
+    TlsSettings, TlsVersion, UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES,
+    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT,
+    DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE,
     DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL, KX_GROUPS,
 };
 use crate::raw::{

@@ -9,6 +9,7 @@ pub(super) fn route(
     index: usize,
     item: &Spanned<RawRoute>,
     upstreams: &[String],
+    listener_compression: Option<&Compression>,
 ) -> Option<Route> {
     let r = item.get_ref();
     let name = match &r.name {
@@ -44,6 +45,14 @@ pub(super) fn route(
         .as_ref()
         .and_then(|raw| rate_limit(ctx, &sub(key, "rate_limit"), start(item), raw));
     let action = action(ctx, key, start(item), r, &matcher, upstreams)?;
+    // Compression applies to proxied responses (a static route serves precompressed files).
+    let compression = match (&action, &r.compression) {
+        (Action::Proxy(_), Some(c)) => {
+            compression(ctx, &sub(key, "compression"), c, listener_compression)
+        }
+        (Action::Proxy(_), None) => listener_compression.cloned(),
+        _ => None,
+    };
     Some(Route {
         name,
         matcher,
@@ -52,6 +61,7 @@ pub(super) fn route(
         request_headers,
         response_headers,
         rate_limit,
+        compression,
     })
 }
 
@@ -391,9 +401,14 @@ pub(super) fn action(
             if let Some(message) = plain_text_error(root.get_ref(), "static root") {
                 ctx.error(start(root), &sub(key, "static"), message);
             }
+            let precompressed = match &r.precompressed {
+                Some(list) => codings(ctx, &sub(key, "precompressed"), list),
+                None => Vec::new(),
+            };
             Action::Static(StaticAction {
                 root: Some(PathBuf::from(root.get_ref())),
                 index: index(ctx, key, r),
+                precompressed,
             })
         }
         "origin" => {
@@ -418,6 +433,7 @@ pub(super) fn action(
             Action::Origin(StaticAction {
                 root,
                 index: index(ctx, key, r),
+                precompressed: Vec::new(),
             })
         }
         "redirect" => {
@@ -497,6 +513,21 @@ pub(super) fn misplaced_options(
     if kind != "static" && kind != "origin" {
         if let Some(index) = &r.index {
             misplaced.push(("index", start(index), "static and origin routes"));
+        }
+    }
+    if kind != "static" {
+        if let Some(p) = &r.precompressed {
+            misplaced.push(("precompressed", start(p), "static routes"));
+        }
+    }
+    if kind != "proxy" {
+        if let Some(c) = &r.compression {
+            let at = compression_at(c).unwrap_or(route_at);
+            misplaced.push((
+                "compression",
+                at,
+                "proxy routes (static routes serve precompressed files)",
+            ));
         }
     }
     if kind != "redirect" {
