@@ -474,7 +474,10 @@ fn listener_state(
         .routes
         .iter()
         .map(|r| match &r.action {
-            Action::Static(s) => Some(Origin::new(s.root.clone(), s.index.clone(), false)),
+            Action::Static(s) => Some(
+                Origin::new(s.root.clone(), s.index.clone(), false)
+                    .with_precompressed(s.precompressed.clone()),
+            ),
             Action::Origin(s) => Some(Origin::new(s.root.clone(), s.index.clone(), true)),
             _ => None,
         })

@@ -61,6 +61,7 @@ mod tests {
             request_headers: HeaderRules::default(),
             response_headers: HeaderRules::default(),
             rate_limit: None,
+            compression: None,
         }
     }
 

@@ -841,6 +841,28 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             v.load(Relaxed) as f64,
         );
     }
+    let compression = [
+        (
+            "portico_compressed_responses_total",
+            "Responses compressed, by coding.",
+        ),
+        (
+            "portico_compression_bytes_in_total",
+            "Body bytes compressed (as the server sent them), by coding.",
+        ),
+        (
+            "portico_compression_bytes_out_total",
+            "Compressed body bytes sent, by coding.",
+        ),
+    ];
+    for (i, (name, help)) in compression.into_iter().enumerate() {
+        e.family(name, "counter", help);
+        for coding in portico_http1::Coding::ALL {
+            let c = stats.compressed(coding);
+            let v = [&c.responses, &c.bytes_in, &c.bytes_out][i];
+            e.sample(name, &[("coding", coding.token())], v.load(Relaxed) as f64);
+        }
+    }
     e.family(
         "portico_shedding",
         "gauge",

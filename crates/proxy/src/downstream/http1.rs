@@ -233,7 +233,12 @@ impl<'a> Client<'a> for H1Down<'a> {
             }
         };
         let c = &mut *self.c;
-        let cf = headers::client_framing(rh.framing, head.version());
+        // A re-encoded (compressed) body's length is known only at its end.
+        let framing = match rh.framing {
+            Framing::Length(_) if edits.recoded() => Framing::Chunked,
+            f => f,
+        };
+        let cf = headers::client_framing(framing, head.version());
         let keep_alive =
             body_done && cf != ClientFraming::Close && conn::may_keep_alive(c, self.ctx, head);
         c.wbuf.clear();

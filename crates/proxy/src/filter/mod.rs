@@ -12,15 +12,20 @@
 //! Filters edit heads through [`Edits`], which the one encoder of each protocol applies: a filter
 //! never writes protocol bytes.
 
+pub(crate) mod compress;
+
 use crate::error::ProxyError;
 use crate::metrics::RouteStats;
 use crate::resilience::load::WorkerLoad;
 use crate::resilience::ratelimit::RateLimiter;
 use crate::sticky::cookie_value;
 use crate::telemetry::stats::Stats;
+use bytes::Bytes;
+use compress::Encoder;
 use portico_config::{
     Action, HeaderRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup,
 };
+use portico_http1::Coding;
 use portico_http1::RequestHead;
 use portico_upstream::Upstream;
 use std::borrow::Cow;
@@ -40,6 +45,8 @@ pub(crate) enum Filter {
     RequestHeaders,
     /// response: the route's `response_headers` rules.
     ResponseHeaders,
+    /// response: the route's `compression` (the head's fields, and an encoder for the body).
+    Compress,
     /// response: `Set-Cookie` naming the server that answered, for a group with `sticky_cookie`
     /// (the cookie's other half, preferring that server, is part of the server pick).
     StickyCookie,
@@ -101,6 +108,9 @@ impl Filters {
             if sticky_reachable(groups, p.upstream) {
                 list.push(Filter::StickyCookie);
             }
+            if route.compression.is_some() {
+                list.push(Filter::Compress);
+            }
         }
         list.push(Filter::RouteMetrics);
         Filters { list }
@@ -128,16 +138,21 @@ impl Filters {
         }
     }
 
-    /// The response phase: edits of the final head sent to the client, which `server` of
-    /// `upstream` sent.
-    pub(crate) fn response<'r>(
+    /// The response phase: edits of the final head `resp` sent to the client, which `server`
+    /// of `upstream` sent, and the encoder its body goes through when it is compressed.
+    pub(crate) fn response<'r, 'f, F>(
         &self,
         route: &'r Route,
         head: &RequestHead,
+        resp: &compress::Response<'_, F>,
         upstream: &Upstream,
         server: usize,
         edits: &mut Edits<'r>,
-    ) {
+    ) -> Option<Compressing>
+    where
+        F: Iterator<Item = (&'f str, &'f [u8])>,
+    {
+        let mut body = None;
         for f in &self.list {
             match f {
                 Filter::ResponseHeaders => edits.rules(&route.response_headers),
@@ -146,9 +161,11 @@ impl Filters {
                         edits.add("Set-Cookie", Cow::Owned(c));
                     }
                 }
+                Filter::Compress => body = compress(route, head, resp, edits),
                 _ => {}
             }
         }
+        body
     }
 
     /// The log phase: the request ended with `status` (0: the client got no response) after
@@ -160,6 +177,109 @@ impl Filters {
             }
         }
     }
+}
+
+/// The compression filter: the plan for this response, applied to the head's edits.
+fn compress<'r, 'f, F>(
+    route: &'r Route,
+    head: &RequestHead,
+    resp: &compress::Response<'_, F>,
+    edits: &mut Edits<'r>,
+) -> Option<Compressing>
+where
+    F: Iterator<Item = (&'f str, &'f [u8])>,
+{
+    let c = route.compression.as_ref()?;
+    match compress::plan(c, head, resp) {
+        compress::Plan::Leave => None,
+        compress::Plan::Vary => {
+            edits.add("Vary", Cow::Borrowed("Accept-Encoding"));
+            None
+        }
+        compress::Plan::Compress { coding, etag, vary } => match Encoder::new(coding, c) {
+            Ok(enc) => {
+                edits.recode(coding, etag, vary);
+                Some(Compressing {
+                    enc: Some(enc),
+                    coding,
+                    bytes_in: 0,
+                    bytes_out: 0,
+                })
+            }
+            Err(e) => {
+                // The codec could not start (memory): the response goes as it is.
+                tracing::warn!("{} encoder failed to start: {e}", coding.token());
+                None
+            }
+        },
+    }
+}
+
+/// A response body on its way through the compression filter, with what went in and out.
+pub(crate) struct Compressing {
+    enc: Option<Encoder>,
+    coding: Coding,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Compressing {
+    /// Body bytes from the server; the compressed bytes ready to send (`last`: the body ends
+    /// with them, and so does the compressed stream).
+    pub(crate) fn data(&mut self, d: &[u8], last: bool) -> Result<Bytes, ProxyError> {
+        self.bytes_in += d.len() as u64;
+        let out = match self.enc.as_mut() {
+            Some(e) => e.data(d).map_err(codec_error)?,
+            None => {
+                return Err(ProxyError::Internal(
+                    "data after the end of a compressed body",
+                ))
+            }
+        };
+        if !last {
+            self.bytes_out += out.len() as u64;
+            return Ok(out);
+        }
+        let end = self.finish()?;
+        let mut all = bytes::BytesMut::with_capacity(out.len() + end.len());
+        all.extend_from_slice(&out);
+        all.extend_from_slice(&end);
+        self.bytes_out += out.len() as u64;
+        Ok(all.freeze())
+    }
+
+    /// Before a wait for the server: what the codec holds, out now.
+    pub(crate) fn flush(&mut self) -> Result<Bytes, ProxyError> {
+        let out = match self.enc.as_mut() {
+            Some(e) => e.flush().map_err(codec_error)?,
+            None => Bytes::new(),
+        };
+        self.bytes_out += out.len() as u64;
+        Ok(out)
+    }
+
+    /// The end of the body: the end of the compressed stream.
+    pub(crate) fn finish(&mut self) -> Result<Bytes, ProxyError> {
+        let out = match self.enc.take() {
+            Some(e) => e.finish().map_err(codec_error)?,
+            None => Bytes::new(),
+        };
+        self.bytes_out += out.len() as u64;
+        Ok(out)
+    }
+
+    /// Count the response in `stats` (once, at its end).
+    pub(crate) fn record(&self, stats: &Stats) {
+        let c = stats.compressed(self.coding);
+        c.responses.fetch_add(1, Ordering::Relaxed);
+        c.bytes_in.fetch_add(self.bytes_in, Ordering::Relaxed);
+        c.bytes_out.fetch_add(self.bytes_out, Ordering::Relaxed);
+    }
+}
+
+fn codec_error(e: std::io::Error) -> ProxyError {
+    tracing::warn!("compression failed: {e}");
+    ProxyError::Internal("compression failed")
 }
 
 /// Whether the group `gi`, or a fallback it leads to, sets sticky cookies.
@@ -242,7 +362,14 @@ fn take_token(
 pub(crate) struct Edits<'r> {
     rules: Option<&'r HeaderRules>,
     added: Vec<(&'r str, Cow<'r, str>)>,
+    /// The body is sent in another coding (compressed): its length is unknown until its end,
+    /// and the fields that described the server's bytes ([`RECODED_DROPS`]) are dropped.
+    recoded: bool,
 }
+
+/// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
+/// is added back) and its byte ranges.
+const RECODED_DROPS: [&str; 3] = ["content-length", "etag", "accept-ranges"];
 
 impl<'r> Edits<'r> {
     /// The phase's header rules from the configuration (one set per phase).
@@ -258,13 +385,33 @@ impl<'r> Edits<'r> {
         self.added.push((name, value));
     }
 
+    /// The body goes out in `coding`: `Content-Encoding`, `Vary` when `vary`, and the weak
+    /// `etag` replace what described the server's bytes.
+    pub(crate) fn recode(&mut self, coding: Coding, etag: Option<String>, vary: bool) {
+        self.recoded = true;
+        self.add("Content-Encoding", Cow::Borrowed(coding.token()));
+        if vary {
+            self.add("Vary", Cow::Borrowed("Accept-Encoding"));
+        }
+        if let Some(etag) = etag {
+            self.add("ETag", Cow::Owned(etag));
+        }
+    }
+
+    /// The body is re-encoded: its length is unknown when the head goes out.
+    #[inline]
+    pub(crate) fn recoded(&self) -> bool {
+        self.recoded
+    }
+
     /// Whether the message's own field `name` is dropped (removed or replaced).
     #[inline]
     pub(crate) fn drops(&self, name: &str) -> bool {
+        let recoded = || RECODED_DROPS.iter().any(|n| n.eq_ignore_ascii_case(name));
         self.rules.is_some_and(|r| {
             r.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
                 || r.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
-        })
+        }) || (self.recoded && recoded())
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
@@ -276,10 +423,12 @@ impl<'r> Edits<'r> {
 
     /// The names of the message's own fields that are dropped.
     pub(crate) fn dropped(&self) -> impl Iterator<Item = &str> + '_ {
-        self.rules.into_iter().flat_map(|r| {
+        let rules = self.rules.into_iter().flat_map(|r| {
             let set = r.set.iter().map(|(n, _)| n.as_str());
             r.remove.iter().map(String::as_str).chain(set)
-        })
+        });
+        let recoded = RECODED_DROPS.iter().copied().filter(|_| self.recoded);
+        rules.chain(recoded)
     }
 
     /// The fields to append: every `set`, every `add`, then what other filters added.
@@ -295,7 +444,7 @@ impl<'r> Edits<'r> {
     /// No filter edits.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.rules.is_none() && self.added.is_empty()
+        self.rules.is_none() && self.added.is_empty() && !self.recoded
     }
 }
 

@@ -7,8 +7,8 @@ mod exchange_h2;
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
-use crate::filter::Edits;
-use crate::flow::attempt::{Exchanged, Proxied, UpResponse};
+use crate::filter::{compress, Compressing, Edits};
+use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
 use crate::metrics::RouteStats;
 use crate::resilience::retry::Retry;
 use crate::resilience::RouteResilience;
@@ -286,8 +286,7 @@ async fn attempt<'a, D: Client<'a>>(
     }
     let idle = t.group().idle_timeout;
     let mut edits = Edits::default();
-    px.filters
-        .response(route, head, t.upstream, t.server(), &mut edits);
+    let mut z = response_filters(px, head, &resp, &t, &mut edits);
     let via = p.via;
     match resp {
         UpResponse::H1 { mut up, head: rh } => {
@@ -319,9 +318,10 @@ async fn attempt<'a, D: Client<'a>>(
                                 idle,
                                 eof: false,
                             };
-                            relay(&mut body, &mut sent.out).await
+                            relay(&mut body, &mut sent.out, &mut z).await
                         }
                     };
+                    record(&z, shared);
                     if r.is_ok() {
                         // The upstream exchange is complete: free the connection and the
                         // server's active slot before the last client write, so neither waits
@@ -358,8 +358,12 @@ async fn attempt<'a, D: Client<'a>>(
                     Ok(mut sent) => {
                         let r = match sent.end {
                             true => Ok(()),
-                            false => relay(&mut UpBody::h2(&mut body, idle), &mut sent.out).await,
+                            false => {
+                                let mut body = UpBody::h2(&mut body, idle);
+                                relay(&mut body, &mut sent.out, &mut z).await
+                            }
                         };
+                        record(&z, shared);
                         // The exchange is over: free the stream slot and the server's active
                         // slot before the last client write.
                         drop(lease);
@@ -376,7 +380,7 @@ async fn attempt<'a, D: Client<'a>>(
                 Err(f) => return Some(head_failed(down, head, f, status, addr, body_done).await),
             };
             // Boxed: only HTTP/2 clients stream both ways at once.
-            let both = relay_with_upload(down, sent, body, send, upload, idle, status, addr);
+            let both = relay_with_upload(down, sent, body, send, upload, idle, status, addr, z);
             let o = Box::pin(both).await;
             drop(lease);
             drop(t);
@@ -397,6 +401,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
     idle: Duration,
     status: u16,
     addr: SocketAddr,
+    mut z: Option<Compressing>,
 ) -> Outcome {
     let Sent { mut out, end, .. } = sent;
     let mut upload_done = false;
@@ -404,7 +409,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
         let relay = async {
             match end {
                 true => Ok(()),
-                false => relay(&mut UpBody::h2(&mut body, idle), &mut out).await,
+                false => relay(&mut UpBody::h2(&mut body, idle), &mut out, &mut z).await,
             }
         };
         tokio::pin!(relay);
@@ -423,6 +428,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
     if !upload_done {
         send.send_reset(h2::Reason::CANCEL);
     }
+    record(&z, down.env().shared);
     let sent = Sent {
         out,
         keep_alive: true,
@@ -643,22 +649,108 @@ impl<'u> UpBody<'u> {
     }
 }
 
+/// The response filters for the server's final head `resp`: the head's edits, and the
+/// compression its body goes through, if any.
+fn response_filters<'r>(
+    px: &Proxied<'r>,
+    head: &RequestHead,
+    resp: &UpResponse,
+    t: &Picked<'_>,
+    edits: &mut Edits<'r>,
+) -> Option<Compressing> {
+    let (filters, route) = (px.filters, px.route);
+    let (upstream, server) = (t.upstream, t.server());
+    match resp {
+        UpResponse::H1 { head: rh, .. } => {
+            let fields = || rh.fields();
+            let (body, length) = match rh.framing {
+                Framing::None => (false, None),
+                Framing::Length(n) => (true, Some(n)),
+                Framing::Chunked | Framing::Close => (true, None),
+            };
+            let status = rh.status();
+            let view = compress::Response {
+                status,
+                body,
+                length,
+                fields: &fields,
+            };
+            filters.response(route, head, &view, upstream, server, edits)
+        }
+        UpResponse::H2 { parts, body, .. } => {
+            let fields = || {
+                parts
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            };
+            let length = parts.headers.get(http::header::CONTENT_LENGTH);
+            let length = length.and_then(|v| v.to_str().ok()?.parse().ok());
+            let view = compress::Response {
+                status: parts.status.as_u16(),
+                body: !body.is_end_stream(),
+                length,
+                fields: &fields,
+            };
+            filters.response(route, head, &view, upstream, server, edits)
+        }
+    }
+}
+
+/// Count a compressed response.
+fn record(z: &Option<Compressing>, shared: &crate::state::Shared) {
+    if let Some(z) = z {
+        z.record(&shared.stats);
+    }
+}
+
 /// Relay a response body to the client until the server's side is complete (an HTTP/1.1
-/// client's last bytes stay buffered for the final [`Sink::flush`]). An HTTP/2 client's reset ends it
-/// while it waits for the server.
-async fn relay<O: Sink>(up: &mut UpBody<'_>, out: &mut O) -> Result<(), ProxyError> {
+/// client's last bytes stay buffered for the final [`Sink::flush`]), through the compression
+/// filter `z` when there is one. An HTTP/2 client's reset ends it while it waits for the
+/// server.
+async fn relay<O: Sink>(
+    up: &mut UpBody<'_>,
+    out: &mut O,
+    z: &mut Option<Compressing>,
+) -> Result<(), ProxyError> {
     loop {
         match up.step()? {
             Step::Data(d, last) => {
                 let n = d.len();
-                out.data(d, last).await?;
+                match z {
+                    None => out.data(d, last).await?,
+                    Some(z) => {
+                        let c = z.data(&d, last)?;
+                        if !c.is_empty() {
+                            out.data(c, false).await?;
+                        }
+                    }
+                }
                 up.release(n);
                 if last {
-                    return Ok(());
+                    // A sized body's end; re-encoded, it is chunked or a stream's END_STREAM.
+                    return match z {
+                        None => Ok(()),
+                        Some(_) => out.end(Trailers::Raw(Bytes::new())),
+                    };
                 }
             }
-            Step::End(trailers) => return out.end(trailers),
+            Step::End(trailers) => {
+                if let Some(z) = z {
+                    let c = z.finish()?;
+                    if !c.is_empty() {
+                        out.data(c, false).await?;
+                    }
+                }
+                return out.end(trailers);
+            }
             Step::Wait => {
+                if let Some(z) = z {
+                    let c = z.flush()?;
+                    if !c.is_empty() {
+                        out.data(c, false).await?;
+                    }
+                }
                 out.flush().await?;
                 tokio::select! {
                     r = up.fill() => r?,

@@ -181,7 +181,29 @@ pub struct Stats {
     pub h2_reset_floods: AtomicU64,
     /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for an unsolicited PING ACK flood.
     pub h2_ping_floods: AtomicU64,
+    /// Compressed responses, and their body bytes before and after, per coding (in the
+    /// order of `Coding::ALL`).
+    pub compression: [Compressed; 3],
     terminations: Vec<AtomicU64>,
+}
+
+/// The compressed responses of one coding.
+#[derive(Debug, Default)]
+pub struct Compressed {
+    pub responses: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+}
+
+impl Stats {
+    /// The counters of `coding`.
+    pub fn compressed(&self, coding: portico_http1::Coding) -> &Compressed {
+        let i = portico_http1::Coding::ALL
+            .iter()
+            .position(|c| *c == coding)
+            .unwrap_or(0);
+        &self.compression[i]
+    }
 }
 
 impl Default for Stats {
@@ -210,6 +232,7 @@ impl Default for Stats {
             h2_connections: AtomicU64::new(0),
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
+            compression: Default::default(),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),

@@ -3,6 +3,7 @@
 mod common;
 
 mod admin;
+mod compression;
 mod dashboard;
 mod early_hints;
 mod h2;
