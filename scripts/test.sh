@@ -46,6 +46,8 @@ stage "h2spec (HTTP/2 conformance on a TLS and an h2c listener)"
 scripts/h2spec.sh
 stage "interop: WebSocket through Portico to HAProxy as an HTTP/2 server (extended CONNECT)"
 scripts/interop-ws-h2.sh "$PORTICO_BIN"
+stage "interop: compressed responses read by curl --compressed and Python's gzip, brotli, zstandard"
+scripts/interop-compression.sh "$PORTICO_BIN"
 stage "slow clients: slowhttptest slowloris, slow body, slow read"
 scripts/slowloris.sh
 stage "fuzz smoke run (every cargo-fuzz target, seed corpora, nightly)"
