@@ -274,6 +274,7 @@ fn matcher(m: &Matcher) -> String {
         None => {}
         Some(PathMatch::Exact(p)) => parts.push(format!("path = {p}")),
         Some(PathMatch::Prefix(p)) => parts.push(format!("path {p}**")),
+        Some(PathMatch::Regex(re)) => parts.push(format!("path ~ {}", re.0.as_str())),
     }
     if !m.methods.is_empty() {
         parts.push(format!("methods {}", m.methods.join("|")));
@@ -314,6 +315,9 @@ fn action(route: &Route, config: &Config) -> String {
                 (&p.rewrite_prefix, &route.matcher.path)
             {
                 options.push(format!("rewrite {from} -> {to}"));
+            }
+            if let Some(t) = &p.rewrite {
+                options.push(format!("rewrite to {t}"));
             }
             if !p.forwarded_headers {
                 options.push("no X-Forwarded-*".to_string());

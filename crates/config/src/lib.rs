@@ -4,6 +4,7 @@ mod error;
 mod explain;
 pub mod model;
 mod raw;
+pub mod template;
 pub mod units;
 mod validate;
 

@@ -1,5 +1,6 @@
 //! The validated, typed configuration the runtime reads; never re-parsed at runtime.
 
+pub use crate::template::{Captures, Template, Var, Vars};
 pub use portico_http1::Coding;
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -372,6 +373,10 @@ pub enum HostMatch {
 pub enum PathMatch {
     /// The whole path (query excluded) equals this string, byte for byte.
     Exact(String),
+    /// `path_regex`: the path (query excluded, as received) matches this regular expression
+    /// somewhere (anchor it with `^` and `$` to match the whole path); its capture groups are
+    /// variables of the route's templates.
+    Regex(PathRegex),
     /// `path = "/api/**"` in TOML is `Prefix("/api/")`; `path = "/**"` is `Prefix("/")`.
     /// Matches a path that starts with the string, and also the path equal to the string without
     /// its trailing '/': `Prefix("/api/")` matches "/api", "/api/" and "/api/v1/x" but not "/apix".
@@ -385,7 +390,8 @@ pub enum Action {
     Static(StaticAction),
     Redirect {
         status: u16,
-        location: String,
+        /// `Location`, with variables (`https://{host}{uri}`).
+        location: Template,
     },
     Fixed {
         status: u16,
@@ -409,6 +415,9 @@ pub struct ProxyAction {
     /// `path = "/api/**"` is `Some("/v2/")`: "/api/users" is sent as "/v2/users", the bare "/api"
     /// as "/v2". See [`Route::upstream_target`].
     pub rewrite_prefix: Option<String>,
+    /// `rewrite`: the whole target sent upstream, with variables (`/v2/{1}`); the client's query
+    /// is appended when the result has none. Exclusive with `strip_prefix` and `rewrite_prefix`.
+    pub rewrite: Option<Template>,
     /// Add X-Forwarded-For/-Proto/-Host and X-Real-IP (default true).
     pub forwarded_headers: bool,
     /// Add `Via: 1.1 portico` (default false).
@@ -515,8 +524,9 @@ pub struct StaticAction {
 pub struct HeaderRules {
     /// Lowercased names.
     pub remove: Vec<String>,
-    pub set: Vec<(String, String)>,
-    pub add: Vec<(String, String)>,
+    /// Values may have variables (`{remote_addr}`, `{header.NAME}`).
+    pub set: Vec<(String, Template)>,
+    pub add: Vec<(String, Template)>,
 }
 
 impl HeaderRules {
@@ -803,12 +813,25 @@ impl HostMatch {
     }
 }
 
+/// A compiled `path_regex` (compared by its source text).
+#[derive(Debug, Clone)]
+pub struct PathRegex(pub regex::Regex);
+
+impl PartialEq for PathRegex {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for PathRegex {}
+
 impl PathMatch {
     /// Whether the request path (the target up to `?`, as received: no decoding, no
     /// normalization) matches. `Prefix("/api/")` matches "/api", "/api/", "/api/x", not "/apix".
     pub fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Exact(exact) => path == exact,
+            PathMatch::Regex(re) => re.0.is_match(path),
             PathMatch::Prefix(prefix) => {
                 path.starts_with(prefix.as_str())
                     || prefix
@@ -831,7 +854,10 @@ impl Route {
             Some(at) => target.split_at(at),
             None => (target, ""),
         };
-        let rewritten = if let Some(strip) = &proxy.strip_prefix {
+        let rewritten = if proxy.rewrite.is_some() {
+            // Rendered with the request's variables by the proxy, not here.
+            return Cow::Borrowed(target);
+        } else if let Some(strip) = &proxy.strip_prefix {
             match path.strip_prefix(strip.as_str()) {
                 Some("") => "/".to_string(),
                 Some(rest) if rest.starts_with('/') => rest.to_string(),

@@ -140,6 +140,7 @@ pub(crate) struct RawRoute {
     // matchers
     pub host: Option<Spanned<StrList>>,
     pub path: Option<Spanned<String>>,
+    pub path_regex: Option<Spanned<String>>,
     pub methods: Option<Spanned<StrList>>,
     pub headers: Option<Entries<Spanned<String>>>,
     pub max_body: Option<Spanned<Scalar>>,
@@ -153,6 +154,7 @@ pub(crate) struct RawRoute {
     // proxy options
     pub strip_prefix: Option<Spanned<StrOrBool>>,
     pub rewrite_prefix: Option<Spanned<String>>,
+    pub rewrite: Option<Spanned<String>>,
     pub forwarded_headers: Option<Spanned<bool>>,
     pub via: Option<Spanned<bool>>,
     pub preserve_host: Option<Spanned<bool>>,

@@ -25,6 +25,7 @@ mod stream;
 mod telemetry;
 mod tunnel;
 mod upstream;
+mod vars;
 mod websocket;
 
 pub use control::{ConfigSource, Control, ReloadError, ReloadSummary, StartError};

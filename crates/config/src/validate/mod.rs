@@ -24,7 +24,7 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Compression,
     Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck,
-    Listener, ListenerLimits, Matcher, PassiveCheck, PathMatch, ProxyAction, RateLimit,
+    Listener, ListenerLimits, Matcher, PassiveCheck, PathMatch, PathRegex, ProxyAction, RateLimit,
     RateLimitKey, RetryOn, RetryPolicy, Route, Server, Shed, StaticAction, StickyCookie,
     TlsSettings, TlsVersion, UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES,
     DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
@@ -39,6 +39,7 @@ use crate::raw::{
     RawShed, RawSticky, RawTls, RawUpstream, RawUpstreamTls, Scalar, ServerSpec, StrList,
     StrOrBool,
 };
+use crate::template::{Captures, Template};
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};
 
 /// Most worker threads accepted.

@@ -30,15 +30,19 @@ pub(super) fn route(
         0,
         u64::MAX,
     );
+    let names = capture_names(&matcher);
+    let captures = names.as_deref().map(|names| Captures { names });
     let request_headers = header_rules(
         ctx,
         &sub(key, "request_headers"),
         r.request_headers.as_ref(),
+        captures,
     );
     let response_headers = header_rules(
         ctx,
         &sub(key, "response_headers"),
         r.response_headers.as_ref(),
+        captures,
     );
     let rate_limit = r
         .rate_limit
@@ -189,6 +193,21 @@ pub(super) fn matcher(ctx: &mut Ctx<'_>, key: &str, r: &RawRoute) -> Matcher {
             Err(message) => ctx.error(start(path), &sub(key, "path"), message),
         }
     }
+    if let Some(re) = &r.path_regex {
+        let rkey = sub(key, "path_regex");
+        if r.path.is_some() {
+            ctx.error(
+                start(re),
+                &rkey,
+                "a route matches its path with `path` or `path_regex`, not both",
+            );
+        } else {
+            match path_regex(re.get_ref()) {
+                Ok(p) => m.path = Some(p),
+                Err(message) => ctx.error(start(re), &rkey, message),
+            }
+        }
+    }
     if let Some(methods) = &r.methods {
         let mkey = sub(key, "methods");
         let items = methods.get_ref().items(start(methods));
@@ -286,6 +305,63 @@ pub(crate) fn host_match(text: &str) -> Result<HostMatch, String> {
     } else {
         HostMatch::Exact(name.to_string())
     })
+}
+
+/// Most bytes a compiled `path_regex` may take (the regex crate's size limit): a pattern that
+/// needs more is refused at load rather than slowing every request.
+const PATH_REGEX_SIZE: usize = 1 << 20;
+
+/// A `path_regex`: compiled once; its group names must not shadow a variable's.
+pub(crate) fn path_regex(text: &str) -> Result<PathMatch, String> {
+    let re = regex::RegexBuilder::new(text)
+        .size_limit(PATH_REGEX_SIZE)
+        .build()
+        .map_err(|e| format!("invalid path_regex {text:?}: {e}"))?;
+    const RESERVED: [&str; 8] = [
+        "scheme",
+        "host",
+        "port",
+        "path",
+        "query",
+        "uri",
+        "remote_addr",
+        "method",
+    ];
+    if let Some(n) = re.capture_names().flatten().find(|n| RESERVED.contains(n)) {
+        return Err(format!(
+            "capture group name {n:?} is a variable's name ({{{n}}}); name the group otherwise"
+        ));
+    }
+    Ok(PathMatch::Regex(PathRegex(re)))
+}
+
+/// The capture groups of a route's `path_regex` (None without one), for its templates.
+pub(super) fn capture_names(m: &Matcher) -> Option<Vec<Option<String>>> {
+    match &m.path {
+        Some(PathMatch::Regex(re)) => Some(
+            re.0.capture_names()
+                .map(|n| n.map(str::to_string))
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// A value with variables: the error points inside the string, at the variable.
+pub(super) fn template(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    value: &Spanned<String>,
+    captures: Option<Captures<'_>>,
+) -> Option<Template> {
+    match Template::parse(value.get_ref(), captures) {
+        Ok(t) => Some(t),
+        Err((offset, message)) => {
+            // +1: the opening quote.
+            ctx.error(start(value) + 1 + offset, key, message);
+            None
+        }
+    }
 }
 
 /// `"/exact"` or `"/prefix/**"`.
@@ -462,10 +538,10 @@ pub(super) fn action(
                     }
                 }
             };
-            Action::Redirect {
-                status,
-                location: location.get_ref().clone(),
-            }
+            let names = capture_names(matcher);
+            let captures = names.as_deref().map(|names| Captures { names });
+            let location = template(ctx, &sub(key, "redirect"), location, captures)?;
+            Action::Redirect { status, location }
         }
         _ => respond(ctx, &sub(key, "respond"), r.respond.as_ref()?),
     };
@@ -483,6 +559,7 @@ pub(super) fn misplaced_options(
     let proxy_options = [
         ("strip_prefix", r.strip_prefix.as_ref().map(start)),
         ("rewrite_prefix", r.rewrite_prefix.as_ref().map(start)),
+        ("rewrite", r.rewrite.as_ref().map(start)),
         ("forwarded_headers", r.forwarded_headers.as_ref().map(start)),
         ("via", r.via.as_ref().map(start)),
         ("preserve_host", r.preserve_host.as_ref().map(start)),
@@ -670,6 +747,42 @@ pub(super) fn proxy(
             Some(_) => rewrite_prefix = Some(format!("{}/", text.trim_end_matches('/'))),
         }
     }
+    let mut rewrite = None;
+    if let Some(t) = &r.rewrite {
+        let rkey = sub(key, "rewrite");
+        let names = capture_names(matcher);
+        let captures = names.as_deref().map(|names| Captures { names });
+        if let Some(other) = [
+            ("strip_prefix", r.strip_prefix.is_some()),
+            ("rewrite_prefix", r.rewrite_prefix.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(n, set)| set.then_some(n))
+        {
+            ctx.error(
+                start(t),
+                &rkey,
+                format!("rewrite and {other} are mutually exclusive (rewrite sets the whole upstream target)"),
+            );
+        } else if let Some(tpl) = template(ctx, &rkey, t, captures) {
+            let text = t.get_ref();
+            if !text.starts_with(['/', '{']) {
+                ctx.error(
+                    start(t),
+                    &rkey,
+                    format!("rewrite {text:?} must start with '/' or a variable such as {{path}}"),
+                );
+            } else if text.contains('#') || text.chars().any(|c| c.is_control() || c == ' ') {
+                ctx.error(
+                    start(t),
+                    &rkey,
+                    format!("rewrite {text:?} must not contain a fragment, spaces or control characters"),
+                );
+            } else {
+                rewrite = Some(tpl);
+            }
+        }
+    }
     let flag =
         |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
     let retry = r
@@ -680,6 +793,7 @@ pub(super) fn proxy(
         upstream,
         strip_prefix,
         rewrite_prefix,
+        rewrite,
         forwarded_headers: flag(&r.forwarded_headers, true),
         via: flag(&r.via, false),
         preserve_host: flag(&r.preserve_host, true),
@@ -842,6 +956,7 @@ pub(super) fn header_rules(
     ctx: &mut Ctx<'_>,
     key: &str,
     raw: Option<&RawHeaderRules>,
+    captures: Option<Captures<'_>>,
 ) -> HeaderRules {
     let mut rules = HeaderRules::default();
     let Some(raw) = raw else { return rules };
@@ -892,7 +1007,10 @@ pub(super) fn header_rules(
                 ctx.error(start(value), &nkey, message);
                 continue;
             }
-            let pair = (lower, value.get_ref().clone());
+            let Some(value) = template(ctx, &nkey, value, captures) else {
+                continue;
+            };
+            let pair = (lower, value);
             if which == "set" {
                 if rules.set.iter().any(|(n, _)| *n == pair.0) {
                     ctx.error(

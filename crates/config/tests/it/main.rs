@@ -8,3 +8,4 @@ mod overload;
 mod parse;
 mod resilience;
 mod send_timeout;
+mod templates;

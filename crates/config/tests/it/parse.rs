@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use portico_config::{
     explain, parse, AccessLogFormat, Action, Balance, HostMatch, ListenerLimits, PathMatch,
-    DEFAULT_CONFIG, DEFAULT_MAX_BODY_BYTES,
+    Template, DEFAULT_CONFIG, DEFAULT_MAX_BODY_BYTES,
 };
 
 fn route_config(route: &str) -> String {
@@ -180,11 +180,11 @@ idle_timeout = "90s"
     assert!(!p.forwarded_headers && p.via && !p.preserve_host);
     assert_eq!(
         r.request_headers.set,
-        [("x-env".to_string(), "prod".to_string())]
+        [("x-env".to_string(), Template::literal("prod"))]
     );
     assert_eq!(
         r.request_headers.add,
-        [("x-tag".to_string(), "a".to_string())]
+        [("x-tag".to_string(), Template::literal("a"))]
     );
     assert_eq!(r.request_headers.remove, ["x-debug"]);
     assert_eq!(r.response_headers.remove, ["server"]);
@@ -287,7 +287,10 @@ fn actions() {
     let Action::Redirect { status, location } = &config.listeners[0].routes[0].action else {
         panic!()
     };
-    assert_eq!((*status, location.as_str()), (302, "https://example.com/"));
+    assert_eq!(
+        (*status, location.as_literal().unwrap()),
+        (302, "https://example.com/")
+    );
     let config = parse(
         &route_config("redirect = \"https://example.com/\"\nredirect_status = 308"),
         "t",

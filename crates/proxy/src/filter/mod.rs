@@ -23,7 +23,7 @@ use crate::telemetry::stats::Stats;
 use bytes::Bytes;
 use compress::Encoder;
 use portico_config::{
-    Action, HeaderRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup,
+    Action, HeaderRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup, Vars,
 };
 use portico_http1::Coding;
 use portico_http1::RequestHead;
@@ -129,24 +129,25 @@ impl Filters {
         Ok(())
     }
 
-    /// The forward phase: edits of the head sent upstream.
-    pub(crate) fn forward<'r>(&self, route: &'r Route, edits: &mut Edits<'r>) {
+    /// The forward phase: edits of the head sent upstream, for the request `vars` describes.
+    pub(crate) fn forward<'r>(&self, route: &'r Route, vars: &dyn Vars, edits: &mut Edits<'r>) {
         for f in &self.list {
             if let Filter::RequestHeaders = f {
-                edits.rules(&route.request_headers);
+                edits.rules(&route.request_headers, vars);
             }
         }
     }
 
-    /// The response phase: edits of the final head `resp` sent to the client, which `server`
-    /// of `upstream` sent, and the encoder its body goes through when it is compressed.
+    /// The response phase: edits of the final head `resp` sent to the client, which server
+    /// `server.1` of `server.0` sent, and the encoder its body goes through when it is
+    /// compressed.
     pub(crate) fn response<'r, 'f, F>(
         &self,
         route: &'r Route,
         head: &RequestHead,
+        vars: &dyn Vars,
         resp: &compress::Response<'_, F>,
-        upstream: &Upstream,
-        server: usize,
+        server: (&Upstream, usize),
         edits: &mut Edits<'r>,
     ) -> Option<Compressing>
     where
@@ -155,9 +156,9 @@ impl Filters {
         let mut body = None;
         for f in &self.list {
             match f {
-                Filter::ResponseHeaders => edits.rules(&route.response_headers),
+                Filter::ResponseHeaders => edits.rules(&route.response_headers, vars),
                 Filter::StickyCookie => {
-                    if let Some(c) = crate::sticky::set_cookie(upstream, head, server) {
+                    if let Some(c) = crate::sticky::set_cookie(server.0, head, server.1) {
                         edits.add("Set-Cookie", Cow::Owned(c));
                     }
                 }
@@ -361,6 +362,8 @@ fn take_token(
 #[derive(Debug, Default)]
 pub(crate) struct Edits<'r> {
     rules: Option<&'r HeaderRules>,
+    /// The rules' values that have variables, rendered for this request, in the rules' order.
+    rendered: Vec<String>,
     added: Vec<(&'r str, Cow<'r, str>)>,
     /// The body is sent in another coding (compressed): its length is unknown until its end,
     /// and the fields that described the server's bytes ([`RECODED_DROPS`]) are dropped.
@@ -372,11 +375,18 @@ pub(crate) struct Edits<'r> {
 const RECODED_DROPS: [&str; 3] = ["content-length", "etag", "accept-ranges"];
 
 impl<'r> Edits<'r> {
-    /// The phase's header rules from the configuration (one set per phase).
-    pub(crate) fn rules(&mut self, r: &'r HeaderRules) {
+    /// The phase's header rules from the configuration (one set per phase); values with
+    /// variables are rendered for the request `vars` describes.
+    pub(crate) fn rules(&mut self, r: &'r HeaderRules, vars: &dyn Vars) {
         debug_assert!(self.rules.is_none(), "one set of header rules per phase");
-        if !r.is_empty() {
-            self.rules = Some(r);
+        if r.is_empty() {
+            return;
+        }
+        self.rules = Some(r);
+        for (_, t) in r.set.iter().chain(r.add.iter()) {
+            if t.as_literal().is_none() {
+                self.rendered.push(t.render(vars).into_owned());
+            }
         }
     }
 
@@ -437,7 +447,14 @@ impl<'r> Edits<'r> {
             .rules
             .into_iter()
             .flat_map(|r| r.set.iter().chain(r.add.iter()));
-        let rules = rules.map(|(n, v)| (n.as_str(), v.as_bytes()));
+        let mut rendered = self.rendered.iter();
+        let rules = rules.map(move |(n, t)| {
+            let v = match t.as_literal() {
+                Some(v) => v,
+                None => rendered.next().map_or("", String::as_str),
+            };
+            (n.as_str(), v.as_bytes())
+        });
         rules.chain(self.added.iter().map(|(n, v)| (*n, v.as_bytes())))
     }
 
@@ -507,14 +524,25 @@ mod tests {
 
     #[test]
     fn edits_drop_removed_and_replaced_fields_and_append_in_order() {
+        struct Ip;
+        impl Vars for Ip {
+            fn write(&self, v: &portico_config::Var, out: &mut String) {
+                assert_eq!(*v, portico_config::Var::RemoteAddr);
+                out.push_str("10.0.0.1");
+            }
+        }
+        let t = |s: &str| portico_config::Template::parse(s, None).unwrap();
         let rules = HeaderRules {
             remove: vec!["server".into()],
-            set: vec![("x-frame-options".into(), "DENY".into())],
-            add: vec![("x-extra".into(), "1".into())],
+            set: vec![("x-frame-options".into(), t("DENY"))],
+            add: vec![
+                ("x-extra".into(), t("1")),
+                ("x-ip".into(), t("ip={remote_addr}")),
+            ],
         };
         let mut e = Edits::default();
         assert!(e.is_empty() && !e.drops("server"));
-        e.rules(&rules);
+        e.rules(&rules, &Ip);
         e.add("set-cookie", Cow::Owned("SRV=abc".into()));
         assert!(e.drops("Server") && e.drops("X-Frame-Options") && !e.drops("x-extra"));
         assert!(e.sets("x-frame-options") && !e.sets("server"));
@@ -524,6 +552,7 @@ mod tests {
             [
                 ("x-frame-options", b"DENY".as_slice()),
                 ("x-extra", b"1".as_slice()),
+                ("x-ip", b"ip=10.0.0.1".as_slice()),
                 ("set-cookie", b"SRV=abc".as_slice())
             ]
         );

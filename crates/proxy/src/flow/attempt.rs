@@ -207,7 +207,13 @@ impl Picked<'_> {
                 None => Cow::Borrowed(head.path()),
             }
         };
-        let target = route.upstream_target(&origin_form);
+        let target = match &p.rewrite {
+            Some(t) => {
+                let vars = crate::vars::RequestVars::new(head, route, client.tls, client.ip);
+                Cow::Owned(crate::vars::rewritten(t, &vars))
+            }
+            None => route.upstream_target(&origin_form),
+        };
         // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and
         // the one routing used), whatever the Host field says.
         let absolute = absolute_authority(head.target());

@@ -15,6 +15,7 @@ use crate::resilience::RouteResilience;
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::{Phase, Termination};
 use crate::upstream::pool::UpConn;
+use crate::vars::RequestVars;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
@@ -114,7 +115,9 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             let res = ls.resilience.get(idx).unwrap_or(&default);
             let counters = &ls.route_stats[idx];
             let mut forward = Edits::default();
-            filters.forward(route, &mut forward);
+            let who = down.who();
+            let vars = RequestVars::new(head, route, who.tls, who.ip);
+            filters.forward(route, &vars, &mut forward);
             let px = Proxied {
                 route,
                 p,
@@ -134,7 +137,9 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             }
         },
         Action::Redirect { status, location } => {
-            let extra = [("Location", location.as_str())];
+            let who = down.who();
+            let location = location.render(&RequestVars::new(head, route, who.tls, who.ip));
+            let extra = [("Location", &*location)];
             down.local(head, *status, "text/plain", b"", &extra).await
         }
         Action::Fixed {
@@ -286,7 +291,9 @@ async fn attempt<'a, D: Client<'a>>(
     }
     let idle = t.group().idle_timeout;
     let mut edits = Edits::default();
-    let mut z = response_filters(px, head, &resp, &t, &mut edits);
+    let who = down.who();
+    let vars = RequestVars::new(head, route, who.tls, who.ip);
+    let mut z = response_filters(px, head, &vars, &resp, &t, &mut edits);
     let via = p.via;
     match resp {
         UpResponse::H1 { mut up, head: rh } => {
@@ -654,6 +661,7 @@ impl<'u> UpBody<'u> {
 fn response_filters<'r>(
     px: &Proxied<'r>,
     head: &RequestHead,
+    vars: &RequestVars<'_>,
     resp: &UpResponse,
     t: &Picked<'_>,
     edits: &mut Edits<'r>,
@@ -675,7 +683,7 @@ fn response_filters<'r>(
                 length,
                 fields: &fields,
             };
-            filters.response(route, head, &view, upstream, server, edits)
+            filters.response(route, head, vars, &view, (upstream, server), edits)
         }
         UpResponse::H2 { parts, body, .. } => {
             let fields = || {
@@ -692,7 +700,7 @@ fn response_filters<'r>(
                 length,
                 fields: &fields,
             };
-            filters.response(route, head, &view, upstream, server, edits)
+            filters.response(route, head, vars, &view, (upstream, server), edits)
         }
     }
 }

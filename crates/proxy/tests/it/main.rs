@@ -19,3 +19,4 @@ mod send_timeout;
 mod tls;
 mod tls_upstream;
 mod tunnel_log;
+mod variables;

@@ -1,0 +1,90 @@
+//! Values with variables (redirects, header rules, rewrites) and `path_regex`: parsing, positions of errors, `explain`.
+
+use portico_config::{explain, parse, Action, PathMatch, Var};
+
+const UPSTREAM: &str = "[upstreams.a]\nservers = [\"127.0.0.1:1\"]\n";
+
+fn config(route: &str) -> Result<portico_config::Config, String> {
+    let text = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\n{route}\n{UPSTREAM}"
+    );
+    parse(&text, "t.toml").map_err(|e| e.to_string())
+}
+
+fn err(route: &str) -> String {
+    config(route)
+        .err()
+        .unwrap_or_else(|| panic!("expected an error for {route}"))
+}
+
+#[test]
+fn a_redirect_with_variables_is_one_line() {
+    let c = config("redirect = \"https://{host}{uri}\"\nredirect_status = 308").unwrap();
+    let Action::Redirect { status, location } = &c.listeners[0].routes[0].action else {
+        panic!("not a redirect")
+    };
+    assert_eq!(*status, 308);
+    assert_eq!(
+        location.vars().cloned().collect::<Vec<_>>(),
+        [Var::Host, Var::Uri]
+    );
+    assert!(explain(&c).contains("redirect 308 to https://{host}{uri}"));
+}
+
+#[test]
+fn path_regex_captures_feed_rewrites_redirects_and_headers() {
+    let c = config(
+        "path_regex = '^/users/(?P<id>[0-9]+)/(.*)$'\nproxy = \"a\"\nrewrite = \"/v2/users/{id}/{2}\"\n\
+         request_headers = { set = { \"x-user\" = \"{id}\", \"x-client\" = \"{remote_addr}\" } }",
+    )
+    .unwrap();
+    let r = &c.listeners[0].routes[0];
+    let Some(PathMatch::Regex(re)) = &r.matcher.path else {
+        panic!("not a regex")
+    };
+    assert!(re.0.is_match("/users/42/edit") && !re.0.is_match("/users/x/edit"));
+    let Action::Proxy(p) = &r.action else {
+        panic!()
+    };
+    assert!(p.rewrite.as_ref().unwrap().uses_captures());
+    let text = explain(&c);
+    assert!(
+        text.contains("path ~ ^/users/(?P<id>[0-9]+)/(.*)$"),
+        "{text}"
+    );
+    assert!(text.contains("rewrite to /v2/users/{id}/{2}"), "{text}");
+    // Captures in a redirect of a route with a regex.
+    assert!(config("path_regex = '^/old/(.*)'\nredirect = \"/new/{1}\"").is_ok());
+}
+
+#[test]
+fn errors_point_at_the_variable_inside_the_string() {
+    assert_eq!(
+        err("redirect = \"https://{hots}{uri}\""),
+        "t.toml:4:21: listeners[0].routes[0].redirect: unknown variable {hots}: expected scheme, host, port, path, query, uri, remote_addr, method, header.NAME, cookie.NAME, or a path_regex capture ({1}, {name})"
+    );
+    assert_eq!(
+        err("redirect = \"/new/{1}\""),
+        "t.toml:4:18: listeners[0].routes[0].redirect: {1} is a capture, but the route has no path_regex"
+    );
+    assert_eq!(
+        err("path_regex = '^/a/(.*)'\nproxy = \"a\"\nrewrite = \"/b/{2}\""),
+        "t.toml:6:15: listeners[0].routes[0].rewrite: {2}: the path_regex has 1 capture group(s)"
+    );
+    assert_eq!(
+        err("proxy = \"a\"\nresponse_headers = { set = { \"x-a\" = \"{cookie.}\" } }"),
+        "t.toml:5:39: listeners[0].routes[0].response_headers.set.x-a: invalid cookie name \"\" in {cookie.}"
+    );
+    assert!(err("path_regex = '^/(['\nproxy = \"a\"").contains("invalid path_regex"));
+    assert!(err("path_regex = '^/(?P<host>.*)'\nproxy = \"a\"").contains("is a variable's name"));
+    assert!(err("path = \"/a\"\npath_regex = '^/b'\nproxy = \"a\"")
+        .contains("`path` or `path_regex`, not both"));
+    assert!(
+        err("path = \"/a/**\"\nproxy = \"a\"\nstrip_prefix = true\nrewrite = \"/b\"")
+            .contains("rewrite and strip_prefix are mutually exclusive")
+    );
+    assert!(err("proxy = \"a\"\nrewrite = \"b\"").contains("must start with '/' or a variable"));
+    assert!(err("redirect = \"/a\"\nrewrite = \"/b\"")
+        .contains("`rewrite` only applies to proxy routes"));
+    assert!(err("redirect = \"/a}\"").contains("a lone `}`"));
+}
