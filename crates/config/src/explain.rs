@@ -3,9 +3,9 @@
 use std::fmt::Write as _;
 
 use crate::model::{
-    AccessLogFormat, Action, Balance, Coding, Compression, Config, HeaderRules, HealthCheckKind,
-    HostMatch, ListenerLimits, Matcher, PathMatch, ProxyAction, RateLimitKey, RetryPolicy, Route,
-    StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+    AccessLogFormat, Action, Balance, Coding, Compression, Config, Cors, HeaderRules,
+    HealthCheckKind, HostMatch, ListenerLimits, Matcher, OriginPattern, PathMatch, ProxyAction,
+    RateLimitKey, RetryPolicy, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
 
@@ -404,6 +404,9 @@ fn route_extras(route: &Route) -> Vec<String> {
     if let Some(c) = &route.compression {
         out.push(compression_summary(c));
     }
+    if let Some(c) = &route.cors {
+        out.push(cors_summary(c));
+    }
     if let Action::Static(s) = &route.action {
         if !s.precompressed.is_empty() {
             let names: Vec<&str> = s.precompressed.iter().map(|c| c.token()).collect();
@@ -411,6 +414,37 @@ fn route_extras(route: &Route) -> Vec<String> {
         }
     }
     out
+}
+
+fn cors_summary(c: &Cors) -> String {
+    let origins: Vec<String> = c
+        .origins
+        .iter()
+        .map(|o| match o {
+            OriginPattern::Exact(e) => e.clone(),
+            OriginPattern::Subdomains { scheme, suffix } => format!("{scheme}*{suffix}"),
+        })
+        .collect();
+    let origins = match origins.is_empty() {
+        true => "any origin".to_string(),
+        false => origins.join(", "),
+    };
+    let headers = match &c.headers {
+        None => "any".to_string(),
+        Some(h) if h.is_empty() => "safelisted only".to_string(),
+        Some(h) => h.join(", "),
+    };
+    let mut text = format!(
+        "cors: {origins}; methods {}; request headers {headers}",
+        c.methods.join(", ")
+    );
+    if c.credentials {
+        text.push_str("; credentials");
+    }
+    if let Some(age) = c.max_age {
+        text.push_str(&format!("; preflights cached {}", format_duration(age)));
+    }
+    text
 }
 
 fn compression_summary(c: &Compression) -> String {

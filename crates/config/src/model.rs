@@ -250,6 +250,59 @@ pub struct Route {
     /// Response compression: the route's own `compression` table, else its listener's; None =
     /// off (the default, and `enabled = false`).
     pub compression: Option<Compression>,
+    /// The cross-origin policy (`[listeners.routes.cors]`); None = Portico adds no CORS field.
+    pub cors: Option<Cors>,
+}
+
+/// A route's CORS policy (the Fetch standard's CORS protocol): preflights answered here,
+/// `Access-Control-*` fields on the responses to allowed origins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cors {
+    /// Origins allowed; empty = any (`allow_origins = ["*"]`).
+    pub origins: Vec<OriginPattern>,
+    /// Methods a preflight may ask for, uppercased (default GET, HEAD, POST).
+    pub methods: Vec<String>,
+    /// Request fields a preflight may ask for, lowercased; None = any (`["*"]`: the requested
+    /// ones are allowed back).
+    pub headers: Option<Vec<String>>,
+    /// Response fields scripts may read beyond the safelisted ones, as written.
+    pub expose_headers: Vec<String>,
+    /// Cookies and credentials allowed (never with any origin).
+    pub credentials: bool,
+    /// How long a browser may keep a preflight's answer; None = the browser's default.
+    pub max_age: Option<Duration>,
+}
+
+/// An allowed origin: exact (`https://app.example.com`, lowercased, default port omitted) or
+/// every subdomain of a name under one scheme (`https://*.example.com`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginPattern {
+    Exact(String),
+    /// `scheme://` and `.suffix[:port]`: `https://*.example.com` is ("https://", ".example.com").
+    Subdomains {
+        scheme: String,
+        suffix: String,
+    },
+}
+
+impl Cors {
+    /// Whether a request's `Origin` value is allowed.
+    pub fn allows(&self, origin: &[u8]) -> bool {
+        if self.origins.is_empty() {
+            return true;
+        }
+        self.origins.iter().any(|p| match p {
+            OriginPattern::Exact(o) => origin.eq_ignore_ascii_case(o.as_bytes()),
+            OriginPattern::Subdomains { scheme, suffix } => {
+                origin.len() > scheme.len() + suffix.len()
+                    && origin[..scheme.len()].eq_ignore_ascii_case(scheme.as_bytes())
+                    && origin[origin.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+                    && origin[scheme.len()..origin.len() - suffix.len()]
+                        .iter()
+                        .all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            }
+        })
+    }
 }
 
 /// Response compression (`[listeners.compression]`, `[listeners.routes.compression]`): a

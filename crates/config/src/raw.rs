@@ -170,6 +170,19 @@ pub(crate) struct RawRoute {
     pub retry: Option<RawRetry>,
     pub rate_limit: Option<RawRateLimit>,
     pub compression: Option<RawCompression>,
+    pub cors: Option<RawCors>,
+}
+
+/// `[listeners.routes.cors]`: the cross-origin policy of a proxy route.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a cors table")]
+pub(crate) struct RawCors {
+    pub allow_origins: Option<Spanned<StrList>>,
+    pub allow_methods: Option<Spanned<StrList>>,
+    pub allow_headers: Option<Spanned<StrList>>,
+    pub expose_headers: Option<Spanned<StrList>>,
+    pub allow_credentials: Option<Spanned<bool>>,
+    pub max_age: Option<Spanned<Scalar>>,
 }
 
 /// `[listeners.routes.rate_limit]`: a token bucket per client IP, header value or cookie value.

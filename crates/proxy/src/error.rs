@@ -25,6 +25,8 @@ pub enum ProxyError {
     NoRoute,
     #[error("the route's rate limit is exceeded for this client")]
     RateLimited,
+    #[error("CORS preflight refused: {0}")]
+    CorsRefused(&'static str),
     #[error("every upstream server is at its connection limit")]
     NoServer,
     #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
@@ -79,6 +81,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
             ProxyError::RateLimited => 429,
+            ProxyError::CorsRefused(_) => 403,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
@@ -119,6 +122,7 @@ impl ProxyError {
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
             ProxyError::RateLimited => (Side::Client, Cause::Limit),
+            ProxyError::CorsRefused(_) => (Side::Client, Cause::Denied),
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
             ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
@@ -152,6 +156,7 @@ impl ProxyError {
 pub fn error_body(status: u16) -> &'static [u8] {
     match status {
         400 => b"400 Bad Request\n",
+        403 => b"403 Forbidden\n",
         404 => b"404 Not Found: no route matches this request\n",
         408 => b"408 Request Timeout\n",
         413 => b"413 Content Too Large\n",
@@ -178,6 +183,7 @@ mod tests {
         assert_eq!(ProxyError::ConnectTimeout.status(), 504);
         assert_eq!(ProxyError::ResponseTimeout.status(), 504);
         assert_eq!(ProxyError::NoServer.status(), 503);
+        assert_eq!(ProxyError::CorsRefused("origin").status(), 403);
         assert_eq!(ProxyError::Unavailable.status(), 503);
         assert_eq!(ProxyError::QueueFull.status(), 503);
         assert_eq!(ProxyError::QueueTimeout.status(), 503);

@@ -62,6 +62,7 @@ mod tests {
             response_headers: HeaderRules::default(),
             rate_limit: None,
             compression: None,
+            cors: None,
         }
     }
 

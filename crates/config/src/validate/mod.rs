@@ -1,12 +1,14 @@
 //! Raw model -> typed `Config`: every rule, each error with its position and dotted key.
 
 mod compression;
+mod cors;
 mod listeners;
 mod routes;
 mod tls;
 mod upstreams;
 
 use compression::*;
+use cors::*;
 use listeners::*;
 use routes::*;
 use tls::*;

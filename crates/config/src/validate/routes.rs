@@ -49,6 +49,10 @@ pub(super) fn route(
         .as_ref()
         .and_then(|raw| rate_limit(ctx, &sub(key, "rate_limit"), start(item), raw));
     let action = action(ctx, key, start(item), r, &matcher, upstreams)?;
+    let cors = match (&action, &r.cors) {
+        (Action::Proxy(_), Some(c)) => cors(ctx, &sub(key, "cors"), c),
+        _ => None,
+    };
     // Compression applies to proxied responses (a static route serves precompressed files).
     let compression = match (&action, &r.compression) {
         (Action::Proxy(_), Some(c)) => {
@@ -66,6 +70,7 @@ pub(super) fn route(
         response_headers,
         rate_limit,
         compression,
+        cors,
     })
 }
 
@@ -595,6 +600,12 @@ pub(super) fn misplaced_options(
     if kind != "static" {
         if let Some(p) = &r.precompressed {
             misplaced.push(("precompressed", start(p), "static routes"));
+        }
+    }
+    if kind != "proxy" {
+        if let Some(c) = &r.cors {
+            let at = cors_at(c).unwrap_or(route_at);
+            misplaced.push(("cors", at, "proxy routes"));
         }
     }
     if kind != "proxy" {

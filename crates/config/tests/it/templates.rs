@@ -88,3 +88,48 @@ fn errors_point_at_the_variable_inside_the_string() {
         .contains("`rewrite` only applies to proxy routes"));
     assert!(err("redirect = \"/a}\"").contains("a lone `}`"));
 }
+
+#[test]
+fn cors_policies_parse_and_refuse_what_browsers_would() {
+    let c = config(
+        "proxy = \"a\"\n[listeners.routes.cors]\nallow_origins = [\"https://app.example.com\", \"https://*.example.org:8443\"]\n\
+         allow_methods = [\"put\", \"DELETE\"]\nallow_headers = [\"Content-Type\"]\nexpose_headers = [\"X-Request-Id\"]\n\
+         allow_credentials = true\nmax_age = \"1h\"",
+    )
+    .unwrap();
+    let cors = c.listeners[0].routes[0].cors.clone().unwrap();
+    assert_eq!(cors.methods, ["PUT", "DELETE"]);
+    assert_eq!(cors.headers, Some(vec!["content-type".to_string()]));
+    assert!(cors.allows(b"https://app.example.com") && cors.allows(b"https://a.example.org:8443"));
+    assert!(
+        !cors.allows(b"https://a.example.org") && !cors.allows(b"https://app.example.com.evil")
+    );
+    let text = explain(&c);
+    assert!(text.contains("cors: https://app.example.com, https://*.example.org:8443; methods PUT, DELETE; request headers content-type; credentials; preflights cached 1h"), "{text}");
+    assert!(config("proxy = \"a\"\ncors = { allow_origins = \"*\" }")
+        .unwrap()
+        .listeners[0]
+        .routes[0]
+        .cors
+        .as_ref()
+        .unwrap()
+        .allows(b"https://anything.test"));
+    assert!(
+        err("proxy = \"a\"\ncors = { allow_origins = \"*\", allow_credentials = true }")
+            .contains("credentials cannot be allowed for any origin")
+    );
+    assert!(err("proxy = \"a\"\ncors = { allow_methods = [\"GET\"] }")
+        .contains("needs `allow_origins`"));
+    assert!(
+        err("proxy = \"a\"\ncors = { allow_origins = [\"app.example.com\"] }")
+            .contains("invalid origin")
+    );
+    assert!(
+        err("proxy = \"a\"\ncors = { allow_origins = [\"*\", \"https://a.b\"] }")
+            .contains("list no other origin")
+    );
+    assert!(
+        err("respond = { status = 200 }\ncors = { allow_origins = \"*\" }")
+            .contains("`cors` only applies to proxy routes")
+    );
+}

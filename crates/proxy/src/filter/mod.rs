@@ -13,6 +13,7 @@
 //! never writes protocol bytes.
 
 pub(crate) mod compress;
+mod cors;
 
 use crate::error::ProxyError;
 use crate::metrics::RouteStats;
@@ -41,6 +42,9 @@ pub(crate) enum Filter {
     Shed,
     /// request: the route's `rate_limit` (429 with `Retry-After`).
     RateLimit,
+    /// request: a CORS preflight answered (204) or refused (403) by the route's `cors` policy;
+    /// response: the policy's `Access-Control-*` fields.
+    Cors,
     /// forward: the route's `request_headers` rules.
     RequestHeaders,
     /// response: the route's `response_headers` rules.
@@ -60,13 +64,21 @@ pub(crate) struct Filters {
     list: Vec<Filter>,
 }
 
-/// A local answer from the request phase: the error it is counted as, its body, and when the
-/// client may try again (`Retry-After`, in seconds).
+/// A local answer from the request phase.
 #[derive(Debug)]
-pub(crate) struct Answer {
-    pub error: ProxyError,
-    pub body: &'static [u8],
-    pub retry_after: Option<u64>,
+pub(crate) enum Answer {
+    /// Refused: the error it is counted as, its body, and when the client may try again
+    /// (`Retry-After`, in seconds).
+    Refuse {
+        error: ProxyError,
+        body: &'static [u8],
+        retry_after: Option<u64>,
+    },
+    /// Answered without a body (a CORS preflight's 204) with these fields.
+    Local {
+        status: u16,
+        fields: Vec<(&'static str, String)>,
+    },
 }
 
 /// What the request phase reads: the routed request, its client, the route's state and the
@@ -98,6 +110,9 @@ impl Filters {
         if route.rate_limit.is_some() {
             list.push(Filter::RateLimit);
         }
+        if route.cors.is_some() {
+            list.push(Filter::Cors);
+        }
         if let Action::Proxy(p) = &route.action {
             if !route.request_headers.is_empty() {
                 list.push(Filter::RequestHeaders);
@@ -123,6 +138,7 @@ impl Filters {
             match f {
                 Filter::Shed => shed(cx)?,
                 Filter::RateLimit => rate_limit(cx)?,
+                Filter::Cors => preflight(cx)?,
                 _ => {}
             }
         }
@@ -138,22 +154,17 @@ impl Filters {
         }
     }
 
-    /// The response phase: edits of the final head `resp` sent to the client, which server
-    /// `server.1` of `server.0` sent, and the encoder its body goes through when it is
-    /// compressed.
-    pub(crate) fn response<'r, 'f, F>(
+    /// The response phase: edits of the final head sent to the client, which server
+    /// `server.1` of `server.0` sent (the response body phase, [`Filters::response_body`],
+    /// follows when [`Filters::has_body_filter`]).
+    pub(crate) fn response<'r>(
         &self,
         route: &'r Route,
         head: &RequestHead,
         vars: &dyn Vars,
-        resp: &compress::Response<'_, F>,
         server: (&Upstream, usize),
         edits: &mut Edits<'r>,
-    ) -> Option<Compressing>
-    where
-        F: Iterator<Item = (&'f str, &'f [u8])>,
-    {
-        let mut body = None;
+    ) {
         for f in &self.list {
             match f {
                 Filter::ResponseHeaders => edits.rules(&route.response_headers, vars),
@@ -162,11 +173,40 @@ impl Filters {
                         edits.add("Set-Cookie", Cow::Owned(c));
                     }
                 }
-                Filter::Compress => body = compress(route, head, resp, edits),
+                Filter::Cors => {
+                    if let Some(c) = &route.cors {
+                        cors::response(c, head, edits);
+                    }
+                }
                 _ => {}
             }
         }
-        body
+    }
+
+    /// Whether a filter of the route works on response bodies (compression); without one the
+    /// body phase is skipped and the relay is the plain one.
+    #[inline]
+    pub(crate) fn has_body_filter(&self) -> bool {
+        self.list.contains(&Filter::Compress)
+    }
+
+    /// The response body phase, for the server's final head `resp`: the compression the body
+    /// goes through (boxed: the codecs' state is large and most responses have none), with its
+    /// fields added to `edits`.
+    pub(crate) fn response_body<'r, 'f, F>(
+        &self,
+        route: &'r Route,
+        head: &RequestHead,
+        resp: &compress::Response<'_, F>,
+        edits: &mut Edits<'r>,
+    ) -> Option<Box<Compressing>>
+    where
+        F: Iterator<Item = (&'f str, &'f [u8])>,
+    {
+        match self.has_body_filter() {
+            true => compress(route, head, resp, edits),
+            false => None,
+        }
     }
 
     /// The log phase: the request ended with `status` (0: the client got no response) after
@@ -186,7 +226,7 @@ fn compress<'r, 'f, F>(
     head: &RequestHead,
     resp: &compress::Response<'_, F>,
     edits: &mut Edits<'r>,
-) -> Option<Compressing>
+) -> Option<Box<Compressing>>
 where
     F: Iterator<Item = (&'f str, &'f [u8])>,
 {
@@ -200,12 +240,12 @@ where
         compress::Plan::Compress { coding, etag, vary } => match Encoder::new(coding, c) {
             Ok(enc) => {
                 edits.recode(coding, etag, vary);
-                Some(Compressing {
+                Some(Box::new(Compressing {
                     enc: Some(enc),
                     coding,
                     bytes_in: 0,
                     bytes_out: 0,
-                })
+                }))
             }
             Err(e) => {
                 // The codec could not start (memory): the response goes as it is.
@@ -307,11 +347,34 @@ fn shed(cx: &Cx<'_>) -> Result<(), Answer> {
     }
     cx.stats.requests_shed.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(peer = %cx.peer, target = cx.head.target(), "request shed: worker saturated");
-    Err(Answer {
+    Err(Answer::Refuse {
         error: ProxyError::Shed,
         body: crate::resilience::load::SHED_BODY,
         retry_after: None,
     })
+}
+
+/// A CORS preflight: answered here, never proxied.
+fn preflight(cx: &Cx<'_>) -> Result<(), Answer> {
+    let Some(c) = &cx.route.cors else {
+        return Ok(());
+    };
+    match cors::preflight(c, cx.head) {
+        None => Ok(()),
+        Some(Ok(fields)) => Err(Answer::Local {
+            status: 204,
+            fields,
+        }),
+        Some(Err(why)) => {
+            let error = ProxyError::CorsRefused(why);
+            tracing::debug!(peer = %cx.peer, target = cx.head.target(), "{error}");
+            Err(Answer::Refuse {
+                body: crate::error::error_body(error.status()),
+                error,
+                retry_after: None,
+            })
+        }
+    }
 }
 
 fn rate_limit(cx: &Cx<'_>) -> Result<(), Answer> {
@@ -325,7 +388,7 @@ fn rate_limit(cx: &Cx<'_>) -> Result<(), Answer> {
     cx.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
     let error = ProxyError::RateLimited;
     tracing::debug!(peer = %cx.peer, target = cx.head.target(), "{error}");
-    Err(Answer {
+    Err(Answer::Refuse {
         body: crate::error::error_body(error.status()),
         error,
         retry_after: Some(crate::resilience::ratelimit::retry_after_secs(wait)),
@@ -368,6 +431,8 @@ pub(crate) struct Edits<'r> {
     /// The body is sent in another coding (compressed): its length is unknown until its end,
     /// and the fields that described the server's bytes ([`RECODED_DROPS`]) are dropped.
     recoded: bool,
+    /// The route's CORS policy answers: the server's `Access-Control-*` fields are dropped.
+    cors: bool,
 }
 
 /// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
@@ -408,6 +473,11 @@ impl<'r> Edits<'r> {
         }
     }
 
+    /// The route's CORS policy owns the `Access-Control-*` fields: the server's are dropped.
+    pub(crate) fn own_cors_fields(&mut self) {
+        self.cors = true;
+    }
+
     /// The body is re-encoded: its length is unknown when the head goes out.
     #[inline]
     pub(crate) fn recoded(&self) -> bool {
@@ -417,11 +487,22 @@ impl<'r> Edits<'r> {
     /// Whether the message's own field `name` is dropped (removed or replaced).
     #[inline]
     pub(crate) fn drops(&self, name: &str) -> bool {
-        let recoded = || RECODED_DROPS.iter().any(|n| n.eq_ignore_ascii_case(name));
+        // The common case (no rules, nothing owned) stays inline; the lists are looked at out
+        // of line.
+        if self.rules.is_none() && !self.recoded && !self.cors {
+            return false;
+        }
+        self.drops_listed(name)
+    }
+
+    #[inline(never)]
+    fn drops_listed(&self, name: &str) -> bool {
+        let among = |list: &[&str]| list.iter().any(|n| n.eq_ignore_ascii_case(name));
         self.rules.is_some_and(|r| {
             r.remove.iter().any(|n| n.eq_ignore_ascii_case(name))
                 || r.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
-        }) || (self.recoded && recoded())
+        }) || (self.recoded && among(&RECODED_DROPS))
+            || (self.cors && among(&cors::CORS_FIELDS))
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
@@ -438,7 +519,8 @@ impl<'r> Edits<'r> {
             r.remove.iter().map(String::as_str).chain(set)
         });
         let recoded = RECODED_DROPS.iter().copied().filter(|_| self.recoded);
-        rules.chain(recoded)
+        let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
+        rules.chain(recoded).chain(cors)
     }
 
     /// The fields to append: every `set`, every `add`, then what other filters added.
@@ -461,7 +543,7 @@ impl<'r> Edits<'r> {
     /// No filter edits.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.rules.is_none() && self.added.is_empty() && !self.recoded
+        self.rules.is_none() && self.added.is_empty() && !self.recoded && !self.cors
     }
 }
 

@@ -7,7 +7,7 @@ mod exchange_h2;
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
-use crate::filter::{compress, Compressing, Edits};
+use crate::filter::{compress, Answer, Compressing, Edits};
 use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
 use crate::metrics::RouteStats;
 use crate::resilience::retry::Retry;
@@ -79,13 +79,27 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
         head,
         now,
     });
-    if let Err(a) = answer {
-        let secs = a.retry_after.map(|s| s.to_string());
-        let fields = match &secs {
-            Some(s) => &[("Retry-After", s.as_str())][..],
-            None => &[],
-        };
-        return down.refuse(head, a.error, a.body, fields).await;
+    match answer {
+        Ok(()) => {}
+        Err(Answer::Refuse {
+            error,
+            body,
+            retry_after,
+        }) => {
+            let secs = retry_after.map(|s| s.to_string());
+            let fields = match &secs {
+                Some(s) => &[("Retry-After", s.as_str())][..],
+                None => &[],
+            };
+            return down.refuse(head, error, body, fields).await;
+        }
+        Err(Answer::Local { status, fields }) => {
+            if let Err(e) = downstream::drain(down, head, route).await {
+                return down.fail(head, e, Phase::RequestBody, false).await;
+            }
+            let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            return down.local(head, status, "text/plain", b"", &fields).await;
+        }
     }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
@@ -408,7 +422,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
     idle: Duration,
     status: u16,
     addr: SocketAddr,
-    mut z: Option<Compressing>,
+    mut z: Option<Box<Compressing>>,
 ) -> Outcome {
     let Sent { mut out, end, .. } = sent;
     let mut upload_done = false;
@@ -656,8 +670,8 @@ impl<'u> UpBody<'u> {
     }
 }
 
-/// The response filters for the server's final head `resp`: the head's edits, and the
-/// compression its body goes through, if any.
+/// The response filters for the server's final head `resp`: the head's edits, and (when the
+/// route has a body filter) the compression its body goes through, if any.
 fn response_filters<'r>(
     px: &Proxied<'r>,
     head: &RequestHead,
@@ -665,9 +679,12 @@ fn response_filters<'r>(
     resp: &UpResponse,
     t: &Picked<'_>,
     edits: &mut Edits<'r>,
-) -> Option<Compressing> {
+) -> Option<Box<Compressing>> {
     let (filters, route) = (px.filters, px.route);
-    let (upstream, server) = (t.upstream, t.server());
+    filters.response(route, head, vars, (t.upstream, t.server()), edits);
+    if !filters.has_body_filter() {
+        return None;
+    }
     match resp {
         UpResponse::H1 { head: rh, .. } => {
             let fields = || rh.fields();
@@ -676,14 +693,13 @@ fn response_filters<'r>(
                 Framing::Length(n) => (true, Some(n)),
                 Framing::Chunked | Framing::Close => (true, None),
             };
-            let status = rh.status();
             let view = compress::Response {
-                status,
+                status: rh.status(),
                 body,
                 length,
                 fields: &fields,
             };
-            filters.response(route, head, vars, &view, (upstream, server), edits)
+            filters.response_body(route, head, &view, edits)
         }
         UpResponse::H2 { parts, body, .. } => {
             let fields = || {
@@ -700,13 +716,13 @@ fn response_filters<'r>(
                 length,
                 fields: &fields,
             };
-            filters.response(route, head, vars, &view, (upstream, server), edits)
+            filters.response_body(route, head, &view, edits)
         }
     }
 }
 
 /// Count a compressed response.
-fn record(z: &Option<Compressing>, shared: &crate::state::Shared) {
+fn record(z: &Option<Box<Compressing>>, shared: &crate::state::Shared) {
     if let Some(z) = z {
         z.record(&shared.stats);
     }
@@ -719,45 +735,70 @@ fn record(z: &Option<Compressing>, shared: &crate::state::Shared) {
 async fn relay<O: Sink>(
     up: &mut UpBody<'_>,
     out: &mut O,
-    z: &mut Option<Compressing>,
+    z: &mut Option<Box<Compressing>>,
+) -> Result<(), ProxyError> {
+    // Two loops, so that the common one (no body filter) stays as small as it was.
+    match z {
+        None => relay_plain(up, out).await,
+        Some(z) => relay_coded(up, out, z).await,
+    }
+}
+
+async fn relay_plain<O: Sink>(up: &mut UpBody<'_>, out: &mut O) -> Result<(), ProxyError> {
+    loop {
+        match up.step()? {
+            Step::Data(d, last) => {
+                let n = d.len();
+                out.data(d, last).await?;
+                up.release(n);
+                if last {
+                    return Ok(());
+                }
+            }
+            Step::End(trailers) => return out.end(trailers),
+            Step::Wait => {
+                out.flush().await?;
+                tokio::select! {
+                    r = up.fill() => r?,
+                    e = out.reset() => return Err(e),
+                }
+            }
+        }
+    }
+}
+
+/// The relay through the compression filter: what the codec makes goes out; at a sized body's
+/// end the compressed stream ends (chunked, or a stream's END_STREAM), and before each wait for
+/// the server the codec is flushed.
+async fn relay_coded<O: Sink>(
+    up: &mut UpBody<'_>,
+    out: &mut O,
+    z: &mut Compressing,
 ) -> Result<(), ProxyError> {
     loop {
         match up.step()? {
             Step::Data(d, last) => {
                 let n = d.len();
-                match z {
-                    None => out.data(d, last).await?,
-                    Some(z) => {
-                        let c = z.data(&d, last)?;
-                        if !c.is_empty() {
-                            out.data(c, false).await?;
-                        }
-                    }
+                let c = z.data(&d, last)?;
+                if !c.is_empty() {
+                    out.data(c, false).await?;
                 }
                 up.release(n);
                 if last {
-                    // A sized body's end; re-encoded, it is chunked or a stream's END_STREAM.
-                    return match z {
-                        None => Ok(()),
-                        Some(_) => out.end(Trailers::Raw(Bytes::new())),
-                    };
+                    return out.end(Trailers::Raw(Bytes::new()));
                 }
             }
             Step::End(trailers) => {
-                if let Some(z) = z {
-                    let c = z.finish()?;
-                    if !c.is_empty() {
-                        out.data(c, false).await?;
-                    }
+                let c = z.finish()?;
+                if !c.is_empty() {
+                    out.data(c, false).await?;
                 }
                 return out.end(trailers);
             }
             Step::Wait => {
-                if let Some(z) = z {
-                    let c = z.flush()?;
-                    if !c.is_empty() {
-                        out.data(c, false).await?;
-                    }
+                let c = z.flush()?;
+                if !c.is_empty() {
+                    out.data(c, false).await?;
                 }
                 out.flush().await?;
                 tokio::select! {

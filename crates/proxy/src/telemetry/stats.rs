@@ -52,11 +52,14 @@ pub enum Cause {
     /// The TLS handshake with the upstream failed (certificate not trusted or not valid for the
     /// server name, no common version, the server refused ours).
     Tls,
+    /// Refused by a route's policy (a CORS preflight from an origin, method or header it does
+    /// not allow).
+    Denied,
 }
 
 const SIDES: usize = 4;
 const PHASES: usize = 8;
-const CAUSES: usize = 15;
+const CAUSES: usize = 16;
 
 /// One termination record: exactly one per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +114,7 @@ impl Termination {
             Cause::QueueTimeout => "queue_timeout",
             Cause::Shed => "shed",
             Cause::Tls => "tls",
+            Cause::Denied => "denied",
         };
         (side, phase, cause)
     }
@@ -293,6 +297,7 @@ impl Stats {
             Cause::QueueTimeout,
             Cause::Shed,
             Cause::Tls,
+            Cause::Denied,
         ];
         let mut out = Vec::new();
         for &side in &sides {

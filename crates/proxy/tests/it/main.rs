@@ -4,6 +4,7 @@ mod common;
 
 mod admin;
 mod compression;
+mod cors;
 mod dashboard;
 mod early_hints;
 mod h2;
