@@ -319,6 +319,13 @@ fn action(route: &Route, config: &Config) -> String {
             if let Some(t) = &p.rewrite {
                 options.push(format!("rewrite to {t}"));
             }
+            if let Some(b) = &p.buffer {
+                options.push(format!(
+                    "request bodies buffered ({} in memory, then files in {})",
+                    format_size(b.memory),
+                    b.directory.display()
+                ));
+            }
             if !p.forwarded_headers {
                 options.push("no X-Forwarded-*".to_string());
             }

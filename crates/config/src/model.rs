@@ -480,7 +480,23 @@ pub struct ProxyAction {
     /// Retries of failed attempts (`[listeners.routes.retry]`); None = no retries (the one
     /// retry of a stale pooled connection still happens).
     pub retry: Option<RetryPolicy>,
+    /// Read the whole request body before a server is picked (`buffer_request`); None = the
+    /// body streams to the server as it arrives (the default).
+    pub buffer: Option<RequestBuffer>,
 }
+
+/// Request body buffering: up to `memory` bytes in memory, the rest in an unnamed temporary
+/// file in `directory`, never more than the route's `max_body` (413 above it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestBuffer {
+    /// Bytes kept in memory per request (default 64 KiB).
+    pub memory: u64,
+    /// Where the temporary files go (default: the system's, `$TMPDIR` or `/tmp`).
+    pub directory: PathBuf,
+}
+
+/// `buffer_request.memory` when not configured.
+pub const DEFAULT_BUFFER_MEMORY: u64 = 64 * 1024;
 
 /// When and how often a failed proxied request is sent again, to another server of the group.
 /// Only requests without a body are retried (the body is streamed, never buffered), and only

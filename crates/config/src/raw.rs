@@ -171,6 +171,15 @@ pub(crate) struct RawRoute {
     pub rate_limit: Option<RawRateLimit>,
     pub compression: Option<RawCompression>,
     pub cors: Option<RawCors>,
+    pub buffer_request: Option<RawBufferRequest>,
+}
+
+/// `[listeners.routes.buffer_request]`: read the whole request body before contacting a server.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a buffer_request table")]
+pub(crate) struct RawBufferRequest {
+    pub memory: Option<Spanned<Scalar>>,
+    pub directory: Option<Spanned<String>>,
 }
 
 /// `[listeners.routes.cors]`: the cross-origin policy of a proxy route.

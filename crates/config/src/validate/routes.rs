@@ -49,6 +49,15 @@ pub(super) fn route(
         .as_ref()
         .and_then(|raw| rate_limit(ctx, &sub(key, "rate_limit"), start(item), raw));
     let action = action(ctx, key, start(item), r, &matcher, upstreams)?;
+    if let (Action::Proxy(p), Some(b)) = (&action, &r.buffer_request) {
+        if p.buffer.is_some() && max_body_bytes == 0 {
+            ctx.error(
+                buffer_at(b).unwrap_or(start(item)),
+                &sub(key, "buffer_request"),
+                "a route that buffers request bodies needs a body limit: max_body = 0 (unlimited) would let one request fill the disk",
+            );
+        }
+    }
     let cors = match (&action, &r.cors) {
         (Action::Proxy(_), Some(c)) => cors(ctx, &sub(key, "cors"), c),
         _ => None,
@@ -565,6 +574,10 @@ pub(super) fn misplaced_options(
         ("strip_prefix", r.strip_prefix.as_ref().map(start)),
         ("rewrite_prefix", r.rewrite_prefix.as_ref().map(start)),
         ("rewrite", r.rewrite.as_ref().map(start)),
+        (
+            "buffer_request",
+            r.buffer_request.as_ref().and_then(buffer_at),
+        ),
         ("forwarded_headers", r.forwarded_headers.as_ref().map(start)),
         ("via", r.via.as_ref().map(start)),
         ("preserve_host", r.preserve_host.as_ref().map(start)),
@@ -794,6 +807,27 @@ pub(super) fn proxy(
             }
         }
     }
+    let buffer = r.buffer_request.as_ref().map(|b| {
+        let bkey = sub(key, "buffer_request");
+        let memory = size(
+            ctx,
+            b.memory.as_ref(),
+            &sub(&bkey, "memory"),
+            DEFAULT_BUFFER_MEMORY,
+            0,
+            1 << 30,
+        );
+        let directory = match &b.directory {
+            Some(d) => {
+                if let Some(m) = plain_text_error(d.get_ref(), "directory") {
+                    ctx.error(start(d), &sub(&bkey, "directory"), m);
+                }
+                PathBuf::from(d.get_ref())
+            }
+            None => std::env::temp_dir(),
+        };
+        RequestBuffer { memory, directory }
+    });
     let flag =
         |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
     let retry = r
@@ -805,6 +839,7 @@ pub(super) fn proxy(
         strip_prefix,
         rewrite_prefix,
         rewrite,
+        buffer,
         forwarded_headers: flag(&r.forwarded_headers, true),
         via: flag(&r.via, false),
         preserve_host: flag(&r.preserve_host, true),
@@ -1070,4 +1105,15 @@ pub(super) fn not_shorter(
             crate::units::format_duration(short.2)
         ),
     );
+}
+
+/// Where a buffer_request table starts (its first key).
+pub(super) fn buffer_at(b: &RawBufferRequest) -> Option<usize> {
+    [
+        b.memory.as_ref().map(start),
+        b.directory.as_ref().map(start),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
 }

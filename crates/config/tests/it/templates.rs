@@ -133,3 +133,31 @@ fn cors_policies_parse_and_refuse_what_browsers_would() {
             .contains("`cors` only applies to proxy routes")
     );
 }
+
+#[test]
+fn buffer_request_needs_a_body_limit() {
+    let c = config("proxy = \"a\"\nbuffer_request = { memory = \"1m\" }").unwrap();
+    let Action::Proxy(p) = &c.listeners[0].routes[0].action else {
+        panic!()
+    };
+    let b = p.buffer.as_ref().unwrap();
+    assert_eq!(b.memory, 1 << 20);
+    assert_eq!(b.directory, std::env::temp_dir());
+    let c = config("proxy = \"a\"\nbuffer_request = {}").unwrap();
+    let Action::Proxy(p) = &c.listeners[0].routes[0].action else {
+        panic!()
+    };
+    assert_eq!(
+        p.buffer.as_ref().unwrap().memory,
+        portico_config::DEFAULT_BUFFER_MEMORY
+    );
+    assert!(
+        err("proxy = \"a\"\nmax_body = 0\nbuffer_request = { memory = \"1k\" }")
+            .contains("needs a body limit")
+    );
+    assert!(
+        err("respond = { status = 200 }\nbuffer_request = { memory = \"1k\" }")
+            .contains("`buffer_request` only applies to proxy routes")
+    );
+    assert!(err("proxy = \"a\"\nbuffer_request = { memory = \"2g\" }").contains("must be at most"));
+}

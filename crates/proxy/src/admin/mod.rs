@@ -767,6 +767,16 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             &stats.retries_budget_exhausted,
         ),
         (
+            "portico_request_bodies_buffered_total",
+            "Request bodies read whole before a server was picked (buffer_request).",
+            &stats.requests_buffered,
+        ),
+        (
+            "portico_request_buffer_file_bytes_total",
+            "Bytes of buffered request bodies that went to temporary files (past the memory share).",
+            &stats.request_buffer_file_bytes,
+        ),
+        (
             "portico_rate_limited_total",
             "Requests refused with 429 by a route's rate limit.",
             &stats.rate_limited,

@@ -1,5 +1,6 @@
 //! The client side of one request as the flow sees it: the `Client` trait, implemented by an HTTP/1.1 connection (`http1`) and an HTTP/2 stream (`http2`) and dispatched statically, so each kind's request future holds only its own state.
 
+pub(crate) mod buffer;
 pub(crate) mod http1;
 pub(crate) mod http2;
 pub(crate) mod link;
@@ -232,6 +233,8 @@ enum Kind {
     /// bytes, relayed after the answer.
     Tunnel,
     H1(ClientBody),
+    /// A body read whole before the attempt (`buffer_request`), sent from the buffer.
+    Replay(buffer::Replay),
     H2 {
         started: tokio::time::Instant,
         received: u64,
@@ -269,6 +272,36 @@ impl Upload {
         }
     }
 
+    /// The next slice of the body to send, `None` at its end: from the client, or from the
+    /// buffer a buffered body was read into.
+    pub(crate) async fn next<'a, D: Client<'a>>(
+        &mut self,
+        down: &mut D,
+    ) -> Result<Option<Bytes>, ProxyError> {
+        match &mut self.kind {
+            Kind::Replay(r) => r.next(),
+            _ => down.body_next(self).await,
+        }
+    }
+
+    /// `n` bytes were passed on (flow control of an HTTP/2 client still sending).
+    pub(crate) fn release<'a, D: Client<'a>>(&self, down: &mut D, n: usize) {
+        if !matches!(self.kind, Kind::Replay(_)) {
+            down.body_release(n);
+        }
+    }
+
+    /// The body's trailers as a field map (after its end).
+    pub(crate) async fn trailers<'a, D: Client<'a>>(
+        &self,
+        down: &mut D,
+    ) -> Result<Option<HeaderMap>, ProxyError> {
+        match &self.kind {
+            Kind::Replay(r) => Ok(r.trailers()),
+            _ => down.body_trailers(self).await,
+        }
+    }
+
     /// The body's trailers as HTTP/1 lines for a chunked upload (after its end); an HTTP/1.1
     /// client's pass as it sent them.
     pub(crate) async fn trailer_lines<'a, D: Client<'a>>(
@@ -280,7 +313,7 @@ impl Upload {
             out.extend_from_slice(&headers::trailer_lines(&body.trailers));
             return Ok(());
         }
-        if let Some(t) = down.body_trailers(self).await? {
+        if let Some(t) = self.trailers(down).await? {
             headers::encode_trailers(out, &t);
         }
         Ok(())

@@ -24,6 +24,8 @@ pub(crate) struct Proxied<'r> {
     pub p: &'r ProxyAction,
     pub filters: &'r Filters,
     pub forward: Edits<'r>,
+    /// The request body, read whole before the first attempt (`buffer_request`).
+    pub buffered: Option<std::rc::Rc<crate::downstream::buffer::Buffered>>,
 }
 
 /// The server an attempt goes to, holding its active slot until dropped.

@@ -197,7 +197,7 @@ async fn upload_body<'a, D: Client<'a>, W: AsyncWrite + Unpin>(
     idle: Duration,
 ) -> Result<(), ProxyError> {
     let mut scratch = BytesMut::new();
-    while let Some(data) = down.body_next(upload).await? {
+    while let Some(data) = upload.next(down).await? {
         let n = data.len();
         if n > 0 {
             // Flushed: a TLS upstream's last records must not stay buffered in rustls when the
@@ -212,7 +212,7 @@ async fn upload_body<'a, D: Client<'a>, W: AsyncWrite + Unpin>(
                 Ok(Ok(())) => {}
             }
         }
-        down.body_release(n);
+        upload.release(down, n);
     }
     if chunked {
         let mut lines = BytesMut::new();

@@ -334,7 +334,7 @@ pub(crate) async fn upload<'a, D: Client<'a>>(
     let body = Phase::RequestBody;
     loop {
         if up.pending.is_none() {
-            match down.body_next(up).await.map_err(|e| (e, body))? {
+            match up.next(down).await.map_err(|e| (e, body))? {
                 Some(d) => {
                     let n = d.len();
                     up.pending = Some((d, n));
@@ -350,9 +350,9 @@ pub(crate) async fn upload<'a, D: Client<'a>>(
             .await
             .map_err(|e| (e, body))?;
         up.pending = None;
-        down.body_release(n);
+        up.release(down, n);
     }
-    match down.body_trailers(up).await.map_err(|e| (e, body))? {
+    match up.trailers(down).await.map_err(|e| (e, body))? {
         Some(t) if !t.is_empty() => send.send_trailers(t),
         _ => send.send_data(Bytes::new(), true),
     }

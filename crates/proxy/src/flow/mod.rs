@@ -24,6 +24,7 @@ use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
@@ -132,11 +133,34 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             let who = down.who();
             let vars = RequestVars::new(head, route, who.tls, who.ip);
             filters.forward(route, &vars, &mut forward);
+            // A buffered body is read whole before any server is picked (a slow upload holds
+            // no server connection; the attempts replay it).
+            let mut buffered = None;
+            if let Some(cfg) = p
+                .buffer
+                .as_ref()
+                .filter(|_| head.has_body() && !head.upgrade)
+            {
+                // Boxed: only buffering routes pay for the reader's state.
+                match Box::pin(downstream::buffer::read_all(down, head, route, cfg)).await {
+                    Ok(b) => {
+                        let stats = &env.shared.stats;
+                        stats.requests_buffered.fetch_add(1, Ordering::Relaxed);
+                        let spilled = b.on_disk();
+                        stats
+                            .request_buffer_file_bytes
+                            .fetch_add(spilled, Ordering::Relaxed);
+                        buffered = Some(b);
+                    }
+                    Err(e) => return down.fail(head, e, Phase::RequestBody, false).await,
+                }
+            }
             let px = Proxied {
                 route,
                 p,
                 filters,
                 forward,
+                buffered,
             };
             let mut ubuf = down.take_ubuf();
             let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
@@ -182,7 +206,8 @@ async fn proxy<'a, D: Client<'a>>(
     // the header-time metric.
     let now = down.timings().head.unwrap_or_else(Instant::now);
     let budget = res.retry_budget.as_deref();
-    let mut retry = Retry::new(px.p.retry.as_ref(), budget, head, now, counters);
+    let replayable = px.buffered.is_some();
+    let mut retry = Retry::new(px.p.retry.as_ref(), budget, head, replayable, now, counters);
     loop {
         if let Some(outcome) = attempt(down, head, px, &mut retry, ubuf).await {
             return outcome;
@@ -226,12 +251,15 @@ async fn attempt<'a, D: Client<'a>>(
     // upgrades go as plain requests, without `Upgrade`, which the server may answer).
     let tunnel = h2_group && crate::websocket::is_websocket(head);
     let has_body = head.has_body();
-    if has_body {
+    if has_body && px.buffered.is_none() {
         if let Err(e) = down.before_upload(head).await {
             return Some(down.fail(head, e, Phase::RequestBody, false).await);
         }
     }
-    let mut upload = down.upload(head, route, has_body, tunnel);
+    let mut upload = match &px.buffered {
+        Some(b) => Upload::replay(b.clone()),
+        None => down.upload(head, route, has_body, tunnel),
+    };
     let mut interims = down.interims(head);
     let exchanged = {
         let work = async {

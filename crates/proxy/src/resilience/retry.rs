@@ -143,11 +143,13 @@ pub struct Retry<'a> {
 impl<'a> Retry<'a> {
     /// The state of a request starting at `now`; counts it in the budget when it is retryable.
     /// Retryable: the route has a policy, the method is idempotent (or `non_idempotent` is set),
-    /// there is no request body (it is streamed, so it could not be sent again) and no upgrade.
+    /// there is no request body, or it was read whole first (`replayable`: a streamed body
+    /// could not be sent again), and no upgrade.
     pub fn new(
         policy: Option<&'a RetryPolicy>,
         budget: Option<&'a RetryBudget>,
         head: &RequestHead,
+        replayable: bool,
         now: Instant,
         counters: &'a RouteStats,
     ) -> Self {
@@ -155,7 +157,7 @@ impl<'a> Retry<'a> {
             (Some(p), Some(b))
                 if p.retries > 0
                     && (p.non_idempotent || head.method().is_idempotent())
-                    && !head.has_body()
+                    && (!head.has_body() || replayable)
                     && !head.upgrade =>
             {
                 b.deposit(now);
@@ -347,7 +349,7 @@ mod tests {
         let head = portico_http1::parse_request(&mut raw, &portico_http1::Limits::default())
             .unwrap()
             .unwrap();
-        let mut r = Retry::new(Some(&policy), Some(&budget), &head, t0, &counters);
+        let mut r = Retry::new(Some(&policy), Some(&budget), &head, false, t0, &counters);
         assert!(r.on_status(503));
         assert!(r.allows(RetryCause::Reset, 0, 0, &stats));
         // An interim response reached the client: nothing after it is retried, and that is

@@ -185,6 +185,10 @@ pub struct Stats {
     pub h2_reset_floods: AtomicU64,
     /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for an unsolicited PING ACK flood.
     pub h2_ping_floods: AtomicU64,
+    /// Request bodies read whole before their attempt (`buffer_request`), and the bytes of
+    /// them that went to temporary files.
+    pub requests_buffered: AtomicU64,
+    pub request_buffer_file_bytes: AtomicU64,
     /// Compressed responses, and their body bytes before and after, per coding (in the
     /// order of `Coding::ALL`).
     pub compression: [Compressed; 3],
@@ -236,6 +240,8 @@ impl Default for Stats {
             h2_connections: AtomicU64::new(0),
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
+            requests_buffered: AtomicU64::new(0),
+            request_buffer_file_bytes: AtomicU64::new(0),
             compression: Default::default(),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))

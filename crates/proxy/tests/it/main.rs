@@ -3,6 +3,7 @@
 mod common;
 
 mod admin;
+mod buffering;
 mod compression;
 mod cors;
 mod dashboard;
