@@ -171,7 +171,15 @@ pub(crate) fn wants_trailers(head: &RequestHead) -> bool {
 }
 
 /// Append the fields the filters set or add.
+#[inline]
 fn write_edits(out: &mut impl HeadOut, edits: &Edits<'_>) {
+    if edits.has_fields() {
+        write_edit_fields(out, edits);
+    }
+}
+
+#[inline(never)]
+fn write_edit_fields(out: &mut impl HeadOut, edits: &Edits<'_>) {
     for (n, v) in edits.fields() {
         out.field(n, &[v]);
     }

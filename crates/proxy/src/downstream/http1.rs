@@ -321,13 +321,33 @@ pub(crate) struct H1Out<'o> {
     sent: u64,
 }
 
+/// The most an HTTP/1.1 response body gathers in the write buffer before it is written.
+const GATHER: usize = 64 * 1024;
+
 impl Sink for H1Out<'_> {
+    #[inline]
+    fn try_buffer(&mut self, d: &Bytes) -> bool {
+        let c = &mut *self.c;
+        // A chunk header and its CRLF take at most 20 bytes.
+        if c.wbuf.len() + d.len() + 20 > GATHER {
+            return false;
+        }
+        if self.chunked {
+            encode::chunk_header(&mut c.wbuf, d.len());
+        }
+        c.wbuf.extend_from_slice(d);
+        if self.chunked {
+            c.wbuf.extend_from_slice(b"\r\n");
+        }
+        true
+    }
+
     async fn data(&mut self, d: Bytes, _: bool) -> Result<(), ProxyError> {
         let c = &mut *self.c;
         if self.chunked {
             encode::chunk_header(&mut c.wbuf, d.len());
         }
-        if c.wbuf.len() + d.len() <= 64 * 1024 {
+        if c.wbuf.len() + d.len() <= GATHER {
             c.wbuf.extend_from_slice(&d);
         } else {
             self.flush().await?;

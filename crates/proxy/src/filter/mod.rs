@@ -62,6 +62,11 @@ pub(crate) enum Filter {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Filters {
     list: Vec<Filter>,
+    /// Whether any filter takes part in the request, response head and response body phases
+    /// (a phase none takes part in is skipped, with what it would read).
+    request: bool,
+    response: bool,
+    body: bool,
 }
 
 /// A local answer from the request phase.
@@ -128,7 +133,19 @@ impl Filters {
             }
         }
         list.push(Filter::RouteMetrics);
-        Filters { list }
+        let has = |phase: &[Filter]| list.iter().any(|f| phase.contains(f));
+        Filters {
+            request: has(&[Filter::Shed, Filter::RateLimit, Filter::Cors]),
+            response: has(&[Filter::ResponseHeaders, Filter::StickyCookie, Filter::Cors]),
+            body: has(&[Filter::Compress]),
+            list,
+        }
+    }
+
+    /// Whether the route has request filters (without, the phase is skipped).
+    #[inline]
+    pub(crate) fn has_request_filter(&self) -> bool {
+        self.request
     }
 
     /// The request phase: the first filter that answers stops the request (the answer is
@@ -165,6 +182,9 @@ impl Filters {
         server: (&Upstream, usize),
         edits: &mut Edits<'r>,
     ) {
+        if !self.response {
+            return;
+        }
         for f in &self.list {
             match f {
                 Filter::ResponseHeaders => edits.rules(&route.response_headers, vars),
@@ -187,7 +207,7 @@ impl Filters {
     /// body phase is skipped and the relay is the plain one.
     #[inline]
     pub(crate) fn has_body_filter(&self) -> bool {
-        self.list.contains(&Filter::Compress)
+        self.body
     }
 
     /// The response body phase, for the server's final head `resp`: the compression the body
@@ -425,8 +445,9 @@ fn take_token(
 #[derive(Debug, Default)]
 pub(crate) struct Edits<'r> {
     rules: Option<&'r HeaderRules>,
-    /// The rules' values that have variables, rendered for this request, in the rules' order.
-    rendered: Vec<String>,
+    /// The rules' values have variables: all of them were rendered into `added` (first, in the
+    /// rules' order), and [`Edits::fields`] takes them from there.
+    rendered: bool,
     added: Vec<(&'r str, Cow<'r, str>)>,
     /// The body is sent in another coding (compressed): its length is unknown until its end,
     /// and the fields that described the server's bytes ([`RECODED_DROPS`]) are dropped.
@@ -448,11 +469,20 @@ impl<'r> Edits<'r> {
             return;
         }
         self.rules = Some(r);
-        for (_, t) in r.set.iter().chain(r.add.iter()) {
-            if t.as_literal().is_none() {
-                self.rendered.push(t.render(vars).into_owned());
-            }
+        let values = || r.set.iter().chain(r.add.iter());
+        if values().any(|(_, t)| t.as_literal().is_none()) {
+            let rendered: Vec<_> = values()
+                .map(|(n, t)| (n.as_str(), t.render(vars)))
+                .collect();
+            self.added.splice(0..0, rendered);
+            self.rendered = true;
         }
+    }
+
+    /// Whether any field is set or added (without, the encoders skip [`Edits::fields`]).
+    #[inline]
+    pub(crate) fn has_fields(&self) -> bool {
+        self.rules.is_some() || !self.added.is_empty()
     }
 
     /// Append a field (`name` as HTTP/1.1 writes it; HTTP/2 lowercases it).
@@ -527,16 +557,10 @@ impl<'r> Edits<'r> {
     pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
         let rules = self
             .rules
+            .filter(|_| !self.rendered)
             .into_iter()
             .flat_map(|r| r.set.iter().chain(r.add.iter()));
-        let mut rendered = self.rendered.iter();
-        let rules = rules.map(move |(n, t)| {
-            let v = match t.as_literal() {
-                Some(v) => v,
-                None => rendered.next().map_or("", String::as_str),
-            };
-            (n.as_str(), v.as_bytes())
-        });
+        let rules = rules.map(|(n, t)| (n.as_str(), t.as_literal().unwrap_or_default().as_bytes()));
         rules.chain(self.added.iter().map(|(n, v)| (*n, v.as_bytes())))
     }
 

@@ -19,8 +19,9 @@ use crate::vars::RequestVars;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
-use portico_config::{Action, UpstreamProtocol};
+use portico_config::{Action, ProxyAction, UpstreamProtocol};
 use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead};
+use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -67,39 +68,36 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     let ls = env.ls;
     let route = &ls.listener.routes[idx];
     let filters = &ls.filters[idx];
-    let now = down.timings().head.unwrap_or_else(Instant::now);
-    let answer = filters.request(&crate::filter::Cx {
-        route,
-        counters: &ls.route_stats[idx],
-        limiter: ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
-        load: &env.worker.load,
-        slot: ls.slot,
-        stats: &env.shared.stats,
-        peer: env.peer,
-        client_ip: down.who().ip,
-        head,
-        now,
-    });
-    match answer {
-        Ok(()) => {}
-        Err(Answer::Refuse {
-            error,
-            body,
-            retry_after,
-        }) => {
-            let secs = retry_after.map(|s| s.to_string());
-            let fields = match &secs {
-                Some(s) => &[("Retry-After", s.as_str())][..],
-                None => &[],
-            };
-            return down.refuse(head, error, body, fields).await;
-        }
-        Err(Answer::Local { status, fields }) => {
-            if let Err(e) = downstream::drain(down, head, route).await {
-                return down.fail(head, e, Phase::RequestBody, false).await;
+    let mut preflight = None;
+    if filters.has_request_filter() {
+        let now = down.timings().head.unwrap_or_else(Instant::now);
+        let answer = filters.request(&crate::filter::Cx {
+            route,
+            counters: &ls.route_stats[idx],
+            limiter: ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
+            load: &env.worker.load,
+            slot: ls.slot,
+            stats: &env.shared.stats,
+            peer: env.peer,
+            client_ip: down.who().ip,
+            head,
+            now,
+        });
+        match answer {
+            Ok(()) => {}
+            Err(Answer::Refuse {
+                error,
+                body,
+                retry_after,
+            }) => {
+                let secs = retry_after.map(|s| s.to_string());
+                let fields = match &secs {
+                    Some(s) => &[("Retry-After", s.as_str())][..],
+                    None => &[],
+                };
+                return down.refuse(head, error, body, fields).await;
             }
-            let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            return down.local(head, status, "text/plain", b"", &fields).await;
+            Err(Answer::Local { status, fields }) => preflight = Some((status, fields)),
         }
     }
     if route.max_body_bytes > 0 {
@@ -110,7 +108,7 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             }
         }
     }
-    let local = !matches!(route.action, Action::Proxy(_));
+    let local = preflight.is_some() || !matches!(route.action, Action::Proxy(_));
     if local && head.upgrade && D::H2 {
         // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
         crate::telemetry::logging::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
@@ -118,77 +116,104 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
         return down.fail(head, e, Phase::Route, false).await;
     }
     if local {
-        // Local actions read the whole request first: the answer then never races the body
+        // Local answers read the whole request first: the answer then never races the body
         // (and a malformed end of an HTTP/2 stream is a stream error).
         if let Err(e) = downstream::drain(down, head, route).await {
             return down.fail(head, e, Phase::RequestBody, false).await;
         }
     }
-    match &route.action {
-        Action::Proxy(p) => {
-            let default = RouteResilience::default();
-            let res = ls.resilience.get(idx).unwrap_or(&default);
-            let counters = &ls.route_stats[idx];
-            let mut forward = Edits::default();
-            let who = down.who();
-            let vars = RequestVars::new(head, route, who.tls, who.ip);
-            filters.forward(route, &vars, &mut forward);
-            // A buffered body is read whole before any server is picked (a slow upload holds
-            // no server connection; the attempts replay it).
-            let mut buffered = None;
-            if let Some(cfg) = p
-                .buffer
-                .as_ref()
-                .filter(|_| head.has_body() && !head.upgrade)
-            {
-                // Boxed: only buffering routes pay for the reader's state.
-                match Box::pin(downstream::buffer::read_all(down, head, route, cfg)).await {
-                    Ok(b) => {
-                        let stats = &env.shared.stats;
-                        stats.requests_buffered.fetch_add(1, Ordering::Relaxed);
-                        let spilled = b.on_disk();
-                        stats
-                            .request_buffer_file_bytes
-                            .fetch_add(spilled, Ordering::Relaxed);
-                        buffered = Some(b);
+    // One local answer (each await of a callee copies its state into this future).
+    let (status, content_type, body, fields): (u16, &str, &[u8], Vec<Field<'_>>) =
+        match (preflight, &route.action) {
+            (Some((status, fields)), _) => {
+                let fields = fields.into_iter().map(|(n, v)| (n, Cow::Owned(v)));
+                (status, "text/plain", b"", fields.collect())
+            }
+            (None, Action::Proxy(p)) => return proxy_action(down, head, idx, p).await,
+            (None, Action::Static(_) | Action::Origin(_)) => {
+                return match ls.origins[idx].as_ref() {
+                    Some(origin) => down.origin(head, origin).await,
+                    None => {
+                        down.fail(head, ProxyError::NoRoute, Phase::Route, true)
+                            .await
                     }
-                    Err(e) => return down.fail(head, e, Phase::RequestBody, false).await,
-                }
+                };
             }
-            let px = Proxied {
-                route,
-                p,
-                filters,
-                forward,
-                buffered,
-            };
-            let mut ubuf = down.take_ubuf();
-            let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
-            down.put_ubuf(ubuf);
-            o
-        }
-        Action::Static(_) | Action::Origin(_) => match ls.origins[idx].as_ref() {
-            Some(origin) => down.origin(head, origin).await,
-            None => {
-                down.fail(head, ProxyError::NoRoute, Phase::Route, true)
-                    .await
+            (None, Action::Redirect { status, location }) => {
+                let who = down.who();
+                let location = location.render(&RequestVars::new(head, route, who.tls, who.ip));
+                (*status, "text/plain", b"", vec![("Location", location)])
             }
-        },
-        Action::Redirect { status, location } => {
-            let who = down.who();
-            let location = location.render(&RequestVars::new(head, route, who.tls, who.ip));
-            let extra = [("Location", &*location)];
-            down.local(head, *status, "text/plain", b"", &extra).await
-        }
-        Action::Fixed {
-            status,
-            content_type,
-            body,
-        } => {
-            down.local(head, *status, content_type, body.as_bytes(), &[])
-                .await
+            (
+                None,
+                Action::Fixed {
+                    status,
+                    content_type,
+                    body,
+                },
+            ) => (*status, content_type.as_str(), body.as_bytes(), Vec::new()),
+        };
+    let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, &**v)).collect();
+    down.local(head, status, content_type, body, &fields).await
+}
+
+/// A field of a local answer.
+type Field<'v> = (&'static str, Cow<'v, str>);
+
+/// The proxy action: the forward filters, a buffered body when the route reads bodies whole,
+/// then the attempts.
+async fn proxy_action<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    idx: usize,
+    p: &ProxyAction,
+) -> Outcome {
+    let env = down.env();
+    let ls = env.ls;
+    let route = &ls.listener.routes[idx];
+    let filters = &ls.filters[idx];
+    let default = RouteResilience::default();
+    let res = ls.resilience.get(idx).unwrap_or(&default);
+    let counters = &ls.route_stats[idx];
+    let mut forward = Edits::default();
+    {
+        let who = down.who();
+        let vars = RequestVars::new(head, route, who.tls, who.ip);
+        filters.forward(route, &vars, &mut forward);
+    }
+    // A buffered body is read whole before any server is picked (a slow upload holds no server
+    // connection; the attempts replay it).
+    let mut buffered = None;
+    if let Some(cfg) = p
+        .buffer
+        .as_ref()
+        .filter(|_| head.has_body() && !head.upgrade)
+    {
+        // Boxed: only buffering routes pay for the reader's state.
+        match Box::pin(downstream::buffer::read_all(down, head, route, cfg)).await {
+            Ok(b) => {
+                let stats = &env.shared.stats;
+                stats.requests_buffered.fetch_add(1, Ordering::Relaxed);
+                let spilled = b.on_disk();
+                stats
+                    .request_buffer_file_bytes
+                    .fetch_add(spilled, Ordering::Relaxed);
+                buffered = Some(b);
+            }
+            Err(e) => return down.fail(head, e, Phase::RequestBody, false).await,
         }
     }
+    let px = Proxied {
+        route,
+        p,
+        filters,
+        forward,
+        buffered,
+    };
+    let mut ubuf = down.take_ubuf();
+    let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
+    down.put_ubuf(ubuf);
+    o
 }
 
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
@@ -370,7 +395,7 @@ async fn attempt<'a, D: Client<'a>>(
                             relay(&mut body, &mut sent.out, &mut z).await
                         }
                     };
-                    record(&z, shared);
+                    record(z, shared);
                     if r.is_ok() {
                         // The upstream exchange is complete: free the connection and the
                         // server's active slot before the last client write, so neither waits
@@ -412,7 +437,7 @@ async fn attempt<'a, D: Client<'a>>(
                                 relay(&mut body, &mut sent.out, &mut z).await
                             }
                         };
-                        record(&z, shared);
+                        record(z, shared);
                         // The exchange is over: free the stream slot and the server's active
                         // slot before the last client write.
                         drop(lease);
@@ -477,7 +502,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
     if !upload_done {
         send.send_reset(h2::Reason::CANCEL);
     }
-    record(&z, down.env().shared);
+    record(z, down.env().shared);
     let sent = Sent {
         out,
         keep_alive: true,
@@ -750,7 +775,8 @@ fn response_filters<'r>(
 }
 
 /// Count a compressed response.
-fn record(z: &Option<Box<Compressing>>, shared: &crate::state::Shared) {
+#[inline]
+fn record(z: Option<Box<Compressing>>, shared: &crate::state::Shared) {
     if let Some(z) = z {
         z.record(&shared.stats);
     }
@@ -777,7 +803,9 @@ async fn relay_plain<O: Sink>(up: &mut UpBody<'_>, out: &mut O) -> Result<(), Pr
         match up.step()? {
             Step::Data(d, last) => {
                 let n = d.len();
-                out.data(d, last).await?;
+                if !out.try_buffer(&d) {
+                    out.data(d, last).await?;
+                }
                 up.release(n);
                 if last {
                     return Ok(());
