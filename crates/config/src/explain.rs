@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use crate::model::{
     AccessLogFormat, Action, Balance, Coding, Compression, Config, Cors, HeaderRules,
     HealthCheckKind, HostMatch, ListenerLimits, Matcher, OriginPattern, PathMatch, ProxyAction,
-    RateLimitKey, RetryPolicy, Route, StaticAction, UpstreamGroup, DEFAULT_MAX_BODY_BYTES,
+    RateLimitKey, RetryPolicy, Route, SplitKey, StaticAction, UpstreamGroup,
+    DEFAULT_MAX_BODY_BYTES,
 };
 use crate::units::{format_duration, format_size};
 
@@ -318,6 +319,23 @@ fn action(route: &Route, config: &Config) -> String {
             }
             if let Some(t) = &p.rewrite {
                 options.push(format!("rewrite to {t}"));
+            }
+            if let Some(s) = &p.split {
+                let shares: Vec<String> = s
+                    .shares
+                    .iter()
+                    .map(|(g, bp)| {
+                        let name = config.upstreams.get(*g).map_or("?", |u| u.name.as_str());
+                        format!("{}% to {name:?}", f64::from(*bp) / 100.0)
+                    })
+                    .collect();
+                let by = match &s.key {
+                    SplitKey::Random => "at random".to_string(),
+                    SplitKey::ClientIp => "by client IP".to_string(),
+                    SplitKey::Header(h) => format!("by header {h}"),
+                    SplitKey::Cookie(c) => format!("by cookie {c}"),
+                };
+                options.push(format!("split {} {by}", shares.join(", ")));
             }
             if let Some(b) = &p.buffer {
                 options.push(format!(

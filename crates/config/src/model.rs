@@ -483,6 +483,30 @@ pub struct ProxyAction {
     /// Read the whole request body before a server is picked (`buffer_request`); None = the
     /// body streams to the server as it arrives (the default).
     pub buffer: Option<RequestBuffer>,
+    /// Shares of the route's requests sent to other groups (`split`); the rest go to `upstream`.
+    pub split: Option<Split>,
+}
+
+/// A traffic split: each share's group gets that many hundredths of a percent of the requests,
+/// chosen by `key` (the same key value always lands on the same side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    /// (group index, basis points: 1 = 0.01%), in order; their sum is at most 10,000.
+    pub shares: Vec<(usize, u32)>,
+    pub key: SplitKey,
+}
+
+/// What decides a request's side of a split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SplitKey {
+    /// A fresh draw per request (the default).
+    Random,
+    /// The client's IP address.
+    ClientIp,
+    /// This request header's value (lowercased name); a request without it draws at random.
+    Header(String),
+    /// This cookie's value; a request without it draws at random.
+    Cookie(String),
 }
 
 /// Request body buffering: up to `memory` bytes in memory, the rest in an unnamed temporary

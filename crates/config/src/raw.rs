@@ -172,6 +172,19 @@ pub(crate) struct RawRoute {
     pub compression: Option<RawCompression>,
     pub cors: Option<RawCors>,
     pub buffer_request: Option<RawBufferRequest>,
+    pub split: Option<Spanned<Vec<Spanned<RawSplit>>>>,
+    pub split_key: Option<Spanned<String>>,
+}
+
+/// One share of a route's `split`: `{ group = "canary", percent = 5 }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a split share { group = \"NAME\", percent = N }"
+)]
+pub(crate) struct RawSplit {
+    pub group: Option<Spanned<String>>,
+    pub percent: Option<Spanned<Number>>,
 }
 
 /// `[listeners.routes.buffer_request]`: read the whole request body before contacting a server.

@@ -19,6 +19,7 @@ mod resilience;
 mod route;
 mod serve;
 mod server;
+mod split;
 mod state;
 mod sticky;
 mod stream;

@@ -578,6 +578,8 @@ pub(super) fn misplaced_options(
             "buffer_request",
             r.buffer_request.as_ref().and_then(buffer_at),
         ),
+        ("split", r.split.as_ref().map(start)),
+        ("split_key", r.split_key.as_ref().map(start)),
         ("forwarded_headers", r.forwarded_headers.as_ref().map(start)),
         ("via", r.via.as_ref().map(start)),
         ("preserve_host", r.preserve_host.as_ref().map(start)),
@@ -828,6 +830,19 @@ pub(super) fn proxy(
         };
         RequestBuffer { memory, directory }
     });
+    let split = r
+        .split
+        .as_ref()
+        .and_then(|s| split(ctx, key, s, r.split_key.as_ref(), upstream, upstreams));
+    if r.split.is_none() {
+        if let Some(k) = &r.split_key {
+            ctx.error(
+                start(k),
+                &sub(key, "split_key"),
+                "split_key needs a `split` on the route",
+            );
+        }
+    }
     let flag =
         |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
     let retry = r
@@ -840,6 +855,7 @@ pub(super) fn proxy(
         rewrite_prefix,
         rewrite,
         buffer,
+        split,
         forwarded_headers: flag(&r.forwarded_headers, true),
         via: flag(&r.via, false),
         preserve_host: flag(&r.preserve_host, true),
@@ -1116,4 +1132,114 @@ pub(super) fn buffer_at(b: &RawBufferRequest) -> Option<usize> {
     .into_iter()
     .flatten()
     .min()
+}
+
+/// A route's `split`: known groups other than the route's own, each once, shares above 0 that
+/// add up to 100 at most; `split_key` `random`, `client_ip`, `header:NAME` or `cookie:NAME`.
+fn split(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: &Spanned<Vec<Spanned<RawSplit>>>,
+    raw_key: Option<&Spanned<String>>,
+    own: usize,
+    upstreams: &[String],
+) -> Option<Split> {
+    let skey = sub(key, "split");
+    if raw.get_ref().is_empty() {
+        ctx.error(
+            start(raw),
+            &skey,
+            "must list at least one share { group = \"NAME\", percent = N }",
+        );
+        return None;
+    }
+    let mut shares = Vec::new();
+    let mut total = 0u32;
+    for (i, item) in raw.get_ref().iter().enumerate() {
+        let ikey = format!("{skey}[{i}]");
+        let s = item.get_ref();
+        let Some(group) = &s.group else {
+            ctx.error(
+                start(item),
+                &ikey,
+                "a share needs `group`, the upstream group it goes to",
+            );
+            continue;
+        };
+        let Some(gi) = upstreams.iter().position(|n| n == group.get_ref()) else {
+            ctx.error(
+                start(group),
+                &sub(&ikey, "group"),
+                format!("unknown upstream group {:?}", group.get_ref()),
+            );
+            continue;
+        };
+        if gi == own || shares.iter().any(|(g, _)| *g == gi) {
+            ctx.error(
+                start(group),
+                &sub(&ikey, "group"),
+                format!(
+                    "group {:?} is already the route's or another share's",
+                    group.get_ref()
+                ),
+            );
+            continue;
+        }
+        let Some(percent) = &s.percent else {
+            ctx.error(
+                start(item),
+                &ikey,
+                "a share needs `percent`, its part of the requests (0.01 to 100)",
+            );
+            continue;
+        };
+        let bp = (percent.get_ref().0 * 100.0).round();
+        if !(1.0..=10_000.0).contains(&bp) {
+            ctx.error(
+                start(percent),
+                &sub(&ikey, "percent"),
+                format!(
+                    "must be between 0.01 and 100, found {}",
+                    percent.get_ref().0
+                ),
+            );
+            continue;
+        }
+        total += bp as u32;
+        shares.push((gi, bp as u32));
+    }
+    if total > 10_000 {
+        ctx.error(
+            start(raw),
+            &skey,
+            format!(
+                "the shares add up to {}%: at most 100",
+                f64::from(total) / 100.0
+            ),
+        );
+        return None;
+    }
+    let key = match raw_key {
+        None => SplitKey::Random,
+        Some(k) => {
+            let text = k.get_ref();
+            match text.split_once(':') {
+                _ if text == "random" => SplitKey::Random,
+                _ if text == "client_ip" => SplitKey::ClientIp,
+                Some(("header", h)) if header_name_error(h).is_none() => {
+                    SplitKey::Header(h.to_ascii_lowercase())
+                }
+                Some(("cookie", c)) if is_token(c) => SplitKey::Cookie(c.to_string()),
+                _ => {
+                    ctx.error(
+                        start(k),
+                        &sub(key, "split_key"),
+                        format!("invalid split_key {text:?}: expected \"random\", \"client_ip\", \"header:NAME\" or \"cookie:NAME\""),
+                    );
+                    SplitKey::Random
+                }
+            }
+        }
+    };
+    (!shares.is_empty()).then_some(Split { shares, key })
 }

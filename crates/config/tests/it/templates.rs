@@ -161,3 +161,45 @@ fn buffer_request_needs_a_body_limit() {
     );
     assert!(err("proxy = \"a\"\nbuffer_request = { memory = \"2g\" }").contains("must be at most"));
 }
+
+#[test]
+fn splits_name_known_groups_and_add_up_to_100_at_most() {
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"a\"\n\
+                split = [{ group = \"b\", percent = 1.5 }, { group = \"c\", percent = 10 }]\nsplit_key = \"cookie:uid\"\n\
+                [upstreams.a]\nservers = [\"127.0.0.1:1\"]\n[upstreams.b]\nservers = [\"127.0.0.1:2\"]\n\
+                [upstreams.c]\nservers = [\"127.0.0.1:3\"]\n";
+    let c = parse(text, "t.toml").unwrap();
+    let Action::Proxy(p) = &c.listeners[0].routes[0].action else {
+        panic!()
+    };
+    let s = p.split.as_ref().unwrap();
+    assert_eq!(s.shares, [(1, 150), (2, 1000)]);
+    assert_eq!(s.key, portico_config::SplitKey::Cookie("uid".into()));
+    let text2 = explain(&c);
+    assert!(
+        text2.contains("split 1.5% to \"b\", 10% to \"c\" by cookie uid"),
+        "{text2}"
+    );
+    let bad = |split: &str| {
+        let t = text.replace(
+            "split = [{ group = \"b\", percent = 1.5 }, { group = \"c\", percent = 10 }]\nsplit_key = \"cookie:uid\"",
+            split,
+        );
+        parse(&t, "t.toml").unwrap_err().to_string()
+    };
+    assert!(
+        bad("split = [{ group = \"b\", percent = 60 }, { group = \"c\", percent = 50 }]")
+            .contains("add up to 110%")
+    );
+    assert!(bad("split = [{ group = \"a\", percent = 5 }]").contains("already the route's"));
+    assert!(
+        bad("split = [{ group = \"x\", percent = 5 }]").contains("unknown upstream group \"x\"")
+    );
+    assert!(bad("split = [{ group = \"b\", percent = 0 }]").contains("between 0.01 and 100"));
+    assert!(bad("split = [{ group = \"b\" }]").contains("needs `percent`"));
+    assert!(
+        bad("split = [{ group = \"b\", percent = 5 }]\nsplit_key = \"ip\"")
+            .contains("invalid split_key")
+    );
+    assert!(bad("split_key = \"client_ip\"").contains("needs a `split`"));
+}

@@ -125,7 +125,14 @@ impl Filters {
             if !route.response_headers.is_empty() {
                 list.push(Filter::ResponseHeaders);
             }
-            if sticky_reachable(groups, p.upstream) {
+            let split = p
+                .split
+                .iter()
+                .flat_map(|s| s.shares.iter().map(|(g, _)| *g));
+            if std::iter::once(p.upstream)
+                .chain(split)
+                .any(|g| sticky_reachable(groups, g))
+            {
                 list.push(Filter::StickyCookie);
             }
             if route.compression.is_some() {

@@ -24,6 +24,8 @@ pub(crate) struct Proxied<'r> {
     pub p: &'r ProxyAction,
     pub filters: &'r Filters,
     pub forward: Edits<'r>,
+    /// The group the attempts go to: the route's, or its side of a `split`.
+    pub group: usize,
     /// The request body, read whole before the first attempt (`buffer_request`).
     pub buffered: Option<std::rc::Rc<crate::downstream::buffer::Buffered>>,
 }

@@ -176,10 +176,16 @@ async fn proxy_action<'a, D: Client<'a>>(
     let res = ls.resilience.get(idx).unwrap_or(&default);
     let counters = &ls.route_stats[idx];
     let mut forward = Edits::default();
+    let group;
     {
         let who = down.who();
         let vars = RequestVars::new(head, route, who.tls, who.ip);
         filters.forward(route, &vars, &mut forward);
+        // The request's side of a split, once: its retries stay there.
+        group = match &p.split {
+            None => p.upstream,
+            Some(s) => crate::split::group(s, p.upstream, head, who.ip),
+        };
     }
     // A buffered body is read whole before any server is picked (a slow upload holds no server
     // connection; the attempts replay it).
@@ -209,6 +215,7 @@ async fn proxy_action<'a, D: Client<'a>>(
         filters,
         forward,
         buffered,
+        group,
     };
     let mut ubuf = down.take_ubuf();
     let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
@@ -255,8 +262,7 @@ async fn attempt<'a, D: Client<'a>>(
     let shared = env.shared;
     let mut asked = retry.started();
     let watch = down.watch();
-    let pick =
-        crate::flow::attempt::pick(shared, p.upstream, down.who().ip, head, retry, &mut asked);
+    let pick = crate::flow::attempt::pick(shared, px.group, down.who().ip, head, retry, &mut asked);
     // An HTTP/2 client that resets its stream while the request waits in a queue leaves at once.
     let picked = unless_reset(watch, std::pin::pin!(pick)).await;
     let picked = picked.unwrap_or(Err(ProxyError::ClientClosed));

@@ -18,6 +18,7 @@ mod proxy;
 mod reload;
 mod resilience;
 mod send_timeout;
+mod split;
 mod tls;
 mod tls_upstream;
 mod tunnel_log;
