@@ -337,6 +337,16 @@ fn action(route: &Route, config: &Config) -> String {
                 };
                 options.push(format!("split {} {by}", shares.join(", ")));
             }
+            if let Some(m) = &p.mirror {
+                let name = config
+                    .upstreams
+                    .get(m.group)
+                    .map_or("?", |u| u.name.as_str());
+                options.push(format!(
+                    "mirror {}% to {name:?}",
+                    f64::from(m.basis_points) / 100.0
+                ));
+            }
             if let Some(b) = &p.buffer {
                 options.push(format!(
                     "request bodies buffered ({} in memory, then files in {})",

@@ -485,6 +485,16 @@ pub struct ProxyAction {
     pub buffer: Option<RequestBuffer>,
     /// Shares of the route's requests sent to other groups (`split`); the rest go to `upstream`.
     pub split: Option<Split>,
+    /// A copy of sampled requests sent to a shadow group, its answers discarded (`mirror`).
+    pub mirror: Option<Mirror>,
+}
+
+/// Request mirroring: `percent` of the route's requests (in basis points: 10,000 = all) are
+/// also sent, fire-and-forget, to a server of `group`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mirror {
+    pub group: usize,
+    pub basis_points: u32,
 }
 
 /// A traffic split: each share's group gets that many hundredths of a percent of the requests,

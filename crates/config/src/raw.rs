@@ -174,6 +174,18 @@ pub(crate) struct RawRoute {
     pub buffer_request: Option<RawBufferRequest>,
     pub split: Option<Spanned<Vec<Spanned<RawSplit>>>>,
     pub split_key: Option<Spanned<String>>,
+    pub mirror: Option<Spanned<RawMirror>>,
+}
+
+/// A route's `mirror`: `{ group = "shadow", percent = 10 }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mirror table { group = \"NAME\", percent = N }"
+)]
+pub(crate) struct RawMirror {
+    pub group: Option<Spanned<String>>,
+    pub percent: Option<Spanned<Number>>,
 }
 
 /// One share of a route's `split`: `{ group = "canary", percent = 5 }`.

@@ -26,9 +26,9 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Compression,
     Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck,
-    Listener, ListenerLimits, Matcher, PassiveCheck, PathMatch, PathRegex, ProxyAction, RateLimit,
-    RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route, Server, Shed, Split, SplitKey,
-    StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup, UpstreamProtocol,
+    Listener, ListenerLimits, Matcher, Mirror, PassiveCheck, PathMatch, PathRegex, ProxyAction,
+    RateLimit, RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route, Server, Shed, Split,
+    SplitKey, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup, UpstreamProtocol,
     UpstreamTls, CIPHER_SUITES, DEFAULT_BUFFER_MEMORY, DEFAULT_CHECK_INTERVAL,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,

@@ -580,6 +580,7 @@ pub(super) fn misplaced_options(
         ),
         ("split", r.split.as_ref().map(start)),
         ("split_key", r.split_key.as_ref().map(start)),
+        ("mirror", r.mirror.as_ref().map(start)),
         ("forwarded_headers", r.forwarded_headers.as_ref().map(start)),
         ("via", r.via.as_ref().map(start)),
         ("preserve_host", r.preserve_host.as_ref().map(start)),
@@ -843,6 +844,46 @@ pub(super) fn proxy(
             );
         }
     }
+    let mirror = r.mirror.as_ref().and_then(|m| {
+        let mkey = sub(key, "mirror");
+        let raw = m.get_ref();
+        let Some(group) = &raw.group else {
+            ctx.error(start(m), &mkey, "a mirror needs `group`, the upstream group the copies go to");
+            return None;
+        };
+        let Some(gi) = upstreams.iter().position(|n| n == group.get_ref()) else {
+            ctx.error(
+                start(group),
+                &sub(&mkey, "group"),
+                format!("unknown upstream group {:?}", group.get_ref()),
+            );
+            return None;
+        };
+        if gi == upstream {
+            ctx.error(
+                start(group),
+                &sub(&mkey, "group"),
+                "the mirror group must not be the route's own group (its servers would get every request twice)",
+            );
+            return None;
+        }
+        let basis_points = match &raw.percent {
+            None => 10_000,
+            Some(p) => {
+                let bp = (p.get_ref().0 * 100.0).round();
+                if !(1.0..=10_000.0).contains(&bp) {
+                    ctx.error(
+                        start(p),
+                        &sub(&mkey, "percent"),
+                        format!("must be between 0.01 and 100, found {}", p.get_ref().0),
+                    );
+                    return None;
+                }
+                bp as u32
+            }
+        };
+        Some(Mirror { group: gi, basis_points })
+    });
     let flag =
         |v: &Option<Spanned<bool>>, default: bool| v.as_ref().map_or(default, |b| *b.get_ref());
     let retry = r
@@ -856,6 +897,7 @@ pub(super) fn proxy(
         rewrite,
         buffer,
         split,
+        mirror,
         forwarded_headers: flag(&r.forwarded_headers, true),
         via: flag(&r.via, false),
         preserve_host: flag(&r.preserve_host, true),

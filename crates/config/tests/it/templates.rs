@@ -203,3 +203,34 @@ fn splits_name_known_groups_and_add_up_to_100_at_most() {
     );
     assert!(bad("split_key = \"client_ip\"").contains("needs a `split`"));
 }
+
+#[test]
+fn a_mirror_names_another_group_and_a_share() {
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"a\"\n\
+                mirror = { group = \"b\", percent = 2.5 }\n\
+                [upstreams.a]\nservers = [\"127.0.0.1:1\"]\n[upstreams.b]\nservers = [\"127.0.0.1:2\"]\n";
+    let c = parse(text, "t.toml").unwrap();
+    let Action::Proxy(p) = &c.listeners[0].routes[0].action else {
+        panic!()
+    };
+    assert_eq!(
+        p.mirror,
+        Some(portico_config::Mirror {
+            group: 1,
+            basis_points: 250
+        })
+    );
+    assert!(explain(&c).contains("mirror 2.5% to \"b\""));
+    let bad = |m: &str| {
+        parse(
+            &text.replace("mirror = { group = \"b\", percent = 2.5 }", m),
+            "t.toml",
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(bad("mirror = { group = \"a\" }").contains("must not be the route's own group"));
+    assert!(bad("mirror = { group = \"zz\" }").contains("unknown upstream group \"zz\""));
+    assert!(bad("mirror = { percent = 5 }").contains("needs `group`"));
+    assert!(bad("mirror = { group = \"b\", percent = 101 }").contains("between 0.01 and 100"));
+}

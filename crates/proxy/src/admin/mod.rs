@@ -874,6 +874,23 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
         }
     }
     e.family(
+        "portico_mirrored_requests_total",
+        "counter",
+        "Copies of requests sent to a route's mirror group, by what became of them.",
+    );
+    for (fate, v) in [
+        ("answered", &stats.mirror_answered),
+        ("failed", &stats.mirror_failed),
+        ("dropped", &stats.mirror_dropped),
+        ("skipped", &stats.mirror_skipped),
+    ] {
+        e.sample(
+            "portico_mirrored_requests_total",
+            &[("result", fate)],
+            v.load(Relaxed) as f64,
+        );
+    }
+    e.family(
         "portico_shedding",
         "gauge",
         "Workers shedding new requests now (counted once per listener with shed).",

@@ -203,47 +203,12 @@ impl Picked<'_> {
         edits: &Edits<'_>,
         client: &Who<'_>,
     ) {
-        let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
-            Cow::Borrowed(head.target())
-        } else {
-            match head.query() {
-                Some(q) => Cow::Owned(format!("{}?{}", head.path(), q)),
-                None => Cow::Borrowed(head.path()),
-            }
-        };
-        let target = match &p.rewrite {
-            Some(t) => {
-                let vars = crate::vars::RequestVars::new(head, route, client.tls, client.ip);
-                Cow::Owned(crate::vars::rewritten(t, &vars))
-            }
-            None => route.upstream_target(&origin_form),
-        };
-        // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and
-        // the one routing used), whatever the Host field says.
-        let absolute = absolute_authority(head.target());
         let addr = self.addr();
-        let authority = match absolute {
-            Some(a) => a.to_string(),
-            None if p.preserve_host && head.field("host").is_some() => String::new(),
-            None => match self.tls.and_then(|t| t.host(addr)) {
-                Some(host) => host,
-                None => addr.to_string(),
-            },
+        let server = || match self.tls.and_then(|t| t.host(addr)) {
+            Some(host) => host,
+            None => addr.to_string(),
         };
-        headers::upstream_request(
-            out,
-            head,
-            &target,
-            p,
-            edits,
-            &Forwarding {
-                client_ip: client.ip,
-                proto: if client.tls { "https" } else { "http" },
-                authority: &authority,
-                absolute: absolute.is_some(),
-                client_cert_subject: client.cert_subject,
-            },
-        );
+        forwarded_head(out, head, route, p, edits, client, server);
     }
 
     /// A pooled connection to the server (unless `fresh_only`), else a new one; `connect` is set
@@ -398,6 +363,57 @@ impl Picked<'_> {
         }
         drop(self.guard);
     }
+}
+
+/// Write the forwarded request head into `out` (in the server's protocol), with the forward
+/// filters' `edits`; `server`: the Host to send when the client's is not kept (the server's
+/// name or address).
+pub(crate) fn forwarded_head(
+    out: &mut impl HeadOut,
+    head: &RequestHead,
+    route: &Route,
+    p: &ProxyAction,
+    edits: &Edits<'_>,
+    client: &Who<'_>,
+    server: impl FnOnce() -> String,
+) {
+    let origin_form: Cow<'_, str> = if head.target().starts_with('/') {
+        Cow::Borrowed(head.target())
+    } else {
+        match head.query() {
+            Some(q) => Cow::Owned(format!("{}?{}", head.path(), q)),
+            None => Cow::Borrowed(head.path()),
+        }
+    };
+    let target = match &p.rewrite {
+        Some(t) => {
+            let vars = crate::vars::RequestVars::new(head, route, client.tls, client.ip);
+            Cow::Owned(crate::vars::rewritten(t, &vars))
+        }
+        None => route.upstream_target(&origin_form),
+    };
+    // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and
+    // the one routing used), whatever the Host field says.
+    let absolute = absolute_authority(head.target());
+    let authority = match absolute {
+        Some(a) => a.to_string(),
+        None if p.preserve_host && head.field("host").is_some() => String::new(),
+        None => server(),
+    };
+    headers::upstream_request(
+        out,
+        head,
+        &target,
+        p,
+        edits,
+        &Forwarding {
+            client_ip: client.ip,
+            proto: if client.tls { "https" } else { "http" },
+            authority: &authority,
+            absolute: absolute.is_some(),
+            client_cert_subject: client.cert_subject,
+        },
+    );
 }
 
 /// The authority of an absolute-form target (`http://host:port/path` -> `host:port`).

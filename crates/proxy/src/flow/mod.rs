@@ -3,6 +3,7 @@
 mod attempt;
 mod exchange_h1;
 mod exchange_h2;
+mod mirror;
 
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
@@ -217,6 +218,9 @@ async fn proxy_action<'a, D: Client<'a>>(
         buffered,
         group,
     };
+    if p.mirror.is_some() {
+        mirror::maybe_spawn(&env, &px, head, &down.who());
+    }
     let mut ubuf = down.take_ubuf();
     let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
     down.put_ubuf(ubuf);

@@ -189,6 +189,12 @@ pub struct Stats {
     /// them that went to temporary files.
     pub requests_buffered: AtomicU64,
     pub request_buffer_file_bytes: AtomicU64,
+    /// Mirrored copies of requests: answered by the shadow server, failed, dropped (no server
+    /// or too many in flight), skipped (streamed body, upgrade, HTTP/2 shadow group).
+    pub mirror_answered: AtomicU64,
+    pub mirror_failed: AtomicU64,
+    pub mirror_dropped: AtomicU64,
+    pub mirror_skipped: AtomicU64,
     /// Compressed responses, and their body bytes before and after, per coding (in the
     /// order of `Coding::ALL`).
     pub compression: [Compressed; 3],
@@ -242,6 +248,10 @@ impl Default for Stats {
             h2_ping_floods: AtomicU64::new(0),
             requests_buffered: AtomicU64::new(0),
             request_buffer_file_bytes: AtomicU64::new(0),
+            mirror_answered: AtomicU64::new(0),
+            mirror_failed: AtomicU64::new(0),
+            mirror_dropped: AtomicU64::new(0),
+            mirror_skipped: AtomicU64::new(0),
             compression: Default::default(),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))

@@ -13,6 +13,7 @@ mod h2_interim;
 mod h2_upstream;
 mod h2_websocket;
 mod health;
+mod mirror;
 mod overload;
 mod proxy;
 mod reload;
