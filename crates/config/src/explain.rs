@@ -442,6 +442,12 @@ fn route_extras(route: &Route) -> Vec<String> {
     if let Some(c) = &route.cors {
         out.push(cors_summary(c));
     }
+    if let Some(r) = &route.ip_rules {
+        out.push(format!(
+            "ip_rules: {} address ranges, first match decides, 403 when it denies",
+            r.ranges()
+        ));
+    }
     if let Action::Static(s) = &route.action {
         if !s.precompressed.is_empty() {
             let names: Vec<&str> = s.precompressed.iter().map(|c| c.token()).collect();

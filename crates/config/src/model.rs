@@ -59,6 +59,9 @@ pub struct Listener {
     pub http2: Http2Settings,
     /// Adaptive load shedding (`[listeners.shed]`); None = off (the default).
     pub shed: Option<Shed>,
+    /// Peers whose `X-Forwarded-For` names the client for `ip_rules` (empty: none, the socket's
+    /// address is the client's).
+    pub trusted_proxies: IpRules,
 }
 
 /// Load shedding: while a worker's event loop lags more than `target` (after lagging more for a
@@ -252,6 +255,132 @@ pub struct Route {
     pub compression: Option<Compression>,
     /// The cross-origin policy (`[listeners.routes.cors]`); None = Portico adds no CORS field.
     pub cors: Option<Cors>,
+    /// Which client addresses may use the route (`ip_rules`, the route's or its listener's);
+    /// None = any.
+    pub ip_rules: Option<IpRules>,
+}
+
+/// Ordered allow and deny rules over addresses and CIDR ranges: the first rule that covers an
+/// address decides; an address no rule covers is allowed. Consecutive rules of one kind are kept
+/// as sorted, merged ranges, so a list of 10,000 ranges costs a binary search, not a scan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpRules {
+    blocks: Vec<IpBlock>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct IpBlock {
+    allow: bool,
+    /// Disjoint inclusive ranges, sorted.
+    v4: Vec<(u32, u32)>,
+    v6: Vec<(u128, u128)>,
+}
+
+impl IpRules {
+    /// Add a rule at the end: `allow` or deny the range `net` (an address and a prefix length).
+    pub fn push(&mut self, allow: bool, addr: std::net::IpAddr, prefix: u8) {
+        if self.blocks.last().is_none_or(|b| b.allow != allow) {
+            self.blocks.push(IpBlock {
+                allow,
+                v4: Vec::new(),
+                v6: Vec::new(),
+            });
+        }
+        let Some(b) = self.blocks.last_mut() else {
+            return;
+        };
+        match addr {
+            std::net::IpAddr::V4(a) => {
+                let bits = u32::from(a);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(prefix.min(32)))
+                    .unwrap_or(0);
+                insert(&mut b.v4, (bits & mask, bits | !mask));
+            }
+            std::net::IpAddr::V6(a) => {
+                let bits = u128::from(a);
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(prefix.min(128)))
+                    .unwrap_or(0);
+                insert(&mut b.v6, (bits & mask, bits | !mask));
+            }
+        }
+    }
+
+    /// No rule at all.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Whether the first rule covering `ip` allows it (true when none covers it). An IPv4
+    /// address written as IPv6 (`::ffff:a.b.c.d`) is taken as the IPv4 one.
+    pub fn allows(&self, ip: std::net::IpAddr) -> bool {
+        self.decide(ip).unwrap_or(true)
+    }
+
+    /// Whether any rule covers `ip` (for lists of trusted proxies: all rules allow).
+    pub fn covers(&self, ip: std::net::IpAddr) -> bool {
+        self.decide(ip).is_some()
+    }
+
+    fn decide(&self, ip: std::net::IpAddr) -> Option<bool> {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => std::net::IpAddr::V4(v4),
+                None => ip,
+            },
+            v4 => v4,
+        };
+        self.blocks.iter().find_map(|b| {
+            let hit = match ip {
+                std::net::IpAddr::V4(a) => within(&b.v4, u32::from(a)),
+                std::net::IpAddr::V6(a) => within(&b.v6, u128::from(a)),
+            };
+            hit.then_some(b.allow)
+        })
+    }
+
+    /// The number of merged ranges (for `explain`).
+    pub fn ranges(&self) -> usize {
+        self.blocks.iter().map(|b| b.v4.len() + b.v6.len()).sum()
+    }
+}
+
+/// Insert the inclusive range `r` into sorted disjoint `ranges`, merging what it touches.
+fn insert<T: Copy + Ord + num_like::Succ>(ranges: &mut Vec<(T, T)>, r: (T, T)) {
+    let at = ranges.partition_point(|x| x.1 < r.0 && x.1.succ() < r.0);
+    let mut lo = r.0;
+    let mut hi = r.1;
+    let mut end = at;
+    while end < ranges.len() && ranges[end].0 <= hi.succ().max(hi) {
+        lo = lo.min(ranges[end].0);
+        hi = hi.max(ranges[end].1);
+        end += 1;
+    }
+    ranges.splice(at..end, [(lo, hi)]);
+}
+
+/// Whether `x` is in one of the sorted disjoint inclusive `ranges`.
+fn within<T: Copy + Ord>(ranges: &[(T, T)], x: T) -> bool {
+    let i = ranges.partition_point(|r| r.1 < x);
+    ranges.get(i).is_some_and(|r| r.0 <= x)
+}
+
+mod num_like {
+    /// The next value, saturating (for merging adjacent ranges).
+    pub trait Succ {
+        fn succ(self) -> Self;
+    }
+    impl Succ for u32 {
+        fn succ(self) -> Self {
+            self.saturating_add(1)
+        }
+    }
+    impl Succ for u128 {
+        fn succ(self) -> Self {
+            self.saturating_add(1)
+        }
+    }
 }
 
 /// A route's CORS policy (the Fetch standard's CORS protocol): preflights answered here,

@@ -46,6 +46,8 @@ pub(crate) struct RawListener {
     pub http2: Option<RawHttp2>,
     pub shed: Option<RawShed>,
     pub compression: Option<RawCompression>,
+    pub ip_rules: Option<Spanned<StrList>>,
+    pub trusted_proxies: Option<Spanned<StrList>>,
 }
 
 /// `[listeners.compression]` and `[listeners.routes.compression]`.
@@ -175,6 +177,7 @@ pub(crate) struct RawRoute {
     pub split: Option<Spanned<Vec<Spanned<RawSplit>>>>,
     pub split_key: Option<Spanned<String>>,
     pub mirror: Option<Spanned<RawMirror>>,
+    pub ip_rules: Option<Spanned<StrList>>,
 }
 
 /// A route's `mirror`: `{ group = "shadow", percent = 10 }`.

@@ -27,6 +27,8 @@ pub enum ProxyError {
     RateLimited,
     #[error("CORS preflight refused: {0}")]
     CorsRefused(&'static str),
+    #[error("the client's address is denied by the route's ip_rules")]
+    IpDenied,
     #[error("every upstream server is at its connection limit")]
     NoServer,
     #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
@@ -81,7 +83,7 @@ impl ProxyError {
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
             ProxyError::RateLimited => 429,
-            ProxyError::CorsRefused(_) => 403,
+            ProxyError::CorsRefused(_) | ProxyError::IpDenied => 403,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
@@ -122,7 +124,7 @@ impl ProxyError {
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
             ProxyError::RateLimited => (Side::Client, Cause::Limit),
-            ProxyError::CorsRefused(_) => (Side::Client, Cause::Denied),
+            ProxyError::CorsRefused(_) | ProxyError::IpDenied => (Side::Client, Cause::Denied),
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
             ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),

@@ -63,6 +63,7 @@ mod tests {
             rate_limit: None,
             compression: None,
             cors: None,
+            ip_rules: None,
         }
     }
 

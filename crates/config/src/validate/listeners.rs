@@ -81,6 +81,15 @@ pub(super) fn listeners(
             .compression
             .as_ref()
             .and_then(|c| compression(ctx, &sub(&key, "compression"), c, None));
+        let listener_ip_rules = l
+            .ip_rules
+            .as_ref()
+            .map(|r| ip_rules(ctx, &sub(&key, "ip_rules"), r));
+        let trusted = l
+            .trusted_proxies
+            .as_ref()
+            .map(|r| trusted_proxies(ctx, &sub(&key, "trusted_proxies"), r))
+            .unwrap_or_default();
         let routes = match &l.routes {
             None => {
                 ctx.error(
@@ -104,7 +113,11 @@ pub(super) fn listeners(
                 .enumerate()
                 .filter_map(|(j, r)| {
                     let key = format!("{key}.routes[{j}]");
-                    route(ctx, &key, &name, j, r, upstreams, compression.as_ref())
+                    let defaults = RouteDefaults {
+                        compression: compression.as_ref(),
+                        ip_rules: listener_ip_rules.as_ref(),
+                    };
+                    route(ctx, &key, &name, j, r, upstreams, defaults)
                 })
                 .collect(),
         };
@@ -116,6 +129,7 @@ pub(super) fn listeners(
             routes,
             shed,
             http2,
+            trusted_proxies: trusted,
         });
     }
     out

@@ -1,5 +1,6 @@
 //! Raw model -> typed `Config`: every rule, each error with its position and dotted key.
 
+mod access;
 mod compression;
 mod cors;
 mod listeners;
@@ -7,6 +8,7 @@ mod routes;
 mod tls;
 mod upstreams;
 
+use access::*;
 use compression::*;
 use cors::*;
 use listeners::*;
@@ -26,10 +28,10 @@ use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Compression,
     Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck,
-    Listener, ListenerLimits, Matcher, Mirror, PassiveCheck, PathMatch, PathRegex, ProxyAction,
-    RateLimit, RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route, Server, Shed, Split,
-    SplitKey, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup, UpstreamProtocol,
-    UpstreamTls, CIPHER_SUITES, DEFAULT_BUFFER_MEMORY, DEFAULT_CHECK_INTERVAL,
+    IpRules, Listener, ListenerLimits, Matcher, Mirror, PassiveCheck, PathMatch, PathRegex,
+    ProxyAction, RateLimit, RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route, Server, Shed,
+    Split, SplitKey, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup,
+    UpstreamProtocol, UpstreamTls, CIPHER_SUITES, DEFAULT_BUFFER_MEMORY, DEFAULT_CHECK_INTERVAL,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
     DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
     DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,

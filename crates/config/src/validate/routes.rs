@@ -2,6 +2,13 @@
 
 use super::*;
 
+/// What a route takes from its listener when it does not say.
+#[derive(Clone, Copy)]
+pub(super) struct RouteDefaults<'a> {
+    pub compression: Option<&'a Compression>,
+    pub ip_rules: Option<&'a IpRules>,
+}
+
 pub(super) fn route(
     ctx: &mut Ctx<'_>,
     key: &str,
@@ -9,8 +16,9 @@ pub(super) fn route(
     index: usize,
     item: &Spanned<RawRoute>,
     upstreams: &[String],
-    listener_compression: Option<&Compression>,
+    defaults: RouteDefaults<'_>,
 ) -> Option<Route> {
+    let listener_compression = defaults.compression;
     let r = item.get_ref();
     let name = match &r.name {
         Some(n) => {
@@ -58,6 +66,10 @@ pub(super) fn route(
             );
         }
     }
+    let ip_rules = match &r.ip_rules {
+        Some(raw) => Some(ip_rules(ctx, &sub(key, "ip_rules"), raw)),
+        None => defaults.ip_rules.cloned(),
+    };
     let cors = match (&action, &r.cors) {
         (Action::Proxy(_), Some(c)) => cors(ctx, &sub(key, "cors"), c),
         _ => None,
@@ -80,6 +92,7 @@ pub(super) fn route(
         rate_limit,
         compression,
         cors,
+        ip_rules,
     })
 }
 

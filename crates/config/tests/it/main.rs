@@ -1,5 +1,6 @@
 //! The config crate's integration tests in one binary (one link instead of one per file), a module per concern.
 
+mod access;
 mod compression;
 mod docs;
 mod errors;

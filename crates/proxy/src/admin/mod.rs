@@ -767,6 +767,11 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             &stats.retries_budget_exhausted,
         ),
         (
+            "portico_ip_denied_total",
+            "Requests refused 403 by a route's ip_rules.",
+            &stats.ip_denied,
+        ),
+        (
             "portico_request_bodies_buffered_total",
             "Request bodies read whole before a server was picked (buffer_request).",
             &stats.requests_buffered,

@@ -24,13 +24,13 @@ use crate::telemetry::stats::Stats;
 use bytes::Bytes;
 use compress::Encoder;
 use portico_config::{
-    Action, HeaderRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup, Vars,
+    Action, HeaderRules, IpRules, Listener, RateLimit, RateLimitKey, Route, UpstreamGroup, Vars,
 };
 use portico_http1::Coding;
 use portico_http1::RequestHead;
 use portico_upstream::Upstream;
 use std::borrow::Cow;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +38,8 @@ use std::time::{Duration, Instant};
 /// One compiled-in filter. Which phases it takes part in is fixed by its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Filter {
+    /// request: 403 for a client address the route's `ip_rules` deny.
+    IpRules,
     /// request: 503 with `Retry-After` while the listener sheds and this worker is saturated.
     Shed,
     /// request: the route's `rate_limit` (429 with `Retry-After`).
@@ -99,6 +101,8 @@ pub(crate) struct Cx<'r> {
     pub slot: u64,
     pub stats: &'r Stats,
     pub peer: SocketAddr,
+    /// The listener's `trusted_proxies` (whose `X-Forwarded-For` names the client).
+    pub trusted: &'r IpRules,
     pub client_ip: &'r str,
     pub head: &'r RequestHead,
     /// The clock read at the request head.
@@ -109,6 +113,10 @@ impl Filters {
     /// The filters of `route` on listener `l`; `groups`: the configuration's upstream groups.
     pub(crate) fn for_route(l: &Listener, route: &Route, groups: &[Arc<UpstreamGroup>]) -> Filters {
         let mut list = Vec::new();
+        // Cheapest first: a stranger is refused before it spends anything.
+        if route.ip_rules.is_some() {
+            list.push(Filter::IpRules);
+        }
         if l.shed.is_some() {
             list.push(Filter::Shed);
         }
@@ -142,7 +150,12 @@ impl Filters {
         list.push(Filter::RouteMetrics);
         let has = |phase: &[Filter]| list.iter().any(|f| phase.contains(f));
         Filters {
-            request: has(&[Filter::Shed, Filter::RateLimit, Filter::Cors]),
+            request: has(&[
+                Filter::IpRules,
+                Filter::Shed,
+                Filter::RateLimit,
+                Filter::Cors,
+            ]),
             response: has(&[Filter::ResponseHeaders, Filter::StickyCookie, Filter::Cors]),
             body: has(&[Filter::Compress]),
             list,
@@ -160,6 +173,7 @@ impl Filters {
     pub(crate) fn request(&self, cx: &Cx<'_>) -> Result<(), Answer> {
         for f in &self.list {
             match f {
+                Filter::IpRules => ip_rules(cx)?,
                 Filter::Shed => shed(cx)?,
                 Filter::RateLimit => rate_limit(cx)?,
                 Filter::Cors => preflight(cx)?,
@@ -379,6 +393,55 @@ fn shed(cx: &Cx<'_>) -> Result<(), Answer> {
         body: crate::resilience::load::SHED_BODY,
         retry_after: None,
     })
+}
+
+/// The route's `ip_rules`, for the client's address: the socket's, or the right-most address
+/// of `X-Forwarded-For` that is not a trusted proxy when the socket's peer is one.
+fn ip_rules(cx: &Cx<'_>) -> Result<(), Answer> {
+    let Some(rules) = &cx.route.ip_rules else {
+        return Ok(());
+    };
+    let client = client_addr(cx.peer.ip(), cx.head, cx.trusted);
+    if rules.allows(client) {
+        return Ok(());
+    }
+    cx.stats.ip_denied.fetch_add(1, Ordering::Relaxed);
+    let error = ProxyError::IpDenied;
+    tracing::debug!(peer = %cx.peer, client = %client, target = cx.head.target(), "{error}");
+    Err(Answer::Refuse {
+        body: crate::error::error_body(error.status()),
+        error,
+        retry_after: None,
+    })
+}
+
+/// The client's address: `peer`, unless it is a trusted proxy; then, walking `X-Forwarded-For`
+/// from the right (the hop nearest to us first), the first address that is not a trusted proxy
+/// (an entry that is not an address stops the walk at the last trusted one).
+pub(crate) fn client_addr(peer: IpAddr, head: &RequestHead, trusted: &IpRules) -> IpAddr {
+    if trusted.is_empty() || !trusted.covers(peer) {
+        return peer;
+    }
+    let mut entries: Vec<&[u8]> = Vec::new();
+    for (name, value) in head.fields() {
+        if name.eq_ignore_ascii_case("x-forwarded-for") {
+            entries.extend(value.split(|&b| b == b',').map(<[u8]>::trim_ascii));
+        }
+    }
+    let mut client = peer;
+    for e in entries.iter().rev() {
+        let Some(ip) = std::str::from_utf8(e)
+            .ok()
+            .and_then(|s| s.parse::<IpAddr>().ok())
+        else {
+            break;
+        };
+        client = ip;
+        if !trusted.covers(ip) {
+            break;
+        }
+    }
+    client
 }
 
 /// A CORS preflight: answered here, never proxied.

@@ -80,6 +80,7 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             slot: ls.slot,
             stats: &env.shared.stats,
             peer: env.peer,
+            trusted: &ls.listener.trusted_proxies,
             client_ip: down.who().ip,
             head,
             now,

@@ -185,6 +185,8 @@ pub struct Stats {
     pub h2_reset_floods: AtomicU64,
     /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for an unsolicited PING ACK flood.
     pub h2_ping_floods: AtomicU64,
+    /// Requests refused 403 by a route's `ip_rules`.
+    pub ip_denied: AtomicU64,
     /// Request bodies read whole before their attempt (`buffer_request`), and the bytes of
     /// them that went to temporary files.
     pub requests_buffered: AtomicU64,
@@ -246,6 +248,7 @@ impl Default for Stats {
             h2_connections: AtomicU64::new(0),
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
+            ip_denied: AtomicU64::new(0),
             requests_buffered: AtomicU64::new(0),
             request_buffer_file_bytes: AtomicU64::new(0),
             mirror_answered: AtomicU64::new(0),

@@ -2,6 +2,7 @@
 
 mod common;
 
+mod access;
 mod admin;
 mod buffering;
 mod compression;

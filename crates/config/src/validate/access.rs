@@ -1,0 +1,84 @@
+//! Who may pass: `ip_rules` (ordered allow and deny rules over addresses and CIDR ranges) and `trusted_proxies`.
+
+use super::*;
+use crate::model::IpRules;
+use std::net::IpAddr;
+
+/// `["allow 10.0.0.0/8", "deny all"]`: rules in order; `deny` = false.
+pub(super) fn ip_rules(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<StrList>) -> IpRules {
+    let mut rules = IpRules::default();
+    let items = raw.get_ref().items(start(raw));
+    if items.is_empty() {
+        ctx.error(
+            start(raw),
+            key,
+            "must list at least one rule, such as \"allow 10.0.0.0/8\"",
+        );
+    }
+    for (i, (text, at)) in items.iter().enumerate() {
+        let ikey = item(raw, key, i);
+        let (verb, what) = text.trim().split_once(' ').unwrap_or((text.trim(), ""));
+        let allow = match verb {
+            "allow" => true,
+            "deny" => false,
+            _ => {
+                ctx.error(
+                    *at,
+                    &ikey,
+                    format!("invalid rule {text:?}: expected \"allow RANGE\" or \"deny RANGE\" (RANGE: an address, a CIDR range or \"all\")"),
+                );
+                continue;
+            }
+        };
+        match what.trim() {
+            "all" => {
+                rules.push(allow, IpAddr::from([0u8; 4]), 0);
+                rules.push(allow, IpAddr::from([0u16; 8]), 0);
+            }
+            range => match cidr(range) {
+                Ok((addr, prefix)) => rules.push(allow, addr, prefix),
+                Err(m) => ctx.error(*at, &ikey, m),
+            },
+        }
+    }
+    rules
+}
+
+/// `trusted_proxies`: addresses and ranges whose `X-Forwarded-For` is believed.
+pub(super) fn trusted_proxies(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<StrList>) -> IpRules {
+    let mut rules = IpRules::default();
+    for (i, (text, at)) in raw.get_ref().items(start(raw)).iter().enumerate() {
+        match cidr(text.trim()) {
+            Ok((addr, prefix)) => rules.push(true, addr, prefix),
+            Err(m) => ctx.error(*at, &item(raw, key, i), m),
+        }
+    }
+    rules
+}
+
+/// An address (`10.0.0.1`, `2001:db8::1`) or a CIDR range (`10.0.0.0/8`, `2001:db8::/32`).
+fn cidr(text: &str) -> Result<(IpAddr, u8), String> {
+    let (addr, prefix) = match text.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (text, None),
+    };
+    let addr: IpAddr = addr.parse().map_err(|_| {
+        format!("invalid address or range {text:?}: expected such as \"10.0.0.1\", \"10.0.0.0/8\" or \"2001:db8::/32\"")
+    })?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => max,
+        Some(p) => match p.parse::<u8>() {
+            Ok(n) if n <= max => n,
+            _ => return Err(format!("invalid prefix length in {text:?}: 0 to {max}")),
+        },
+    };
+    Ok((addr, prefix))
+}
+
+fn item(list: &Spanned<StrList>, key: &str, i: usize) -> String {
+    match list.get_ref() {
+        StrList::One(_) => key.to_string(),
+        StrList::Many(_) => format!("{key}[{i}]"),
+    }
+}

@@ -1,0 +1,93 @@
+//! Who may pass: `ip_rules` (first match decides, ranges merged), `trusted_proxies`, and their errors.
+
+use portico_config::{explain, parse, IpRules};
+use std::net::IpAddr;
+
+fn config(listener: &str, route: &str) -> Result<portico_config::Config, String> {
+    let text = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:8080\"\n{listener}\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n{route}\n"
+    );
+    parse(&text, "t.toml").map_err(|e| e.to_string())
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn the_first_rule_that_covers_an_address_decides() {
+    let c = config(
+        "",
+        "ip_rules = [\"deny 10.1.2.3\", \"allow 10.0.0.0/8\", \"allow 2001:db8::/32\", \"deny all\"]",
+    )
+    .unwrap();
+    let r = c.listeners[0].routes[0].ip_rules.as_ref().unwrap();
+    assert!(!r.allows(ip("10.1.2.3")));
+    assert!(r.allows(ip("10.1.2.4")) && r.allows(ip("10.255.255.255")));
+    assert!(r.allows(ip("2001:db8:1::5")));
+    assert!(!r.allows(ip("11.0.0.1")) && !r.allows(ip("::1")));
+    // An IPv4 address in IPv6 form is the IPv4 one.
+    assert!(r.allows(ip("::ffff:10.9.9.9")) && !r.allows(ip("::ffff:10.1.2.3")));
+    assert!(
+        explain(&c).contains("ip_rules: 5 address ranges"),
+        "{}",
+        explain(&c)
+    );
+    // No rule covers: allowed.
+    let c = config("", "ip_rules = \"deny 192.168.0.0/16\"").unwrap();
+    assert!(c.listeners[0].routes[0]
+        .ip_rules
+        .as_ref()
+        .unwrap()
+        .allows(ip("8.8.8.8")));
+}
+
+#[test]
+fn ranges_of_one_kind_merge_and_a_long_list_stays_exact() {
+    let mut r = IpRules::default();
+    for i in 0..10_000u32 {
+        // Every other /24 of 10.0.0.0/8 and some adjacent ones that merge.
+        let a = 0x0a00_0000 + ((i * 2) << 8);
+        r.push(true, IpAddr::from(a.to_be_bytes()), 24);
+    }
+    r.push(true, ip("10.0.1.0"), 24);
+    r.push(false, ip("0.0.0.0"), 0);
+    assert!(r.allows(ip("10.0.0.7")) && r.allows(ip("10.0.1.7")) && r.allows(ip("10.0.2.7")));
+    assert!(!r.allows(ip("10.0.3.7")));
+    assert!(r.allows(ip(&format!(
+        "10.{}.{}.1",
+        (19_998 >> 8) & 255,
+        19_998 & 255
+    ))));
+    assert!(!r.allows(ip("10.200.0.1")));
+    assert_eq!(r.ranges(), 10_000 - 1 + 1);
+}
+
+#[test]
+fn listener_rules_are_every_routes_default_and_errors_point_at_the_rule() {
+    let c = config("ip_rules = [\"allow 127.0.0.1\", \"deny all\"]\ntrusted_proxies = [\"10.0.0.0/8\", \"fd00::/8\"]", "").unwrap();
+    let l = &c.listeners[0];
+    assert!(l.routes[0]
+        .ip_rules
+        .as_ref()
+        .unwrap()
+        .allows(ip("127.0.0.1")));
+    assert!(l.trusted_proxies.covers(ip("10.3.3.3")) && !l.trusted_proxies.covers(ip("11.0.0.1")));
+    let e = config("", "ip_rules = [\"allow 10.0.0.0/33\"]").unwrap_err();
+    assert!(
+        e.starts_with("t.toml:6:13: listeners[0].routes[0].ip_rules[0]: invalid prefix length"),
+        "{e}"
+    );
+    assert!(config("", "ip_rules = [\"permit 10.0.0.1\"]")
+        .unwrap_err()
+        .contains("expected \"allow RANGE\" or \"deny RANGE\""));
+    assert!(config("", "ip_rules = [\"allow example.com\"]")
+        .unwrap_err()
+        .contains("invalid address or range"));
+    assert!(config("", "ip_rules = []")
+        .unwrap_err()
+        .contains("at least one rule"));
+    assert!(config("trusted_proxies = [\"10.0.0.0/99\"]", "")
+        .unwrap_err()
+        .contains("invalid prefix length"));
+}
