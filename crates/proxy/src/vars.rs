@@ -27,10 +27,13 @@ impl<'a> RequestVars<'a> {
         }
     }
 
-    /// The port the request's Host field names, if it names one.
+    /// The port of the authority the request's host came from (an absolute-form target's,
+    /// else the Host field's), if it names one.
     fn port(&self) -> Option<&'a str> {
-        let host = self.head.field("host")?;
-        let host = std::str::from_utf8(host).ok()?;
+        let host = match absolute_authority(self.head.target()) {
+            Some(a) => a,
+            None => std::str::from_utf8(self.head.field("host")?).ok()?,
+        };
         let after = match host.strip_prefix('[') {
             // [v6]:port
             Some(v6) => &v6[v6.find(']')? + 1..],
@@ -90,10 +93,45 @@ impl Vars for RequestVars<'_> {
     }
 }
 
+/// The authority of an absolute-form target (`http://host:port/path` -> `host:port`).
+pub(crate) fn absolute_authority(target: &str) -> Option<&str> {
+    if target.starts_with('/') {
+        return None;
+    }
+    let rest = target.split_once("://")?.1;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let auth = &rest[..end];
+    // Drop userinfo if present (never forwarded).
+    Some(auth.rsplit_once('@').map_or(auth, |(_, h)| h)).filter(|a| !a.is_empty())
+}
+
+/// The variables of a request target: values taken from fields (`{header.NAME}`,
+/// `{cookie.NAME}`) are percent-encoded (everything but unreserved characters), so that a
+/// client's field cannot add a path segment, a query, a space or `..` to the target.
+struct TargetVars<'v, 'a>(&'v RequestVars<'a>);
+
+impl Vars for TargetVars<'_, '_> {
+    fn write(&self, v: &Var, out: &mut String) {
+        if !matches!(v, Var::Header(_) | Var::Cookie(_)) {
+            return self.0.write(v, out);
+        }
+        let mut raw = String::new();
+        self.0.write(v, &mut raw);
+        for b in raw.bytes() {
+            if b.is_ascii_alphanumeric() || b"-_~".contains(&b) {
+                out.push(char::from(b));
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+}
+
 /// The upstream target a `rewrite` template makes: a leading '/' when the value has none, and
 /// the client's query appended when the value has no query of its own (as nginx's `rewrite`).
+/// Field values in it are percent-encoded ([`TargetVars`]).
 pub(crate) fn rewritten(t: &Template, vars: &RequestVars<'_>) -> String {
-    let value: Cow<'_, str> = t.render(vars);
+    let value: Cow<'_, str> = t.render(&TargetVars(vars));
     let mut out = String::with_capacity(value.len() + 16);
     if !value.starts_with('/') {
         out.push('/');
@@ -106,6 +144,21 @@ pub(crate) fn rewritten(t: &Template, vars: &RequestVars<'_>) -> String {
         }
     }
     out
+}
+
+/// A redirect's `Location`. A path-relative target (written starting with one `/`) whose value
+/// starts with `//` or `/\\` after the variables are filled in (a capture or `{path}` of
+/// `/go//evil.example`) would be taken by browsers as another host: its leading slashes and
+/// backslashes become one `/`.
+pub(crate) fn location<'t>(t: &'t Template, vars: &RequestVars<'_>) -> Cow<'t, str> {
+    let value = t.render(vars);
+    let source = t.to_string();
+    let relative = source.starts_with('/') && !source.starts_with("//");
+    if relative && (value.starts_with("//") || value.starts_with("/\\")) {
+        let rest = value.trim_start_matches(['/', '\\']);
+        return Cow::Owned(format!("/{rest}"));
+    }
+    value
 }
 
 #[cfg(test)]
@@ -147,6 +200,40 @@ mod tests {
         let vars = RequestVars::new(&h, route, false, "::1");
         let t = Template::parse("{host} {port} {query}.", None).unwrap();
         assert_eq!(t.render(&vars), "[::1] 80 .");
+    }
+
+    #[test]
+    fn field_values_are_encoded_in_targets_and_redirects_stay_on_the_host() {
+        let c = config(
+            "path_regex = '^/go/(.*)$'\nproxy = \"a\"\nrewrite = \"/t/{header.x-tenant}/{cookie.s}{uri}\"",
+        );
+        let route = &c.listeners[0].routes[0];
+        let portico_config::Action::Proxy(p) = &route.action else {
+            panic!()
+        };
+        let h = head("GET /go/x HTTP/1.1\r\nHost: a\r\nX-Tenant: a HTTP/1.0\r\nCookie: s=..");
+        let vars = RequestVars::new(&h, route, false, "1");
+        let target = rewritten(p.rewrite.as_ref().unwrap(), &vars);
+        assert_eq!(target, "/t/a%20HTTP%2F1%2E0/%2E%2E/go/x");
+        let h = head("GET /go//evil.example HTTP/1.1\r\nHost: a");
+        let vars = RequestVars::new(&h, route, false, "1");
+        let names = [None, None];
+        let caps = Some(portico_config::Captures { names: &names });
+        let t = Template::parse("/{1}", caps).unwrap();
+        assert_eq!(location(&t, &vars), "/evil.example");
+        let t = Template::parse("{path}", None).unwrap();
+        assert_eq!(
+            location(&t, &vars),
+            "/go//evil.example",
+            "not path-relative as written"
+        );
+        let t = Template::parse("//cdn.example{path}", None).unwrap();
+        assert_eq!(location(&t, &vars), "//cdn.example/go//evil.example");
+        // {port} comes from the same authority as {host}.
+        let h = head("GET http://b.example:8443/x HTTP/1.1\r\nHost: b.example");
+        let vars = RequestVars::new(&h, route, false, "1");
+        let t = Template::parse("{host}:{port}", None).unwrap();
+        assert_eq!(t.render(&vars), "b.example:8443");
     }
 
     #[test]

@@ -74,6 +74,38 @@ pub(super) fn route(
         (Action::Proxy(_), Some(c)) => cors(ctx, &sub(key, "cors"), c),
         _ => None,
     };
+    if cors.is_some() {
+        // Preflights are OPTIONS requests: a route that does not match them never answers one.
+        if let Some(m) = r.methods.as_ref().filter(|_| !matcher.methods.is_empty()) {
+            if !matcher.methods.iter().any(|m| m == "OPTIONS") {
+                ctx.error(
+                    start(m),
+                    &sub(key, "methods"),
+                    "a route with a cors policy must also match OPTIONS (its preflights), or no route answers them",
+                );
+            }
+        }
+        let owned = |n: &String| n.starts_with("access-control-");
+        let rules = &response_headers;
+        if rules.remove.iter().any(owned)
+            || rules
+                .set
+                .iter()
+                .chain(rules.add.iter())
+                .any(|(n, _)| owned(n))
+        {
+            let at = r
+                .response_headers
+                .as_ref()
+                .and_then(rules_at)
+                .unwrap_or(start(item));
+            ctx.error(
+                at,
+                &sub(key, "response_headers"),
+                "the route's cors policy sets the Access-Control-* fields: header rules may not change them",
+            );
+        }
+    }
     // Compression applies to proxied responses (a static route serves precompressed files).
     let compression = match (&action, &r.compression) {
         (Action::Proxy(_), Some(c)) => {
@@ -384,8 +416,14 @@ pub(super) fn template(
     match Template::parse(value.get_ref(), captures) {
         Ok(t) => Some(t),
         Err((offset, message)) => {
-            // +1: the opening quote.
-            ctx.error(start(value) + 1 + offset, key, message);
+            // Inside the string when it is written as it reads (one quote, no escapes); else at
+            // the value.
+            let at = start(value);
+            let raw = value.span();
+            let written = ctx.text.get(raw.start + 1..raw.end.saturating_sub(1));
+            let plain = raw.end - raw.start == value.get_ref().len() + 2
+                && written == Some(value.get_ref().as_str());
+            ctx.error(if plain { at + 1 + offset } else { at }, key, message);
             None
         }
     }
@@ -812,11 +850,15 @@ pub(super) fn proxy(
                     &rkey,
                     format!("rewrite {text:?} must start with '/' or a variable such as {{path}}"),
                 );
-            } else if text.contains('#') || text.chars().any(|c| c.is_control() || c == ' ') {
+            } else if text.contains('#')
+                || text
+                    .chars()
+                    .any(|c| c.is_control() || c == ' ' || !c.is_ascii())
+            {
                 ctx.error(
                     start(t),
                     &rkey,
-                    format!("rewrite {text:?} must not contain a fragment, spaces or control characters"),
+                    format!("rewrite {text:?} must not contain a fragment, spaces, control or non-ASCII characters (percent-encode them)"),
                 );
             } else {
                 rewrite = Some(tpl);
@@ -837,6 +879,15 @@ pub(super) fn proxy(
             Some(d) => {
                 if let Some(m) = plain_text_error(d.get_ref(), "directory") {
                     ctx.error(start(d), &sub(&bkey, "directory"), m);
+                } else if !std::path::Path::new(d.get_ref()).is_dir() {
+                    ctx.error(
+                        start(d),
+                        &sub(&bkey, "directory"),
+                        format!(
+                            "{:?} is not a directory (it must exist when the configuration loads)",
+                            d.get_ref()
+                        ),
+                    );
                 }
                 PathBuf::from(d.get_ref())
             }

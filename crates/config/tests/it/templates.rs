@@ -234,3 +234,24 @@ fn a_mirror_names_another_group_and_a_share() {
     assert!(bad("mirror = { percent = 5 }").contains("needs `group`"));
     assert!(bad("mirror = { group = \"b\", percent = 101 }").contains("between 0.01 and 100"));
 }
+
+#[test]
+fn cors_routes_must_match_preflights_and_own_their_fields() {
+    assert!(
+        err("proxy = \"a\"\nmethods = [\"GET\", \"POST\"]\ncors = { allow_origins = \"*\" }")
+            .contains("must also match OPTIONS")
+    );
+    assert!(config(
+        "proxy = \"a\"\nmethods = [\"GET\", \"OPTIONS\"]\ncors = { allow_origins = \"*\" }"
+    )
+    .is_ok());
+    assert!(err("proxy = \"a\"\ncors = { allow_origins = \"*\" }\nresponse_headers = { set = { \"access-control-allow-origin\" = \"x\" } }")
+        .contains("header rules may not change them"));
+    assert!(
+        err("proxy = \"a\"\nbuffer_request = { directory = \"/nonexistent/portico\" }")
+            .contains("is not a directory")
+    );
+    // An escape before the variable: the error points at the value, not a wrong column.
+    let e = err("redirect = \"\\u0041/{nope}\"");
+    assert!(e.starts_with("t.toml:4:12:"), "{e}");
+}

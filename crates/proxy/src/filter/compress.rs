@@ -15,6 +15,10 @@ pub(crate) enum Plan {
     /// Sent as it is, with `Vary: Accept-Encoding`: this client accepts none of the codings,
     /// but another would get a compressed body.
     Vary,
+    /// No body here (a `304`, or the answer to `HEAD`), but a `GET` would have been
+    /// compressed: the same `Vary` and weak `ETag` that response carries, so a cache's stored
+    /// variant matches (RFC 9110 15.4.5).
+    Revalidated { etag: Option<String>, vary: bool },
     /// Compressed with this coding; `etag`: the server's ETag, weak, for the new body; `vary`:
     /// `Vary: Accept-Encoding` is added (the server's Vary does not cover it).
     Compress {
@@ -41,16 +45,18 @@ pub(crate) fn plan<'f, F>(c: &Compression, req: &RequestHead, resp: &Response<'_
 where
     F: Iterator<Item = (&'f str, &'f [u8])>,
 {
-    if *req.method() == Method::Head
-        || req.upgrade
-        || !resp.body
+    // A response without a body that stands for one Portico would compress: 304, HEAD.
+    let headless = *req.method() == Method::Head || resp.status == 304;
+    if req.upgrade
+        || (!resp.body && !headless)
         || resp.status < 200
-        || matches!(resp.status, 204 | 206 | 304)
-        || resp.length == Some(0)
+        || matches!(resp.status, 204 | 206)
+        || (resp.length == Some(0) && !headless)
     {
         return Plan::Leave;
     }
     let mut typed = false;
+    let mut has_type = false;
     let mut vary_covers = false;
     let mut etag = None;
     for (name, value) in (resp.fields)() {
@@ -72,6 +78,7 @@ where
             }
         } else if is("content-type") {
             typed = c.compresses_type(value);
+            has_type = true;
         } else if is("vary") {
             vary_covers |=
                 list(value).any(|t| t == b"*" || t.eq_ignore_ascii_case(b"accept-encoding"));
@@ -79,7 +86,10 @@ where
             etag = Some(value);
         }
     }
-    if !typed || resp.length.is_some_and(|n| n < c.min_length) {
+    // A 304 usually has no Content-Type: its coding is the one the client's stored response
+    // had, which only an accepted coding can be.
+    let type_ok = typed || (resp.status == 304 && !has_type);
+    if !type_ok || (!headless && resp.length.is_some_and(|n| n < c.min_length)) {
         return Plan::Leave;
     }
     let Some(coding) = negotiate(req.field("accept-encoding"), &c.algorithms) else {
@@ -96,6 +106,12 @@ where
         true => v.to_string(),
         false => format!("W/{v}"),
     });
+    if headless {
+        return Plan::Revalidated {
+            etag,
+            vary: !vary_covers,
+        };
+    }
     Plan::Compress {
         coding,
         etag,
@@ -121,15 +137,31 @@ pub(crate) enum Encoder {
     Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
 }
 
-/// brotli's window: 4 MiB (lgwin 22), the format's default; the memory is the codec's, per
-/// response, as for the other codings.
-const BROTLI_LGWIN: u32 = 22;
+/// The largest window brotli and zstd use, as a power of two: 1 MiB. A window as large as the
+/// codecs' defaults (4 to 8 MiB) helps only bodies far larger than a web response, and is
+/// memory held per response for as long as it streams.
+const MAX_WINDOW_LOG: u32 = 20;
+
+/// The window for a body of `length` bytes (None: unknown): the smallest power of two that
+/// holds it, between 2^16 and [`MAX_WINDOW_LOG`].
+fn window_log(length: Option<u64>) -> u32 {
+    match length {
+        Some(n) => (64 - n.saturating_sub(1).leading_zeros()).clamp(16, MAX_WINDOW_LOG),
+        None => MAX_WINDOW_LOG,
+    }
+}
 /// brotli's internal buffer between calls.
 const BROTLI_BUFFER: usize = 16 * 1024;
 
 impl Encoder {
-    /// An encoder for `coding` at the route's level.
-    pub(crate) fn new(coding: Coding, c: &Compression) -> std::io::Result<Encoder> {
+    /// An encoder for `coding` at the route's level, for a body of `length` bytes (None:
+    /// unknown), which sizes the brotli and zstd windows.
+    pub(crate) fn new(
+        coding: Coding,
+        c: &Compression,
+        length: Option<u64>,
+    ) -> std::io::Result<Encoder> {
+        let window = window_log(length);
         Ok(match coding {
             Coding::Gzip => {
                 let level = flate2::Compression::new(c.gzip_level);
@@ -139,10 +171,12 @@ impl Encoder {
                 Vec::new(),
                 BROTLI_BUFFER,
                 c.brotli_level,
-                BROTLI_LGWIN,
+                window,
             ))),
             Coding::Zstd => {
-                Encoder::Zstd(zstd::stream::write::Encoder::new(Vec::new(), c.zstd_level)?)
+                let mut e = zstd::stream::write::Encoder::new(Vec::new(), c.zstd_level)?;
+                e.window_log(window)?;
+                Encoder::Zstd(e)
             }
         })
     }
@@ -286,10 +320,22 @@ mod tests {
         leave(200, Some(100), &[HTML]);
         leave(200, Some(0), &[HTML]);
         leave(204, None, &[HTML]);
-        leave(304, None, &[HTML]);
         leave(200, None, &[HTML, ("Transfer-Encoding", "gzip, chunked")]);
+        // HEAD and 304: no body to compress, but the fields a compressed GET carries.
         let head = "HEAD /a HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip";
-        assert_eq!(plan_for(head, 200, Some(1000), &[HTML]), Plan::Leave);
+        let revalidated = Plan::Revalidated {
+            etag: Some("W/\"e\"".to_string()),
+            vary: true,
+        };
+        assert_eq!(
+            plan_for(head, 200, Some(1000), &[HTML, ("ETag", "\"e\"")]),
+            revalidated
+        );
+        assert_eq!(plan_for(GET, 304, None, &[("ETag", "\"e\"")]), revalidated);
+        assert_eq!(
+            plan_for(GET, 304, None, &[("Content-Type", "image/png")]),
+            Plan::Leave
+        );
         // identity is no coding at all.
         let p = plan_for(
             GET,
@@ -320,7 +366,7 @@ mod tests {
         let text: Vec<u8> = (0..4000)
             .flat_map(|i| format!("line {i} of the page\n").into_bytes())
             .collect();
-        let mut e = Encoder::new(coding, &Compression::defaults()).unwrap();
+        let mut e = Encoder::new(coding, &Compression::defaults(), None).unwrap();
         let mut out = Vec::new();
         for (i, chunk) in text.chunks(7000).enumerate() {
             out.extend_from_slice(&e.data(chunk).unwrap());
@@ -354,6 +400,31 @@ mod tests {
     }
 
     #[test]
+    fn windows_fit_the_body() {
+        assert_eq!(window_log(Some(100)), 16);
+        assert_eq!(window_log(Some(65_536)), 16);
+        assert_eq!(window_log(Some(65_537)), 17);
+        assert_eq!(window_log(Some(200_000)), 18);
+        assert_eq!(window_log(Some(1 << 40)), MAX_WINDOW_LOG);
+        assert_eq!(window_log(None), MAX_WINDOW_LOG);
+        // A small window still decodes (brotli and zstd with a length given).
+        for c in [Coding::Br, Coding::Zstd] {
+            let mut e = Encoder::new(c, &Compression::defaults(), Some(300)).unwrap();
+            let mut out = e.data(&[b'a'; 300]).unwrap().to_vec();
+            out.extend_from_slice(&e.finish().unwrap());
+            let mut back = Vec::new();
+            match c {
+                Coding::Br => brotli::Decompressor::new(&out[..], 4096).read_to_end(&mut back),
+                _ => zstd::stream::read::Decoder::new(&out[..])
+                    .unwrap()
+                    .read_to_end(&mut back),
+            }
+            .unwrap();
+            assert_eq!(back, [b'a'; 300]);
+        }
+    }
+
+    #[test]
     fn every_coding_streams_and_decodes_to_the_original() {
         for c in Coding::ALL {
             roundtrip(c);
@@ -362,7 +433,7 @@ mod tests {
 
     #[test]
     fn a_flush_makes_what_was_sent_decodable_before_the_end() {
-        let mut e = Encoder::new(Coding::Gzip, &Compression::defaults()).unwrap();
+        let mut e = Encoder::new(Coding::Gzip, &Compression::defaults(), Some(19)).unwrap();
         let mut out = e.data(b"data: first event\n\n").unwrap().to_vec();
         out.extend_from_slice(&e.flush().unwrap());
         let mut d = flate2::write::GzDecoder::new(Vec::new());

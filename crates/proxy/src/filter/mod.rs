@@ -272,28 +272,41 @@ where
     F: Iterator<Item = (&'f str, &'f [u8])>,
 {
     let c = route.compression.as_ref()?;
+    // A validator the route's header rules remove or set is not added back.
+    let rules_own_etag = edits.drops("etag");
     match compress::plan(c, head, resp) {
         compress::Plan::Leave => None,
+        compress::Plan::Revalidated { etag, vary } => {
+            if vary {
+                edits.add("Vary", Cow::Borrowed("Accept-Encoding"));
+            }
+            if let Some(etag) = etag.filter(|_| !rules_own_etag) {
+                edits.replace_etag(etag);
+            }
+            None
+        }
         compress::Plan::Vary => {
             edits.add("Vary", Cow::Borrowed("Accept-Encoding"));
             None
         }
-        compress::Plan::Compress { coding, etag, vary } => match Encoder::new(coding, c) {
-            Ok(enc) => {
-                edits.recode(coding, etag, vary);
-                Some(Box::new(Compressing {
-                    enc: Some(enc),
-                    coding,
-                    bytes_in: 0,
-                    bytes_out: 0,
-                }))
+        compress::Plan::Compress { coding, etag, vary } => {
+            match Encoder::new(coding, c, resp.length) {
+                Ok(enc) => {
+                    edits.recode(coding, etag.filter(|_| !rules_own_etag), vary);
+                    Some(Box::new(Compressing {
+                        enc: Some(enc),
+                        coding,
+                        bytes_in: 0,
+                        bytes_out: 0,
+                    }))
+                }
+                Err(e) => {
+                    // The codec could not start (memory): the response goes as it is.
+                    tracing::warn!("{} encoder failed to start: {e}", coding.token());
+                    None
+                }
             }
-            Err(e) => {
-                // The codec could not start (memory): the response goes as it is.
-                tracing::warn!("{} encoder failed to start: {e}", coding.token());
-                None
-            }
-        },
+        }
     }
 }
 
@@ -524,6 +537,8 @@ pub(crate) struct Edits<'r> {
     recoded: bool,
     /// The route's CORS policy answers: the server's `Access-Control-*` fields are dropped.
     cors: bool,
+    /// The server's `ETag` is replaced (by a weak one).
+    etag: bool,
 }
 
 /// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
@@ -573,6 +588,13 @@ impl<'r> Edits<'r> {
         }
     }
 
+    /// The server's `ETag` gives way to `etag` (a 304 or HEAD answer to a client whose GET
+    /// would be compressed).
+    pub(crate) fn replace_etag(&mut self, etag: String) {
+        self.etag = true;
+        self.add("ETag", Cow::Owned(etag));
+    }
+
     /// The route's CORS policy owns the `Access-Control-*` fields: the server's are dropped.
     pub(crate) fn own_cors_fields(&mut self) {
         self.cors = true;
@@ -589,7 +611,7 @@ impl<'r> Edits<'r> {
     pub(crate) fn drops(&self, name: &str) -> bool {
         // The common case (no rules, nothing owned) stays inline; the lists are looked at out
         // of line.
-        if self.rules.is_none() && !self.recoded && !self.cors {
+        if self.rules.is_none() && !self.recoded && !self.cors && !self.etag {
             return false;
         }
         self.drops_listed(name)
@@ -603,6 +625,7 @@ impl<'r> Edits<'r> {
                 || r.set.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
         }) || (self.recoded && among(&RECODED_DROPS))
             || (self.cors && among(&cors::CORS_FIELDS))
+            || (self.etag && name.eq_ignore_ascii_case("etag"))
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
@@ -620,7 +643,8 @@ impl<'r> Edits<'r> {
         });
         let recoded = RECODED_DROPS.iter().copied().filter(|_| self.recoded);
         let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
-        rules.chain(recoded).chain(cors)
+        let etag = std::iter::once("etag").filter(|_| self.etag);
+        rules.chain(recoded).chain(cors).chain(etag)
     }
 
     /// The fields to append: every `set`, every `add`, then what other filters added.
@@ -637,7 +661,7 @@ impl<'r> Edits<'r> {
     /// No filter edits.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.rules.is_none() && self.added.is_empty() && !self.recoded && !self.cors
+        self.rules.is_none() && self.added.is_empty() && !self.recoded && !self.cors && !self.etag
     }
 }
 

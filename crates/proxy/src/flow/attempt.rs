@@ -394,7 +394,7 @@ pub(crate) fn forwarded_head(
     };
     // RFC 9112 3.2.2: for an absolute-form target the target's authority is the host (and
     // the one routing used), whatever the Host field says.
-    let absolute = absolute_authority(head.target());
+    let absolute = crate::vars::absolute_authority(head.target());
     let authority = match absolute {
         Some(a) => a.to_string(),
         None if p.preserve_host && head.field("host").is_some() => String::new(),
@@ -416,18 +416,6 @@ pub(crate) fn forwarded_head(
     );
 }
 
-/// The authority of an absolute-form target (`http://host:port/path` -> `host:port`).
-pub(crate) fn absolute_authority(target: &str) -> Option<&str> {
-    if target.starts_with('/') {
-        return None;
-    }
-    let rest = target.split_once("://")?.1;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let auth = &rest[..end];
-    // Drop userinfo if present (never forwarded).
-    Some(auth.rsplit_once('@').map_or(auth, |(_, h)| h)).filter(|a| !a.is_empty())
-}
-
 /// What a failed exchange says about the server, for passive checks: timeouts, and resets
 /// before a response. A reused connection closed under us is the keep-alive race (the server
 /// closed it while idle), not a failing server; client-side errors say nothing about it.
@@ -447,7 +435,7 @@ fn is_stale(e: &ProxyError) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::absolute_authority;
+    use crate::vars::absolute_authority;
 
     #[test]
     fn authority_of_absolute_targets() {

@@ -156,30 +156,30 @@ impl Copy {
         let addr = self.guard.address();
         let (mut c, _) =
             crate::upstream::pool::connect(addr, self.connect_timeout, self.tls.as_deref()).await?;
+        // Each write waits at most the group's idle_timeout (a large body to a healthy server
+        // takes as long as it takes).
+        let idle = self.idle;
         let mut send = BytesMut::new();
         send.extend_from_slice(&self.head);
-        let write = async {
-            c.stream.write_all(&send).await?;
-            if let Some(body) = &self.body {
-                let mut replay = Replay::new(body.clone());
-                while let Some(piece) = replay.next().map_err(std::io::Error::other)? {
-                    send.clear();
-                    if self.chunked {
-                        encode::chunk_header(&mut send, piece.len());
-                    }
-                    send.extend_from_slice(&piece);
-                    if self.chunked {
-                        send.extend_from_slice(b"\r\n");
-                    }
-                    c.stream.write_all(&send).await?;
-                }
+        if let Some(body) = &self.body {
+            let mut replay = Replay::new(body.clone());
+            while let Some(piece) = replay.next()? {
                 if self.chunked {
-                    c.stream.write_all(b"0\r\n\r\n").await?;
+                    encode::chunk_header(&mut send, piece.len());
                 }
+                send.extend_from_slice(&piece);
+                if self.chunked {
+                    send.extend_from_slice(b"\r\n");
+                }
+                write(&mut c.stream, &send, idle).await?;
+                send.clear();
             }
-            c.stream.flush().await
-        };
-        match timeout(self.idle, write).await {
+            if self.chunked {
+                send.extend_from_slice(b"0\r\n\r\n");
+            }
+        }
+        write(&mut c.stream, &send, idle).await?;
+        match timeout(idle, c.stream.flush()).await {
             Err(_) => return Err(ProxyError::UpstreamIdle),
             Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
         }
@@ -195,5 +195,17 @@ impl Copy {
             Err(_) => Err(ProxyError::ResponseTimeout),
             Ok(r) => r,
         }
+    }
+}
+
+/// Write all of `bytes`, waiting at most `idle` for the server to take them.
+async fn write<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    idle: Duration,
+) -> Result<(), ProxyError> {
+    match timeout(idle, w.write_all(bytes)).await {
+        Err(_) => Err(ProxyError::UpstreamIdle),
+        Ok(r) => r.map_err(ProxyError::UpstreamIo),
     }
 }

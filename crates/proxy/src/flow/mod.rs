@@ -143,7 +143,8 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             }
             (None, Action::Redirect { status, location }) => {
                 let who = down.who();
-                let location = location.render(&RequestVars::new(head, route, who.tls, who.ip));
+                let vars = RequestVars::new(head, route, who.tls, who.ip);
+                let location = crate::vars::location(location, &vars);
                 (*status, "text/plain", b"", vec![("Location", location)])
             }
             (
@@ -241,7 +242,11 @@ async fn proxy<'a, D: Client<'a>>(
 ) -> Outcome {
     // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
     // the header-time metric.
-    let now = down.timings().head.unwrap_or_else(Instant::now);
+    // A buffered body took the client's upload time: the attempts start after it.
+    let now = match px.buffered {
+        Some(_) => Instant::now(),
+        None => down.timings().head.unwrap_or_else(Instant::now),
+    };
     let budget = res.retry_budget.as_deref();
     let replayable = px.buffered.is_some();
     let mut retry = Retry::new(px.p.retry.as_ref(), budget, head, replayable, now, counters);

@@ -39,6 +39,11 @@ fn answer(r: &Captured) -> Reply {
         "/no-transform" => headers.push(("Cache-Control".into(), "public, no-transform".into())),
         "/png" => headers[0].1 = "image/png".into(),
         "/small" => body = b"<p>tiny</p>".to_vec(),
+        "/not-modified" => {
+            status = 304;
+            headers = vec![("ETag".into(), "\"v1\"".into())];
+            body = Vec::new();
+        }
         "/range" => {
             status = 206;
             headers.push(("Content-Range".into(), format!("bytes 0-99/{}", body.len())));
@@ -171,7 +176,7 @@ fn responses_that_must_not_change_pass_untouched() {
         assert_eq!(r.header("vary"), None, "{path}");
         assert!(r.header("content-length").is_some(), "{path}");
     }
-    // HEAD: the head a GET without compression gets.
+    // HEAD and 304: nothing to compress, but the Vary and weak ETag a compressed GET carries.
     let head = b"HEAD / HTTP/1.1\r\nHost: a.test\r\nAccept-Encoding: gzip\r\n\r\n";
     let r = c.request(head).unwrap();
     assert_eq!(r.header("content-encoding"), None);
@@ -179,6 +184,11 @@ fn responses_that_must_not_change_pass_untouched() {
         r.header("content-length"),
         Some(page().len().to_string().as_str())
     );
+    let weak = (Some("Accept-Encoding"), Some("W/\"v1\""));
+    assert_eq!((r.header("vary"), r.header("etag")), weak);
+    let r = c.request(&get("/not-modified", accept)).unwrap();
+    assert_eq!(r.status, 304);
+    assert_eq!((r.header("vary"), r.header("etag")), weak);
     assert_eq!(
         p.stats().compressed(Coding::Gzip).responses.load(Relaxed),
         0
