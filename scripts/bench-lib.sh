@@ -16,8 +16,8 @@ make_cert() { # dir: a self-signed ECDSA P-256 certificate for localhost, dir/ce
 
 ab_config() { # dir mode: dir/portico.toml for the A/B scripts, one listener on 127.0.0.1:9743
   # (TLS 1.3 with X25519 unless mode is http) proxying to the origin on 127.0.0.1:9380, with
-  # AB_LISTENER_TOML inside the listener's table (keys such as ip_rules) and AB_EXTRA_TOML
-  # appended.
+  # AB_LISTENER_TOML (or the file AB_LISTENER_TOML_FILE, for text too long for the environment)
+  # inside the listener's table (keys such as ip_rules), and AB_EXTRA_TOML appended.
   local tls=""
   if [ "$2" != http ]; then
     tls="[listeners.tls]
@@ -30,6 +30,7 @@ groups = [\"X25519\"]"
 name = "ab"
 address = "127.0.0.1:9743"
 ${AB_LISTENER_TOML:-}
+$(if [ -n "${AB_LISTENER_TOML_FILE:-}" ]; then cat "$AB_LISTENER_TOML_FILE"; fi)
 [listeners.limits]
 max_connections = 100000
 max_requests_per_connection = 0
