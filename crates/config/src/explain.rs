@@ -442,6 +442,18 @@ fn route_extras(route: &Route) -> Vec<String> {
     if let Some(c) = &route.cors {
         out.push(cors_summary(c));
     }
+    if let Some(a) = &route.basic_auth {
+        out.push(format!(
+            "basic_auth: {} user(s), realm {:?}{}",
+            a.users.len(),
+            a.realm,
+            if a.keep_authorization {
+                ", Authorization passed on"
+            } else {
+                ""
+            }
+        ));
+    }
     if let Some(r) = &route.ip_rules {
         out.push(format!(
             "ip_rules: {} address ranges, first match decides, 403 when it denies",

@@ -258,6 +258,31 @@ pub struct Route {
     /// Which client addresses may use the route (`ip_rules`, the route's or its listener's);
     /// None = any.
     pub ip_rules: Option<IpRules>,
+    /// Users and passwords the route asks for (`basic_auth`, the route's or its listener's);
+    /// None = none.
+    pub basic_auth: Option<std::sync::Arc<BasicAuth>>,
+}
+
+/// HTTP Basic authentication (RFC 7617): users with bcrypt or argon2 password hashes, from the
+/// configuration and an htpasswd file (read when the configuration loads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BasicAuth {
+    /// The `realm` of `WWW-Authenticate` (default "restricted").
+    pub realm: String,
+    /// (user, hash), sorted by user; a user in both the file and the table takes the table's.
+    pub users: Vec<(String, String)>,
+    /// Keep the `Authorization` field on the forwarded request (default false: removed).
+    pub keep_authorization: bool,
+}
+
+impl BasicAuth {
+    /// The password hash of `user`.
+    pub fn hash(&self, user: &str) -> Option<&str> {
+        self.users
+            .binary_search_by(|(u, _)| u.as_str().cmp(user))
+            .ok()
+            .map(|i| self.users[i].1.as_str())
+    }
 }
 
 /// Ordered allow and deny rules over addresses and CIDR ranges: the first rule that covers an

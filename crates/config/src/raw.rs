@@ -48,6 +48,17 @@ pub(crate) struct RawListener {
     pub compression: Option<RawCompression>,
     pub ip_rules: Option<Spanned<StrList>>,
     pub trusted_proxies: Option<Spanned<StrList>>,
+    pub basic_auth: Option<Spanned<RawBasicAuth>>,
+}
+
+/// `basic_auth = { realm = "...", users = { alice = "$2y$..." }, htpasswd = "FILE" }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a basic_auth table")]
+pub(crate) struct RawBasicAuth {
+    pub realm: Option<Spanned<String>>,
+    pub users: Option<Entries<Spanned<String>>>,
+    pub htpasswd: Option<Spanned<String>>,
+    pub keep_authorization: Option<Spanned<bool>>,
 }
 
 /// `[listeners.compression]` and `[listeners.routes.compression]`.
@@ -178,6 +189,7 @@ pub(crate) struct RawRoute {
     pub split_key: Option<Spanned<String>>,
     pub mirror: Option<Spanned<RawMirror>>,
     pub ip_rules: Option<Spanned<StrList>>,
+    pub basic_auth: Option<Spanned<RawBasicAuth>>,
 }
 
 /// A route's `mirror`: `{ group = "shadow", percent = 10 }`.

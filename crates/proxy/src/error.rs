@@ -29,6 +29,8 @@ pub enum ProxyError {
     CorsRefused(&'static str),
     #[error("the client's address is denied by the route's ip_rules")]
     IpDenied,
+    #[error("no valid credentials for the route's basic_auth")]
+    Unauthorized,
     #[error("every upstream server is at its connection limit")]
     NoServer,
     #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
@@ -84,6 +86,7 @@ impl ProxyError {
             ProxyError::NoRoute => 404,
             ProxyError::RateLimited => 429,
             ProxyError::CorsRefused(_) | ProxyError::IpDenied => 403,
+            ProxyError::Unauthorized => 401,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
@@ -124,7 +127,9 @@ impl ProxyError {
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
             ProxyError::RateLimited => (Side::Client, Cause::Limit),
-            ProxyError::CorsRefused(_) | ProxyError::IpDenied => (Side::Client, Cause::Denied),
+            ProxyError::CorsRefused(_) | ProxyError::IpDenied | ProxyError::Unauthorized => {
+                (Side::Client, Cause::Denied)
+            }
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
             ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
@@ -158,6 +163,7 @@ impl ProxyError {
 pub fn error_body(status: u16) -> &'static [u8] {
     match status {
         400 => b"400 Bad Request\n",
+        401 => b"401 Unauthorized\n",
         403 => b"403 Forbidden\n",
         404 => b"404 Not Found: no route matches this request\n",
         408 => b"408 Request Timeout\n",

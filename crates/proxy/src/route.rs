@@ -64,6 +64,7 @@ mod tests {
             compression: None,
             cors: None,
             ip_rules: None,
+            basic_auth: None,
         }
     }
 

@@ -85,6 +85,10 @@ pub(super) fn listeners(
             .ip_rules
             .as_ref()
             .map(|r| ip_rules(ctx, &sub(&key, "ip_rules"), r));
+        let listener_auth = l
+            .basic_auth
+            .as_ref()
+            .and_then(|a| basic_auth(ctx, &sub(&key, "basic_auth"), a));
         let trusted = l
             .trusted_proxies
             .as_ref()
@@ -116,6 +120,7 @@ pub(super) fn listeners(
                     let defaults = RouteDefaults {
                         compression: compression.as_ref(),
                         ip_rules: listener_ip_rules.as_ref(),
+                        basic_auth: listener_auth.as_ref(),
                     };
                     route(ctx, &key, &name, j, r, upstreams, defaults)
                 })

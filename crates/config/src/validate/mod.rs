@@ -1,6 +1,7 @@
 //! Raw model -> typed `Config`: every rule, each error with its position and dotted key.
 
 mod access;
+mod auth;
 mod compression;
 mod cors;
 mod listeners;
@@ -9,6 +10,7 @@ mod tls;
 mod upstreams;
 
 use access::*;
+use auth::*;
 use compression::*;
 use cors::*;
 use listeners::*;
@@ -26,16 +28,16 @@ use toml::Spanned;
 
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
-    AccessLog, AccessLogFormat, Action, Admin, Balance, CertificateFiles, ClientAuth, Compression,
-    Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings, HttpCheck,
-    IpRules, Listener, ListenerLimits, Matcher, Mirror, PassiveCheck, PathMatch, PathRegex,
-    ProxyAction, RateLimit, RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route, Server, Shed,
-    Split, SplitKey, StaticAction, StickyCookie, TlsSettings, TlsVersion, UpstreamGroup,
-    UpstreamProtocol, UpstreamTls, CIPHER_SUITES, DEFAULT_BUFFER_MEMORY, DEFAULT_CHECK_INTERVAL,
-    DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL,
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT,
-    DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET,
-    DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE,
+    AccessLog, AccessLogFormat, Action, Admin, Balance, BasicAuth, CertificateFiles, ClientAuth,
+    Compression, Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings,
+    HttpCheck, IpRules, Listener, ListenerLimits, Matcher, Mirror, PassiveCheck, PathMatch,
+    PathRegex, ProxyAction, RateLimit, RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route,
+    Server, Shed, Split, SplitKey, StaticAction, StickyCookie, TlsSettings, TlsVersion,
+    UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES, DEFAULT_BUFFER_MEMORY,
+    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT,
+    DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE,
     DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL, KX_GROUPS,
 };
 use crate::raw::{

@@ -7,6 +7,7 @@ use super::*;
 pub(super) struct RouteDefaults<'a> {
     pub compression: Option<&'a Compression>,
     pub ip_rules: Option<&'a IpRules>,
+    pub basic_auth: Option<&'a Arc<BasicAuth>>,
 }
 
 pub(super) fn route(
@@ -66,6 +67,10 @@ pub(super) fn route(
             );
         }
     }
+    let basic_auth = match &r.basic_auth {
+        Some(raw) => basic_auth(ctx, &sub(key, "basic_auth"), raw),
+        None => defaults.basic_auth.cloned(),
+    };
     let ip_rules = match &r.ip_rules {
         Some(raw) => Some(ip_rules(ctx, &sub(key, "ip_rules"), raw)),
         None => defaults.ip_rules.cloned(),
@@ -125,6 +130,7 @@ pub(super) fn route(
         compression,
         cors,
         ip_rules,
+        basic_auth,
     })
 }
 

@@ -91,3 +91,62 @@ fn listener_rules_are_every_routes_default_and_errors_point_at_the_rule() {
         .unwrap_err()
         .contains("invalid prefix length"));
 }
+
+#[test]
+fn basic_auth_takes_bcrypt_and_argon2_and_refuses_weak_hashes_with_their_line() {
+    let bcrypt = "$2y$10$abcdefghijklmnopqrstuuJ3cvkDU1SLCwEYj0H5M9u2bE6Z2Ct5y";
+    let c = config(
+        "",
+        &format!("basic_auth = {{ users = {{ alice = \"{bcrypt}\" }} }}"),
+    )
+    .unwrap();
+    let auth = c.listeners[0].routes[0].basic_auth.as_ref().unwrap();
+    assert_eq!(auth.realm, "restricted");
+    assert_eq!(auth.hash("alice"), Some(bcrypt));
+    assert_eq!(auth.hash("bob"), None);
+    assert!(!auth.keep_authorization);
+    assert!(
+        explain(&c).contains("basic_auth: 1 user(s), realm \"restricted\""),
+        "{}",
+        explain(&c)
+    );
+    let e = config(
+        "",
+        "basic_auth = { users = { alice = \"{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\" } }",
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("a SHA-1 hash is refused: use bcrypt (`htpasswd -B`)"),
+        "{e}"
+    );
+    assert!(
+        config("", "basic_auth = { users = { alice = \"secret\" } }")
+            .unwrap_err()
+            .contains("not a password hash")
+    );
+    assert!(config(
+        "",
+        &format!("basic_auth = {{ realm = \"a\\\"b\", users = {{ a = \"{bcrypt}\" }} }}")
+    )
+    .unwrap_err()
+    .contains("realm"));
+    let dir = std::env::temp_dir().join(format!("portico-auth-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("htpasswd");
+    std::fs::write(&file, format!("ok:{bcrypt}\n\nweak:$apr1$abc$def\n")).unwrap();
+    let e = config(
+        "",
+        &format!("basic_auth = {{ htpasswd = \"{}\" }}", file.display()),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains(&format!(
+            "{}:3: user \"weak\": an MD5 hash is refused",
+            file.display()
+        )),
+        "{e}"
+    );
+    let e = config("", "basic_auth = { htpasswd = \"/nonexistent/htpasswd\" }").unwrap_err();
+    assert!(e.contains("cannot read htpasswd file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

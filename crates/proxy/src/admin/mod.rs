@@ -772,6 +772,11 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             &stats.ip_denied,
         ),
         (
+            "portico_basic_auth_failures_total",
+            "Requests refused 401 by a route's basic_auth (no or wrong credentials).",
+            &stats.auth_failures,
+        ),
+        (
             "portico_request_bodies_buffered_total",
             "Request bodies read whole before a server was picked (buffer_request).",
             &stats.requests_buffered,

@@ -12,6 +12,7 @@
 //! Filters edit heads through [`Edits`], which the one encoder of each protocol applies: a filter
 //! never writes protocol bytes.
 
+pub(crate) mod auth;
 pub(crate) mod compress;
 mod cors;
 
@@ -69,6 +70,8 @@ pub(crate) struct Filters {
     request: bool,
     response: bool,
     body: bool,
+    /// The route's basic auth, checked after the request filters (it may wait for a hash).
+    auth: Option<Arc<auth::AuthState>>,
 }
 
 /// A local answer from the request phase.
@@ -158,8 +161,18 @@ impl Filters {
             ]),
             response: has(&[Filter::ResponseHeaders, Filter::StickyCookie, Filter::Cors]),
             body: has(&[Filter::Compress]),
+            auth: route
+                .basic_auth
+                .clone()
+                .map(|a| Arc::new(auth::AuthState::new(a))),
             list,
         }
+    }
+
+    /// The route's basic auth, if it asks for one.
+    #[inline]
+    pub(crate) fn auth(&self) -> Option<&auth::AuthState> {
+        self.auth.as_deref()
     }
 
     /// Whether the route has request filters (without, the phase is skipped).
@@ -189,6 +202,14 @@ impl Filters {
             if let Filter::RequestHeaders = f {
                 edits.rules(&route.request_headers, vars);
             }
+        }
+        // The credentials stay here, unless the route passes them on.
+        if route
+            .basic_auth
+            .as_ref()
+            .is_some_and(|a| !a.keep_authorization)
+        {
+            edits.drop_authorization();
         }
     }
 
@@ -539,6 +560,8 @@ pub(crate) struct Edits<'r> {
     cors: bool,
     /// The server's `ETag` is replaced (by a weak one).
     etag: bool,
+    /// The client's `Authorization` is not forwarded (basic auth checked it here).
+    authorization: bool,
 }
 
 /// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
@@ -595,6 +618,11 @@ impl<'r> Edits<'r> {
         self.add("ETag", Cow::Owned(etag));
     }
 
+    /// The client's `Authorization` field is not forwarded.
+    pub(crate) fn drop_authorization(&mut self) {
+        self.authorization = true;
+    }
+
     /// The route's CORS policy owns the `Access-Control-*` fields: the server's are dropped.
     pub(crate) fn own_cors_fields(&mut self) {
         self.cors = true;
@@ -611,7 +639,8 @@ impl<'r> Edits<'r> {
     pub(crate) fn drops(&self, name: &str) -> bool {
         // The common case (no rules, nothing owned) stays inline; the lists are looked at out
         // of line.
-        if self.rules.is_none() && !self.recoded && !self.cors && !self.etag {
+        if self.rules.is_none() && !self.recoded && !self.cors && !self.etag && !self.authorization
+        {
             return false;
         }
         self.drops_listed(name)
@@ -626,6 +655,7 @@ impl<'r> Edits<'r> {
         }) || (self.recoded && among(&RECODED_DROPS))
             || (self.cors && among(&cors::CORS_FIELDS))
             || (self.etag && name.eq_ignore_ascii_case("etag"))
+            || (self.authorization && name.eq_ignore_ascii_case("authorization"))
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
@@ -644,7 +674,8 @@ impl<'r> Edits<'r> {
         let recoded = RECODED_DROPS.iter().copied().filter(|_| self.recoded);
         let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
         let etag = std::iter::once("etag").filter(|_| self.etag);
-        rules.chain(recoded).chain(cors).chain(etag)
+        let auth = std::iter::once("authorization").filter(|_| self.authorization);
+        rules.chain(recoded).chain(cors).chain(etag).chain(auth)
     }
 
     /// The fields to append: every `set`, every `add`, then what other filters added.

@@ -102,6 +102,20 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             Err(Answer::Local { status, fields }) => preflight = Some((status, fields)),
         }
     }
+    if let Some(auth) = filters.auth().filter(|_| preflight.is_none()) {
+        // Boxed: only routes with basic auth pay for the check's state.
+        if !Box::pin(auth.check(head)).await {
+            env.shared
+                .stats
+                .auth_failures
+                .fetch_add(1, Ordering::Relaxed);
+            let challenge = auth.challenge();
+            let fields = [("WWW-Authenticate", challenge.as_str())];
+            let e = ProxyError::Unauthorized;
+            let body = crate::error::error_body(e.status());
+            return down.refuse(head, e, body, &fields).await;
+        }
+    }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
             if n > route.max_body_bytes {

@@ -187,6 +187,8 @@ pub struct Stats {
     pub h2_ping_floods: AtomicU64,
     /// Requests refused 403 by a route's `ip_rules`.
     pub ip_denied: AtomicU64,
+    /// Requests refused 401 by a route's `basic_auth` (no or wrong credentials).
+    pub auth_failures: AtomicU64,
     /// Request bodies read whole before their attempt (`buffer_request`), and the bytes of
     /// them that went to temporary files.
     pub requests_buffered: AtomicU64,
@@ -249,6 +251,7 @@ impl Default for Stats {
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
             ip_denied: AtomicU64::new(0),
+            auth_failures: AtomicU64::new(0),
             requests_buffered: AtomicU64::new(0),
             request_buffer_file_bytes: AtomicU64::new(0),
             mirror_answered: AtomicU64::new(0),

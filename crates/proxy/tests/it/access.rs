@@ -88,3 +88,119 @@ servers = ["{}"]
     assert_eq!(p.stats().ip_denied.load(Relaxed), 5);
     assert_eq!(up.requests().len(), 3);
 }
+
+#[tokio::test]
+async fn basic_auth_asks_for_credentials_and_keeps_them_from_the_server() {
+    use base64::Engine;
+    let up = TestUpstream::start(|r| {
+        let auth = r.header("authorization").unwrap_or("none").to_string();
+        Reply::ok(&format!("in, authorization {auth}"))
+    });
+    let dir = std::env::temp_dir().join(format!("portico-htpasswd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("htpasswd");
+    let argon = {
+        use argon2::password_hash::{PasswordHasher, SaltString};
+        let salt = SaltString::encode_b64(b"0123456789abcdef").unwrap();
+        argon2::Argon2::default()
+            .hash_password(b"b0b-pw", &salt)
+            .unwrap()
+            .to_string()
+    };
+    std::fs::write(&file, format!("# users\nbob:{argon}\n")).unwrap();
+    let alice = bcrypt::hash("al1ce-pw", 4).unwrap();
+    let p = start_toml(
+        &format!(
+            r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+basic_auth = {{ realm = "staff", users = {{ alice = "{alice}" }}, htpasswd = "{}" }}
+[[listeners.routes]]
+path = "/pass-on/**"
+proxy = "b"
+basic_auth = {{ users = {{ alice = "{alice}" }}, keep_authorization = true }}
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+            file.display(),
+            up.addr
+        ),
+        1,
+    );
+    let addr = p.addr("p").unwrap();
+    let basic = |user: &str, pw: &str| {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pw}"));
+        format!("Authorization: Basic {token}\r\n")
+    };
+    let cases = vec![
+        ("/x", String::new()),
+        ("/x", basic("alice", "wrong")),
+        ("/x", basic("mallory", "al1ce-pw")),
+        ("/x", basic("alice", "al1ce-pw")),
+        ("/x", basic("alice", "al1ce-pw")),
+        ("/x", basic("bob", "b0b-pw")),
+        ("/pass-on/x", basic("alice", "al1ce-pw")),
+    ];
+    let got = tokio::task::spawn_blocking(move || {
+        cases
+            .into_iter()
+            .map(|(path, auth)| {
+                let mut c = Client::connect(addr).unwrap();
+                let r = c
+                    .request(format!("GET {path} HTTP/1.1\r\nHost: a\r\n{auth}\r\n").as_bytes())
+                    .unwrap();
+                (
+                    r.status,
+                    r.header("www-authenticate").map(str::to_string),
+                    r.text(),
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let challenge = Some("Basic realm=\"staff\", charset=\"UTF-8\"".to_string());
+    for (status, www, _) in &got[..3] {
+        assert_eq!((*status, www), (401, &challenge));
+    }
+    // The credentials are checked here and not passed on, unless the route keeps them.
+    assert_eq!(got[3].2, "in, authorization none");
+    assert_eq!(got[4].0, 200, "the second time comes from the cache");
+    assert_eq!(
+        got[5].2, "in, authorization none",
+        "argon2 from the htpasswd file"
+    );
+    assert!(
+        got[6].2.starts_with("in, authorization Basic "),
+        "{}",
+        got[6].2
+    );
+    // HTTP/2.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    for (auth, want) in [(None, 401), (Some(basic("bob", "b0b-pw")), 200)] {
+        let mut req = http::Request::builder().uri("http://a/x");
+        if let Some(a) = &auth {
+            req = req.header(
+                "authorization",
+                a.trim_end().trim_start_matches("Authorization: "),
+            );
+        }
+        let mut c = client.clone().ready().await.unwrap();
+        let (resp, _) = c.send_request(req.body(()).unwrap(), true).unwrap();
+        assert_eq!(
+            tokio::time::timeout(T, resp)
+                .await
+                .unwrap()
+                .unwrap()
+                .status(),
+            want
+        );
+    }
+    assert_eq!(p.stats().auth_failures.load(Relaxed), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}

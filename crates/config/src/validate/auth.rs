@@ -1,0 +1,131 @@
+//! HTTP Basic authentication: realm, users from the table and an htpasswd file, hashes checked to be bcrypt or argon2.
+
+use super::*;
+use crate::model::BasicAuth;
+use crate::raw::RawBasicAuth;
+
+pub(super) fn basic_auth(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: &Spanned<RawBasicAuth>,
+) -> Option<Arc<BasicAuth>> {
+    let r = raw.get_ref();
+    let realm = match &r.realm {
+        Some(v) => {
+            let text = v.get_ref();
+            if text.is_empty()
+                || text
+                    .chars()
+                    .any(|c| c.is_control() || c == '"' || c == '\\')
+            {
+                ctx.error(
+                    start(v),
+                    &sub(key, "realm"),
+                    "a realm is printable text without quotes or backslashes",
+                );
+            }
+            text.clone()
+        }
+        None => "restricted".to_string(),
+    };
+    let mut users: Vec<(String, String)> = Vec::new();
+    if let Some(path) = &r.htpasswd {
+        let hkey = sub(key, "htpasswd");
+        let file = relative_to_config(ctx.file, path.get_ref());
+        match std::fs::read_to_string(&file) {
+            Err(e) => ctx.error(
+                start(path),
+                &hkey,
+                format!("cannot read htpasswd file {}: {e}", file.display()),
+            ),
+            Ok(text) => {
+                for (n, line) in text.lines().enumerate() {
+                    let line = line.trim();
+                    if line.is_empty() || line.starts_with('#') {
+                        continue;
+                    }
+                    let where_ = format!("{}:{}", file.display(), n + 1);
+                    let Some((user, hash)) = line.split_once(':') else {
+                        ctx.error(start(path), &hkey, format!("{where_}: expected user:hash"));
+                        continue;
+                    };
+                    match hash_error(hash) {
+                        Some(m) => {
+                            ctx.error(start(path), &hkey, format!("{where_}: user {user:?}: {m}"))
+                        }
+                        None => set_user(&mut users, user, hash),
+                    }
+                }
+            }
+        }
+    }
+    if let Some(table) = &r.users {
+        let ukey = sub(key, "users");
+        for (user, hash) in &table.0 {
+            let name = user.get_ref();
+            if name.is_empty() || name.contains(':') || name.chars().any(char::is_control) {
+                ctx.error(
+                    start(user),
+                    &sub(&ukey, name),
+                    "a user name is text without ':' or control characters",
+                );
+                continue;
+            }
+            match hash_error(hash.get_ref()) {
+                Some(m) => ctx.error(start(hash), &sub(&ukey, name), m),
+                None => set_user(&mut users, name, hash.get_ref()),
+            }
+        }
+    }
+    if r.users.as_ref().is_none_or(|u| u.0.is_empty()) && r.htpasswd.is_none() {
+        ctx.error(
+            start(raw),
+            key,
+            "basic_auth needs `users` or an `htpasswd` file",
+        );
+        return None;
+    }
+    users.sort();
+    Some(Arc::new(BasicAuth {
+        realm,
+        users,
+        keep_authorization: r.keep_authorization.as_ref().is_some_and(|k| *k.get_ref()),
+    }))
+}
+
+fn set_user(users: &mut Vec<(String, String)>, user: &str, hash: &str) {
+    users.retain(|(u, _)| u != user);
+    users.push((user.to_string(), hash.to_string()));
+}
+
+/// Why a password hash is refused: only bcrypt (`$2a$`, `$2b$`, `$2y$`) and argon2
+/// (`$argon2id$`, `$argon2i$`, `$argon2d$`) are taken.
+pub(crate) fn hash_error(hash: &str) -> Option<String> {
+    let bcrypt = ["$2a$", "$2b$", "$2x$", "$2y$"]
+        .iter()
+        .any(|p| hash.starts_with(p));
+    let argon2 = ["$argon2id$", "$argon2i$", "$argon2d$"]
+        .iter()
+        .any(|p| hash.starts_with(p));
+    if bcrypt {
+        // $2y$NN$ + 53 characters of salt and hash
+        let ok = hash.len() == 60 && hash[4..6].bytes().all(|b| b.is_ascii_digit());
+        return (!ok)
+            .then(|| "a malformed bcrypt hash (expected 60 characters, $2y$NN$...)".to_string());
+    }
+    if argon2 {
+        return None;
+    }
+    let what = if hash.starts_with("{SHA}") {
+        "a SHA-1 hash"
+    } else if hash.starts_with("$apr1$") || hash.starts_with("$1$") {
+        "an MD5 hash"
+    } else if hash.starts_with("$5$") || hash.starts_with("$6$") {
+        "a SHA-crypt hash"
+    } else {
+        "not a password hash (plain text or crypt)"
+    };
+    Some(format!(
+        "{what} is refused: use bcrypt (`htpasswd -B`) or argon2 (`argon2 SALT -id -e`)"
+    ))
+}

@@ -1,0 +1,161 @@
+//! HTTP Basic authentication (RFC 7617): credentials checked against bcrypt or argon2 hashes off the worker thread, with a short cache of the credentials that passed.
+
+use portico_config::BasicAuth;
+use portico_http1::RequestHead;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long credentials that passed are taken again without hashing.
+const CACHE_TTL: Duration = Duration::from_secs(300);
+/// Most cached credentials per route; a full cache is emptied (the next requests hash again).
+const CACHE_MAX: usize = 10_000;
+
+/// A route's basic auth: its users and the credentials that passed lately (by a SHA-256 of
+/// the user and password: no password is kept).
+#[derive(Debug)]
+pub(crate) struct AuthState {
+    pub cfg: Arc<BasicAuth>,
+    passed: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+impl AuthState {
+    pub(crate) fn new(cfg: Arc<BasicAuth>) -> Self {
+        AuthState {
+            cfg,
+            passed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The `WWW-Authenticate` value of a 401.
+    pub(crate) fn challenge(&self) -> String {
+        format!("Basic realm=\"{}\", charset=\"UTF-8\"", self.cfg.realm)
+    }
+
+    /// Whether the request's `Authorization` names a user and the password its hash was made
+    /// from. A hash is checked on the blocking pool (bcrypt at cost 10 takes tens of
+    /// milliseconds: on the worker it would stall every connection of the worker); an unknown
+    /// user is checked against a hash too, so that the time taken does not tell which users
+    /// exist.
+    pub(crate) async fn check(&self, head: &RequestHead) -> bool {
+        let Some((user, password)) = credentials(head) else {
+            return false;
+        };
+        let key = digest(&user, &password);
+        let now = Instant::now();
+        if let Ok(passed) = self.passed.lock() {
+            if passed
+                .get(&key)
+                .is_some_and(|t| now.duration_since(*t) < CACHE_TTL)
+            {
+                return true;
+            }
+        }
+        let hash = self.cfg.hash(&user).map(str::to_string);
+        let known = hash.is_some();
+        let ok = tokio::task::spawn_blocking(move || {
+            let hash = hash.unwrap_or_else(|| dummy().to_string());
+            verify(&password, &hash)
+        })
+        .await
+        .unwrap_or(false);
+        if ok && known {
+            if let Ok(mut passed) = self.passed.lock() {
+                if passed.len() >= CACHE_MAX {
+                    passed.clear();
+                }
+                passed.insert(key, now);
+            }
+        }
+        ok && known
+    }
+}
+
+/// The user and password of a `Basic` `Authorization` field.
+fn credentials(head: &RequestHead) -> Option<(String, String)> {
+    use base64::Engine;
+    let value = head.field("authorization")?;
+    let (scheme, token) = value.split_at(value.iter().position(|&b| b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(token.trim_ascii())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (user, password) = text.split_once(':')?;
+    Some((user.to_string(), password.to_string()))
+}
+
+fn digest(user: &str, password: &str) -> [u8; 32] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    ctx.update(user.as_bytes());
+    ctx.update(b"\0");
+    ctx.update(password.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// Whether `password` is the one `hash` (bcrypt or argon2, checked when loaded) was made from.
+fn verify(password: &str, hash: &str) -> bool {
+    if hash.starts_with("$argon2") {
+        use argon2::PasswordVerifier;
+        return argon2::PasswordHash::new(hash).is_ok_and(|h| {
+            argon2::Argon2::default()
+                .verify_password(password.as_bytes(), &h)
+                .is_ok()
+        });
+    }
+    bcrypt::verify(password, hash).unwrap_or(false)
+}
+
+/// A bcrypt hash no password is known for, made once: what unknown users are checked against.
+fn dummy() -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| bcrypt::hash("portico unknown user", 10).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(auth: &str) -> RequestHead {
+        let mut buf = bytes::BytesMut::from(
+            format!("GET / HTTP/1.1\r\nHost: a\r\n{auth}\r\n\r\n").as_bytes(),
+        );
+        portico_http1::parse_request(&mut buf, &Default::default())
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn credentials_come_from_a_basic_authorization_field() {
+        // alice:s3cret:x (a password may contain ':')
+        let h = head("Authorization: Basic YWxpY2U6czNjcmV0Ong=");
+        assert_eq!(credentials(&h), Some(("alice".into(), "s3cret:x".into())));
+        assert_eq!(
+            credentials(&head("Authorization: basic YWxpY2U6czNjcmV0Ong="))
+                .unwrap()
+                .0,
+            "alice"
+        );
+        assert_eq!(credentials(&head("Authorization: Bearer abc")), None);
+        assert_eq!(credentials(&head("Authorization: Basic !!!")), None);
+        assert_eq!(credentials(&head("X: y")), None);
+    }
+
+    #[test]
+    fn bcrypt_and_argon2_hashes_verify() {
+        let b = bcrypt::hash("pw", 4).unwrap();
+        assert!(verify("pw", &b) && !verify("pW", &b));
+        use argon2::password_hash::{PasswordHasher, SaltString};
+        let salt = SaltString::encode_b64(b"portico-salt-123").unwrap();
+        let a = argon2::Argon2::default()
+            .hash_password(b"pw", &salt)
+            .unwrap()
+            .to_string();
+        assert!(verify("pw", &a) && !verify("nope", &a));
+        assert!(!verify("pw", "$argon2id$broken"));
+    }
+}
