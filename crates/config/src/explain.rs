@@ -89,7 +89,7 @@ pub fn explain(config: &Config) -> String {
                 matcher(&route.matcher),
                 action(route, config)
             );
-            let extras = route_extras(route);
+            let extras = route_extras(route, config);
             if !extras.is_empty() {
                 let _ = writeln!(out, "    {}", extras.join("; "));
             }
@@ -411,7 +411,7 @@ fn rules(which: &str, rules: &HeaderRules) -> Option<String> {
     (!parts.is_empty()).then(|| format!("{which} headers: {}", parts.join(", ")))
 }
 
-fn route_extras(route: &Route) -> Vec<String> {
+fn route_extras(route: &Route, config: &Config) -> Vec<String> {
     let mut out = Vec::new();
     if route.max_body_bytes != DEFAULT_MAX_BODY_BYTES {
         if route.max_body_bytes == 0 {
@@ -453,6 +453,30 @@ fn route_extras(route: &Route) -> Vec<String> {
                 ""
             }
         ));
+    }
+    if let Some(f) = &route.forward_auth {
+        let group = config
+            .upstreams
+            .get(f.group)
+            .map_or("?", |u| u.name.as_str());
+        let mut text = format!(
+            "forward_auth: ask {group:?} ({}) with {}",
+            f.path.as_deref().unwrap_or("the request's target"),
+            f.request_headers.join(", ")
+        );
+        if !f.copy_headers.is_empty() {
+            text.push_str(&format!(
+                "; its {} set on the request",
+                f.copy_headers.join(", ")
+            ));
+        }
+        if !f.cache.is_zero() {
+            text.push_str(&format!("; passes cached {}", format_duration(f.cache)));
+        }
+        if f.fail_open {
+            text.push_str("; fails open");
+        }
+        out.push(text);
     }
     if let Some(r) = &route.ip_rules {
         out.push(format!(

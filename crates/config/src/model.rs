@@ -261,6 +261,26 @@ pub struct Route {
     /// Users and passwords the route asks for (`basic_auth`, the route's or its listener's);
     /// None = none.
     pub basic_auth: Option<std::sync::Arc<BasicAuth>>,
+    /// An auth service asked about each request first (`forward_auth`); None = none.
+    pub forward_auth: Option<ForwardAuth>,
+}
+
+/// Forward auth: a request to a server of `group` decides whether the request may pass (2xx)
+/// or what the client gets instead (any other answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardAuth {
+    /// Index into `Config::upstreams`.
+    pub group: usize,
+    /// The path asked; None = the request's own target.
+    pub path: Option<String>,
+    /// Request fields sent along (lowercased; default `authorization`, `cookie`).
+    pub request_headers: Vec<String>,
+    /// Fields of a 2xx answer set on the forwarded request (lowercased).
+    pub copy_headers: Vec<String>,
+    /// How long a pass is remembered for the same values of `request_headers` (zero: not).
+    pub cache: Duration,
+    /// The auth service unreachable lets requests pass (default false: 503).
+    pub fail_open: bool,
 }
 
 /// HTTP Basic authentication (RFC 7617): users with bcrypt or argon2 password hashes, from the

@@ -190,6 +190,19 @@ pub(crate) struct RawRoute {
     pub mirror: Option<Spanned<RawMirror>>,
     pub ip_rules: Option<Spanned<StrList>>,
     pub basic_auth: Option<Spanned<RawBasicAuth>>,
+    pub forward_auth: Option<Spanned<RawForwardAuth>>,
+}
+
+/// `forward_auth = { group = "auth", path = "/verify", ... }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a forward_auth table")]
+pub(crate) struct RawForwardAuth {
+    pub group: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub request_headers: Option<Spanned<StrList>>,
+    pub copy_headers: Option<Spanned<StrList>>,
+    pub cache: Option<Spanned<Scalar>>,
+    pub fail_open: Option<Spanned<bool>>,
 }
 
 /// A route's `mirror`: `{ group = "shadow", percent = 10 }`.

@@ -31,6 +31,8 @@ pub enum ProxyError {
     IpDenied,
     #[error("no valid credentials for the route's basic_auth")]
     Unauthorized,
+    #[error("the route's forward auth service could not be asked")]
+    AuthUnavailable,
     #[error("every upstream server is at its connection limit")]
     NoServer,
     #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
@@ -87,6 +89,7 @@ impl ProxyError {
             ProxyError::RateLimited => 429,
             ProxyError::CorsRefused(_) | ProxyError::IpDenied => 403,
             ProxyError::Unauthorized => 401,
+            ProxyError::AuthUnavailable => 503,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
@@ -137,6 +140,7 @@ impl ProxyError {
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 (Side::Upstream, Cause::Timeout)
             }
+            ProxyError::AuthUnavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::BadResponse(_)
             | ProxyError::BadResponseBody(_)
             | ProxyError::TooManyInterim

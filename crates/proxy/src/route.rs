@@ -65,6 +65,7 @@ mod tests {
             cors: None,
             ip_rules: None,
             basic_auth: None,
+            forward_auth: None,
         }
     }
 

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::model::BasicAuth;
-use crate::raw::RawBasicAuth;
+use crate::model::ForwardAuth;
+use crate::raw::{RawBasicAuth, RawForwardAuth};
 
 pub(super) fn basic_auth(
     ctx: &mut Ctx<'_>,
@@ -128,4 +129,77 @@ pub(crate) fn hash_error(hash: &str) -> Option<String> {
     Some(format!(
         "{what} is refused: use bcrypt (`htpasswd -B`) or argon2 (`argon2 SALT -id -e`)"
     ))
+}
+
+/// `forward_auth`: a known group, a path, header names, a cache time.
+pub(super) fn forward_auth(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: &Spanned<RawForwardAuth>,
+    upstreams: &[String],
+) -> Option<ForwardAuth> {
+    let r = raw.get_ref();
+    let Some(group) = &r.group else {
+        ctx.error(
+            start(raw),
+            key,
+            "forward_auth needs `group`, the upstream group of the auth service",
+        );
+        return None;
+    };
+    let Some(gi) = upstreams.iter().position(|n| n == group.get_ref()) else {
+        ctx.error(
+            start(group),
+            &sub(key, "group"),
+            format!("unknown upstream group {:?}", group.get_ref()),
+        );
+        return None;
+    };
+    let path = r.path.as_ref().and_then(|p| {
+        let text = p.get_ref();
+        if !text.starts_with('/') || text.chars().any(|c| c.is_control() || c == ' ' || c == '#') {
+            ctx.error(
+                start(p),
+                &sub(key, "path"),
+                format!("path {text:?} must start with '/' and have no spaces or '#'"),
+            );
+            return None;
+        }
+        Some(text.clone())
+    });
+    let names = |ctx: &mut Ctx<'_>, which: &str, v: &Option<Spanned<StrList>>, default: &[&str]| {
+        let Some(list) = v else {
+            return default.iter().map(|s| s.to_string()).collect();
+        };
+        let mut out = Vec::new();
+        for (text, at) in list.get_ref().items(start(list)) {
+            match header_name_error(&text) {
+                Some(m) => ctx.error(at, &sub(key, which), m),
+                None => out.push(text.to_ascii_lowercase()),
+            }
+        }
+        out
+    };
+    let request_headers = names(
+        ctx,
+        "request_headers",
+        &r.request_headers,
+        &["authorization", "cookie"],
+    );
+    let copy_headers = names(ctx, "copy_headers", &r.copy_headers, &[]);
+    let cache = duration(
+        ctx,
+        r.cache.as_ref(),
+        &sub(key, "cache"),
+        Duration::ZERO,
+        true,
+    );
+    Some(ForwardAuth {
+        group: gi,
+        path,
+        request_headers,
+        copy_headers,
+        cache,
+        fail_open: r.fail_open.as_ref().is_some_and(|f| *f.get_ref()),
+    })
 }

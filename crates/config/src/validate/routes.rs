@@ -71,6 +71,10 @@ pub(super) fn route(
         Some(raw) => basic_auth(ctx, &sub(key, "basic_auth"), raw),
         None => defaults.basic_auth.cloned(),
     };
+    let forward_auth = r
+        .forward_auth
+        .as_ref()
+        .and_then(|f| forward_auth(ctx, &sub(key, "forward_auth"), f, upstreams));
     let ip_rules = match &r.ip_rules {
         Some(raw) => Some(ip_rules(ctx, &sub(key, "ip_rules"), raw)),
         None => defaults.ip_rules.cloned(),
@@ -131,6 +135,7 @@ pub(super) fn route(
         cors,
         ip_rules,
         basic_auth,
+        forward_auth,
     })
 }
 

@@ -150,3 +150,33 @@ fn basic_auth_takes_bcrypt_and_argon2_and_refuses_weak_hashes_with_their_line() 
     assert!(e.contains("cannot read htpasswd file"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn forward_auth_names_a_known_group() {
+    let text = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nproxy = \"app\"\n\
+                forward_auth = { group = \"auth\", path = \"/verify\", copy_headers = [\"X-User\"], cache = \"30s\" }\n\
+                [upstreams.app]\nservers = [\"127.0.0.1:1\"]\n[upstreams.auth]\nservers = [\"127.0.0.1:2\"]\n";
+    let c = parse(text, "t.toml").unwrap();
+    let fa = c.listeners[0].routes[0].forward_auth.as_ref().unwrap();
+    assert_eq!((fa.group, fa.path.as_deref()), (1, Some("/verify")));
+    assert_eq!(fa.request_headers, ["authorization", "cookie"]);
+    assert_eq!(fa.copy_headers, ["x-user"]);
+    assert_eq!(fa.cache, std::time::Duration::from_secs(30));
+    assert!(!fa.fail_open);
+    assert!(
+        explain(&c).contains("forward_auth: ask \"auth\""),
+        "{}",
+        explain(&c)
+    );
+    let bad = |t: &str| {
+        parse(
+            &text.replace("group = \"auth\", path = \"/verify\"", t),
+            "t.toml",
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(bad("group = \"nope\"").contains("unknown upstream group \"nope\""));
+    assert!(bad("path = \"/v\"").contains("needs `group`"));
+    assert!(bad("group = \"auth\", path = \"verify\"").contains("must start with '/'"));
+}

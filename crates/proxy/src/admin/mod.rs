@@ -777,6 +777,16 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             &stats.auth_failures,
         ),
         (
+            "portico_forward_auth_requests_total",
+            "Requests a route's forward auth service was asked about (passes from its cache not counted).",
+            &stats.forward_auth_calls,
+        ),
+        (
+            "portico_forward_auth_denied_total",
+            "Requests a route's forward auth service refused (its answer went to the client).",
+            &stats.forward_auth_denied,
+        ),
+        (
             "portico_request_bodies_buffered_total",
             "Request bodies read whole before a server was picked (buffer_request).",
             &stats.requests_buffered,

@@ -6,6 +6,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The passes a route's forward auth remembers, per credential (a SHA-256 of the values of the
+/// fields sent to the auth service), with the fields they set.
+#[derive(Debug, Default)]
+pub(crate) struct PassCache {
+    pub passes: Mutex<HashMap<[u8; 32], (Instant, CopiedFields)>>,
+}
+
+/// Fields a forward auth service's pass sets: (index in `copy_headers`, value).
+pub(crate) type CopiedFields = Vec<(usize, String)>;
+
 /// How long credentials that passed are taken again without hashing.
 const CACHE_TTL: Duration = Duration::from_secs(300);
 /// Most cached credentials per route; a full cache is emptied (the next requests hash again).

@@ -72,6 +72,8 @@ pub(crate) struct Filters {
     body: bool,
     /// The route's basic auth, checked after the request filters (it may wait for a hash).
     auth: Option<Arc<auth::AuthState>>,
+    /// The passes the route's forward auth remembers.
+    passes: Arc<auth::PassCache>,
 }
 
 /// A local answer from the request phase.
@@ -165,8 +167,14 @@ impl Filters {
                 .basic_auth
                 .clone()
                 .map(|a| Arc::new(auth::AuthState::new(a))),
+            passes: Arc::default(),
             list,
         }
+    }
+
+    /// The passes the route's forward auth remembers.
+    pub(crate) fn pass_cache(&self) -> &auth::PassCache {
+        &self.passes
     }
 
     /// The route's basic auth, if it asks for one.
@@ -562,6 +570,8 @@ pub(crate) struct Edits<'r> {
     etag: bool,
     /// The client's `Authorization` is not forwarded (basic auth checked it here).
     authorization: bool,
+    /// Fields the forward auth service sets: the client's copies are dropped.
+    names: Option<&'r [String]>,
 }
 
 /// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
@@ -618,6 +628,13 @@ impl<'r> Edits<'r> {
         self.add("ETag", Cow::Owned(etag));
     }
 
+    /// The message's own fields named `names` are dropped.
+    pub(crate) fn drop_names(&mut self, names: &'r [String]) {
+        if !names.is_empty() {
+            self.names = Some(names);
+        }
+    }
+
     /// The client's `Authorization` field is not forwarded.
     pub(crate) fn drop_authorization(&mut self) {
         self.authorization = true;
@@ -639,7 +656,12 @@ impl<'r> Edits<'r> {
     pub(crate) fn drops(&self, name: &str) -> bool {
         // The common case (no rules, nothing owned) stays inline; the lists are looked at out
         // of line.
-        if self.rules.is_none() && !self.recoded && !self.cors && !self.etag && !self.authorization
+        if self.rules.is_none()
+            && !self.recoded
+            && !self.cors
+            && !self.etag
+            && !self.authorization
+            && self.names.is_none()
         {
             return false;
         }
@@ -656,6 +678,9 @@ impl<'r> Edits<'r> {
             || (self.cors && among(&cors::CORS_FIELDS))
             || (self.etag && name.eq_ignore_ascii_case("etag"))
             || (self.authorization && name.eq_ignore_ascii_case("authorization"))
+            || self
+                .names
+                .is_some_and(|n| n.iter().any(|x| x.eq_ignore_ascii_case(name)))
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
@@ -675,7 +700,13 @@ impl<'r> Edits<'r> {
         let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
         let etag = std::iter::once("etag").filter(|_| self.etag);
         let auth = std::iter::once("authorization").filter(|_| self.authorization);
-        rules.chain(recoded).chain(cors).chain(etag).chain(auth)
+        let names = self.names.into_iter().flatten().map(String::as_str);
+        rules
+            .chain(recoded)
+            .chain(cors)
+            .chain(etag)
+            .chain(auth)
+            .chain(names)
     }
 
     /// The fields to append: every `set`, every `add`, then what other filters added.

@@ -3,6 +3,7 @@
 mod attempt;
 mod exchange_h1;
 mod exchange_h2;
+pub(crate) mod forward_auth;
 mod mirror;
 
 use crate::conn::MAX_CHUNK;
@@ -116,6 +117,44 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             return down.refuse(head, e, body, &fields).await;
         }
     }
+    let mut auth_fields = Vec::new();
+    if let Some(fa) = route.forward_auth.as_ref().filter(|_| preflight.is_none()) {
+        let who = forward_auth::WhoOwned::of(&down.who());
+        let cache = filters.pass_cache();
+        // Boxed: only routes with forward auth pay for the subrequest's state.
+        let verdict = Box::pin(forward_auth::check(&env, fa, cache, head, &who)).await;
+        match verdict {
+            forward_auth::Verdict::Pass(fields) => auth_fields = fields,
+            forward_auth::Verdict::Unavailable(e) => {
+                tracing::debug!(peer = %env.peer, "forward auth: {e}");
+                let e = ProxyError::AuthUnavailable;
+                return down.fail(head, e, Phase::Route, false).await;
+            }
+            forward_auth::Verdict::Answer {
+                status,
+                fields,
+                body,
+            } => {
+                env.shared
+                    .stats
+                    .forward_auth_denied
+                    .fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = downstream::drain(down, head, route).await {
+                    return down.fail(head, e, Phase::RequestBody, false).await;
+                }
+                let content_type = fields
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                    .map_or("text/plain", |(_, v)| v.as_str());
+                let extra: Vec<(&str, &str)> = fields
+                    .iter()
+                    .filter(|(n, _)| !n.eq_ignore_ascii_case("content-type"))
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                return down.local(head, status, content_type, &body, &extra).await;
+            }
+        }
+    }
     if route.max_body_bytes > 0 {
         if let Framing::Length(n) = head.framing {
             if n > route.max_body_bytes {
@@ -145,7 +184,7 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
                 let fields = fields.into_iter().map(|(n, v)| (n, Cow::Owned(v)));
                 (status, "text/plain", b"", fields.collect())
             }
-            (None, Action::Proxy(p)) => return proxy_action(down, head, idx, p).await,
+            (None, Action::Proxy(p)) => return proxy_action(down, head, idx, p, auth_fields).await,
             (None, Action::Static(_) | Action::Origin(_)) => {
                 return match ls.origins[idx].as_ref() {
                     Some(origin) => down.origin(head, origin).await,
@@ -184,6 +223,7 @@ async fn proxy_action<'a, D: Client<'a>>(
     head: &RequestHead,
     idx: usize,
     p: &ProxyAction,
+    auth_fields: Vec<(usize, String)>,
 ) -> Outcome {
     let env = down.env();
     let ls = env.ls;
@@ -198,6 +238,15 @@ async fn proxy_action<'a, D: Client<'a>>(
         let who = down.who();
         let vars = RequestVars::new(head, route, who.tls, who.ip);
         filters.forward(route, &vars, &mut forward);
+        // Fields the auth service answered with replace the client's of the same names.
+        if let Some(fa) = &route.forward_auth {
+            forward.drop_names(&fa.copy_headers);
+            for (i, v) in auth_fields {
+                if let Some(name) = fa.copy_headers.get(i) {
+                    forward.add(name, Cow::Owned(v));
+                }
+            }
+        }
         // The request's side of a split, once: its retries stay there.
         group = match &p.split {
             None => p.upstream,

@@ -189,6 +189,10 @@ pub struct Stats {
     pub ip_denied: AtomicU64,
     /// Requests refused 401 by a route's `basic_auth` (no or wrong credentials).
     pub auth_failures: AtomicU64,
+    /// Requests a route's forward auth service was asked about (not from the pass cache), and
+    /// those it refused.
+    pub forward_auth_calls: AtomicU64,
+    pub forward_auth_denied: AtomicU64,
     /// Request bodies read whole before their attempt (`buffer_request`), and the bytes of
     /// them that went to temporary files.
     pub requests_buffered: AtomicU64,
@@ -252,6 +256,8 @@ impl Default for Stats {
             h2_ping_floods: AtomicU64::new(0),
             ip_denied: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
+            forward_auth_calls: AtomicU64::new(0),
+            forward_auth_denied: AtomicU64::new(0),
             requests_buffered: AtomicU64::new(0),
             request_buffer_file_bytes: AtomicU64::new(0),
             mirror_answered: AtomicU64::new(0),

@@ -204,3 +204,117 @@ servers = ["{}"]
     assert_eq!(p.stats().auth_failures.load(Relaxed), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn forward_auth_lets_through_what_the_service_passes_and_caches_the_passes() {
+    // The auth service: a session cookie "good" passes with X-User; anything else is sent to
+    // a login page.
+    let auth = TestUpstream::start(|r| {
+        let good = r
+            .header("cookie")
+            .is_some_and(|c| c.contains("session=good"));
+        match good {
+            true => Reply::Respond {
+                status: 204,
+                headers: vec![("X-User".into(), "alice".into())],
+                body: Vec::new(),
+                chunked: false,
+            },
+            false => Reply::Respond {
+                status: 302,
+                headers: vec![
+                    ("Location".into(), "https://login.example/?next=x".into()),
+                    ("Content-Type".into(), "text/html".into()),
+                ],
+                body: b"<a href=\"https://login.example/\">log in</a>".to_vec(),
+                chunked: false,
+            },
+        }
+    });
+    let app = TestUpstream::start(|r| {
+        Reply::ok(&format!(
+            "app sees user {}",
+            r.header("x-user").unwrap_or("none")
+        ))
+    });
+    let p = start_toml(
+        &format!(
+            r#"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+path = "/down/**"
+proxy = "app"
+forward_auth = {{ group = "gone" }}
+[[listeners.routes]]
+proxy = "app"
+forward_auth = {{ group = "auth", path = "/verify", copy_headers = ["x-user"], cache = "1m" }}
+[upstreams.app]
+servers = ["{}"]
+[upstreams.auth]
+servers = ["{}"]
+[upstreams.gone]
+servers = ["{}"]
+"#,
+            app.addr,
+            auth.addr,
+            crate::common::closed_port()
+        ),
+        1,
+    );
+    let addr = p.addr("p").unwrap();
+    let got = tokio::task::spawn_blocking(move || {
+        let get = |path: &str, extra: &str| {
+            let mut c = Client::connect(addr).unwrap();
+            let req = format!("GET {path} HTTP/1.1\r\nHost: shop.example\r\n{extra}\r\n");
+            let r = c.request(req.as_bytes()).unwrap();
+            (r.status, r.header("location").map(str::to_string), r.text())
+        };
+        vec![
+            get("/cart", ""),
+            // A client's own X-User never reaches the app.
+            get("/cart", "Cookie: session=bad\r\nX-User: admin\r\n"),
+            get("/cart", "Cookie: session=good\r\nX-User: admin\r\n"),
+            get("/cart?again", "Cookie: session=good\r\n"),
+            get("/cart?third", "Cookie: session=good\r\n"),
+            get("/down/x", "Cookie: session=good\r\n"),
+        ]
+    })
+    .await
+    .unwrap();
+    let login = Some("https://login.example/?next=x".to_string());
+    assert_eq!((got[0].0, &got[0].1), (302, &login));
+    assert!(got[0].2.contains("log in"));
+    assert_eq!((got[1].0, &got[1].1), (302, &login));
+    assert_eq!(got[2].2, "app sees user alice");
+    assert_eq!(got[3].2, "app sees user alice");
+    assert_eq!(got[4].2, "app sees user alice");
+    assert_eq!(got[5].0, 503, "the auth service unreachable");
+    // The service saw the request's method, URI and cookie; the passes after the first came
+    // from the cache.
+    let asked = auth.requests();
+    assert_eq!(
+        asked.len(),
+        3,
+        "two refusals and one pass; the next passes were cached"
+    );
+    assert_eq!(asked[2].target, "/verify");
+    assert_eq!(asked[2].header("x-forwarded-uri"), Some("/cart"));
+    assert_eq!(asked[2].header("x-forwarded-method"), Some("GET"));
+    assert_eq!(asked[2].header("cookie"), Some("session=good"));
+    assert_eq!(p.stats().forward_auth_denied.load(Relaxed), 2);
+    // HTTP/2 clients are asked about the same way.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut c = client.ready().await.unwrap();
+    let req = http::Request::builder()
+        .uri("http://shop.example/cart")
+        .body(())
+        .unwrap();
+    let (resp, _) = c.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 302);
+    assert_eq!(resp.headers()["location"], "https://login.example/?next=x");
+}
