@@ -64,94 +64,27 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
     outcome
 }
 
-/// The request filters (one may answer), the route's body limit, then its action.
+/// The checks before the action (one may answer), the route's body limit, then its action.
 async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usize) -> Outcome {
     let env = down.env();
     let ls = env.ls;
     let route = &ls.listener.routes[idx];
     let filters = &ls.filters[idx];
-    let mut preflight = None;
-    if filters.has_request_filter() {
-        let now = down.timings().head.unwrap_or_else(Instant::now);
-        let answer = filters.request(&crate::filter::Cx {
-            route,
-            counters: &ls.route_stats[idx],
-            limiter: ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
-            load: &env.worker.load,
-            slot: ls.slot,
-            stats: &env.shared.stats,
-            peer: env.peer,
-            trusted: &ls.listener.trusted_proxies,
-            client_ip: down.who().ip,
-            head,
-            now,
-        });
-        match answer {
-            Ok(()) => {}
-            Err(Answer::Refuse {
+    let mut answer = None;
+    let mut auth_fields = Vec::new();
+    if filters.has_request_filter() || filters.auth().is_some() || route.forward_auth.is_some() {
+        // Boxed: only routes with checks pay for their state.
+        match Box::pin(gate(down, head, idx)).await {
+            Ok(fields) => auth_fields = fields,
+            Err(Stop::Answer(a)) => answer = Some(a),
+            Err(Stop::Refuse {
                 error,
                 body,
-                retry_after,
-            }) => {
-                let secs = retry_after.map(|s| s.to_string());
-                let fields = match &secs {
-                    Some(s) => &[("Retry-After", s.as_str())][..],
-                    None => &[],
-                };
-                return down.refuse(head, error, body, fields).await;
-            }
-            Err(Answer::Local { status, fields }) => preflight = Some((status, fields)),
-        }
-    }
-    if let Some(auth) = filters.auth().filter(|_| preflight.is_none()) {
-        // Boxed: only routes with basic auth pay for the check's state.
-        if !Box::pin(auth.check(head)).await {
-            env.shared
-                .stats
-                .auth_failures
-                .fetch_add(1, Ordering::Relaxed);
-            let challenge = auth.challenge();
-            let fields = [("WWW-Authenticate", challenge.as_str())];
-            let e = ProxyError::Unauthorized;
-            let body = crate::error::error_body(e.status());
-            return down.refuse(head, e, body, &fields).await;
-        }
-    }
-    let mut auth_fields = Vec::new();
-    if let Some(fa) = route.forward_auth.as_ref().filter(|_| preflight.is_none()) {
-        let who = forward_auth::WhoOwned::of(&down.who());
-        let cache = filters.pass_cache();
-        // Boxed: only routes with forward auth pay for the subrequest's state.
-        let verdict = Box::pin(forward_auth::check(&env, fa, cache, head, &who)).await;
-        match verdict {
-            forward_auth::Verdict::Pass(fields) => auth_fields = fields,
-            forward_auth::Verdict::Unavailable(e) => {
-                tracing::debug!(peer = %env.peer, "forward auth: {e}");
-                let e = ProxyError::AuthUnavailable;
-                return down.fail(head, e, Phase::Route, false).await;
-            }
-            forward_auth::Verdict::Answer {
-                status,
                 fields,
-                body,
-            } => {
-                env.shared
-                    .stats
-                    .forward_auth_denied
-                    .fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = downstream::drain(down, head, route).await {
-                    return down.fail(head, e, Phase::RequestBody, false).await;
-                }
-                let content_type = fields
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-                    .map_or("text/plain", |(_, v)| v.as_str());
-                let extra: Vec<(&str, &str)> = fields
-                    .iter()
-                    .filter(|(n, _)| !n.eq_ignore_ascii_case("content-type"))
-                    .map(|(n, v)| (n.as_str(), v.as_str()))
-                    .collect();
-                return down.local(head, status, content_type, &body, &extra).await;
+            }) => {
+                let fields: Vec<(&str, &str)> =
+                    fields.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                return down.refuse(head, error, body, &fields).await;
             }
         }
     }
@@ -163,7 +96,7 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             }
         }
     }
-    let local = preflight.is_some() || !matches!(route.action, Action::Proxy(_));
+    let local = answer.is_some() || !matches!(route.action, Action::Proxy(_));
     if local && head.upgrade && D::H2 {
         // Only an extended CONNECT is an upgrade here; a local answer would not tunnel.
         crate::telemetry::logging::log_limited!(info, peer = %env.peer, target = head.target(), "HTTP/2 WebSocket to a route that does not proxy: 501");
@@ -179,10 +112,18 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     }
     // One local answer (each await of a callee copies its state into this future).
     let (status, content_type, body, fields): (u16, &str, &[u8], Vec<Field<'_>>) =
-        match (preflight, &route.action) {
-            (Some((status, fields)), _) => {
-                let fields = fields.into_iter().map(|(n, v)| (n, Cow::Owned(v)));
-                (status, "text/plain", b"", fields.collect())
+        match (&answer, &route.action) {
+            (Some(a), _) => {
+                let fields = a
+                    .fields
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), Cow::Borrowed(v.as_str())));
+                (
+                    a.status,
+                    a.content_type.as_str(),
+                    &a.body[..],
+                    fields.collect(),
+                )
             }
             (None, Action::Proxy(p)) => return proxy_action(down, head, idx, p, auth_fields).await,
             (None, Action::Static(_) | Action::Origin(_)) => {
@@ -213,8 +154,135 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     down.local(head, status, content_type, body, &fields).await
 }
 
+/// A local answer the checks before the action made (a CORS preflight's 204, a forward auth
+/// service's refusal).
+struct LocalAnswer {
+    status: u16,
+    content_type: String,
+    fields: Vec<(String, String)>,
+    body: Bytes,
+}
+
+/// Where the checks before the action stopped a request.
+enum Stop {
+    /// Refused: the error it counts as, its body and fields.
+    Refuse {
+        error: ProxyError,
+        body: &'static [u8],
+        fields: Vec<(&'static str, String)>,
+    },
+    /// Answered here.
+    Answer(LocalAnswer),
+}
+
+/// The checks before the route's action, in their documented order: the request filters (IP
+/// rules, shedding, rate limit, CORS preflight), basic auth, forward auth. Ok with the fields
+/// forward auth sets on the forwarded request.
+async fn gate<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    idx: usize,
+) -> Result<Vec<(usize, String)>, Stop> {
+    let env = down.env();
+    let ls = env.ls;
+    let route = &ls.listener.routes[idx];
+    let filters = &ls.filters[idx];
+    if filters.has_request_filter() {
+        let now = down.timings().head.unwrap_or_else(Instant::now);
+        let answer = filters.request(&crate::filter::Cx {
+            route,
+            counters: &ls.route_stats[idx],
+            limiter: ls.resilience.get(idx).and_then(|r| r.rate_limit.as_deref()),
+            load: &env.worker.load,
+            slot: ls.slot,
+            stats: &env.shared.stats,
+            peer: env.peer,
+            trusted: &ls.listener.trusted_proxies,
+            client_ip: down.who().ip,
+            head,
+            now,
+        });
+        match answer {
+            Ok(()) => {}
+            Err(Answer::Refuse {
+                error,
+                body,
+                retry_after,
+            }) => {
+                let fields = retry_after.map(|s| ("Retry-After", s.to_string()));
+                return Err(Stop::Refuse {
+                    error,
+                    body,
+                    fields: fields.into_iter().collect(),
+                });
+            }
+            // A preflight carries no credentials: the checks below do not run for it.
+            Err(Answer::Local { status, fields }) => {
+                return Err(Stop::Answer(LocalAnswer {
+                    status,
+                    content_type: "text/plain".to_string(),
+                    fields: fields
+                        .into_iter()
+                        .map(|(n, v)| (n.to_string(), v))
+                        .collect(),
+                    body: Bytes::new(),
+                }));
+            }
+        }
+    }
+    if let Some(auth) = filters.auth() {
+        if !auth.check(head).await {
+            let stats = &env.shared.stats;
+            stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            let error = ProxyError::Unauthorized;
+            return Err(Stop::Refuse {
+                body: crate::error::error_body(error.status()),
+                error,
+                fields: vec![("WWW-Authenticate", auth.challenge())],
+            });
+        }
+    }
+    let Some(fa) = &route.forward_auth else {
+        return Ok(Vec::new());
+    };
+    let who = forward_auth::WhoOwned::of(&down.who());
+    match forward_auth::check(&env, fa, filters.pass_cache(), head, &who).await {
+        forward_auth::Verdict::Pass(fields) => Ok(fields),
+        forward_auth::Verdict::Unavailable(e) => {
+            tracing::debug!(peer = %env.peer, "forward auth: {e}");
+            let error = ProxyError::AuthUnavailable;
+            Err(Stop::Refuse {
+                body: crate::error::error_body(error.status()),
+                error,
+                fields: Vec::new(),
+            })
+        }
+        forward_auth::Verdict::Answer {
+            status,
+            mut fields,
+            body,
+        } => {
+            let stats = &env.shared.stats;
+            stats.forward_auth_denied.fetch_add(1, Ordering::Relaxed);
+            let at = fields
+                .iter()
+                .position(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+            let content_type = match at {
+                Some(i) => fields.remove(i).1,
+                None => "text/plain".to_string(),
+            };
+            Err(Stop::Answer(LocalAnswer {
+                status,
+                content_type,
+                fields,
+                body,
+            }))
+        }
+    }
+}
+
 /// A field of a local answer.
-type Field<'v> = (&'static str, Cow<'v, str>);
+type Field<'v> = (&'v str, Cow<'v, str>);
 
 /// The proxy action: the forward filters, a buffered body when the route reads bodies whole,
 /// then the attempts.
