@@ -188,6 +188,7 @@ fn write_edit_fields(out: &mut impl HeadOut, edits: &Edits<'_>) {
 /// Write the request head sent upstream: request line with `target`, end-to-end fields minus the
 /// ones Portico owns and those the filters drop, then Host, X-Forwarded-*, Via, the filters'
 /// fields, exactly one framing field, upgrade.
+#[inline(always)]
 pub(crate) fn upstream_request(
     out: &mut impl HeadOut,
     head: &RequestHead,

@@ -74,6 +74,11 @@ pub(crate) struct Filters {
     auth: Option<Arc<auth::AuthState>>,
     /// The passes the route's forward auth remembers.
     passes: Arc<auth::PassCache>,
+    /// Checks before the action: request filters, basic auth or forward auth.
+    gate: bool,
+    /// The proxy action does more than the common case: Authorization dropped (basic auth),
+    /// forward auth fields, a split or a mirror.
+    rare: bool,
 }
 
 /// A local answer from the request phase.
@@ -154,13 +159,22 @@ impl Filters {
         }
         list.push(Filter::RouteMetrics);
         let has = |phase: &[Filter]| list.iter().any(|f| phase.contains(f));
+        let request = has(&[
+            Filter::IpRules,
+            Filter::Shed,
+            Filter::RateLimit,
+            Filter::Cors,
+        ]);
+        let rare = route
+            .basic_auth
+            .as_ref()
+            .is_some_and(|a| !a.keep_authorization)
+            || route.forward_auth.is_some()
+            || matches!(&route.action, Action::Proxy(p) if p.split.is_some() || p.mirror.is_some());
         Filters {
-            request: has(&[
-                Filter::IpRules,
-                Filter::Shed,
-                Filter::RateLimit,
-                Filter::Cors,
-            ]),
+            gate: request || route.basic_auth.is_some() || route.forward_auth.is_some(),
+            rare,
+            request,
             response: has(&[Filter::ResponseHeaders, Filter::StickyCookie, Filter::Cors]),
             body: has(&[Filter::Compress]),
             auth: route
@@ -181,6 +195,18 @@ impl Filters {
     #[inline]
     pub(crate) fn auth(&self) -> Option<&auth::AuthState> {
         self.auth.as_deref()
+    }
+
+    /// Whether the route has checks before its action (without, `gate` is skipped).
+    #[inline]
+    pub(crate) fn has_gate(&self) -> bool {
+        self.gate
+    }
+
+    /// Whether the proxy action takes its rare path (see `rare`).
+    #[inline]
+    pub(crate) fn is_rare(&self) -> bool {
+        self.rare
     }
 
     /// Whether the route has request filters (without, the phase is skipped).
@@ -210,14 +236,6 @@ impl Filters {
             if let Filter::RequestHeaders = f {
                 edits.rules(&route.request_headers, vars);
             }
-        }
-        // The credentials stay here, unless the route passes them on.
-        if route
-            .basic_auth
-            .as_ref()
-            .is_some_and(|a| !a.keep_authorization)
-        {
-            edits.drop_authorization();
         }
     }
 
@@ -572,6 +590,8 @@ pub(crate) struct Edits<'r> {
     authorization: bool,
     /// Fields the forward auth service sets: the client's copies are dropped.
     names: Option<&'r [String]>,
+    /// Any of recoded, cors, etag, authorization, names: the one flag `drops` tests inline.
+    owns: bool,
 }
 
 /// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
@@ -612,6 +632,7 @@ impl<'r> Edits<'r> {
     /// `etag` replace what described the server's bytes.
     pub(crate) fn recode(&mut self, coding: Coding, etag: Option<String>, vary: bool) {
         self.recoded = true;
+        self.owns = true;
         self.add("Content-Encoding", Cow::Borrowed(coding.token()));
         if vary {
             self.add("Vary", Cow::Borrowed("Accept-Encoding"));
@@ -625,6 +646,7 @@ impl<'r> Edits<'r> {
     /// would be compressed).
     pub(crate) fn replace_etag(&mut self, etag: String) {
         self.etag = true;
+        self.owns = true;
         self.add("ETag", Cow::Owned(etag));
     }
 
@@ -632,17 +654,20 @@ impl<'r> Edits<'r> {
     pub(crate) fn drop_names(&mut self, names: &'r [String]) {
         if !names.is_empty() {
             self.names = Some(names);
+            self.owns = true;
         }
     }
 
     /// The client's `Authorization` field is not forwarded.
     pub(crate) fn drop_authorization(&mut self) {
         self.authorization = true;
+        self.owns = true;
     }
 
     /// The route's CORS policy owns the `Access-Control-*` fields: the server's are dropped.
     pub(crate) fn own_cors_fields(&mut self) {
         self.cors = true;
+        self.owns = true;
     }
 
     /// The body is re-encoded: its length is unknown when the head goes out.
@@ -656,13 +681,7 @@ impl<'r> Edits<'r> {
     pub(crate) fn drops(&self, name: &str) -> bool {
         // The common case (no rules, nothing owned) stays inline; the lists are looked at out
         // of line.
-        if self.rules.is_none()
-            && !self.recoded
-            && !self.cors
-            && !self.etag
-            && !self.authorization
-            && self.names.is_none()
-        {
+        if self.rules.is_none() && !self.owns {
             return false;
         }
         self.drops_listed(name)

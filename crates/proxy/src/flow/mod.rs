@@ -21,7 +21,7 @@ use crate::vars::RequestVars;
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
-use portico_config::{Action, ProxyAction, UpstreamProtocol};
+use portico_config::{Action, ProxyAction, Route, UpstreamProtocol};
 use portico_http1::{BodyDecoder, Decoded, Framing, RequestHead};
 use std::borrow::Cow;
 use std::future::Future;
@@ -71,11 +71,11 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     let route = &ls.listener.routes[idx];
     let filters = &ls.filters[idx];
     let mut answer = None;
-    let mut auth_fields = Vec::new();
-    if filters.has_request_filter() || filters.auth().is_some() || route.forward_auth.is_some() {
+    let mut auth_fields: Option<Box<[(usize, String)]>> = None;
+    if filters.has_gate() {
         // Boxed: only routes with checks pay for their state.
         match Box::pin(gate(down, head, idx)).await {
-            Ok(fields) => auth_fields = fields,
+            Ok(fields) => auth_fields = Some(fields.into_boxed_slice()),
             Err(Stop::Answer(a)) => answer = Some(a),
             Err(Stop::Refuse {
                 error,
@@ -110,23 +110,26 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
             return down.fail(head, e, Phase::RequestBody, false).await;
         }
     }
-    // One local answer (each await of a callee copies its state into this future).
-    let (status, content_type, body, fields): (u16, &str, &[u8], Vec<Field<'_>>) =
-        match (&answer, &route.action) {
-            (Some(a), _) => {
-                let fields = a
-                    .fields
-                    .iter()
-                    .map(|(n, v)| (n.as_str(), Cow::Borrowed(v.as_str())));
-                (
-                    a.status,
-                    a.content_type.as_str(),
-                    &a.body[..],
-                    fields.collect(),
-                )
-            }
-            (None, Action::Proxy(p)) => return proxy_action(down, head, idx, p, auth_fields).await,
-            (None, Action::Static(_) | Action::Origin(_)) => {
+    // One local answer (each await of a callee copies its state into this future). `answer`
+    // is matched by value: the proxy arm keeps no Option<LocalAnswer> to drop after its await.
+    let held: LocalAnswer;
+    let (status, content_type, body, fields): (u16, &str, &[u8], Vec<Field<'_>>) = match answer {
+        Some(a) => {
+            held = a;
+            let fields = held
+                .fields
+                .iter()
+                .map(|(n, v)| (n.as_str(), Cow::Borrowed(v.as_str())));
+            (
+                held.status,
+                held.content_type.as_str(),
+                &held.body[..],
+                fields.collect(),
+            )
+        }
+        None => match &route.action {
+            Action::Proxy(p) => return proxy_action(down, head, idx, p, auth_fields).await,
+            Action::Static(_) | Action::Origin(_) => {
                 return match ls.origins[idx].as_ref() {
                     Some(origin) => down.origin(head, origin).await,
                     None => {
@@ -135,21 +138,19 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
                     }
                 };
             }
-            (None, Action::Redirect { status, location }) => {
+            Action::Redirect { status, location } => {
                 let who = down.who();
                 let vars = RequestVars::new(head, route, who.tls, who.ip);
                 let location = crate::vars::location(location, &vars);
                 (*status, "text/plain", b"", vec![("Location", location)])
             }
-            (
-                None,
-                Action::Fixed {
-                    status,
-                    content_type,
-                    body,
-                },
-            ) => (*status, content_type.as_str(), body.as_bytes(), Vec::new()),
-        };
+            Action::Fixed {
+                status,
+                content_type,
+                body,
+            } => (*status, content_type.as_str(), body.as_bytes(), Vec::new()),
+        },
+    };
     let fields: Vec<(&str, &str)> = fields.iter().map(|(n, v)| (*n, &**v)).collect();
     down.local(head, status, content_type, body, &fields).await
 }
@@ -291,7 +292,7 @@ async fn proxy_action<'a, D: Client<'a>>(
     head: &RequestHead,
     idx: usize,
     p: &ProxyAction,
-    auth_fields: Vec<(usize, String)>,
+    auth_fields: Option<Box<[(usize, String)]>>,
 ) -> Outcome {
     let env = down.env();
     let ls = env.ls;
@@ -306,19 +307,10 @@ async fn proxy_action<'a, D: Client<'a>>(
         let who = down.who();
         let vars = RequestVars::new(head, route, who.tls, who.ip);
         filters.forward(route, &vars, &mut forward);
-        // Fields the auth service answered with replace the client's of the same names.
-        if let Some(fa) = &route.forward_auth {
-            forward.drop_names(&fa.copy_headers);
-            for (i, v) in auth_fields {
-                if let Some(name) = fa.copy_headers.get(i) {
-                    forward.add(name, Cow::Owned(v));
-                }
-            }
-        }
-        // The request's side of a split, once: its retries stay there.
-        group = match &p.split {
-            None => p.upstream,
-            Some(s) => crate::split::group(s, p.upstream, head, who.ip),
+        group = if filters.is_rare() {
+            rare_forward(route, p, head, who.ip, auth_fields, &mut forward)
+        } else {
+            p.upstream
         };
     }
     // A buffered body is read whole before any server is picked (a slow upload holds no server
@@ -351,13 +343,48 @@ async fn proxy_action<'a, D: Client<'a>>(
         buffered,
         group,
     };
-    if p.mirror.is_some() {
+    if filters.is_rare() && p.mirror.is_some() {
         mirror::maybe_spawn(&env, &px, head, &down.who());
     }
     let mut ubuf = down.take_ubuf();
     let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
     down.put_ubuf(ubuf);
     o
+}
+
+/// The proxy action's rare part (`Filters::is_rare`): the credentials basic auth checked are
+/// not forwarded (unless kept), the forward auth service's fields replace the client's, and
+/// the request's side of a split (once: its retries stay there). Returns the group.
+#[inline(never)]
+fn rare_forward<'r>(
+    route: &'r Route,
+    p: &ProxyAction,
+    head: &RequestHead,
+    ip: &str,
+    auth_fields: Option<Box<[(usize, String)]>>,
+    forward: &mut Edits<'r>,
+) -> usize {
+    // The credentials stay here, unless the route passes them on.
+    if route
+        .basic_auth
+        .as_ref()
+        .is_some_and(|a| !a.keep_authorization)
+    {
+        forward.drop_authorization();
+    }
+    // Fields the auth service answered with replace the client's of the same names.
+    if let Some(fa) = &route.forward_auth {
+        forward.drop_names(&fa.copy_headers);
+        for (i, v) in auth_fields.map(|b| b.into_vec()).unwrap_or_default() {
+            if let Some(name) = fa.copy_headers.get(i) {
+                forward.add(name, Cow::Owned(v));
+            }
+        }
+    }
+    match &p.split {
+        None => p.upstream,
+        Some(s) => crate::split::group(s, p.upstream, head, ip),
+    }
 }
 
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
