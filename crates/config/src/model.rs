@@ -293,6 +293,16 @@ pub struct BasicAuth {
     pub users: Vec<(String, String)>,
     /// Keep the `Authorization` field on the forwarded request (default false: removed).
     pub keep_authorization: bool,
+    /// Refuse a client address (429) after this many failures within the window; None = never.
+    pub lockout: Option<Lockout>,
+}
+
+/// Basic-auth lockout: `failures` failed attempts from one client address within `window`
+/// lock that address out until the window ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lockout {
+    pub failures: u32,
+    pub window: Duration,
 }
 
 impl BasicAuth {

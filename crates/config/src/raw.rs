@@ -59,6 +59,18 @@ pub(crate) struct RawBasicAuth {
     pub users: Option<Entries<Spanned<String>>>,
     pub htpasswd: Option<Spanned<String>>,
     pub keep_authorization: Option<Spanned<bool>>,
+    pub lockout: Option<Spanned<RawLockout>>,
+}
+
+/// `lockout = { failures = 5, window = "1m" }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a lockout table { failures = N, window = \"1m\" }"
+)]
+pub(crate) struct RawLockout {
+    pub failures: Option<Spanned<Int>>,
+    pub window: Option<Spanned<Scalar>>,
 }
 
 /// `[listeners.compression]` and `[listeners.routes.compression]`.

@@ -91,6 +91,29 @@ pub(super) fn basic_auth(
         realm,
         users,
         keep_authorization: r.keep_authorization.as_ref().is_some_and(|k| *k.get_ref()),
+        lockout: r.lockout.as_ref().map(|l| {
+            let lkey = sub(key, "lockout");
+            let raw = l.get_ref();
+            let failures = int(
+                ctx,
+                raw.failures.as_ref(),
+                &sub(&lkey, "failures"),
+                10,
+                1,
+                1_000_000,
+            );
+            let window = duration(
+                ctx,
+                raw.window.as_ref(),
+                &sub(&lkey, "window"),
+                Duration::from_secs(60),
+                false,
+            );
+            crate::model::Lockout {
+                failures: failures as u32,
+                window,
+            }
+        }),
     }))
 }
 

@@ -105,6 +105,28 @@ fn basic_auth_takes_bcrypt_and_argon2_and_refuses_weak_hashes_with_their_line() 
     assert_eq!(auth.hash("alice"), Some(bcrypt));
     assert_eq!(auth.hash("bob"), None);
     assert!(!auth.keep_authorization);
+    assert_eq!(auth.lockout, None);
+    let c = config(
+        "",
+        &format!("basic_auth = {{ users = {{ a = \"{bcrypt}\" }}, lockout = {{ failures = 5, window = \"10m\" }} }}"),
+    )
+    .unwrap();
+    let l = c.listeners[0].routes[0]
+        .basic_auth
+        .as_ref()
+        .unwrap()
+        .lockout
+        .unwrap();
+    assert_eq!(
+        (l.failures, l.window),
+        (5, std::time::Duration::from_secs(600))
+    );
+    let e = config(
+        "",
+        &format!("basic_auth = {{ users = {{ a = \"{bcrypt}\" }}, lockout = {{ failures = 0 }} }}"),
+    )
+    .unwrap_err();
+    assert!(e.contains("lockout.failures: must be at least 1"), "{e}");
     assert!(
         explain(&c).contains("basic_auth: 1 user(s), realm \"restricted\""),
         "{}",

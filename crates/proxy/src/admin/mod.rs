@@ -777,6 +777,11 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             &stats.auth_failures,
         ),
         (
+            "portico_basic_auth_lockouts_total",
+            "Requests refused 429 because their client address failed basic auth too often (lockout).",
+            &stats.auth_lockouts,
+        ),
+        (
             "portico_forward_auth_requests_total",
             "Requests a route's forward auth service was asked about (passes from its cache not counted).",
             &stats.forward_auth_calls,

@@ -3,6 +3,7 @@
 use portico_config::BasicAuth;
 use portico_http1::RequestHead;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,17 @@ const CACHE_MAX: usize = 10_000;
 pub(crate) struct AuthState {
     pub cfg: Arc<BasicAuth>,
     passed: Mutex<HashMap<[u8; 32], Instant>>,
+    /// Failed attempts per client address in the current window (with `lockout`).
+    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+}
+
+/// What a basic-auth check found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Checked {
+    Pass,
+    Fail,
+    /// The client's address failed too often: refused without a check until this much later.
+    Locked(Duration),
 }
 
 impl AuthState {
@@ -34,6 +46,7 @@ impl AuthState {
         AuthState {
             cfg,
             passed: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
         }
     }
 
@@ -47,7 +60,55 @@ impl AuthState {
     /// milliseconds: on the worker it would stall every connection of the worker); an unknown
     /// user is checked against a hash too, so that the time taken does not tell which users
     /// exist.
-    pub(crate) async fn check(&self, head: &RequestHead) -> bool {
+    pub(crate) async fn check(&self, head: &RequestHead, client: IpAddr) -> Checked {
+        let now = Instant::now();
+        if let Some(wait) = self.locked(client, now) {
+            return Checked::Locked(wait);
+        }
+        let ok = self.verify(head).await;
+        self.count(client, ok, now);
+        match ok {
+            true => Checked::Pass,
+            false => Checked::Fail,
+        }
+    }
+
+    /// How long `client` stays locked out, if it is.
+    fn locked(&self, client: IpAddr, now: Instant) -> Option<Duration> {
+        let l = self.cfg.lockout?;
+        let failures = self.failures.lock().ok()?;
+        let (n, since) = failures.get(&client)?;
+        let left = l.window.checked_sub(now.duration_since(*since))?;
+        (*n >= l.failures && !left.is_zero()).then_some(left)
+    }
+
+    /// Count a failure of `client` in its window (a pass clears its count).
+    fn count(&self, client: IpAddr, ok: bool, now: Instant) {
+        let Some(l) = self.cfg.lockout else {
+            return;
+        };
+        let Ok(mut failures) = self.failures.lock() else {
+            return;
+        };
+        if ok {
+            failures.remove(&client);
+            return;
+        }
+        if failures.len() >= CACHE_MAX && !failures.contains_key(&client) {
+            failures.retain(|_, (_, since)| now.duration_since(*since) < l.window);
+            if failures.len() >= CACHE_MAX {
+                failures.clear();
+            }
+        }
+        let e = failures.entry(client).or_insert((0, now));
+        if now.duration_since(e.1) >= l.window {
+            *e = (0, now);
+        }
+        e.0 += 1;
+    }
+
+    /// Whether the request's credentials are a user's and its password.
+    async fn verify(&self, head: &RequestHead) -> bool {
         let Some((user, password)) = credentials(head) else {
             return false;
         };

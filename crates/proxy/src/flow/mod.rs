@@ -9,6 +9,7 @@ mod mirror;
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
+use crate::filter::auth::Checked;
 use crate::filter::{compress, Answer, Compressing, Edits};
 use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
 use crate::metrics::RouteStats;
@@ -232,15 +233,29 @@ async fn gate<'a, D: Client<'a>>(
         }
     }
     if let Some(auth) = filters.auth() {
-        if !auth.check(head).await {
-            let stats = &env.shared.stats;
-            stats.auth_failures.fetch_add(1, Ordering::Relaxed);
-            let error = ProxyError::Unauthorized;
-            return Err(Stop::Refuse {
-                body: crate::error::error_body(error.status()),
-                error,
-                fields: vec![("WWW-Authenticate", auth.challenge())],
-            });
+        let client = crate::filter::client_addr(env.peer.ip(), head, &ls.listener.trusted_proxies);
+        let stats = &env.shared.stats;
+        match auth.check(head, client).await {
+            Checked::Pass => {}
+            Checked::Fail => {
+                stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                let error = ProxyError::Unauthorized;
+                return Err(Stop::Refuse {
+                    body: crate::error::error_body(error.status()),
+                    error,
+                    fields: vec![("WWW-Authenticate", auth.challenge())],
+                });
+            }
+            Checked::Locked(wait) => {
+                stats.auth_lockouts.fetch_add(1, Ordering::Relaxed);
+                let error = ProxyError::RateLimited;
+                let secs = crate::resilience::ratelimit::retry_after_secs(wait);
+                return Err(Stop::Refuse {
+                    body: crate::error::error_body(error.status()),
+                    error,
+                    fields: vec![("Retry-After", secs.to_string())],
+                });
+            }
         }
     }
     let Some(fa) = &route.forward_auth else {

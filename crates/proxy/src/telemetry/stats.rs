@@ -189,6 +189,8 @@ pub struct Stats {
     pub ip_denied: AtomicU64,
     /// Requests refused 401 by a route's `basic_auth` (no or wrong credentials).
     pub auth_failures: AtomicU64,
+    /// Requests refused 429 because their client address failed basic auth too often.
+    pub auth_lockouts: AtomicU64,
     /// Requests a route's forward auth service was asked about (not from the pass cache), and
     /// those it refused.
     pub forward_auth_calls: AtomicU64,
@@ -256,6 +258,7 @@ impl Default for Stats {
             h2_ping_floods: AtomicU64::new(0),
             ip_denied: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
+            auth_lockouts: AtomicU64::new(0),
             forward_auth_calls: AtomicU64::new(0),
             forward_auth_denied: AtomicU64::new(0),
             requests_buffered: AtomicU64::new(0),

@@ -318,3 +318,37 @@ servers = ["{}"]
     assert_eq!(resp.status(), 302);
     assert_eq!(resp.headers()["location"], "https://login.example/?next=x");
 }
+
+#[test]
+fn basic_auth_locks_out_an_address_after_repeated_failures() {
+    use base64::Engine;
+    let up = TestUpstream::start(|_| Reply::ok("in"));
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    let p = start_toml(
+        &format!(
+            "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n\
+             basic_auth = {{ users = {{ u = \"{hash}\" }}, lockout = {{ failures = 2, window = \"1m\" }} }}\n\
+             [upstreams.b]\nservers = [\"{}\"]\n",
+            up.addr
+        ),
+        1,
+    );
+    let addr = p.addr("p").unwrap();
+    let get = |pw: &str| {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("u:{pw}"));
+        let mut c = Client::connect(addr).unwrap();
+        let req = format!("GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Basic {token}\r\n\r\n");
+        let r = c.request(req.as_bytes()).unwrap();
+        (r.status, r.header("retry-after").map(str::to_string))
+    };
+    assert_eq!(get("pw").0, 200, "a pass clears nothing and locks nothing");
+    assert_eq!(get("bad").0, 401);
+    assert_eq!(get("bad").0, 401);
+    // Locked: even the right password is refused until the window ends.
+    let (status, retry) = get("pw");
+    assert_eq!(status, 429);
+    let secs: u64 = retry.unwrap().parse().unwrap();
+    assert!((1..=60).contains(&secs), "{secs}");
+    assert_eq!(p.stats().auth_lockouts.load(Relaxed), 1);
+    assert_eq!(up.requests().len(), 1);
+}
