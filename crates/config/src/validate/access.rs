@@ -16,7 +16,7 @@ pub(super) fn ip_rules(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<StrList>) -> 
         );
     }
     for (i, (text, at)) in items.iter().enumerate() {
-        let ikey = item(raw, key, i);
+        let ikey = item_key(raw, key, i);
         let (verb, what) = text.trim().split_once(' ').unwrap_or((text.trim(), ""));
         let allow = match verb {
             "allow" => true,
@@ -50,7 +50,7 @@ pub(super) fn trusted_proxies(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<StrLis
     for (i, (text, at)) in raw.get_ref().items(start(raw)).iter().enumerate() {
         match cidr(text.trim()) {
             Ok((addr, prefix)) => rules.push(true, addr, prefix),
-            Err(m) => ctx.error(*at, &item(raw, key, i), m),
+            Err(m) => ctx.error(*at, &item_key(raw, key, i), m),
         }
     }
     rules
@@ -74,11 +74,4 @@ fn cidr(text: &str) -> Result<(IpAddr, u8), String> {
         },
     };
     Ok((addr, prefix))
-}
-
-fn item(list: &Spanned<StrList>, key: &str, i: usize) -> String {
-    match list.get_ref() {
-        StrList::One(_) => key.to_string(),
-        StrList::Many(_) => format!("{key}[{i}]"),
-    }
 }

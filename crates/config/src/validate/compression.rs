@@ -129,13 +129,6 @@ fn media_types(ctx: &mut Ctx<'_>, key: &str, list: &Spanned<StrList>) -> Vec<Str
     out
 }
 
-fn item_key(list: &Spanned<StrList>, key: &str, i: usize) -> String {
-    match list.get_ref() {
-        StrList::One(_) => key.to_string(),
-        StrList::Many(_) => format!("{key}[{i}]"),
-    }
-}
-
 /// Where a compression table starts (its first key), for messages about the table itself.
 pub(super) fn compression_at(c: &RawCompression) -> Option<usize> {
     [

@@ -29,7 +29,7 @@ pub(super) fn cors(ctx: &mut Ctx<'_>, key: &str, raw: &RawCors) -> Option<Cors> 
     let mut origins = Vec::new();
     let mut any = false;
     for (i, (text, at)) in items.iter().enumerate() {
-        let ikey = list_key(origins_raw, &okey, i);
+        let ikey = item_key(origins_raw, &okey, i);
         if text == "*" {
             any = true;
             continue;
@@ -69,7 +69,7 @@ pub(super) fn cors(ctx: &mut Ctx<'_>, key: &str, raw: &RawCors) -> Option<Cors> 
                 } else {
                     ctx.error(
                         *at,
-                        &list_key(list, &mkey, i),
+                        &item_key(list, &mkey, i),
                         format!("invalid method {text:?}"),
                     );
                 }
@@ -107,7 +107,7 @@ fn names(ctx: &mut Ctx<'_>, key: &str, list: &Spanned<StrList>, star: bool) -> O
         if star && text == "*" {
             any = true;
         } else if let Some(m) = header_name_error(text) {
-            ctx.error(*at, &list_key(list, key, i), m);
+            ctx.error(*at, &item_key(list, key, i), m);
         } else {
             out.push(if star {
                 text.to_ascii_lowercase()
@@ -163,13 +163,6 @@ fn origin_pattern(text: &str) -> Result<OriginPattern, String> {
         },
         false => OriginPattern::Exact(format!("{scheme}://{name}{port}")),
     })
-}
-
-fn list_key(list: &Spanned<StrList>, key: &str, i: usize) -> String {
-    match list.get_ref() {
-        StrList::One(_) => key.to_string(),
-        StrList::Many(_) => format!("{key}[{i}]"),
-    }
 }
 
 /// Where a cors table starts (its first key).

@@ -148,6 +148,14 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
 // ---------------------------------------------------------------------------------------------
 // scalars
 
+/// The key of item `i` of a string-or-list value: the value's own key when it is one string.
+fn item_key(list: &Spanned<StrList>, key: &str, i: usize) -> String {
+    match list.get_ref() {
+        StrList::One(_) => key.to_string(),
+        StrList::Many(_) => format!("{key}[{i}]"),
+    }
+}
+
 /// An integer in `min..=max` (default when absent).
 fn int(
     ctx: &mut Ctx<'_>,
