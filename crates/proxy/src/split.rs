@@ -5,7 +5,8 @@ use portico_config::{Split, SplitKey};
 use portico_http1::RequestHead;
 
 /// The group `head` goes to under `split`: a share's group for the share its key falls in (in
-/// ten-thousandths), else `own`. A request without the key's header or cookie draws at random.
+/// ten-thousandths, by the stable hash consistent hashing uses, so every instance of a fleet
+/// puts the same key on the same side), else `own`. A request without the key's header or cookie draws at random.
 pub(crate) fn group(split: &Split, own: usize, head: &RequestHead, client_ip: &str) -> usize {
     let key = match &split.key {
         SplitKey::Random => None,
@@ -16,7 +17,7 @@ pub(crate) fn group(split: &Split, own: usize, head: &RequestHead, client_ip: &s
             .and_then(|v| cookie_value(v, c.as_bytes())),
     };
     let point = match key {
-        Some(k) => (fnv1a(k) % 10_000) as u32,
+        Some(k) => (portico_upstream::hash::hash64(k) % 10_000) as u32,
         None => fastrand::u32(0..10_000),
     };
     side(split, own, point)
@@ -32,14 +33,6 @@ fn side(split: &Split, own: usize, point: u32) -> usize {
         }
     }
     own
-}
-
-/// FNV-1a, 64-bit: stable across processes and versions, so every instance of a fleet puts the
-/// same key on the same side.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
