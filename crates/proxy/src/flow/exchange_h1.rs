@@ -231,6 +231,44 @@ async fn upload_body<'a, D: Client<'a>, W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Write all of `bytes` and flush them (a TLS server's records must leave rustls's buffer),
+/// waiting at most `idle` for the server to take them: for requests on connections of their
+/// own (mirrored copies, forward auth).
+pub(crate) async fn write_within<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    idle: Duration,
+) -> Result<(), ProxyError> {
+    let write = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    match timeout(idle, write).await {
+        Err(_) => Err(ProxyError::UpstreamIdle),
+        Ok(r) => r.map_err(ProxyError::UpstreamIo),
+    }
+}
+
+/// The final response head (interim ones skipped) within `limit`.
+pub(crate) async fn final_head<R: AsyncRead + Unpin>(
+    ur: &mut R,
+    rbuf: &mut BytesMut,
+    method: &Method,
+    limit: Duration,
+) -> Result<ResponseHead, ProxyError> {
+    let read = async {
+        loop {
+            if let Head::Final(h) = read_response_head(ur, rbuf, method).await? {
+                return Ok(h);
+            }
+        }
+    };
+    match timeout(limit, read).await {
+        Err(_) => Err(ProxyError::ResponseTimeout),
+        Ok(r) => r,
+    }
+}
+
 /// One response head read from an upstream.
 pub(crate) enum Head {
     /// An interim (1xx, not 101) head, raw as it came.

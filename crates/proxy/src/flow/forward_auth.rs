@@ -3,12 +3,12 @@
 use crate::downstream::{Env, Who};
 use crate::error::ProxyError;
 use crate::filter::auth::PassCache;
-use crate::flow::exchange_h1::{read_response_head, Head};
+use crate::flow::exchange_h1::{final_head, write_within};
 use bytes::{Bytes, BytesMut};
 use portico_config::ForwardAuth;
 use portico_http1::{encode, BodyDecoder, Decoded, Method, RequestHead};
 use std::time::Instant;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
 /// The most of an auth service's refusal body passed to the client.
@@ -153,23 +153,9 @@ async fn ask(
     encode::end_head(&mut out);
     let (mut c, _) =
         crate::upstream::pool::connect(addr, group.connect_timeout, tls.as_deref()).await?;
-    match timeout(group.idle_timeout, c.stream.write_all(&out)).await {
-        Err(_) => return Err(ProxyError::UpstreamIdle),
-        Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
-    }
-    let rh = loop {
-        match timeout(
-            group.response_header_timeout,
-            read_response_head(&mut c.stream, &mut c.rbuf, &Method::Get),
-        )
-        .await
-        {
-            Err(_) => return Err(ProxyError::ResponseTimeout),
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(Head::Interim(_))) => continue,
-            Ok(Ok(Head::Final(h))) => break h,
-        }
-    };
+    write_within(&mut c.stream, &out, group.idle_timeout).await?;
+    let limit = group.response_header_timeout;
+    let rh = final_head(&mut c.stream, &mut c.rbuf, &Method::Get, limit).await?;
     let status = rh.status();
     if (200..300).contains(&status) {
         let fields = fa

@@ -4,7 +4,7 @@ use crate::downstream::buffer::{Buffered, Replay};
 use crate::downstream::{Env, Who};
 use crate::error::ProxyError;
 use crate::flow::attempt::{forwarded_head, Proxied};
-use crate::flow::exchange_h1::{read_response_head, Head};
+use crate::flow::exchange_h1::{final_head, write_within};
 use crate::telemetry::stats::Stats;
 use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
@@ -17,8 +17,6 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
-use tokio::time::timeout;
 
 /// Mirrored requests in flight on one worker at most; more are dropped (and counted), so a
 /// slow shadow group costs memory and sockets only up to this.
@@ -171,41 +169,16 @@ impl Copy {
                 if self.chunked {
                     send.extend_from_slice(b"\r\n");
                 }
-                write(&mut c.stream, &send, idle).await?;
+                write_within(&mut c.stream, &send, idle).await?;
                 send.clear();
             }
             if self.chunked {
                 send.extend_from_slice(b"0\r\n\r\n");
             }
         }
-        write(&mut c.stream, &send, idle).await?;
-        match timeout(idle, c.stream.flush()).await {
-            Err(_) => return Err(ProxyError::UpstreamIdle),
-            Ok(r) => r.map_err(ProxyError::UpstreamIo)?,
-        }
-        let read = async {
-            loop {
-                match read_response_head(&mut c.stream, &mut c.rbuf, &self.method).await? {
-                    Head::Interim(_) => continue,
-                    Head::Final(h) => return Ok(h.status()),
-                }
-            }
-        };
-        match timeout(self.header_timeout, read).await {
-            Err(_) => Err(ProxyError::ResponseTimeout),
-            Ok(r) => r,
-        }
-    }
-}
-
-/// Write all of `bytes`, waiting at most `idle` for the server to take them.
-async fn write<W: tokio::io::AsyncWrite + Unpin>(
-    w: &mut W,
-    bytes: &[u8],
-    idle: Duration,
-) -> Result<(), ProxyError> {
-    match timeout(idle, w.write_all(bytes)).await {
-        Err(_) => Err(ProxyError::UpstreamIdle),
-        Ok(r) => r.map_err(ProxyError::UpstreamIo),
+        write_within(&mut c.stream, &send, idle).await?;
+        let limit = self.header_timeout;
+        let rh = final_head(&mut c.stream, &mut c.rbuf, &self.method, limit).await?;
+        Ok(rh.status())
     }
 }
