@@ -6,6 +6,7 @@ pub mod coding;
 pub mod encode;
 pub mod error;
 pub mod head;
+pub mod proxy_protocol;
 mod syntax;
 
 #[cfg(test)]
