@@ -16,6 +16,8 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 # the WebSocket interop check runs HAProxy as a real HTTP/2 server (RFC 8441)
 command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)
+# the htpasswd watch test writes its user files with Apache's own htpasswd
+command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"

@@ -74,6 +74,16 @@ pub fn explain(config: &Config) -> String {
                 format_duration(shed.interval)
             );
         }
+        if listener.proxy_protocol {
+            let from = match listener.trusted_proxies.is_empty() {
+                true => "any peer",
+                false => "trusted_proxies only",
+            };
+            let _ = writeln!(
+                out,
+                "  proxy_protocol: every connection starts with a PROXY header (v1 or v2); its client believed from {from}"
+            );
+        }
         let limits = limits_diff(&listener.limits);
         if !limits.is_empty() {
             let _ = writeln!(out, "  limits: {}", limits.join(", "));
@@ -454,6 +464,25 @@ fn route_extras(route: &Route, config: &Config) -> Vec<String> {
             }
         ));
     }
+    if let Some(j) = &route.jwt {
+        out.push(jwt_summary(j));
+    }
+    if let Some(c) = &route.client_cert {
+        let mut parts = Vec::new();
+        for (what, list) in [
+            ("subject", &c.subject),
+            ("SAN", &c.san),
+            ("issuer", &c.issuer),
+        ] {
+            if !list.is_empty() {
+                parts.push(format!("{what} {}", list.join(" | ")));
+            }
+        }
+        out.push(format!(
+            "client_cert: {}, 403 otherwise",
+            parts.join(" and ")
+        ));
+    }
     if let Some(f) = &route.forward_auth {
         let group = config
             .upstreams
@@ -733,4 +762,42 @@ fn http2_line(listener: &crate::model::Listener) -> Option<String> {
         "h2c"
     };
     Some(format!("http2 ({how}): {}", diff.join(", ")))
+}
+
+fn jwt_summary(j: &crate::model::Jwt) -> String {
+    let keys = match &j.keys {
+        crate::model::JwtKeys::File(f) => format!("keys from {}", f.display()),
+        crate::model::JwtKeys::Url { url, refresh } => {
+            format!("keys from {url} (every {})", format_duration(*refresh))
+        }
+    };
+    let algs: Vec<String> = j.algorithms.iter().map(|a| format!("{a:?}")).collect();
+    let mut places = Vec::new();
+    if let Some(h) = &j.header {
+        places.push(format!("header {h}"));
+    }
+    if let Some(c) = &j.cookie {
+        places.push(format!("cookie {c}"));
+    }
+    if let Some(q) = &j.query {
+        places.push(format!("query {q}"));
+    }
+    let mut text = format!(
+        "jwt: {keys}; {}; token from {}",
+        algs.join(", "),
+        places.join(", then ")
+    );
+    if !j.issuers.is_empty() {
+        text.push_str(&format!("; iss {}", j.issuers.join(" | ")));
+    }
+    if !j.audiences.is_empty() {
+        text.push_str(&format!("; aud {}", j.audiences.join(" | ")));
+    }
+    for (c, v) in &j.claims {
+        text.push_str(&format!("; {c} = {}", v.join(" | ")));
+    }
+    for (c, f) in &j.forward_claims {
+        text.push_str(&format!("; {c} -> {f}"));
+    }
+    text
 }

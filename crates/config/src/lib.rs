@@ -2,6 +2,8 @@
 
 mod error;
 mod explain;
+pub mod htpasswd;
+pub mod jwks;
 pub mod model;
 mod raw;
 pub mod template;

@@ -59,9 +59,12 @@ pub struct Listener {
     pub http2: Http2Settings,
     /// Adaptive load shedding (`[listeners.shed]`); None = off (the default).
     pub shed: Option<Shed>,
-    /// Peers whose `X-Forwarded-For` names the client for `ip_rules` (empty: none, the socket's
-    /// address is the client's).
+    /// Peers whose `X-Forwarded-For` (and PROXY header) names the client (empty: none, the
+    /// socket's address is the client's; with `proxy_protocol`, every peer's PROXY header).
     pub trusted_proxies: IpRules,
+    /// Every connection starts with a PROXY protocol header (v1 or v2) from a load balancer,
+    /// naming the client; a connection without one is closed.
+    pub proxy_protocol: bool,
 }
 
 /// Load shedding: while a worker's event loop lags more than `target` (after lagging more for a
@@ -263,6 +266,66 @@ pub struct Route {
     pub basic_auth: Option<std::sync::Arc<BasicAuth>>,
     /// An auth service asked about each request first (`forward_auth`); None = none.
     pub forward_auth: Option<ForwardAuth>,
+    /// Bearer tokens the route asks for (`jwt`, the route's or its listener's); None = none.
+    pub jwt: Option<std::sync::Arc<Jwt>>,
+    /// Which verified client certificates may use the route (`client_cert`, the route's or its
+    /// listener's, on listeners with `client_auth`); None = any.
+    pub client_cert: Option<std::sync::Arc<ClientCertRules>>,
+}
+
+/// Client-certificate rules: for each list that is not empty, one of its patterns must match
+/// (`*` matches any run of characters; ASCII case is ignored). A request without a verified
+/// certificate matches none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCertRules {
+    /// Patterns of the subject, as RFC 4514 text (`CN=alice,O=Example`).
+    pub subject: Vec<String>,
+    /// Patterns of one subject alternative name: `DNS:...`, `IP:...`, `email:...`, `URI:...`.
+    pub san: Vec<String>,
+    /// Patterns of the issuer, as RFC 4514 text.
+    pub issuer: Vec<String>,
+}
+
+/// JWT bearer tokens (RFC 7519) a route asks for: where the token is, the keys its signature is
+/// checked with, and what its claims must say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jwt {
+    pub keys: JwtKeys,
+    /// Signature algorithms taken (`alg` of the token); never `none`.
+    pub algorithms: Vec<crate::jwks::JwtAlgorithm>,
+    /// `iss` must be one of these (empty: any).
+    pub issuers: Vec<String>,
+    /// `aud` must name one of these (empty: any).
+    pub audiences: Vec<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+    /// Where the token is looked for, in this order: a header (lowercased; `authorization`
+    /// takes the `Bearer` scheme), a cookie, a query parameter.
+    pub header: Option<String>,
+    pub cookie: Option<String>,
+    pub query: Option<String>,
+    /// Claims that must be present (`exp` always is).
+    pub require: Vec<String>,
+    /// Claims that must match: the claim (a dotted path into objects) equals one of the values,
+    /// or, for an array (or the space-separated `scope`/`scp`), holds one of them.
+    pub claims: Vec<(String, Vec<String>)>,
+    /// Claims set as fields on the forwarded request: (claim path, field name lowercased). The
+    /// client's own fields of those names are removed.
+    pub forward_claims: Vec<(String, String)>,
+    /// Forward the `Authorization` field that carried the token (default false: removed).
+    pub keep_token: bool,
+    /// The `realm` of `WWW-Authenticate`.
+    pub realm: String,
+}
+
+/// Where a JWT check's keys come from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum JwtKeys {
+    /// A JWK set file, watched and read again when it changes.
+    File(std::path::PathBuf),
+    /// A JWK set URL (`http` or `https`), fetched at start and every `refresh`, and again
+    /// (at most every `min_refresh`) when a token names a key the set lacks.
+    Url { url: String, refresh: Duration },
 }
 
 /// Forward auth: a request to a server of `group` decides whether the request may pass (2xx)
@@ -284,13 +347,17 @@ pub struct ForwardAuth {
 }
 
 /// HTTP Basic authentication (RFC 7617): users with bcrypt or argon2 password hashes, from the
-/// configuration and an htpasswd file (read when the configuration loads).
+/// configuration and an htpasswd file (watched: read again when it changes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BasicAuth {
     /// The `realm` of `WWW-Authenticate` (default "restricted").
     pub realm: String,
     /// (user, hash), sorted by user; a user in both the file and the table takes the table's.
     pub users: Vec<(String, String)>,
+    /// The htpasswd file, watched and read again when it changes; None = users from the table.
+    pub htpasswd: Option<std::path::PathBuf>,
+    /// The users of the table (which win over the file's when it is read again).
+    pub table: Vec<(String, String)>,
     /// Keep the `Authorization` field on the forwarded request (default false: removed).
     pub keep_authorization: bool,
     /// Refuse a client address (429) after this many failures within the window; None = never.

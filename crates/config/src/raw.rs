@@ -48,7 +48,40 @@ pub(crate) struct RawListener {
     pub compression: Option<RawCompression>,
     pub ip_rules: Option<Spanned<StrList>>,
     pub trusted_proxies: Option<Spanned<StrList>>,
+    pub proxy_protocol: Option<Spanned<bool>>,
     pub basic_auth: Option<Spanned<RawBasicAuth>>,
+    pub jwt: Option<Spanned<RawJwt>>,
+    pub client_cert: Option<Spanned<RawClientCert>>,
+}
+
+/// `client_cert = { subject = "CN=*,O=Example", san = ["DNS:*.svc"], issuer = "..." }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a client_cert table")]
+pub(crate) struct RawClientCert {
+    pub subject: Option<Spanned<StrList>>,
+    pub san: Option<Spanned<StrList>>,
+    pub issuer: Option<Spanned<StrList>>,
+}
+
+/// `jwt = { jwks = "FILE" | jwks_url = "https://...", issuer = "...", audience = "...", ... }`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a jwt table")]
+pub(crate) struct RawJwt {
+    pub jwks: Option<Spanned<String>>,
+    pub jwks_url: Option<Spanned<String>>,
+    pub refresh: Option<Spanned<Scalar>>,
+    pub algorithms: Option<Spanned<StrList>>,
+    pub issuer: Option<Spanned<StrList>>,
+    pub audience: Option<Spanned<StrList>>,
+    pub leeway: Option<Spanned<Scalar>>,
+    pub header: Option<Spanned<String>>,
+    pub cookie: Option<Spanned<String>>,
+    pub query: Option<Spanned<String>>,
+    pub require: Option<Spanned<StrList>>,
+    pub claims: Option<Entries<Spanned<StrList>>>,
+    pub forward_claims: Option<Entries<Spanned<String>>>,
+    pub keep_token: Option<Spanned<bool>>,
+    pub realm: Option<Spanned<String>>,
 }
 
 /// `basic_auth = { realm = "...", users = { alice = "$2y$..." }, htpasswd = "FILE" }`.
@@ -203,6 +236,8 @@ pub(crate) struct RawRoute {
     pub ip_rules: Option<Spanned<StrList>>,
     pub basic_auth: Option<Spanned<RawBasicAuth>>,
     pub forward_auth: Option<Spanned<RawForwardAuth>>,
+    pub jwt: Option<Spanned<RawJwt>>,
+    pub client_cert: Option<Spanned<RawClientCert>>,
 }
 
 /// `forward_auth = { group = "auth", path = "/verify", ... }`.

@@ -64,7 +64,7 @@ pub fn format_duration(d: Duration) -> String {
         ("ms", 1_000_000),
         ("us", 1_000),
     ] {
-        if nanos % per == 0 {
+        if nanos.is_multiple_of(per) {
             return format!("{}{unit}", nanos / per);
         }
     }
@@ -115,7 +115,7 @@ pub fn format_size(bytes: u64) -> String {
         return "0".to_string();
     }
     for (unit, per) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes % per == 0 {
+        if bytes.is_multiple_of(per) {
             return format!("{}{unit}", bytes / per);
         }
     }

@@ -94,8 +94,8 @@ pub struct Conn {
     pub stream: ClientStream,
     pub peer: SocketAddr,
     pub client_ip: String,
-    /// The verified client certificate's subject (mTLS listeners), computed once per connection.
-    pub client_cert_subject: Option<String>,
+    /// The verified client certificate (mTLS listeners), read once per connection.
+    pub client_cert: Option<Box<portico_tls::ClientCert>>,
     pub rbuf: BytesMut,
     pub wbuf: BytesMut,
     /// The request head being sent upstream (kept to reuse its allocation).

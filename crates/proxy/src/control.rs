@@ -118,6 +118,8 @@ pub(crate) struct Inner {
     /// TLS origination per upstream group name, with the pool id of its settings and the stamps
     /// of its files (kept by a reload only while both stay the same).
     upstream_tls: HashMap<String, KeptGroupTls>,
+    /// JWK set files and URLs by what the configuration names (kept while it still does).
+    key_sources: crate::filter::jwks::KeySources,
 }
 
 impl Control {
@@ -224,6 +226,7 @@ impl Control {
         let mut route_stats = HashMap::new();
         let mut resumption_kept = HashMap::new();
         let mut listeners = Vec::new();
+        let mut key_sources = inner.key_sources.next();
         for (l, slot) in config.listeners.iter().zip(&slots) {
             let counters: Vec<Arc<RouteStats>> = l
                 .routes
@@ -267,12 +270,17 @@ impl Control {
             let filters = l
                 .routes
                 .iter()
-                .map(|r| crate::filter::Filters::for_route(l, r, &config.upstreams))
+                .map(|r| {
+                    crate::filter::Filters::for_route(l, r, &config.upstreams, &mut key_sources)
+                })
                 .collect();
             listeners.push(Arc::new(listener_state(
                 l, slot.id, tls, counters, resilience, filters,
             )));
         }
+        // New JWK sets are loaded now (a URL within its fetch timeout): the configuration
+        // starts with its keys.
+        let key_sources = key_sources.finish(&self.stats);
         let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
             .iter()
@@ -418,6 +426,7 @@ impl Control {
         inner.route_stats = route_stats;
         inner.resumption = resumption_kept;
         inner.upstream_tls = tls_kept;
+        inner.key_sources = key_sources;
         inner.no_server = no_server;
         inner.header_time = header_time;
         inner.queues = queues;
@@ -553,6 +562,7 @@ impl Control {
                 health: None,
                 resumption: HashMap::new(),
                 upstream_tls: HashMap::new(),
+                key_sources: Default::default(),
             }),
             source: Mutex::new(None),
             shutdown: watch::channel(false).0,

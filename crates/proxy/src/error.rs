@@ -29,10 +29,18 @@ pub enum ProxyError {
     CorsRefused(&'static str),
     #[error("the client's address is denied by the route's ip_rules")]
     IpDenied,
+    #[error("the client certificate (or its absence) is denied by the route's client_cert rules")]
+    CertDenied,
     #[error("no valid credentials for the route's basic_auth")]
     Unauthorized,
     #[error("the route's forward auth service could not be asked")]
     AuthUnavailable,
+    #[error("no valid bearer token for the route's jwt check")]
+    TokenRefused,
+    #[error("the bearer token's claims do not satisfy the route's jwt check")]
+    ClaimsRefused,
+    #[error("the route's jwt check has no keys (its JWK set was never loaded)")]
+    NoKeys,
     #[error("every upstream server is at its connection limit")]
     NoServer,
     #[error("no upstream server available: every server of the group is down, ejected, draining or disabled")]
@@ -87,9 +95,11 @@ impl ProxyError {
             ProxyError::BodyTooLarge => 413,
             ProxyError::NoRoute => 404,
             ProxyError::RateLimited => 429,
-            ProxyError::CorsRefused(_) | ProxyError::IpDenied => 403,
+            ProxyError::CorsRefused(_) | ProxyError::IpDenied | ProxyError::CertDenied => 403,
             ProxyError::Unauthorized => 401,
-            ProxyError::AuthUnavailable => 503,
+            ProxyError::AuthUnavailable | ProxyError::NoKeys => 503,
+            ProxyError::TokenRefused => 401,
+            ProxyError::ClaimsRefused => 403,
             ProxyError::NoServer | ProxyError::Unavailable => 503,
             ProxyError::QueueFull | ProxyError::QueueTimeout | ProxyError::Shed => 503,
             ProxyError::ConnectFailed(_)
@@ -130,9 +140,12 @@ impl ProxyError {
             ProxyError::ClientIo(_) => (Side::Client, Cause::Io),
             ProxyError::NoRoute => (Side::Proxy, Cause::NoServer),
             ProxyError::RateLimited => (Side::Client, Cause::Limit),
-            ProxyError::CorsRefused(_) | ProxyError::IpDenied | ProxyError::Unauthorized => {
-                (Side::Client, Cause::Denied)
-            }
+            ProxyError::CorsRefused(_)
+            | ProxyError::IpDenied
+            | ProxyError::CertDenied
+            | ProxyError::Unauthorized
+            | ProxyError::TokenRefused
+            | ProxyError::ClaimsRefused => (Side::Client, Cause::Denied),
             ProxyError::NoServer => (Side::Proxy, Cause::NoServer),
             ProxyError::Unavailable => (Side::Proxy, Cause::Unavailable),
             ProxyError::ConnectFailed(_) => (Side::Upstream, Cause::Refused),
@@ -140,7 +153,7 @@ impl ProxyError {
             ProxyError::ConnectTimeout | ProxyError::ResponseTimeout | ProxyError::UpstreamIdle => {
                 (Side::Upstream, Cause::Timeout)
             }
-            ProxyError::AuthUnavailable => (Side::Proxy, Cause::Unavailable),
+            ProxyError::AuthUnavailable | ProxyError::NoKeys => (Side::Proxy, Cause::Unavailable),
             ProxyError::BadResponse(_)
             | ProxyError::BadResponseBody(_)
             | ProxyError::TooManyInterim

@@ -7,7 +7,10 @@ use portico_http1::{encode, Framing, RequestHead, ResponseHead, Version};
 
 /// What the forwarded head needs beyond the request: the client and the Host to send.
 pub struct Forwarding<'a> {
+    /// The client (`X-Real-IP`), and the socket's peer (the hop added to `X-Forwarded-For`):
+    /// they differ behind a trusted proxy.
     pub client_ip: &'a str,
+    pub peer_ip: &'a str,
     pub proto: &'a str,
     /// Host sent when the client's is not kept (the server address), or the authority of an
     /// absolute-form target when `absolute`.
@@ -252,10 +255,10 @@ pub(crate) fn upstream_request(
     if action.forwarded_headers {
         match xff {
             Some(prev) if !prev.is_empty() => {
-                let ip = fwd.client_ip.as_bytes();
+                let ip = fwd.peer_ip.as_bytes();
                 out.field("X-Forwarded-For", &[prev, b", ", ip]);
             }
-            _ => out.field("X-Forwarded-For", &[fwd.client_ip.as_bytes()]),
+            _ => out.field("X-Forwarded-For", &[fwd.peer_ip.as_bytes()]),
         }
         out.field("X-Forwarded-Proto", &[fwd.proto.as_bytes()]);
         if let Some(h) = host_value {

@@ -15,6 +15,7 @@ mod h2_interim;
 mod h2_io;
 mod headers;
 mod metrics;
+mod proxy_header;
 mod resilience;
 mod route;
 mod serve;

@@ -66,6 +66,8 @@ mod tests {
             ip_rules: None,
             basic_auth: None,
             forward_auth: None,
+            jwt: None,
+            client_cert: None,
         }
     }
 

@@ -320,6 +320,29 @@ async fn accept_loop(
             shutdown: slot.stop.subscribe(),
         };
         tokio::task::spawn_local(async move {
+            let mut stream = stream;
+            let mut peer = peer;
+            if ctx.ls.listener.proxy_protocol {
+                // Boxed: only these listeners' connections carry the reader's state.
+                let within = ctx.ls.listener.limits.head_timeout;
+                match Box::pin(crate::proxy_header::read(&mut stream, within)).await {
+                    Ok(portico_http1::proxy_protocol::Header::Proxied { source, .. }) => {
+                        let trusted = &ctx.ls.listener.trusted_proxies;
+                        if trusted.is_empty() || trusted.covers(peer.ip()) {
+                            peer = source;
+                        }
+                    }
+                    Ok(portico_http1::proxy_protocol::Header::Local) => {}
+                    Err(e) => {
+                        ctx.shared
+                            .stats
+                            .proxy_protocol_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        crate::telemetry::logging::log_limited!(info, %peer, listener = %ctx.ls.listener.name, "connection closed: {e}");
+                        return;
+                    }
+                }
+            }
             let stream = match &ctx.ls.tls {
                 None => ClientStream::Plain(stream),
                 Some(tls) => {
@@ -412,8 +435,9 @@ async fn probe(worker: Rc<Worker>) {
     }
 }
 
-/// The thread `portico-certs`: checks the watched listeners of the current configuration when
-/// their interval is due (file reads stay off the workers). Stops when dropped or when the
+/// The thread `portico-watch`: checks the watched listeners of the current configuration when
+/// their interval is due, and the JWK sets and htpasswd files of its routes (file reads and
+/// fetches stay off the workers). Stops when dropped or when the
 /// control plane is gone.
 pub struct CertWatcher {
     stop: Option<std::sync::mpsc::Sender<()>>,
@@ -424,17 +448,25 @@ impl CertWatcher {
     pub fn start(control: Weak<Control>) -> io::Result<CertWatcher> {
         let (stop, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("portico-certs".into())
+            .name("portico-watch".into())
             .spawn(move || loop {
                 let Some(control) = control.upgrade() else {
                     return;
                 };
                 let shared = control.snapshot();
                 let now = Instant::now();
+                // A JWK set URL is fetched here too (within its timeout): file reads and
+                // fetches stay off the workers.
+                let sources = shared
+                    .listeners
+                    .iter()
+                    .flat_map(|l| l.filters.iter())
+                    .filter_map(|f| f.check_sources(now, &shared.stats));
                 let wait = shared
                     .listeners
                     .iter()
                     .filter_map(|l| l.tls.as_ref()?.check(now, &shared.stats))
+                    .chain(sources)
                     .fold(crate::cert_watch::MAX_TICK, Duration::min);
                 drop(shared);
                 drop(control);

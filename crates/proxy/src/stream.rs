@@ -4,5 +4,5 @@ use portico_tls::Tcp;
 use tokio_rustls::server::TlsStream;
 
 /// A downstream connection's byte stream (`ClientStream::Plain` or `ClientStream::Tls`), with
-/// `is_tls` and `client_cert_subject` (the verified mTLS client certificate's subject).
+/// `is_tls` and `client_cert` (the verified mTLS client certificate).
 pub type ClientStream = portico_tls::MaybeTls<TlsStream<Tcp>>;

@@ -362,9 +362,9 @@ fn file_warnings<'a>(
                 continue;
             };
             let which = if certs.len() > 1 {
-                format!("{what} {} ({})", i + 1, subject(&cert))
+                format!("{what} {} ({})", i + 1, dn(cert.subject()))
             } else {
-                format!("{what} ({})", subject(&cert))
+                format!("{what} ({})", dn(cert.subject()))
             };
             let (from, until) = (
                 cert.validity().not_before.timestamp(),
@@ -393,13 +393,60 @@ fn file_warnings<'a>(
 /// specific first), printable ASCII only (anything else hex-escaped), for a request header.
 pub fn client_subject(der: &CertificateDer<'_>) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    Some(subject(&cert))
+    Some(dn(cert.subject()))
 }
 
-fn subject(cert: &x509_parser::certificate::X509Certificate<'_>) -> String {
+/// What routes may check of a verified client certificate (mTLS), read once per connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The subject and the issuer as RFC 4514 strings (see [`client_subject`]).
+    pub subject: String,
+    pub issuer: String,
+    /// The subject alternative names: `DNS:name`, `IP:address`, `email:address`, `URI:uri`
+    /// (printable ASCII only; names of other kinds are left out).
+    pub sans: Vec<String>,
+}
+
+/// The subject, issuer and alternative names of a verified client certificate.
+pub fn client_cert(der: &CertificateDer<'_>) -> Option<ClientCert> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let mut sans = Vec::new();
+    if let Ok(Some(ext)) = cert.subject_alternative_name() {
+        for name in &ext.value.general_names {
+            let text = match name {
+                GeneralName::DNSName(n) => format!("DNS:{n}"),
+                GeneralName::RFC822Name(n) => format!("email:{n}"),
+                GeneralName::URI(n) => format!("URI:{n}"),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => format!(
+                        "IP:{}",
+                        std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).ok()?)
+                    ),
+                    16 => format!(
+                        "IP:{}",
+                        std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).ok()?)
+                    ),
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            if text.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+                sans.push(text);
+            }
+        }
+    }
+    Some(ClientCert {
+        subject: dn(cert.subject()),
+        issuer: dn(cert.issuer()),
+        sans,
+    })
+}
+
+fn dn(name: &x509_parser::x509::X509Name<'_>) -> String {
     let registry = x509_parser::objects::oid_registry();
     let mut out = String::new();
-    let rdns: Vec<_> = cert.subject().iter_rdn().collect();
+    let rdns: Vec<_> = name.iter_rdn().collect();
     for (i, rdn) in rdns.iter().rev().enumerate() {
         if i > 0 {
             out.push(',');

@@ -68,11 +68,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> MaybeTls<T> {
 }
 
 impl<IO> MaybeTls<tokio_rustls::server::TlsStream<IO>> {
-    /// The subject of the client certificate verified during the handshake (mTLS), if any.
-    pub fn client_cert_subject(&self) -> Option<String> {
+    /// The client certificate verified during the handshake (mTLS), if any.
+    pub fn client_cert(&self) -> Option<crate::ClientCert> {
         match self {
             MaybeTls::Plain(_) => None,
-            MaybeTls::Tls(s) => crate::client_subject(s.get_ref().1.peer_certificates()?.first()?),
+            MaybeTls::Tls(s) => crate::client_cert(s.get_ref().1.peer_certificates()?.first()?),
         }
     }
 }
@@ -285,7 +285,7 @@ mod tests {
         let mut a = Connected::Plain(TcpStream::connect(l.local_addr().unwrap()).await.unwrap());
         let mut b = Accepted::Plain(l.accept().await.unwrap().0);
         assert!(!a.is_tls() && !a.resumed());
-        assert_eq!(b.client_cert_subject(), None);
+        assert_eq!(b.client_cert(), None);
         assert!(a.is_idle_alive(), "nothing to read, not closed");
 
         assert_eq!(a.try_write(b"ping").unwrap(), 4);

@@ -1,4 +1,4 @@
-//! Who may pass: `ip_rules` (ordered allow and deny rules over addresses and CIDR ranges) and `trusted_proxies`.
+//! Who may pass: `ip_rules` (ordered allow and deny rules over addresses and CIDR ranges), `trusted_proxies` and `client_cert` rules.
 
 use super::*;
 use crate::model::IpRules;
@@ -74,4 +74,61 @@ fn cidr(text: &str) -> Result<(IpAddr, u8), String> {
         },
     };
     Ok((addr, prefix))
+}
+
+/// `client_cert`: subject, SAN and issuer patterns, on a listener that asks for certificates.
+pub(super) fn client_cert(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: &Spanned<crate::raw::RawClientCert>,
+    mtls: bool,
+) -> Option<Arc<crate::model::ClientCertRules>> {
+    let r = raw.get_ref();
+    if !mtls {
+        ctx.error(
+            start(raw),
+            key,
+            "client_cert rules need a listener that asks for client certificates: [listeners.tls] client_auth",
+        );
+        return None;
+    }
+    let mut list = |which: &str, v: &Option<Spanned<StrList>>| {
+        let Some(v) = v else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, (text, at)) in v.get_ref().items(start(v)).into_iter().enumerate() {
+            let ikey = item_key(v, &sub(key, which), i);
+            match plain_text_error(&text, "a pattern") {
+                Some(m) => ctx.error(at, &ikey, m),
+                None if which == "san"
+                    && !["DNS:", "IP:", "email:", "URI:"]
+                        .iter()
+                        .any(|p| text.starts_with(p)) =>
+                {
+                    ctx.error(
+                        at,
+                        &ikey,
+                        format!("a SAN pattern starts with its kind: DNS:, IP:, email: or URI: (found {text:?})"),
+                    )
+                }
+                None => out.push(text),
+            }
+        }
+        out
+    };
+    let rules = crate::model::ClientCertRules {
+        subject: list("subject", &r.subject),
+        san: list("san", &r.san),
+        issuer: list("issuer", &r.issuer),
+    };
+    if r.subject.is_none() && r.san.is_none() && r.issuer.is_none() {
+        ctx.error(
+            start(raw),
+            key,
+            "client_cert needs at least one of `subject`, `san`, `issuer`",
+        );
+        return None;
+    }
+    Some(Arc::new(rules))
 }

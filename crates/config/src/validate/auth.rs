@@ -1,6 +1,7 @@
-//! HTTP Basic authentication: realm, users from the table and an htpasswd file, hashes checked to be bcrypt or argon2.
+//! HTTP Basic authentication (realm, users from the table and an htpasswd file, hashes checked to be bcrypt or argon2) and forward auth.
 
 use super::*;
+use crate::htpasswd::hash_error;
 use crate::model::BasicAuth;
 use crate::model::ForwardAuth;
 use crate::raw::{RawBasicAuth, RawForwardAuth};
@@ -11,25 +12,9 @@ pub(super) fn basic_auth(
     raw: &Spanned<RawBasicAuth>,
 ) -> Option<Arc<BasicAuth>> {
     let r = raw.get_ref();
-    let realm = match &r.realm {
-        Some(v) => {
-            let text = v.get_ref();
-            if text.is_empty()
-                || text
-                    .chars()
-                    .any(|c| c.is_control() || c == '"' || c == '\\')
-            {
-                ctx.error(
-                    start(v),
-                    &sub(key, "realm"),
-                    "a realm is printable text without quotes or backslashes",
-                );
-            }
-            text.clone()
-        }
-        None => "restricted".to_string(),
-    };
-    let mut users: Vec<(String, String)> = Vec::new();
+    let realm = realm(ctx, key, r.realm.as_ref());
+    let mut file_users = Vec::new();
+    let mut htpasswd = None;
     if let Some(path) = &r.htpasswd {
         let hkey = sub(key, "htpasswd");
         let file = relative_to_config(ctx.file, path.get_ref());
@@ -40,29 +25,19 @@ pub(super) fn basic_auth(
                 format!("cannot read htpasswd file {}: {e}", file.display()),
             ),
             Ok(text) => {
-                for (n, line) in text.lines().enumerate() {
-                    let line = line.trim();
-                    if line.is_empty() || line.starts_with('#') {
-                        continue;
-                    }
-                    let where_ = format!("{}:{}", file.display(), n + 1);
-                    let Some((user, hash)) = line.split_once(':') else {
-                        ctx.error(start(path), &hkey, format!("{where_}: expected user:hash"));
-                        continue;
-                    };
-                    match hash_error(hash) {
-                        Some(m) => {
-                            ctx.error(start(path), &hkey, format!("{where_}: user {user:?}: {m}"))
-                        }
-                        None => set_user(&mut users, user, hash),
-                    }
+                let (users, errors) = crate::htpasswd::parse(&text, &file.display().to_string());
+                for m in errors {
+                    ctx.error(start(path), &hkey, m);
                 }
+                file_users = users;
             }
         }
+        htpasswd = Some(file);
     }
-    if let Some(table) = &r.users {
+    let mut table: Vec<(String, String)> = Vec::new();
+    if let Some(listed) = &r.users {
         let ukey = sub(key, "users");
-        for (user, hash) in &table.0 {
+        for (user, hash) in &listed.0 {
             let name = user.get_ref();
             if name.is_empty() || name.contains(':') || name.chars().any(char::is_control) {
                 ctx.error(
@@ -74,7 +49,7 @@ pub(super) fn basic_auth(
             }
             match hash_error(hash.get_ref()) {
                 Some(m) => ctx.error(start(hash), &sub(&ukey, name), m),
-                None => set_user(&mut users, name, hash.get_ref()),
+                None => crate::htpasswd::set_user(&mut table, name, hash.get_ref()),
             }
         }
     }
@@ -86,10 +61,11 @@ pub(super) fn basic_auth(
         );
         return None;
     }
-    users.sort();
     Some(Arc::new(BasicAuth {
         realm,
-        users,
+        users: crate::htpasswd::merge(file_users, &table),
+        htpasswd,
+        table,
         keep_authorization: r.keep_authorization.as_ref().is_some_and(|k| *k.get_ref()),
         lockout: r.lockout.as_ref().map(|l| {
             let lkey = sub(key, "lockout");
@@ -117,41 +93,24 @@ pub(super) fn basic_auth(
     }))
 }
 
-fn set_user(users: &mut Vec<(String, String)>, user: &str, hash: &str) {
-    users.retain(|(u, _)| u != user);
-    users.push((user.to_string(), hash.to_string()));
-}
-
-/// Why a password hash is refused: only bcrypt (`$2a$`, `$2b$`, `$2y$`) and argon2
-/// (`$argon2id$`, `$argon2i$`, `$argon2d$`) are taken.
-pub(crate) fn hash_error(hash: &str) -> Option<String> {
-    let bcrypt = ["$2a$", "$2b$", "$2x$", "$2y$"]
-        .iter()
-        .any(|p| hash.starts_with(p));
-    let argon2 = ["$argon2id$", "$argon2i$", "$argon2d$"]
-        .iter()
-        .any(|p| hash.starts_with(p));
-    if bcrypt {
-        // $2y$NN$ + 53 characters of salt and hash
-        let ok = hash.len() == 60 && hash[4..6].bytes().all(|b| b.is_ascii_digit());
-        return (!ok)
-            .then(|| "a malformed bcrypt hash (expected 60 characters, $2y$NN$...)".to_string());
-    }
-    if argon2 {
-        return None;
-    }
-    let what = if hash.starts_with("{SHA}") {
-        "a SHA-1 hash"
-    } else if hash.starts_with("$apr1$") || hash.starts_with("$1$") {
-        "an MD5 hash"
-    } else if hash.starts_with("$5$") || hash.starts_with("$6$") {
-        "a SHA-crypt hash"
-    } else {
-        "not a password hash (plain text or crypt)"
+/// A `realm` (default "restricted"): printable text without quotes or backslashes.
+pub(super) fn realm(ctx: &mut Ctx<'_>, key: &str, v: Option<&Spanned<String>>) -> String {
+    let Some(v) = v else {
+        return "restricted".to_string();
     };
-    Some(format!(
-        "{what} is refused: use bcrypt (`htpasswd -B`) or argon2 (`argon2 SALT -id -e`)"
-    ))
+    let text = v.get_ref();
+    if text.is_empty()
+        || text
+            .chars()
+            .any(|c| c.is_control() || c == '"' || c == '\\')
+    {
+        ctx.error(
+            start(v),
+            &sub(key, "realm"),
+            "a realm is printable text without quotes or backslashes",
+        );
+    }
+    text.clone()
 }
 
 /// `forward_auth`: a known group, a path, header names, a cache time.

@@ -89,6 +89,12 @@ pub(super) fn listeners(
             .basic_auth
             .as_ref()
             .and_then(|a| basic_auth(ctx, &sub(&key, "basic_auth"), a));
+        let listener_jwt = l.jwt.as_ref().and_then(|a| jwt(ctx, &sub(&key, "jwt"), a));
+        let mtls = tls.as_ref().is_some_and(|t| t.client_auth.is_some());
+        let listener_cert = l
+            .client_cert
+            .as_ref()
+            .and_then(|c| client_cert(ctx, &sub(&key, "client_cert"), c, mtls));
         let trusted = l
             .trusted_proxies
             .as_ref()
@@ -121,6 +127,9 @@ pub(super) fn listeners(
                         compression: compression.as_ref(),
                         ip_rules: listener_ip_rules.as_ref(),
                         basic_auth: listener_auth.as_ref(),
+                        jwt: listener_jwt.as_ref(),
+                        client_cert: listener_cert.as_ref(),
+                        mtls,
                     };
                     route(ctx, &key, &name, j, r, upstreams, defaults)
                 })
@@ -135,6 +144,7 @@ pub(super) fn listeners(
             shed,
             http2,
             trusted_proxies: trusted,
+            proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
         });
     }
     out

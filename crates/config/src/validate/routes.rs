@@ -8,6 +8,10 @@ pub(super) struct RouteDefaults<'a> {
     pub compression: Option<&'a Compression>,
     pub ip_rules: Option<&'a IpRules>,
     pub basic_auth: Option<&'a Arc<BasicAuth>>,
+    pub jwt: Option<&'a Arc<crate::model::Jwt>>,
+    pub client_cert: Option<&'a Arc<crate::model::ClientCertRules>>,
+    /// The listener asks for client certificates (`client_auth`).
+    pub mtls: bool,
 }
 
 pub(super) fn route(
@@ -75,6 +79,14 @@ pub(super) fn route(
         .forward_auth
         .as_ref()
         .and_then(|f| forward_auth(ctx, &sub(key, "forward_auth"), f, upstreams));
+    let jwt = match &r.jwt {
+        Some(raw) => jwt(ctx, &sub(key, "jwt"), raw),
+        None => defaults.jwt.cloned(),
+    };
+    let client_cert = match &r.client_cert {
+        Some(raw) => client_cert(ctx, &sub(key, "client_cert"), raw, defaults.mtls),
+        None => defaults.client_cert.cloned(),
+    };
     let ip_rules = match &r.ip_rules {
         Some(raw) => Some(ip_rules(ctx, &sub(key, "ip_rules"), raw)),
         None => defaults.ip_rules.cloned(),
@@ -136,6 +148,8 @@ pub(super) fn route(
         ip_rules,
         basic_auth,
         forward_auth,
+        jwt,
+        client_cert,
     })
 }
 

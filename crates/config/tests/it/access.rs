@@ -1,4 +1,4 @@
-//! Who may pass: `ip_rules` (first match decides, ranges merged), `trusted_proxies`, and their errors.
+//! Who may pass: `ip_rules` (first match decides, ranges merged), `trusted_proxies`, basic auth, forward auth, JWT, and their errors.
 
 use portico_config::{explain, parse, IpRules};
 use std::net::IpAddr;
@@ -201,4 +201,122 @@ fn forward_auth_names_a_known_group() {
     assert!(bad("group = \"nope\"").contains("unknown upstream group \"nope\""));
     assert!(bad("path = \"/v\"").contains("needs `group`"));
     assert!(bad("group = \"auth\", path = \"verify\"").contains("must start with '/'"));
+}
+
+#[test]
+fn jwt_takes_keys_from_a_file_or_a_url_and_never_none() {
+    let dir = std::env::temp_dir().join(format!("portico-cfg-jwks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("jwks.json");
+    std::fs::write(
+        &file,
+        r#"{"keys":[{"kty":"oct","kid":"h","alg":"HS256","k":"c2VjcmV0LXNlY3JldC1zZWNyZXQ"}]}"#,
+    )
+    .unwrap();
+    let f = file.display().to_string();
+    let c = config(
+        &format!("jwt = {{ jwks = \"{f}\", algorithms = \"HS256\", audience = [\"a\", \"b\"] }}"),
+        "",
+    )
+    .unwrap();
+    // The listener's check is its routes' default.
+    let j = c.listeners[0].routes[0].jwt.as_ref().unwrap();
+    assert_eq!(j.keys, portico_config::JwtKeys::File(file.clone()));
+    assert_eq!(j.audiences, ["a", "b"]);
+    assert_eq!(j.header.as_deref(), Some("authorization"));
+    assert_eq!(j.leeway, std::time::Duration::from_secs(60));
+    assert!(!j.keep_token);
+    assert!(explain(&c).contains("jwt: keys from"), "{}", explain(&c));
+    let c = config(
+        "",
+        "jwt = { jwks_url = \"https://id.example/jwks\", forward_claims = { sub = \"X-User\" }, claims = { role = \"admin\" } }",
+    )
+    .unwrap();
+    let j = c.listeners[0].routes[0].jwt.as_ref().unwrap();
+    assert!(
+        matches!(&j.keys, portico_config::JwtKeys::Url { refresh, .. } if refresh.as_secs() == 600)
+    );
+    assert_eq!(
+        j.forward_claims,
+        [("sub".to_string(), "x-user".to_string())]
+    );
+    assert!(!j
+        .algorithms
+        .contains(&portico_config::jwks::JwtAlgorithm::HS256));
+    let bad = |route: &str| config("", route).unwrap_err();
+    let e = bad("jwt = { issuer = \"x\" }");
+    assert!(e.contains("jwt needs its keys"), "{e}");
+    let e = bad(&format!(
+        "jwt = {{ jwks = \"{f}\", jwks_url = \"http://a/\" }}"
+    ));
+    assert!(e.contains("not both"), "{e}");
+    let e = bad(&format!(
+        "jwt = {{ jwks = \"{f}\", algorithms = [\"ES256\", \"none\"] }}"
+    ));
+    assert!(
+        e.contains("algorithms[1]") && e.contains("never taken"),
+        "{e}"
+    );
+    let e = bad(&format!("jwt = {{ jwks = \"{f}\", refresh = \"1m\" }}"));
+    assert!(e.contains("`refresh` is for `jwks_url`"), "{e}");
+    let e = bad("jwt = { jwks_url = \"ftp://a/\" }");
+    assert!(e.contains("not an http:// or https:// URL"), "{e}");
+    let e = bad(&format!("jwt = {{ jwks = \"{f}\", header = \"\" }}"));
+    assert!(e.contains("nowhere to find the token"), "{e}");
+    let e = bad(&format!(
+        "jwt = {{ jwks = \"{f}\", forward_claims = {{ sub = \"Host\" }} }}"
+    ));
+    assert!(e.contains("frames the request"), "{e}");
+    std::fs::write(
+        &file,
+        r#"{"keys":[{"kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"}]}"#,
+    )
+    .unwrap();
+    let e = bad(&format!("jwt = {{ jwks = \"{f}\" }}"));
+    assert!(
+        e.contains("no signing key") && e.contains("encryption"),
+        "{e}"
+    );
+    assert!(e.contains("jwt.jwks"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn client_cert_rules_need_a_listener_that_asks_for_certificates() {
+    let e = config("", "client_cert = { subject = \"CN=*\" }").unwrap_err();
+    assert!(
+        e.contains("routes[0].client_cert") && e.contains("client_auth"),
+        "{e}"
+    );
+    // With client_auth (the files are only read when the listener starts).
+    let tls = "[listeners.tls]\ncertificates = [{ cert = \"c.pem\", key = \"k.pem\" }]\nclient_auth = { ca = \"ca.pem\" }";
+    let text = |route: &str| {
+        format!(
+            "[[listeners]]\naddress = \"127.0.0.1:8443\"\n{tls}\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n{route}\n"
+        )
+    };
+    let c = parse(
+        &text("client_cert = { san = [\"DNS:*.svc\", \"URI:spiffe://x/*\"], issuer = \"CN=CA\" }"),
+        "t.toml",
+    )
+    .unwrap();
+    let r = c.listeners[0].routes[0].client_cert.as_ref().unwrap();
+    assert_eq!(r.san, ["DNS:*.svc", "URI:spiffe://x/*"]);
+    assert!(r.subject.is_empty());
+    assert!(
+        explain(&c).contains("client_cert: SAN DNS:*.svc | URI:spiffe://x/* and issuer CN=CA"),
+        "{}",
+        explain(&c)
+    );
+    let e = parse(&text("client_cert = { san = \"*.svc\" }"), "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("client_cert.san") && e.contains("DNS:, IP:, email: or URI:"),
+        "{e}"
+    );
+    let e = parse(&text("client_cert = {}"), "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at least one of"), "{e}");
 }

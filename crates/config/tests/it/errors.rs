@@ -18,7 +18,7 @@ fn unknown_key_typo_points_at_the_key() {
     let text = "[[listeners]]\nname = \"public\"\nadress = \"127.0.0.1:8080\"\n";
     assert_eq!(
         err(text),
-        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`, `http2`, `shed`, `compression`, `ip_rules`, `trusted_proxies`, `basic_auth`; did you mean `address`?"
+        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`, `http2`, `shed`, `compression`, `ip_rules`, `trusted_proxies`, `proxy_protocol`, `basic_auth`, `jwt`, `client_cert`; did you mean `address`?"
     );
 }
 

@@ -772,6 +772,16 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             &stats.ip_denied,
         ),
         (
+            "portico_proxy_protocol_errors_total",
+            "Connections closed because their PROXY protocol header was missing, malformed or late (listeners with proxy_protocol).",
+            &stats.proxy_protocol_errors,
+        ),
+        (
+            "portico_client_cert_denied_total",
+            "Requests refused 403 by a route's client_cert rules (a certificate they do not match, or none).",
+            &stats.client_cert_denied,
+        ),
+        (
             "portico_basic_auth_failures_total",
             "Requests refused 401 by a route's basic_auth (no or wrong credentials).",
             &stats.auth_failures,
@@ -780,6 +790,36 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             "portico_basic_auth_lockouts_total",
             "Requests refused 429 because their client address failed basic auth too often (lockout).",
             &stats.auth_lockouts,
+        ),
+        (
+            "portico_jwt_failures_total",
+            "Requests refused by a route's jwt check (401 without a valid token, 403 when its claims do not match).",
+            &stats.jwt_failures,
+        ),
+        (
+            "portico_jwt_verified_total",
+            "Bearer tokens whose signature was checked (passes from the verified-token cache not counted).",
+            &stats.jwt_verified,
+        ),
+        (
+            "portico_jwks_fetches_total",
+            "Fetches of a JWK set URL (at start, on its refresh timer, after a failure and for unknown key ids).",
+            &stats.jwks_fetches,
+        ),
+        (
+            "portico_jwks_failures_total",
+            "JWK set loads (file or URL) that failed; the keys loaded before stay in use.",
+            &stats.jwks_failures,
+        ),
+        (
+            "portico_htpasswd_reloads_total",
+            "htpasswd files read again after they changed on disk.",
+            &stats.htpasswd_reloads,
+        ),
+        (
+            "portico_htpasswd_reload_failures_total",
+            "htpasswd files that changed but were refused (a bad line); the users loaded before stay.",
+            &stats.htpasswd_reload_failures,
         ),
         (
             "portico_forward_auth_requests_total",

@@ -25,6 +25,8 @@ use std::time::Duration;
 pub(crate) struct H1Down<'a> {
     pub c: &'a mut Conn,
     pub ctx: &'a Ctx,
+    /// The request's client behind a trusted proxy (None: the socket's peer).
+    pub client: Option<Box<str>>,
 }
 
 impl<'a> Client<'a> for H1Down<'a> {
@@ -62,10 +64,15 @@ impl<'a> Client<'a> for H1Down<'a> {
 
     fn who(&self) -> Who<'_> {
         Who {
-            ip: &self.c.client_ip,
+            ip: self.client.as_deref().unwrap_or(&self.c.client_ip),
+            peer_ip: &self.c.client_ip,
             tls: self.c.stream.is_tls(),
-            cert_subject: self.c.client_cert_subject.as_deref(),
+            cert: self.c.client_cert.as_deref(),
         }
+    }
+
+    fn set_client(&mut self, ip: Box<str>) {
+        self.client = Some(ip);
     }
 
     fn take_ubuf(&mut self) -> BytesMut {

@@ -35,6 +35,8 @@ pub(crate) struct H2Down<'a> {
     pub respond: &'a RefCell<SendResponse<Bytes>>,
     pub body: &'a mut RecvStream,
     pub timings: &'a mut Timings,
+    /// The request's client behind a trusted proxy (None: the socket's peer).
+    pub client: Option<Box<str>>,
 }
 
 impl H2Down<'_> {
@@ -80,10 +82,15 @@ impl<'a> Client<'a> for H2Down<'a> {
 
     fn who(&self) -> Who<'_> {
         Who {
-            ip: &self.link.client_ip,
+            ip: self.client.as_deref().unwrap_or(&self.link.client_ip),
+            peer_ip: &self.link.client_ip,
             tls: self.link.tls,
-            cert_subject: self.link.client_cert_subject.as_deref(),
+            cert: self.link.client_cert.as_deref(),
         }
+    }
+
+    fn set_client(&mut self, ip: Box<str>) {
+        self.client = Some(ip);
     }
 
     fn take_ubuf(&mut self) -> BytesMut {

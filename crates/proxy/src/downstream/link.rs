@@ -22,7 +22,7 @@ pub(crate) struct Link {
     pub peer: SocketAddr,
     pub client_ip: String,
     pub tls: bool,
-    pub client_cert_subject: Option<String>,
+    pub client_cert: Option<Box<portico_tls::ClientCert>>,
     pub(crate) slot: u64,
     pub(crate) current: RefCell<Rc<Current>>,
     pub(crate) settings: Http2Settings,

@@ -31,10 +31,15 @@ use std::time::Duration;
 
 /// Who sent the request, for the forwarded head (X-Forwarded-*, hashing, rate-limit keys).
 pub struct Who<'a> {
+    /// The client's address: the socket's peer, or behind a trusted proxy (`trusted_proxies`)
+    /// the client `X-Forwarded-For` names (one address for every use in the request).
     pub ip: &'a str,
+    /// The socket's peer (the hop `X-Forwarded-For` is extended with).
+    pub peer_ip: &'a str,
     /// The client connection is TLS.
     pub tls: bool,
-    pub cert_subject: Option<&'a str>,
+    /// The verified client certificate (mTLS).
+    pub cert: Option<&'a portico_tls::ClientCert>,
 }
 
 /// Most interim (1xx) responses accepted before the final one.
@@ -63,6 +68,8 @@ pub(crate) trait Client<'a> {
     ) -> Option<F::Output>;
     /// Who sent the request, for the forwarded head and hashing.
     fn who(&self) -> Who<'_>;
+    /// Behind a trusted proxy: the request's client, as `X-Forwarded-For` names it.
+    fn set_client(&mut self, ip: Box<str>);
     /// The buffer for the forwarded head (an HTTP/1.1 connection keeps its allocation across
     /// requests: give it back with `put_ubuf`).
     fn take_ubuf(&mut self) -> BytesMut;

@@ -1,9 +1,13 @@
-//! HTTP Basic authentication (RFC 7617): credentials checked against bcrypt or argon2 hashes off the worker thread, with a short cache of the credentials that passed.
+//! HTTP Basic authentication (RFC 7617): credentials checked against bcrypt or argon2 hashes off the worker thread, with a short cache of the credentials that passed, and the htpasswd file read again when it changes.
 
+use crate::cert_watch::{stamps, Stamp};
+use crate::telemetry::stats::Stats;
+use arc_swap::ArcSwap;
 use portico_config::BasicAuth;
 use portico_http1::RequestHead;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -21,12 +25,18 @@ pub(crate) type CopiedFields = Vec<(usize, String)>;
 const CACHE_TTL: Duration = Duration::from_secs(300);
 /// Most cached credentials per route; a full cache is emptied (the next requests hash again).
 const CACHE_MAX: usize = 10_000;
+/// How often the htpasswd file is looked at.
+const FILE_EVERY: Duration = Duration::from_secs(1);
 
 /// A route's basic auth: its users and the credentials that passed lately (by a SHA-256 of
 /// the user and password: no password is kept).
 #[derive(Debug)]
 pub(crate) struct AuthState {
     pub cfg: Arc<BasicAuth>,
+    /// (user, hash) sorted by user: the configuration's, then the htpasswd file's as it changes.
+    users: ArcSwap<Vec<(String, String)>>,
+    /// The htpasswd file's stamp when last read, and when to look again.
+    file: Mutex<(Vec<Stamp>, Instant)>,
     passed: Mutex<HashMap<[u8; 32], Instant>>,
     /// Failed attempts per client address in the current window (with `lockout`).
     failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
@@ -43,11 +53,73 @@ pub(crate) enum Checked {
 
 impl AuthState {
     pub(crate) fn new(cfg: Arc<BasicAuth>) -> Self {
+        let stamp = stamps(cfg.htpasswd.as_slice());
         AuthState {
+            users: ArcSwap::from_pointee(cfg.users.clone()),
+            file: Mutex::new((stamp, Instant::now() + FILE_EVERY)),
             cfg,
             passed: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Read the htpasswd file again if it changed: a file with a refused line keeps the users
+    /// loaded before. Returns how long until the next look (None without a file).
+    pub(crate) fn check_file(&self, now: Instant, stats: &Stats) -> Option<Duration> {
+        let path = self.cfg.htpasswd.as_ref()?;
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if now < file.1 {
+            return Some(file.1 - now);
+        }
+        file.1 = now + FILE_EVERY;
+        let stamp = stamps(std::slice::from_ref(path));
+        if stamp == file.0 {
+            return Some(FILE_EVERY);
+        }
+        file.0 = stamp;
+        drop(file);
+        let name = path.display().to_string();
+        let read = std::fs::read_to_string(path).map_err(|e| format!("{name}: {e}"));
+        let parsed = read.and_then(|text| {
+            let (users, errors) = portico_config::htpasswd::parse(&text, &name);
+            match errors.into_iter().next() {
+                Some(e) => Err(e),
+                None => Ok(users),
+            }
+        });
+        match parsed {
+            Ok(users) => {
+                let n = users.len();
+                self.users.store(Arc::new(portico_config::htpasswd::merge(
+                    users,
+                    &self.cfg.table,
+                )));
+                // A user removed or given a new password must not pass from the cache.
+                if let Ok(mut passed) = self.passed.lock() {
+                    passed.clear();
+                }
+                stats.htpasswd_reloads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(users = n, "htpasswd file {name} changed: loaded");
+            }
+            Err(e) => {
+                stats
+                    .htpasswd_reload_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "htpasswd file changed but is refused, the users loaded before stay: {e}"
+                );
+            }
+        }
+        Some(FILE_EVERY)
+    }
+
+    /// The password hash of `user`.
+    fn hash(&self, user: &str) -> Option<String> {
+        let users = self.users.load();
+        users
+            .binary_search_by(|(u, _)| u.as_str().cmp(user))
+            .ok()
+            .map(|i| users[i].1.clone())
     }
 
     /// The `WWW-Authenticate` value of a 401.
@@ -122,7 +194,7 @@ impl AuthState {
                 return true;
             }
         }
-        let hash = self.cfg.hash(&user).map(str::to_string);
+        let hash = self.hash(&user);
         let known = hash.is_some();
         let ok = tokio::task::spawn_blocking(move || {
             let hash = hash.unwrap_or_else(|| dummy().to_string());

@@ -15,6 +15,8 @@
 pub(crate) mod auth;
 pub(crate) mod compress;
 mod cors;
+pub(crate) mod jwks;
+pub(crate) mod jwt;
 
 use crate::error::ProxyError;
 use crate::metrics::RouteStats;
@@ -41,6 +43,9 @@ use std::time::{Duration, Instant};
 pub(crate) enum Filter {
     /// request: 403 for a client address the route's `ip_rules` deny.
     IpRules,
+    /// request: 403 for a client certificate (or none) the route's `client_cert` rules do not
+    /// match.
+    ClientCert,
     /// request: 503 with `Retry-After` while the listener sheds and this worker is saturated.
     Shed,
     /// request: the route's `rate_limit` (429 with `Retry-After`).
@@ -74,10 +79,12 @@ pub(crate) struct Filters {
     auth: Option<Arc<auth::AuthState>>,
     /// The passes the route's forward auth remembers.
     passes: Arc<auth::PassCache>,
-    /// Checks before the action: request filters, basic auth or forward auth.
+    /// The route's JWT check, after basic auth.
+    jwt: Option<Arc<jwt::JwtState>>,
+    /// Checks before the action: request filters, basic auth, JWT or forward auth.
     gate: bool,
-    /// The proxy action does more than the common case: Authorization dropped (basic auth),
-    /// forward auth fields, a split or a mirror.
+    /// The proxy action does more than the common case: Authorization dropped (basic auth,
+    /// JWT), fields set by claims or forward auth, a split or a mirror.
     rare: bool,
 }
 
@@ -114,18 +121,29 @@ pub(crate) struct Cx<'r> {
     /// The listener's `trusted_proxies` (whose `X-Forwarded-For` names the client).
     pub trusted: &'r IpRules,
     pub client_ip: &'r str,
+    /// The connection's verified client certificate (mTLS).
+    pub cert: Option<&'r portico_tls::ClientCert>,
     pub head: &'r RequestHead,
     /// The clock read at the request head.
     pub now: Instant,
 }
 
 impl Filters {
-    /// The filters of `route` on listener `l`; `groups`: the configuration's upstream groups.
-    pub(crate) fn for_route(l: &Listener, route: &Route, groups: &[Arc<UpstreamGroup>]) -> Filters {
+    /// The filters of `route` on listener `l`; `groups`: the configuration's upstream groups,
+    /// `keys`: where JWT checks find their key sources.
+    pub(crate) fn for_route(
+        l: &Listener,
+        route: &Route,
+        groups: &[Arc<UpstreamGroup>],
+        keys: &mut jwks::NextSources<'_>,
+    ) -> Filters {
         let mut list = Vec::new();
         // Cheapest first: a stranger is refused before it spends anything.
         if route.ip_rules.is_some() {
             list.push(Filter::IpRules);
+        }
+        if route.client_cert.is_some() {
+            list.push(Filter::ClientCert);
         }
         if l.shed.is_some() {
             list.push(Filter::Shed);
@@ -161,6 +179,7 @@ impl Filters {
         let has = |phase: &[Filter]| list.iter().any(|f| phase.contains(f));
         let request = has(&[
             Filter::IpRules,
+            Filter::ClientCert,
             Filter::Shed,
             Filter::RateLimit,
             Filter::Cors,
@@ -170,9 +189,13 @@ impl Filters {
             .as_ref()
             .is_some_and(|a| !a.keep_authorization)
             || route.forward_auth.is_some()
+            || route.jwt.is_some()
             || matches!(&route.action, Action::Proxy(p) if p.split.is_some() || p.mirror.is_some());
         Filters {
-            gate: request || route.basic_auth.is_some() || route.forward_auth.is_some(),
+            gate: request
+                || route.basic_auth.is_some()
+                || route.forward_auth.is_some()
+                || route.jwt.is_some(),
             rare,
             request,
             response: has(&[Filter::ResponseHeaders, Filter::StickyCookie, Filter::Cors]),
@@ -182,8 +205,26 @@ impl Filters {
                 .clone()
                 .map(|a| Arc::new(auth::AuthState::new(a))),
             passes: Arc::default(),
+            jwt: route
+                .jwt
+                .as_ref()
+                .map(|j| Arc::new(jwt::JwtState::new(j.clone(), keys.get(&j.keys)))),
             list,
         }
+    }
+
+    /// Load what is due of the files and URLs the route's checks read (JWK sets, the htpasswd
+    /// file); how long until the next look (None: nothing to watch).
+    pub(crate) fn check_sources(&self, now: Instant, stats: &Stats) -> Option<Duration> {
+        let keys = self.jwt.as_ref().map(|j| j.source().check(now, stats));
+        let file = self.auth.as_ref().and_then(|a| a.check_file(now, stats));
+        keys.into_iter().chain(file).min()
+    }
+
+    /// The route's JWT check, if it has one.
+    #[inline]
+    pub(crate) fn jwt(&self) -> Option<&jwt::JwtState> {
+        self.jwt.as_deref()
     }
 
     /// The passes the route's forward auth remembers.
@@ -221,6 +262,7 @@ impl Filters {
         for f in &self.list {
             match f {
                 Filter::IpRules => ip_rules(cx)?,
+                Filter::ClientCert => client_cert(cx)?,
                 Filter::Shed => shed(cx)?,
                 Filter::RateLimit => rate_limit(cx)?,
                 Filter::Cors => preflight(cx)?,
@@ -475,6 +517,59 @@ fn ip_rules(cx: &Cx<'_>) -> Result<(), Answer> {
     })
 }
 
+fn client_cert(cx: &Cx<'_>) -> Result<(), Answer> {
+    let Some(rules) = &cx.route.client_cert else {
+        return Ok(());
+    };
+    if cx.cert.is_some_and(|c| cert_matches(rules, c)) {
+        return Ok(());
+    }
+    cx.stats.client_cert_denied.fetch_add(1, Ordering::Relaxed);
+    let error = ProxyError::CertDenied;
+    let subject = cx.cert.map_or("none", |c| c.subject.as_str());
+    tracing::debug!(peer = %cx.peer, subject, target = cx.head.target(), "{error}");
+    Err(Answer::Refuse {
+        body: crate::error::error_body(error.status()),
+        error,
+        retry_after: None,
+    })
+}
+
+/// Whether `cert` matches the rules: for each list with patterns, one pattern matches (the
+/// subject, one of the SANs, the issuer).
+fn cert_matches(rules: &portico_config::ClientCertRules, cert: &portico_tls::ClientCert) -> bool {
+    let any = |patterns: &[String], text: &str| patterns.iter().any(|p| glob(p, text));
+    (rules.subject.is_empty() || any(&rules.subject, &cert.subject))
+        && (rules.issuer.is_empty() || any(&rules.issuer, &cert.issuer))
+        && (rules.san.is_empty() || cert.sans.iter().any(|s| any(&rules.san, s)))
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (none included)
+/// and ASCII case is ignored.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut pi, mut ti) = (0, 0);
+    // The last `*` seen and the text position it was tried at.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if pi < p.len() && p[pi].eq_ignore_ascii_case(&t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if let Some((sp, st)) = star {
+            // Let that `*` take one more character.
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
 /// The client's address: `peer`, unless it is a trusted proxy; then, walking `X-Forwarded-For`
 /// from the right (the hop nearest to us first), the first address that is not a trusted proxy
 /// (an entry that is not an address stops the walk at the last trusted one).
@@ -590,7 +685,10 @@ pub(crate) struct Edits<'r> {
     authorization: bool,
     /// Fields the forward auth service sets: the client's copies are dropped.
     names: Option<&'r [String]>,
-    /// Any of recoded, cors, etag, authorization, names: the one flag `drops` tests inline.
+    /// Fields a JWT's claims set (claim, field): the client's copies are dropped.
+    claims: Option<&'r [(String, String)]>,
+    /// Any of recoded, cors, etag, authorization, names, claims: the one flag `drops` tests
+    /// inline.
     owns: bool,
 }
 
@@ -658,6 +756,14 @@ impl<'r> Edits<'r> {
         }
     }
 
+    /// The fields a JWT's claims set (`forward_claims`) replace the client's of those names.
+    pub(crate) fn drop_claim_fields(&mut self, fields: &'r [(String, String)]) {
+        if !fields.is_empty() {
+            self.claims = Some(fields);
+            self.owns = true;
+        }
+    }
+
     /// The client's `Authorization` field is not forwarded.
     pub(crate) fn drop_authorization(&mut self) {
         self.authorization = true;
@@ -700,6 +806,9 @@ impl<'r> Edits<'r> {
             || self
                 .names
                 .is_some_and(|n| n.iter().any(|x| x.eq_ignore_ascii_case(name)))
+            || self
+                .claims
+                .is_some_and(|c| c.iter().any(|(_, x)| x.eq_ignore_ascii_case(name)))
     }
 
     /// Whether a filter sets `name` (the message's own field is replaced).
@@ -720,12 +829,14 @@ impl<'r> Edits<'r> {
         let etag = std::iter::once("etag").filter(|_| self.etag);
         let auth = std::iter::once("authorization").filter(|_| self.authorization);
         let names = self.names.into_iter().flatten().map(String::as_str);
+        let claims = self.claims.into_iter().flatten().map(|(_, f)| f.as_str());
         rules
             .chain(recoded)
             .chain(cors)
             .chain(etag)
             .chain(auth)
             .chain(names)
+            .chain(claims)
     }
 
     /// The fields to append: every `set`, every `add`, then what other filters added.
@@ -768,7 +879,9 @@ mod tests {
              [[listeners.routes]]\nrespond = {{ status = 204 }}\nrate_limit = {{ rate = 1.0, burst = 1 }}\n"
         ));
         let l = &c.listeners[0];
-        let of = |i: usize| Filters::for_route(l, &l.routes[i], &c.upstreams).list;
+        let none = jwks::KeySources::default();
+        let of =
+            |i: usize| Filters::for_route(l, &l.routes[i], &c.upstreams, &mut none.next()).list;
         assert_eq!(of(0), [Filter::RouteMetrics]);
         assert_eq!(
             of(1),
@@ -784,23 +897,81 @@ mod tests {
     }
 
     #[test]
+    fn globs_match_runs_of_characters_ignoring_ascii_case() {
+        assert!(glob("CN=*,O=Example", "CN=alice,O=Example"));
+        assert!(glob("cn=ALICE,o=example", "CN=alice,O=Example"));
+        assert!(!glob("CN=*,O=Example", "CN=alice,O=Example Corp"));
+        assert!(glob("DNS:*.svc.example", "DNS:a.b.svc.example"));
+        assert!(!glob("DNS:*.svc.example", "DNS:svc.example"));
+        assert!(glob(
+            "URI:spiffe://example.org/*",
+            "URI:spiffe://example.org/ns/a"
+        ));
+        assert!(glob("*", "") && glob("a**b", "ab") && !glob("a*b", "a"));
+        assert!(glob("*a*a*a", "aaaa") && !glob("*a*b", "aaaa"));
+        let cert = portico_tls::ClientCert {
+            subject: "CN=alice,O=Example".into(),
+            issuer: "CN=Example CA".into(),
+            sans: vec![
+                "DNS:alice.clients.example".into(),
+                "email:a@example.org".into(),
+            ],
+        };
+        let rules = |subject: &[&str], san: &[&str], issuer: &[&str]| {
+            let v = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+            portico_config::ClientCertRules {
+                subject: v(subject),
+                san: v(san),
+                issuer: v(issuer),
+            }
+        };
+        assert!(cert_matches(
+            &rules(&["CN=bob,*", "CN=alice,*"], &[], &[]),
+            &cert
+        ));
+        assert!(cert_matches(
+            &rules(&[], &["email:*@example.org"], &["CN=Example CA"]),
+            &cert
+        ));
+        // Every list given must match.
+        assert!(!cert_matches(
+            &rules(&["CN=alice,*"], &[], &["CN=Other CA"]),
+            &cert
+        ));
+        assert!(!cert_matches(
+            &rules(&[], &["DNS:*.servers.example"], &[]),
+            &cert
+        ));
+    }
+
+    #[test]
     fn sticky_cookies_are_set_for_the_group_or_its_fallback() {
         let mut c = config(&format!(
             "{GROUPS}[[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"a\"\n"
         ));
         let l = c.listeners[0].clone();
-        assert!(!Filters::for_route(&l, &l.routes[0], &c.upstreams)
-            .list
-            .contains(&Filter::StickyCookie));
+        assert!(!Filters::for_route(
+            &l,
+            &l.routes[0],
+            &c.upstreams,
+            &mut jwks::KeySources::default().next()
+        )
+        .list
+        .contains(&Filter::StickyCookie));
         let sticky = config(
             "[upstreams.s]\nservers = [\"10.0.0.1:80\"]\nsticky_cookie = \"SRV\"\n\
              [[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"s\"\n",
         );
         Arc::make_mut(&mut c.upstreams[1]).sticky_cookie =
             sticky.upstreams[0].sticky_cookie.clone();
-        assert!(Filters::for_route(&l, &l.routes[0], &c.upstreams)
-            .list
-            .contains(&Filter::StickyCookie));
+        assert!(Filters::for_route(
+            &l,
+            &l.routes[0],
+            &c.upstreams,
+            &mut jwks::KeySources::default().next()
+        )
+        .list
+        .contains(&Filter::StickyCookie));
     }
 
     #[test]

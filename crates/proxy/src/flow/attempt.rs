@@ -408,10 +408,11 @@ pub(crate) fn forwarded_head(
         edits,
         &Forwarding {
             client_ip: client.ip,
+            peer_ip: client.peer_ip,
             proto: if client.tls { "https" } else { "http" },
             authority: &authority,
             absolute: absolute.is_some(),
-            client_cert_subject: client.cert_subject,
+            client_cert_subject: client.cert.map(|c| c.subject.as_str()),
         },
     );
 }

@@ -10,6 +10,7 @@ use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
 use crate::filter::auth::Checked;
+use crate::filter::jwt::Refusal;
 use crate::filter::{compress, Answer, Compressing, Edits};
 use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
 use crate::metrics::RouteStats;
@@ -43,6 +44,13 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
 ) -> Outcome {
     let env = down.env();
     let ls = env.ls;
+    let trusted = &ls.listener.trusted_proxies;
+    if !trusted.is_empty() {
+        let client = crate::filter::client_addr(env.peer.ip(), head, trusted);
+        if client != env.peer.ip() {
+            down.set_client(client.to_string().into_boxed_str());
+        }
+    }
     let idx = crate::route::select(
         &ls.listener.routes,
         head.method().as_str(),
@@ -72,11 +80,11 @@ async fn run_route<'a, D: Client<'a>>(down: &mut D, head: &RequestHead, idx: usi
     let route = &ls.listener.routes[idx];
     let filters = &ls.filters[idx];
     let mut answer = None;
-    let mut auth_fields: Option<Box<[(usize, String)]>> = None;
+    let mut auth_fields: Option<Box<Passed>> = None;
     if filters.has_gate() {
         // Boxed: only routes with checks pay for their state.
         match Box::pin(gate(down, head, idx)).await {
-            Ok(fields) => auth_fields = Some(fields.into_boxed_slice()),
+            Ok(fields) => auth_fields = Some(Box::new(fields)),
             Err(Stop::Answer(a)) => answer = Some(a),
             Err(Stop::Refuse {
                 error,
@@ -165,6 +173,15 @@ struct LocalAnswer {
     body: Bytes,
 }
 
+/// What the checks before the action set on the forwarded request: the fields of the JWT's
+/// claims (index into `forward_claims`) and of the forward auth service's answer (index into
+/// `copy_headers`).
+#[derive(Default)]
+struct Passed {
+    claims: Option<std::sync::Arc<[(usize, String)]>>,
+    forward_auth: Vec<(usize, String)>,
+}
+
 /// Where the checks before the action stopped a request.
 enum Stop {
     /// Refused: the error it counts as, its body and fields.
@@ -178,13 +195,13 @@ enum Stop {
 }
 
 /// The checks before the route's action, in their documented order: the request filters (IP
-/// rules, shedding, rate limit, CORS preflight), basic auth, forward auth. Ok with the fields
-/// forward auth sets on the forwarded request.
+/// rules, shedding, rate limit, CORS preflight), basic auth, JWT, forward auth. Ok with the
+/// fields they set on the forwarded request.
 async fn gate<'a, D: Client<'a>>(
     down: &mut D,
     head: &RequestHead,
     idx: usize,
-) -> Result<Vec<(usize, String)>, Stop> {
+) -> Result<Passed, Stop> {
     let env = down.env();
     let ls = env.ls;
     let route = &ls.listener.routes[idx];
@@ -201,6 +218,7 @@ async fn gate<'a, D: Client<'a>>(
             peer: env.peer,
             trusted: &ls.listener.trusted_proxies,
             client_ip: down.who().ip,
+            cert: down.who().cert,
             head,
             now,
         });
@@ -258,12 +276,40 @@ async fn gate<'a, D: Client<'a>>(
             }
         }
     }
+    let mut passed = Passed::default();
+    if let Some(jwt) = filters.jwt() {
+        let stats = &env.shared.stats;
+        match jwt.check(head, &stats.jwt_verified) {
+            Ok(fields) => passed.claims = Some(fields),
+            Err(r) => {
+                let error = match r {
+                    Refusal::NoKeys => ProxyError::NoKeys,
+                    Refusal::Scope(_) => ProxyError::ClaimsRefused,
+                    Refusal::Missing | Refusal::Invalid(_) => ProxyError::TokenRefused,
+                };
+                if r == Refusal::NoKeys {
+                    crate::telemetry::logging::log_limited!(warn, route = %route.name, "JWT check without keys (the JWK set was never loaded): 503");
+                } else {
+                    stats.jwt_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %env.peer, route = %route.name, "JWT refused: {r:?}");
+                }
+                return Err(Stop::Refuse {
+                    body: crate::error::error_body(error.status()),
+                    error,
+                    fields: vec![("WWW-Authenticate", jwt.challenge(&r))],
+                });
+            }
+        }
+    }
     let Some(fa) = &route.forward_auth else {
-        return Ok(Vec::new());
+        return Ok(passed);
     };
     let who = forward_auth::WhoOwned::of(&down.who());
     match forward_auth::check(&env, fa, filters.pass_cache(), head, &who).await {
-        forward_auth::Verdict::Pass(fields) => Ok(fields),
+        forward_auth::Verdict::Pass(fields) => {
+            passed.forward_auth = fields;
+            Ok(passed)
+        }
         forward_auth::Verdict::Unavailable(e) => {
             tracing::debug!(peer = %env.peer, "forward auth: {e}");
             let error = ProxyError::AuthUnavailable;
@@ -307,7 +353,7 @@ async fn proxy_action<'a, D: Client<'a>>(
     head: &RequestHead,
     idx: usize,
     p: &ProxyAction,
-    auth_fields: Option<Box<[(usize, String)]>>,
+    auth_fields: Option<Box<Passed>>,
 ) -> Outcome {
     let env = down.env();
     let ls = env.ls;
@@ -376,21 +422,32 @@ fn rare_forward<'r>(
     p: &ProxyAction,
     head: &RequestHead,
     ip: &str,
-    auth_fields: Option<Box<[(usize, String)]>>,
+    auth_fields: Option<Box<Passed>>,
     forward: &mut Edits<'r>,
 ) -> usize {
     // The credentials stay here, unless the route passes them on.
-    if route
-        .basic_auth
+    let basic = route.basic_auth.as_ref();
+    let bearer = route
+        .jwt
         .as_ref()
-        .is_some_and(|a| !a.keep_authorization)
-    {
+        .filter(|j| j.header.as_deref() == Some("authorization"));
+    if basic.is_some_and(|a| !a.keep_authorization) || bearer.is_some_and(|j| !j.keep_token) {
         forward.drop_authorization();
+    }
+    let passed = auth_fields.map(|b| *b).unwrap_or_default();
+    // Fields of the token's claims replace the client's of the same names.
+    if let Some(j) = &route.jwt {
+        forward.drop_claim_fields(&j.forward_claims);
+        for (i, v) in passed.claims.iter().flat_map(|c| c.iter()) {
+            if let Some((_, name)) = j.forward_claims.get(*i) {
+                forward.add(name, Cow::Owned(v.clone()));
+            }
+        }
     }
     // Fields the auth service answered with replace the client's of the same names.
     if let Some(fa) = &route.forward_auth {
         forward.drop_names(&fa.copy_headers);
-        for (i, v) in auth_fields.map(|b| b.into_vec()).unwrap_or_default() {
+        for (i, v) in passed.forward_auth {
             if let Some(name) = fa.copy_headers.get(i) {
                 forward.add(name, Cow::Owned(v));
             }

@@ -33,7 +33,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
 /// on it, such as sniffing its protocol, counts).
 pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, accepted: Instant) {
     let mut c = Conn {
-        client_cert_subject: stream.client_cert_subject(),
+        client_cert: stream.client_cert().map(Box::new),
         stream,
         peer,
         client_ip: peer.ip().to_string(),
@@ -149,7 +149,15 @@ async fn close(c: &mut Conn, lingering: bool) {
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
         let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
-        log.write(c.peer, head, protocol, o, &c.timings.phases(started));
+        let trusted = &ctx.ls.listener.trusted_proxies;
+        log.write(
+            c.peer,
+            trusted,
+            head,
+            protocol,
+            o,
+            &c.timings.phases(started),
+        );
     }
 }
 
@@ -250,6 +258,10 @@ async fn read_head(
 }
 
 async fn handle(c: &mut Conn, ctx: &Ctx, head: &RequestHead, started: Instant) -> Outcome {
-    let mut down = H1Down { c, ctx };
+    let mut down = H1Down {
+        c,
+        ctx,
+        client: None,
+    };
     crate::flow::serve(&mut down, head, started).await
 }

@@ -38,17 +38,24 @@ impl AccessLogger {
 
     /// Write one record; `protocol` as nginx's `$server_protocol` (`HTTP/1.1`, `HTTP/2.0`).
     /// Never waits for the output.
+    /// `trusted`: the listener's `trusted_proxies`; behind one, the client is the one
+    /// `X-Forwarded-For` names (and the peer is logged too, in JSON).
     pub fn write(
         &self,
         peer: SocketAddr,
+        trusted: &portico_config::IpRules,
         head: Option<&RequestHead>,
         protocol: &str,
         o: &Outcome,
         phases: &Phases,
     ) {
+        let client = match head {
+            Some(h) if !trusted.is_empty() => crate::filter::client_addr(peer.ip(), h, trusted),
+            _ => peer.ip(),
+        };
         let line = format_line(
             self.format,
-            peer,
+            Sender { peer, client },
             head,
             protocol,
             o,
@@ -77,6 +84,14 @@ fn json_escape(s: &str, out: &mut String) {
     }
 }
 
+/// Who sent a request: the socket's peer, and the client (the peer, unless a trusted proxy
+/// named another).
+#[derive(Debug, Clone, Copy)]
+pub struct Sender {
+    pub peer: SocketAddr,
+    pub client: std::net::IpAddr,
+}
+
 /// Seconds with microsecond precision, or `-` when the phase did not happen.
 fn seconds_or_dash(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_string(), |d| format!("{:.6}", d.as_secs_f64()))
@@ -89,13 +104,14 @@ fn seconds_or_dash(d: Option<Duration>) -> String {
 /// `protocol` is the request line's version (`HTTP/2.0` for HTTP/2 streams, as nginx logs them).
 pub fn format_line(
     format: AccessLogFormat,
-    peer: SocketAddr,
+    sender: Sender,
     head: Option<&RequestHead>,
     protocol: &str,
     o: &Outcome,
     phases: &Phases,
     now: SystemTime,
 ) -> String {
+    let Sender { peer, client } = sender;
     let elapsed = phases.total;
     let method = head.map(|h| h.method().as_str()).unwrap_or("-");
     let target = head.map(|h| h.target()).unwrap_or("-");
@@ -109,7 +125,7 @@ pub fn format_line(
             let _ = writeln!(
                 s,
                 "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" {:.6} {} {} {} {}",
-                peer.ip(),
+                client,
                 httpdate::fmt_http_date(now),
                 method,
                 target,
@@ -132,7 +148,11 @@ pub fn format_line(
         AccessLogFormat::Json => {
             s.push_str("{\"time\":\"");
             s.push_str(&httpdate::fmt_http_date(now));
-            let _ = write!(s, "\",\"client\":\"{}\",\"method\":\"", peer.ip());
+            let _ = write!(s, "\",\"client\":\"{client}\",");
+            if client != peer.ip() {
+                let _ = write!(s, "\"peer\":\"{}\",", peer.ip());
+            }
+            s.push_str("\"method\":\"");
             json_escape(method, &mut s);
             s.push_str("\",\"target\":\"");
             json_escape(target, &mut s);
@@ -189,8 +209,20 @@ mod tests {
             bytes_sent: 12,
             upstream: Some("10.0.0.1:80".parse().unwrap()),
         };
-        let peer = "192.0.2.1:5555".parse().unwrap();
-        format_line(format, peer, Some(&head), protocol, &o, phases, UNIX_EPOCH)
+        let peer: SocketAddr = "192.0.2.1:5555".parse().unwrap();
+        let sender = Sender {
+            peer,
+            client: peer.ip(),
+        };
+        format_line(
+            format,
+            sender,
+            Some(&head),
+            protocol,
+            &o,
+            phases,
+            UNIX_EPOCH,
+        )
     }
 
     const MS: Duration = Duration::from_millis(1);

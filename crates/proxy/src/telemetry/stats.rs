@@ -187,6 +187,10 @@ pub struct Stats {
     pub h2_ping_floods: AtomicU64,
     /// Requests refused 403 by a route's `ip_rules`.
     pub ip_denied: AtomicU64,
+    /// Connections closed because their PROXY protocol header was missing, malformed or late.
+    pub proxy_protocol_errors: AtomicU64,
+    /// Requests refused 403 by a route's `client_cert` rules.
+    pub client_cert_denied: AtomicU64,
     /// Requests refused 401 by a route's `basic_auth` (no or wrong credentials).
     pub auth_failures: AtomicU64,
     /// Requests refused 429 because their client address failed basic auth too often.
@@ -195,6 +199,16 @@ pub struct Stats {
     /// those it refused.
     pub forward_auth_calls: AtomicU64,
     pub forward_auth_denied: AtomicU64,
+    /// Requests refused by a route's `jwt` check (401 or 403), and the tokens verified (not
+    /// passes from the cache).
+    pub jwt_failures: AtomicU64,
+    pub jwt_verified: AtomicU64,
+    /// JWK set URL fetches, and loads of a JWK set (file or URL) that failed.
+    pub jwks_fetches: AtomicU64,
+    pub jwks_failures: AtomicU64,
+    /// htpasswd files read again after a change, and those refused.
+    pub htpasswd_reloads: AtomicU64,
+    pub htpasswd_reload_failures: AtomicU64,
     /// Request bodies read whole before their attempt (`buffer_request`), and the bytes of
     /// them that went to temporary files.
     pub requests_buffered: AtomicU64,
@@ -257,10 +271,18 @@ impl Default for Stats {
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
             ip_denied: AtomicU64::new(0),
+            client_cert_denied: AtomicU64::new(0),
+            proxy_protocol_errors: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             auth_lockouts: AtomicU64::new(0),
             forward_auth_calls: AtomicU64::new(0),
             forward_auth_denied: AtomicU64::new(0),
+            jwt_failures: AtomicU64::new(0),
+            jwt_verified: AtomicU64::new(0),
+            jwks_fetches: AtomicU64::new(0),
+            jwks_failures: AtomicU64::new(0),
+            htpasswd_reloads: AtomicU64::new(0),
+            htpasswd_reload_failures: AtomicU64::new(0),
             requests_buffered: AtomicU64::new(0),
             request_buffer_file_bytes: AtomicU64::new(0),
             mirror_answered: AtomicU64::new(0),

@@ -352,3 +352,169 @@ fn basic_auth_locks_out_an_address_after_repeated_failures() {
     assert_eq!(p.stats().auth_lockouts.load(Relaxed), 1);
     assert_eq!(up.requests().len(), 1);
 }
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_one_client_address_serves_every_use() {
+    let up = TestUpstream::start(|r| {
+        Reply::ok(&format!(
+            "xff={} real={} var={}",
+            r.header("x-forwarded-for").unwrap_or("-"),
+            r.header("x-real-ip").unwrap_or("-"),
+            r.header("x-client").unwrap_or("-")
+        ))
+    });
+    let dir = std::env::temp_dir().join(format!("portico-trusted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let p = start_toml(
+        &format!(
+            r#"
+[access_log]
+path = "{}"
+format = "json"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+trusted_proxies = ["127.0.0.0/8", "10.0.0.0/8"]
+[[listeners.routes]]
+proxy = "b"
+rate_limit = {{ rate = 0.01, burst = 1 }}
+request_headers = {{ set = {{ "X-Client" = "{{remote_addr}}" }} }}
+[upstreams.b]
+servers = ["{}"]
+"#,
+            log.display(),
+            up.addr
+        ),
+        1,
+    );
+    let addr = p.addr("p").unwrap();
+    let got = tokio::task::spawn_blocking(move || {
+        let get = |xff: &str| {
+            let mut c = Client::connect(addr).unwrap();
+            let req = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: {xff}\r\n\r\n");
+            let r = c.request(req.as_bytes()).unwrap();
+            (r.status, r.text())
+        };
+        [
+            get("198.51.100.1, 10.0.0.2"),
+            // The same client through another balancer: the same rate-limit key.
+            get("198.51.100.1, 10.0.0.3"),
+            // Another client has its own bucket.
+            get("203.0.113.9"),
+        ]
+    })
+    .await
+    .unwrap();
+    // X-Forwarded-For gains the hop that connected (the trusted balancer); the client is the
+    // right-most untrusted entry, for X-Real-IP, {remote_addr} and the rate limit alike.
+    assert_eq!(got[0].0, 200);
+    assert_eq!(
+        got[0].1,
+        "xff=198.51.100.1, 10.0.0.2, 127.0.0.1 real=198.51.100.1 var=198.51.100.1"
+    );
+    assert_eq!(got[1].0, 429);
+    assert_eq!(got[2].0, 200);
+    assert_eq!(
+        got[2].1,
+        "xff=203.0.113.9, 127.0.0.1 real=203.0.113.9 var=203.0.113.9"
+    );
+    // The access log names the client, and the peer beside it.
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    crate::common::until("three access-log lines", || text().lines().count() == 3).await;
+    let first = text().lines().next().unwrap().to_string();
+    assert!(
+        first.contains("\"client\":\"198.51.100.1\",\"peer\":\"127.0.0.1\""),
+        "{first}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_proxy_protocol_header_names_the_client_for_http1_and_http2() {
+    let up = TestUpstream::start(|r| {
+        Reply::ok(&format!(
+            "real={} xff={}",
+            r.header("x-real-ip").unwrap_or("-"),
+            r.header("x-forwarded-for").unwrap_or("-")
+        ))
+    });
+    let p = start_toml(
+        &format!(
+            "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n\
+             trusted_proxies = \"127.0.0.0/8\"\nip_rules = [\"allow 192.0.2.0/24\", \"allow 2001:db8::/32\", \"deny all\"]\n\
+             [[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [\"{}\"]\n",
+            up.addr
+        ),
+        1,
+    );
+    let addr = p.addr("p").unwrap();
+    let v2 = |cmd: u8, family: u8, addrs: &[u8]| {
+        let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+        h.extend([0x20 | cmd, family]);
+        h.extend((addrs.len() as u16).to_be_bytes());
+        h.extend(addrs);
+        h
+    };
+    let v6 = {
+        let mut a = vec![0u8; 36];
+        a[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+        a[15] = 9;
+        a
+    };
+    let headers: Vec<Vec<u8>> = vec![
+        b"PROXY TCP4 192.0.2.7 127.0.0.1 5555 80\r\n".to_vec(),
+        v2(1, 0x21, &v6),
+        v2(1, 0x11, &[198, 51, 100, 1, 127, 0, 0, 1, 0, 1, 0, 80]),
+        // LOCAL: the balancer's own health check keeps the socket's address (denied here).
+        v2(0, 0x00, &[]),
+        Vec::new(),
+    ];
+    let got = tokio::task::spawn_blocking(move || {
+        headers
+            .iter()
+            .map(|h| {
+                let mut raw = h.clone();
+                raw.extend_from_slice(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+                let out = portico_testkit::exchange_raw(addr, &raw).unwrap_or_default();
+                String::from_utf8_lossy(&out).into_owned()
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(got[0].starts_with("HTTP/1.1 200"), "{}", got[0]);
+    assert!(
+        got[0].ends_with("real=192.0.2.7 xff=192.0.2.7"),
+        "{}",
+        got[0]
+    );
+    assert!(
+        got[1].ends_with("real=2001:db8::9 xff=2001:db8::9"),
+        "{}",
+        got[1]
+    );
+    assert!(got[2].starts_with("HTTP/1.1 403"), "{}", got[2]);
+    assert!(got[3].starts_with("HTTP/1.1 403"), "{}", got[3]);
+    assert_eq!(got[4], "", "no header: closed without an answer");
+    assert_eq!(p.stats().proxy_protocol_errors.load(Relaxed), 1);
+    // HTTP/2 with prior knowledge after the header.
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, b"PROXY TCP4 192.0.2.8 127.0.0.1 1 80\r\n")
+        .await
+        .unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut c = client.ready().await.unwrap();
+    let req = http::Request::builder().uri("http://a/").body(()).unwrap();
+    let (resp, _) = c.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut text = Vec::new();
+    while let Some(d) = body.data().await {
+        text.extend_from_slice(&d.unwrap());
+    }
+    assert_eq!(text, b"real=192.0.2.8 xff=192.0.2.8");
+}

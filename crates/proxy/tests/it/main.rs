@@ -14,6 +14,7 @@ mod h2_interim;
 mod h2_upstream;
 mod h2_websocket;
 mod health;
+mod jwt;
 mod mirror;
 mod overload;
 mod proxy;

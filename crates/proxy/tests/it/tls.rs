@@ -40,6 +40,10 @@ fn pki(dir: &Path, leaves: &[&[&str]]) -> Pki {
         .distinguished_name
         .push(rcgen::DnType::CommonName, "alice");
     client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    client_params.subject_alt_names = vec![
+        rcgen::SanType::DnsName("alice.clients.example".try_into().unwrap()),
+        rcgen::SanType::URI("spiffe://example.org/ns/prod/sa/alice".try_into().unwrap()),
+    ];
     let client = client_params.signed_by(&client_key, &ca, &ca_key).unwrap();
     let leaves = leaves
         .iter()
@@ -416,6 +420,97 @@ fn mtls_forwards_the_verified_subject_and_never_a_client_sent_one() {
         b"m"
     );
     assert_eq!(up.requests()[5].header_count("x-client-cert-subject"), 0);
+}
+
+#[test]
+fn client_cert_rules_admit_by_subject_san_and_issuer_for_http1_and_http2() {
+    let dir = std::env::temp_dir().join(format!("portico-tls-certrules-{}", std::process::id()));
+    let pki = pki(&dir, &[&["localhost"]]);
+    let up = TestUpstream::start(|r| Reply::ok(&r.target));
+    let (c, k, _) = &pki.leaves[0];
+    let toml = format!(
+        r#"
+[[listeners]]
+name = "tls"
+address = "127.0.0.1:0"
+client_cert = {{ san = "URI:spiffe://example.org/ns/prod/*" }}
+[listeners.tls]
+certificates = [{{ cert = "{}", key = "{}" }}]
+client_auth = {{ ca = "{}", required = false }}
+[[listeners.routes]]
+path = "/subject"
+proxy = "b"
+client_cert = {{ subject = ["CN=bob,*", "CN=alice,O=Example"] }}
+[[listeners.routes]]
+path = "/servers"
+proxy = "b"
+client_cert = {{ san = "DNS:*.servers.example" }}
+[[listeners.routes]]
+path = "/issuer"
+proxy = "b"
+client_cert = {{ issuer = "CN=rcgen*", subject = "cn=ALICE,*" }}
+[[listeners.routes]]
+proxy = "b"
+[upstreams.b]
+servers = ["{}"]
+"#,
+        c.display(),
+        k.display(),
+        pki.ca_path.display(),
+        up.addr
+    );
+    let cfg = portico_config::parse(&toml, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+    let p = start(cfg, 1).expect("start");
+    let addr = p.addr("tls").unwrap();
+    let provider = || rustls::crypto::aws_lc_rs::default_provider();
+    let status = |cfg: &Arc<rustls::ClientConfig>, path: &str| {
+        let mut s = connect(cfg, addr, "localhost");
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+            .unwrap();
+        let (head, _) = read_response(&mut s);
+        head[9..12].to_string()
+    };
+    let alice = client_config(&pki, provider(), true);
+    let nobody = client_config(&pki, provider(), false);
+    let got: Vec<String> = ["/subject", "/servers", "/issuer", "/other"]
+        .iter()
+        .map(|path| status(&alice, path))
+        .collect();
+    assert_eq!(got, ["200", "403", "200", "200"]);
+    // Without a certificate no rule matches; the listener's rule is the default.
+    assert_eq!(status(&nobody, "/subject"), "403");
+    assert_eq!(status(&nobody, "/other"), "403");
+    assert_eq!(counter(&p, |s| &s.client_cert_denied), 3);
+    // HTTP/2 over the same handshake meets the same rules.
+    let mut h2cfg = (*alice).clone();
+    h2cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let statuses = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(h2cfg))
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        let (client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        let mut out = Vec::new();
+        for path in ["/subject", "/servers"] {
+            let mut c = client.clone().ready().await.unwrap();
+            let req = http::Request::builder()
+                .uri(format!("https://localhost{path}"))
+                .body(())
+                .unwrap();
+            let (resp, _) = c.send_request(req, true).unwrap();
+            out.push(resp.await.unwrap().status().as_u16());
+        }
+        out
+    });
+    assert_eq!(statuses, [200, 403]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -200,7 +200,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         peer,
         client_ip: peer.ip().to_string(),
         tls: stream.is_tls(),
-        client_cert_subject: stream.client_cert_subject(),
+        client_cert: stream.client_cert().map(Box::new),
         slot: ctx.ls.slot,
         current: RefCell::new(Rc::new(Current {
             ls: ctx.ls.clone(),

@@ -90,6 +90,7 @@ pub(super) fn handle<'l>(
         if let Some(log) = &s.cur.shared.access_log {
             log.write(
                 link.peer,
+                &s.cur.ls.listener.trusted_proxies,
                 head.as_ref(),
                 "HTTP/2.0",
                 &outcome,
@@ -110,6 +111,7 @@ impl Stream<'_> {
             respond: &self.respond,
             body: &mut self.body,
             timings: &mut self.timings,
+            client: None,
         };
         crate::flow::serve(&mut down, head, started).await
     }
