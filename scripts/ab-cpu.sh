@@ -7,7 +7,8 @@
 #        http:  the same over plain HTTP (the HTTP/1.1 keep-alive load)
 #        h2:    h2load -c 10 -m 100 -n 300000 over TLS, 1 KB (the HTTP/2 load)
 # A wrapper script works as a BINARY (to set an environment variable, for example).
-# AB_EXTRA_TOML is appended to the proxy's configuration (an [access_log] table, for example).
+# AB_EXTRA_TOML is appended to the proxy's configuration (an [access_log] table, for example);
+# AB_HEADER ("Name: value") is sent with every request.
 # Needs wrk, h2load, openssl. Prints one line per binary per round, then each binary's median.
 set -euo pipefail
 mode=$1 rounds=$2
@@ -33,11 +34,11 @@ run() { # binary -> "us_per_req user_us_per_req"
   case $mode in
     h2)
       n=300000
-      out=$(taskset -c 1 h2load -c 10 -m 100 -n $n https://127.0.0.1:9743/bytes/1k 2>&1)
+      out=$(taskset -c 1 h2load -c 10 -m 100 -n $n ${AB_HEADER:+-H "$AB_HEADER"} https://127.0.0.1:9743/bytes/1k 2>&1)
       grep -q "$n succeeded" <<<"$out" || { echo "h2load failed: $out" >&2; exit 1; }
       ;;
     https | http)
-      out=$(taskset -c 1 wrk -t1 -c50 -d8s "$mode://127.0.0.1:9743/bytes/1k" 2>&1)
+      out=$(taskset -c 1 wrk -t1 -c50 -d8s ${AB_HEADER:+-H "$AB_HEADER"} "$mode://127.0.0.1:9743/bytes/1k" 2>&1)
       n=$(awk '/requests in/ {print $1}' <<<"$out")
       ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;

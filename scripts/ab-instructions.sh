@@ -5,7 +5,9 @@
 # N2 requests in two runs under callgrind; the difference divided by N2 - N1 removes start-up
 # and shutdown. Closed loop (h2load, 4 connections), the origin a separate `portico origin`.
 # Usage: scripts/ab-instructions.sh http|https|h2 BINARY... (AB_EXTRA_TOML is appended to the configuration,
-# as for scripts/ab-cpu.sh; AB_N1 and AB_N2 set the two request counts)
+# as for scripts/ab-cpu.sh; AB_N1 and AB_N2 set the two request counts, AB_CONNECTIONS the
+# connections (4); AB_HEADER ("Name: value") is sent with every request; AB_URIS names a file of
+# targets, one per line, taken in turn by each connection instead of /bytes/1k)
 # Needs valgrind, h2load, openssl. Prints one line per binary.
 set -euo pipefail
 mode=$1
@@ -28,12 +30,21 @@ count() { # binary requests -> instructions of the proxy process for that run
     > /dev/null 2> "$d/vg.log" &
   local pid=$! out
   wait_port 9743
+  local scheme=https opts=() target
   case $mode in
-    http) out=$(h2load --h1 -c 4 -n "$2" http://127.0.0.1:9743/bytes/1k 2>&1) ;;
-    https) out=$(h2load --h1 -c 4 -n "$2" https://127.0.0.1:9743/bytes/1k 2>&1) ;;
-    h2) out=$(h2load -c 4 -m 10 -n "$2" https://127.0.0.1:9743/bytes/1k 2>&1) ;;
+    http) scheme=http opts=(--h1) ;;
+    https) opts=(--h1) ;;
+    h2) opts=(-m 10) ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
+  [ -z "${AB_HEADER:-}" ] || opts+=(-H "$AB_HEADER")
+  if [ -n "${AB_URIS:-}" ]; then
+    sed "s|^|$scheme://127.0.0.1:9743|" "$AB_URIS" > "$d/uris"
+    opts+=(-i "$d/uris")
+  else
+    target=$scheme://127.0.0.1:9743/bytes/1k
+  fi
+  out=$(h2load "${opts[@]}" -c "${AB_CONNECTIONS:-4}" -n "$2" ${target:+"$target"} 2>&1)
   grep -q "$2 succeeded" <<<"$out" || { echo "h2load failed: $out" >&2; exit 1; }
   kill -TERM "$pid"
   wait "$pid" 2>/dev/null || true
