@@ -97,6 +97,13 @@ pub(super) fn client_cert(
             return Vec::new();
         };
         let mut out = Vec::new();
+        if v.get_ref().items(0).is_empty() {
+            ctx.error(
+                start(v),
+                &sub(key, which),
+                "an empty list: give at least one pattern (\"*\" takes any), or leave the key out",
+            );
+        }
         for (i, (text, at)) in v.get_ref().items(start(v)).into_iter().enumerate() {
             let ikey = item_key(v, &sub(key, which), i);
             match plain_text_error(&text, "a pattern") {

@@ -7,6 +7,8 @@ use crate::raw::RawJwt;
 
 /// How often a JWK set URL is fetched again by default.
 const DEFAULT_REFRESH: Duration = Duration::from_secs(600);
+/// The largest clock skew taken on `exp` and `nbf`.
+const MAX_LEEWAY: Duration = Duration::from_secs(3600);
 
 pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option<Arc<Jwt>> {
     let r = raw.get_ref();
@@ -83,6 +85,13 @@ pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option
                     ),
                 }
             }
+            if out.is_empty() && list.get_ref().items(0).is_empty() {
+                ctx.error(
+                    start(list),
+                    &sub(key, "algorithms"),
+                    "an empty list takes no token: list algorithms, or leave the key out for every public-key one",
+                );
+            }
             out
         }
     };
@@ -90,6 +99,13 @@ pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option
         let Some(list) = v else {
             return Vec::new();
         };
+        if list.get_ref().items(0).is_empty() {
+            ctx.error(
+                start(list),
+                &sub(key, which),
+                format!("an empty list: give at least one {which}, or leave the key out"),
+            );
+        }
         let mut out = Vec::new();
         for (i, (text, at)) in list.get_ref().items(start(list)).into_iter().enumerate() {
             match plain_text_error(&text, which) {
@@ -102,13 +118,21 @@ pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option
     let issuers = strings(ctx, "issuer", &r.issuer);
     let audiences = strings(ctx, "audience", &r.audience);
     let require = strings(ctx, "require", &r.require);
-    let leeway = duration(
+    let mut leeway = duration(
         ctx,
         r.leeway.as_ref(),
         &sub(key, "leeway"),
         Duration::from_secs(60),
         true,
     );
+    if let Some(l) = r.leeway.as_ref().filter(|_| leeway > MAX_LEEWAY) {
+        ctx.error(
+            start(l),
+            &sub(key, "leeway"),
+            "a leeway is clock skew: at most 1h",
+        );
+        leeway = MAX_LEEWAY;
+    }
     let header = match &r.header {
         None => Some("authorization".to_string()),
         Some(h) if h.get_ref().is_empty() => None,
@@ -167,7 +191,7 @@ pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option
     for (claim, field) in r.forward_claims.iter().flat_map(|c| &c.0) {
         let fkey = sub(&sub(key, "forward_claims"), claim.get_ref());
         let f = field.get_ref().to_ascii_lowercase();
-        let reserved = [
+        let framing = [
             "host",
             "content-length",
             "transfer-encoding",
@@ -175,12 +199,25 @@ pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option
             "te",
             "upgrade",
         ];
+        let portico = [
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+            "x-real-ip",
+            "x-client-cert-subject",
+            "via",
+        ];
         match header_name_error(&f) {
             Some(m) => ctx.error(start(field), &fkey, m),
-            None if reserved.contains(&f.as_str()) => ctx.error(
+            None if framing.contains(&f.as_str()) => ctx.error(
                 start(field),
                 &fkey,
                 format!("{f:?} frames the request: a claim may not set it"),
+            ),
+            None if portico.contains(&f.as_str()) => ctx.error(
+                start(field),
+                &fkey,
+                format!("Portico sets {f:?} itself: a claim may not set it"),
             ),
             None => forward_claims.push((claim.get_ref().clone(), f)),
         }

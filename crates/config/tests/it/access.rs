@@ -320,3 +320,31 @@ fn client_cert_rules_need_a_listener_that_asks_for_certificates() {
         .to_string();
     assert!(e.contains("at least one of"), "{e}");
 }
+
+#[test]
+fn jwt_and_client_cert_lists_are_never_empty_and_claims_never_set_portico_fields() {
+    let url = "jwks_url = \"https://id.example/jwks\"";
+    let bad = |extra: &str| config("", &format!("jwt = {{ {url}, {extra} }}")).unwrap_err();
+    for (extra, want) in [
+        ("algorithms = []", "an empty list takes no token"),
+        ("issuer = []", "give at least one issuer"),
+        ("audience = []", "give at least one audience"),
+        ("leeway = \"2h\"", "at most 1h"),
+        (
+            "forward_claims = { sub = \"X-Real-IP\" }",
+            "Portico sets \"x-real-ip\" itself",
+        ),
+    ] {
+        let e = bad(extra);
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+    let tls = "[listeners.tls]\ncertificates = [{ cert = \"c.pem\", key = \"k.pem\" }]\nclient_auth = { ca = \"ca.pem\" }";
+    let text = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:8443\"\n{tls}\n[[listeners.routes]]\nrespond = {{ status = 200 }}\nclient_cert = {{ subject = [] }}\n"
+    );
+    let e = parse(&text, "t.toml").unwrap_err().to_string();
+    assert!(
+        e.contains("client_cert.subject") && e.contains("\"*\" takes any"),
+        "{e}"
+    );
+}

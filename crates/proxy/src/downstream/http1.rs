@@ -26,7 +26,7 @@ pub(crate) struct H1Down<'a> {
     pub c: &'a mut Conn,
     pub ctx: &'a Ctx,
     /// The request's client behind a trusted proxy (None: the socket's peer).
-    pub client: Option<Box<str>>,
+    pub client: Option<(std::net::IpAddr, Box<str>)>,
 }
 
 impl<'a> Client<'a> for H1Down<'a> {
@@ -64,15 +64,16 @@ impl<'a> Client<'a> for H1Down<'a> {
 
     fn who(&self) -> Who<'_> {
         Who {
-            ip: self.client.as_deref().unwrap_or(&self.c.client_ip),
+            ip: self.client.as_ref().map_or(&self.c.client_ip, |c| &c.1),
             peer_ip: &self.c.client_ip,
+            forwarded: self.client.as_ref().map(|c| c.0),
             tls: self.c.stream.is_tls(),
             cert: self.c.client_cert.as_deref(),
         }
     }
 
-    fn set_client(&mut self, ip: Box<str>) {
-        self.client = Some(ip);
+    fn set_client(&mut self, ip: std::net::IpAddr) {
+        self.client = Some((ip, ip.to_string().into_boxed_str()));
     }
 
     fn take_ubuf(&mut self) -> BytesMut {

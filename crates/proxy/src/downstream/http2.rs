@@ -36,7 +36,7 @@ pub(crate) struct H2Down<'a> {
     pub body: &'a mut RecvStream,
     pub timings: &'a mut Timings,
     /// The request's client behind a trusted proxy (None: the socket's peer).
-    pub client: Option<Box<str>>,
+    pub client: Option<(std::net::IpAddr, Box<str>)>,
 }
 
 impl H2Down<'_> {
@@ -82,15 +82,16 @@ impl<'a> Client<'a> for H2Down<'a> {
 
     fn who(&self) -> Who<'_> {
         Who {
-            ip: self.client.as_deref().unwrap_or(&self.link.client_ip),
+            ip: self.client.as_ref().map_or(&self.link.client_ip, |c| &c.1),
             peer_ip: &self.link.client_ip,
+            forwarded: self.client.as_ref().map(|c| c.0),
             tls: self.link.tls,
             cert: self.link.client_cert.as_deref(),
         }
     }
 
-    fn set_client(&mut self, ip: Box<str>) {
-        self.client = Some(ip);
+    fn set_client(&mut self, ip: std::net::IpAddr) {
+        self.client = Some((ip, ip.to_string().into_boxed_str()));
     }
 
     fn take_ubuf(&mut self) -> BytesMut {

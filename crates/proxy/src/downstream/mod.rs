@@ -36,6 +36,8 @@ pub struct Who<'a> {
     pub ip: &'a str,
     /// The socket's peer (the hop `X-Forwarded-For` is extended with).
     pub peer_ip: &'a str,
+    /// The client behind a trusted proxy, when it is not the peer.
+    pub forwarded: Option<std::net::IpAddr>,
     /// The client connection is TLS.
     pub tls: bool,
     /// The verified client certificate (mTLS).
@@ -69,7 +71,7 @@ pub(crate) trait Client<'a> {
     /// Who sent the request, for the forwarded head and hashing.
     fn who(&self) -> Who<'_>;
     /// Behind a trusted proxy: the request's client, as `X-Forwarded-For` names it.
-    fn set_client(&mut self, ip: Box<str>);
+    fn set_client(&mut self, ip: std::net::IpAddr);
     /// The buffer for the forwarded head (an HTTP/1.1 connection keeps its allocation across
     /// requests: give it back with `put_ubuf`).
     fn take_ubuf(&mut self) -> BytesMut;

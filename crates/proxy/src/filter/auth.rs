@@ -37,7 +37,9 @@ pub(crate) struct AuthState {
     users: ArcSwap<Vec<(String, String)>>,
     /// The htpasswd file's stamp when last read, and when to look again.
     file: Mutex<(Vec<Stamp>, Instant)>,
-    passed: Mutex<HashMap<[u8; 32], Instant>>,
+    /// Credentials that passed, and the number of the users' version they passed under (a pass
+    /// checked against users since replaced is not remembered).
+    passed: Mutex<(HashMap<[u8; 32], Instant>, u64)>,
     /// Failed attempts per client address in the current window (with `lockout`).
     failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
 }
@@ -58,7 +60,7 @@ impl AuthState {
             users: ArcSwap::from_pointee(cfg.users.clone()),
             file: Mutex::new((stamp, Instant::now() + FILE_EVERY)),
             cfg,
-            passed: Mutex::new(HashMap::new()),
+            passed: Mutex::new((HashMap::new(), 0)),
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -90,14 +92,16 @@ impl AuthState {
         match parsed {
             Ok(users) => {
                 let n = users.len();
+                // A user removed or given a new password must not pass from the cache, nor from
+                // a check of the old hash still running.
+                let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
                 self.users.store(Arc::new(portico_config::htpasswd::merge(
                     users,
                     &self.cfg.table,
                 )));
-                // A user removed or given a new password must not pass from the cache.
-                if let Ok(mut passed) = self.passed.lock() {
-                    passed.clear();
-                }
+                passed.0.clear();
+                passed.1 += 1;
+                drop(passed);
                 stats.htpasswd_reloads.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(users = n, "htpasswd file {name} changed: loaded");
             }
@@ -186,14 +190,19 @@ impl AuthState {
         };
         let key = digest(&user, &password);
         let now = Instant::now();
-        if let Ok(passed) = self.passed.lock() {
-            if passed
-                .get(&key)
-                .is_some_and(|t| now.duration_since(*t) < CACHE_TTL)
-            {
-                return true;
+        let version = match self.passed.lock() {
+            Ok(passed) => {
+                if passed
+                    .0
+                    .get(&key)
+                    .is_some_and(|t| now.duration_since(*t) < CACHE_TTL)
+                {
+                    return true;
+                }
+                passed.1
             }
-        }
+            Err(_) => u64::MAX,
+        };
         let hash = self.hash(&user);
         let known = hash.is_some();
         let ok = tokio::task::spawn_blocking(move || {
@@ -204,10 +213,12 @@ impl AuthState {
         .unwrap_or(false);
         if ok && known {
             if let Ok(mut passed) = self.passed.lock() {
-                if passed.len() >= CACHE_MAX {
-                    passed.clear();
+                if passed.1 == version {
+                    if passed.0.len() >= CACHE_MAX {
+                        passed.0.clear();
+                    }
+                    passed.0.insert(key, now);
                 }
-                passed.insert(key, now);
             }
         }
         ok && known

@@ -52,6 +52,17 @@ static GENERATION: AtomicU64 = AtomicU64::new(1);
 impl KeySource {
     /// A source with nothing loaded yet.
     fn new(origin: JwtKeys) -> KeySource {
+        if let JwtKeys::Url { url, .. } = &origin {
+            let loopback = KeysUrl::parse(url).is_ok_and(|u| {
+                u.host == "localhost"
+                    || u.host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            });
+            if url.starts_with("http://") && !loopback {
+                tracing::warn!("JWK set {url} is fetched over plain HTTP: whoever is on the path can give Portico keys; use https");
+            }
+        }
         KeySource {
             origin,
             keys: ArcSwapOption::empty(),
@@ -119,7 +130,7 @@ impl KeySource {
                 self.wanted.store(false, Ordering::Relaxed);
                 w.last_fetch = Some(now);
                 let fetched = KeysUrl::parse(url)
-                    .and_then(|u| fetch(&u))
+                    .and_then(fetch_bounded)
                     .and_then(|text| KeySet::parse(&text));
                 let ok = self.take(fetched, stats);
                 if ok {
@@ -221,6 +232,21 @@ impl NextSources<'_> {
     }
 }
 
+/// [`fetch`] on a thread of its own, waited for at most the fetch timeout (and a second): a
+/// name lookup that hangs is left to end by itself, and the watcher goes on.
+fn fetch_bounded(url: KeysUrl) -> Result<String, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let host = url.host.clone();
+    std::thread::Builder::new()
+        .name("portico-jwks".into())
+        .spawn(move || {
+            let _ = tx.send(fetch(&url));
+        })
+        .map_err(|e| format!("cannot start a fetch thread: {e}"))?;
+    rx.recv_timeout(FETCH_TIMEOUT + Duration::from_secs(1))
+        .unwrap_or_else(|_| Err(format!("{host}: no answer within {FETCH_TIMEOUT:?}")))
+}
+
 /// GET a JWK set document over HTTP/1.0 (no chunked answer, the end is the close), within
 /// `FETCH_TIMEOUT`; the body of a 200.
 fn fetch(url: &KeysUrl) -> Result<String, String> {
@@ -251,6 +277,15 @@ fn fetch(url: &KeysUrl) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     tcp.set_write_timeout(Some(left()))
         .map_err(|e| e.to_string())?;
+    // Each read waits at most what is left of the fetch's time.
+    let ctl = tcp.try_clone().map_err(|e| e.to_string())?;
+    let before_read = || -> std::io::Result<()> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        ctl.set_read_timeout(Some(left))
+    };
     let host = match url.host.contains(':') {
         true => format!("[{}]", url.host),
         false => url.host.clone(),
@@ -271,11 +306,11 @@ fn fetch(url: &KeysUrl) -> Result<String, String> {
         let mut tcp = tcp;
         let mut s = tokio_rustls::rustls::Stream::new(&mut conn, &mut tcp);
         s.write_all(request.as_bytes()).map_err(io)?;
-        read_answer(&mut s, &mut answer).map_err(io)?;
+        read_answer(&mut s, &mut answer, &before_read).map_err(io)?;
     } else {
         let mut tcp = tcp;
         tcp.write_all(request.as_bytes()).map_err(io)?;
-        read_answer(&mut tcp, &mut answer).map_err(io)?;
+        read_answer(&mut tcp, &mut answer, &before_read).map_err(io)?;
     }
     body_of(&answer)
 }
@@ -283,10 +318,16 @@ fn fetch(url: &KeysUrl) -> Result<String, String> {
 /// Read the answer: to its `Content-Length` when the head gives one, else until the server
 /// closes (a TLS close without close_notify ends it too: the document is checked whole by the
 /// parser).
-fn read_answer(r: &mut impl Read, out: &mut Vec<u8>) -> std::io::Result<()> {
+/// `before_read` runs before each read (it bounds the wait, or ends the answer with an error).
+fn read_answer(
+    r: &mut impl Read,
+    out: &mut Vec<u8>,
+    before_read: &dyn Fn() -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let limit = (MAX_DOCUMENT + 16 * 1024) as usize;
     let mut chunk = [0u8; 16 * 1024];
     while out.len() < limit && !complete(out) {
+        before_read()?;
         match r.read(&mut chunk) {
             Ok(0) => break,
             Ok(n) => out.extend_from_slice(&chunk[..n]),
@@ -378,8 +419,32 @@ mod tests {
         assert!(!complete(b"HTTP/1.1 200 OK\r\n\r\n{}"));
         let mut out = Vec::new();
         let mut r = &b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nxyz"[..];
-        read_answer(&mut r, &mut out).unwrap();
+        read_answer(&mut r, &mut out, &|| Ok(())).unwrap();
         assert_eq!(body_of(&out).unwrap(), "x");
+    }
+
+    #[test]
+    fn a_trickled_answer_ends_when_its_time_is_up() {
+        // A reader that hands one byte per read and never ends.
+        struct Trickle;
+        impl Read for Trickle {
+            fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+                b[0] = b'x';
+                Ok(1)
+            }
+        }
+        let reads = std::cell::Cell::new(0);
+        let mut out = Vec::new();
+        let e = read_answer(&mut Trickle, &mut out, &|| {
+            reads.set(reads.get() + 1);
+            match reads.get() > 100 {
+                true => Err(std::io::ErrorKind::TimedOut.into()),
+                false => Ok(()),
+            }
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(out.len(), 100);
     }
 
     #[test]

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 /// Most remembered passes per route; a full cache is emptied (the next tokens are verified
 /// again).
 const CACHE_MAX: usize = 10_000;
+/// Most keys a token without a `kid` is checked against.
+const MAX_TRIED: usize = 4;
 
 /// A route's JWT check: its rules, its keys, and the tokens that passed lately (by two keyed
 /// 64-bit hashes of the token: no token is kept, and without the keys no two tokens can be made
@@ -129,7 +131,9 @@ impl JwtState {
         let kid = header.kid.as_deref();
         let mut claims = None;
         let mut tried = false;
-        for k in keys.set.candidates(kid, header.alg) {
+        // Without a `kid`, at most a few keys of the family are tried: a bad token cannot make
+        // Portico check its signature against every key of a large set.
+        for k in keys.set.candidates(kid, header.alg).take(MAX_TRIED) {
             tried = true;
             match jsonwebtoken::decode::<Value>(token, &k.key, validation) {
                 Ok(data) => {
@@ -204,10 +208,11 @@ impl JwtState {
                 (k == name).then_some(v.as_bytes())
             })
         };
+        let found = |t: &&[u8]| !t.is_empty();
         from_header
-            .or_else(from_cookie)
-            .or_else(from_query)
-            .filter(|t| !t.is_empty())
+            .filter(found)
+            .or_else(|| from_cookie().filter(found))
+            .or_else(|| from_query().filter(found))
     }
 }
 
@@ -227,8 +232,15 @@ fn validation(cfg: &Jwt, alg: jsonwebtoken::Algorithm) -> Validation {
     } else {
         v.set_audience(&cfg.audiences);
     }
-    let mut required: Vec<&str> = vec!["exp"];
-    required.extend(cfg.require.iter().map(String::as_str));
+    // The crate compares `iss` and `aud` only when they are there: configured, they must be.
+    // Other required claims are checked after it (a missing one is a scope refusal, 403).
+    let mut required = vec!["exp"];
+    if !cfg.issuers.is_empty() {
+        required.push("iss");
+    }
+    if !cfg.audiences.is_empty() {
+        required.push("aud");
+    }
     v.set_required_spec_claims(&required);
     v
 }

@@ -118,8 +118,9 @@ pub(crate) struct Cx<'r> {
     pub slot: u64,
     pub stats: &'r Stats,
     pub peer: SocketAddr,
-    /// The listener's `trusted_proxies` (whose `X-Forwarded-For` names the client).
-    pub trusted: &'r IpRules,
+    /// The request's client: the peer, or behind a trusted proxy the client it names (also as
+    /// text, `client_ip`).
+    pub client: IpAddr,
     pub client_ip: &'r str,
     /// The connection's verified client certificate (mTLS).
     pub cert: Option<&'r portico_tls::ClientCert>,
@@ -503,7 +504,7 @@ fn ip_rules(cx: &Cx<'_>) -> Result<(), Answer> {
     let Some(rules) = &cx.route.ip_rules else {
         return Ok(());
     };
-    let client = client_addr(cx.peer.ip(), cx.head, cx.trusted);
+    let client = cx.client;
     if rules.allows(client) {
         return Ok(());
     }
@@ -683,6 +684,8 @@ pub(crate) struct Edits<'r> {
     etag: bool,
     /// The client's `Authorization` is not forwarded (basic auth checked it here).
     authorization: bool,
+    /// Another field that carried a credential checked here (a JWT's `header`).
+    token: Option<&'r str>,
     /// Fields the forward auth service sets: the client's copies are dropped.
     names: Option<&'r [String]>,
     /// Fields a JWT's claims set (claim, field): the client's copies are dropped.
@@ -764,6 +767,12 @@ impl<'r> Edits<'r> {
         }
     }
 
+    /// The field a credential came in (other than `Authorization`) is not forwarded.
+    pub(crate) fn drop_token_field(&mut self, name: &'r str) {
+        self.token = Some(name);
+        self.owns = true;
+    }
+
     /// The client's `Authorization` field is not forwarded.
     pub(crate) fn drop_authorization(&mut self) {
         self.authorization = true;
@@ -803,6 +812,7 @@ impl<'r> Edits<'r> {
             || (self.cors && among(&cors::CORS_FIELDS))
             || (self.etag && name.eq_ignore_ascii_case("etag"))
             || (self.authorization && name.eq_ignore_ascii_case("authorization"))
+            || self.token.is_some_and(|t| t.eq_ignore_ascii_case(name))
             || self
                 .names
                 .is_some_and(|n| n.iter().any(|x| x.eq_ignore_ascii_case(name)))
@@ -828,6 +838,7 @@ impl<'r> Edits<'r> {
         let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
         let etag = std::iter::once("etag").filter(|_| self.etag);
         let auth = std::iter::once("authorization").filter(|_| self.authorization);
+        let token = self.token.into_iter();
         let names = self.names.into_iter().flatten().map(String::as_str);
         let claims = self.claims.into_iter().flatten().map(|(_, f)| f.as_str());
         rules
@@ -835,6 +846,7 @@ impl<'r> Edits<'r> {
             .chain(cors)
             .chain(etag)
             .chain(auth)
+            .chain(token)
             .chain(names)
             .chain(claims)
     }

@@ -48,7 +48,7 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
     if !trusted.is_empty() {
         let client = crate::filter::client_addr(env.peer.ip(), head, trusted);
         if client != env.peer.ip() {
-            down.set_client(client.to_string().into_boxed_str());
+            down.set_client(client);
         }
     }
     let idx = crate::route::select(
@@ -216,7 +216,7 @@ async fn gate<'a, D: Client<'a>>(
             slot: ls.slot,
             stats: &env.shared.stats,
             peer: env.peer,
-            trusted: &ls.listener.trusted_proxies,
+            client: down.who().forwarded.unwrap_or(env.peer.ip()),
             client_ip: down.who().ip,
             cert: down.who().cert,
             head,
@@ -251,7 +251,7 @@ async fn gate<'a, D: Client<'a>>(
         }
     }
     if let Some(auth) = filters.auth() {
-        let client = crate::filter::client_addr(env.peer.ip(), head, &ls.listener.trusted_proxies);
+        let client = down.who().forwarded.unwrap_or(env.peer.ip());
         let stats = &env.shared.stats;
         match auth.check(head, client).await {
             Checked::Pass => {}
@@ -426,13 +426,19 @@ fn rare_forward<'r>(
     forward: &mut Edits<'r>,
 ) -> usize {
     // The credentials stay here, unless the route passes them on.
-    let basic = route.basic_auth.as_ref();
-    let bearer = route
-        .jwt
+    if route
+        .basic_auth
         .as_ref()
-        .filter(|j| j.header.as_deref() == Some("authorization"));
-    if basic.is_some_and(|a| !a.keep_authorization) || bearer.is_some_and(|j| !j.keep_token) {
+        .is_some_and(|a| !a.keep_authorization)
+    {
         forward.drop_authorization();
+    }
+    // The field that carries the token stays here too, unless kept.
+    let token_field = route.jwt.as_ref().filter(|j| !j.keep_token);
+    match token_field.and_then(|j| j.header.as_deref()) {
+        Some("authorization") => forward.drop_authorization(),
+        Some(other) => forward.drop_token_field(other),
+        None => {}
     }
     let passed = auth_fields.map(|b| *b).unwrap_or_default();
     // Fields of the token's claims replace the client's of the same names.

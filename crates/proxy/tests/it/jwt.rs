@@ -206,6 +206,10 @@ path = "/c/**"
 proxy = "b"
 jwt = {{ jwks = "{f}", header = "", cookie = "at", query = "access_token", keep_token = true }}
 [[listeners.routes]]
+path = "/h/**"
+proxy = "b"
+jwt = {{ jwks = "{f}", header = "X-Token", require = "email" }}
+[[listeners.routes]]
 proxy = "b"
 jwt = {{ jwks = "{f}", algorithms = ["ES256", "RS256", "EdDSA", "HS256"], issuer = "https://id.test", audience = "api", realm = "api", claims = {{ "realm_access.roles" = ["admin", "ops"] }}, forward_claims = {{ sub = "X-User", "realm_access.roles" = "X-Roles" }} }}
 [upstreams.b]
@@ -237,6 +241,18 @@ servers = ["{}"]
             c.as_object_mut().unwrap().remove("exp");
             es.token(&c)
         }),
+        // A route with an issuer and an audience needs them in the token.
+        ("no iss", {
+            let mut c = claims(json!({}));
+            c.as_object_mut().unwrap().remove("iss");
+            es.token(&c)
+        }),
+        ("no aud", {
+            let mut c = claims(json!({}));
+            c.as_object_mut().unwrap().remove("aud");
+            es.token(&c)
+        }),
+        ("numeric aud", es.token(&claims(json!({"aud": 7})))),
         ("tampered", {
             // A character inside the signature (the last one may carry only padding bits).
             let mut t = es.token(&good).into_bytes();
@@ -311,11 +327,24 @@ servers = ["{}"]
     );
     // A cookie and a query parameter carry tokens where the route says; the token stays.
     let t = tokens[0].clone();
+    let with_email = es.token(&claims(json!({"email": "u1@example.org"})));
     let places = tokio::task::spawn_blocking(move || {
         [
             get(addr, "/c/1", &format!("Cookie: a=1; at={t}; b=2\r\n")),
             get(addr, &format!("/c/2?x=1&access_token={t}"), ""),
             get(addr, "/c/3", &bearer(&t)),
+            // A token in another field is not passed on either; a required claim the token
+            // lacks is a scope refusal.
+            get(
+                addr,
+                "/h/1",
+                &format!("X-Token: {t}\r\nAuthorization: Basic dTpw\r\n"),
+            ),
+            get(
+                addr,
+                "/h/2",
+                &format!("X-Token: {with_email}\r\nAuthorization: Basic dTpw\r\n"),
+            ),
         ]
     })
     .await
@@ -323,6 +352,13 @@ servers = ["{}"]
     assert_eq!(places[0].0, 200);
     assert_eq!(places[1].0, 200);
     assert_eq!(places[2].0, 401, "this route does not look at headers");
+    assert_eq!(places[3].0, 403, "no email claim: {:?}", places[3]);
+    assert!(places[3].1.contains("insufficient_scope"));
+    assert_eq!(places[4].0, 200);
+    let last = up.requests().pop().unwrap();
+    assert_eq!(last.target, "/h/2");
+    assert_eq!(last.header("x-token"), None, "the token's field stays here");
+    assert_eq!(last.header("authorization"), Some("Basic dTpw"));
     // HTTP/2 clients meet the same check.
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (client, conn) = h2::client::handshake(tcp).await.unwrap();
