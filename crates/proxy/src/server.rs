@@ -319,9 +319,9 @@ async fn accept_loop(
             worker: worker.clone(),
             shutdown: slot.stop.subscribe(),
         };
+        // Bound here, not in the task: the future then holds each once.
+        let (mut stream, mut peer) = (stream, peer);
         tokio::task::spawn_local(async move {
-            let mut stream = stream;
-            let mut peer = peer;
             if ctx.ls.listener.proxy_protocol {
                 // Boxed: only these listeners' connections carry the reader's state.
                 let within = ctx.ls.listener.limits.head_timeout;
@@ -349,9 +349,9 @@ async fn accept_loop(
                     let acceptor = tls.acceptor();
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
-                    match tokio::time::timeout(deadline, acceptor.accept(portico_tls::Tcp(stream)))
-                        .await
-                    {
+                    // Boxed: the handshake's state is freed once it is done.
+                    let accept = Box::pin(acceptor.accept(portico_tls::Tcp(stream)));
+                    match tokio::time::timeout(deadline, accept).await {
                         Ok(Ok(tls)) => {
                             ctx.shared.stats.count_handshake(tls.get_ref().1);
                             ClientStream::Tls(Box::new(tls))

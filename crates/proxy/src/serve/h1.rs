@@ -1,4 +1,4 @@
-//! One HTTP/1.1 connection's task: read each request head under its deadlines, hand the request to the flow, log it, then keep the connection alive or close it (lingering after an error).
+//! One HTTP/1.1 connection's task: read each request head under its deadlines, hand the request to the flow, log it, then keep the connection alive (asleep, without buffers, once idle) or close it (lingering after an error).
 
 use crate::conn::{head_may_be_complete, write_simple, Conn, Ctx};
 use crate::downstream::http1::H1Down;
@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{timeout, timeout_at};
+use tokio::time::timeout;
 
 /// How long a closing connection keeps reading after an error response.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
@@ -21,17 +21,27 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a kept-alive connection waits for its next request with its buffers.
 const IDLE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The read buffer an idle connection keeps (a request head usually fits).
+/// The read buffer a sleeping TLS connection keeps (a request head usually fits); a plain one
+/// keeps none.
 const IDLE_READ: usize = 1024;
 
-/// Serve one accepted connection until it closes.
-pub async fn serve(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
-    serve_since(stream, peer, ctx, Instant::now()).await
-}
-
-/// [`serve`] a connection whose first head deadline runs from `accepted` (time already spent
-/// on it, such as sniffing its protocol, counts).
-pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, accepted: Instant) {
+/// Serve one accepted connection until it closes; its first head deadline runs from
+/// `accepted` (time already spent on it, such as sniffing its protocol, counts).
+///
+/// Awake, the connection runs [`serve_awake`] on the heap; idle past [`IDLE_GRACE`] that future
+/// (the request path's state, several KB) is dropped and the connection sleeps in this small
+/// one, with no buffer on plain TCP, until bytes come. Busy connections pay nothing for it: the
+/// awake future is built once per wake-up, not per request.
+///
+/// Not an `async fn`: the connection state is built here and moved into the future once (an
+/// `async fn` keeps its arguments and their moved copies side by side in the future, and this
+/// future is what an idle connection costs).
+pub fn serve_since(
+    stream: ClientStream,
+    peer: SocketAddr,
+    mut ctx: Ctx,
+    accepted: Instant,
+) -> impl std::future::Future<Output = ()> {
     let mut c = Conn {
         client_cert: stream.client_cert().map(Box::new),
         stream,
@@ -45,11 +55,27 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         send_timeout: ctx.ls.listener.limits.send_timeout,
         timer: crate::fast_timeout::LazyTimer::default(),
     };
+    async move {
+        loop {
+            if !Box::pin(serve_awake(&mut c, &mut ctx, accepted)).await {
+                return;
+            }
+            if !sleep(&mut c, &mut ctx).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Serve requests until the connection closes (false) or stays idle past [`IDLE_GRACE`]
+/// (true: it goes to sleep).
+async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant) -> bool {
     loop {
         let mut began = None;
-        let head = match read_head(&mut c, &mut ctx, accepted, &mut began).await {
-            Ok(Some(h)) => h,
-            Ok(None) => return,
+        let head = match read_head(c, ctx, accepted, &mut began).await {
+            Ok(Next::Head(h)) => h,
+            Ok(Next::Closed) => return false,
+            Ok(Next::Sleep) => return true,
             Err(e) => {
                 // Its total runs from the request's start, not from the connection's.
                 let start = began.unwrap_or_else(Instant::now);
@@ -62,7 +88,7 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
                     if !e.client_gone() {
                         let status = e.status();
                         let sent = write_simple(
-                            &mut c,
+                            c,
                             status,
                             "text/plain",
                             error_body(status),
@@ -74,8 +100,8 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
                         // No head: no phases but the total (not the previous request's).
                         c.timings = Timings::default();
                         log_access(
-                            &ctx,
-                            &c,
+                            ctx,
+                            c,
                             None,
                             &Outcome {
                                 termination: t,
@@ -87,9 +113,9 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
                             start,
                         );
                     }
-                    close(&mut c, true).await;
+                    close(c, true).await;
                 }
-                return;
+                return false;
             }
         };
         c.requests += 1;
@@ -99,18 +125,48 @@ pub async fn serve_since(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, a
         let now = Instant::now();
         let started = began.unwrap_or(now);
         c.timings = Timings::begin(now);
-        refresh(&mut ctx);
+        refresh(ctx);
         c.send_timeout = ctx.ls.listener.limits.send_timeout;
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = handle(&mut c, &ctx, &head, started).await;
+        let outcome = handle(c, ctx, &head, started).await;
         ctx.shared.stats.record(outcome.termination);
-        log_access(&ctx, &c, Some(&head), &outcome, started);
+        log_access(ctx, c, Some(&head), &outcome, started);
         if !outcome.keep_alive {
             let lingering = outcome.termination != Termination::OK;
-            close(&mut c, lingering).await;
-            return;
+            close(c, lingering).await;
+            return false;
         }
     }
+}
+
+/// An idle connection asleep: its buffers given back (a TLS one keeps [`IDLE_READ`] to read its
+/// records into), waiting for bytes, its keep-alive timeout or shutdown. True when bytes came.
+async fn sleep(c: &mut Conn, ctx: &mut Ctx) -> bool {
+    let since = c.timings.done.unwrap_or_else(Instant::now);
+    let due = tokio::time::Instant::from_std(since) + ctx.ls.listener.limits.keepalive_timeout;
+    if c.stream.is_tls() {
+        c.release_buffers(IDLE_READ);
+        let read = tokio::select! {
+            biased;
+            r = c.stream.read_buf(&mut c.rbuf) => r,
+            _ = c.timer.until(due) => return false,
+            _ = ctx.shutdown.changed() => return false,
+        };
+        return matches!(read, Ok(n) if n > 0);
+    }
+    c.release_buffers(0);
+    let ClientStream::Plain(tcp) = &c.stream else {
+        return false;
+    };
+    let ready = tokio::select! {
+        biased;
+        r = tcp.readable() => r,
+        _ = c.timer.until(due) => return false,
+        _ = ctx.shutdown.changed() => return false,
+    };
+    // Bytes (or the end) came: a buffer again to read them into.
+    c.rbuf.reserve(8 * 1024);
+    ready.is_ok()
 }
 
 /// Move the connection to the newest configuration snapshot before a request starts. A listener
@@ -161,10 +217,20 @@ fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, star
     }
 }
 
+/// What waiting for a request head ended with. Not boxed: it is returned once per request,
+/// and a box would be an allocation per request.
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Head(RequestHead),
+    /// The connection ended cleanly between requests (EOF, reset, idle timeout or shutdown).
+    Closed,
+    /// Idle past [`IDLE_GRACE`]: the connection goes to sleep.
+    Sleep,
+}
+
 /// Wait for a complete request head. `began` says when the request began, also when its head
 /// failed: accept for the first request, its first byte for later ones, `None` when the head
-/// came complete in the first read of a kept-alive connection (it began now). `Ok(None)`: the
-/// connection ended cleanly between requests (EOF, reset, idle timeout or shutdown).
+/// came complete in the first read of a kept-alive connection (it began now).
 ///
 /// The parser runs only when the bytes read could complete the head or break a limit, so a head
 /// trickled in tiny pieces costs linear, not quadratic, work.
@@ -173,7 +239,7 @@ async fn read_head(
     ctx: &mut Ctx,
     accepted: Instant,
     began: &mut Option<Instant>,
-) -> Result<Option<RequestHead>, ProxyError> {
+) -> Result<Next, ProxyError> {
     let limits = &ctx.ls.listener.limits;
     *began = (c.requests == 0).then_some(accepted);
     // A new connection gets the head deadline at once; a kept-alive one waits idle first.
@@ -201,7 +267,7 @@ async fn read_head(
             line_checked |= newline;
             if worth_parsing {
                 match parse_request(&mut c.rbuf, &ctx.ls.limits) {
-                    Ok(Some(h)) => return Ok(Some(h)),
+                    Ok(Some(h)) => return Ok(Next::Head(h)),
                     Ok(None) => {}
                     Err(e) => return Err(ProxyError::BadHead(e)),
                 }
@@ -219,37 +285,36 @@ async fn read_head(
         let n = match deadline {
             None => {
                 if *ctx.shutdown.borrow() {
-                    return Ok(None);
+                    return Ok(Next::Closed);
                 }
                 // Idle since the last response ended (its end was read for the access log).
                 let since = c.timings.done.unwrap_or_else(Instant::now);
                 let since = tokio::time::Instant::from_std(since);
                 let due = since + limits.keepalive_timeout;
-                // A connection still idle after `IDLE_GRACE` gives its buffers back until its
-                // next request (a busy one's next request comes sooner and keeps them).
-                let release = (c.rbuf.capacity() > IDLE_READ).then(|| since + IDLE_GRACE);
-                let wake = release.map_or(due, |r| r.min(due));
+                // A connection still idle after `IDLE_GRACE` goes to sleep (a busy one's next
+                // request comes sooner and keeps the connection awake).
+                let wake = due.min(since + IDLE_GRACE);
                 tokio::select! {
                     biased;
                     r = c.stream.read_buf(&mut c.rbuf) => r,
                     _ = c.timer.until(wake) => {
                         if wake < due {
-                            c.release_buffers(IDLE_READ);
-                            continue;
+                            return Ok(Next::Sleep);
                         }
-                        return Ok(None);
+                        return Ok(Next::Closed);
                     }
-                    _ = ctx.shutdown.changed() => return Ok(None),
+                    _ = ctx.shutdown.changed() => return Ok(Next::Closed),
                 }
             }
-            Some(d) => match timeout_at(d, c.stream.read_buf(&mut c.rbuf)).await {
-                Err(_) if c.rbuf.is_empty() && c.requests == 0 => return Ok(None),
-                Err(_) => return Err(ProxyError::HeadTimeout),
-                Ok(r) => r,
+            // The connection's one timer (no timer of its own in this future).
+            Some(d) => match c.timer.timeout_at(d, c.stream.read_buf(&mut c.rbuf)).await {
+                None if c.rbuf.is_empty() && c.requests == 0 => return Ok(Next::Closed),
+                None => return Err(ProxyError::HeadTimeout),
+                Some(r) => r,
             },
         };
         match n {
-            Ok(0) | Err(_) if c.rbuf.is_empty() => return Ok(None),
+            Ok(0) | Err(_) if c.rbuf.is_empty() => return Ok(Next::Closed),
             Ok(0) => return Err(ProxyError::ClientClosed),
             Ok(_) => {}
             Err(e) => return Err(ProxyError::ClientIo(e)),

@@ -35,11 +35,17 @@ pub struct UpConn {
     pub rbuf: BytesMut,
 }
 
+/// An upstream connection's read buffer.
+const UP_RBUF: usize = 16 * 1024;
+
+/// How long a pooled connection keeps its read buffer while it waits.
+const IDLE_GRACE: Duration = Duration::from_millis(500);
+
 impl UpConn {
     pub fn new(stream: UpStream) -> Self {
         UpConn {
             stream,
-            rbuf: BytesMut::with_capacity(16 * 1024),
+            rbuf: BytesMut::with_capacity(UP_RBUF),
         }
     }
 }
@@ -95,6 +101,10 @@ impl Pool {
         let mut found = None;
         while let Some(mut entry) = list.pop() {
             if entry.conn.stream.is_idle_alive() {
+                if entry.conn.rbuf.capacity() == 0 {
+                    // Its buffer was given back while it waited (see `purge_expired`).
+                    entry.conn.rbuf.reserve(UP_RBUF);
+                }
                 found = Some(entry.conn);
                 break;
             }
@@ -137,6 +147,13 @@ impl Pool {
         self.idle.borrow_mut().retain(|_, list| {
             let before = list.len();
             list.retain(|e| !e.expired(now));
+            // A connection that waited past the grace gives its read buffer back (a busy
+            // pool's connections are taken again sooner and keep theirs).
+            for e in list.iter_mut() {
+                if e.conn.rbuf.capacity() > 0 && now.duration_since(e.since) >= IDLE_GRACE {
+                    e.conn.rbuf = BytesMut::new();
+                }
+            }
             removed += before - list.len();
             !list.is_empty()
         });
@@ -238,6 +255,39 @@ mod tests {
             // Closing a server closes both kinds.
             pool.close(addr);
             assert!(pool.is_empty());
+        });
+    }
+
+    #[test]
+    fn a_connection_waiting_past_the_grace_gives_its_buffer_back_until_taken() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let _peer = listener.accept().await.unwrap();
+            let pool = Pool::new(Arc::new(AtomicI64::new(0)));
+            let key = PoolKey::plain(addr);
+            pool.put(
+                key,
+                UpConn::new(UpStream::Plain(s)),
+                4,
+                Duration::from_secs(60),
+            );
+            // Within the grace the sweep keeps the buffer.
+            pool.purge_expired();
+            let kept = |pool: &Pool| pool.idle.borrow()[&key][0].conn.rbuf.capacity();
+            assert!(kept(&pool) >= UP_RBUF);
+            // Past it (the entry made older rather than waited for), the buffer goes.
+            pool.idle.borrow_mut().get_mut(&key).unwrap()[0].since -= IDLE_GRACE;
+            pool.purge_expired();
+            assert_eq!(kept(&pool), 0);
+            assert_eq!(pool.len(), 1);
+            let back = pool.take(key).unwrap();
+            assert!(back.rbuf.capacity() >= UP_RBUF);
         });
     }
 }

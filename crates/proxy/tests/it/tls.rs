@@ -514,6 +514,27 @@ servers = ["{}"]
 }
 
 #[test]
+fn a_tls_connection_asleep_past_its_grace_wakes_for_its_next_request() {
+    let dir = std::env::temp_dir().join(format!("portico-tls-sleep-{}", std::process::id()));
+    let pki = pki(&dir, &[&["localhost"]]);
+    let up = TestUpstream::start(|r| Reply::ok(&r.target));
+    let p = tls_proxy(&pki, up.addr);
+    let mut s = client(&pki, p.addr("tls").unwrap(), "localhost", &[b"http/1.1"]);
+    for path in ["/1", "/2", "/3"] {
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+            .unwrap();
+        let (head, body) = read_response(&mut s);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert_eq!(body, path.as_bytes());
+        // The scenario is the idle time itself: past the 500 ms grace, the connection sleeps
+        // (its request state dropped) and must wake whole for the next request.
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    assert_eq!(up.requests().len(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn tls_client_that_stops_reading_is_cut_after_send_timeout() {
     use portico_proxy::stats::{Cause, Phase, Side};
     use portico_proxy::Termination;

@@ -25,49 +25,59 @@ use tokio::sync::Notify;
 /// The HTTP/2 client connection preface (RFC 9113 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Run an accepted (and TLS-terminated) connection as HTTP/2 or HTTP/1.1.
-pub async fn dispatch(stream: ClientStream, peer: SocketAddr, ctx: Ctx) {
-    let settings = ctx.ls.listener.http2;
-    if !settings.enabled {
-        return crate::serve::h1::serve(stream, peer, ctx).await;
-    }
-    // The first head deadline runs from here, sniffing included.
-    let accepted = Instant::now();
-    let proto = match &stream {
-        ClientStream::Tls(t) => {
-            if t.get_ref().1.alpn_protocol() == Some(b"h2") {
-                Sniffed::Http2
-            } else {
-                Sniffed::Http1
+/// Run an accepted (and TLS-terminated) connection as HTTP/2 or HTTP/1.1. Not an `async fn`:
+/// the future holds its arguments once (see `serve_since`).
+#[allow(clippy::manual_async_fn)]
+pub fn dispatch(
+    stream: ClientStream,
+    peer: SocketAddr,
+    ctx: Ctx,
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        let settings = ctx.ls.listener.http2;
+        if !settings.enabled {
+            return crate::serve::h1::serve_since(stream, peer, ctx, Instant::now()).await;
+        }
+        // The first head deadline runs from here, sniffing included.
+        let accepted = Instant::now();
+        let proto = match &stream {
+            ClientStream::Tls(t) => {
+                if t.get_ref().1.alpn_protocol() == Some(b"h2") {
+                    Sniffed::Http2
+                } else {
+                    Sniffed::Http1
+                }
             }
-        }
-        ClientStream::Plain(s) => {
-            let deadline =
-                tokio::time::Instant::from_std(accepted) + ctx.ls.listener.limits.head_timeout;
-            sniff(s, deadline).await
-        }
-    };
-    match proto {
-        Sniffed::Http2 => serve(stream, peer, ctx).await,
-        // A sniff that ran out of time lands here too: the HTTP/1 path finds its head deadline
-        // (from `accepted`) already passed and closes as for any head timeout (silently when
-        // nothing arrived, 408 when part of a head did).
-        Sniffed::Http1 => crate::serve::h1::serve_since(stream, peer, ctx, accepted).await,
-        Sniffed::Neither => {
-            // Not an HTTP/1.x request line and not the preface: an invalid preface is a
-            // connection error (RFC 9113 3.4), so the connection closes without an answer.
-            let stats = &ctx.shared.stats;
-            stats.requests.fetch_add(1, Ordering::Relaxed);
-            stats.record(Termination::new(
-                Side::Client,
-                Phase::RequestHead,
-                Cause::BadRequest,
-            ));
-            tracing::debug!(%peer, "neither HTTP/1.x nor the HTTP/2 preface: closed");
-            // Consume what was peeked so the close is a FIN, not a reset.
-            if let ClientStream::Plain(s) = &stream {
-                let mut buf = vec![0u8; SNIFF_MAX];
-                let _ = s.try_read(&mut buf);
+            ClientStream::Plain(s) => {
+                let deadline =
+                    tokio::time::Instant::from_std(accepted) + ctx.ls.listener.limits.head_timeout;
+                // Boxed: its timer and peek buffer are gone once the protocol is known.
+                Box::pin(sniff(s, deadline)).await
+            }
+        };
+        match proto {
+            // Boxed: an HTTP/1 connection's task does not carry HTTP/2's state.
+            Sniffed::Http2 => Box::pin(serve(stream, peer, ctx)).await,
+            // A sniff that ran out of time lands here too: the HTTP/1 path finds its head deadline
+            // (from `accepted`) already passed and closes as for any head timeout (silently when
+            // nothing arrived, 408 when part of a head did).
+            Sniffed::Http1 => crate::serve::h1::serve_since(stream, peer, ctx, accepted).await,
+            Sniffed::Neither => {
+                // Not an HTTP/1.x request line and not the preface: an invalid preface is a
+                // connection error (RFC 9113 3.4), so the connection closes without an answer.
+                let stats = &ctx.shared.stats;
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                stats.record(Termination::new(
+                    Side::Client,
+                    Phase::RequestHead,
+                    Cause::BadRequest,
+                ));
+                tracing::debug!(%peer, "neither HTTP/1.x nor the HTTP/2 preface: closed");
+                // Consume what was peeked so the close is a FIN, not a reset.
+                if let ClientStream::Plain(s) = &stream {
+                    let mut buf = vec![0u8; SNIFF_MAX];
+                    let _ = s.try_read(&mut buf);
+                }
             }
         }
     }
