@@ -129,6 +129,11 @@ async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant) -> bool {
         c.send_timeout = ctx.ls.listener.limits.send_timeout;
         ctx.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = handle(c, ctx, &head, started).await;
+        // The keep-alive wait runs from the response's end (answers the flow refused early,
+        // a 404 without a route, did not mark it).
+        if c.timings.done.is_none() {
+            c.timings.done = Some(Instant::now());
+        }
         ctx.shared.stats.record(outcome.termination);
         log_access(ctx, c, Some(&head), &outcome, started);
         if !outcome.keep_alive {
