@@ -571,6 +571,19 @@ fn glob(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&b| b == b'*')
 }
 
+/// Who sent a request, for the access log: the peer, and the client behind `trusted` proxies.
+pub(crate) fn sender(
+    peer: SocketAddr,
+    head: Option<&RequestHead>,
+    trusted: &IpRules,
+) -> crate::telemetry::access_log::Sender {
+    let client = match head {
+        Some(h) if !trusted.is_empty() => client_addr(peer.ip(), h, trusted),
+        _ => peer.ip(),
+    };
+    crate::telemetry::access_log::Sender { peer, client }
+}
+
 /// The client's address: `peer`, unless it is a trusted proxy; then, walking `X-Forwarded-For`
 /// from the right (the hop nearest to us first), the first address that is not a trusted proxy
 /// (an entry that is not an address stops the walk at the last trusted one).
@@ -962,28 +975,20 @@ mod tests {
             "{GROUPS}[[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"a\"\n"
         ));
         let l = c.listeners[0].clone();
-        assert!(!Filters::for_route(
-            &l,
-            &l.routes[0],
-            &c.upstreams,
-            &mut jwks::KeySources::default().next()
-        )
-        .list
-        .contains(&Filter::StickyCookie));
+        let sticky_of = |groups: &[Arc<UpstreamGroup>]| {
+            let keys = jwks::KeySources::default();
+            Filters::for_route(&l, &l.routes[0], groups, &mut keys.next())
+                .list
+                .contains(&Filter::StickyCookie)
+        };
+        assert!(!sticky_of(&c.upstreams));
         let sticky = config(
             "[upstreams.s]\nservers = [\"10.0.0.1:80\"]\nsticky_cookie = \"SRV\"\n\
              [[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"s\"\n",
         );
         Arc::make_mut(&mut c.upstreams[1]).sticky_cookie =
             sticky.upstreams[0].sticky_cookie.clone();
-        assert!(Filters::for_route(
-            &l,
-            &l.routes[0],
-            &c.upstreams,
-            &mut jwks::KeySources::default().next()
-        )
-        .list
-        .contains(&Filter::StickyCookie));
+        assert!(sticky_of(&c.upstreams));
     }
 
     #[test]

@@ -210,15 +210,8 @@ async fn close(c: &mut Conn, lingering: bool) {
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
         let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
-        let trusted = &ctx.ls.listener.trusted_proxies;
-        log.write(
-            c.peer,
-            trusted,
-            head,
-            protocol,
-            o,
-            &c.timings.phases(started),
-        );
+        let sender = crate::filter::sender(c.peer, head, &ctx.ls.listener.trusted_proxies);
+        log.write(sender, head, protocol, o, &c.timings.phases(started));
     }
 }
 

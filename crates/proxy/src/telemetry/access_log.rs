@@ -38,24 +38,19 @@ impl AccessLogger {
 
     /// Write one record; `protocol` as nginx's `$server_protocol` (`HTTP/1.1`, `HTTP/2.0`).
     /// Never waits for the output.
-    /// `trusted`: the listener's `trusted_proxies`; behind one, the client is the one
-    /// `X-Forwarded-For` names (and the peer is logged too, in JSON).
+    /// `sender`: the socket's peer and the request's client (the one a trusted proxy's
+    /// `X-Forwarded-For` names; the peer is logged too, in JSON, when they differ).
     pub fn write(
         &self,
-        peer: SocketAddr,
-        trusted: &portico_config::IpRules,
+        sender: Sender,
         head: Option<&RequestHead>,
         protocol: &str,
         o: &Outcome,
         phases: &Phases,
     ) {
-        let client = match head {
-            Some(h) if !trusted.is_empty() => crate::filter::client_addr(peer.ip(), h, trusted),
-            _ => peer.ip(),
-        };
         let line = format_line(
             self.format,
-            Sender { peer, client },
+            sender,
             head,
             protocol,
             o,

@@ -88,9 +88,9 @@ pub(super) fn handle<'l>(
         }
         s.cur.shared.stats.record(outcome.termination);
         if let Some(log) = &s.cur.shared.access_log {
+            let trusted = &s.cur.ls.listener.trusted_proxies;
             log.write(
-                link.peer,
-                &s.cur.ls.listener.trusted_proxies,
+                crate::filter::sender(link.peer, head.as_ref(), trusted),
                 head.as_ref(),
                 "HTTP/2.0",
                 &outcome,
