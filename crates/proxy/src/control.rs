@@ -204,6 +204,23 @@ impl Control {
                 addr: l.address,
                 source,
             };
+            // A port another process listens on is refused, even when that process shares it
+            // (SO_REUSEPORT, as every Portico's listeners do): two proxies would silently split
+            // the traffic. A port this process holds itself (a listener renamed or moved by this
+            // reload) is shared on purpose until the old listener stops.
+            let ours = inner.slots.iter().any(|s| s.addr == l.address);
+            if l.address.port() != 0 && !ours {
+                if let Err(e) = probe(l.address) {
+                    let held = e.kind() == io::ErrorKind::AddrInUse;
+                    return Err(err(match held {
+                        true => io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            "address in use: another process listens on it (another Portico?)",
+                        ),
+                        false => e,
+                    }));
+                }
+            }
             let first = bind(l.address).map_err(err)?;
             let actual = first.local_addr().map_err(err)?;
             let mut sockets = vec![first];
@@ -573,6 +590,14 @@ impl Control {
 
 /// The listen backlog of every listener socket.
 pub(crate) const BACKLOG: u32 = 4096;
+
+/// Whether `addr` is free of other listeners: a bind without SO_REUSEPORT fails on a port
+/// held by any listening socket, shared or not. The socket is closed at once.
+fn probe(addr: SocketAddr) -> io::Result<()> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())
+}
 
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;

@@ -190,3 +190,33 @@ keepalive = {keepalive}
     // Both servers were used after the reloads that added the second one.
     assert!(up2.connection_count() > 0);
 }
+
+#[test]
+fn a_port_another_proxy_listens_on_is_refused_not_shared() {
+    let first = start(parse(&fixed("one")), 1).unwrap();
+    let addr = first.addr("a").unwrap();
+    // A second proxy on the same address: both would listen with SO_REUSEPORT and split the
+    // traffic between them without a word.
+    let text = fixed("two").replace("127.0.0.1:0", &addr.to_string());
+    let e = match start(parse(&text), 1) {
+        Ok(_) => panic!("a second proxy started on {addr}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("address in use") && e.contains(&addr.to_string()),
+        "{e}"
+    );
+    // The first one still has the port to itself.
+    assert_eq!(body_at(addr), "one");
+    // Its own reload may move a listener onto a port it holds (renamed: a new listener).
+    let moved = fixed("three")
+        .replace("127.0.0.1:0", &addr.to_string())
+        .replace("name = \"a\"", "name = \"b\"");
+    first.reload(parse(&moved)).unwrap();
+    // (A connection the old listener's queue held while it closed may be reset: asked again.)
+    let answer = || {
+        let c = Client::connect(addr).and_then(|mut c| c.request(&get()));
+        c.map(|r| r.text()).unwrap_or_default()
+    };
+    eventually("the renamed listener answering", || answer() == "three");
+}
