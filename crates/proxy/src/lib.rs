@@ -15,6 +15,7 @@ mod h2_interim;
 mod h2_io;
 mod headers;
 mod metrics;
+mod plain_on_tls;
 mod proxy_header;
 mod resilience;
 mod route;

@@ -349,6 +349,15 @@ async fn accept_loop(
                     let acceptor = tls.acceptor();
                     // The handshake counts against the head deadline of the first request.
                     let deadline = ctx.ls.listener.limits.head_timeout;
+                    // Plain HTTP on a TLS port is told so (as nginx does), not cut silently.
+                    if Box::pin(crate::plain_on_tls::answer_if_plain(&mut stream, deadline)).await {
+                        ctx.shared
+                            .stats
+                            .tls_handshake_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        crate::telemetry::logging::log_limited!(debug, %peer, listener = %ctx.ls.listener.name, "plain HTTP on a TLS listener: answered 400");
+                        return;
+                    }
                     // Boxed: the handshake's state is freed once it is done.
                     let accept = Box::pin(acceptor.accept(portico_tls::Tcp(stream)));
                     match tokio::time::timeout(deadline, accept).await {

@@ -224,7 +224,7 @@ fn tls_listener_proxies_with_sni_alpn_and_forwarded_proto() {
 }
 
 #[test]
-fn plain_http_to_a_tls_listener_fails_the_handshake_only() {
+fn plain_http_to_a_tls_listener_is_answered_400_and_tls_goes_on() {
     let dir = std::env::temp_dir().join(format!("portico-tls-plain-{}", std::process::id()));
     let pki = pki(&dir, &[&["localhost"]]);
     let up = TestUpstream::start(|_| Reply::ok("x"));
@@ -235,9 +235,12 @@ fn plain_http_to_a_tls_listener_fails_the_handshake_only() {
     raw.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
     let mut out = Vec::new();
     let _ = raw.read_to_end(&mut out);
+    // Told so in plain HTTP, as nginx does, and nothing reaches the server.
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
     assert!(
-        !out.starts_with(b"HTTP/"),
-        "no plaintext answer on a TLS port"
+        text.ends_with("the plain HTTP request was refused\n"),
+        "{text}"
     );
     assert!(up.requests().is_empty());
     // The listener still serves TLS afterwards.
