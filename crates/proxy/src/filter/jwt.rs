@@ -170,7 +170,11 @@ impl JwtState {
             .enumerate()
             .filter_map(|(i, (name, _))| Some((i, field_value(claim(&claims, name)?)?)))
             .collect();
-        let exp = claims.get("exp").and_then(Value::as_u64).unwrap_or(0);
+        // `exp` may be a fraction of a second too (the crate takes both).
+        let exp = claims.get("exp").map_or(0, |v| {
+            v.as_u64()
+                .unwrap_or_else(|| v.as_f64().map_or(0, |f| f as u64))
+        });
         let pass = Pass {
             until: exp.saturating_add(validation.leeway),
             generation: keys.generation,
