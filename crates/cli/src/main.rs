@@ -150,7 +150,8 @@ fn job(cli: Cli) -> ExitCode {
                         }
                     }
                 }
-                for warning in certificate_warnings(&cfg) {
+                let shadowed = portico_config::shadowed_routes(&cfg);
+                for warning in certificate_warnings(&cfg).into_iter().chain(shadowed) {
                     eprintln!("warning: {warning}");
                 }
                 println!("configuration OK");
@@ -315,7 +316,8 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
                 .map(|n| n.get())
                 .unwrap_or(1)
         });
-    for warning in certificate_warnings(&cfg) {
+    let shadowed = portico_config::shadowed_routes(&cfg);
+    for warning in certificate_warnings(&cfg).into_iter().chain(shadowed) {
         tracing::warn!("{warning}");
     }
     // Signal handlers are installed before the listeners are announced: a SIGTERM sent as soon

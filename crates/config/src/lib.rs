@@ -6,6 +6,7 @@ pub mod htpasswd;
 pub mod jwks;
 pub mod model;
 mod raw;
+mod shadow;
 pub mod template;
 pub mod units;
 mod validate;
@@ -15,6 +16,7 @@ use std::path::Path;
 pub use error::{ConfigError, ConfigErrors};
 pub use explain::explain;
 pub use model::*;
+pub use shadow::shadowed_routes;
 
 /// The built-in configuration (`crates/config/default.toml`): listener "proxy" on 127.0.0.1:8080
 /// proxying everything to upstream group "origin" (127.0.0.1:8081), and listener "origin" on

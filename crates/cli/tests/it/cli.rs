@@ -261,6 +261,25 @@ fn check_reads_upstream_tls_files_and_warns_about_unverified_groups() {
     );
 }
 
+#[test]
+fn check_warns_about_a_route_an_earlier_one_shadows_and_passes() {
+    let d = temp_dir("check-shadow");
+    let path = d.join("shadow.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"web\"\naddress = \"127.0.0.1:0\"\n\
+         [[listeners.routes]]\nname = \"all\"\npath = \"/**\"\nrespond = { status = 200 }\n\
+         [[listeners.routes]]\nname = \"api\"\npath = \"/api/**\"\nrespond = { status = 201 }\n",
+    )
+    .unwrap();
+    let (code, err) = check(&path);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("warning: listener \"web\": route \"api\" is never reached: route \"all\" before it matches every request it matches"),
+        "{err}"
+    );
+}
+
 fn signal(child: &Child, sig: &str) {
     let st = Command::new("kill")
         .arg(format!("-{sig}"))
