@@ -225,13 +225,17 @@ pub(crate) async fn connect(
 mod tests {
     use super::*;
 
-    #[test]
-    fn connections_are_pooled_apart_by_transport() {
-        let rt = tokio::runtime::Builder::new_current_thread()
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap();
-        rt.block_on(async {
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn connections_are_pooled_apart_by_transport() {
+        block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let connect = || async {
@@ -260,11 +264,7 @@ mod tests {
 
     #[test]
     fn a_connection_waiting_past_the_grace_gives_its_buffer_back_until_taken() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let s = tokio::net::TcpStream::connect(addr).await.unwrap();
