@@ -1,5 +1,7 @@
 //! The `portico` binary: parse flags, load the configuration, run a job, map errors to exit codes.
 
+mod log;
+
 use clap::{Parser, Subcommand};
 use portico_config::Config;
 use std::io::IsTerminal;
@@ -32,6 +34,8 @@ enum Command {
         /// Worker threads (default: the config's `workers`, else the number of cores).
         #[arg(long, short)]
         workers: Option<usize>,
+        #[command(flatten)]
+        log: log::LogFlags,
     },
     /// Validate a configuration and print a summary of what it sets up.
     Check {
@@ -84,49 +88,37 @@ enum BenchJob {
 
 fn main() -> ExitCode {
     portico_tls::install_default_provider();
-    let log = init_logging();
-    let code = job(Cli::parse());
-    // What was logged before the exit leaves, unless the log's output is blocked.
-    if let Some(log) = log {
-        log.flush(std::time::Duration::from_secs(2));
+    let cli = Cli::parse();
+    match cli.command {
+        // These start the error log once their configuration is read.
+        Command::Run { .. } | Command::Origin { .. } => job(cli),
+        _ => logged(&Default::default(), &Default::default(), |_| job(cli)),
     }
-    code
 }
 
-/// Log lines go to standard error through a bounded non-blocking sink (a worker never waits for
-/// stderr; lines it cannot take are dropped and counted), filtered by `RUST_LOG` or else
-/// [`portico_proxy::logging::DEFAULT_FILTER`]. The sink, to flush before exit.
-fn init_logging() -> Option<portico_proxy::logging::Sink> {
-    use portico_proxy::logging::{Sink, DEFAULT_FILTER, ERROR_LOG_DROPPED, SINK_CAPACITY};
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| DEFAULT_FILTER.into());
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal());
-    match Sink::new(
-        "error",
-        Box::new(std::io::stderr()),
-        SINK_CAPACITY,
-        &ERROR_LOG_DROPPED,
-    ) {
-        Ok(sink) => {
-            fmt.with_writer(sink.clone()).init();
-            Some(sink)
-        }
-        Err(e) => {
-            fmt.with_writer(std::io::stderr).init();
-            tracing::warn!(
-                "log lines are written by the workers themselves: cannot start the log thread: {e}"
-            );
-            None
-        }
-    }
+/// Start the error log (the `[log]` table's settings, overridden by flags and RUST_LOG), run
+/// `f`, then wait a little for what was logged to leave (unless the log's output is blocked).
+fn logged(
+    settings: &portico_config::LogSettings,
+    flags: &log::LogFlags,
+    f: impl FnOnce(&std::sync::Arc<log::Log>) -> ExitCode,
+) -> ExitCode {
+    let log = std::sync::Arc::new(log::Log::init(settings, flags));
+    let code = f(&log);
+    log.flush(std::time::Duration::from_secs(2));
+    code
 }
 
 fn job(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { config, workers } => match load(config.as_deref()) {
-            Ok(cfg) => run(cfg, workers, Box::new(move || load(config.as_deref()))),
+        Command::Run {
+            config,
+            workers,
+            log,
+        } => match load(config.as_deref()) {
+            Ok(cfg) => logged(&cfg.log.clone(), &log, |l| {
+                run(cfg, workers, Box::new(move || load(config.as_deref())), l)
+            }),
             Err(msg) => fail(&msg),
         },
         Command::Check { config } => match load(config.as_deref()) {
@@ -164,11 +156,14 @@ fn job(cli: Cli) -> ExitCode {
             listen,
             workers,
         } => match origin_config(root.clone(), listen) {
-            Ok(cfg) => run(
-                cfg,
-                workers,
-                Box::new(move || origin_config(root.clone(), listen)),
-            ),
+            Ok(cfg) => logged(&cfg.log.clone(), &log::LogFlags::default(), |l| {
+                run(
+                    cfg,
+                    workers,
+                    Box::new(move || origin_config(root.clone(), listen)),
+                    l,
+                )
+            }),
             Err(msg) => fail(&msg),
         },
         Command::Bench(bench) => match (bench.job, bench.flags) {
@@ -308,7 +303,12 @@ fn toml_string(s: &str) -> String {
     out
 }
 
-fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource) -> ExitCode {
+fn run(
+    cfg: Config,
+    workers: Option<usize>,
+    source: portico_proxy::ConfigSource,
+    log: &std::sync::Arc<log::Log>,
+) -> ExitCode {
     let workers = workers
         .or(cfg.workers.map(|w| w.get() as usize))
         .unwrap_or_else(|| {
@@ -331,6 +331,10 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
         Err(e) => return fail(&e.to_string()),
     };
     running.control().set_source(source);
+    let log = log.clone();
+    running
+        .control()
+        .on_reload(Box::new(move |config| log.apply(&config.log)));
     // Listening addresses go to stdout (scripts and tests wait for them); logs go to stderr.
     let config = running.control().snapshot().config.clone();
     for (name, addr) in running.addrs() {
@@ -340,9 +344,11 @@ fn run(cfg: Config, workers: Option<usize>, source: portico_proxy::ConfigSource)
             .any(|l| l.name == name && l.tls.is_some());
         let scheme = if tls { "https" } else { "http" };
         println!("portico: listener {name} on {scheme}://{addr}/");
+        tracing::info!(listener = name, "listening on {scheme}://{addr}/");
     }
     if let Some(addr) = running.admin_addr() {
         println!("portico: admin on http://{addr}/ (dashboard, /metrics, /api/status)");
+        tracing::info!("admin listener on http://{addr}/");
     }
     tracing::info!(
         "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
@@ -449,15 +455,8 @@ impl Signals {
                 // A reload signalled before a stop is applied before it.
                 tokio::select! {
                     biased;
-                    _ = self.hup.recv() => match control.reload() {
-                        Ok(s) => tracing::info!(
-                            generation = s.generation,
-                            added = ?s.added,
-                            removed = ?s.removed,
-                            "configuration reloaded"
-                        ),
-                        Err(e) => tracing::error!("reload refused, the running configuration stays: {e}"),
-                    },
+                    // The reload logs what changed, or why it was refused.
+                    _ = self.hup.recv() => { let _ = control.reload("SIGHUP"); },
                     _ = self.term.recv() => return,
                     _ = self.int.recv() => return,
                 }

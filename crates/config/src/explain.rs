@@ -164,6 +164,32 @@ pub fn explain(config: &Config) -> String {
             let _ = writeln!(out, "access log: {format} to {target}");
         }
     }
+    let log = &config.log;
+    let _ = writeln!(
+        out,
+        "error log: {} at {} to {}",
+        match log.format {
+            crate::model::LogFormat::Text => "text",
+            crate::model::LogFormat::Json => "json",
+        },
+        log.level.as_deref().unwrap_or("info"),
+        log.path
+            .as_ref()
+            .map_or_else(|| "stderr".to_string(), |p| p.display().to_string())
+    );
+    if let Some(r) = &config.request_id {
+        let _ = writeln!(
+            out,
+            "request ids: in {}, {}{}",
+            r.header,
+            if r.from_client {
+                "the client's kept when well formed"
+            } else {
+                "always generated"
+            },
+            if r.response { ", returned to clients" } else { "" }
+        );
+    }
     match &config.admin {
         None => {}
         Some(a) => {
@@ -177,6 +203,9 @@ pub fn explain(config: &Config) -> String {
                 "admin: http://{}/ (status API, /metrics, dashboard), {auth}",
                 a.address
             );
+            if let Some(f) = &a.state_file {
+                let _ = writeln!(out, "  runtime changes kept in {}", f.display());
+            }
         }
     }
     let workers = config

@@ -1,5 +1,6 @@
 //! Configuration: TOML text -> raw serde model -> validated, typed `Config` with file:line:col errors.
 
+mod diff;
 mod error;
 mod explain;
 pub mod htpasswd;
@@ -13,10 +14,12 @@ mod validate;
 
 use std::path::Path;
 
+pub use diff::changes;
 pub use error::{ConfigError, ConfigErrors};
 pub use explain::explain;
 pub use model::*;
 pub use shadow::shadowed_routes;
+pub use validate::log_filter_error;
 
 /// The built-in configuration (`crates/config/default.toml`): listener "proxy" on 127.0.0.1:8080
 /// proxying everything to upstream group "origin" (127.0.0.1:8081), and listener "origin" on

@@ -16,6 +16,10 @@ pub struct Config {
     /// Upstream groups by index; routes refer to them by index into this vector.
     pub upstreams: Vec<Arc<UpstreamGroup>>,
     pub access_log: Option<AccessLog>,
+    /// The error log: what Portico itself logs (`[log]`).
+    pub log: LogSettings,
+    /// Request ids (`[request_id]`); None = off.
+    pub request_id: Option<RequestId>,
     /// The admin listener (status API, metrics, dashboard); None = no admin listener.
     pub admin: Option<Admin>,
     /// Graceful shutdown: how long in-flight requests get to finish after SIGTERM/SIGINT.
@@ -31,6 +35,41 @@ pub struct Admin {
     /// Required as `Authorization: Bearer TOKEN` when set; validation requires one when the
     /// address is not a loopback address.
     pub token: Option<String>,
+    /// Where runtime changes made through the API are kept across restarts; None = in memory
+    /// only (kept across reloads).
+    pub state_file: Option<PathBuf>,
+}
+
+/// The error log (`[log]`): its filter, line format and destination.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogSettings {
+    /// A `tracing` filter (`info`, `warn,portico_proxy=debug`); None = the built-in default.
+    pub level: Option<String>,
+    pub format: LogFormat,
+    /// None = standard error.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The default field that carries a request id.
+pub const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Request ids (`[request_id]`): one per request, forwarded upstream and logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId {
+    /// The field (lowercase) that carries the id upstream, and back to the client when
+    /// `response`.
+    pub header: String,
+    /// Keep a well-formed id the client sent in `header` instead of generating one.
+    pub from_client: bool,
+    /// Return the id to the client in `header`.
+    pub response: bool,
 }
 
 #[derive(Debug, Clone)]

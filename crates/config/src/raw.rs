@@ -16,6 +16,8 @@ pub(crate) struct RawConfig {
     pub workers: Option<Spanned<Int>>,
     pub drain_timeout: Option<Spanned<Scalar>>,
     pub access_log: Option<RawAccessLog>,
+    pub log: Option<RawLog>,
+    pub request_id: Option<RawRequestId>,
     pub admin: Option<Spanned<RawAdmin>>,
     pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
     pub upstreams: Option<Entries<RawUpstream>>,
@@ -29,10 +31,27 @@ pub(crate) struct RawAccessLog {
 }
 
 #[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a log table")]
+pub(crate) struct RawLog {
+    pub level: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a request_id table")]
+pub(crate) struct RawRequestId {
+    pub header: Option<Spanned<String>>,
+    pub from_client: Option<Spanned<bool>>,
+    pub response: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an admin table")]
 pub(crate) struct RawAdmin {
     pub address: Option<Spanned<String>>,
     pub token: Option<Spanned<String>>,
+    pub state_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

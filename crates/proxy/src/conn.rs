@@ -154,6 +154,16 @@ pub fn may_keep_alive(c: &Conn, ctx: &Ctx, head: &RequestHead) -> bool {
     head.keep_alive && !*ctx.shutdown.borrow() && (max == 0 || c.requests < max)
 }
 
+/// The request id field a local answer to `head` carries, if any.
+pub(crate) fn answer_id<'x>(
+    c: &Conn,
+    ctx: &'x Ctx,
+    head: &'x RequestHead,
+) -> Option<(&'x str, std::borrow::Cow<'x, str>)> {
+    let settings = ctx.shared.config.request_id.as_ref();
+    crate::telemetry::request_id::answer_field(settings, c.timings.request_id, head)
+}
+
 /// Answer with an error status (if the client is still there) and record the failure.
 pub async fn fail(
     c: &mut Conn,
@@ -171,6 +181,7 @@ pub async fn fail(
     let sent = if e.client_gone() {
         0
     } else {
+        let id = answer_id(c, ctx, head);
         write_simple(
             c,
             status,
@@ -178,7 +189,7 @@ pub async fn fail(
             crate::error::error_body(status),
             ka,
             Some(head),
-            &[],
+            id.as_ref().map(|(n, v)| (*n, &**v)).as_slice(),
         )
         .await
         .unwrap_or(0)
@@ -383,6 +394,9 @@ pub(crate) async fn serve_origin(
     let ka = may_keep_alive(c, ctx, head);
     c.wbuf.clear();
     let reply = origin.respond(head, &mut c.wbuf);
+    if let Some((name, id)) = answer_id(c, ctx, head) {
+        encode::field(&mut c.wbuf, name, id.as_bytes());
+    }
     end_local_head(&mut c.wbuf, ka, head.version());
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;

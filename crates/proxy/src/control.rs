@@ -70,7 +70,12 @@ pub struct ReloadSummary {
     pub added: Vec<String>,
     pub removed: Vec<String>,
     pub kept: Vec<String>,
+    /// Everything that changed, in words (see [`portico_config::changes`]).
+    pub changes: Vec<String>,
 }
+
+/// Told each configuration a reload applied (the CLI changes its error log with it).
+pub type ReloadHook = Box<dyn Fn(&Config) + Send + Sync>;
 
 /// A group's TLS origination as a reload may keep it: (settings id, file stamps, state).
 type KeptGroupTls = (
@@ -96,6 +101,7 @@ pub struct Control {
     pub started: Instant,
     inner: Mutex<Inner>,
     source: Mutex<Option<ConfigSource>>,
+    on_reload: Mutex<Option<ReloadHook>>,
     /// Tells worker threads to drain and exit.
     pub(crate) shutdown: watch::Sender<bool>,
 }
@@ -120,6 +126,10 @@ pub(crate) struct Inner {
     upstream_tls: HashMap<String, KeptGroupTls>,
     /// JWK set files and URLs by what the configuration names (kept while it still does).
     key_sources: crate::filter::jwks::KeySources,
+    /// The admin API's changes, re-applied over every configuration.
+    runtime: crate::runtime::Changes,
+    /// The last configuration applied as it came, before the admin API's changes.
+    base: Option<Arc<Config>>,
 }
 
 impl Control {
@@ -163,12 +173,20 @@ impl Control {
     /// Validate-and-swap: build everything the new configuration needs (sockets, TLS, upstream
     /// state carried over by group name and server address, access log) and only then publish
     /// it. Any failure leaves the running configuration untouched.
-    pub fn apply(&self, config: Config) -> Result<ReloadSummary, StartError> {
+    pub fn apply(&self, mut config: Config) -> Result<ReloadSummary, StartError> {
         let mut inner = self.lock();
         if inner.shutting_down {
             return Err(StartError::ShuttingDown);
         }
         let old = self.published.current.load_full();
+        // The admin API's changes go over the new configuration (kept only if it is applied).
+        let base = Arc::new(config.clone());
+        let mut runtime = inner.runtime.clone();
+        let dropped = runtime.apply_to(&mut config);
+        let changes = match old.generation {
+            0 => Vec::new(),
+            _ => portico_config::changes(&old.config, &config),
+        };
         if old.generation > 0 && old.config.admin != config.admin {
             tracing::warn!("admin listener settings change only on restart; the admin listener keeps its address and token");
         }
@@ -399,6 +417,17 @@ impl Control {
         }
 
         // Commit: nothing below can fail.
+        runtime.apply_states(&upstreams);
+        for w in &dropped {
+            tracing::warn!("{w}");
+        }
+        if !dropped.is_empty() {
+            if let Err(e) = runtime.save() {
+                tracing::error!("runtime changes not saved: {e}");
+            }
+        }
+        inner.runtime = runtime;
+        inner.base = Some(base);
         let generation = old.generation + 1;
         self.published.current.store(Arc::new(Shared {
             generation,
@@ -416,6 +445,7 @@ impl Control {
             .store(generation, Ordering::Release);
         let mut summary = ReloadSummary {
             generation,
+            changes,
             ..Default::default()
         };
         for (slot, sockets) in fresh {
@@ -450,21 +480,154 @@ impl Control {
         Ok(summary)
     }
 
+    /// Read the admin API's changes kept in `file` (`[admin] state_file`), before the first
+    /// configuration is applied. A file that cannot be read is set aside (renamed `*.bad`) and
+    /// Portico starts without its changes, saying so.
+    pub fn load_runtime_changes(&self, file: Option<&std::path::Path>) {
+        let changes = match crate::runtime::Changes::load(file) {
+            Ok(c) => {
+                if !c.groups.is_empty() {
+                    tracing::info!(
+                        groups = c.groups.len(),
+                        "runtime changes from the state file will be applied"
+                    );
+                }
+                c
+            }
+            Err(e) => {
+                let kept = file.map(|f| {
+                    let bad = f.with_extension("bad");
+                    match std::fs::rename(f, &bad) {
+                        Ok(()) => format!("set aside as {}", bad.display()),
+                        Err(r) => format!("could not be set aside: {r}"),
+                    }
+                });
+                tracing::error!(
+                    "starting without the admin API's earlier changes: {e} ({})",
+                    kept.unwrap_or_default()
+                );
+                crate::runtime::Changes::with_file(Default::default(), file)
+            }
+        };
+        self.lock().runtime = changes;
+    }
+
+    /// Make and record a change of the admin API on the current snapshot, under the control
+    /// plane's lock (no reload runs meanwhile); when it succeeds, save the state file, if any.
+    pub(crate) fn record<T, E>(
+        &self,
+        change: impl FnOnce(&mut crate::runtime::Changes, &Shared) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut inner = self.lock();
+        let shared = self.snapshot();
+        let r = change(&mut inner.runtime, &shared);
+        if r.is_ok() {
+            if let Err(e) = inner.runtime.save() {
+                tracing::error!("runtime change not saved: {e}");
+            }
+        }
+        r
+    }
+
+    /// The admin API's changes in effect, and the state file they are kept in.
+    pub(crate) fn runtime_changes(
+        &self,
+    ) -> (
+        std::collections::BTreeMap<String, crate::runtime::GroupChanges>,
+        Option<std::path::PathBuf>,
+    ) {
+        let inner = self.lock();
+        (
+            inner.runtime.groups.clone(),
+            inner.runtime.file().map(std::path::Path::to_path_buf),
+        )
+    }
+
+    /// Apply the last configuration again with the admin API's changes as they are now.
+    pub(crate) fn reapply(&self) -> Result<ReloadSummary, StartError> {
+        let base = self.lock().base.clone();
+        let config = match base {
+            Some(b) => (*b).clone(),
+            None => (*self.snapshot().config).clone(),
+        };
+        self.apply(config)
+    }
+
+    /// Undo the admin API's changes: servers as the configuration lists them, every state and
+    /// weight the API set back to the configuration's.
+    pub(crate) fn revert_runtime_changes(&self) -> Result<ReloadSummary, StartError> {
+        let undone = self.record(|c, _| Ok::<_, ()>(std::mem::take(&mut c.groups)));
+        let undone = undone.unwrap_or_default();
+        let summary = self.reapply()?;
+        // States and weights are carried from one snapshot to the next: set them back.
+        for u in &self.snapshot().upstreams {
+            let Some(g) = undone.get(&u.group().name) else {
+                continue;
+            };
+            for (i, s) in u.group().servers.iter().enumerate() {
+                if g.state.contains_key(&s.address) {
+                    u.set_admin(i, portico_upstream::AdminState::Enabled);
+                }
+                if g.weight.contains_key(&s.address) {
+                    u.set_weight(i, s.weight);
+                }
+            }
+        }
+        Ok(summary)
+    }
+
     /// Set where [`Control::reload`] reads the configuration from.
     pub fn set_source(&self, source: ConfigSource) {
         *self.source.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
-    /// Read the configuration from its source and apply it (SIGHUP, admin API). An invalid
-    /// configuration is refused and the running one stays.
-    pub fn reload(&self) -> Result<ReloadSummary, ReloadError> {
+    /// Set what a successful reload tells the configuration it applied.
+    pub fn on_reload(&self, hook: ReloadHook) {
+        *self.on_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
+    /// Read the configuration from its source and apply it (SIGHUP, admin API); `by` says who
+    /// asked, for the log line every reload writes (what changed, or why it was refused). An
+    /// invalid configuration is refused and the running one stays.
+    pub fn reload(&self, by: &str) -> Result<ReloadSummary, ReloadError> {
+        let result = self.read_and_apply();
+        let stats = &self.stats;
+        match &result {
+            Ok((summary, config)) => {
+                stats.config_last_reload_ok.store(true, Ordering::Relaxed);
+                stats
+                    .config_last_reload_at
+                    .store(crate::telemetry::stats::unix_now(), Ordering::Relaxed);
+                let changes = match summary.changes.is_empty() {
+                    true => "nothing".to_string(),
+                    false => summary.changes.join("; "),
+                };
+                tracing::info!(
+                    by,
+                    generation = summary.generation,
+                    "configuration reloaded: changed: {changes}"
+                );
+                if let Some(hook) = &*self.on_reload.lock().unwrap_or_else(|e| e.into_inner()) {
+                    hook(config);
+                }
+            }
+            Err(e) => {
+                stats.config_reload_failures.fetch_add(1, Ordering::Relaxed);
+                stats.config_last_reload_ok.store(false, Ordering::Relaxed);
+                tracing::error!(by, "reload refused, the running configuration stays: {e}");
+            }
+        }
+        result.map(|(summary, _)| summary)
+    }
+
+    fn read_and_apply(&self) -> Result<(ReloadSummary, Arc<Config>), ReloadError> {
         let config = {
             let source = self.source.lock().unwrap_or_else(|e| e.into_inner());
             let source = source.as_ref().ok_or(ReloadError::NoSource)?;
             source().map_err(ReloadError::Config)?
         };
         let summary = self.apply(config)?;
-        Ok(summary)
+        Ok((summary, self.snapshot().config.clone()))
     }
 
     /// Testing aid: saturate every worker whose listeners shed, by blocking its thread for
@@ -538,6 +701,8 @@ impl Control {
                 listeners: Vec::new(),
                 upstreams: Vec::new(),
                 access_log: None,
+                log: Default::default(),
+                request_id: None,
                 admin: None,
                 drain_timeout,
                 workers: None,
@@ -580,8 +745,11 @@ impl Control {
                 resumption: HashMap::new(),
                 upstream_tls: HashMap::new(),
                 key_sources: Default::default(),
+                runtime: Default::default(),
+                base: None,
             }),
             source: Mutex::new(None),
+            on_reload: Mutex::new(None),
             shutdown: watch::channel(false).0,
         });
         (control, receivers)

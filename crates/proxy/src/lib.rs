@@ -19,6 +19,7 @@ mod plain_on_tls;
 mod proxy_header;
 mod resilience;
 mod route;
+mod runtime;
 mod serve;
 mod server;
 mod split;

@@ -118,6 +118,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
             }
         }
     }
+    control.load_runtime_changes(admin.as_ref().and_then(|a| a.state_file.as_deref()));
     if let Err(e) = control.apply(config) {
         running.shutdown();
         running.wait();

@@ -75,6 +75,23 @@ impl<IO> MaybeTls<tokio_rustls::server::TlsStream<IO>> {
             MaybeTls::Tls(s) => crate::client_cert(s.get_ref().1.peer_certificates()?.first()?),
         }
     }
+
+    /// The TLS version (`TLSv1.3`, as nginx's `$ssl_protocol`) and the server name the client
+    /// sent (SNI), for a TLS connection.
+    pub fn tls_info(&self) -> Option<(&'static str, Option<&str>)> {
+        match self {
+            MaybeTls::Plain(_) => None,
+            MaybeTls::Tls(s) => {
+                let c = s.get_ref().1;
+                let version = match c.protocol_version() {
+                    Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+                    Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+                    _ => "TLS",
+                };
+                Some((version, c.server_name()))
+            }
+        }
+    }
 }
 
 impl<IO> MaybeTls<tokio_rustls::client::TlsStream<IO>> {

@@ -366,11 +366,11 @@ impl Upstream {
             .saturating_add(1);
         let passive = &self.shared.group.passive;
         if passive.max_failures != 0 && run >= passive.max_failures {
-            self.try_eject(server, now);
+            self.try_eject(server, run, now);
         }
     }
 
-    fn try_eject(&self, server: usize, now: Instant) {
+    fn try_eject(&self, server: usize, run: u32, now: Instant) {
         let _serial = self.eject.lock().unwrap_or_else(|e| e.into_inner());
         let servers = &self.shared.servers;
         let Some(s) = servers.get(server) else { return };
@@ -386,6 +386,16 @@ impl Upstream {
             .count();
         let allowed = servers.len() * passive.max_ejected_percent as usize;
         if (others + 1) * 100 > allowed {
+            if run == passive.max_failures {
+                // Once per run of failures, not per failure after it.
+                tracing::warn!(
+                    group = %self.shared.group.name,
+                    server = %s.address,
+                    "passive checks: {} failures in a row, but ejecting it would take more than max_ejected_percent ({}%) of the group out: kept in",
+                    passive.max_failures,
+                    passive.max_ejected_percent
+                );
+            }
             return;
         }
         let mut t = s.timing();
@@ -404,6 +414,11 @@ impl Upstream {
         t.ejected_until = Some(now.checked_add(time).unwrap_or(now));
         s.ejected.store(true, Ordering::Release);
         drop(t);
+        tracing::warn!(
+            group = %self.shared.group.name,
+            server = %s.address,
+            "passive checks: {run} failures in a row (connect errors, timeouts, resets or 5xx): ejected for {time:?}"
+        );
         s.ejections.fetch_add(1, Ordering::Relaxed);
         s.consecutive_failures.store(0, Ordering::Relaxed);
     }
@@ -442,6 +457,11 @@ impl Upstream {
                     }
                     s.down.store(false, Ordering::Release);
                     s.health_transitions.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        group = %group.name,
+                        server = %s.address,
+                        "server up: health check passed {rise} time(s) in a row ({detail})"
+                    );
                 }
             }
         } else {
@@ -452,6 +472,11 @@ impl Upstream {
                     t.probe_failures = 0;
                     s.down.store(true, Ordering::Release);
                     s.health_transitions.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        group = %group.name,
+                        server = %s.address,
+                        "server down: health check failed {fall} time(s) in a row, last: {detail}"
+                    );
                 }
             }
         }
@@ -501,7 +526,7 @@ impl Upstream {
         for (i, s) in self.shared.servers.iter().enumerate() {
             let available = s.admin() == AdminState::Enabled
                 && !s.down.load(Ordering::Acquire)
-                && !s.check_ejection(now, slow_start);
+                && !s.check_ejection(now, slow_start, &self.shared.group.name);
             if !available {
                 out.push(0);
                 continue;

@@ -188,8 +188,9 @@ impl ServerState {
     }
 
     /// Whether an ejection is over at `now`; if so, clear it (and start slow start from its end
-    /// when `slow_start` is set). Returns whether the server is still ejected.
-    pub fn check_ejection(&self, now: Option<Instant>, slow_start: Duration) -> bool {
+    /// when `slow_start` is set) and log it for `group`. Returns whether the server is still
+    /// ejected.
+    pub fn check_ejection(&self, now: Option<Instant>, slow_start: Duration, group: &str) -> bool {
         if !self.ejected.load(Ordering::Acquire) {
             return false;
         }
@@ -207,6 +208,7 @@ impl ServerState {
                     }
                 }
                 self.ejected.store(false, Ordering::Release);
+                tracing::info!(group, server = %self.address, "passive ejection over: the server takes requests again");
                 false
             }
         }

@@ -45,7 +45,7 @@ impl Upstream {
         let slow_start = self.shared.group.passive.slow_start;
         let available = s.admin() == crate::AdminState::Enabled
             && !s.down.load(Ordering::Acquire)
-            && !s.check_ejection(Some(now), slow_start);
+            && !s.check_ejection(Some(now), slow_start, &self.shared.group.name);
         if !available || !self.try_acquire(index) {
             return None;
         }

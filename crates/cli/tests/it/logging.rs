@@ -244,3 +244,146 @@ fn handshakes_with_an_ip_address_as_server_name_log_nothing() {
     assert!(!err.contains("SNI"), "a per-handshake line:\n{err}");
     assert!(err.lines().count() < 10, "{err}");
 }
+
+/// Poll `path` until it holds a line containing every one of `needles`; that line.
+fn wait_for_line(path: &std::path::Path, needles: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needles:?} in {}:\n{text}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn post(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_json_log_file_beside_the_config_records_state_changes_and_every_reload() {
+    let dir = std::env::temp_dir().join(format!("portico-logging-json-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    // A port nobody listens on: the health check fails at once.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let base = format!(
+        "workers = 1\n[log]\nformat = \"json\"\npath = \"logs/portico.log\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+         [upstreams.dead]\nservers = [\"{dead}\"]\nhealth_check = {{ type = \"tcp\", interval = \"100ms\", timeout = \"50ms\", fall = 1 }}\n\
+         [[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nname = \"gone\"\npath = \"/gone/\"\nproxy = \"dead\"\n[[listeners.routes]]\norigin = true\n"
+    );
+    let cfg = dir.join("portico.toml");
+    std::fs::write(&cfg, &base).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let addrs = announced(&mut out, 2);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut out, &mut std::io::sink());
+    });
+    let log = dir.join("logs/portico.log");
+
+    // A server going down says which check failed.
+    let down = wait_for_line(&log, &["server down", &dead.to_string()]);
+    assert!(down.contains("\"level\":\"WARN\""), "{down}");
+    assert!(down.contains("\"group\":\"dead\""), "{down}");
+
+    // A reload by signal names who asked and what changed.
+    std::fs::write(&cfg, base.replace("name = \"gone\"", "name = \"went\"")).unwrap();
+    let _ = Command::new("kill")
+        .arg("-HUP")
+        .arg(child.id().to_string())
+        .status();
+    let reloaded = wait_for_line(&log, &["configuration reloaded", "SIGHUP"]);
+    assert!(reloaded.contains(r#"route \"went\" added"#), "{reloaded}");
+    assert!(reloaded.contains(r#"route \"gone\" removed"#), "{reloaded}");
+
+    // A refused reload through the API: logged with the caller, counted, flagged.
+    std::fs::write(&cfg, base.replace("fall = 1", "fall = 0")).unwrap();
+    let answer = post(addrs[1], "/api/reload");
+    assert!(answer.starts_with("HTTP/1.1 422"), "{answer}");
+    let refused = wait_for_line(&log, &["reload refused", "admin API from 127.0.0.1"]);
+    assert!(refused.contains("\"level\":\"ERROR\""), "{refused}");
+    assert!(refused.contains("fall"), "{refused}");
+    let page = get(addrs[1], "/metrics").unwrap();
+    assert_eq!(metric(&page, "portico_config_reload_failures_total"), 1.0);
+    assert_eq!(metric(&page, "portico_config_last_reload_successful"), 0.0);
+    assert_eq!(metric(&page, "portico_config_generation"), 2.0);
+
+    let err = stop(child);
+    // Everything went to the file, one JSON object per line with a time and a level.
+    assert!(!err.contains("server down"), "{err}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect(line);
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(text.contains("stopped"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_log_level_flag_wins_over_the_file() {
+    let dir = std::env::temp_dir().join(format!("portico-logging-flag-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("portico.toml");
+    std::fs::write(
+        &cfg,
+        "[log]\nlevel = \"debug\"\n[[listeners]]\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\norigin = true\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--log-level", "warn", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let addr = announced(&mut out, 1)[0];
+    assert!(get(addr, "/bytes/10").unwrap().starts_with("HTTP/1.1 200"));
+    let err = stop(child);
+    assert!(!err.contains("INFO") && !err.contains("DEBUG"), "{err}");
+    // Without the flag the file's level applies: the start line is info.
+    let mut child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn portico");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    announced(&mut out, 1);
+    let err = stop(child);
+    assert!(err.contains("INFO") && err.contains("worker(s)"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,6 +6,7 @@ mod compression;
 mod cors;
 mod jwt;
 mod listeners;
+mod logging;
 mod routes;
 mod tls;
 mod upstreams;
@@ -16,6 +17,8 @@ use compression::*;
 use cors::*;
 use jwt::*;
 use listeners::*;
+pub use logging::filter_error as log_filter_error;
+use logging::*;
 use routes::*;
 use tls::*;
 use upstreams::*;
@@ -123,6 +126,12 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
         true,
     );
     let access_log = raw.access_log.as_ref().map(|a| access_log(&mut ctx, a));
+    let log = raw
+        .log
+        .as_ref()
+        .map(|l| log(&mut ctx, l))
+        .unwrap_or_default();
+    let request_id = raw.request_id.as_ref().map(|r| request_id(&mut ctx, r));
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
@@ -136,6 +145,8 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
             listeners,
             upstreams,
             access_log,
+            log,
+            request_id,
             admin,
             drain_timeout,
             workers,
@@ -376,7 +387,7 @@ fn access_log(ctx: &mut Ctx<'_>, raw: &RawAccessLog) -> AccessLog {
                 ctx.error(start(p), "access_log.path", message);
                 None
             }
-            None => Some(PathBuf::from(p.get_ref())),
+            None => Some(relative_to_config(ctx.file, p.get_ref())),
         });
     let format = match raw.format.as_ref() {
         None => AccessLogFormat::Combined,
@@ -450,7 +461,21 @@ fn admin(ctx: &mut Ctx<'_>, raw: &Spanned<RawAdmin>, listeners: &[Listener]) -> 
             format!("the admin listener on non-loopback {address} needs a `token`: anyone who reaches it could change the proxy"),
         );
     }
-    Some(Admin { address, token })
+    let state_file =
+        a.state_file
+            .as_ref()
+            .and_then(|p| match plain_text_error(p.get_ref(), "path") {
+                Some(message) => {
+                    ctx.error(start(p), "admin.state_file", message);
+                    None
+                }
+                None => Some(relative_to_config(ctx.file, p.get_ref())),
+            });
+    Some(Admin {
+        address,
+        token,
+        state_file,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

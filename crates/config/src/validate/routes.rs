@@ -572,7 +572,7 @@ pub(super) fn action(
                 None => Vec::new(),
             };
             Action::Static(StaticAction {
-                root: Some(PathBuf::from(root.get_ref())),
+                root: Some(relative_to_config(ctx.file, root.get_ref())),
                 index: index(ctx, key, r),
                 precompressed,
             })
@@ -593,7 +593,7 @@ pub(super) fn action(
                     if let Some(message) = plain_text_error(root, "origin root") {
                         ctx.error(start(origin), &sub(key, "origin"), message);
                     }
-                    Some(PathBuf::from(root))
+                    Some(relative_to_config(ctx.file, root))
                 }
             };
             Action::Origin(StaticAction {

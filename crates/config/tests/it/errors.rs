@@ -622,6 +622,51 @@ fn tls_paths_resolve_against_the_config_directory() {
 }
 
 #[test]
+fn log_files_and_served_directories_resolve_against_the_config_directory() {
+    let text = "access_log = { path = \"logs/access.log\" }\n[log]\npath = \"/var/log/p.log\"\n[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\npath = \"/s/\"\nstatic = \"www\"\n[[listeners.routes]]\norigin = \"files\"\n";
+    let cfg = parse(text, "/etc/portico/portico.toml").unwrap();
+    let access = cfg.access_log.as_ref().unwrap().path.as_deref();
+    assert_eq!(
+        access,
+        Some(std::path::Path::new("/etc/portico/logs/access.log"))
+    );
+    assert_eq!(
+        cfg.log.path.as_deref(),
+        Some(std::path::Path::new("/var/log/p.log"))
+    );
+    let root = |i: usize| match &cfg.listeners[0].routes[i].action {
+        portico_config::Action::Static(s) | portico_config::Action::Origin(s) => s.root.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(root(0), Some("/etc/portico/www".into()));
+    assert_eq!(root(1), Some("/etc/portico/files".into()));
+}
+
+#[test]
+fn log_and_request_id_tables_are_checked() {
+    let base = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\norigin = true\n";
+    assert_eq!(
+        err(&format!("[log]\nlevel = \"loud\"\n{base}")),
+        "t.toml:2:9: log.level: unknown level \"loud\"; expected trace, debug, info, warn, error or off, or TARGET=LEVEL"
+    );
+    assert_eq!(
+        err(&format!("[log]\nformat = \"xml\"\n{base}")),
+        "t.toml:2:10: log.format: unknown log format \"xml\"; expected \"text\" or \"json\""
+    );
+    assert_eq!(
+        err(&format!("[request_id]\nheader = \"X-Forwarded-For\"\n{base}")),
+        "t.toml:2:10: request_id.header: \"x-forwarded-for\" has a meaning of its own: choose another field, such as \"x-request-id\""
+    );
+    let cfg = parse(&format!("[request_id]\nresponse = true\n{base}"), "t.toml").unwrap();
+    let rid = cfg.request_id.unwrap();
+    assert_eq!(
+        (rid.header.as_str(), rid.from_client, rid.response),
+        ("x-request-id", true, true)
+    );
+    assert!(parse(base, "t.toml").unwrap().request_id.is_none());
+}
+
+#[test]
 fn admin_needs_a_token_off_loopback_and_its_own_port() {
     let l = "[[listeners]]\naddress = \"127.0.0.1:8080\"\n[[listeners.routes]]\nrespond = { status = 200 }\n";
     let e = err(&format!("[admin]\naddress = \"0.0.0.0:9901\"\n{l}"));

@@ -2,10 +2,11 @@
 
 use crate::control::Control;
 use crate::metrics::{Exposition, HistogramSnapshot, RouteStats, BUCKETS_US};
+use crate::runtime::Changes;
 use crate::state::Shared;
 use crate::telemetry::stats::Stats;
 use bytes::BytesMut;
-use portico_config::{Action, Admin, Balance, Config, Route, Server, UpstreamGroup};
+use portico_config::{Action, Admin, Balance, Route, UpstreamGroup};
 use portico_http1::{parse_request, Framing};
 use portico_upstream::{AdminState, Health, ServerStatus, Upstream};
 use serde_json::{json, Value};
@@ -65,9 +66,9 @@ impl AdminServer {
                     loop {
                         tokio::select! {
                             r = listener.accept() => match r {
-                                Ok((stream, _)) => {
+                                Ok((stream, peer)) => {
                                     let _ = stream.set_nodelay(true);
-                                    tokio::spawn(serve(stream, control.clone(), token.clone()));
+                                    tokio::spawn(serve(stream, peer, control.clone(), token.clone()));
                                 }
                                 Err(e) => {
                                     tracing::warn!("admin accept failed: {e}");
@@ -117,6 +118,8 @@ pub struct Request {
     pub query: Option<String>,
     pub authorization: Option<String>,
     pub body: Vec<u8>,
+    /// Who asked, for the log lines of changes: `admin API from PEER`.
+    pub by: String,
 }
 
 /// One admin response.
@@ -143,7 +146,12 @@ impl Response {
     }
 }
 
-async fn serve(mut stream: TcpStream, control: Arc<Control>, token: Option<Arc<str>>) {
+async fn serve(
+    mut stream: TcpStream,
+    peer: std::net::SocketAddr,
+    control: Arc<Control>,
+    token: Option<Arc<str>>,
+) {
     let mut buf = BytesMut::with_capacity(4096);
     let limits = portico_http1::Limits::default();
     loop {
@@ -189,6 +197,7 @@ async fn serve(mut stream: TcpStream, control: Arc<Control>, token: Option<Arc<s
                 .field("authorization")
                 .map(|v| String::from_utf8_lossy(v).into_owned()),
             body,
+            by: format!("admin API from {peer}"),
         };
         let resp = handle(&control, token.as_deref(), &req);
         tracing::debug!(method = %req.method, path = %req.path, status = resp.status, "admin");
@@ -280,7 +289,7 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                 }),
             )
         }
-        ("POST", ["api", "reload"]) => match control.reload() {
+        ("POST", ["api", "reload"]) => match control.reload(&req.by) {
             Ok(s) => Response::json(
                 200,
                 &json!({
@@ -288,6 +297,7 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                     "added": s.added,
                     "removed": s.removed,
                     "kept": s.kept,
+                    "changes": s.changes,
                 }),
             ),
             Err(e) => Response::error(
@@ -295,9 +305,9 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                 format!("reload refused, the running configuration stays: {e}"),
             ),
         },
-        ("POST", ["api", "groups", group, "servers"]) => add_server(control, group, &req.body),
+        ("POST", ["api", "groups", group, "servers"]) => add_server(control, group, req),
         ("DELETE", ["api", "groups", group, "servers", server]) => {
-            remove_server(control, group, server)
+            remove_server(control, group, server, &req.by)
         }
         (
             "POST",
@@ -308,9 +318,11 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                 "disable" => AdminState::Disabled,
                 _ => AdminState::Enabled,
             };
-            with_server(control, group, server, |u, i| {
+            with_server(control, group, server, |u, i, changes| {
+                let address = u.group().servers[i].address;
                 u.set_admin(i, state);
-                tracing::info!(group, server = %u.group().servers[i].address, state = admin_name(state), "admin: server state changed");
+                changes.state(group, address, state);
+                tracing::info!(by = req.by, group, server = %address, state = admin_name(state), "admin: server state changed");
                 Ok(())
             })
         }
@@ -325,43 +337,75 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                     ),
                 );
             };
-            with_server(control, group, server, |u, i| {
+            with_server(control, group, server, |u, i, changes| {
                 if !u.set_weight(i, weight) {
                     return Err(Response::error(
                         400,
                         "weight must be at least 1 (use disable to take a server out)",
                     ));
                 }
-                tracing::info!(group, server = %u.group().servers[i].address, weight, "admin: server weight changed");
+                let s = &u.group().servers[i];
+                changes.weight(group, s.address, weight, s.weight);
+                tracing::info!(by = req.by, group, server = %s.address, weight, "admin: server weight changed");
                 Ok(())
             })
         }
-        (_, [""] | ["metrics"] | ["api", "status"] | ["api", "config"] | ["api", "reload"])
+        ("GET" | "HEAD", ["api", "changes"]) => {
+            let (groups, file) = control.runtime_changes();
+            Response::json(
+                200,
+                &json!({
+                    "state_file": file.map(|f| f.display().to_string()),
+                    "groups": groups,
+                }),
+            )
+        }
+        ("DELETE", ["api", "changes"]) => match control.revert_runtime_changes() {
+            Ok(s) => {
+                tracing::info!(by = req.by, "admin: runtime changes undone");
+                Response::json(200, &json!({ "generation": s.generation, "groups": {} }))
+            }
+            Err(e) => Response::error(409, format!("change refused: {e}")),
+        },
+        (
+            _,
+            [""]
+            | ["metrics"]
+            | ["api", "status"]
+            | ["api", "config"]
+            | ["api", "reload"]
+            | ["api", "changes"],
+        )
         | (_, ["api", "groups", _, "servers", ..]) => Response::error(405, "method not allowed"),
         _ => Response::error(404, "no such admin resource"),
     }
 }
 
-/// Find a group and one of its servers (by index or address) in the current snapshot, run `f`,
-/// and answer with the server's new status.
+/// Find a group and one of its servers (by index or address) in the current snapshot, run `f`
+/// (which records what it changed), and answer with the server's new status. Runs under the
+/// control plane's lock, so no reload replaces the group meanwhile.
 fn with_server(
     control: &Control,
     group: &str,
     server: &str,
-    f: impl FnOnce(&Upstream, usize) -> Result<(), Response>,
+    f: impl FnOnce(&Upstream, usize, &mut Changes) -> Result<(), Response>,
 ) -> Response {
-    let Some(u) = control.upstream(group) else {
-        return Response::error(404, format!("no upstream group {group:?}"));
+    let found = control.record(|changes, shared| {
+        let Some(u) = shared.upstreams.iter().find(|u| u.group().name == group) else {
+            return Err(Response::error(404, format!("no upstream group {group:?}")));
+        };
+        let Some(i) = server_index(u.group(), server) else {
+            return Err(Response::error(
+                404,
+                format!("group {group:?} has no server {server:?} (give its index or address)"),
+            ));
+        };
+        f(u, i, changes).map(|()| i)
+    });
+    let i = match found {
+        Ok(i) => i,
+        Err(r) => return r,
     };
-    let Some(i) = server_index(u.group(), server) else {
-        return Response::error(
-            404,
-            format!("group {group:?} has no server {server:?} (give its index or address)"),
-        );
-    };
-    if let Err(r) = f(&u, i) {
-        return r;
-    }
     let shared = control.snapshot();
     let groups = groups_json(&shared);
     let server = groups
@@ -381,24 +425,26 @@ fn server_index(group: &UpstreamGroup, server: &str) -> Option<usize> {
     group.servers.iter().position(|s| s.address == addr)
 }
 
-/// Apply the current configuration with one group changed: the change goes through the same
-/// path as a reload (state of the servers that stay is carried over).
-fn change_group(
+/// Record a server list change, then apply the current configuration again: the change goes
+/// through the same path as a reload (state of the servers that stay is carried over). A
+/// change the new configuration cannot take is undone.
+fn change_servers(
     control: &Control,
     group: &str,
-    change: impl FnOnce(&mut UpstreamGroup) -> Result<(), Response>,
+    change: impl FnOnce(&UpstreamGroup, &mut Changes) -> Result<(), Response>,
 ) -> Response {
-    let shared = control.snapshot();
-    let mut config: Config = (*shared.config).clone();
-    let Some(slot) = config.upstreams.iter_mut().find(|g| g.name == group) else {
-        return Response::error(404, format!("no upstream group {group:?}"));
+    let before = control.record(|changes, shared| {
+        let Some(u) = shared.upstreams.iter().find(|u| u.group().name == group) else {
+            return Err(Response::error(404, format!("no upstream group {group:?}")));
+        };
+        let before = changes.clone();
+        change(u.group(), changes).map(|()| before)
+    });
+    let before = match before {
+        Ok(b) => b,
+        Err(r) => return r,
     };
-    let mut g = (**slot).clone();
-    if let Err(r) = change(&mut g) {
-        return r;
-    }
-    *slot = Arc::new(g);
-    match control.apply(config) {
+    match control.reapply() {
         Ok(s) => {
             let shared = control.snapshot();
             let groups = groups_json(&shared);
@@ -408,12 +454,18 @@ fn change_group(
                 .unwrap_or(Value::Null);
             Response::json(200, &json!({ "generation": s.generation, "group": g }))
         }
-        Err(e) => Response::error(409, format!("change refused: {e}")),
+        Err(e) => {
+            let _ = control.record(|changes, _| {
+                *changes = before;
+                Ok::<(), ()>(())
+            });
+            Response::error(409, format!("change refused: {e}"))
+        }
     }
 }
 
-fn add_server(control: &Control, group: &str, body: &[u8]) -> Response {
-    let v: Value = match serde_json::from_slice(body) {
+fn add_server(control: &Control, group: &str, req: &Request) -> Response {
+    let v: Value = match serde_json::from_slice(&req.body) {
         Ok(v) => v,
         Err(e) => {
             return Response::error(
@@ -444,25 +496,25 @@ fn add_server(control: &Control, group: &str, body: &[u8]) -> Response {
             None => return Response::error(400, "\"weight\" must be an integer from 1 to 1000"),
         },
     };
-    let r = change_group(control, group, |g| {
+    let r = change_servers(control, group, |g, changes| {
         if g.servers.iter().any(|s| s.address == address) {
             return Err(Response::error(
                 409,
                 format!("group {group:?} already has server {address}"),
             ));
         }
-        g.servers.push(Server { address, weight });
+        changes.added(group, address, weight);
         Ok(())
     });
     if r.status == 200 {
-        tracing::info!(group, %address, weight, "admin: server added");
+        tracing::info!(by = req.by, group, %address, weight, "admin: server added");
     }
     r
 }
 
-fn remove_server(control: &Control, group: &str, server: &str) -> Response {
+fn remove_server(control: &Control, group: &str, server: &str, by: &str) -> Response {
     let mut removed = None;
-    let r = change_group(control, group, |g| {
+    let r = change_servers(control, group, |g, changes| {
         let Some(i) = server_index(g, server) else {
             return Err(Response::error(
                 404,
@@ -475,11 +527,13 @@ fn remove_server(control: &Control, group: &str, server: &str) -> Response {
                 "cannot remove the last server of a group",
             ));
         }
-        removed = Some(g.servers.remove(i).address);
+        let address = g.servers[i].address;
+        changes.removed(group, address);
+        removed = Some(address);
         Ok(())
     });
     if let Some(address) = removed.filter(|_| r.status == 200) {
-        tracing::info!(group, %address, "admin: server removed");
+        tracing::info!(by, group, %address, "admin: server removed");
     }
     r
 }
@@ -720,7 +774,38 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
         "Configurations applied since start (1 = the initial one).",
     );
     e.sample("portico_config_generation", &[], shared.generation as f64);
+    e.family(
+        "portico_config_last_reload_successful",
+        "gauge",
+        "Whether the last reload (SIGHUP or admin API) was applied: 1, or refused: 0 (1 before any).",
+    );
+    e.sample(
+        "portico_config_last_reload_successful",
+        &[],
+        f64::from(u8::from(
+            stats
+                .config_last_reload_ok
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )),
+    );
+    e.family(
+        "portico_config_last_reload_success_timestamp_seconds",
+        "gauge",
+        "When the running configuration was applied (Unix time: the start or the last successful reload).",
+    );
+    e.sample(
+        "portico_config_last_reload_success_timestamp_seconds",
+        &[],
+        stats
+            .config_last_reload_at
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
     let global = [
+        (
+            "portico_config_reload_failures_total",
+            "Reloads refused (an invalid file, a port in use, an unreadable certificate); the running configuration stayed.",
+            &stats.config_reload_failures,
+        ),
         (
             "portico_connections_accepted_total",
             "Downstream connections accepted.",

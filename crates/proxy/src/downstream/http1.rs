@@ -105,7 +105,10 @@ impl<'a> Client<'a> for H1Down<'a> {
         let status = e.status();
         let body_done = !head.has_body();
         let ka = body_done && conn::may_keep_alive(self.c, self.ctx, head);
-        let r = conn::write_simple(self.c, status, "text/plain", body, ka, Some(head), extra).await;
+        let id = conn::answer_id(self.c, self.ctx, head);
+        let extra = super::with_id(extra, &id);
+        let r =
+            conn::write_simple(self.c, status, "text/plain", body, ka, Some(head), &extra).await;
         Outcome {
             termination: e.termination(Phase::Route),
             status,
@@ -124,7 +127,9 @@ impl<'a> Client<'a> for H1Down<'a> {
         extra: &[(&str, &str)],
     ) -> Outcome {
         let ka = conn::may_keep_alive(self.c, self.ctx, head);
-        let r = conn::write_simple(self.c, status, content_type, body, ka, Some(head), extra);
+        let id = conn::answer_id(self.c, self.ctx, head);
+        let extra = super::with_id(extra, &id);
+        let r = conn::write_simple(self.c, status, content_type, body, ka, Some(head), &extra);
         match r.await {
             Ok(n) => Outcome::ok(status, ka, n),
             Err(e) => Outcome {

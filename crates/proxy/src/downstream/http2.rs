@@ -39,9 +39,15 @@ pub(crate) struct H2Down<'a> {
     pub client: Option<(std::net::IpAddr, Box<str>)>,
 }
 
-impl H2Down<'_> {
+impl<'a> H2Down<'a> {
     fn send_timeout(&self) -> Duration {
         self.ls.listener.limits.send_timeout
+    }
+
+    /// The request id field a local answer to `head` carries, if any.
+    fn answer_id<'h>(&self, head: &'h RequestHead) -> Option<(&'a str, std::borrow::Cow<'h, str>)> {
+        let settings = self.shared.config.request_id.as_ref();
+        crate::telemetry::request_id::answer_field(settings, self.timings.request_id, head)
     }
 }
 
@@ -103,8 +109,22 @@ impl<'a> Client<'a> for H2Down<'a> {
 
     async fn fail(&mut self, head: &RequestHead, e: ProxyError, phase: Phase, _: bool) -> Outcome {
         let limit = self.send_timeout();
+        let id = self.answer_id(head);
+        let id = id.as_ref().map(|(n, v)| (*n, &**v));
         let mut respond = self.respond.borrow_mut();
-        fail_h2(&mut respond, self.link.peer, Some(head), e, phase, limit).await
+        let target = head.target();
+        tracing::debug!(peer = %self.link.peer, target, "HTTP/2 request failed: {e}");
+        let body = crate::error::error_body(e.status());
+        answer_h2(
+            &mut respond,
+            Some(head),
+            e,
+            phase,
+            body,
+            id.as_slice(),
+            limit,
+        )
+        .await
     }
 
     async fn refuse(
@@ -115,6 +135,8 @@ impl<'a> Client<'a> for H2Down<'a> {
         extra: &[(&str, &str)],
     ) -> Outcome {
         let limit = self.send_timeout();
+        let id = self.answer_id(head);
+        let extra = super::with_id(extra, &id);
         let mut respond = self.respond.borrow_mut();
         answer_h2(
             &mut respond,
@@ -122,7 +144,7 @@ impl<'a> Client<'a> for H2Down<'a> {
             e,
             Phase::Route,
             body,
-            extra,
+            &extra,
             limit,
         )
         .await
@@ -138,13 +160,15 @@ impl<'a> Client<'a> for H2Down<'a> {
     ) -> Outcome {
         let head_only = *head.method() == Method::Head;
         let limit = self.send_timeout();
+        let id = self.answer_id(head);
+        let extra = super::with_id(extra, &id);
         let mut respond = self.respond.borrow_mut();
         let r = send_simple(
             &mut respond,
             status,
             content_type,
             body,
-            extra,
+            &extra,
             head_only,
             limit,
         );
@@ -162,8 +186,10 @@ impl<'a> Client<'a> for H2Down<'a> {
 
     async fn origin(&mut self, head: &RequestHead, origin: &portico_origin::Origin) -> Outcome {
         let limit = self.send_timeout();
+        let id = self.answer_id(head);
+        let id = id.as_ref().map(|(n, v)| (*n, &**v));
         let mut respond = self.respond.borrow_mut();
-        origin_answer(&mut respond, head, origin, limit).await
+        origin_answer(&mut respond, head, origin, id, limit).await
     }
 
     fn has_body(&self, _: &RequestHead) -> bool {
@@ -441,6 +467,7 @@ async fn origin_answer(
     respond: &mut SendResponse<Bytes>,
     head: &RequestHead,
     origin: &portico_origin::Origin,
+    id: Option<(&str, &str)>,
     limit: Duration,
 ) -> Outcome {
     let mut headers = http::HeaderMap::new();
@@ -452,6 +479,9 @@ async fn origin_answer(
             append(&mut headers, n, v);
         }
     });
+    if let Some((n, v)) = id {
+        append(&mut headers, n, v.as_bytes());
+    }
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;
     }

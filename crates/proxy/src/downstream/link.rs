@@ -22,6 +22,8 @@ pub(crate) struct Link {
     pub peer: SocketAddr,
     pub client_ip: String,
     pub tls: bool,
+    /// The TLS version and the server name the client sent, for the access log.
+    pub tls_info: Option<(&'static str, Option<Box<str>>)>,
     pub client_cert: Option<Box<portico_tls::ClientCert>>,
     pub(crate) slot: u64,
     pub(crate) current: RefCell<Rc<Current>>,

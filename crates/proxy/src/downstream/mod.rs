@@ -44,6 +44,21 @@ pub struct Who<'a> {
     pub cert: Option<&'a portico_tls::ClientCert>,
 }
 
+/// `extra` fields of a local answer, and its request id field when it carries one.
+pub(crate) fn with_id<'x>(
+    extra: &'x [(&'x str, &'x str)],
+    id: &'x Option<(&'x str, std::borrow::Cow<'x, str>)>,
+) -> std::borrow::Cow<'x, [(&'x str, &'x str)]> {
+    match id {
+        None => std::borrow::Cow::Borrowed(extra),
+        Some((n, v)) => {
+            let mut all = extra.to_vec();
+            all.push((n, v));
+            std::borrow::Cow::Owned(all)
+        }
+    }
+}
+
 /// Most interim (1xx) responses accepted before the final one.
 pub(crate) const MAX_INTERIM: usize = 8;
 

@@ -266,6 +266,13 @@ impl Picked<'_> {
                         server_name = %tls.origination.server_name(addr).to_str(),
                         "TLS handshake with upstream failed: {why}"
                     );
+                } else {
+                    crate::telemetry::logging::log_limited!(
+                        warn,
+                        group = %group.name,
+                        server = %addr,
+                        "cannot connect to upstream server: {e}"
+                    );
                 }
                 self.upstream.report(self.server(), report, Instant::now());
                 let next = match retry.allows(RetryCause::Connect, self.gi, self.server(), stats) {

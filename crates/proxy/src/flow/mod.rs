@@ -16,6 +16,7 @@ use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
 use crate::metrics::RouteStats;
 use crate::resilience::retry::Retry;
 use crate::resilience::RouteResilience;
+use crate::telemetry::request_id::RequestId;
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::{Phase, Termination};
 use crate::upstream::pool::UpConn;
@@ -51,6 +52,9 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
             down.set_client(client);
         }
     }
+    if let Some(settings) = &env.shared.config.request_id {
+        down.timings().request_id = RequestId::of(settings, head);
+    }
     let idx = crate::route::select(
         &ls.listener.routes,
         head.method().as_str(),
@@ -63,6 +67,7 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
             .fail(head, ProxyError::NoRoute, Phase::Route, false)
             .await;
     };
+    down.timings().route = u16::try_from(idx).ok();
     let outcome = run_route(down, head, idx).await;
     // A response the client never got (status 0 or a failed write) still counts its latency.
     // One clock read: the log filters' latency and the end of the access log's timings.
@@ -364,10 +369,17 @@ async fn proxy_action<'a, D: Client<'a>>(
     let counters = &ls.route_stats[idx];
     let mut forward = Edits::default();
     let group;
+    let rid = down.timings().request_id;
     {
         let who = down.who();
         let vars = RequestVars::new(head, route, who.tls, who.ip);
         filters.forward(route, &vars, &mut forward);
+        if let Some(settings) = &env.shared.config.request_id {
+            // A generated id replaces whatever the client sent in its field.
+            if let Some(id) = rid.generated() {
+                forward.replace(&settings.header, id);
+            }
+        }
         group = if filters.is_rare() {
             rare_forward(route, p, head, who.ip, auth_fields, &mut forward)
         } else {
@@ -610,9 +622,15 @@ async fn attempt<'a, D: Client<'a>>(
     }
     let idle = t.group().idle_timeout;
     let mut edits = Edits::default();
+    let rid = down.timings().request_id;
     let who = down.who();
     let vars = RequestVars::new(head, route, who.tls, who.ip);
     let mut z = response_filters(px, head, &vars, &resp, &t, &mut edits);
+    if let Some(settings) = shared.config.request_id.as_ref().filter(|r| r.response) {
+        if let Some(id) = rid.text(settings, head) {
+            edits.replace(&settings.header, id.into_owned());
+        }
+    }
     let via = p.via;
     match resp {
         UpResponse::H1 { mut up, head: rh } => {

@@ -5,6 +5,7 @@ use crate::downstream::http1::H1Down;
 use crate::error::error_body;
 use crate::error::ProxyError;
 use crate::stream::ClientStream;
+use crate::telemetry::access_log::Record;
 use crate::telemetry::stats::{Outcome, Phase, Termination};
 use crate::telemetry::timing::Timings;
 use bytes::BytesMut;
@@ -209,9 +210,24 @@ async fn close(c: &mut Conn, lingering: bool) {
 
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
     if let Some(log) = &ctx.shared.access_log {
-        let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
-        let sender = crate::filter::sender(c.peer, head, &ctx.ls.listener.trusted_proxies);
-        log.write(sender, head, protocol, o, &c.timings.phases(started));
+        let listener = &ctx.ls.listener;
+        let id = head.zip(ctx.shared.config.request_id.as_ref());
+        let id = id.and_then(|(h, s)| c.timings.request_id.text(s, h));
+        log.write(&Record {
+            sender: crate::filter::sender(c.peer, head, &listener.trusted_proxies),
+            head,
+            protocol: head.map_or("HTTP/1.1", |h| h.version().as_str()),
+            outcome: o,
+            phases: &c.timings.phases(started),
+            listener: &listener.name,
+            route: c
+                .timings
+                .route
+                .and_then(|i| listener.routes.get(usize::from(i)))
+                .map(|r| r.name.as_str()),
+            tls: c.stream.tls_info(),
+            request_id: id.as_deref(),
+        });
     }
 }
 

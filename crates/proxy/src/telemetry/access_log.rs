@@ -36,27 +36,9 @@ impl AccessLogger {
         })
     }
 
-    /// Write one record; `protocol` as nginx's `$server_protocol` (`HTTP/1.1`, `HTTP/2.0`).
-    /// Never waits for the output.
-    /// `sender`: the socket's peer and the request's client (the one a trusted proxy's
-    /// `X-Forwarded-For` names; the peer is logged too, in JSON, when they differ).
-    pub fn write(
-        &self,
-        sender: Sender,
-        head: Option<&RequestHead>,
-        protocol: &str,
-        o: &Outcome,
-        phases: &Phases,
-    ) {
-        let line = format_line(
-            self.format,
-            sender,
-            head,
-            protocol,
-            o,
-            phases,
-            SystemTime::now(),
-        );
+    /// Write one record. Never waits for the output.
+    pub fn write(&self, r: &Record<'_>) {
+        let line = format_line(self.format, r, SystemTime::now());
         self.out.push(line.as_bytes());
     }
 
@@ -92,21 +74,35 @@ fn seconds_or_dash(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_string(), |d| format!("{:.6}", d.as_secs_f64()))
 }
 
+/// What one access-log line tells about a request.
+pub struct Record<'a> {
+    /// The socket's peer and the request's client (the one a trusted proxy's `X-Forwarded-For`
+    /// names; the peer is logged too, in JSON, when they differ).
+    pub sender: Sender,
+    /// None when the head could not be read.
+    pub head: Option<&'a RequestHead>,
+    /// As nginx's `$server_protocol` (`HTTP/1.1`, `HTTP/2.0`).
+    pub protocol: &'a str,
+    pub outcome: &'a Outcome,
+    pub phases: &'a Phases,
+    pub listener: &'a str,
+    /// The route that took the request (None: no route matched, or no head).
+    pub route: Option<&'a str>,
+    /// The TLS version and the server name (SNI) the client sent, on TLS listeners.
+    pub tls: Option<(&'static str, Option<&'a str>)>,
+    /// The request id, when `[request_id]` is on.
+    pub request_id: Option<&'a str>,
+}
+
 /// Format one access-log line (ending in '\n'). Combined: the Apache/nginx combined format,
 /// then the total seconds, the termination code, and the head, upstream connect and time to
-/// first upstream byte in seconds (`-` when absent). JSON: the same facts as named fields, the
-/// phases as `head_s`, `connect_s` and `ttfb_s` (absent when the phase did not happen).
-/// `protocol` is the request line's version (`HTTP/2.0` for HTTP/2 streams, as nginx logs them).
-pub fn format_line(
-    format: AccessLogFormat,
-    sender: Sender,
-    head: Option<&RequestHead>,
-    protocol: &str,
-    o: &Outcome,
-    phases: &Phases,
-    now: SystemTime,
-) -> String {
-    let Sender { peer, client } = sender;
+/// first upstream byte in seconds (`-` when absent), then the request id when ids are on. JSON:
+/// the same facts as named fields (the phases as `head_s`, `connect_s` and `ttfb_s`, absent
+/// when the phase did not happen) and the time (RFC 3339, milliseconds), host, listener, route,
+/// referer, user agent, TLS version and server name, and request id.
+pub fn format_line(format: AccessLogFormat, r: &Record<'_>, now: SystemTime) -> String {
+    let Sender { peer, client } = r.sender;
+    let (head, o, phases, protocol) = (r.head, r.outcome, r.phases, r.protocol);
     let elapsed = phases.total;
     let method = head.map(|h| h.method().as_str()).unwrap_or("-");
     let target = head.map(|h| h.target()).unwrap_or("-");
@@ -117,7 +113,7 @@ pub fn format_line(
     let mut s = String::with_capacity(256);
     match format {
         AccessLogFormat::Combined => {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "{} - - [{}] \"{} {} {}\" {} {} \"{}\" \"{}\" {:.6} {} {} {} {}",
                 client,
@@ -139,10 +135,14 @@ pub fn format_line(
                 seconds_or_dash(phases.connect),
                 seconds_or_dash(phases.ttfb),
             );
+            if let Some(id) = r.request_id {
+                let _ = write!(s, " {id}");
+            }
+            s.push('\n');
         }
         AccessLogFormat::Json => {
             s.push_str("{\"time\":\"");
-            s.push_str(&httpdate::fmt_http_date(now));
+            rfc3339_millis(now, &mut s);
             let _ = write!(s, "\",\"client\":\"{client}\",");
             if client != peer.ip() {
                 let _ = write!(s, "\"peer\":\"{}\",", peer.ip());
@@ -174,10 +174,53 @@ pub fn format_line(
                     let _ = write!(s, ",\"{name}\":{:.6}", d.as_secs_f64());
                 }
             }
+            let host = head.and_then(|h| h.host());
+            let text = [
+                ("host", host.map(std::borrow::Cow::Borrowed)),
+                ("listener", Some(r.listener.into())),
+                ("route", r.route.map(Into::into)),
+                ("referer", field("referer").map(Into::into)),
+                ("user_agent", field("user-agent").map(Into::into)),
+                ("tls_version", r.tls.map(|t| t.0.into())),
+                ("sni", r.tls.and_then(|t| t.1).map(Into::into)),
+                ("request_id", r.request_id.map(Into::into)),
+            ];
+            for (name, value) in text {
+                if let Some(v) = value {
+                    let _ = write!(s, ",\"{name}\":\"");
+                    json_escape(&v, &mut s);
+                    s.push('"');
+                }
+            }
             s.push_str("}\n");
         }
     }
     s
+}
+
+/// `2026-11-26T08:15:53.123Z`: RFC 3339 in UTC with milliseconds.
+fn rfc3339_millis(t: SystemTime, out: &mut String) {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm, for days since 1970-01-01).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let _ = write!(
+        out,
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60,
+        since.subsec_millis()
+    );
 }
 
 #[cfg(test)]
@@ -209,15 +252,18 @@ mod tests {
             peer,
             client: peer.ip(),
         };
-        format_line(
-            format,
+        let r = Record {
             sender,
-            Some(&head),
+            head: Some(&head),
             protocol,
-            &o,
+            outcome: &o,
             phases,
-            UNIX_EPOCH,
-        )
+            listener: "web",
+            route: None,
+            tls: None,
+            request_id: None,
+        };
+        format_line(format, &r, UNIX_EPOCH)
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -264,11 +310,88 @@ mod tests {
         let l = line(AccessLogFormat::Json, &reused);
         assert!(l.contains("\"duration_s\":0.005000"), "{l}");
         assert!(
-            l.ends_with(",\"upstream\":\"10.0.0.1:80\",\"head_s\":0.000250,\"ttfb_s\":0.003000}\n"),
+            l.contains(",\"upstream\":\"10.0.0.1:80\",\"head_s\":0.000250,\"ttfb_s\":0.003000,"),
             "{l}"
         );
         assert!(!l.contains("connect_s"), "{l}");
         let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
         assert_eq!(v["ttfb_s"].as_f64(), Some(0.003));
+        assert_eq!(v["time"].as_str(), Some("1970-01-01T00:00:00.000Z"));
+        assert_eq!(v["host"].as_str(), Some("h"));
+        assert_eq!(v["listener"].as_str(), Some("web"));
+        assert_eq!(v["user_agent"].as_str(), Some("ua"));
+        assert!(
+            v.get("route").is_none() && v.get("request_id").is_none(),
+            "{l}"
+        );
+    }
+
+    #[test]
+    fn rfc3339_time_matches_the_http_date() {
+        for secs in [
+            0u64,
+            951_782_400,
+            1_795_000_000,
+            4_102_444_799,
+            1_709_164_800,
+        ] {
+            let t = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(7);
+            let mut s = String::new();
+            rfc3339_millis(t, &mut s);
+            // "Tue, 29 Feb 2000 00:00:00 GMT" against "2000-02-29T00:00:00.007Z".
+            let http = httpdate::fmt_http_date(t);
+            let parts: Vec<&str> = http.split(' ').collect();
+            let month = [
+                "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+            ]
+            .iter()
+            .position(|m| *m == parts[2])
+            .unwrap()
+                + 1;
+            let expected = format!("{}-{month:02}-{}T{}.007Z", parts[3], parts[1], parts[4]);
+            assert_eq!(s, expected, "{secs}");
+        }
+    }
+
+    #[test]
+    fn route_tls_and_request_id_are_logged_when_known() {
+        let mut buf = BytesMut::from(
+            &b"GET / HTTP/1.1\r\nHost: example.com:8443\r\nReferer: https://a/\r\n\r\n"[..],
+        );
+        let head = portico_http1::parse_request(&mut buf, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap();
+        let o = Outcome::ok(204, true, 0);
+        let peer: SocketAddr = "192.0.2.1:5555".parse().unwrap();
+        let r = Record {
+            sender: Sender {
+                peer,
+                client: peer.ip(),
+            },
+            head: Some(&head),
+            protocol: "HTTP/1.1",
+            outcome: &o,
+            phases: &Phases::default(),
+            listener: "tls",
+            route: Some("api"),
+            tls: Some(("TLSv1.3", Some("example.com"))),
+            request_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+        };
+        let l = format_line(AccessLogFormat::Json, &r, UNIX_EPOCH);
+        let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
+        assert_eq!(v["route"].as_str(), Some("api"));
+        assert_eq!(v["host"].as_str(), Some("example.com"));
+        assert_eq!(v["referer"].as_str(), Some("https://a/"));
+        assert_eq!(v["tls_version"].as_str(), Some("TLSv1.3"));
+        assert_eq!(v["sni"].as_str(), Some("example.com"));
+        assert_eq!(
+            v["request_id"].as_str(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        let l = format_line(AccessLogFormat::Combined, &r, UNIX_EPOCH);
+        assert!(
+            l.ends_with(" - - - 4bf92f3577b34da6a3ce929d0e0e4736\n"),
+            "{l}"
+        );
     }
 }

@@ -1,6 +1,7 @@
-//! What the proxy tells about itself: counters and termination records, the access log, the non-blocking log sink and rate-limited log lines, per-request phase timings.
+//! What the proxy tells about itself: counters and termination records, the access log, the non-blocking log sink and rate-limited log lines, per-request phase timings and ids.
 
 pub mod access_log;
 pub mod logging;
+pub mod request_id;
 pub mod stats;
 pub mod timing;

@@ -1,7 +1,7 @@
 //! Process-wide counters: requests, upstream reuse, and one termination record per request.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
 /// Which side ended (or completed) an exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +179,11 @@ pub struct Stats {
     /// Listener certificates loaded again because their files changed, and changed files refused.
     pub tls_certificate_reloads: AtomicU64,
     pub tls_certificate_reload_failures: AtomicU64,
+    /// Reloads refused (SIGHUP or admin API); whether the last one succeeded; when the
+    /// configuration last changed (Unix seconds: start, then each successful reload).
+    pub config_reload_failures: AtomicU64,
+    pub config_last_reload_ok: AtomicBool,
+    pub config_last_reload_at: AtomicU64,
     /// Connections served as HTTP/2 (ALPN h2 or h2c).
     pub h2_connections: AtomicU64,
     /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for resetting too many streams.
@@ -267,6 +272,9 @@ impl Default for Stats {
             upstream_tls_failures: AtomicU64::new(0),
             tls_certificate_reloads: AtomicU64::new(0),
             tls_certificate_reload_failures: AtomicU64::new(0),
+            config_reload_failures: AtomicU64::new(0),
+            config_last_reload_ok: AtomicBool::new(true),
+            config_last_reload_at: AtomicU64::new(unix_now()),
             h2_connections: AtomicU64::new(0),
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
@@ -295,6 +303,13 @@ impl Default for Stats {
                 .collect(),
         }
     }
+}
+
+/// Seconds since the Unix epoch (0 on a clock before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn slot(t: Termination) -> usize {

@@ -1,4 +1,4 @@
-//! Per-request phase timings for the access log, recorded from clock reads the request makes anyway.
+//! Per-request phase timings for the access log, recorded from clock reads the request makes anyway, with the request's route and id.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,10 @@ pub struct Timings {
     pub response: Option<Instant>,
     /// The response ended (the last byte was handed to the client socket).
     pub done: Option<Instant>,
+    /// The request's id (`[request_id]`), set when it is routed.
+    pub request_id: crate::telemetry::request_id::RequestId,
+    /// The index of the route that took the request, for the access log.
+    pub route: Option<u16>,
 }
 
 /// The phase durations an access-log line shows, each from the request's start (accept for a
@@ -67,6 +71,7 @@ mod tests {
             connect: Some(ms(1)),
             response: Some(t0 + ms(7)),
             done: Some(t0 + ms(9)),
+            ..Timings::default()
         };
         assert_eq!(
             t.phases(t0),

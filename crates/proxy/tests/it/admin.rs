@@ -372,3 +372,123 @@ fn server_changes_apply_to_every_worker_and_read_back() {
         "removed server's series stay: {metrics}"
     );
 }
+
+/// Every metric family the admin listener can expose is in docs/operations.md's table (as
+/// `name` without the `portico_` prefix): the names are read from the exposition's source, so
+/// families only some configurations emit count too.
+#[test]
+fn every_metric_is_documented() {
+    let source = include_str!("../../src/admin/mod.rs");
+    let docs = include_str!("../../../../docs/operations.md");
+    let mut names: Vec<&str> = source
+        .split("\"portico_")
+        .skip(1)
+        .map(|rest| {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    assert!(names.len() > 50, "{names:?}");
+    let missing: Vec<&&str> = names
+        .iter()
+        .filter(|n| !docs.contains(&format!("`{n}`")))
+        .collect();
+    assert!(missing.is_empty(), "not in docs/operations.md: {missing:?}");
+}
+
+#[test]
+fn runtime_changes_survive_reloads_and_restarts_through_the_state_file() {
+    let a_up = TestUpstream::start(|_| Reply::ok("a"));
+    let b_up = TestUpstream::start(|_| Reply::ok("b"));
+    let c_up = TestUpstream::start(|_| Reply::ok("c"));
+    let dir = std::env::temp_dir().join(format!("portico-state-it-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state.json");
+    let toml = |servers: &str| {
+        format!(
+            "[admin]\naddress = \"127.0.0.1:0\"\nstate_file = \"{}\"\n[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [{servers}]\n",
+            state.display()
+        )
+    };
+    let both = format!("\"{}\", \"{}\"", a_up.addr, b_up.addr);
+    let start_with = |text: String| {
+        let p = start(portico_config::parse(&text, "t.toml").unwrap(), 2).unwrap();
+        p.control().set_source(Box::new(move || {
+            portico_config::parse(&text, "t.toml").map_err(|e| e.to_string())
+        }));
+        p
+    };
+    let servers = |a: SocketAddr| -> Vec<(String, String, u64)> {
+        json(a, "/api/config")["groups"][0]["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["address"].as_str().unwrap().to_string(),
+                    s["admin"].as_str().unwrap().to_string(),
+                    s["weight"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let expected = vec![
+        (a_up.addr.to_string(), "draining".to_string(), 1),
+        (b_up.addr.to_string(), "enabled".to_string(), 5),
+        (c_up.addr.to_string(), "enabled".to_string(), 2),
+    ];
+
+    let p = start_with(toml(&both));
+    let a = p.admin_addr().unwrap();
+    let add = format!("{{\"address\": \"{}\", \"weight\": 2}}", c_up.addr);
+    assert_eq!(admin_body(a, "POST", "/api/groups/b/servers", &add).0, 200);
+    assert_eq!(admin(a, "POST", "/api/groups/b/servers/0/drain", "").0, 200);
+    assert_eq!(
+        admin_body(a, "PUT", "/api/groups/b/servers/1/weight", "5").0,
+        200
+    );
+    assert_eq!(servers(a), expected);
+    // A reload from the file (which has neither change) keeps them.
+    assert_eq!(admin(a, "POST", "/api/reload", "").0, 200);
+    assert_eq!(servers(a), expected);
+    let changes = json(a, "/api/changes");
+    assert_eq!(changes["groups"]["b"]["added"][c_up.addr.to_string()], 2);
+    assert_eq!(
+        changes["groups"]["b"]["state"][a_up.addr.to_string()],
+        "draining"
+    );
+    p.shutdown();
+    p.wait();
+
+    // A restart reads them back from the state file.
+    let p = start_with(toml(&both));
+    let a = p.admin_addr().unwrap();
+    assert_eq!(servers(a), expected);
+    assert!(spread(p.addr("p").unwrap(), 30).iter().all(|t| t != "a"));
+    p.shutdown();
+    p.wait();
+
+    // A file without server a: its drain is forgotten (with a warning), the rest stays.
+    let p = start_with(toml(&format!("\"{}\"", b_up.addr)));
+    let a = p.admin_addr().unwrap();
+    assert_eq!(servers(a), expected[1..].to_vec());
+    let changes = json(a, "/api/changes");
+    assert!(changes["groups"]["b"].get("state").is_none(), "{changes}");
+    let kept = std::fs::read_to_string(&state).unwrap();
+    assert!(!kept.contains(&a_up.addr.to_string()), "{kept}");
+    // Undoing them: the servers, states and weights of the file, at once and after a reload.
+    assert_eq!(admin(a, "DELETE", "/api/changes", "").0, 200);
+    let file_only = vec![(b_up.addr.to_string(), "enabled".to_string(), 1)];
+    assert_eq!(servers(a), file_only);
+    assert_eq!(admin(a, "POST", "/api/reload", "").0, 200);
+    assert_eq!(servers(a), file_only);
+    assert_eq!(json(a, "/api/changes")["groups"], serde_json::json!({}));
+    p.shutdown();
+    p.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

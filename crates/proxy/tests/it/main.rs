@@ -19,6 +19,7 @@ mod mirror;
 mod overload;
 mod proxy;
 mod reload;
+mod request_id;
 mod resilience;
 mod send_timeout;
 mod split;

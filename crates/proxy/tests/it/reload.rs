@@ -107,11 +107,14 @@ fn failed_reload_changes_nothing() {
     assert!(p.addr("b").is_none());
 
     // Without a configuration source, `Control::reload` says so.
-    assert!(matches!(p.control().reload(), Err(ReloadError::NoSource)));
+    assert!(matches!(
+        p.control().reload("test"),
+        Err(ReloadError::NoSource)
+    ));
     // An invalid configuration from the source is refused with its message.
     p.control()
         .set_source(Box::new(|| Err("test.toml:3:1: listeners: bad".into())));
-    let e = p.control().reload().unwrap_err();
+    let e = p.control().reload("test").unwrap_err();
     assert!(e.to_string().contains("test.toml:3:1"), "{e}");
     assert_eq!(body_at(addr), "one");
     p.shutdown();

@@ -210,6 +210,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         peer,
         client_ip: peer.ip().to_string(),
         tls: stream.is_tls(),
+        tls_info: stream.tls_info().map(|(v, sni)| (v, sni.map(Box::from))),
         client_cert: stream.client_cert().map(Box::new),
         slot: ctx.ls.slot,
         current: RefCell::new(Rc::new(Current {

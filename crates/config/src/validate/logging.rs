@@ -1,0 +1,158 @@
+//! The error log (`[log]`: filter, format, destination) and request ids (`[request_id]`).
+
+use super::*;
+use crate::model::{LogFormat, LogSettings, RequestId, DEFAULT_REQUEST_ID_HEADER};
+use crate::raw::{RawLog, RawRequestId};
+
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// `[log]`: `level` is a filter in `RUST_LOG` syntax restricted to levels and targets.
+pub(super) fn log(ctx: &mut Ctx<'_>, raw: &RawLog) -> LogSettings {
+    let level = raw
+        .level
+        .as_ref()
+        .and_then(|l| match filter_error(l.get_ref()) {
+            Some(message) => {
+                ctx.error(start(l), "log.level", message);
+                None
+            }
+            None => Some(l.get_ref().trim().to_string()),
+        });
+    let format = match raw.format.as_ref() {
+        None => LogFormat::Text,
+        Some(f) => match f.get_ref().as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                ctx.error(
+                    start(f),
+                    "log.format",
+                    format!("unknown log format {other:?}; expected \"text\" or \"json\""),
+                );
+                LogFormat::Text
+            }
+        },
+    };
+    let path = raw
+        .path
+        .as_ref()
+        .and_then(|p| match plain_text_error(p.get_ref(), "path") {
+            Some(message) => {
+                ctx.error(start(p), "log.path", message);
+                None
+            }
+            None => Some(relative_to_config(ctx.file, p.get_ref())),
+        });
+    LogSettings {
+        level,
+        format,
+        path,
+    }
+}
+
+/// Why `text` is not a filter of comma-separated `LEVEL` or `TARGET=LEVEL` directives
+/// (targets are module paths such as `portico_proxy::control` or `h2`). A bare target, which
+/// `RUST_LOG` reads as "everything from it", is refused: here it is most likely a mistyped level.
+pub fn filter_error(text: &str) -> Option<String> {
+    if text.trim().is_empty() {
+        return Some("must name a level: trace, debug, info, warn, error or off".into());
+    }
+    for directive in text.split(',').map(str::trim) {
+        let (target, level) = match directive.split_once('=') {
+            Some((t, l)) => (Some(t), Some(l)),
+            None if LEVELS.contains(&directive.to_ascii_lowercase().as_str()) => {
+                (None, Some(directive))
+            }
+            None => {
+                return Some(format!(
+                    "unknown level {directive:?}; expected trace, debug, info, warn, error or off, or TARGET=LEVEL"
+                ))
+            }
+        };
+        if let Some(t) = target {
+            let ok = !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '-');
+            if !ok {
+                return Some(format!(
+                    "{directive:?} is not a level or a TARGET=LEVEL directive (levels: trace, debug, info, warn, error, off; targets are module paths such as portico_proxy or h2)"
+                ));
+            }
+        }
+        if let Some(l) = level {
+            if !LEVELS.contains(&l.to_ascii_lowercase().as_str()) {
+                return Some(format!(
+                    "unknown level {l:?} in {directive:?}; expected trace, debug, info, warn, error or off"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// `[request_id]`: on when present.
+pub(super) fn request_id(ctx: &mut Ctx<'_>, raw: &RawRequestId) -> RequestId {
+    let header = match raw.header.as_ref() {
+        None => DEFAULT_REQUEST_ID_HEADER.to_string(),
+        Some(h) => {
+            let name = h.get_ref().to_ascii_lowercase();
+            let managed = MANAGED_HEADERS.contains(&name.as_str())
+                || matches!(
+                    name.as_str(),
+                    "host"
+                        | "x-forwarded-for"
+                        | "x-forwarded-proto"
+                        | "x-forwarded-host"
+                        | "x-real-ip"
+                        | "x-client-cert-subject"
+                        | "via"
+                        | "traceparent"
+                        | "tracestate"
+                );
+            if let Some(message) = header_name_error(&name) {
+                ctx.error(start(h), "request_id.header", message);
+            } else if managed {
+                ctx.error(
+                    start(h),
+                    "request_id.header",
+                    format!("{name:?} has a meaning of its own: choose another field, such as \"x-request-id\""),
+                );
+            }
+            name
+        }
+    };
+    RequestId {
+        header,
+        from_client: raw.from_client.as_ref().is_none_or(|b| *b.get_ref()),
+        response: raw.response.as_ref().is_some_and(|b| *b.get_ref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_error;
+
+    #[test]
+    fn filters() {
+        for ok in [
+            "info",
+            "WARN",
+            "info,h2=error",
+            "warn, portico_proxy::control=debug",
+            "portico_proxy=trace",
+            "off",
+        ] {
+            assert_eq!(filter_error(ok), None, "{ok}");
+        }
+        for bad in [
+            "",
+            "loud",
+            "info,h2=loud",
+            "info,[span]=debug",
+            "a b=info",
+            "h2",
+        ] {
+            assert!(filter_error(bad).is_some(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! Changes made through the admin API (servers added and removed, drain and disable, weights): re-applied over every configuration a reload brings, and kept in the state file across restarts.
+
+use portico_config::{Config, Server, UpstreamGroup};
+use portico_upstream::{AdminState, Upstream};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One group's changes.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupChanges {
+    /// Servers added, with their weights.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub added: BTreeMap<SocketAddr, u32>,
+    /// Servers removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<SocketAddr>,
+    /// Servers drained or disabled (`"draining"`, `"disabled"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub state: BTreeMap<SocketAddr, String>,
+    /// Weights set.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weight: BTreeMap<SocketAddr, u32>,
+}
+
+impl GroupChanges {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.state.is_empty()
+            && self.weight.is_empty()
+    }
+}
+
+/// The admin API's changes by group name, and where they are kept.
+#[derive(Debug, Default, Clone)]
+pub struct Changes {
+    pub groups: BTreeMap<String, GroupChanges>,
+    file: Option<PathBuf>,
+}
+
+/// The state file's form.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateFile {
+    version: u32,
+    groups: BTreeMap<String, GroupChanges>,
+}
+
+impl Changes {
+    /// The changes kept in `file` (none when it does not exist yet). A file that cannot be read
+    /// is an error: starting without the operator's changes should not pass unnoticed.
+    pub fn load(file: Option<&Path>) -> Result<Changes, String> {
+        let mut c = Changes {
+            groups: BTreeMap::new(),
+            file: file.map(Path::to_path_buf),
+        };
+        let Some(path) = file else { return Ok(c) };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(c),
+            Err(e) => return Err(format!("state file {}: {e}", path.display())),
+        };
+        let state: StateFile = serde_json::from_str(&text)
+            .map_err(|e| format!("state file {}: {e}", path.display()))?;
+        if state.version != 1 {
+            return Err(format!(
+                "state file {}: version {} is not one this Portico reads (1)",
+                path.display(),
+                state.version
+            ));
+        }
+        c.groups = state.groups;
+        Ok(c)
+    }
+
+    /// Write the changes to the state file, if there is one (a temporary file renamed over
+    /// it, so a crash leaves the old or the new file, never half of one).
+    pub fn save(&self) -> Result<(), String> {
+        let Some(path) = &self.file else {
+            return Ok(());
+        };
+        let state = StateFile {
+            version: 1,
+            groups: self.groups.clone(),
+        };
+        let mut text = serde_json::to_string_pretty(&state).map_err(|e| e.to_string())?;
+        text.push('\n');
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| format!("state file {}: {e}", path.display()))
+    }
+
+    /// `changes` kept in `file` from now on.
+    pub fn with_file(changes: Changes, file: Option<&Path>) -> Changes {
+        Changes {
+            file: file.map(Path::to_path_buf),
+            ..changes
+        }
+    }
+
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    fn group(&mut self, name: &str) -> &mut GroupChanges {
+        self.groups.entry(name.to_string()).or_default()
+    }
+
+    fn tidy(&mut self, group: &str) {
+        if self.groups.get(group).is_some_and(GroupChanges::is_empty) {
+            self.groups.remove(group);
+        }
+    }
+
+    pub fn added(&mut self, group: &str, address: SocketAddr, weight: u32) {
+        let g = self.group(group);
+        g.removed.retain(|a| *a != address);
+        g.added.insert(address, weight);
+    }
+
+    pub fn removed(&mut self, group: &str, address: SocketAddr) {
+        let g = self.group(group);
+        // A server added here and removed again leaves no trace.
+        if g.added.remove(&address).is_none() && !g.removed.contains(&address) {
+            g.removed.push(address);
+        }
+        g.state.remove(&address);
+        g.weight.remove(&address);
+        self.tidy(group);
+    }
+
+    pub fn state(&mut self, group: &str, address: SocketAddr, state: AdminState) {
+        let g = self.group(group);
+        match state {
+            AdminState::Enabled => g.state.remove(&address),
+            AdminState::Draining => g.state.insert(address, "draining".into()),
+            AdminState::Disabled => g.state.insert(address, "disabled".into()),
+        };
+        self.tidy(group);
+    }
+
+    /// A weight set; `configured` is the configuration's (setting it back forgets the change).
+    pub fn weight(&mut self, group: &str, address: SocketAddr, weight: u32, configured: u32) {
+        let g = self.group(group);
+        if let Some(w) = g.added.get_mut(&address) {
+            *w = weight;
+        } else if weight == configured {
+            g.weight.remove(&address);
+        } else {
+            g.weight.insert(address, weight);
+        }
+        self.tidy(group);
+    }
+
+    /// Apply the server lists' changes to `config` (about to be applied): servers added where
+    /// missing, removed where present (never a group's last). Changes for groups the
+    /// configuration no longer has, and states and weights of servers it no longer has, are
+    /// forgotten: one warning each.
+    pub fn apply_to(&mut self, config: &mut Config) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let mut gone = Vec::new();
+        for (name, changes) in &mut self.groups {
+            let Some(slot) = config.upstreams.iter_mut().find(|g| &g.name == name) else {
+                warnings.push(format!(
+                    "runtime changes to group {name:?} dropped: the configuration no longer has the group ({})",
+                    describe(changes)
+                ));
+                gone.push(name.clone());
+                continue;
+            };
+            let mut g: UpstreamGroup = (**slot).clone();
+            for (&address, &weight) in &changes.added {
+                if !g.servers.iter().any(|s| s.address == address) {
+                    g.servers.push(Server { address, weight });
+                }
+            }
+            for address in &changes.removed {
+                if g.servers.len() > 1 {
+                    g.servers.retain(|s| s.address != *address);
+                }
+            }
+            let has = |a: &SocketAddr| g.servers.iter().any(|s| s.address == *a);
+            for (what, list) in [
+                (
+                    "drain/disable",
+                    changes.state.keys().copied().collect::<Vec<_>>(),
+                ),
+                ("weight", changes.weight.keys().copied().collect()),
+            ] {
+                for a in list.iter().filter(|a| !has(a)) {
+                    warnings.push(format!(
+                        "runtime {what} of server {a} in group {name:?} dropped: the group no longer has that server"
+                    ));
+                }
+            }
+            changes.state.retain(|a, _| has(a));
+            changes.weight.retain(|a, _| has(a));
+            *slot = Arc::new(g);
+        }
+        for name in gone {
+            self.groups.remove(&name);
+        }
+        warnings
+    }
+
+    /// Set the states and weights on the groups of a snapshot just published.
+    pub fn apply_states(&self, upstreams: &[Arc<Upstream>]) {
+        for u in upstreams {
+            let Some(changes) = self.groups.get(&u.group().name) else {
+                continue;
+            };
+            for (i, s) in u.group().servers.iter().enumerate() {
+                let state = match changes.state.get(&s.address).map(String::as_str) {
+                    Some("draining") => AdminState::Draining,
+                    Some("disabled") => AdminState::Disabled,
+                    _ => AdminState::Enabled,
+                };
+                if changes.state.contains_key(&s.address) {
+                    u.set_admin(i, state);
+                }
+                if let Some(&w) = changes.weight.get(&s.address) {
+                    u.set_weight(i, w);
+                }
+            }
+        }
+    }
+}
+
+fn describe(c: &GroupChanges) -> String {
+    let mut parts = Vec::new();
+    if !c.added.is_empty() {
+        parts.push(format!("{} server(s) added", c.added.len()));
+    }
+    if !c.removed.is_empty() {
+        parts.push(format!("{} removed", c.removed.len()));
+    }
+    if !c.state.is_empty() {
+        parts.push(format!("{} drained or disabled", c.state.len()));
+    }
+    if !c.weight.is_empty() {
+        parts.push(format!("{} weight(s) set", c.weight.len()));
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(servers: &str) -> Config {
+        portico_config::parse(
+            &format!(
+                "[[listeners]]\naddress = \"127.0.0.1:1\"\n[[listeners.routes]]\nproxy = \"b\"\n[upstreams.b]\nservers = [{servers}]\n"
+            ),
+            "t.toml",
+        )
+        .unwrap()
+    }
+
+    fn addrs(c: &Config) -> Vec<String> {
+        c.upstreams[0]
+            .servers
+            .iter()
+            .map(|s| format!("{}*{}", s.address, s.weight))
+            .collect()
+    }
+
+    #[test]
+    fn changes_apply_over_a_new_configuration_and_forget_what_it_lost() {
+        let a: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        let b: SocketAddr = "10.0.0.2:80".parse().unwrap();
+        let c: SocketAddr = "10.0.0.3:80".parse().unwrap();
+        let mut ch = Changes::default();
+        ch.added("b", c, 3);
+        ch.removed("b", a);
+        ch.state("b", b, AdminState::Draining);
+        ch.weight("b", b, 7, 1);
+        let mut cfg = config("\"10.0.0.1:80\", \"10.0.0.2:80\"");
+        assert!(ch.apply_to(&mut cfg).is_empty());
+        assert_eq!(addrs(&cfg), ["10.0.0.2:80*1", "10.0.0.3:80*3"]);
+        // Applying twice changes nothing more.
+        assert!(ch.apply_to(&mut cfg).is_empty());
+        assert_eq!(addrs(&cfg), ["10.0.0.2:80*1", "10.0.0.3:80*3"]);
+        // The file drops server b: its state and weight are forgotten, with a warning each.
+        let mut cfg = config("\"10.0.0.1:80\", \"10.0.0.4:80\"");
+        let w = ch.apply_to(&mut cfg);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("10.0.0.2:80"), "{w:?}");
+        assert!(ch.groups["b"].state.is_empty() && ch.groups["b"].weight.is_empty());
+        assert_eq!(addrs(&cfg), ["10.0.0.4:80*1", "10.0.0.3:80*3"]);
+        // A group the file no longer has: everything for it goes, with one warning.
+        let mut other = config("\"10.0.0.9:80\"");
+        Arc::make_mut(&mut other.upstreams[0]).name = "c".into();
+        let w = ch.apply_to(&mut other);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("1 server(s) added, 1 removed"), "{w:?}");
+        assert!(ch.groups.is_empty());
+    }
+
+    #[test]
+    fn undoing_a_change_forgets_it() {
+        let a: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        let mut ch = Changes::default();
+        ch.state("b", a, AdminState::Disabled);
+        ch.state("b", a, AdminState::Enabled);
+        ch.weight("b", a, 5, 1);
+        ch.weight("b", a, 1, 1);
+        assert!(ch.groups.is_empty());
+        ch.added("b", a, 1);
+        ch.removed("b", a);
+        assert!(ch.groups.is_empty());
+    }
+
+    #[test]
+    fn the_state_file_round_trips_and_a_bad_one_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("portico-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.json");
+        let _ = std::fs::remove_file(&path);
+        let mut ch = Changes::load(Some(&path)).unwrap();
+        assert!(ch.groups.is_empty());
+        ch.added("b", "10.0.0.3:80".parse().unwrap(), 2);
+        ch.state("b", "10.0.0.1:80".parse().unwrap(), AdminState::Draining);
+        ch.save().unwrap();
+        let back = Changes::load(Some(&path)).unwrap();
+        assert_eq!(back.groups, ch.groups);
+        std::fs::write(
+            &path,
+            "{\"version\": 1, \"groups\": {\"b\": {\"added\": 5}}}",
+        )
+        .unwrap();
+        let e = Changes::load(Some(&path)).unwrap_err();
+        assert!(e.contains("state.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
