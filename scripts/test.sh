@@ -18,6 +18,9 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)
 # the htpasswd watch test writes its user files with Apache's own htpasswd
 command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
+# the Debian package check verifies the systemd unit and reads the stripped binary
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+command -v readelf >/dev/null 2>&1 || need_apt+=(binutils)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"
@@ -50,6 +53,8 @@ stage "interop: WebSocket through Portico to HAProxy as an HTTP/2 server (extend
 scripts/interop-ws-h2.sh "$PORTICO_BIN"
 stage "interop: compressed responses read by curl --compressed and Python's gzip, brotli, zstandard"
 scripts/interop-compression.sh "$PORTICO_BIN"
+stage "Debian package: built from the test binary, read back, systemd unit verified"
+scripts/package-test.sh "$PORTICO_BIN"
 stage "slow clients: slowhttptest slowloris, slow body, slow read"
 scripts/slowloris.sh
 stage "fuzz smoke run (every cargo-fuzz target, seed corpora, nightly)"

@@ -1,6 +1,7 @@
 //! The `portico` binary: parse flags, load the configuration, run a job, map errors to exit codes.
 
 mod log;
+mod systemd;
 
 use clap::{Parser, Subcommand};
 use portico_config::Config;
@@ -54,6 +55,19 @@ enum Command {
         /// Worker threads (default: the number of cores).
         #[arg(long, short)]
         workers: Option<usize>,
+    },
+    /// Print a shell completion script (install it where the shell looks, e.g.
+    /// /usr/share/bash-completion/completions/portico).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) to standard output (`portico man | man -l -`), or write one
+    /// page per command into a directory.
+    Man {
+        /// Write portico.1, portico-run.1, ... into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Load-test an HTTP server: open loop at a fixed rate (coordinated-omission corrected), closed
     /// loop, or a rate sweep; `portico bench report` turns results into an HTML report.
@@ -166,6 +180,24 @@ fn job(cli: Cli) -> ExitCode {
             }),
             Err(msg) => fail(&msg),
         },
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "portico", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { dir } => {
+            use clap::CommandFactory;
+            let written = match &dir {
+                Some(d) => std::fs::create_dir_all(d)
+                    .and_then(|()| clap_mangen::generate_to(Cli::command(), d)),
+                None => clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()),
+            };
+            match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&format!("cannot write the man page: {e}")),
+            }
+        }
         Command::Bench(bench) => match (bench.job, bench.flags) {
             (Some(BenchJob::Report(r)), _) => match portico_bench::render::write(&r) {
                 Ok(index) => {
@@ -353,7 +385,9 @@ fn run(
     tracing::info!(
         "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
     );
+    systemd::ready(&format!("serving, {workers} worker(s)"));
     signals.wait(running.control());
+    systemd::stopping();
     let drain = running.control().snapshot().config.drain_timeout;
     tracing::info!(
         "shutting down: no new connections, finishing requests in flight (at most drain_timeout {drain:?}; a second SIGTERM or Ctrl-C exits at once)"
@@ -456,7 +490,14 @@ impl Signals {
                 tokio::select! {
                     biased;
                     // The reload logs what changed, or why it was refused.
-                    _ = self.hup.recv() => { let _ = control.reload("SIGHUP"); },
+                    _ = self.hup.recv() => {
+                        systemd::reloading();
+                        let status = match control.reload("SIGHUP") {
+                            Ok(s) => format!("serving, configuration generation {}", s.generation),
+                            Err(_) => "serving; the last reload was refused (see the log)".to_string(),
+                        };
+                        systemd::ready(&status);
+                    },
                     _ = self.term.recv() => return,
                     _ = self.int.recv() => return,
                 }

@@ -187,7 +187,11 @@ pub fn explain(config: &Config) -> String {
             } else {
                 "always generated"
             },
-            if r.response { ", returned to clients" } else { "" }
+            if r.response {
+                ", returned to clients"
+            } else {
+                ""
+            }
         );
     }
     match &config.admin {

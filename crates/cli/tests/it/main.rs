@@ -4,4 +4,5 @@ mod common;
 
 mod cli;
 mod compare;
+mod install;
 mod logging;

@@ -1,0 +1,31 @@
+//! systemd's notify protocol (`Type=notify`): ready once listening, reloading and ready again around each SIGHUP, stopping on SIGTERM; nothing when NOTIFY_SOCKET is unset.
+
+use sd_notify::NotifyState;
+
+/// Tell the service manager, if any; a failure only costs a debug line (the proxy runs on).
+fn send(states: &[NotifyState<'_>]) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::debug!("sd_notify: {e}");
+    }
+}
+
+/// Listening: the service is up.
+pub fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// A reload begins (with the monotonic time `Type=notify-reload` requires).
+pub fn reloading() {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now]),
+        Err(_) => send(&[NotifyState::Reloading]),
+    }
+}
+
+/// The graceful stop begins.
+pub fn stopping() {
+    send(&[NotifyState::Stopping, NotifyState::Status("draining")]);
+}
