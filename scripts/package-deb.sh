@@ -78,7 +78,13 @@ if [ "$1" = configure ]; then
   if [ -d /run/systemd/system ]; then
     systemctl daemon-reload >/dev/null 2>&1 || true
   fi
-  echo "portico: edit /etc/portico/portico.toml, then: systemctl enable --now portico"
+  if [ -n "${2:-}" ] && [ -d /run/systemd/system ] && systemctl is-active --quiet portico.service; then
+    # An upgrade of a running service: the new binary takes the listening sockets (SIGUSR2), no
+    # connection is refused; if it fails, the old process serves on and says so in the journal.
+    systemctl kill -s USR2 --kill-whom=main portico.service || true
+  elif [ -z "${2:-}" ]; then
+    echo "portico: edit /etc/portico/portico.toml, then: systemctl enable --now portico"
+  fi
 fi
 SCRIPT
 cat > "$root/DEBIAN/prerm" <<'SCRIPT'

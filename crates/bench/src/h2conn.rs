@@ -112,32 +112,77 @@ impl H2Conn {
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
     /// body is counted, not kept. `Response::bytes` counts the DATA payload (headers are HPACK
     /// compressed and not counted). Dropping the future resets the stream (CANCEL).
+    ///
+    /// A stream the server did not process (numbered above its GOAWAY's last stream id, or
+    /// reset with REFUSED_STREAM: RFC 9113 8.7 says it may be retried) is sent again on a new
+    /// connection, at most twice, as browsers do; its latency includes the retry.
     pub async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
-        let send = self.sender().await?;
-        let r = exchange_on(send, request).await;
-        if let Err(kind) = &r {
-            // A failure of the connection, not only of this stream: reconnect next time.
-            if !matches!(kind, ErrorKind::Reset | ErrorKind::BadResponse) {
-                self.drop_session();
+        let mut tries = 0;
+        loop {
+            let send = self.sender().await?;
+            let r = exchange_on(send, request).await;
+            match r {
+                Ok(r) => return Ok(r),
+                Err(Failure::Unprocessed) if tries < 2 => {
+                    tries += 1;
+                    self.drop_session();
+                }
+                Err(f) => {
+                    let kind = f.kind();
+                    // A failure of the connection, not only of this stream: reconnect next time.
+                    if !matches!(kind, ErrorKind::Reset | ErrorKind::BadResponse) {
+                        self.drop_session();
+                    }
+                    return Err(kind);
+                }
             }
         }
-        r
     }
 }
 
-async fn exchange_on(send: SendRequest<Bytes>, request: &H2Request) -> Result<Response, ErrorKind> {
+/// How one stream failed.
+enum Failure {
+    /// The server did not process it (GOAWAY above its last stream id, or REFUSED_STREAM).
+    Unprocessed,
+    Other(ErrorKind),
+}
+
+impl Failure {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            Failure::Unprocessed => ErrorKind::Closed,
+            Failure::Other(k) => *k,
+        }
+    }
+}
+
+/// A failure before the response head: whether the server may have processed the stream.
+fn before_response(e: h2::Error) -> Failure {
+    let refused = e.reason() == Some(h2::Reason::REFUSED_STREAM) && e.is_remote();
+    if refused || (e.is_go_away() && e.is_remote()) {
+        Failure::Unprocessed
+    } else {
+        Failure::Other(h2_error(e))
+    }
+}
+
+async fn exchange_on(send: SendRequest<Bytes>, request: &H2Request) -> Result<Response, Failure> {
     // Waits while the server's concurrent stream limit is reached.
-    let mut send = send.ready().await.map_err(h2_error)?;
+    let mut send = send.ready().await.map_err(before_response)?;
     let end = request.body.is_empty();
     let (response, mut body_tx) = send
         .send_request(request.to_http(), end)
-        .map_err(h2_error)?;
+        .map_err(before_response)?;
     if !end {
         body_tx
             .send_data(request.body.clone(), true)
-            .map_err(h2_error)?;
+            .map_err(before_response)?;
     }
-    let response = response.await.map_err(h2_error)?;
+    let response = response.await.map_err(before_response)?;
+    exchange_body(response).await.map_err(Failure::Other)
+}
+
+async fn exchange_body(response: http::Response<h2::RecvStream>) -> Result<Response, ErrorKind> {
     let status = response.status().as_u16();
     let mut body = response.into_body();
     let mut bytes = 0u64;

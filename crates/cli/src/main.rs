@@ -2,6 +2,7 @@
 
 mod log;
 mod systemd;
+mod upgrade;
 
 use clap::{Parser, Subcommand};
 use portico_config::Config;
@@ -37,6 +38,10 @@ enum Command {
         workers: Option<usize>,
         #[command(flatten)]
         log: log::LogFlags,
+        /// Take the listening sockets of a running Portico from this Unix socket (the running
+        /// process starts its successor with it on SIGUSR2; see docs/operations.md).
+        #[arg(long = "upgrade-from", value_name = "SOCKET")]
+        upgrade_from: Option<PathBuf>,
     },
     /// Validate a configuration and print a summary of what it sets up.
     Check {
@@ -129,9 +134,11 @@ fn job(cli: Cli) -> ExitCode {
             config,
             workers,
             log,
+            upgrade_from,
         } => match load(config.as_deref()) {
             Ok(cfg) => logged(&cfg.log.clone(), &log, |l| {
-                run(cfg, workers, Box::new(move || load(config.as_deref())), l)
+                let source = Box::new(move || load(config.as_deref()));
+                run(cfg, workers, source, l, upgrade_from.as_deref())
             }),
             Err(msg) => fail(&msg),
         },
@@ -176,6 +183,7 @@ fn job(cli: Cli) -> ExitCode {
                     workers,
                     Box::new(move || origin_config(root.clone(), listen)),
                     l,
+                    None,
                 )
             }),
             Err(msg) => fail(&msg),
@@ -340,6 +348,7 @@ fn run(
     workers: Option<usize>,
     source: portico_proxy::ConfigSource,
     log: &std::sync::Arc<log::Log>,
+    upgrade_from: Option<&std::path::Path>,
 ) -> ExitCode {
     let workers = workers
         .or(cfg.workers.map(|w| w.get() as usize))
@@ -358,7 +367,13 @@ fn run(
         Ok(s) => s,
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
-    let running = match portico_proxy::start(cfg, workers) {
+    // A binary upgrade: the predecessor's sockets, and the line to tell it this one serves.
+    let (inherited, mut predecessor) = match upgrade_from.map(upgrade::take_sockets) {
+        None => (None, None),
+        Some(Ok((i, stream))) => (Some(i), Some(stream)),
+        Some(Err(e)) => return fail(&e),
+    };
+    let running = match portico_proxy::start_with(cfg, workers, inherited) {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),
     };
@@ -385,9 +400,25 @@ fn run(
     tracing::info!(
         "{workers} worker(s); SIGHUP reloads the configuration; Ctrl-C or SIGTERM stops gracefully"
     );
-    systemd::ready(&format!("serving, {workers} worker(s)"));
-    signals.wait(running.control());
-    systemd::stopping();
+    match &mut predecessor {
+        // The predecessor, still systemd's main process, names this one in its place.
+        Some(stream) => {
+            upgrade::say_ready(stream);
+            tracing::info!("serving on the sockets of the previous process, which now drains");
+        }
+        None => systemd::ready(&format!("serving, {workers} worker(s)")),
+    }
+    drop(predecessor);
+    match signals.wait(&running) {
+        Ended::Signal => systemd::stopping(),
+        Ended::Upgraded(pid) => {
+            systemd::main_pid(pid);
+            tracing::info!(
+                successor = pid,
+                "binary upgrade: the new process serves; this one stops accepting and drains"
+            );
+        }
+    }
     let drain = running.control().snapshot().config.drain_timeout;
     tracing::info!(
         "shutting down: no new connections, finishing requests in flight (at most drain_timeout {drain:?}; a second SIGTERM or Ctrl-C exits at once)"
@@ -441,12 +472,21 @@ enum Stop {
     Overdue,
 }
 
-/// SIGTERM, SIGINT and SIGHUP handlers on a small runtime of the main thread.
+/// Why serving ended.
+enum Ended {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// A successor (this pid) serves on this process's sockets.
+    Upgraded(u32),
+}
+
+/// SIGTERM, SIGINT, SIGHUP and SIGUSR2 handlers on a small runtime of the main thread.
 struct Signals {
     rt: tokio::runtime::Runtime,
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -460,6 +500,7 @@ impl Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
             hup: signal(SignalKind::hangup())?,
+            usr2: signal(SignalKind::user_defined2())?,
             rt,
         })
     }
@@ -481,14 +522,49 @@ impl Signals {
         })
     }
 
-    /// Wait for SIGTERM or SIGINT; SIGHUP reloads the configuration meanwhile (an invalid one
-    /// is logged and refused, and the running one stays).
-    fn wait(&mut self, control: &portico_proxy::Control) {
+    /// Wait for SIGTERM or SIGINT, or for a successor to serve; SIGHUP reloads the
+    /// configuration meanwhile (an invalid one is logged and refused, and the running one
+    /// stays), SIGUSR2 starts the binary now installed as a successor (see `upgrade`).
+    fn wait(&mut self, running: &portico_proxy::Running) -> Ended {
+        let control = running.control();
+        let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
+        let mut upgrading = false;
         self.rt.block_on(async {
             loop {
                 // A reload signalled before a stop is applied before it.
                 tokio::select! {
                     biased;
+                    Some(r) = done.recv() => {
+                        upgrading = false;
+                        match r {
+                            Ok(pid) => return Ended::Upgraded(pid),
+                            Err(e) => tracing::error!("binary upgrade failed, this process serves on: {e}"),
+                        }
+                    },
+                    _ = self.usr2.recv() => {
+                        if upgrading {
+                            tracing::warn!("SIGUSR2: a binary upgrade is already under way");
+                            continue;
+                        }
+                        let successor = match running.successor() {
+                            Ok(s) => s,
+                            Err(e) => {
+                                tracing::error!("binary upgrade: {e}");
+                                continue;
+                            }
+                        };
+                        tracing::info!("SIGUSR2: starting the installed binary to take over the sockets");
+                        let tx = done_tx.clone();
+                        let spawned = std::thread::Builder::new()
+                            .name("portico-upgrade".into())
+                            .spawn(move || {
+                                let _ = tx.send(upgrade::start_successor(&successor));
+                            });
+                        match spawned {
+                            Ok(_) => upgrading = true,
+                            Err(e) => tracing::error!("binary upgrade: {e}"),
+                        }
+                    },
                     // The reload logs what changed, or why it was refused.
                     _ = self.hup.recv() => {
                         systemd::reloading();
@@ -498,8 +574,8 @@ impl Signals {
                         };
                         systemd::ready(&status);
                     },
-                    _ = self.term.recv() => return,
-                    _ = self.int.recv() => return,
+                    _ = self.term.recv() => return Ended::Signal,
+                    _ = self.int.recv() => return Ended::Signal,
                 }
             }
         })

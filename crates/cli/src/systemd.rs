@@ -1,4 +1,4 @@
-//! systemd's notify protocol (`Type=notify`): ready once listening, reloading and ready again around each SIGHUP, stopping on SIGTERM; nothing when NOTIFY_SOCKET is unset.
+//! systemd's notify protocol (`Type=notify`): ready once listening, reloading and ready again around each SIGHUP, stopping on SIGTERM, the successor's pid after a binary upgrade; nothing when NOTIFY_SOCKET is unset.
 
 use sd_notify::NotifyState;
 
@@ -28,4 +28,14 @@ pub fn reloading() {
 /// The graceful stop begins.
 pub fn stopping() {
     send(&[NotifyState::Stopping, NotifyState::Status("draining")]);
+}
+
+/// A successor (binary upgrade) is the service's main process from now on.
+pub fn main_pid(pid: u32) {
+    let status = format!("upgraded: pid {pid} serves");
+    send(&[
+        NotifyState::MainPid(pid),
+        NotifyState::Ready,
+        NotifyState::Status(&status),
+    ]);
 }

@@ -165,18 +165,20 @@ pub fn explain(config: &Config) -> String {
         }
     }
     let log = &config.log;
-    let _ = writeln!(
-        out,
-        "error log: {} at {} to {}",
-        match log.format {
-            crate::model::LogFormat::Text => "text",
-            crate::model::LogFormat::Json => "json",
-        },
-        log.level.as_deref().unwrap_or("info"),
-        log.path
-            .as_ref()
-            .map_or_else(|| "stderr".to_string(), |p| p.display().to_string())
-    );
+    if *log != crate::model::LogSettings::default() {
+        let _ = writeln!(
+            out,
+            "error log: {} at {} to {}",
+            match log.format {
+                crate::model::LogFormat::Text => "text",
+                crate::model::LogFormat::Json => "json",
+            },
+            log.level.as_deref().unwrap_or("info"),
+            log.path
+                .as_ref()
+                .map_or_else(|| "stderr".to_string(), |p| p.display().to_string())
+        );
+    }
     if let Some(r) = &config.request_id {
         let _ = writeln!(
             out,

@@ -130,6 +130,10 @@ pub(crate) struct Inner {
     runtime: crate::runtime::Changes,
     /// The last configuration applied as it came, before the admin API's changes.
     base: Option<Arc<Config>>,
+    /// A copy of every listening socket by slot id, for a successor (binary upgrade).
+    copies: HashMap<u64, Vec<std::net::TcpListener>>,
+    /// A predecessor's sockets, until the first configuration takes them.
+    pub(crate) inherited: Option<crate::handover::Inherited>,
 }
 
 impl Control {
@@ -206,7 +210,13 @@ impl Control {
 
         // Listeners: keep the sockets of those with the same name and configured address.
         let mut slots: Vec<Arc<ListenerSlot>> = Vec::new();
-        let mut fresh: Vec<(Arc<ListenerSlot>, Vec<std::net::TcpListener>)> = Vec::new();
+        // New listeners: their slot, each worker's socket, and a copy of each for a successor.
+        type Fresh = (
+            Arc<ListenerSlot>,
+            Vec<std::net::TcpListener>,
+            Vec<std::net::TcpListener>,
+        );
+        let mut fresh: Vec<Fresh> = Vec::new();
         let mut next_slot = inner.next_slot;
         for l in &config.listeners {
             let kept = inner
@@ -226,8 +236,14 @@ impl Control {
             // (SO_REUSEPORT, as every Portico's listeners do): two proxies would silently split
             // the traffic. A port this process holds itself (a listener renamed or moved by this
             // reload) is shared on purpose until the old listener stops.
+            // A predecessor's sockets (a binary upgrade) keep accepting, backlog included.
+            let inherited = inner
+                .inherited
+                .as_mut()
+                .and_then(|i| i.take(&l.name, l.address))
+                .filter(|s| !s.is_empty());
             let ours = inner.slots.iter().any(|s| s.addr == l.address);
-            if l.address.port() != 0 && !ours {
+            if l.address.port() != 0 && !ours && inherited.is_none() {
                 if let Err(e) = probe(l.address) {
                     let held = e.kind() == io::ErrorKind::AddrInUse;
                     return Err(err(match held {
@@ -239,12 +255,21 @@ impl Control {
                     }));
                 }
             }
-            let first = bind(l.address).map_err(err)?;
-            let actual = first.local_addr().map_err(err)?;
-            let mut sockets = vec![first];
-            for _ in 1..self.workers {
+            let mut sockets = match inherited {
+                Some(s) => s,
+                None => vec![bind(l.address).map_err(err)?],
+            };
+            let actual = sockets[0].local_addr().map_err(err)?;
+            // One per worker (more when a predecessor had more workers: none is closed, as a
+            // closed socket would reset the connections in its backlog).
+            while sockets.len() < self.workers {
                 sockets.push(bind(actual).map_err(err)?);
             }
+            let copies = sockets
+                .iter()
+                .map(std::net::TcpListener::try_clone)
+                .collect::<io::Result<Vec<_>>>()
+                .map_err(err)?;
             next_slot += 1;
             let slot = Arc::new(ListenerSlot {
                 id: next_slot,
@@ -256,7 +281,7 @@ impl Control {
                 stop: watch::channel(false).0,
             });
             slots.push(slot.clone());
-            fresh.push((slot, sockets));
+            fresh.push((slot, sockets, copies));
         }
         let mut route_stats = HashMap::new();
         let mut resumption_kept = HashMap::new();
@@ -448,10 +473,19 @@ impl Control {
             changes,
             ..Default::default()
         };
-        for (slot, sockets) in fresh {
+        for (slot, sockets, copies) in fresh {
             summary.added.push(slot.name.clone());
-            for (tx, socket) in inner.senders.iter().zip(sockets) {
-                let _ = tx.send(Cmd::Listen(slot.clone(), socket));
+            let n = inner.senders.len().max(1);
+            for (i, socket) in sockets.into_iter().enumerate() {
+                if let Some(tx) = inner.senders.get(i % n) {
+                    let _ = tx.send(Cmd::Listen(slot.clone(), socket));
+                }
+            }
+            inner.copies.insert(slot.id, copies);
+        }
+        if let Some(left) = inner.inherited.take() {
+            for name in left.leftover() {
+                tracing::info!(listener = name, "a predecessor's listener this configuration does not have: left to the predecessor");
             }
         }
         for s in &inner.slots {
@@ -467,6 +501,9 @@ impl Control {
                 h.stop();
             }
         }
+        inner
+            .copies
+            .retain(|id, _| slots.iter().any(|s| s.id == *id));
         inner.slots = slots;
         inner.next_slot = next_slot;
         // Counters of removed routes and groups go: label cardinality follows the config.
@@ -541,6 +578,28 @@ impl Control {
             inner.runtime.groups.clone(),
             inner.runtime.file().map(std::path::Path::to_path_buf),
         )
+    }
+
+    /// Every listener's sockets as (name, configured address, sockets), for a successor.
+    pub(crate) fn with_sockets<T>(
+        &self,
+        f: impl FnOnce(&[(String, SocketAddr, Vec<std::os::fd::BorrowedFd<'_>>)]) -> T,
+    ) -> T {
+        use std::os::fd::AsFd;
+        let inner = self.lock();
+        let list: Vec<_> = inner
+            .slots
+            .iter()
+            .filter_map(|s| {
+                let copies = inner.copies.get(&s.id)?;
+                Some((
+                    s.name.clone(),
+                    s.configured,
+                    copies.iter().map(|c| c.as_fd()).collect(),
+                ))
+            })
+            .collect();
+        f(&list)
     }
 
     /// Apply the last configuration again with the admin API's changes as they are now.
@@ -747,6 +806,8 @@ impl Control {
                 key_sources: Default::default(),
                 runtime: Default::default(),
                 base: None,
+                copies: HashMap::new(),
+                inherited: None,
             }),
             source: Mutex::new(None),
             on_reload: Mutex::new(None),

@@ -61,6 +61,15 @@ impl Running {
         self.admin.as_ref().map(AdminServer::addr)
     }
 
+    /// What a successor needs from this process (see [`crate::handover`]), for another thread.
+    pub fn successor(&self) -> std::io::Result<Successor> {
+        let admin = self.admin.as_ref().map(AdminServer::socket);
+        Ok(Successor {
+            control: self.control.clone(),
+            admin: admin.map(|a| a.try_clone_to_owned()).transpose()?,
+        })
+    }
+
     /// Apply a new configuration without a restart (see [`Control::apply`]).
     pub fn reload(&self, config: Config) -> Result<ReloadSummary, StartError> {
         self.control.apply(config)
@@ -93,10 +102,43 @@ impl Running {
 
 /// Start `workers` threads and apply `config` (bind every listener, one SO_REUSEPORT socket per
 /// worker).
+/// Hands this process's listening sockets to a successor (a binary upgrade).
+pub struct Successor {
+    control: Arc<Control>,
+    admin: Option<std::os::fd::OwnedFd>,
+}
+
+impl Successor {
+    /// Send every listening socket to the successor connected on `to`; this process keeps
+    /// serving until it is told to stop.
+    pub fn hand_over(&self, to: &mut std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        use std::os::fd::AsFd;
+        let admin = self.admin.as_ref().map(|a| a.as_fd());
+        self.control
+            .with_sockets(|listeners| crate::handover::send(to, listeners, admin))
+    }
+}
+
 pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
+    start_with(config, workers, None)
+}
+
+/// [`start`], with the listening sockets of a predecessor (a binary upgrade, see
+/// [`crate::handover`]): listeners and the admin listener it had go on accepting on them.
+pub fn start_with(
+    config: Config,
+    workers: usize,
+    inherited: Option<crate::handover::Inherited>,
+) -> Result<Running, StartError> {
     portico_tls::install_default_provider();
     let workers = workers.max(1);
     let (control, receivers) = Control::new(config.drain_timeout, workers);
+    let mut inherited = inherited;
+    let admin_socket = match (&mut inherited, &config.admin) {
+        (Some(i), Some(a)) => i.take_admin(a.address),
+        _ => None,
+    };
+    control.lock().inherited = inherited;
     let admin = config.admin.clone();
     let mut running = Running {
         control: control.clone(),
@@ -129,7 +171,7 @@ pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
         Err(e) => tracing::warn!("certificate files will not be watched (a reload re-reads them): cannot start the watcher thread: {e}"),
     }
     if let Some(cfg) = admin {
-        match AdminServer::start(control, &cfg) {
+        match AdminServer::start(control, &cfg, admin_socket) {
             Ok(a) => running.admin = Some(a),
             Err(source) => {
                 running.shutdown();

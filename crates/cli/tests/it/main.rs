@@ -6,3 +6,4 @@ mod cli;
 mod compare;
 mod install;
 mod logging;
+mod upgrade;

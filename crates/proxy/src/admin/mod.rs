@@ -31,14 +31,25 @@ pub struct AdminServer {
     addr: SocketAddr,
     stop: watch::Sender<bool>,
     thread: Option<JoinHandle<()>>,
+    /// A copy of the listening socket, for a successor (binary upgrade).
+    copy: std::net::TcpListener,
 }
 
 impl AdminServer {
-    /// Bind `cfg.address` and serve on a thread of its own, so a busy data plane never delays
-    /// the operator and the operator never delays the data plane.
-    pub fn start(control: Arc<Control>, cfg: &Admin) -> io::Result<AdminServer> {
-        let std_listener = std::net::TcpListener::bind(cfg.address)?;
+    /// Bind `cfg.address` (or take a predecessor's socket, `inherited`) and serve on a thread
+    /// of its own, so a busy data plane never delays the operator and the operator never
+    /// delays the data plane.
+    pub fn start(
+        control: Arc<Control>,
+        cfg: &Admin,
+        inherited: Option<std::net::TcpListener>,
+    ) -> io::Result<AdminServer> {
+        let std_listener = match inherited {
+            Some(l) => l,
+            None => std::net::TcpListener::bind(cfg.address)?,
+        };
         std_listener.set_nonblocking(true)?;
+        let copy = std_listener.try_clone()?;
         let addr = std_listener.local_addr()?;
         let (stop, mut stopped) = watch::channel(false);
         let token = cfg.token.clone().map(Arc::<str>::from);
@@ -84,11 +95,18 @@ impl AdminServer {
             addr,
             stop,
             thread: Some(thread),
+            copy,
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The listening socket, for a successor.
+    pub(crate) fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.copy.as_fd()
     }
 
     /// Stop serving and wait for the thread.
@@ -718,6 +736,7 @@ pub fn status(control: &Control) -> Value {
         .collect();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
         "uptime_seconds": control.started.elapsed().as_secs_f64(),
         "generation": shared.generation,
         "workers": control.workers,

@@ -26,6 +26,26 @@ const IDLE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 /// keeps none.
 const IDLE_READ: usize = 1024;
 
+/// While the process drains (a stop or a binary upgrade), a kept-alive connection idle this long
+/// is closed; a busier one is left open for its next request, which is answered with
+/// `Connection: close`. Closing a connection whose client is sending a request at that moment
+/// loses the request, so only connections quiet for a while are closed unasked.
+const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// When an idle connection that has been idle since `since` is closed: at its keep-alive
+/// timeout, or [`DRAIN_IDLE`] after `since` while the process drains.
+fn idle_due(
+    since: tokio::time::Instant,
+    keepalive: std::time::Duration,
+    draining: bool,
+) -> tokio::time::Instant {
+    let due = since + keepalive;
+    match draining {
+        true => due.min(since + DRAIN_IDLE),
+        false => due,
+    }
+}
+
 /// Serve one accepted connection until it closes; its first head deadline runs from
 /// `accepted` (time already spent on it, such as sniffing its protocol, counts).
 ///
@@ -149,30 +169,38 @@ async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant) -> bool {
 /// records into), waiting for bytes, its keep-alive timeout or shutdown. True when bytes came.
 async fn sleep(c: &mut Conn, ctx: &mut Ctx) -> bool {
     let since = c.timings.done.unwrap_or_else(Instant::now);
-    let due = tokio::time::Instant::from_std(since) + ctx.ls.listener.limits.keepalive_timeout;
+    let since = tokio::time::Instant::from_std(since);
+    let keepalive = ctx.ls.listener.limits.keepalive_timeout;
     if c.stream.is_tls() {
         c.release_buffers(IDLE_READ);
-        let read = tokio::select! {
-            biased;
-            r = c.stream.read_buf(&mut c.rbuf) => r,
-            _ = c.timer.until(due) => return false,
-            _ = ctx.shutdown.changed() => return false,
-        };
-        return matches!(read, Ok(n) if n > 0);
+    } else {
+        c.release_buffers(0);
     }
-    c.release_buffers(0);
-    let ClientStream::Plain(tcp) = &c.stream else {
-        return false;
-    };
-    let ready = tokio::select! {
-        biased;
-        r = tcp.readable() => r,
-        _ = c.timer.until(due) => return false,
-        _ = ctx.shutdown.changed() => return false,
-    };
-    // Bytes (or the end) came: a buffer again to read them into.
-    c.rbuf.reserve(8 * 1024);
-    ready.is_ok()
+    loop {
+        let draining = *ctx.shutdown.borrow();
+        let due = idle_due(since, keepalive, draining);
+        let ready = match &mut c.stream {
+            ClientStream::Plain(tcp) => tokio::select! {
+                biased;
+                r = tcp.readable() => r.map(|()| 1),
+                _ = c.timer.until(due) => return false,
+                // Draining from now on: the connection may close sooner.
+                _ = ctx.shutdown.changed(), if !draining => continue,
+            },
+            stream => tokio::select! {
+                biased;
+                r = stream.read_buf(&mut c.rbuf) => r,
+                _ = c.timer.until(due) => return false,
+                _ = ctx.shutdown.changed(), if !draining => continue,
+            },
+        };
+        if c.stream.is_tls() {
+            return matches!(ready, Ok(n) if n > 0);
+        }
+        // Bytes (or the end) came: a buffer again to read them into.
+        c.rbuf.reserve(8 * 1024);
+        return ready.is_ok();
+    }
 }
 
 /// Move the connection to the newest configuration snapshot before a request starts. A listener
@@ -298,13 +326,11 @@ async fn read_head(
         }
         let n = match deadline {
             None => {
-                if *ctx.shutdown.borrow() {
-                    return Ok(Next::Closed);
-                }
+                let draining = *ctx.shutdown.borrow();
                 // Idle since the last response ended (its end was read for the access log).
                 let since = c.timings.done.unwrap_or_else(Instant::now);
                 let since = tokio::time::Instant::from_std(since);
-                let due = since + limits.keepalive_timeout;
+                let due = idle_due(since, limits.keepalive_timeout, draining);
                 // A connection still idle after `IDLE_GRACE` goes to sleep (a busy one's next
                 // request comes sooner and keeps the connection awake).
                 let wake = due.min(since + IDLE_GRACE);
@@ -317,7 +343,8 @@ async fn read_head(
                         }
                         return Ok(Next::Closed);
                     }
-                    _ = ctx.shutdown.changed() => return Ok(Next::Closed),
+                    // Draining from now on: the connection may close sooner.
+                    _ = ctx.shutdown.changed(), if !draining => continue,
                 }
             }
             // The connection's one timer (no timer of its own in this future).
