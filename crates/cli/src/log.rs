@@ -181,13 +181,12 @@ impl Log {
         if settings.format != self.format {
             tracing::warn!("log.format changes only on restart; lines keep their format");
         }
-        let mut dest = self.output.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Opened before the output is locked: the log thread never waits on the file system.
         let next = match &settings.path {
             None => Dest::Stderr,
             Some(p) => match open(p) {
                 Ok(f) => Dest::File(f),
                 Err(e) => {
-                    drop(dest);
                     tracing::error!(
                         "cannot open the log file {}: logging where it did: {e}",
                         p.display()
@@ -196,6 +195,7 @@ impl Log {
                 }
             },
         };
+        let mut dest = self.output.0.lock().unwrap_or_else(|e| e.into_inner());
         let _ = dest_flush(&mut dest);
         *dest = next;
     }

@@ -381,7 +381,7 @@ fn run(
     let log = log.clone();
     running
         .control()
-        .on_reload(Box::new(move |config| log.apply(&config.log)));
+        .set_reload_hook(Box::new(move |config| log.apply(&config.log)));
     // Listening addresses go to stdout (scripts and tests wait for them); logs go to stderr.
     let config = running.control().snapshot().config.clone();
     for (name, addr) in running.addrs() {

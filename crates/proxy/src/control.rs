@@ -74,7 +74,8 @@ pub struct ReloadSummary {
     pub changes: Vec<String>,
 }
 
-/// Told each configuration a reload applied (the CLI changes its error log with it).
+/// What a successful reload calls with the configuration it applied (the CLI changes its error
+/// log with it).
 pub type ReloadHook = Box<dyn Fn(&Config) + Send + Sync>;
 
 /// A group's TLS origination as a reload may keep it: (settings id, file stamps, state).
@@ -177,8 +178,17 @@ impl Control {
     /// Validate-and-swap: build everything the new configuration needs (sockets, TLS, upstream
     /// state carried over by group name and server address, access log) and only then publish
     /// it. Any failure leaves the running configuration untouched.
-    pub fn apply(&self, mut config: Config) -> Result<ReloadSummary, StartError> {
+    pub fn apply(&self, config: Config) -> Result<ReloadSummary, StartError> {
         let mut inner = self.lock();
+        self.apply_locked(&mut inner, config)
+    }
+
+    /// [`Control::apply`] under the control plane's lock, held by the caller.
+    fn apply_locked(
+        &self,
+        inner: &mut Inner,
+        mut config: Config,
+    ) -> Result<ReloadSummary, StartError> {
         if inner.shutting_down {
             return Err(StartError::ShuttingDown);
         }
@@ -446,7 +456,7 @@ impl Control {
         for w in &dropped {
             tracing::warn!("{w}");
         }
-        if !dropped.is_empty() {
+        if !dropped.is_empty() || runtime.groups != inner.runtime.groups {
             if let Err(e) = runtime.save() {
                 tracing::error!("runtime changes not saved: {e}");
             }
@@ -518,8 +528,8 @@ impl Control {
     }
 
     /// Read the admin API's changes kept in `file` (`[admin] state_file`), before the first
-    /// configuration is applied. A file that cannot be read is set aside (renamed `*.bad`) and
-    /// Portico starts without its changes, saying so.
+    /// configuration is applied. Portico starts without them if the file cannot be read, saying
+    /// so; a file that is not a state file is set aside first (renamed `*.bad`).
     pub fn load_runtime_changes(&self, file: Option<&std::path::Path>) {
         let changes = match crate::runtime::Changes::load(file) {
             Ok(c) => {
@@ -532,18 +542,21 @@ impl Control {
                 c
             }
             Err(e) => {
-                let kept = file.map(|f| {
-                    let bad = f.with_extension("bad");
-                    match std::fs::rename(f, &bad) {
-                        Ok(()) => format!("set aside as {}", bad.display()),
-                        Err(r) => format!("could not be set aside: {r}"),
+                let kept = match file.filter(|_| e.corrupt) {
+                    Some(f) => {
+                        let bad = crate::runtime::with_suffix(f, ".bad");
+                        match std::fs::rename(f, &bad) {
+                            Ok(()) => format!(" (set aside as {})", bad.display()),
+                            Err(r) => format!(" (could not be set aside: {r})"),
+                        }
                     }
-                });
+                    None => String::new(),
+                };
                 tracing::error!(
-                    "starting without the admin API's earlier changes: {e} ({})",
-                    kept.unwrap_or_default()
+                    "starting without the admin API's earlier changes: {}{kept}",
+                    e.message
                 );
-                crate::runtime::Changes::with_file(Default::default(), file)
+                crate::runtime::Changes::empty(file)
             }
         };
         self.lock().runtime = changes;
@@ -551,7 +564,7 @@ impl Control {
 
     /// Make and record a change of the admin API on the current snapshot, under the control
     /// plane's lock (no reload runs meanwhile); when it succeeds, save the state file, if any.
-    pub(crate) fn record<T, E>(
+    pub(crate) fn change_runtime<T, E>(
         &self,
         change: impl FnOnce(&mut crate::runtime::Changes, &Shared) -> Result<T, E>,
     ) -> Result<T, E> {
@@ -564,6 +577,39 @@ impl Control {
             }
         }
         r
+    }
+
+    /// Record a change of the servers' lists and apply the last configuration again with it,
+    /// all under the lock (a reload waits); a change the configuration cannot take is undone.
+    pub(crate) fn change_servers<T, E>(
+        &self,
+        change: impl FnOnce(&mut crate::runtime::Changes, &Shared) -> Result<T, E>,
+        refused: impl FnOnce(StartError) -> E,
+    ) -> Result<(T, ReloadSummary), E> {
+        let mut inner = self.lock();
+        let before = inner.runtime.clone();
+        let t = change(&mut inner.runtime, &self.snapshot())?;
+        let config = self.base_config(&inner);
+        match self.apply_locked(&mut inner, config) {
+            Ok(summary) => {
+                if let Err(e) = inner.runtime.save() {
+                    tracing::error!("runtime change not saved: {e}");
+                }
+                Ok((t, summary))
+            }
+            Err(e) => {
+                inner.runtime = before;
+                Err(refused(e))
+            }
+        }
+    }
+
+    /// The last configuration applied, as it came (before the admin API's changes).
+    fn base_config(&self, inner: &Inner) -> Config {
+        match &inner.base {
+            Some(b) => (**b).clone(),
+            None => (*self.snapshot().config).clone(),
+        }
     }
 
     /// The admin API's changes in effect, and the state file they are kept in.
@@ -602,22 +648,21 @@ impl Control {
         f(&list)
     }
 
-    /// Apply the last configuration again with the admin API's changes as they are now.
-    pub(crate) fn reapply(&self) -> Result<ReloadSummary, StartError> {
-        let base = self.lock().base.clone();
-        let config = match base {
-            Some(b) => (*b).clone(),
-            None => (*self.snapshot().config).clone(),
-        };
-        self.apply(config)
-    }
-
     /// Undo the admin API's changes: servers as the configuration lists them, every state and
-    /// weight the API set back to the configuration's.
+    /// weight the API set back to the configuration's. Nothing changes if the configuration
+    /// cannot be applied again.
     pub(crate) fn revert_runtime_changes(&self) -> Result<ReloadSummary, StartError> {
-        let undone = self.record(|c, _| Ok::<_, ()>(std::mem::take(&mut c.groups)));
-        let undone = undone.unwrap_or_default();
-        let summary = self.reapply()?;
+        let mut inner = self.lock();
+        let before = inner.runtime.clone();
+        let undone = std::mem::take(&mut inner.runtime.groups);
+        let config = self.base_config(&inner);
+        let summary = match self.apply_locked(&mut inner, config) {
+            Ok(s) => s,
+            Err(e) => {
+                inner.runtime = before;
+                return Err(e);
+            }
+        };
         // States and weights are carried from one snapshot to the next: set them back.
         for u in &self.snapshot().upstreams {
             let Some(g) = undone.get(&u.group().name) else {
@@ -628,9 +673,12 @@ impl Control {
                     u.set_admin(i, portico_upstream::AdminState::Enabled);
                 }
                 if g.weight.contains_key(&s.address) {
-                    u.set_weight(i, s.weight);
+                    u.clear_weight(i);
                 }
             }
+        }
+        if let Err(e) = inner.runtime.save() {
+            tracing::error!("runtime change not saved: {e}");
         }
         Ok(summary)
     }
@@ -640,8 +688,8 @@ impl Control {
         *self.source.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
-    /// Set what a successful reload tells the configuration it applied.
-    pub fn on_reload(&self, hook: ReloadHook) {
+    /// Set the hook a successful reload calls with the configuration it applied.
+    pub fn set_reload_hook(&self, hook: ReloadHook) {
         *self.on_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
     }
 

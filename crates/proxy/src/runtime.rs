@@ -1,4 +1,4 @@
-//! Changes made through the admin API (servers added and removed, drain and disable, weights): re-applied over every configuration a reload brings, and kept in the state file across restarts.
+//! Changes made through the admin API (servers added and removed, drain and disable, weights): applied over every configuration a reload brings, and kept in the state file across restarts.
 
 use portico_config::{Config, Server, UpstreamGroup};
 use portico_upstream::{AdminState, Upstream};
@@ -6,6 +6,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The state the API set on a server (enabled is no change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Held {
+    Draining,
+    Disabled,
+}
 
 /// One group's changes.
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -17,9 +25,9 @@ pub struct GroupChanges {
     /// Servers removed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed: Vec<SocketAddr>,
-    /// Servers drained or disabled (`"draining"`, `"disabled"`).
+    /// Servers drained or disabled.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub state: BTreeMap<SocketAddr, String>,
+    pub state: BTreeMap<SocketAddr, Held>,
     /// Weights set.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub weight: BTreeMap<SocketAddr, u32>,
@@ -32,6 +40,17 @@ impl GroupChanges {
             && self.state.is_empty()
             && self.weight.is_empty()
     }
+}
+
+/// Largest weight a server may have (as the configuration and the API accept).
+const MAX_WEIGHT: u32 = 1000;
+
+/// Why the state file could not be loaded.
+#[derive(Debug)]
+pub struct LoadError {
+    pub message: String,
+    /// The file is not a state file (it may be set aside); otherwise it could not be read.
+    pub corrupt: bool,
 }
 
 /// The admin API's changes by group name, and where they are kept.
@@ -50,9 +69,10 @@ struct StateFile {
 }
 
 impl Changes {
-    /// The changes kept in `file` (none when it does not exist yet). A file that cannot be read
-    /// is an error: starting without the operator's changes should not pass unnoticed.
-    pub fn load(file: Option<&Path>) -> Result<Changes, String> {
+    /// The changes kept in `file` (none when it does not exist yet). A file that cannot be
+    /// read or is not a state file is an error, which says whether the file is corrupt (and
+    /// may be set aside) or only unreadable now.
+    pub fn load(file: Option<&Path>) -> Result<Changes, LoadError> {
         let mut c = Changes {
             groups: BTreeMap::new(),
             file: file.map(Path::to_path_buf),
@@ -61,16 +81,31 @@ impl Changes {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(c),
-            Err(e) => return Err(format!("state file {}: {e}", path.display())),
+            Err(e) => {
+                return Err(LoadError {
+                    message: format!("state file {}: {e}", path.display()),
+                    corrupt: false,
+                })
+            }
         };
-        let state: StateFile = serde_json::from_str(&text)
-            .map_err(|e| format!("state file {}: {e}", path.display()))?;
+        let corrupt = |why: String| LoadError {
+            message: format!("state file {}: {why}", path.display()),
+            corrupt: true,
+        };
+        let state: StateFile = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
         if state.version != 1 {
-            return Err(format!(
-                "state file {}: version {} is not one this Portico reads (1)",
-                path.display(),
+            return Err(corrupt(format!(
+                "version {} is not one this Portico reads (1)",
                 state.version
-            ));
+            )));
+        }
+        for (name, g) in &state.groups {
+            let weights = g.added.values().chain(g.weight.values());
+            if let Some(w) = weights.into_iter().find(|w| !(1..=MAX_WEIGHT).contains(*w)) {
+                return Err(corrupt(format!(
+                    "group {name:?}: weight {w} is not from 1 to {MAX_WEIGHT}"
+                )));
+            }
         }
         c.groups = state.groups;
         Ok(c)
@@ -88,17 +123,23 @@ impl Changes {
         };
         let mut text = serde_json::to_string_pretty(&state).map_err(|e| e.to_string())?;
         text.push('\n');
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text)
+        let tmp = with_suffix(path, ".tmp");
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(text.as_bytes())?;
+            // On disk before the rename: a power cut leaves the old file or the new one.
+            f.sync_all()
+        });
+        written
             .and_then(|()| std::fs::rename(&tmp, path))
             .map_err(|e| format!("state file {}: {e}", path.display()))
     }
 
-    /// `changes` kept in `file` from now on.
-    pub fn with_file(changes: Changes, file: Option<&Path>) -> Changes {
+    /// No changes yet; they are saved to `file` from the first one on.
+    pub fn empty(file: Option<&Path>) -> Changes {
         Changes {
+            groups: BTreeMap::new(),
             file: file.map(Path::to_path_buf),
-            ..changes
         }
     }
 
@@ -116,13 +157,13 @@ impl Changes {
         }
     }
 
-    pub fn added(&mut self, group: &str, address: SocketAddr, weight: u32) {
+    pub fn record_added(&mut self, group: &str, address: SocketAddr, weight: u32) {
         let g = self.group(group);
         g.removed.retain(|a| *a != address);
         g.added.insert(address, weight);
     }
 
-    pub fn removed(&mut self, group: &str, address: SocketAddr) {
+    pub fn record_removed(&mut self, group: &str, address: SocketAddr) {
         let g = self.group(group);
         // A server added here and removed again leaves no trace.
         if g.added.remove(&address).is_none() && !g.removed.contains(&address) {
@@ -133,18 +174,24 @@ impl Changes {
         self.tidy(group);
     }
 
-    pub fn state(&mut self, group: &str, address: SocketAddr, state: AdminState) {
+    pub fn record_state(&mut self, group: &str, address: SocketAddr, state: AdminState) {
         let g = self.group(group);
         match state {
             AdminState::Enabled => g.state.remove(&address),
-            AdminState::Draining => g.state.insert(address, "draining".into()),
-            AdminState::Disabled => g.state.insert(address, "disabled".into()),
+            AdminState::Draining => g.state.insert(address, Held::Draining),
+            AdminState::Disabled => g.state.insert(address, Held::Disabled),
         };
         self.tidy(group);
     }
 
     /// A weight set; `configured` is the configuration's (setting it back forgets the change).
-    pub fn weight(&mut self, group: &str, address: SocketAddr, weight: u32, configured: u32) {
+    pub fn record_weight(
+        &mut self,
+        group: &str,
+        address: SocketAddr,
+        weight: u32,
+        configured: u32,
+    ) {
         let g = self.group(group);
         if let Some(w) = g.added.get_mut(&address) {
             *w = weight;
@@ -173,14 +220,34 @@ impl Changes {
                 continue;
             };
             let mut g: UpstreamGroup = (**slot).clone();
-            for (&address, &weight) in &changes.added {
-                if !g.servers.iter().any(|s| s.address == address) {
-                    g.servers.push(Server { address, weight });
+            // A server the file now lists is the file's: an added one's weight stays as a
+            // weight change when it differs; a removed one the file no longer lists is gone.
+            let mut weights = Vec::new();
+            changes.added.retain(|address, weight| {
+                match g.servers.iter().find(|s| s.address == *address) {
+                    Some(s) => {
+                        if s.weight != *weight {
+                            weights.push((*address, *weight));
+                        }
+                        false
+                    }
+                    None => true,
                 }
+            });
+            changes.weight.extend(weights);
+            changes
+                .removed
+                .retain(|a| g.servers.iter().any(|s| s.address == *a));
+            for (&address, &weight) in &changes.added {
+                g.servers.push(Server { address, weight });
             }
             for address in &changes.removed {
                 if g.servers.len() > 1 {
                     g.servers.retain(|s| s.address != *address);
+                } else {
+                    warnings.push(format!(
+                        "runtime removal of server {address} from group {name:?} not applied: it is the group's last server"
+                    ));
                 }
             }
             let has = |a: &SocketAddr| g.servers.iter().any(|s| s.address == *a);
@@ -214,20 +281,24 @@ impl Changes {
                 continue;
             };
             for (i, s) in u.group().servers.iter().enumerate() {
-                let state = match changes.state.get(&s.address).map(String::as_str) {
-                    Some("draining") => AdminState::Draining,
-                    Some("disabled") => AdminState::Disabled,
-                    _ => AdminState::Enabled,
+                match changes.state.get(&s.address) {
+                    Some(Held::Draining) => u.set_admin(i, AdminState::Draining),
+                    Some(Held::Disabled) => u.set_admin(i, AdminState::Disabled),
+                    None => true,
                 };
-                if changes.state.contains_key(&s.address) {
-                    u.set_admin(i, state);
-                }
                 if let Some(&w) = changes.weight.get(&s.address) {
                     u.set_weight(i, w);
                 }
             }
         }
     }
+}
+
+/// `path` with `suffix` appended to its file name (`state.json` -> `state.json.tmp`).
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 fn describe(c: &GroupChanges) -> String {
@@ -275,16 +346,19 @@ mod tests {
         let b: SocketAddr = "10.0.0.2:80".parse().unwrap();
         let c: SocketAddr = "10.0.0.3:80".parse().unwrap();
         let mut ch = Changes::default();
-        ch.added("b", c, 3);
-        ch.removed("b", a);
-        ch.state("b", b, AdminState::Draining);
-        ch.weight("b", b, 7, 1);
+        ch.record_added("b", c, 3);
+        ch.record_removed("b", a);
+        ch.record_state("b", b, AdminState::Draining);
+        ch.record_weight("b", b, 7, 1);
         let mut cfg = config("\"10.0.0.1:80\", \"10.0.0.2:80\"");
         assert!(ch.apply_to(&mut cfg).is_empty());
         assert_eq!(addrs(&cfg), ["10.0.0.2:80*1", "10.0.0.3:80*3"]);
-        // Applying twice changes nothing more.
+        // The same file again (a reload): the same result, the changes kept.
+        let mut cfg = config("\"10.0.0.1:80\", \"10.0.0.2:80\"");
         assert!(ch.apply_to(&mut cfg).is_empty());
         assert_eq!(addrs(&cfg), ["10.0.0.2:80*1", "10.0.0.3:80*3"]);
+        assert_eq!(ch.groups["b"].added.len(), 1);
+        assert_eq!(ch.groups["b"].removed, [a]);
         // The file drops server b: its state and weight are forgotten, with a warning each.
         let mut cfg = config("\"10.0.0.1:80\", \"10.0.0.4:80\"");
         let w = ch.apply_to(&mut cfg);
@@ -292,12 +366,20 @@ mod tests {
         assert!(w[0].contains("10.0.0.2:80"), "{w:?}");
         assert!(ch.groups["b"].state.is_empty() && ch.groups["b"].weight.is_empty());
         assert_eq!(addrs(&cfg), ["10.0.0.4:80*1", "10.0.0.3:80*3"]);
+        // A file that lists the added server makes it the file's: the API's weight stays as a
+        // weight change; a file without the removed server forgets the removal.
+        let mut cfg = config("\"10.0.0.3:80\", \"10.0.0.4:80\"");
+        assert!(ch.apply_to(&mut cfg).is_empty());
+        assert_eq!(addrs(&cfg), ["10.0.0.3:80*1", "10.0.0.4:80*1"]);
+        assert!(ch.groups["b"].added.is_empty() && ch.groups["b"].removed.is_empty());
+        assert_eq!(ch.groups["b"].weight.get(&c), Some(&3));
+        ch.record_added("b", c, 3);
         // A group the file no longer has: everything for it goes, with one warning.
         let mut other = config("\"10.0.0.9:80\"");
         Arc::make_mut(&mut other.upstreams[0]).name = "c".into();
         let w = ch.apply_to(&mut other);
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].contains("1 server(s) added, 1 removed"), "{w:?}");
+        assert!(w[0].contains("1 server(s) added, 1 weight(s) set"), "{w:?}");
         assert!(ch.groups.is_empty());
     }
 
@@ -305,13 +387,13 @@ mod tests {
     fn undoing_a_change_forgets_it() {
         let a: SocketAddr = "10.0.0.1:80".parse().unwrap();
         let mut ch = Changes::default();
-        ch.state("b", a, AdminState::Disabled);
-        ch.state("b", a, AdminState::Enabled);
-        ch.weight("b", a, 5, 1);
-        ch.weight("b", a, 1, 1);
+        ch.record_state("b", a, AdminState::Disabled);
+        ch.record_state("b", a, AdminState::Enabled);
+        ch.record_weight("b", a, 5, 1);
+        ch.record_weight("b", a, 1, 1);
         assert!(ch.groups.is_empty());
-        ch.added("b", a, 1);
-        ch.removed("b", a);
+        ch.record_added("b", a, 1);
+        ch.record_removed("b", a);
         assert!(ch.groups.is_empty());
     }
 
@@ -323,8 +405,8 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let mut ch = Changes::load(Some(&path)).unwrap();
         assert!(ch.groups.is_empty());
-        ch.added("b", "10.0.0.3:80".parse().unwrap(), 2);
-        ch.state("b", "10.0.0.1:80".parse().unwrap(), AdminState::Draining);
+        ch.record_added("b", "10.0.0.3:80".parse().unwrap(), 2);
+        ch.record_state("b", "10.0.0.1:80".parse().unwrap(), AdminState::Draining);
         ch.save().unwrap();
         let back = Changes::load(Some(&path)).unwrap();
         assert_eq!(back.groups, ch.groups);
@@ -334,7 +416,14 @@ mod tests {
         )
         .unwrap();
         let e = Changes::load(Some(&path)).unwrap_err();
-        assert!(e.contains("state.json"), "{e}");
+        assert!(e.corrupt && e.message.contains("state.json"), "{e:?}");
+        std::fs::write(
+            &path,
+            "{\"version\": 1, \"groups\": {\"b\": {\"weight\": {\"10.0.0.1:80\": 0}}}}",
+        )
+        .unwrap();
+        let e = Changes::load(Some(&path)).unwrap_err();
+        assert!(e.corrupt && e.message.contains("weight 0"), "{e:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -327,6 +327,19 @@ impl Upstream {
         true
     }
 
+    /// Forget a weight set by [`Upstream::set_weight`]: the configured one applies again (and
+    /// follows the configuration across reloads).
+    pub fn clear_weight(&self, server: usize) {
+        let Some(s) = self.shared.servers.get(server) else {
+            return;
+        };
+        s.weight_override.store(0, Ordering::Release);
+        if let Policy::Hash { ring, .. } = &self.policy {
+            let rebuilt = build_ring(&self.shared);
+            *ring.write().unwrap_or_else(|e| e.into_inner()) = rebuilt;
+        }
+    }
+
     /// The configured weight or the one set by [`Upstream::set_weight`] (0 for an unknown index).
     pub fn weight(&self, server: usize) -> u32 {
         weight_of(&self.shared, server)
@@ -387,8 +400,9 @@ impl Upstream {
         let allowed = servers.len() * passive.max_ejected_percent as usize;
         if (others + 1) * 100 > allowed {
             if run == passive.max_failures {
-                // Once per run of failures, not per failure after it.
-                tracing::warn!(
+                // Once per run of failures, not per failure after it; at debug, as a client
+                // can cause such runs at will (a 5xx it provokes, then one good request).
+                tracing::debug!(
                     group = %self.shared.group.name,
                     server = %s.address,
                     "passive checks: {} failures in a row, but ejecting it would take more than max_ejected_percent ({}%) of the group out: kept in",
@@ -445,6 +459,8 @@ impl Upstream {
             now,
         ));
         let down = s.down.load(Ordering::Acquire);
+        // Up (true) or down (false), logged once the timing lock is released.
+        let mut changed = None;
         if ok {
             t.probe_failures = 0;
             if down {
@@ -457,11 +473,7 @@ impl Upstream {
                     }
                     s.down.store(false, Ordering::Release);
                     s.health_transitions.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        group = %group.name,
-                        server = %s.address,
-                        "server up: health check passed {rise} time(s) in a row ({detail})"
-                    );
+                    changed = Some(true);
                 }
             }
         } else {
@@ -472,13 +484,23 @@ impl Upstream {
                     t.probe_failures = 0;
                     s.down.store(true, Ordering::Release);
                     s.health_transitions.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        group = %group.name,
-                        server = %s.address,
-                        "server down: health check failed {fall} time(s) in a row, last: {detail}"
-                    );
+                    changed = Some(false);
                 }
             }
+        }
+        drop(t);
+        match changed {
+            Some(true) => tracing::info!(
+                group = %group.name,
+                server = %s.address,
+                "server up: health check passed {rise} time(s) in a row ({detail})"
+            ),
+            Some(false) => tracing::warn!(
+                group = %group.name,
+                server = %s.address,
+                "server down: health check failed {fall} time(s) in a row, last: {detail}"
+            ),
+            None => {}
         }
     }
 

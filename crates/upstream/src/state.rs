@@ -208,6 +208,7 @@ impl ServerState {
                     }
                 }
                 self.ejected.store(false, Ordering::Release);
+                drop(t);
                 tracing::info!(group, server = %self.address, "passive ejection over: the server takes requests again");
                 false
             }

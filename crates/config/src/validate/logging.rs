@@ -6,6 +6,56 @@ use crate::raw::{RawLog, RawRequestId};
 
 const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 
+/// Fields a request id may not be carried in.
+const OWN_MEANING: [&str; 46] = [
+    "host",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "set-cookie",
+    "www-authenticate",
+    "proxy-authenticate",
+    "location",
+    "content-type",
+    "content-encoding",
+    "content-language",
+    "content-location",
+    "content-range",
+    "content-disposition",
+    "content-security-policy",
+    "etag",
+    "last-modified",
+    "cache-control",
+    "pragma",
+    "expires",
+    "age",
+    "vary",
+    "date",
+    "server",
+    "user-agent",
+    "referer",
+    "accept",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "retry-after",
+    "expect",
+    "origin",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "x-client-cert-subject",
+    "via",
+    "traceparent",
+    "tracestate",
+];
+
 /// `[log]`: `level` is a filter in `RUST_LOG` syntax restricted to levels and targets.
 pub(super) fn log(ctx: &mut Ctx<'_>, raw: &RawLog) -> LogSettings {
     let level = raw
@@ -96,26 +146,17 @@ pub(super) fn request_id(ctx: &mut Ctx<'_>, raw: &RawRequestId) -> RequestId {
         None => DEFAULT_REQUEST_ID_HEADER.to_string(),
         Some(h) => {
             let name = h.get_ref().to_ascii_lowercase();
-            let managed = MANAGED_HEADERS.contains(&name.as_str())
-                || matches!(
-                    name.as_str(),
-                    "host"
-                        | "x-forwarded-for"
-                        | "x-forwarded-proto"
-                        | "x-forwarded-host"
-                        | "x-real-ip"
-                        | "x-client-cert-subject"
-                        | "via"
-                        | "traceparent"
-                        | "tracestate"
-                );
+            // The id replaces the field both ways: a field with a meaning of its own (framing,
+            // credentials, caching, content, Portico's identity fields) would be lost or leak.
+            let managed =
+                MANAGED_HEADERS.contains(&name.as_str()) || OWN_MEANING.contains(&name.as_str());
             if let Some(message) = header_name_error(&name) {
                 ctx.error(start(h), "request_id.header", message);
             } else if managed {
                 ctx.error(
                     start(h),
                     "request_id.header",
-                    format!("{name:?} has a meaning of its own: choose another field, such as \"x-request-id\""),
+                    format!("{name:?} has a meaning of its own: choose another field, such as \"x-request-id\" or \"x-correlation-id\""),
                 );
             }
             name

@@ -655,7 +655,11 @@ fn log_and_request_id_tables_are_checked() {
     );
     assert_eq!(
         err(&format!("[request_id]\nheader = \"X-Forwarded-For\"\n{base}")),
-        "t.toml:2:10: request_id.header: \"x-forwarded-for\" has a meaning of its own: choose another field, such as \"x-request-id\""
+        "t.toml:2:10: request_id.header: \"x-forwarded-for\" has a meaning of its own: choose another field, such as \"x-request-id\" or \"x-correlation-id\""
+    );
+    assert!(
+        err(&format!("[request_id]\nheader = \"Set-Cookie\"\n{base}"))
+            .contains("meaning of its own")
     );
     let cfg = parse(&format!("[request_id]\nresponse = true\n{base}"), "t.toml").unwrap();
     let rid = cfg.request_id.unwrap();

@@ -339,7 +339,7 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
             with_server(control, group, server, |u, i, changes| {
                 let address = u.group().servers[i].address;
                 u.set_admin(i, state);
-                changes.state(group, address, state);
+                changes.record_state(group, address, state);
                 tracing::info!(by = req.by, group, server = %address, state = admin_name(state), "admin: server state changed");
                 Ok(())
             })
@@ -356,14 +356,18 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                 );
             };
             with_server(control, group, server, |u, i, changes| {
-                if !u.set_weight(i, weight) {
+                let s = &u.group().servers[i];
+                // Back to the configured weight: no override left to shadow a later edit of
+                // the file.
+                if weight == s.weight {
+                    u.clear_weight(i);
+                } else if !u.set_weight(i, weight) {
                     return Err(Response::error(
                         400,
                         "weight must be at least 1 (use disable to take a server out)",
                     ));
                 }
-                let s = &u.group().servers[i];
-                changes.weight(group, s.address, weight, s.weight);
+                changes.record_weight(group, s.address, weight, s.weight);
                 tracing::info!(by = req.by, group, server = %s.address, weight, "admin: server weight changed");
                 Ok(())
             })
@@ -408,7 +412,7 @@ fn with_server(
     server: &str,
     f: impl FnOnce(&Upstream, usize, &mut Changes) -> Result<(), Response>,
 ) -> Response {
-    let found = control.record(|changes, shared| {
+    let found = control.change_runtime(|changes, shared| {
         let Some(u) = shared.upstreams.iter().find(|u| u.group().name == group) else {
             return Err(Response::error(404, format!("no upstream group {group:?}")));
         };
@@ -443,27 +447,25 @@ fn server_index(group: &UpstreamGroup, server: &str) -> Option<usize> {
     group.servers.iter().position(|s| s.address == addr)
 }
 
-/// Record a server list change, then apply the current configuration again: the change goes
-/// through the same path as a reload (state of the servers that stay is carried over). A
-/// change the new configuration cannot take is undone.
+/// Record a server list change and apply the configuration again with it, under the control
+/// plane's lock: the change goes through the same path as a reload (state of the servers that
+/// stay is carried over). A change the configuration cannot take is undone, and nothing else.
 fn change_servers(
     control: &Control,
     group: &str,
     change: impl FnOnce(&UpstreamGroup, &mut Changes) -> Result<(), Response>,
 ) -> Response {
-    let before = control.record(|changes, shared| {
-        let Some(u) = shared.upstreams.iter().find(|u| u.group().name == group) else {
-            return Err(Response::error(404, format!("no upstream group {group:?}")));
-        };
-        let before = changes.clone();
-        change(u.group(), changes).map(|()| before)
-    });
-    let before = match before {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    match control.reapply() {
-        Ok(s) => {
+    let applied = control.change_servers(
+        |changes, shared| {
+            let Some(u) = shared.upstreams.iter().find(|u| u.group().name == group) else {
+                return Err(Response::error(404, format!("no upstream group {group:?}")));
+            };
+            change(u.group(), changes)
+        },
+        |e| Response::error(409, format!("change refused: {e}")),
+    );
+    match applied {
+        Ok(((), s)) => {
             let shared = control.snapshot();
             let groups = groups_json(&shared);
             let g = groups
@@ -472,13 +474,7 @@ fn change_servers(
                 .unwrap_or(Value::Null);
             Response::json(200, &json!({ "generation": s.generation, "group": g }))
         }
-        Err(e) => {
-            let _ = control.record(|changes, _| {
-                *changes = before;
-                Ok::<(), ()>(())
-            });
-            Response::error(409, format!("change refused: {e}"))
-        }
+        Err(r) => r,
     }
 }
 
@@ -521,7 +517,7 @@ fn add_server(control: &Control, group: &str, req: &Request) -> Response {
                 format!("group {group:?} already has server {address}"),
             ));
         }
-        changes.added(group, address, weight);
+        changes.record_added(group, address, weight);
         Ok(())
     });
     if r.status == 200 {
@@ -546,7 +542,7 @@ fn remove_server(control: &Control, group: &str, server: &str, by: &str) -> Resp
             ));
         }
         let address = g.servers[i].address;
-        changes.removed(group, address);
+        changes.record_removed(group, address);
         removed = Some(address);
         Ok(())
     });

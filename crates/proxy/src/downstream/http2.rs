@@ -112,15 +112,13 @@ impl<'a> Client<'a> for H2Down<'a> {
         let id = self.answer_id(head);
         let id = id.as_ref().map(|(n, v)| (*n, &**v));
         let mut respond = self.respond.borrow_mut();
-        let target = head.target();
-        tracing::debug!(peer = %self.link.peer, target, "HTTP/2 request failed: {e}");
-        let body = crate::error::error_body(e.status());
-        answer_h2(
+        let peer = self.link.peer;
+        fail_h2(
             &mut respond,
+            peer,
             Some(head),
             e,
             phase,
-            body,
             id.as_slice(),
             limit,
         )
@@ -385,12 +383,13 @@ pub(crate) async fn fail_h2(
     head: Option<&RequestHead>,
     e: ProxyError,
     phase: Phase,
+    extra: &[(&str, &str)],
     limit: Duration,
 ) -> Outcome {
     let target = head.map_or("-", |h| h.target());
     tracing::debug!(%peer, target, "HTTP/2 request failed: {e}");
     let body = crate::error::error_body(e.status());
-    answer_h2(respond, head, e, phase, body, &[], limit).await
+    answer_h2(respond, head, e, phase, body, extra, limit).await
 }
 
 /// An error answer on an HTTP/2 stream (unless the client is gone) with `body` and `extra`

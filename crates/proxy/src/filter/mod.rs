@@ -705,8 +705,8 @@ pub(crate) struct Edits<'r> {
     claims: Option<&'r [(String, String)]>,
     /// A field Portico sets itself (the request id): the message's own is dropped.
     replaced: Option<&'r str>,
-    /// Any of recoded, cors, etag, authorization, names, claims: the one flag `drops` tests
-    /// inline.
+    /// Any of recoded, cors, etag, authorization, token, names, claims, replaced: the one flag
+    /// `drops` tests inline.
     owns: bool,
 }
 

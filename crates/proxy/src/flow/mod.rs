@@ -376,7 +376,7 @@ async fn proxy_action<'a, D: Client<'a>>(
         filters.forward(route, &vars, &mut forward);
         if let Some(settings) = &env.shared.config.request_id {
             // A generated id replaces whatever the client sent in its field.
-            if let Some(id) = rid.generated() {
+            if let Some(id) = rid.to_forward() {
                 forward.replace(&settings.header, id);
             }
         }

@@ -255,6 +255,7 @@ fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, star
                 .map(|r| r.name.as_str()),
             tls: c.stream.tls_info(),
             request_id: id.as_deref(),
+            ids: ctx.shared.config.request_id.is_some(),
         });
     }
 }

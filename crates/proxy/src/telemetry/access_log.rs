@@ -90,8 +90,10 @@ pub struct Record<'a> {
     pub route: Option<&'a str>,
     /// The TLS version and the server name (SNI) the client sent, on TLS listeners.
     pub tls: Option<(&'static str, Option<&'a str>)>,
-    /// The request id, when `[request_id]` is on.
+    /// The request id, when `[request_id]` is on (and the head was read).
     pub request_id: Option<&'a str>,
+    /// `[request_id]` is on: the combined line has its column (`-` without an id).
+    pub ids: bool,
 }
 
 /// Format one access-log line (ending in '\n'). Combined: the Apache/nginx combined format,
@@ -135,8 +137,8 @@ pub fn format_line(format: AccessLogFormat, r: &Record<'_>, now: SystemTime) -> 
                 seconds_or_dash(phases.connect),
                 seconds_or_dash(phases.ttfb),
             );
-            if let Some(id) = r.request_id {
-                let _ = write!(s, " {id}");
+            if r.ids {
+                let _ = write!(s, " {}", r.request_id.unwrap_or("-"));
             }
             s.push('\n');
         }
@@ -262,6 +264,7 @@ mod tests {
             route: None,
             tls: None,
             request_id: None,
+            ids: false,
         };
         format_line(format, &r, UNIX_EPOCH)
     }
@@ -376,6 +379,7 @@ mod tests {
             route: Some("api"),
             tls: Some(("TLSv1.3", Some("example.com"))),
             request_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
+            ids: true,
         };
         let l = format_line(AccessLogFormat::Json, &r, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");
@@ -393,5 +397,13 @@ mod tests {
             l.ends_with(" - - - 4bf92f3577b34da6a3ce929d0e0e4736\n"),
             "{l}"
         );
+        // A request without an id (its head was not read) keeps the column count.
+        let none = Record {
+            head: None,
+            request_id: None,
+            ..r
+        };
+        let l = format_line(AccessLogFormat::Combined, &none, UNIX_EPOCH);
+        assert!(l.ends_with(" - - - -\n"), "{l}");
     }
 }

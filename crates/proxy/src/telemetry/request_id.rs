@@ -35,9 +35,9 @@ impl RequestId {
         }
     }
 
-    /// Whether the forwarded request needs the id set (the client's field replaced or added):
-    /// only generated ids do; a client's passes as it came.
-    pub fn generated(self) -> Option<String> {
+    /// The id to set on the forwarded request (replacing the client's field): only a
+    /// generated id; a client's passes as it came.
+    pub fn to_forward(self) -> Option<String> {
         match self {
             RequestId::Generated(a, b) => Some(format!("{a:016x}{b:016x}")),
             _ => None,
@@ -52,7 +52,7 @@ impl RequestId {
                 .field(&settings.header)
                 .and_then(|v| std::str::from_utf8(v).ok())
                 .map(Cow::Borrowed),
-            RequestId::Generated(..) => self.generated().map(Cow::Owned),
+            RequestId::Generated(..) => self.to_forward().map(Cow::Owned),
         }
     }
 }
@@ -106,10 +106,10 @@ mod tests {
         let id = RequestId::of(&settings(true), &h);
         assert_eq!(id, RequestId::Client);
         assert_eq!(id.text(&settings(true), &h).as_deref(), Some("abc-123"));
-        assert_eq!(id.generated(), None);
+        assert_eq!(id.to_forward(), None);
         // Not allowed: a new one, which replaces the client's upstream.
         let id = RequestId::of(&settings(false), &h);
-        let text = id.generated().unwrap();
+        let text = id.to_forward().unwrap();
         assert_eq!(text.len(), 32);
         assert!(text.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_eq!(id.text(&settings(false), &h).as_deref(), Some(&*text));

@@ -106,6 +106,7 @@ pub(super) fn handle<'l>(
                     .map(|r| r.name.as_str()),
                 tls: tls.map(|(v, sni)| (*v, sni.as_deref())),
                 request_id: id.as_deref(),
+                ids: s.cur.shared.config.request_id.is_some(),
             });
         }
     }
@@ -131,7 +132,16 @@ impl Stream<'_> {
     async fn refused(&mut self, e: ProxyError) -> Outcome {
         let limit = self.cur.ls.listener.limits.send_timeout;
         let respond = self.respond.get_mut();
-        fail_h2(respond, self.link.peer, None, e, Phase::RequestHead, limit).await
+        fail_h2(
+            respond,
+            self.link.peer,
+            None,
+            e,
+            Phase::RequestHead,
+            &[],
+            limit,
+        )
+        .await
     }
 }
 
