@@ -2,6 +2,7 @@
 
 pub mod body;
 pub mod build;
+pub mod calendar;
 pub mod coding;
 pub mod encode;
 pub mod error;

@@ -205,16 +205,7 @@ fn rfc3339_millis(t: SystemTime, out: &mut String) {
     let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Days to a civil date (Howard Hinnant's algorithm, for days since 1970-01-01).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = portico_http1::calendar::civil_from_days(days as i64);
     let _ = write!(
         out,
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
