@@ -107,77 +107,6 @@ fn key(raw: &serde_json::Value) -> Result<Key, String> {
     Ok(Key { kid, alg, key })
 }
 
-/// A JWK set's `http` or `https` URL, in the parts a fetch needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeysUrl {
-    pub https: bool,
-    pub host: String,
-    pub port: u16,
-    /// The path and query (`/` when the URL has none).
-    pub target: String,
-}
-
-impl KeysUrl {
-    /// `http://HOST[:PORT]/PATH` or `https://...`; a bracketed IPv6 host keeps its brackets
-    /// out of `host`. No user information, no fragment.
-    pub fn parse(text: &str) -> Result<KeysUrl, String> {
-        let (https, rest) = if let Some(r) = text.strip_prefix("https://") {
-            (true, r)
-        } else if let Some(r) = text.strip_prefix("http://") {
-            (false, r)
-        } else {
-            return Err(format!("{text:?} is not an http:// or https:// URL"));
-        };
-        if text.chars().any(|c| c.is_control() || c == ' ' || c == '#') {
-            return Err(format!(
-                "{text:?} has spaces, control characters or a fragment"
-            ));
-        }
-        let (authority, target) = match rest.find(['/', '?']) {
-            Some(i) => (&rest[..i], rest[i..].to_string()),
-            None => (rest, "/".to_string()),
-        };
-        let target = match target.starts_with('?') {
-            true => format!("/{target}"),
-            false => target,
-        };
-        if authority.contains('@') {
-            return Err(format!(
-                "{text:?}: user information in the URL is not supported"
-            ));
-        }
-        let default_port = if https { 443 } else { 80 };
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6
-                .split_once(']')
-                .ok_or_else(|| format!("{text:?}: an unclosed '[' in the host"))?;
-            let port = match after.strip_prefix(':') {
-                Some(p) => p.parse().map_err(|_| format!("{text:?}: bad port {p:?}"))?,
-                None if after.is_empty() => default_port,
-                None => return Err(format!("{text:?}: unexpected {after:?} after the host")),
-            };
-            (h.to_string(), port)
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (
-                    h.to_string(),
-                    p.parse().map_err(|_| format!("{text:?}: bad port {p:?}"))?,
-                ),
-                None => (authority.to_string(), default_port),
-            }
-        };
-        if host.is_empty() || port == 0 {
-            return Err(format!("{text:?} has no host or port 0"));
-        }
-        Ok(KeysUrl {
-            https,
-            host,
-            port,
-            target,
-        })
-    }
-}
-
 /// The JWS algorithm named `name` (RFC 7518), `none` never.
 pub fn algorithm(name: &str) -> Option<Algorithm> {
     name.parse().ok()
@@ -231,29 +160,6 @@ mod tests {
             KeySet::parse(r#"{"keys":[{"kty":"EC","alg":"none","x":"a","y":"b"}]}"#).unwrap_err();
         assert!(e.contains("key 0"), "{e}");
         assert!(KeySet::parse("{").unwrap_err().starts_with("not JSON"));
-    }
-
-    #[test]
-    fn urls_split_into_what_a_fetch_needs() {
-        let u = KeysUrl::parse("https://id.example.com/.well-known/jwks.json").unwrap();
-        assert_eq!(
-            (u.https, &u.host[..], u.port),
-            (true, "id.example.com", 443)
-        );
-        assert_eq!(u.target, "/.well-known/jwks.json");
-        let u = KeysUrl::parse("http://[::1]:8080?x=1").unwrap();
-        assert_eq!((u.https, &u.host[..], u.port), (false, "::1", 8080));
-        assert_eq!(u.target, "/?x=1");
-        assert_eq!(KeysUrl::parse("http://a").unwrap().target, "/");
-        for bad in [
-            "ftp://a/",
-            "http://",
-            "http://u@a/",
-            "http://a:x/",
-            "http://a/#f",
-        ] {
-            assert!(KeysUrl::parse(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

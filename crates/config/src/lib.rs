@@ -10,6 +10,7 @@ mod raw;
 mod shadow;
 pub mod template;
 pub mod units;
+mod url;
 mod validate;
 
 use std::path::Path;
@@ -19,6 +20,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use explain::explain;
 pub use model::*;
 pub use shadow::shadowed_routes;
+pub use url::HttpUrl;
 pub use validate::log_filter_error;
 
 /// The built-in configuration (`crates/config/default.toml`): listener "proxy" on 127.0.0.1:8080

@@ -1,6 +1,7 @@
 //! The data plane: listeners, per-connection tasks, routing, forwarding, local responses.
 
 pub mod admin;
+mod blocking_http;
 mod cert_watch;
 mod conn;
 mod control;

@@ -1,9 +1,10 @@
 //! JWT checks: the key source (a JWK set file read now, or a URL), algorithms without `none`, issuers, audiences, token places, claim rules.
 
 use super::*;
-use crate::jwks::{algorithm, KeySet, KeysUrl, DEFAULT_ALGORITHMS};
+use crate::jwks::{algorithm, KeySet, DEFAULT_ALGORITHMS};
 use crate::model::{Jwt, JwtKeys};
 use crate::raw::RawJwt;
+use crate::HttpUrl;
 
 /// How often a JWK set URL is fetched again by default.
 const DEFAULT_REFRESH: Duration = Duration::from_secs(600);
@@ -42,7 +43,7 @@ pub(super) fn jwt(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawJwt>) -> Option
             JwtKeys::File(file)
         }
         (None, Some(url)) => {
-            if let Err(m) = KeysUrl::parse(url.get_ref()) {
+            if let Err(m) = HttpUrl::parse(url.get_ref()) {
                 ctx.error(start(url), &sub(key, "jwks_url"), m);
             }
             let refresh = duration(
