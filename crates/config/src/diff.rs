@@ -15,6 +15,7 @@ pub fn changes(old: &Config, new: &Config) -> Vec<String> {
         ("access_log", same(&old.access_log, &new.access_log)),
         ("log", old.log == new.log),
         ("request_id", old.request_id == new.request_id),
+        ("trace", old.trace == new.trace),
         ("admin", old.admin == new.admin),
     ];
     for (key, equal) in top {

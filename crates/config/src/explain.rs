@@ -179,6 +179,23 @@ pub fn explain(config: &Config) -> String {
                 .map_or_else(|| "stderr".to_string(), |p| p.display().to_string())
         );
     }
+    if let Some(t) = &config.trace {
+        let _ = writeln!(
+            out,
+            "tracing: W3C traceparent; {}% of new traces sampled; spans {}",
+            f64::from(t.sample_basis_points) / 100.0,
+            match &t.otlp_endpoint {
+                Some(u) => format!(
+                    "to {}://{}{} (OTLP/HTTP JSON, service {})",
+                    if u.https { "https" } else { "http" },
+                    u.authority(),
+                    u.target,
+                    t.service_name
+                ),
+                None => "not exported (no otlp_endpoint)".to_string(),
+            }
+        );
+    }
     if let Some(r) = &config.request_id {
         let _ = writeln!(
             out,

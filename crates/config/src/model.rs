@@ -20,6 +20,8 @@ pub struct Config {
     pub log: LogSettings,
     /// Request ids (`[request_id]`); None = off.
     pub request_id: Option<RequestId>,
+    /// W3C trace context and OpenTelemetry spans (`[trace]`); None = off.
+    pub trace: Option<Trace>,
     /// The admin listener (status API, metrics, dashboard); None = no admin listener.
     pub admin: Option<Admin>,
     /// Graceful shutdown: how long in-flight requests get to finish after SIGTERM/SIGINT.
@@ -70,6 +72,22 @@ pub struct RequestId {
     pub from_client: bool,
     /// Return the id to the client in `header`.
     pub response: bool,
+}
+
+/// W3C trace context (`traceparent`) on every request, and a span per sampled request sent
+/// over OTLP (`[trace]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    /// New traces recorded, in basis points (10_000 = all); a client's trace is recorded when
+    /// its `traceparent` says sampled.
+    pub sample_basis_points: u32,
+    /// The OTLP/HTTP endpoint (JSON encoding) spans are posted to; None = propagation and log
+    /// fields only.
+    pub otlp_endpoint: Option<crate::HttpUrl>,
+    /// Fields sent with every export (an API key).
+    pub otlp_headers: Vec<(String, String)>,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
 }
 
 #[derive(Debug, Clone)]

@@ -18,6 +18,7 @@ pub(crate) struct RawConfig {
     pub access_log: Option<RawAccessLog>,
     pub log: Option<RawLog>,
     pub request_id: Option<RawRequestId>,
+    pub trace: Option<RawTrace>,
     pub admin: Option<Spanned<RawAdmin>>,
     pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
     pub upstreams: Option<Entries<RawUpstream>>,
@@ -44,6 +45,15 @@ pub(crate) struct RawRequestId {
     pub header: Option<Spanned<String>>,
     pub from_client: Option<Spanned<bool>>,
     pub response: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a trace table")]
+pub(crate) struct RawTrace {
+    pub sample_percent: Option<Spanned<Number>>,
+    pub otlp_endpoint: Option<Spanned<String>>,
+    pub otlp_headers: Option<Entries<Spanned<String>>>,
+    pub service_name: Option<Spanned<String>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -204,6 +204,18 @@ impl Control {
         if old.generation > 0 && old.config.admin != config.admin {
             tracing::warn!("admin listener settings change only on restart; the admin listener keeps its address and token");
         }
+        // The span exporter: kept while its endpoint stays the same.
+        let tracer = match &config.trace {
+            None => None,
+            Some(t) => match old.tracer.as_ref().filter(|e| e.serves(t)) {
+                Some(e) => Some(e.clone()),
+                None => {
+                    crate::telemetry::trace::Exporter::start(t, self.stats.trace_export.clone())
+                        .map_err(StartError::Thread)?
+                        .map(Arc::new)
+                }
+            },
+        };
         let access_log = match &config.access_log {
             Some(al) => Some(AccessLogger::open(al).map_err(|source| {
                 StartError::AccessLog {
@@ -473,6 +485,7 @@ impl Control {
             upstream_tls,
             stats: self.stats.clone(),
             access_log,
+            tracer,
             workers: self.workers,
         }));
         self.published
@@ -810,6 +823,7 @@ impl Control {
                 access_log: None,
                 log: Default::default(),
                 request_id: None,
+                trace: None,
                 admin: None,
                 drain_timeout,
                 workers: None,
@@ -820,6 +834,7 @@ impl Control {
             upstream_tls: Vec::new(),
             stats: stats.clone(),
             access_log: None,
+            tracer: None,
             workers,
         };
         let mut receivers = Vec::new();

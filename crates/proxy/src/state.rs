@@ -68,6 +68,8 @@ pub struct Shared {
     pub upstream_tls: Vec<Option<Arc<crate::upstream::tls::GroupTls>>>,
     pub stats: Arc<Stats>,
     pub access_log: Option<AccessLogger>,
+    /// Where sampled requests' spans go (`[trace] otlp_endpoint`).
+    pub tracer: Option<Arc<crate::telemetry::trace::Exporter>>,
     pub workers: usize,
 }
 

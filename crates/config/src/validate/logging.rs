@@ -1,8 +1,8 @@
-//! The error log (`[log]`: filter, format, destination) and request ids (`[request_id]`).
+//! The error log (`[log]`: filter, format, destination), request ids (`[request_id]`) and tracing (`[trace]`).
 
 use super::*;
-use crate::model::{LogFormat, LogSettings, RequestId, DEFAULT_REQUEST_ID_HEADER};
-use crate::raw::{RawLog, RawRequestId};
+use crate::model::{LogFormat, LogSettings, RequestId, Trace, DEFAULT_REQUEST_ID_HEADER};
+use crate::raw::{RawLog, RawRequestId, RawTrace};
 
 const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 
@@ -166,6 +166,69 @@ pub(super) fn request_id(ctx: &mut Ctx<'_>, raw: &RawRequestId) -> RequestId {
         header,
         from_client: raw.from_client.as_ref().is_none_or(|b| *b.get_ref()),
         response: raw.response.as_ref().is_some_and(|b| *b.get_ref()),
+    }
+}
+
+/// `[trace]`: on when present.
+pub(super) fn trace(ctx: &mut Ctx<'_>, raw: &RawTrace) -> Trace {
+    let sample_basis_points = match &raw.sample_percent {
+        None => 10_000,
+        Some(p) => {
+            let bp = (p.get_ref().0 * 100.0).round();
+            if !(0.0..=10_000.0).contains(&bp) {
+                ctx.error(
+                    start(p),
+                    "trace.sample_percent",
+                    format!("must be between 0 and 100, found {}", p.get_ref().0),
+                );
+            }
+            bp.clamp(0.0, 10_000.0) as u32
+        }
+    };
+    let otlp_endpoint =
+        raw.otlp_endpoint
+            .as_ref()
+            .and_then(|u| match crate::HttpUrl::parse(u.get_ref()) {
+                Ok(url) => Some(url),
+                Err(m) => {
+                    ctx.error(start(u), "trace.otlp_endpoint", m);
+                    None
+                }
+            });
+    let mut otlp_headers = Vec::new();
+    for (name, value) in raw.otlp_headers.iter().flat_map(|e| &e.0) {
+        let key = sub("trace.otlp_headers", name.get_ref());
+        if let Some(m) = header_name_error(name.get_ref()) {
+            ctx.error(start(name), &key, m);
+        } else if let Some(m) = header_value_error(value.get_ref()) {
+            ctx.error(start(value), &key, m);
+        } else {
+            otlp_headers.push((name.get_ref().clone(), value.get_ref().clone()));
+        }
+    }
+    if raw.otlp_headers.is_some() && otlp_endpoint.is_none() && raw.otlp_endpoint.is_none() {
+        if let Some((name, _)) = raw.otlp_headers.iter().flat_map(|e| &e.0).next() {
+            ctx.error(
+                start(name),
+                "trace.otlp_headers",
+                "otlp_headers without an otlp_endpoint to send them to",
+            );
+        }
+    }
+    let service_name = match &raw.service_name {
+        None => "portico".to_string(),
+        Some(n) => {
+            if let Some(m) = plain_text_error(n.get_ref(), "service_name") {
+                ctx.error(start(n), "trace.service_name", m);
+            }
+            n.get_ref().clone()
+        }
+    };
+    Trace {
+        sample_basis_points,
+        otlp_endpoint,
+        otlp_headers,
+        service_name,
     }
 }
 

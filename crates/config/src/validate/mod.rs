@@ -132,6 +132,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
         .map(|l| log(&mut ctx, l))
         .unwrap_or_default();
     let request_id = raw.request_id.as_ref().map(|r| request_id(&mut ctx, r));
+    let trace = raw.trace.as_ref().map(|t| trace(&mut ctx, t));
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
@@ -147,6 +148,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
             access_log,
             log,
             request_id,
+            trace,
             admin,
             drain_timeout,
             workers,

@@ -815,7 +815,23 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             .config_last_reload_at
             .load(std::sync::atomic::Ordering::Relaxed) as f64,
     );
+    let traced = &stats.trace_export;
     let global = [
+        (
+            "portico_trace_spans_exported_total",
+            "Spans of sampled requests the OTLP endpoint accepted.",
+            &traced.exported,
+        ),
+        (
+            "portico_trace_spans_dropped_total",
+            "Spans dropped because the export queue was full (the endpoint slow or down).",
+            &traced.dropped,
+        ),
+        (
+            "portico_trace_export_failures_total",
+            "Spans in exports that failed or that the endpoint refused.",
+            &traced.failed,
+        ),
         (
             "portico_config_reload_failures_total",
             "Reloads refused (an invalid file, a port in use, an unreadable certificate); the running configuration stayed.",

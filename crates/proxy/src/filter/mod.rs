@@ -703,8 +703,9 @@ pub(crate) struct Edits<'r> {
     names: Option<&'r [String]>,
     /// Fields a JWT's claims set (claim, field): the client's copies are dropped.
     claims: Option<&'r [(String, String)]>,
-    /// A field Portico sets itself (the request id): the message's own is dropped.
-    replaced: Option<&'r str>,
+    /// Fields Portico sets itself (the request id, `traceparent`): the message's own are
+    /// dropped.
+    replaced: [Option<&'r str>; 2],
     /// Any of recoded, cors, etag, authorization, token, names, claims, replaced: the one flag
     /// `drops` tests inline.
     owns: bool,
@@ -784,7 +785,10 @@ impl<'r> Edits<'r> {
 
     /// `name` (lowercase) is set to `value`: the message's own field of that name is dropped.
     pub(crate) fn replace(&mut self, name: &'r str, value: String) {
-        self.replaced = Some(name);
+        match self.replaced.iter_mut().find(|r| r.is_none()) {
+            Some(slot) => *slot = Some(name),
+            None => debug_assert!(false, "more replaced fields than slots"),
+        }
         self.owns = true;
         self.add(name, Cow::Owned(value));
     }
@@ -835,7 +839,11 @@ impl<'r> Edits<'r> {
             || (self.etag && name.eq_ignore_ascii_case("etag"))
             || (self.authorization && name.eq_ignore_ascii_case("authorization"))
             || self.token.is_some_and(|t| t.eq_ignore_ascii_case(name))
-            || self.replaced.is_some_and(|t| t.eq_ignore_ascii_case(name))
+            || self
+                .replaced
+                .iter()
+                .flatten()
+                .any(|t| t.eq_ignore_ascii_case(name))
             || self
                 .names
                 .is_some_and(|n| n.iter().any(|x| x.eq_ignore_ascii_case(name)))
@@ -861,7 +869,10 @@ impl<'r> Edits<'r> {
         let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
         let etag = std::iter::once("etag").filter(|_| self.etag);
         let auth = std::iter::once("authorization").filter(|_| self.authorization);
-        let token = self.token.into_iter().chain(self.replaced);
+        let token = self
+            .token
+            .into_iter()
+            .chain(self.replaced.into_iter().flatten());
         let names = self.names.into_iter().flatten().map(String::as_str);
         let claims = self.claims.into_iter().flatten().map(|(_, f)| f.as_str());
         rules

@@ -19,6 +19,7 @@ use crate::resilience::RouteResilience;
 use crate::telemetry::request_id::RequestId;
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::{Phase, Termination};
+use crate::telemetry::trace::TraceCtx;
 use crate::upstream::pool::UpConn;
 use crate::vars::RequestVars;
 use bytes::{Bytes, BytesMut};
@@ -54,6 +55,9 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
     }
     if let Some(settings) = &env.shared.config.request_id {
         down.timings().request_id = RequestId::of(settings, head);
+    }
+    if let Some(settings) = &env.shared.config.trace {
+        down.timings().trace = Some(Box::new(TraceCtx::of(settings, head)));
     }
     let idx = crate::route::select(
         &ls.listener.routes,
@@ -370,6 +374,7 @@ async fn proxy_action<'a, D: Client<'a>>(
     let mut forward = Edits::default();
     let group;
     let rid = down.timings().request_id;
+    let traceparent = down.timings().trace.as_ref().map(|t| t.traceparent());
     {
         let who = down.who();
         let vars = RequestVars::new(head, route, who.tls, who.ip);
@@ -379,6 +384,10 @@ async fn proxy_action<'a, D: Client<'a>>(
             if let Some(id) = rid.to_forward() {
                 forward.replace(&settings.header, id);
             }
+        }
+        // The upstream's parent span is Portico's; `tracestate` passes as it came.
+        if let Some(tp) = traceparent {
+            forward.replace("traceparent", tp);
         }
         group = if filters.is_rare() {
             rare_forward(route, p, head, who.ip, auth_fields, &mut forward)

@@ -5,7 +5,6 @@ use crate::downstream::http1::H1Down;
 use crate::error::error_body;
 use crate::error::ProxyError;
 use crate::stream::ClientStream;
-use crate::telemetry::access_log::Record;
 use crate::telemetry::stats::{Outcome, Phase, Termination};
 use crate::telemetry::timing::Timings;
 use bytes::BytesMut;
@@ -237,27 +236,12 @@ async fn close(c: &mut Conn, lingering: bool) {
 }
 
 fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, started: Instant) {
-    if let Some(log) = &ctx.shared.access_log {
-        let listener = &ctx.ls.listener;
-        let id = head.zip(ctx.shared.config.request_id.as_ref());
-        let id = id.and_then(|(h, s)| c.timings.request_id.text(s, h));
-        log.write(&Record {
-            sender: crate::filter::sender(c.peer, head, &listener.trusted_proxies),
-            head,
-            protocol: head.map_or("HTTP/1.1", |h| h.version().as_str()),
-            outcome: o,
-            phases: &c.timings.phases(started),
-            listener: &listener.name,
-            route: c
-                .timings
-                .route
-                .and_then(|i| listener.routes.get(usize::from(i)))
-                .map(|r| r.name.as_str()),
-            tls: c.stream.tls_info(),
-            request_id: id.as_deref(),
-            ids: ctx.shared.config.request_id.is_some(),
-        });
-    }
+    let protocol = head.map_or("HTTP/1.1", |h| h.version().as_str());
+    let tls = c.stream.tls_info();
+    let (shared, ls) = (&ctx.shared, &ctx.ls);
+    super::finished(
+        shared, ls, c.peer, head, protocol, o, &c.timings, started, tls,
+    );
 }
 
 /// What waiting for a request head ended with. Not boxed: it is returned once per request,

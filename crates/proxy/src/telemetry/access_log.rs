@@ -94,6 +94,8 @@ pub struct Record<'a> {
     pub request_id: Option<&'a str>,
     /// `[request_id]` is on: the combined line has its column (`-` without an id).
     pub ids: bool,
+    /// The request's trace context, when `[trace]` is on (JSON `trace_id` and `span_id`).
+    pub trace: Option<&'a crate::telemetry::trace::TraceCtx>,
 }
 
 /// Format one access-log line (ending in '\n'). Combined: the Apache/nginx combined format,
@@ -186,6 +188,8 @@ pub fn format_line(format: AccessLogFormat, r: &Record<'_>, now: SystemTime) -> 
                 ("tls_version", r.tls.map(|t| t.0.into())),
                 ("sni", r.tls.and_then(|t| t.1).map(Into::into)),
                 ("request_id", r.request_id.map(Into::into)),
+                ("trace_id", r.trace.map(|t| t.trace_id().into())),
+                ("span_id", r.trace.map(|t| t.span_id().into())),
             ];
             for (name, value) in text {
                 if let Some(v) = value {
@@ -256,6 +260,7 @@ mod tests {
             tls: None,
             request_id: None,
             ids: false,
+            trace: None,
         };
         format_line(format, &r, UNIX_EPOCH)
     }
@@ -371,6 +376,7 @@ mod tests {
             tls: Some(("TLSv1.3", Some("example.com"))),
             request_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
             ids: true,
+            trace: None,
         };
         let l = format_line(AccessLogFormat::Json, &r, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 /// Which side ended (or completed) an exchange.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,6 +227,8 @@ pub struct Stats {
     pub mirror_skipped: AtomicU64,
     /// Compressed responses, and their body bytes before and after, per coding (in the
     /// order of `Coding::ALL`).
+    /// Spans exported over OTLP, dropped (queue full) and failed to export.
+    pub trace_export: Arc<ExportStats>,
     pub compression: [Compressed; 3],
     terminations: Vec<AtomicU64>,
 }
@@ -297,12 +300,21 @@ impl Default for Stats {
             mirror_failed: AtomicU64::new(0),
             mirror_dropped: AtomicU64::new(0),
             mirror_skipped: AtomicU64::new(0),
+            trace_export: Default::default(),
             compression: Default::default(),
             terminations: (0..SIDES * PHASES * CAUSES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
         }
     }
+}
+
+/// What the span exporter did (for `/metrics`).
+#[derive(Debug, Default)]
+pub struct ExportStats {
+    pub exported: AtomicU64,
+    pub dropped: AtomicU64,
+    pub failed: AtomicU64,
 }
 
 /// Seconds since the Unix epoch (0 on a clock before it).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 /// field is set by the code that reads the clock at that point for its own use (the pick, the
 /// passive-check report, the route latency), so recording them costs no extra clock read
 /// except around a new upstream connect.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Timings {
     /// The request head was complete (parsed).
     pub head: Option<Instant>,
@@ -21,6 +21,9 @@ pub struct Timings {
     pub request_id: crate::telemetry::request_id::RequestId,
     /// The index of the route that took the request, for the access log.
     pub route: Option<u16>,
+    /// The request's trace context (`[trace]`), boxed: connections without tracing pay a
+    /// pointer.
+    pub trace: Option<Box<crate::telemetry::trace::TraceCtx>>,
 }
 
 /// The phase durations an access-log line shows, each from the request's start (accept for a

@@ -25,5 +25,6 @@ mod send_timeout;
 mod split;
 mod tls;
 mod tls_upstream;
+mod trace;
 mod tunnel_log;
 mod variables;

@@ -87,28 +87,18 @@ pub(super) fn handle<'l>(
             link.client_reset();
         }
         s.cur.shared.stats.record(outcome.termination);
-        if let Some(log) = &s.cur.shared.access_log {
-            let listener = &s.cur.ls.listener;
-            let id = head.as_ref().zip(s.cur.shared.config.request_id.as_ref());
-            let id = id.and_then(|(h, set)| s.timings.request_id.text(set, h));
-            let tls = link.tls_info.as_ref();
-            log.write(&crate::telemetry::access_log::Record {
-                sender: crate::filter::sender(link.peer, head.as_ref(), &listener.trusted_proxies),
-                head: head.as_ref(),
-                protocol: "HTTP/2.0",
-                outcome: &outcome,
-                phases: &s.timings.phases(started),
-                listener: &listener.name,
-                route: s
-                    .timings
-                    .route
-                    .and_then(|i| listener.routes.get(usize::from(i)))
-                    .map(|r| r.name.as_str()),
-                tls: tls.map(|(v, sni)| (*v, sni.as_deref())),
-                request_id: id.as_deref(),
-                ids: s.cur.shared.config.request_id.is_some(),
-            });
-        }
+        let tls = link.tls_info.as_ref().map(|(v, sni)| (*v, sni.as_deref()));
+        crate::serve::finished(
+            &s.cur.shared,
+            &s.cur.ls,
+            link.peer,
+            head.as_ref(),
+            "HTTP/2.0",
+            &outcome,
+            &s.timings,
+            started,
+            tls,
+        );
     }
 }
 

@@ -1,0 +1,417 @@
+//! W3C trace context (the client's `traceparent` continued with Portico's span, or a new trace) and OpenTelemetry spans of sampled requests, sent in batches over OTLP/HTTP (JSON) by a thread of its own.
+
+use crate::telemetry::logging::log_limited;
+use crate::telemetry::stats::ExportStats;
+use portico_config::{HttpUrl, Trace};
+use portico_http1::RequestHead;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Spans waiting for the exporter at most; past that, new ones are dropped and counted.
+const QUEUE: usize = 8192;
+/// Spans per export request, and how long the first of a batch waits for company.
+const BATCH: usize = 512;
+const LINGER: Duration = Duration::from_secs(1);
+/// One export's time (connect, TLS, answer).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One request's place in a trace: the trace, Portico's span for the request, the client's
+/// span it continues (0 for a new trace) and whether the trace is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceCtx {
+    pub trace_hi: u64,
+    pub trace_lo: u64,
+    pub span: u64,
+    pub parent: u64,
+    pub sampled: bool,
+}
+
+impl TraceCtx {
+    /// The context of a request under `settings`: the client's trace continued when its
+    /// `traceparent` is valid (sampled as it says), else a new trace, sampled at the
+    /// configured rate.
+    pub fn of(settings: &Trace, head: &RequestHead) -> TraceCtx {
+        let span = nonzero_u64();
+        let theirs = head
+            .field("traceparent")
+            .filter(|_| !repeated(head, "traceparent"))
+            .and_then(parse_traceparent);
+        match theirs {
+            Some((trace_hi, trace_lo, parent, sampled)) => TraceCtx {
+                trace_hi,
+                trace_lo,
+                span,
+                parent,
+                sampled,
+            },
+            None => TraceCtx {
+                trace_hi: fastrand::u64(..),
+                trace_lo: nonzero_u64(),
+                span,
+                parent: 0,
+                sampled: fastrand::u32(0..10_000) < settings.sample_basis_points,
+            },
+        }
+    }
+
+    /// The `traceparent` the upstream gets: this trace, Portico's span as the parent.
+    pub fn traceparent(&self) -> String {
+        format!(
+            "00-{}-{:016x}-{}",
+            self.trace_id(),
+            self.span,
+            if self.sampled { "01" } else { "00" }
+        )
+    }
+
+    pub fn trace_id(&self) -> String {
+        format!("{:016x}{:016x}", self.trace_hi, self.trace_lo)
+    }
+
+    pub fn span_id(&self) -> String {
+        format!("{:016x}", self.span)
+    }
+}
+
+fn nonzero_u64() -> u64 {
+    fastrand::u64(1..)
+}
+
+fn repeated(head: &RequestHead, name: &str) -> bool {
+    let mut same = head.fields().filter(|(n, _)| n.eq_ignore_ascii_case(name));
+    same.next().is_some() && same.next().is_some()
+}
+
+/// A `traceparent` value (W3C Trace Context, level 1): (trace id high and low halves, parent
+/// span id, sampled). Version `00` is exactly 55 characters; a later version may carry more
+/// after a `-`, and `ff` is invalid. Ids are lowercase hex and not all zeros.
+pub fn parse_traceparent(v: &[u8]) -> Option<(u64, u64, u64, bool)> {
+    if v.len() < 55 || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    let version = &v[..2];
+    if version == b"ff" || !lower_hex(version) {
+        return None;
+    }
+    if version == b"00" && v.len() != 55 {
+        return None;
+    }
+    if v.len() > 55 && v[55] != b'-' {
+        return None;
+    }
+    let (trace, parent, flags) = (&v[3..35], &v[36..52], &v[53..55]);
+    if !lower_hex(trace) || !lower_hex(parent) || !lower_hex(flags) {
+        return None;
+    }
+    let hex = |b: &[u8]| u64::from_str_radix(std::str::from_utf8(b).ok()?, 16).ok();
+    let (hi, lo, parent) = (hex(&trace[..16])?, hex(&trace[16..])?, hex(parent)?);
+    let flags = u8::from_str_radix(std::str::from_utf8(flags).ok()?, 16).ok()?;
+    if (hi == 0 && lo == 0) || parent == 0 {
+        return None;
+    }
+    Some((hi, lo, parent, flags & 1 == 1))
+}
+
+fn lower_hex(b: &[u8]) -> bool {
+    b.iter()
+        .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
+/// One finished request as a span, built on the worker from what it logs anyway; turned into
+/// OTLP JSON on the exporter's thread.
+#[derive(Debug)]
+pub struct SpanRecord {
+    pub ctx: TraceCtx,
+    pub name: String,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub attributes: Vec<(&'static str, Attr)>,
+    /// Phase marks: (name, time).
+    pub events: Vec<(&'static str, SystemTime)>,
+    pub error: bool,
+}
+
+#[derive(Debug)]
+pub enum Attr {
+    Str(String),
+    Int(i64),
+}
+
+/// Spans of sampled requests to one OTLP endpoint: a bounded queue the workers add to without
+/// waiting, drained by a thread of its own that posts batches.
+pub struct Exporter {
+    tx: SyncSender<SpanRecord>,
+    /// What identifies the endpoint, for keeping the exporter across reloads.
+    settings: Trace,
+    pub stats: Arc<ExportStats>,
+}
+
+impl Exporter {
+    /// Start the exporter thread for `settings`' endpoint (None without one).
+    pub fn start(settings: &Trace, stats: Arc<ExportStats>) -> std::io::Result<Option<Exporter>> {
+        let Some(url) = settings.otlp_endpoint.clone() else {
+            return Ok(None);
+        };
+        let (tx, rx) = sync_channel(QUEUE);
+        let (headers, service) = (settings.otlp_headers.clone(), settings.service_name.clone());
+        let thread_stats = stats.clone();
+        std::thread::Builder::new()
+            .name("portico-otlp".into())
+            .spawn(move || export_loop(rx, url, headers, service, thread_stats))?;
+        Ok(Some(Exporter {
+            tx,
+            settings: settings.clone(),
+            stats,
+        }))
+    }
+
+    /// Whether this exporter serves `settings` as they are (a reload keeps it then).
+    pub fn serves(&self, settings: &Trace) -> bool {
+        self.settings.otlp_endpoint == settings.otlp_endpoint
+            && self.settings.otlp_headers == settings.otlp_headers
+            && self.settings.service_name == settings.service_name
+    }
+
+    /// Queue a span without waiting (dropped and counted when the queue is full).
+    pub fn send(&self, span: SpanRecord) {
+        match self.tx.try_send(span) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn export_loop(
+    rx: Receiver<SpanRecord>,
+    url: HttpUrl,
+    headers: Vec<(String, String)>,
+    service: String,
+    stats: Arc<ExportStats>,
+) {
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut open = true;
+    while open {
+        // The first span of a batch waits without a deadline; then up to LINGER for more.
+        match rx.recv() {
+            Ok(s) => batch.push(s),
+            Err(_) => break,
+        }
+        let until = Instant::now() + LINGER;
+        while batch.len() < BATCH {
+            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(s) => batch.push(s),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        let n = batch.len() as u64;
+        let body = export_body(&service, &batch).to_string().into_bytes();
+        batch.clear();
+        let mut fields: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
+        fields.extend(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        match crate::blocking_http::request(&url, "POST", &fields, &body, EXPORT_TIMEOUT, 64 * 1024)
+        {
+            Ok(a) if (200..300).contains(&a.status) => {
+                stats.exported.fetch_add(n, Ordering::Relaxed);
+            }
+            Ok(a) => {
+                stats.failed.fetch_add(n, Ordering::Relaxed);
+                log_limited!(warn, spans = n, "OTLP export refused: HTTP {}", a.status);
+            }
+            Err(e) => {
+                stats.failed.fetch_add(n, Ordering::Relaxed);
+                log_limited!(warn, spans = n, "OTLP export failed: {e}");
+            }
+        }
+    }
+}
+
+fn nanos(t: SystemTime) -> String {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+        .to_string()
+}
+
+/// An OTLP/HTTP JSON `ExportTraceServiceRequest` for `spans` (ids in hex, times in
+/// nanoseconds as strings, as the JSON mapping of OTLP says).
+pub fn export_body(service: &str, spans: &[SpanRecord]) -> Value {
+    let spans: Vec<Value> = spans
+        .iter()
+        .map(|s| {
+            let attributes: Vec<Value> = s
+                .attributes
+                .iter()
+                .map(|(k, v)| {
+                    let value = match v {
+                        Attr::Str(t) => json!({ "stringValue": t }),
+                        Attr::Int(i) => json!({ "intValue": i.to_string() }),
+                    };
+                    json!({ "key": k, "value": value })
+                })
+                .collect();
+            let events: Vec<Value> = s
+                .events
+                .iter()
+                .map(|(name, t)| json!({ "timeUnixNano": nanos(*t), "name": name }))
+                .collect();
+            let mut span = json!({
+                "traceId": s.ctx.trace_id(),
+                "spanId": s.ctx.span_id(),
+                "name": s.name,
+                // SPAN_KIND_SERVER
+                "kind": 2,
+                "startTimeUnixNano": nanos(s.start),
+                "endTimeUnixNano": nanos(s.end),
+                "attributes": attributes,
+                "events": events,
+                // STATUS_CODE_ERROR or STATUS_CODE_UNSET
+                "status": { "code": if s.error { 2 } else { 0 } },
+            });
+            if s.ctx.parent != 0 {
+                span["parentSpanId"] = json!(format!("{:016x}", s.ctx.parent));
+            }
+            span
+        })
+        .collect();
+    json!({
+        "resourceSpans": [{
+            "resource": { "attributes": [
+                { "key": "service.name", "value": { "stringValue": service } },
+                { "key": "service.version", "value": { "stringValue": env!("CARGO_PKG_VERSION") } },
+            ]},
+            "scopeSpans": [{
+                "scope": { "name": "portico", "version": env!("CARGO_PKG_VERSION") },
+                "spans": spans,
+            }],
+        }]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_follows_the_w3c_rules() {
+        let ok = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(
+            parse_traceparent(ok),
+            Some((
+                0x4bf92f3577b34da6,
+                0xa3ce929d0e0e4736,
+                0x00f067aa0ba902b7,
+                true
+            ))
+        );
+        let unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        assert_eq!(parse_traceparent(unsampled).map(|t| t.3), Some(false));
+        // A later version may carry more after a dash.
+        let later = b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-ever";
+        assert!(parse_traceparent(later).is_some());
+        for bad in [
+            &b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x"[..],
+            b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            b"0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            b"",
+        ] {
+            assert_eq!(
+                parse_traceparent(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_continues_the_clients_trace_or_starts_one() {
+        let settings = Trace {
+            sample_basis_points: 0,
+            otlp_endpoint: None,
+            otlp_headers: Vec::new(),
+            service_name: "p".into(),
+        };
+        let head = |wire: &[u8]| {
+            let mut buf = bytes::BytesMut::from(wire);
+            portico_http1::parse_request(&mut buf, &portico_http1::Limits::default())
+                .unwrap()
+                .unwrap()
+        };
+        let h = head(b"GET / HTTP/1.1\r\nHost: a\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\r\n");
+        let c = TraceCtx::of(&settings, &h);
+        assert_eq!(c.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(c.parent, 0x00f067aa0ba902b7);
+        assert!(c.sampled, "the client's sampled flag is followed");
+        let tp = c.traceparent();
+        assert!(tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && tp.ends_with("-01"));
+        assert_ne!(
+            &tp[36..52],
+            "00f067aa0ba902b7",
+            "Portico's own span is the parent"
+        );
+        assert!(parse_traceparent(tp.as_bytes()).is_some());
+        // No (or a bad) traceparent: a new trace, sampled at the configured rate (0% here).
+        let n = TraceCtx::of(
+            &settings,
+            &head(b"GET / HTTP/1.1\r\nHost: a\r\ntraceparent: junk\r\n\r\n"),
+        );
+        assert_eq!(n.parent, 0);
+        assert!(!n.sampled);
+        assert!(n.traceparent().ends_with("-00"));
+        let all = Trace {
+            sample_basis_points: 10_000,
+            ..settings
+        };
+        assert!(TraceCtx::of(&all, &head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")).sampled);
+    }
+
+    #[test]
+    fn spans_are_encoded_as_otlp_json() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let span = SpanRecord {
+            ctx: TraceCtx {
+                trace_hi: 1,
+                trace_lo: 2,
+                span: 3,
+                parent: 4,
+                sampled: true,
+            },
+            name: "GET api".into(),
+            start: t0,
+            end: t0 + Duration::from_millis(5),
+            attributes: vec![
+                ("http.request.method", Attr::Str("GET".into())),
+                ("http.response.status_code", Attr::Int(502)),
+            ],
+            events: vec![("upstream.first_byte", t0 + Duration::from_millis(4))],
+            error: true,
+        };
+        let v = export_body("edge", &[span]);
+        let s = &v["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+        assert_eq!(s["traceId"], "00000000000000010000000000000002");
+        assert_eq!(s["spanId"], "0000000000000003");
+        assert_eq!(s["parentSpanId"], "0000000000000004");
+        assert_eq!(s["startTimeUnixNano"], "1700000000000000000");
+        assert_eq!(s["endTimeUnixNano"], "1700000000005000000");
+        assert_eq!(s["status"]["code"], 2);
+        assert_eq!(s["attributes"][1]["value"]["intValue"], "502");
+        assert_eq!(s["events"][0]["name"], "upstream.first_byte");
+        assert_eq!(
+            v["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"],
+            "edge"
+        );
+    }
+}
