@@ -57,6 +57,6 @@ pub(crate) fn finished(
         log.write(&record);
     }
     if let (Some(exporter), Some(ctx)) = (span_to, trace) {
-        exporter.send(crate::telemetry::span::span(&record, ctx));
+        exporter.send(crate::telemetry::span::span_json(&record, ctx));
     }
 }

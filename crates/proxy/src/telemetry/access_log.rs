@@ -48,7 +48,8 @@ impl AccessLogger {
     }
 }
 
-fn json_escape(s: &str, out: &mut String) {
+/// `s` escaped for a JSON string (quotes, backslashes, control characters).
+pub(crate) fn json_escape(s: &str, out: &mut String) {
     for ch in s.chars() {
         match ch {
             '"' => out.push_str("\\\""),

@@ -1,73 +1,78 @@
-//! A finished request's span, built from its access-log record and its trace context.
+//! A finished request's span as one OTLP/HTTP JSON span object, written on the worker straight from its access-log record and trace context (one string, no value tree).
 
-use crate::telemetry::access_log::Record;
+use crate::telemetry::access_log::{json_escape, Record};
+use crate::telemetry::request_id::push_hex;
 use crate::telemetry::stats::Termination;
-use crate::telemetry::trace::{Attr, SpanRecord, TraceCtx};
+use crate::telemetry::trace::TraceCtx;
+use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-/// The span of a finished request, from its access-log record: named `METHOD route`, with
-/// the OpenTelemetry HTTP server attributes, Portico's own (listener, route, upstream,
-/// termination, request id) and the phases as events; an error when the answer was a 5xx or
-/// the exchange did not complete.
-pub fn span(r: &Record<'_>, ctx: &TraceCtx) -> SpanRecord {
+/// The span of a finished request (OTLP JSON: ids in hex, times in nanoseconds as strings):
+/// kind `SERVER`, named `METHOD route`, with the OpenTelemetry HTTP server attributes,
+/// Portico's own (listener, route, upstream, termination, request id) and the phases as
+/// events; status `ERROR` when the answer was a 5xx or the exchange did not complete.
+pub fn span_json(r: &Record<'_>, ctx: &TraceCtx) -> String {
     let end = SystemTime::now();
     let start = end.checked_sub(r.phases.total).unwrap_or(end);
+    let mut s = String::with_capacity(1024);
+    s.push_str("{\"traceId\":\"");
+    push_hex(&mut s, ctx.trace_hi);
+    push_hex(&mut s, ctx.trace_lo);
+    s.push_str("\",\"spanId\":\"");
+    push_hex(&mut s, ctx.span);
+    if ctx.parent != 0 {
+        s.push_str("\",\"parentSpanId\":\"");
+        push_hex(&mut s, ctx.parent);
+    }
     let method = r.head.map_or("-", |h| h.method().as_str());
-    let name = match r.route {
-        Some(route) => format!("{method} {route}"),
-        None => method.to_string(),
+    s.push_str("\",\"name\":\"");
+    json_escape(method, &mut s);
+    if let Some(route) = r.route {
+        s.push(' ');
+        json_escape(route, &mut s);
+    }
+    let _ = write!(
+        s,
+        "\",\"kind\":2,\"startTimeUnixNano\":\"{}\",\"endTimeUnixNano\":\"{}\",\"attributes\":[",
+        nanos(start),
+        nanos(end)
+    );
+    let mut a = Attrs {
+        out: &mut s,
+        first: true,
     };
-    let mut attributes = vec![
-        ("http.request.method", Attr::Str(method.to_string())),
-        (
-            "http.response.status_code",
-            Attr::Int(i64::from(r.outcome.status)),
-        ),
-        ("client.address", Attr::Str(r.sender.client.to_string())),
-        (
-            "url.scheme",
-            Attr::Str(if r.tls.is_some() { "https" } else { "http" }.into()),
-        ),
-        (
-            "network.protocol.version",
-            Attr::Str(
-                r.protocol
-                    .strip_prefix("HTTP/")
-                    .unwrap_or(r.protocol)
-                    .trim_end_matches(".0")
-                    .into(),
-            ),
-        ),
-        ("portico.listener", Attr::Str(r.listener.to_string())),
-        (
-            "portico.termination",
-            Attr::Str(r.outcome.termination.code().to_string()),
-        ),
-    ];
+    a.str("http.request.method", method);
+    a.int("http.response.status_code", i64::from(r.outcome.status));
+    a.str("client.address", &r.sender.client.to_string());
+    a.str("url.scheme", if r.tls.is_some() { "https" } else { "http" });
+    let version = r.protocol.strip_prefix("HTTP/").unwrap_or(r.protocol);
+    a.str("network.protocol.version", version.trim_end_matches(".0"));
+    a.str("portico.listener", r.listener);
+    a.str("portico.termination", &r.outcome.termination.code());
     if let Some(h) = r.head {
-        attributes.push(("url.path", Attr::Str(h.path().to_string())));
+        a.str("url.path", h.path());
         if let Some(q) = h.query() {
-            attributes.push(("url.query", Attr::Str(q.to_string())));
+            a.str("url.query", q);
         }
         if let Some(host) = h.host() {
-            attributes.push(("server.address", Attr::Str(host.to_string())));
+            a.str("server.address", host);
         }
         if let Some(ua) = h.field("user-agent") {
-            let ua = String::from_utf8_lossy(ua).into_owned();
-            attributes.push(("user_agent.original", Attr::Str(ua)));
+            a.str("user_agent.original", &String::from_utf8_lossy(ua));
         }
     }
     if let Some(route) = r.route {
-        attributes.push(("portico.route", Attr::Str(route.to_string())));
+        a.str("portico.route", route);
     }
     if let Some(u) = r.outcome.upstream {
-        attributes.push(("portico.upstream", Attr::Str(u.to_string())));
+        a.str("portico.upstream", &u.to_string());
     }
     if let Some(id) = r.request_id {
-        attributes.push(("portico.request_id", Attr::Str(id.to_string())));
+        a.str("portico.request_id", id);
     }
-    let at = |d: Duration| start + d;
-    let mut events = Vec::new();
+    s.push_str("],\"events\":[");
+    let at = |d: Duration| nanos(start + d);
+    let mut events = Vec::with_capacity(3);
     if let Some(d) = r.phases.head {
         events.push(("request.head", at(d)));
     }
@@ -78,14 +83,139 @@ pub fn span(r: &Record<'_>, ctx: &TraceCtx) -> SpanRecord {
     if let Some(d) = r.phases.ttfb {
         events.push(("upstream.first_byte", at(d)));
     }
+    for (i, (name, time)) in events.iter().enumerate() {
+        let comma = if i == 0 { "" } else { "," };
+        let _ = write!(
+            s,
+            "{comma}{{\"timeUnixNano\":\"{time}\",\"name\":\"{name}\"}}"
+        );
+    }
     let error = r.outcome.status >= 500 || r.outcome.termination != Termination::OK;
-    SpanRecord {
-        ctx: *ctx,
-        name,
-        start,
-        end,
-        attributes,
-        events,
-        error,
+    let _ = write!(
+        s,
+        "],\"status\":{{\"code\":{}}}}}",
+        if error { 2 } else { 0 }
+    );
+    s
+}
+
+/// Attributes written one after another as OTLP `KeyValue` objects.
+struct Attrs<'s> {
+    out: &'s mut String,
+    first: bool,
+}
+
+impl Attrs<'_> {
+    fn key(&mut self, key: &str) {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        let _ = write!(self.out, "{{\"key\":\"{key}\",\"value\":");
+    }
+
+    fn str(&mut self, key: &str, value: &str) {
+        self.key(key);
+        self.out.push_str("{\"stringValue\":\"");
+        json_escape(value, self.out);
+        self.out.push_str("\"}}");
+    }
+
+    fn int(&mut self, key: &str, value: i64) {
+        self.key(key);
+        let _ = write!(self.out, "{{\"intValue\":\"{value}\"}}}}");
+    }
+}
+
+fn nanos(t: SystemTime) -> u128 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::access_log::Sender;
+    use crate::telemetry::stats::Outcome;
+    use crate::telemetry::timing::Phases;
+
+    #[test]
+    fn a_span_is_one_otlp_json_object() {
+        let mut buf = bytes::BytesMut::from(
+            &b"GET /a?b=1 HTTP/1.1\r\nHost: h.example\r\nUser-Agent: \"q\"\r\n\r\n"[..],
+        );
+        let head = portico_http1::parse_request(&mut buf, &portico_http1::Limits::default())
+            .unwrap()
+            .unwrap();
+        let o = Outcome {
+            upstream: Some("10.0.0.1:80".parse().unwrap()),
+            ..Outcome::ok(502, true, 10)
+        };
+        let ms = Duration::from_millis;
+        let phases = Phases {
+            head: Some(ms(1)),
+            connect: Some(ms(2)),
+            ttfb: Some(ms(4)),
+            total: ms(5),
+        };
+        let peer = "192.0.2.1:5555".parse().unwrap();
+        let r = Record {
+            sender: Sender {
+                peer,
+                client: "192.0.2.1".parse().unwrap(),
+            },
+            head: Some(&head),
+            protocol: "HTTP/1.1",
+            outcome: &o,
+            phases: &phases,
+            listener: "web",
+            route: Some("api"),
+            tls: None,
+            request_id: Some("rid"),
+            ids: true,
+            trace: None,
+        };
+        let ctx = TraceCtx {
+            trace_hi: 1,
+            trace_lo: 2,
+            span: 3,
+            parent: 4,
+            sampled: true,
+        };
+        let v: serde_json::Value = serde_json::from_str(&span_json(&r, &ctx)).expect("JSON");
+        assert_eq!(v["traceId"], "00000000000000010000000000000002");
+        assert_eq!(v["spanId"], "0000000000000003");
+        assert_eq!(v["parentSpanId"], "0000000000000004");
+        assert_eq!(v["name"], "GET api");
+        assert_eq!(v["kind"], 2);
+        assert_eq!(v["status"]["code"], 2, "a 502 is an error");
+        let start: u128 = v["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
+        let end: u128 = v["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
+        assert_eq!(end - start, 5_000_000);
+        let attr = |k: &str| {
+            v["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["key"] == k)
+                .unwrap_or_else(|| panic!("{k}"))["value"]
+                .clone()
+        };
+        assert_eq!(attr("http.response.status_code")["intValue"], "502");
+        assert_eq!(attr("user_agent.original")["stringValue"], "\"q\"");
+        assert_eq!(attr("url.query")["stringValue"], "b=1");
+        assert_eq!(attr("portico.upstream")["stringValue"], "10.0.0.1:80");
+        assert_eq!(attr("portico.request_id")["stringValue"], "rid");
+        assert_eq!(attr("network.protocol.version")["stringValue"], "1.1");
+        let events = v["events"].as_array().unwrap();
+        assert_eq!(events.len(), 3);
+        assert_eq!(events[1]["name"], "upstream.connect");
+        let t = |i: usize| -> u128 { events[i]["timeUnixNano"].as_str().unwrap().parse().unwrap() };
+        assert_eq!(
+            t(1) - start,
+            2_000_000,
+            "connect began 2 ms before the first byte"
+        );
+        assert_eq!(t(2) - start, 4_000_000);
     }
 }

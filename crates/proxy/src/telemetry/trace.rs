@@ -1,14 +1,14 @@
-//! W3C trace context (the client's `traceparent` continued with Portico's span, or a new trace) and OpenTelemetry spans of sampled requests, sent in batches over OTLP/HTTP (JSON) by a thread of its own.
+//! W3C trace context (the client's `traceparent` continued with Portico's span, or a new trace), and the exporter that sends the spans of sampled requests in batches over OTLP/HTTP (JSON) from a thread of its own.
 
 use crate::telemetry::logging::log_limited;
+use crate::telemetry::request_id::push_hex;
 use crate::telemetry::stats::ExportStats;
 use portico_config::{HttpUrl, Trace};
 use portico_http1::RequestHead;
-use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// Spans waiting for the exporter at most; past that, new ones are dropped and counted.
 const QUEUE: usize = 8192;
@@ -59,20 +59,27 @@ impl TraceCtx {
 
     /// The `traceparent` the upstream gets: this trace, Portico's span as the parent.
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{:016x}-{}",
-            self.trace_id(),
-            self.span,
-            if self.sampled { "01" } else { "00" }
-        )
+        let mut s = String::with_capacity(55);
+        s.push_str("00-");
+        push_hex(&mut s, self.trace_hi);
+        push_hex(&mut s, self.trace_lo);
+        s.push('-');
+        push_hex(&mut s, self.span);
+        s.push_str(if self.sampled { "-01" } else { "-00" });
+        s
     }
 
     pub fn trace_id(&self) -> String {
-        format!("{:016x}{:016x}", self.trace_hi, self.trace_lo)
+        let mut s = String::with_capacity(32);
+        push_hex(&mut s, self.trace_hi);
+        push_hex(&mut s, self.trace_lo);
+        s
     }
 
     pub fn span_id(&self) -> String {
-        format!("{:016x}", self.span)
+        let mut s = String::with_capacity(16);
+        push_hex(&mut s, self.span);
+        s
     }
 }
 
@@ -120,30 +127,10 @@ fn lower_hex(b: &[u8]) -> bool {
         .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
-/// One finished request as a span, built on the worker from what it logs anyway; turned into
-/// OTLP JSON on the exporter's thread.
-#[derive(Debug)]
-pub struct SpanRecord {
-    pub ctx: TraceCtx,
-    pub name: String,
-    pub start: SystemTime,
-    pub end: SystemTime,
-    pub attributes: Vec<(&'static str, Attr)>,
-    /// Phase marks: (name, time).
-    pub events: Vec<(&'static str, SystemTime)>,
-    pub error: bool,
-}
-
-#[derive(Debug)]
-pub enum Attr {
-    Str(String),
-    Int(i64),
-}
-
 /// Spans of sampled requests to one OTLP endpoint: a bounded queue the workers add to without
 /// waiting, drained by a thread of its own that posts batches.
 pub struct Exporter {
-    tx: SyncSender<SpanRecord>,
+    tx: SyncSender<String>,
     /// What identifies the endpoint, for keeping the exporter across reloads.
     settings: Trace,
     pub stats: Arc<ExportStats>,
@@ -175,8 +162,9 @@ impl Exporter {
             && self.settings.service_name == settings.service_name
     }
 
-    /// Queue a span without waiting (dropped and counted when the queue is full).
-    pub fn send(&self, span: SpanRecord) {
+    /// Queue a span (one OTLP JSON span object) without waiting (dropped and counted when the
+    /// queue is full).
+    pub fn send(&self, span: String) {
         match self.tx.try_send(span) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
@@ -187,7 +175,7 @@ impl Exporter {
 }
 
 fn export_loop(
-    rx: Receiver<SpanRecord>,
+    rx: Receiver<String>,
     url: HttpUrl,
     headers: Vec<(String, String)>,
     service: String,
@@ -213,7 +201,7 @@ fn export_loop(
             }
         }
         let n = batch.len() as u64;
-        let body = export_body(&service, &batch).to_string().into_bytes();
+        let body = export_body(&service, &batch).into_bytes();
         batch.clear();
         let mut fields: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
         fields.extend(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
@@ -234,70 +222,29 @@ fn export_loop(
     }
 }
 
-fn nanos(t: SystemTime) -> String {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-        .to_string()
-}
-
-/// An OTLP/HTTP JSON `ExportTraceServiceRequest` for `spans` (ids in hex, times in
-/// nanoseconds as strings, as the JSON mapping of OTLP says).
-pub fn export_body(service: &str, spans: &[SpanRecord]) -> Value {
-    let spans: Vec<Value> = spans
-        .iter()
-        .map(|s| {
-            let attributes: Vec<Value> = s
-                .attributes
-                .iter()
-                .map(|(k, v)| {
-                    let value = match v {
-                        Attr::Str(t) => json!({ "stringValue": t }),
-                        Attr::Int(i) => json!({ "intValue": i.to_string() }),
-                    };
-                    json!({ "key": k, "value": value })
-                })
-                .collect();
-            let events: Vec<Value> = s
-                .events
-                .iter()
-                .map(|(name, t)| json!({ "timeUnixNano": nanos(*t), "name": name }))
-                .collect();
-            let mut span = json!({
-                "traceId": s.ctx.trace_id(),
-                "spanId": s.ctx.span_id(),
-                "name": s.name,
-                // SPAN_KIND_SERVER
-                "kind": 2,
-                "startTimeUnixNano": nanos(s.start),
-                "endTimeUnixNano": nanos(s.end),
-                "attributes": attributes,
-                "events": events,
-                // STATUS_CODE_ERROR or STATUS_CODE_UNSET
-                "status": { "code": if s.error { 2 } else { 0 } },
-            });
-            if s.ctx.parent != 0 {
-                span["parentSpanId"] = json!(format!("{:016x}", s.ctx.parent));
-            }
-            span
-        })
-        .collect();
-    json!({
-        "resourceSpans": [{
-            "resource": { "attributes": [
-                { "key": "service.name", "value": { "stringValue": service } },
-                { "key": "service.version", "value": { "stringValue": env!("CARGO_PKG_VERSION") } },
-            ]},
-            "scopeSpans": [{
-                "scope": { "name": "portico", "version": env!("CARGO_PKG_VERSION") },
-                "spans": spans,
-            }],
-        }]
-    })
+/// An OTLP/HTTP JSON `ExportTraceServiceRequest` around `spans` (each one span object).
+pub fn export_body(service: &str, spans: &[String]) -> String {
+    let mut service_json = String::new();
+    crate::telemetry::access_log::json_escape(service, &mut service_json);
+    let version = env!("CARGO_PKG_VERSION");
+    let mut body = String::with_capacity(256 + spans.iter().map(|s| s.len() + 1).sum::<usize>());
+    body.push_str(&format!(
+        "{{\"resourceSpans\":[{{\"resource\":{{\"attributes\":[{{\"key\":\"service.name\",\"value\":{{\"stringValue\":\"{service_json}\"}}}},{{\"key\":\"service.version\",\"value\":{{\"stringValue\":\"{version}\"}}}}]}},\"scopeSpans\":[{{\"scope\":{{\"name\":\"portico\",\"version\":\"{version}\"}},\"spans\":["
+    ));
+    for (i, span) in spans.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(span);
+    }
+    body.push_str("]}]}]}");
+    body
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn traceparent_follows_the_w3c_rules() {
@@ -379,39 +326,18 @@ mod tests {
     }
 
     #[test]
-    fn spans_are_encoded_as_otlp_json() {
-        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let span = SpanRecord {
-            ctx: TraceCtx {
-                trace_hi: 1,
-                trace_lo: 2,
-                span: 3,
-                parent: 4,
-                sampled: true,
-            },
-            name: "GET api".into(),
-            start: t0,
-            end: t0 + Duration::from_millis(5),
-            attributes: vec![
-                ("http.request.method", Attr::Str("GET".into())),
-                ("http.response.status_code", Attr::Int(502)),
-            ],
-            events: vec![("upstream.first_byte", t0 + Duration::from_millis(4))],
-            error: true,
-        };
-        let v = export_body("edge", &[span]);
-        let s = &v["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
-        assert_eq!(s["traceId"], "00000000000000010000000000000002");
-        assert_eq!(s["spanId"], "0000000000000003");
-        assert_eq!(s["parentSpanId"], "0000000000000004");
-        assert_eq!(s["startTimeUnixNano"], "1700000000000000000");
-        assert_eq!(s["endTimeUnixNano"], "1700000000005000000");
-        assert_eq!(s["status"]["code"], 2);
-        assert_eq!(s["attributes"][1]["value"]["intValue"], "502");
-        assert_eq!(s["events"][0]["name"], "upstream.first_byte");
+    fn a_batch_is_one_export_request() {
+        let spans = vec![
+            "{\"spanId\":\"a\"}".to_string(),
+            "{\"spanId\":\"b\"}".to_string(),
+        ];
+        let v: Value = serde_json::from_str(&export_body("ed\"ge", &spans)).expect("JSON");
+        let rs = &v["resourceSpans"][0];
         assert_eq!(
-            v["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"],
-            "edge"
+            rs["resource"]["attributes"][0]["value"]["stringValue"],
+            "ed\"ge"
         );
+        assert_eq!(rs["scopeSpans"][0]["scope"]["name"], "portico");
+        assert_eq!(rs["scopeSpans"][0]["spans"][1]["spanId"], "b");
     }
 }
