@@ -134,7 +134,10 @@ impl Log {
             &ERROR_LOG_DROPPED,
         );
         let (filter, handle) = reload::Layer::new(filter);
-        let registry = tracing_subscriber::registry().with(filter);
+        // Warnings and errors also go to the dashboard's feed of recent events.
+        let registry = tracing_subscriber::registry()
+            .with(filter)
+            .with(portico_proxy::logging::RecentLayer);
         let writer = sink.as_ref().ok().cloned();
         macro_rules! install {
             ($layer:expr) => {

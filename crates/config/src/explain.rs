@@ -320,7 +320,8 @@ fn limits_diff(limits: &ListenerLimits) -> Vec<String> {
     out
 }
 
-fn matcher(m: &Matcher) -> String {
+/// What a route's matcher takes, in words (`host api.example.com, path /api/**`).
+pub fn matcher(m: &Matcher) -> String {
     let mut parts = Vec::new();
     if !m.hosts.is_empty() {
         let hosts: Vec<String> = m

@@ -17,7 +17,7 @@ use std::path::Path;
 
 pub use diff::changes;
 pub use error::{ConfigError, ConfigErrors};
-pub use explain::explain;
+pub use explain::{explain, matcher as describe_matcher};
 pub use model::*;
 pub use shadow::shadowed_routes;
 pub use url::HttpUrl;

@@ -683,7 +683,7 @@ impl Control {
             };
             for (i, s) in u.group().servers.iter().enumerate() {
                 if g.state.contains_key(&s.address) {
-                    u.set_admin(i, portico_upstream::AdminState::Enabled);
+                    u.set_admin_at(i, portico_upstream::AdminState::Enabled, Instant::now());
                 }
                 if g.weight.contains_key(&s.address) {
                     u.clear_weight(i);

@@ -276,14 +276,15 @@ impl Changes {
 
     /// Set the states and weights on the groups of a snapshot just published.
     pub fn apply_states(&self, upstreams: &[Arc<Upstream>]) {
+        let now = std::time::Instant::now();
         for u in upstreams {
             let Some(changes) = self.groups.get(&u.group().name) else {
                 continue;
             };
             for (i, s) in u.group().servers.iter().enumerate() {
                 match changes.state.get(&s.address) {
-                    Some(Held::Draining) => u.set_admin(i, AdminState::Draining),
-                    Some(Held::Disabled) => u.set_admin(i, AdminState::Disabled),
+                    Some(Held::Draining) => u.set_admin_at(i, AdminState::Draining, now),
+                    Some(Held::Disabled) => u.set_admin_at(i, AdminState::Disabled, now),
                     None => true,
                 };
                 if let Some(&w) = changes.weight.get(&s.address) {

@@ -323,6 +323,39 @@ pub fn certificate_warnings(settings: &TlsSettings, now: SystemTime) -> Vec<Stri
     file_warnings(files, now)
 }
 
+/// A listener certificate's end-entity facts: its file, subject and the end of its validity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateDates {
+    pub file: PathBuf,
+    pub subject: String,
+    /// Unix seconds.
+    pub not_after: i64,
+}
+
+/// The first (end-entity) certificate of each of the listener's certificate files, read now
+/// (files that cannot be read or parsed are left out: [`certificate_warnings`] and
+/// [`server_config`] report them).
+pub fn certificate_dates(settings: &TlsSettings) -> Vec<CertificateDates> {
+    settings
+        .certificates
+        .iter()
+        .filter_map(|c| {
+            let certs = read_certificates(&c.cert).ok()?;
+            let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?).ok()?;
+            Some(CertificateDates {
+                file: c.cert.clone(),
+                subject: dn(cert.subject()),
+                not_after: cert.validity().not_after.timestamp(),
+            })
+        })
+        .collect()
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC` of a Unix time.
+pub fn utc_date(t: i64) -> String {
+    utc(t)
+}
+
 /// Warnings about an upstream group's CA file and client certificate at time `now`, as
 /// [`certificate_warnings`] does for a listener.
 pub fn upstream_certificate_warnings(settings: &UpstreamTls, now: SystemTime) -> Vec<String> {

@@ -271,6 +271,7 @@ impl Upstream {
                     let age = now.saturating_duration_since(*at);
                     format!("{text} ({}ms ago)", age.as_millis())
                 });
+                let state_since = t.since.map(|at| now.saturating_duration_since(at));
                 drop(t);
                 ServerStatus {
                     address: s.address,
@@ -287,9 +288,22 @@ impl Upstream {
                     ejections: s.ejections.load(Ordering::Relaxed),
                     health_transitions: s.health_transitions.load(Ordering::Relaxed),
                     last_check,
+                    state_since,
                 }
             })
             .collect()
+    }
+
+    /// [`Upstream::set_admin`], noting `now` as when the server's state changed (when it did).
+    pub fn set_admin_at(&self, server: usize, state: AdminState, now: Instant) -> bool {
+        let before = self.shared.servers.get(server).map(|s| s.admin());
+        let done = self.set_admin(server, state);
+        if done && before != Some(state) {
+            if let Some(s) = self.shared.servers.get(server) {
+                s.timing().since = Some(now);
+            }
+        }
+        done
     }
 
     /// Set a server's admin state; false = no such server. Draining and Disabled servers get no
@@ -426,6 +440,7 @@ impl Upstream {
             .saturating_mul(1 << t.streak)
             .min(passive.max_ejection);
         t.ejected_until = Some(now.checked_add(time).unwrap_or(now));
+        t.since = Some(now);
         s.ejected.store(true, Ordering::Release);
         drop(t);
         tracing::warn!(
@@ -474,6 +489,7 @@ impl Upstream {
                     s.down.store(false, Ordering::Release);
                     s.health_transitions.fetch_add(1, Ordering::Relaxed);
                     changed = Some(true);
+                    t.since = Some(now);
                 }
             }
         } else {
@@ -485,6 +501,7 @@ impl Upstream {
                     s.down.store(true, Ordering::Release);
                     s.health_transitions.fetch_add(1, Ordering::Relaxed);
                     changed = Some(false);
+                    t.since = Some(now);
                 }
             }
         }

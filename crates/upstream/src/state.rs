@@ -64,6 +64,9 @@ pub struct ServerStatus {
     pub health_transitions: u64,
     /// The last probe's result in words, with its age; None before the first probe.
     pub last_check: Option<String>,
+    /// How long ago the state last changed (see `Timing::since`); None: not since it was
+    /// added.
+    pub state_since: Option<std::time::Duration>,
 }
 
 const ENABLED: u8 = 0;
@@ -94,6 +97,9 @@ pub(crate) struct Timing {
     pub probe_passes: u32,
     pub probe_failures: u32,
     pub last_check: Option<(String, Instant)>,
+    /// When the server's state last changed (down or up, ejected or back, the operator's
+    /// state); None: not since it was added.
+    pub since: Option<Instant>,
 }
 
 /// One server's shared state. Shared by `Arc` between an `Upstream` and its successor after a
@@ -143,6 +149,7 @@ impl ServerState {
                 probe_passes: 0,
                 probe_failures: 0,
                 last_check: None,
+                since: None,
             }),
         }
     }
@@ -208,6 +215,7 @@ impl ServerState {
                     }
                 }
                 self.ejected.store(false, Ordering::Release);
+                t.since = Some(until.unwrap_or(now));
                 drop(t);
                 tracing::info!(group, server = %self.address, "passive ejection over: the server takes requests again");
                 false

@@ -338,7 +338,7 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
             };
             with_server(control, group, server, |u, i, changes| {
                 let address = u.group().servers[i].address;
-                u.set_admin(i, state);
+                u.set_admin_at(i, state, Instant::now());
                 changes.record_state(group, address, state);
                 tracing::info!(by = req.by, group, server = %address, state = admin_name(state), "admin: server state changed");
                 Ok(())
@@ -552,6 +552,24 @@ fn remove_server(control: &Control, group: &str, server: &str, by: &str) -> Resp
     r
 }
 
+/// A TLS listener's certificates with the end of their validity (read from their files now, so
+/// certificates reloaded on change show their new dates).
+fn certificates_json(tls: &portico_config::TlsSettings) -> Value {
+    let now = crate::telemetry::stats::unix_now() as i64;
+    let list: Vec<Value> = portico_tls::certificate_dates(tls)
+        .into_iter()
+        .map(|c| {
+            json!({
+                "file": c.file.display().to_string(),
+                "subject": c.subject,
+                "not_after": portico_tls::utc_date(c.not_after),
+                "days_left": (c.not_after - now).div_euclid(86_400),
+            })
+        })
+        .collect();
+    Value::Array(list)
+}
+
 fn histogram_json(h: &HistogramSnapshot) -> Value {
     json!({
         "count": h.count(),
@@ -635,6 +653,7 @@ fn groups_json(shared: &Shared) -> Vec<Value> {
                         "ejections": st.ejections,
                         "health_transitions": st.health_transitions,
                         "last_check": st.last_check,
+                        "state_since_seconds": st.state_since.map(|d| d.as_secs_f64()),
                         "header_time": time.as_ref().map(histogram_json),
                     })
                 })
@@ -707,6 +726,7 @@ pub fn status(control: &Control) -> Value {
                     json!({
                         "name": r.name,
                         "action": action_text(&r.action, &shared),
+                        "match": portico_config::describe_matcher(&r.matcher),
                         "responses": classes,
                         "latency": histogram_json(&rs.latency.snapshot()),
                         "retries": rs.retries.load(Relaxed),
@@ -724,6 +744,7 @@ pub fn status(control: &Control) -> Value {
                     .find(|(n, _)| *n == l.name)
                     .map(|(_, a)| a.to_string()),
                 "tls": l.tls.is_some(),
+                "certificates": l.tls.as_ref().map(certificates_json),
                 "shed": l.shed.is_some(),
                 "connections": control.listener_connections(&l.name),
                 "routes": routes,
@@ -733,6 +754,7 @@ pub fn status(control: &Control) -> Value {
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "pid": std::process::id(),
+        "events": crate::telemetry::logging::RECENT.last(20),
         "uptime_seconds": control.started.elapsed().as_secs_f64(),
         "generation": shared.generation,
         "workers": control.workers,

@@ -1,4 +1,4 @@
-//! Logging that never blocks a worker: a bounded, non-blocking line sink with its own writer thread, drop counters, and rate-limited log lines.
+//! Logging that never blocks a worker: a bounded, non-blocking line sink with its own writer thread, drop counters, rate-limited log lines, and the recent warnings the dashboard shows.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -247,6 +247,102 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Sink {
 /// those events itself. `RUST_LOG=info,h2=debug,rustls=debug` shows them.
 pub const DEFAULT_FILTER: &str = "info,h2=error,rustls=error,tokio_rustls=error";
 
+/// The last warnings and errors the error log took, newest last, for the dashboard's feed.
+pub static RECENT: Recent = Recent {
+    lines: Mutex::new(std::collections::VecDeque::new()),
+};
+
+/// Lines [`RECENT`] keeps.
+const RECENT_MAX: usize = 50;
+
+/// A bounded list of recent warning and error lines.
+pub struct Recent {
+    lines: Mutex<std::collections::VecDeque<RecentLine>>,
+}
+
+/// One warning or error: when (Unix milliseconds), its level, where from, and what it said
+/// (the message, then its fields as `name=value`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecentLine {
+    pub unix_ms: u64,
+    pub level: &'static str,
+    pub target: String,
+    pub message: String,
+}
+
+impl Recent {
+    pub fn push(&self, line: RecentLine) {
+        let Ok(mut lines) = self.lines.lock() else {
+            return;
+        };
+        if lines.len() == RECENT_MAX {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The last `n` lines, oldest first.
+    pub fn last(&self, n: usize) -> Vec<RecentLine> {
+        let Ok(lines) = self.lines.lock() else {
+            return Vec::new();
+        };
+        let skip = lines.len().saturating_sub(n);
+        lines.iter().skip(skip).cloned().collect()
+    }
+}
+
+/// A `tracing` layer that copies warnings and errors (those the filter lets through) into
+/// [`RECENT`].
+pub struct RecentLayer;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RecentLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        let level = match *meta.level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warn",
+            _ => return,
+        };
+        let mut text = Text::default();
+        event.record(&mut text);
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        RECENT.push(RecentLine {
+            unix_ms,
+            level,
+            target: meta.target().to_string(),
+            message: text.message + &text.fields,
+        });
+    }
+}
+
+/// An event's message and fields as text.
+#[derive(Default)]
+struct Text {
+    message: String,
+    fields: String,
+}
+
+impl tracing::field::Visit for Text {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            let _ = write!(self.fields, " {}={value:?}", field.name());
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.message.push_str(value);
+        } else {
+            self.fields.push_str(&format!(" {}={value}", field.name()));
+        }
+    }
+}
+
 /// At most [`Limit::BURST`] lines per [`Limit::WINDOW`] for one log call site; the first line
 /// after a window with suppressed lines says how many.
 pub struct Limit {
@@ -407,6 +503,28 @@ mod tests {
         reader.read_to_string(&mut all).unwrap();
         assert_eq!(all.lines().count(), 100);
         assert!(all.ends_with("line 99\n"));
+    }
+
+    #[test]
+    fn recent_warnings_keep_their_message_and_fields() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(super::RecentLayer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("not kept");
+            tracing::warn!(group = "g", server = %"10.0.0.1:80", "server down: {}", "refused");
+        });
+        let last = super::RECENT.last(50);
+        let line = last
+            .iter()
+            .rev()
+            .find(|l| l.message.starts_with("server down"))
+            .expect("the warning");
+        assert_eq!(line.level, "warn");
+        assert_eq!(
+            line.message,
+            "server down: refused group=g server=10.0.0.1:80"
+        );
+        assert!(!last.iter().any(|l| l.message == "not kept"));
     }
 
     #[test]

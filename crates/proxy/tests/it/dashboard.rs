@@ -138,6 +138,17 @@ health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, 
         std::thread::sleep(Duration::from_millis(5));
     }
 
+    // The dead server drained too: the page shows the operator's state and the checks' both.
+    let mut a = std::net::TcpStream::connect(admin).unwrap();
+    std::io::Write::write_all(
+        &mut a,
+        format!("POST /api/groups/b/servers/{dead}/drain HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut a, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
     let url = format!("http://{admin}/");
     let first = dump_dom(&url, 4000);
     let second = dump_dom(&url, 4000);
@@ -148,17 +159,30 @@ health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, 
         updates(&first) >= 2,
         "the page polled fewer than twice:\n{first}"
     );
-    // The down server is shown down, the live one up.
+    // The down and drained server shows both states, since when, and the action that undoes
+    // the drain; the live one is up, with the actions that take it out.
     let dead_row = row_text(&first, &format!("data-server=\"{dead}\""));
-    assert!(dead_row.contains(" down "), "{dead_row}");
+    assert!(dead_row.contains(" draining down "), "{dead_row}");
+    assert!(dead_row.contains(" ago "), "{dead_row}");
+    assert!(dead_row.contains(" 0 0 enable "), "{dead_row}");
     let live_row = row_text(&first, &format!("data-server=\"{}\"", up.addr));
     assert!(live_row.contains(" up "), "{live_row}");
+    assert!(live_row.contains(" drain disable "), "{live_row}");
+    // The groups come first, above the routes; the feed of recent warnings is there.
+    let groups_at = first.find("data-group=\"b\"").unwrap();
+    assert!(groups_at < first.find("data-route=\"api\"").unwrap());
+    assert!(first.contains("Recent warnings and errors"));
     // Requests per second under load: a positive rate, computed from two polls.
     let route = row_text(&first, "data-route=\"api\"");
     let fields: Vec<&str> = route.split(' ').collect();
-    // api, action words ("proxy", "b"), req/s, 4xx/s, 5xx/s, p50.., total
-    assert_eq!(fields[..3], ["api", "proxy", "b"], "{route}");
-    let rps: f64 = fields[3].parse().unwrap_or(0.0);
+    // api, the match ("any request"), action words ("proxy", "b"), req/s, 4xx/s, 5xx/s, p50..,
+    // total
+    assert_eq!(
+        fields[..5],
+        ["api", "any", "request", "proxy", "b"],
+        "{route}"
+    );
+    let rps: f64 = fields[5].parse().unwrap_or(0.0);
     assert!(rps > 0.0, "no request rate shown: {route}");
     // The totals moved between the two page loads.
     let total = |dom: &str| -> u64 {
