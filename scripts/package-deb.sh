@@ -38,6 +38,7 @@ install -m 0755 "$bin" "$root/usr/bin/portico"
 strip --strip-all "$root/usr/bin/portico"
 install -m 0644 packaging/portico.toml "$root/etc/portico/portico.toml"
 install -m 0644 packaging/portico.service "$root/lib/systemd/system/portico.service"
+install -m 0644 packaging/portico.socket "$root/lib/systemd/system/portico.socket"
 "$root/usr/bin/portico" man --dir "$root/usr/share/man/man1"
 gzip -9n "$root"/usr/share/man/man1/*.1
 "$root/usr/bin/portico" completions bash > "$root/usr/share/bash-completion/completions/portico"

@@ -18,6 +18,7 @@ grep -q "Depends: libc6" <<<"$info"
 x="$work/root"
 dpkg-deb -x "$deb" "$x"
 for f in usr/bin/portico etc/portico/portico.toml lib/systemd/system/portico.service \
+  lib/systemd/system/portico.socket \
   usr/share/man/man1/portico.1.gz usr/share/man/man1/portico-run.1.gz \
   usr/share/bash-completion/completions/portico usr/share/zsh/vendor-completions/_portico \
   usr/share/fish/vendor_completions.d/portico.fish; do
@@ -38,7 +39,8 @@ grep -q "configuration OK" <<<"$checked"
 unit="$work/portico.service"
 sed "s#/usr/bin/portico#$x/usr/bin/portico#g; s#/etc/portico#$x/etc/portico#g" \
   "$x/lib/systemd/system/portico.service" > "$unit"
-systemd-analyze verify --man=no "$unit"
+cp "$x/lib/systemd/system/portico.socket" "$work/portico.socket"
+systemd-analyze verify --man=no "$unit" "$work/portico.socket"
 exposure="$(systemd-analyze security --offline=yes "$unit" | sed -n 's/.*Overall exposure level for portico.service: \([0-9.]*\).*/\1/p')"
 awk -v e="$exposure" 'BEGIN { exit !(e != "" && e <= 2.5) }' || {
   echo "package-test: unit exposure level ${exposure:-unknown} (want <= 2.5)" >&2

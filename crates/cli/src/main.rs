@@ -107,11 +107,16 @@ enum BenchJob {
 
 fn main() -> ExitCode {
     portico_tls::install_default_provider();
+    // Sockets systemd passed (socket activation), taken before any thread starts: it also
+    // removes LISTEN_FDS and LISTEN_PID from the environment, so no child sees them.
+    let activated = listenfd::ListenFd::from_env();
     let cli = Cli::parse();
     match cli.command {
         // These start the error log once their configuration is read.
-        Command::Run { .. } | Command::Origin { .. } => job(cli),
-        _ => logged(&Default::default(), &Default::default(), |_| job(cli)),
+        Command::Run { .. } | Command::Origin { .. } => job(cli, activated),
+        _ => logged(&Default::default(), &Default::default(), |_| {
+            job(cli, activated)
+        }),
     }
 }
 
@@ -128,7 +133,7 @@ fn logged(
     code
 }
 
-fn job(cli: Cli) -> ExitCode {
+fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
     match cli.command {
         Command::Run {
             config,
@@ -138,7 +143,11 @@ fn job(cli: Cli) -> ExitCode {
         } => match load(config.as_deref()) {
             Ok(cfg) => logged(&cfg.log.clone(), &log, |l| {
                 let source = Box::new(move || load(config.as_deref()));
-                run(cfg, workers, source, l, upgrade_from.as_deref())
+                let from = match upgrade_from.as_deref() {
+                    Some(path) => Takeover::Predecessor(path),
+                    None => Takeover::Activated(activated),
+                };
+                run(cfg, workers, source, l, from)
             }),
             Err(msg) => fail(&msg),
         },
@@ -183,7 +192,7 @@ fn job(cli: Cli) -> ExitCode {
                     workers,
                     Box::new(move || origin_config(root.clone(), listen)),
                     l,
-                    None,
+                    Takeover::Activated(listenfd::ListenFd::empty()),
                 )
             }),
             Err(msg) => fail(&msg),
@@ -348,7 +357,7 @@ fn run(
     workers: Option<usize>,
     source: portico_proxy::ConfigSource,
     log: &std::sync::Arc<log::Log>,
-    upgrade_from: Option<&std::path::Path>,
+    from: Takeover<'_>,
 ) -> ExitCode {
     let workers = workers
         .or(cfg.workers.map(|w| w.get() as usize))
@@ -368,10 +377,12 @@ fn run(
         Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
     };
     // A binary upgrade: the predecessor's sockets, and the line to tell it this one serves.
-    let (inherited, mut predecessor) = match upgrade_from.map(upgrade::take_sockets) {
-        None => (None, None),
-        Some(Ok((i, stream))) => (Some(i), Some(stream)),
-        Some(Err(e)) => return fail(&e),
+    let (inherited, mut predecessor) = match from {
+        Takeover::Predecessor(path) => match upgrade::take_sockets(path) {
+            Ok((i, stream)) => (Some(i), Some(stream)),
+            Err(e) => return fail(&e),
+        },
+        Takeover::Activated(fds) => (systemd::activated(fds), None),
     };
     let running = match portico_proxy::start_with(cfg, workers, inherited) {
         Ok(r) => r,
@@ -470,6 +481,14 @@ enum Stop {
     Signalled,
     /// The deadline passed first.
     Overdue,
+}
+
+/// Where listening sockets may come from besides binding them.
+enum Takeover<'a> {
+    /// A running Portico hands them over on this Unix socket (a binary upgrade).
+    Predecessor(&'a std::path::Path),
+    /// systemd passed them (socket activation; none when it did not).
+    Activated(listenfd::ListenFd),
 }
 
 /// Why serving ended.

@@ -1,4 +1,4 @@
-//! systemd's notify protocol (`Type=notify`): ready once listening, reloading and ready again around each SIGHUP, stopping on SIGTERM, the successor's pid after a binary upgrade; nothing when NOTIFY_SOCKET is unset.
+//! systemd: the notify protocol (`Type=notify`: ready once listening, reloading and ready again around each SIGHUP, stopping on SIGTERM, the successor's pid after a binary upgrade; nothing when NOTIFY_SOCKET is unset) and socket activation (LISTEN_FDS).
 
 use sd_notify::NotifyState;
 
@@ -38,4 +38,28 @@ pub fn main_pid(pid: u32) {
         NotifyState::Ready,
         NotifyState::Status(&status),
     ]);
+}
+
+/// The TCP listening sockets systemd passed (socket activation), for the listeners configured
+/// on their addresses; None when it passed none. Other kinds of sockets are refused with a
+/// warning.
+pub fn activated(mut fds: listenfd::ListenFd) -> Option<portico_proxy::handover::Inherited> {
+    let mut sockets = Vec::new();
+    for i in 0..fds.len() {
+        match fds.take_tcp_listener(i) {
+            Ok(Some(l)) => sockets.push(l),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("socket {i} from systemd is not a TCP listener: {e}"),
+        }
+    }
+    if sockets.is_empty() {
+        return None;
+    }
+    let addrs: Vec<String> = sockets
+        .iter()
+        .filter_map(|s| s.local_addr().ok())
+        .map(|a| a.to_string())
+        .collect();
+    tracing::info!("listening sockets from systemd: {}", addrs.join(", "));
+    Some(portico_proxy::handover::Inherited::activated(sockets))
 }

@@ -277,15 +277,25 @@ impl Control {
                     }));
                 }
             }
+            let passed = inherited.is_some();
             let mut sockets = match inherited {
                 Some(s) => s,
                 None => vec![bind(l.address).map_err(err)?],
             };
+            for s in &sockets {
+                s.set_nonblocking(true).map_err(err)?;
+            }
             let actual = sockets[0].local_addr().map_err(err)?;
             // One per worker (more when a predecessor had more workers: none is closed, as a
-            // closed socket would reset the connections in its backlog).
+            // closed socket would reset the connections in its backlog). A passed socket
+            // without SO_REUSEPORT (systemd's, by default) is shared by the workers instead.
             while sockets.len() < self.workers {
-                sockets.push(bind(actual).map_err(err)?);
+                let more = match bind(actual) {
+                    Ok(s) => s,
+                    Err(_) if passed => sockets[0].try_clone().map_err(err)?,
+                    Err(e) => return Err(err(e)),
+                };
+                sockets.push(more);
             }
             let copies = sockets
                 .iter()
@@ -508,7 +518,7 @@ impl Control {
         }
         if let Some(left) = inner.inherited.take() {
             for name in left.leftover() {
-                tracing::info!(listener = name, "a predecessor's listener this configuration does not have: left to the predecessor");
+                tracing::warn!(listener = name, "a passed listening socket no listener of this configuration takes: closed (a predecessor keeps its own until it stops)");
             }
         }
         for s in &inner.slots {

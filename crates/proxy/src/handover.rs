@@ -1,4 +1,4 @@
-//! Listening sockets passed from a running Portico to its successor over a Unix socket (SCM_RIGHTS): a binary upgrade refuses no connection, since the same sockets, backlogs included, go on accepting.
+//! Listening sockets passed from a running Portico to its successor over a Unix socket (SCM_RIGHTS), or by a service manager (systemd socket activation): the same sockets, backlogs included, go on accepting, so no connection is refused.
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -22,6 +22,9 @@ const MAX_MANIFEST: usize = 1 << 20;
 pub struct Inherited {
     listeners: HashMap<(String, SocketAddr), Vec<TcpListener>>,
     admin: Option<TcpListener>,
+    /// Sockets a service manager passed (systemd socket activation), by the address they are
+    /// bound to: a listener configured on that address takes them.
+    by_address: HashMap<SocketAddr, Vec<TcpListener>>,
 }
 
 /// One listener in the manifest.
@@ -43,7 +46,24 @@ struct Manifest {
 impl Inherited {
     /// The sockets of the listener `name` configured on `configured`, if the predecessor had it.
     pub fn take(&mut self, name: &str, configured: SocketAddr) -> Option<Vec<TcpListener>> {
-        self.listeners.remove(&(name.to_string(), configured))
+        self.listeners
+            .remove(&(name.to_string(), configured))
+            .or_else(|| self.by_address.remove(&configured))
+    }
+
+    /// Sockets a service manager passed (systemd's `LISTEN_FDS`), each taken by the listener
+    /// configured on its address.
+    pub fn activated(sockets: Vec<TcpListener>) -> Inherited {
+        let mut by_address: HashMap<SocketAddr, Vec<TcpListener>> = HashMap::new();
+        for s in sockets {
+            if let Ok(a) = s.local_addr() {
+                by_address.entry(a).or_default().push(s);
+            }
+        }
+        Inherited {
+            by_address,
+            ..Default::default()
+        }
     }
 
     /// The predecessor's admin listener, if it had one on `address` (or any, for port 0).
@@ -57,7 +77,9 @@ impl Inherited {
     /// Listeners the new configuration did not take (closing them here costs nothing: the
     /// predecessor still holds them until it stops).
     pub fn leftover(&self) -> Vec<String> {
-        self.listeners.keys().map(|(n, _)| n.clone()).collect()
+        let named = self.listeners.keys().map(|(n, _)| n.clone());
+        let passed = self.by_address.keys().map(|a| format!("socket on {a}"));
+        named.chain(passed).collect()
     }
 }
 

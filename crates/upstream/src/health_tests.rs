@@ -292,9 +292,18 @@ fn admin_state_and_weight_changes_apply_to_the_next_pick() {
     assert_eq!(up.status(t0)[1].state_since, None);
     assert!(up.set_admin_at(1, AdminState::Draining, t0));
     let later = t0 + Duration::from_secs(5);
-    assert_eq!(up.status(later)[1].state_since, Some(Duration::from_secs(5)));
-    assert!(up.set_admin_at(1, AdminState::Draining, later), "no change: since stays");
-    assert_eq!(up.status(later)[1].state_since, Some(Duration::from_secs(5)));
+    assert_eq!(
+        up.status(later)[1].state_since,
+        Some(Duration::from_secs(5))
+    );
+    assert!(
+        up.set_admin_at(1, AdminState::Draining, later),
+        "no change: since stays"
+    );
+    assert_eq!(
+        up.status(later)[1].state_since,
+        Some(Duration::from_secs(5))
+    );
     assert!(up.set_admin(1, AdminState::Enabled));
 
     assert!(up.set_admin(1, AdminState::Draining));

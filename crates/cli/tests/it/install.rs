@@ -1,4 +1,4 @@
-//! What installing Portico on a server relies on: the systemd notify protocol (READY, RELOADING with MONOTONIC_USEC, STOPPING) spoken to a NOTIFY_SOCKET the test binds, shell completions and the man page.
+//! What installing Portico on a server relies on: the systemd notify protocol (READY, RELOADING with MONOTONIC_USEC, STOPPING) spoken to a NOTIFY_SOCKET the test binds, socket activation through systemd-socket-activate, shell completions and the man page.
 
 use std::io::BufReader;
 use std::os::unix::net::UnixDatagram;
@@ -112,4 +112,67 @@ fn completions_and_the_man_page_come_from_the_flags() {
         "{man}"
     );
     assert!(man.contains("completions") && man.contains("run"), "{man}");
+}
+
+#[test]
+fn a_socket_systemd_passes_is_the_listeners() {
+    // systemd-socket-activate (the systemd package; scripts/test.sh installs it) listens, and
+    // execs Portico with the socket as fd 3 (LISTEN_FDS=1) once a client connects.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("portico-activate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("p.toml");
+    std::fs::write(
+        &cfg,
+        format!("workers = 2\n[[listeners]]\nname = \"web\"\naddress = \"127.0.0.1:{port}\"\n[[listeners.routes]]\norigin = true\n"),
+    )
+    .unwrap();
+    let mut child = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("systemd-socket-activate (Debian's systemd package)");
+    // Connecting starts Portico, which answers on the socket it was given: the first request
+    // waited in the backlog, no connection was refused.
+    let answer = |n: usize| {
+        let mut s = loop {
+            match std::net::TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                // The activator may not listen yet.
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            format!("GET /bytes/{n} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+        out
+    };
+    assert!(answer(5).ends_with("\r\n\r\n01234"));
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let addr = announced(&mut out, 1)[0];
+    assert_eq!(addr.port(), port);
+    for _ in 0..4 {
+        assert!(answer(3).ends_with("012"));
+    }
+    kill(child.id(), "TERM");
+    assert!(child.wait().unwrap().success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("listening sockets from systemd"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
