@@ -80,9 +80,15 @@ if [ "$1" = configure ]; then
     systemctl daemon-reload >/dev/null 2>&1 || true
   fi
   if [ -n "${2:-}" ] && [ -d /run/systemd/system ] && systemctl is-active --quiet portico.service; then
-    # An upgrade of a running service: the new binary takes the listening sockets (SIGUSR2), no
-    # connection is refused; if it fails, the old process serves on and says so in the journal.
-    systemctl kill -s USR2 --kill-whom=main portico.service || true
+    if dpkg --compare-versions "$2" ge 0.2.0; then
+      # An upgrade of a running service: the new binary takes the listening sockets (SIGUSR2),
+      # no connection is refused; if it fails, the old process serves on and says so in the
+      # journal. (Versions before 0.2.0 have no SIGUSR2 handler: it would kill them.)
+      pid="$(systemctl show -p MainPID --value portico.service)"
+      [ -z "$pid" ] || [ "$pid" = 0 ] || kill -USR2 "$pid" || true
+    else
+      systemctl try-restart portico.service || true
+    fi
   elif [ -z "${2:-}" ]; then
     echo "portico: edit /etc/portico/portico.toml, then: systemctl enable --now portico"
   fi

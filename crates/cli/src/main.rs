@@ -384,7 +384,7 @@ fn run(
         },
         Takeover::Activated(fds) => (systemd::activated(fds), None),
     };
-    let running = match portico_proxy::start_with(cfg, workers, inherited) {
+    let mut running = match portico_proxy::start_with(cfg, workers, inherited) {
         Ok(r) => r,
         Err(e) => return fail(&e.to_string()),
     };
@@ -420,9 +420,11 @@ fn run(
         None => systemd::ready(&format!("serving, {workers} worker(s)")),
     }
     drop(predecessor);
-    match signals.wait(&running) {
+    let ended = signals.wait(&running);
+    match ended {
         Ended::Signal => systemd::stopping(),
         Ended::Upgraded(pid) => {
+            running.handed_over();
             systemd::main_pid(pid);
             tracing::info!(
                 successor = pid,
@@ -447,7 +449,11 @@ fn run(
         tracing::error!("cannot start the thread that waits for the workers: {e}");
         return ExitCode::FAILURE;
     }
-    match signals.drained(drained, drain + EXIT_GRACE) {
+    let signals_to_exit = match ended {
+        Ended::Signal => 1,
+        Ended::Upgraded(_) => 2,
+    };
+    match signals.drained(drained, drain + EXIT_GRACE, signals_to_exit) {
         Stop::Drained => {
             tracing::info!("stopped: {}", stats.summary());
             ExitCode::SUCCESS
@@ -492,6 +498,7 @@ enum Takeover<'a> {
 }
 
 /// Why serving ended.
+#[derive(Clone, Copy)]
 enum Ended {
     /// SIGTERM or SIGINT.
     Signal,
@@ -526,17 +533,31 @@ impl Signals {
 
     /// While the workers drain: wait for `drained`, a second SIGTERM or SIGINT, or `limit`,
     /// whichever comes first.
+    /// `signals`: how many SIGTERM or SIGINT end the drain at once (1 after a stop signal, 2
+    /// after a binary upgrade, whose drain no signal started).
     fn drained(
         mut self,
-        drained: tokio::sync::oneshot::Receiver<()>,
+        mut drained: tokio::sync::oneshot::Receiver<()>,
         limit: std::time::Duration,
+        signals: u32,
     ) -> Stop {
         self.rt.block_on(async {
-            tokio::select! {
-                _ = drained => Stop::Drained,
-                _ = self.term.recv() => Stop::Signalled,
-                _ = self.int.recv() => Stop::Signalled,
-                _ = tokio::time::sleep(limit) => Stop::Overdue,
+            let deadline = tokio::time::sleep(limit);
+            tokio::pin!(deadline);
+            let mut seen = 0;
+            loop {
+                tokio::select! {
+                    _ = &mut drained => return Stop::Drained,
+                    _ = self.term.recv() => seen += 1,
+                    _ = self.int.recv() => seen += 1,
+                    _ = &mut deadline => return Stop::Overdue,
+                }
+                if seen >= signals {
+                    return Stop::Signalled;
+                }
+                tracing::info!(
+                    "draining after a binary upgrade: a second SIGTERM or Ctrl-C exits at once"
+                );
             }
         })
     }
@@ -548,6 +569,7 @@ impl Signals {
         let control = running.control();
         let (done_tx, mut done) = tokio::sync::mpsc::unbounded_channel();
         let mut upgrading = false;
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         self.rt.block_on(async {
             loop {
                 // A reload signalled before a stop is applied before it.
@@ -574,10 +596,11 @@ impl Signals {
                         };
                         tracing::info!("SIGUSR2: starting the installed binary to take over the sockets");
                         let tx = done_tx.clone();
+                        let cancel = cancel.clone();
                         let spawned = std::thread::Builder::new()
                             .name("portico-upgrade".into())
                             .spawn(move || {
-                                let _ = tx.send(upgrade::start_successor(&successor));
+                                let _ = tx.send(upgrade::start_successor(&successor, &cancel));
                             });
                         match spawned {
                             Ok(_) => upgrading = true,
@@ -593,10 +616,23 @@ impl Signals {
                         };
                         systemd::ready(&status);
                     },
-                    _ = self.term.recv() => return Ended::Signal,
-                    _ = self.int.recv() => return Ended::Signal,
+                    _ = self.term.recv() => break,
+                    _ = self.int.recv() => break,
                 }
             }
+            // Told to stop while a successor starts: it is stopped first, so no process is left
+            // serving on the sockets without this one knowing.
+            if upgrading {
+                cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                let ended =
+                    tokio::time::timeout(std::time::Duration::from_secs(5), done.recv()).await;
+                if let Ok(Some(Ok(pid))) = ended {
+                    // It began serving just before: it serves on; this one drains as after
+                    // any upgrade.
+                    return Ended::Upgraded(pid);
+                }
+            }
+            Ended::Signal
         })
     }
 }

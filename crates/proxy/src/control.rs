@@ -287,13 +287,14 @@ impl Control {
             }
             let actual = sockets[0].local_addr().map_err(err)?;
             // One per worker (more when a predecessor had more workers: none is closed, as a
-            // closed socket would reset the connections in its backlog). A passed socket
-            // without SO_REUSEPORT (systemd's, by default) is shared by the workers instead.
+            // closed socket would reset the connections in its backlog). Passed sockets are
+            // shared by the workers rather than joined by new ones: a new socket would take
+            // connections at once, and lose them if this process then failed to start.
+            let given = sockets.len();
             while sockets.len() < self.workers {
-                let more = match bind(actual) {
-                    Ok(s) => s,
-                    Err(_) if passed => sockets[0].try_clone().map_err(err)?,
-                    Err(e) => return Err(err(e)),
+                let more = match passed {
+                    true => sockets[sockets.len() % given].try_clone().map_err(err)?,
+                    false => bind(actual).map_err(err)?,
                 };
                 sockets.push(more);
             }
@@ -774,10 +775,20 @@ impl Control {
     pub fn shutdown(&self) {
         let mut inner = self.lock();
         inner.shutting_down = true;
+        // The copies kept for a successor go first: once the accept loops stop, a socket left
+        // open would take connections nobody accepts (a closed port refuses them at once). A
+        // successor holds copies of its own.
+        inner.copies.clear();
         for s in &inner.slots {
             s.stop.send_replace(true);
         }
         self.shutdown.send_replace(true);
+    }
+
+    /// A successor serves on this process's sockets: draining accept loops take nothing more
+    /// from the backlogs (the successor accepts those connections).
+    pub fn handed_over(&self) {
+        self.published.handed_over.store(true, Ordering::Release);
     }
 }
 
@@ -859,6 +870,7 @@ impl Control {
                 current: ArcSwap::from_pointee(empty),
                 generation: AtomicU64::new(0),
                 stall_us: AtomicU64::new(0),
+                handed_over: std::sync::atomic::AtomicBool::new(false),
             }),
             stats,
             idle_upstream: Arc::new(AtomicI64::new(0)),

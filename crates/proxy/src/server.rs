@@ -61,6 +61,16 @@ impl Running {
         self.admin.as_ref().map(AdminServer::addr)
     }
 
+    /// A successor serves on this process's sockets: the admin listener stops now (the
+    /// successor answers it: changes must reach the process that stays), and draining accept
+    /// loops leave the backlogs to the successor.
+    pub fn handed_over(&mut self) {
+        self.control.handed_over();
+        if let Some(a) = self.admin.take() {
+            a.stop();
+        }
+    }
+
     /// What a successor needs from this process (see [`crate::handover`]), for another thread.
     pub fn successor(&self) -> std::io::Result<Successor> {
         let admin = self.admin.as_ref().map(AdminServer::socket);
@@ -286,6 +296,10 @@ async fn accept_loop(
             draining = true;
         }
         let accepted = if draining {
+            // A successor accepts on these sockets: the backlog is its.
+            if worker.published.handed_over.load(Ordering::Acquire) {
+                return;
+            }
             // Stopping: take the connections the kernel already completed (closing the socket
             // would reset them), then stop. They get one response with `Connection: close`.
             taken_while_draining += 1;

@@ -139,6 +139,8 @@ pub struct Published {
     pub(crate) generation: AtomicU64,
     /// Testing aid (microseconds, 0 = off), set by `Control::simulate_saturation`.
     pub(crate) stall_us: AtomicU64,
+    /// A successor took the listening sockets (a binary upgrade).
+    pub(crate) handed_over: std::sync::atomic::AtomicBool,
 }
 
 impl Published {

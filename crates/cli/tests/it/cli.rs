@@ -447,3 +447,61 @@ fn run_announces_tls_listeners_as_https() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn a_stopping_proxy_refuses_new_connections_while_it_drains() {
+    let d = temp_dir("refuse");
+    let path = d.join("p.toml");
+    std::fs::write(
+        &path,
+        "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\norigin = true\n",
+    )
+    .unwrap();
+    let (child, addrs) = spawn(
+        &["run", "--config", path.to_str().unwrap(), "--workers", "2"],
+        1,
+    );
+    // A request in flight keeps the process draining for a while.
+    let mut slow = TcpStream::connect(addrs[0]).unwrap();
+    write!(
+        slow,
+        "GET /?delay=1500ms HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    signal(&child, "TERM");
+    // The port closes at once: a new client is refused, not left hanging in a backlog nobody
+    // accepts from.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match TcpStream::connect(addrs[0]) {
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+                break;
+            }
+            Ok(_) => assert!(
+                std::time::Instant::now() < deadline,
+                "still accepting connections while draining"
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let (status, _) = terminate_wait(child);
+    assert!(status.success());
+}
+
+/// Wait for a child already signalled; its exit status and standard error.
+fn terminate_wait(mut child: Child) -> (std::process::ExitStatus, String) {
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, err)
+}

@@ -200,8 +200,13 @@ pub(super) fn trace(ctx: &mut Ctx<'_>, raw: &RawTrace) -> Trace {
         let key = sub("trace.otlp_headers", name.get_ref());
         if let Some(m) = header_name_error(name.get_ref()) {
             ctx.error(start(name), &key, m);
-        } else if let Some(m) = header_value_error(value.get_ref()) {
-            ctx.error(start(value), &key, m);
+        } else if header_value_error(value.get_ref()).is_some() {
+            // The value is not repeated: it is likely a secret.
+            ctx.error(
+                start(value),
+                &key,
+                "invalid value: control characters, CR, LF or leading or trailing spaces",
+            );
         } else {
             otlp_headers.push((name.get_ref().clone(), value.get_ref().clone()));
         }

@@ -283,7 +283,14 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
     if !authorized(token, req) {
         return Response::error(401, "a bearer token is required");
     }
-    let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    // Segments percent-decoded: the dashboard encodes a server's address (`10.0.0.1%3A80`).
+    let decoded: Vec<String> = req
+        .path
+        .trim_matches('/')
+        .split('/')
+        .map(percent_decode)
+        .collect();
+    let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
     match (req.method.as_str(), segments.as_slice()) {
         ("GET" | "HEAD", [""]) => Response {
             status: 200,
@@ -401,6 +408,35 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
         | (_, ["api", "groups", _, "servers", ..]) => Response::error(405, "method not allowed"),
         _ => Response::error(404, "no such admin resource"),
     }
+}
+
+/// `%XX` sequences of a path segment decoded (invalid ones and non-UTF-8 results kept as
+/// they came).
+fn percent_decode(segment: &str) -> String {
+    if !segment.contains('%') {
+        return segment.to_string();
+    }
+    let b = segment.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_else(|_| segment.to_string())
 }
 
 /// Find a group and one of its servers (by index or address) in the current snapshot, run `f`

@@ -703,9 +703,9 @@ pub(crate) struct Edits<'r> {
     names: Option<&'r [String]>,
     /// Fields a JWT's claims set (claim, field): the client's copies are dropped.
     claims: Option<&'r [(String, String)]>,
-    /// Fields Portico sets itself (the request id, `traceparent`): the message's own are
-    /// dropped.
-    replaced: [Option<&'r str>; 2],
+    /// Fields Portico sets or drops itself (the request id, `traceparent`, a `tracestate`
+    /// without a trace): the message's own are dropped.
+    replaced: [Option<&'r str>; 3],
     /// Any of recoded, cors, etag, authorization, token, names, claims, replaced: the one flag
     /// `drops` tests inline.
     owns: bool,
@@ -785,12 +785,17 @@ impl<'r> Edits<'r> {
 
     /// `name` (lowercase) is set to `value`: the message's own field of that name is dropped.
     pub(crate) fn replace(&mut self, name: &'r str, value: String) {
+        self.drop_field(name);
+        self.add(name, Cow::Owned(value));
+    }
+
+    /// The message's own field `name` (lowercase) is dropped.
+    pub(crate) fn drop_field(&mut self, name: &'r str) {
         match self.replaced.iter_mut().find(|r| r.is_none()) {
             Some(slot) => *slot = Some(name),
             None => debug_assert!(false, "more replaced fields than slots"),
         }
         self.owns = true;
-        self.add(name, Cow::Owned(value));
     }
 
     /// The field a credential came in (other than `Authorization`) is not forwarded.

@@ -374,7 +374,11 @@ async fn proxy_action<'a, D: Client<'a>>(
     let mut forward = Edits::default();
     let group;
     let rid = down.timings().request_id;
-    let traceparent = down.timings().trace.as_ref().map(|t| t.traceparent());
+    let traceparent = down
+        .timings()
+        .trace
+        .as_ref()
+        .map(|t| (t.traceparent(), t.parent == 0));
     {
         let who = down.who();
         let vars = RequestVars::new(head, route, who.tls, who.ip);
@@ -385,9 +389,13 @@ async fn proxy_action<'a, D: Client<'a>>(
                 forward.replace(&settings.header, id);
             }
         }
-        // The upstream's parent span is Portico's; `tracestate` passes as it came.
-        if let Some(tp) = traceparent {
+        // The upstream's parent span is Portico's; `tracestate` passes as it came, unless
+        // Portico started the trace (a `tracestate` without a valid `traceparent` is dropped).
+        if let Some((tp, new_trace)) = traceparent {
             forward.replace("traceparent", tp);
+            if new_trace {
+                forward.drop_field("tracestate");
+            }
         }
         group = if filters.is_rare() {
             rare_forward(route, p, head, who.ip, auth_fields, &mut forward)

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 /// The span of a finished request (OTLP JSON: ids in hex, times in nanoseconds as strings):
 /// kind `SERVER`, named `METHOD route`, with the OpenTelemetry HTTP server attributes,
-/// Portico's own (listener, route, upstream, termination, request id) and the phases as
-/// events; status `ERROR` when the answer was a 5xx or the exchange did not complete.
+/// Portico's own (listener, route, upstream, termination, request id, upstream connect time)
+/// and the request head and the upstream's first byte as events; status `ERROR` when the answer was a 5xx or the exchange did not complete.
 pub fn span_json(r: &Record<'_>, ctx: &TraceCtx) -> String {
     let end = SystemTime::now();
     let start = end.checked_sub(r.phases.total).unwrap_or(end);
@@ -49,17 +49,25 @@ pub fn span_json(r: &Record<'_>, ctx: &TraceCtx) -> String {
     a.str("network.protocol.version", version.trim_end_matches(".0"));
     a.str("portico.listener", r.listener);
     a.str("portico.termination", &r.outcome.termination.code());
+    // Client-supplied values are cut short: a span stays small while the queue holds it. The
+    // query is left out (it may carry credentials).
     if let Some(h) = r.head {
-        a.str("url.path", h.path());
-        if let Some(q) = h.query() {
-            a.str("url.query", q);
-        }
+        a.str("url.path", cut(h.path(), MAX_PATH));
         if let Some(host) = h.host() {
-            a.str("server.address", host);
+            a.str("server.address", cut(host, MAX_VALUE));
         }
         if let Some(ua) = h.field("user-agent") {
-            a.str("user_agent.original", &String::from_utf8_lossy(ua));
+            a.str(
+                "user_agent.original",
+                cut(&String::from_utf8_lossy(ua), MAX_VALUE),
+            );
         }
+    }
+    if let Some(c) = r.phases.connect {
+        a.int(
+            "portico.upstream.connect_us",
+            i64::try_from(c.as_micros()).unwrap_or(i64::MAX),
+        );
     }
     if let Some(route) = r.route {
         a.str("portico.route", route);
@@ -75,10 +83,6 @@ pub fn span_json(r: &Record<'_>, ctx: &TraceCtx) -> String {
     let mut events = Vec::with_capacity(3);
     if let Some(d) = r.phases.head {
         events.push(("request.head", at(d)));
-    }
-    if let (Some(c), Some(t)) = (r.phases.connect, r.phases.ttfb) {
-        // The connect ended before the first byte came; it is known by its length only.
-        events.push(("upstream.connect", at(t.saturating_sub(c))));
     }
     if let Some(d) = r.phases.ttfb {
         events.push(("upstream.first_byte", at(d)));
@@ -97,6 +101,22 @@ pub fn span_json(r: &Record<'_>, ctx: &TraceCtx) -> String {
         if error { 2 } else { 0 }
     );
     s
+}
+
+/// Longest path, and longest other client-supplied value, a span carries (bytes).
+const MAX_PATH: usize = 1024;
+const MAX_VALUE: usize = 256;
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// Attributes written one after another as OTLP `KeyValue` objects.
@@ -203,19 +223,23 @@ mod tests {
         };
         assert_eq!(attr("http.response.status_code")["intValue"], "502");
         assert_eq!(attr("user_agent.original")["stringValue"], "\"q\"");
-        assert_eq!(attr("url.query")["stringValue"], "b=1");
+        assert!(
+            !v["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a["key"] == "url.query"),
+            "the query may carry credentials"
+        );
+        assert_eq!(attr("portico.upstream.connect_us")["intValue"], "2000");
         assert_eq!(attr("portico.upstream")["stringValue"], "10.0.0.1:80");
         assert_eq!(attr("portico.request_id")["stringValue"], "rid");
         assert_eq!(attr("network.protocol.version")["stringValue"], "1.1");
         let events = v["events"].as_array().unwrap();
-        assert_eq!(events.len(), 3);
-        assert_eq!(events[1]["name"], "upstream.connect");
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1]["name"], "upstream.first_byte");
         let t = |i: usize| -> u128 { events[i]["timeUnixNano"].as_str().unwrap().parse().unwrap() };
-        assert_eq!(
-            t(1) - start,
-            2_000_000,
-            "connect began 2 ms before the first byte"
-        );
-        assert_eq!(t(2) - start, 4_000_000);
+        assert_eq!(t(0) - start, 1_000_000);
+        assert_eq!(t(1) - start, 4_000_000);
     }
 }

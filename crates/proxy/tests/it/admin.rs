@@ -287,13 +287,18 @@ fn server_changes_apply_to_every_worker_and_read_back() {
         bs, 30,
         "smooth weighted round robin 3:1 over 40 requests: {got:?}"
     );
-    // Drain a: no new requests.
+    // Drain a: no new requests. Enable it again by its address percent-encoded, as the
+    // dashboard's buttons send it.
     assert_eq!(admin(a, "POST", "/api/groups/b/servers/0/drain", "").0, 200);
     assert!(spread(px, 20).iter().all(|t| t == "b"));
-    assert_eq!(
-        admin(a, "POST", "/api/groups/b/servers/0/enable", "").0,
-        200
+    let encoded = a_up.addr.to_string().replace(':', "%3A");
+    let (st, body) = admin(
+        a,
+        "POST",
+        &format!("/api/groups/b/servers/{encoded}/enable"),
+        "",
     );
+    assert_eq!(st, 200, "{body}");
 
     // Add c: it takes traffic, shows in the effective configuration, and the others keep their
     // state (b's weight 3 survives the change).
