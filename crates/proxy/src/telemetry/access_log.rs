@@ -2,6 +2,7 @@
 
 use crate::telemetry::logging::Sink;
 use crate::telemetry::stats::Outcome;
+use crate::telemetry::text::json_escape;
 use crate::telemetry::timing::Phases;
 use portico_config::{AccessLog, AccessLogFormat};
 use portico_http1::RequestHead;
@@ -45,20 +46,6 @@ impl AccessLogger {
     /// Wait until the lines written so far are out, at most `timeout`.
     pub fn flush(&self, timeout: std::time::Duration) -> bool {
         self.out.flush(timeout)
-    }
-}
-
-/// `s` escaped for a JSON string (quotes, backslashes, control characters).
-pub(crate) fn json_escape(s: &str, out: &mut String) {
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
     }
 }
 

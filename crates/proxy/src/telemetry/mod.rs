@@ -5,5 +5,6 @@ pub mod logging;
 pub mod request_id;
 pub mod span;
 pub mod stats;
+pub mod text;
 pub mod timing;
 pub mod trace;

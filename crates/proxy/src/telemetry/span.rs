@@ -1,8 +1,9 @@
 //! A finished request's span as one OTLP/HTTP JSON span object, written on the worker straight from its access-log record and trace context (one string, no value tree).
 
-use crate::telemetry::access_log::{json_escape, Record};
-use crate::telemetry::request_id::push_hex;
+use crate::telemetry::access_log::Record;
 use crate::telemetry::stats::Termination;
+use crate::telemetry::text::json_escape;
+use crate::telemetry::text::push_hex;
 use crate::telemetry::trace::TraceCtx;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};

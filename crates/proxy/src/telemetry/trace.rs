@@ -1,8 +1,8 @@
 //! W3C trace context (the client's `traceparent` continued with Portico's span, or a new trace), and the exporter that sends the spans of sampled requests in batches over OTLP/HTTP (JSON) from a thread of its own.
 
 use crate::telemetry::logging::log_limited;
-use crate::telemetry::request_id::push_hex;
 use crate::telemetry::stats::ExportStats;
+use crate::telemetry::text::push_hex;
 use portico_config::{HttpUrl, Trace};
 use portico_http1::RequestHead;
 use std::sync::atomic::Ordering;
@@ -225,7 +225,7 @@ fn export_loop(
 /// An OTLP/HTTP JSON `ExportTraceServiceRequest` around `spans` (each one span object).
 pub fn export_body(service: &str, spans: &[String]) -> String {
     let mut service_json = String::new();
-    crate::telemetry::access_log::json_escape(service, &mut service_json);
+    crate::telemetry::text::json_escape(service, &mut service_json);
     let version = env!("CARGO_PKG_VERSION");
     let mut body = String::with_capacity(256 + spans.iter().map(|s| s.len() + 1).sum::<usize>());
     body.push_str(&format!(
