@@ -285,6 +285,7 @@ impl Upstream {
                     requests: s.requests.load(Ordering::Relaxed),
                     responses: std::array::from_fn(|c| s.responses[c].load(Ordering::Relaxed)),
                     failures: s.failures.load(Ordering::Relaxed),
+                    bytes: s.bytes.load(Ordering::Relaxed),
                     ejections: s.ejections.load(Ordering::Relaxed),
                     health_transitions: s.health_transitions.load(Ordering::Relaxed),
                     last_check,
@@ -339,6 +340,13 @@ impl Upstream {
             *ring.write().unwrap_or_else(|e| e.into_inner()) = rebuilt;
         }
         true
+    }
+
+    /// Count `n` bytes of `server`'s responses written to a client.
+    pub fn add_bytes(&self, server: usize, n: u64) {
+        if let Some(s) = self.shared.servers.get(server) {
+            s.bytes.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Forget a weight set by [`Upstream::set_weight`]: the configured one applies again (and

@@ -58,6 +58,8 @@ pub struct ServerStatus {
     pub responses: [u64; 5],
     /// Connect errors, timeouts and resets before a response.
     pub failures: u64,
+    /// Bytes of the server's responses written to clients.
+    pub bytes: u64,
     /// Times passive checks ejected the server.
     pub ejections: u64,
     /// Up <-> Down changes made by active checks.
@@ -120,6 +122,8 @@ pub(crate) struct ServerState {
     pub requests: AtomicU64,
     pub responses: [AtomicU64; 5],
     pub failures: AtomicU64,
+    /// Bytes of this server's responses written to clients (as the access log counts them).
+    pub bytes: AtomicU64,
     pub ejections: AtomicU64,
     pub health_transitions: AtomicU64,
     timing: Mutex<Timing>,
@@ -138,6 +142,7 @@ impl ServerState {
             consecutive_failures: AtomicU32::new(0),
             requests: AtomicU64::new(0),
             responses: Default::default(),
+            bytes: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
             health_transitions: AtomicU64::new(0),

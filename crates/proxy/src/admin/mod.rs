@@ -686,6 +686,7 @@ fn groups_json(shared: &Shared) -> Vec<Value> {
                         "requests": st.requests,
                         "responses": st.responses.to_vec(),
                         "failures": st.failures,
+                        "bytes": st.bytes,
                         "ejections": st.ejections,
                         "health_transitions": st.health_transitions,
                         "last_check": st.last_check,
@@ -1323,13 +1324,14 @@ fn server_metrics(e: &mut Exposition, shared: &Shared) {
         .map(|u| (u.group().name.clone(), u.status(now)))
         .collect();
     type Field = fn(&ServerStatus) -> f64;
-    let per_server: [(&str, &str, &str, Field); 9] = [
+    let per_server: [(&str, &str, &str, Field); 10] = [
         ("portico_server_active_requests", "gauge", "Requests in flight per upstream server.", |s| f64::from(s.active)),
         ("portico_server_healthy", "gauge", "1 when active checks say up and passive checks have not ejected the server.", |s| f64::from(u8::from(s.health == Health::Up && !s.ejected))),
         ("portico_server_effective_weight", "gauge", "The weight picks use now: 0 when the server cannot be picked, lower during slow start.", |s| f64::from(s.effective_weight)),
         ("portico_server_weight", "gauge", "Configured or admin-set weight.", |s| f64::from(s.weight)),
         ("portico_server_requests_total", "counter", "Requests sent to the server.", |s| s.requests as f64),
         ("portico_server_failures_total", "counter", "Connect errors, timeouts and resets before a response.", |s| s.failures as f64),
+        ("portico_server_response_bytes_total", "counter", "Bytes of the server's responses written to clients, as the access log counts them.", |s| s.bytes as f64),
         ("portico_server_consecutive_failures", "gauge", "Consecutive failed requests (passive checks).", |s| f64::from(s.consecutive_failures)),
         ("portico_server_ejections_total", "counter", "Times passive checks ejected the server.", |s| s.ejections as f64),
         ("portico_server_health_transitions_total", "counter", "Up/down changes made by active health checks.", |s| s.health_transitions as f64),

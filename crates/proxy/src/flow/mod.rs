@@ -638,6 +638,8 @@ async fn attempt<'a, D: Client<'a>>(
         return Some(client_gone(status, addr, e));
     }
     let idle = t.group().idle_timeout;
+    // The server's byte count, kept past the release of `t`.
+    let (counted, server) = (t.upstream, t.server());
     let mut edits = Edits::default();
     let rid = down.timings().request_id;
     let who = down.who();
@@ -690,7 +692,9 @@ async fn attempt<'a, D: Client<'a>>(
                         t.release(shared, &env.worker.pool, up, up_reusable);
                     }
                     let r = r.map_err(|e| (e, Phase::ResponseBody));
-                    return Some(end_response(r, sent, status, addr, D::H2).await);
+                    let o = end_response(r, sent, status, addr, D::H2).await;
+                    counted.add_bytes(server, o.bytes_sent);
+                    return Some(o);
                 }
                 Err(f) => f,
             };
@@ -730,7 +734,9 @@ async fn attempt<'a, D: Client<'a>>(
                         drop(lease);
                         drop(t);
                         let r = r.map_err(|e| (e, Phase::ResponseBody));
-                        return Some(end_response(r, sent, status, addr, D::H2).await);
+                        let o = end_response(r, sent, status, addr, D::H2).await;
+                        counted.add_bytes(server, o.bytes_sent);
+                        return Some(o);
                     }
                     Err(f) => f,
                 };
@@ -745,6 +751,7 @@ async fn attempt<'a, D: Client<'a>>(
             let o = Box::pin(both).await;
             drop(lease);
             drop(t);
+            counted.add_bytes(server, o.bytes_sent);
             Some(o)
         }
     }

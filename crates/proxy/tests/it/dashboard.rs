@@ -164,7 +164,7 @@ health_check = {{ type = "tcp", interval = "100ms", timeout = "50ms", fall = 1, 
     let dead_row = row_text(&first, &format!("data-server=\"{dead}\""));
     assert!(dead_row.contains(" draining down "), "{dead_row}");
     assert!(dead_row.contains(" ago "), "{dead_row}");
-    assert!(dead_row.contains(" 0 0 enable "), "{dead_row}");
+    assert!(dead_row.contains(" 0 0 0 B enable "), "{dead_row}");
     let live_row = row_text(&first, &format!("data-server=\"{}\"", up.addr));
     assert!(live_row.contains(" up "), "{live_row}");
     assert!(live_row.contains(" drain disable "), "{live_row}");
