@@ -149,7 +149,7 @@ fn status_and_metrics_count_what_happened() {
         "portico_server_response_bytes_total",
         &[("group", "b"), ("server", &up.addr.to_string())],
     );
-    assert!(bytes >= 5.0 * 2.0 && bytes < 5.0 * 400.0, "{bytes}");
+    assert!((5.0 * 2.0..5.0 * 400.0).contains(&bytes), "{bytes}");
     let st = json(a, "/api/status");
     assert_eq!(st["groups"][0]["servers"][0]["bytes"].as_f64(), Some(bytes));
     // Histograms: the parser groups buckets; the +Inf bucket equals the count.
