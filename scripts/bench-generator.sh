@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The load generator's own CPU per request against wrk (HTTP/1.1, closed loop) and h2load (HTTP/2,
-# h2c, closed loop), same box, same target (issue 4: generator CPU per request <= wrk's).
+# h2c, closed loop), same box, same target (the bar: the generator's CPU per request at most wrk's).
 # Targets on core 1: `portico origin` (HTTP/1.1) and, for HTTP/2, a Portico proxy with a plain
 # listener (h2c prior knowledge) in front of it. Generators on core 0, one thread each, alternating
 # for ROUNDS rounds. CPU = user + system of the generator process (/usr/bin/time), divided by the

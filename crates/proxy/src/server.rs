@@ -110,8 +110,6 @@ impl Running {
     }
 }
 
-/// Start `workers` threads and apply `config` (bind every listener, one SO_REUSEPORT socket per
-/// worker).
 /// Hands this process's listening sockets to a successor (a binary upgrade).
 pub struct Successor {
     control: Arc<Control>,
@@ -129,6 +127,8 @@ impl Successor {
     }
 }
 
+/// Start `workers` threads and apply `config` (bind every listener, one SO_REUSEPORT socket per
+/// worker).
 pub fn start(config: Config, workers: usize) -> Result<Running, StartError> {
     start_with(config, workers, None)
 }
