@@ -4,7 +4,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use portico_config::htpasswd;
-use portico_config::jwks::{KeySet, KeysUrl};
+use portico_config::jwks::KeySet;
+use portico_config::HttpUrl;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -22,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(set) = KeySet::parse(text) {
         assert!(!set.keys.is_empty());
     }
-    if let Ok(u) = KeysUrl::parse(text) {
+    if let Ok(u) = HttpUrl::parse(text) {
         assert!(u.port != 0 && !u.host.is_empty());
         assert!(u.target.starts_with('/'));
         assert!(!u.target.contains(['#', ' ']));
