@@ -9,6 +9,7 @@ pub mod error;
 pub mod head;
 pub mod proxy_protocol;
 mod syntax;
+pub mod traceparent;
 
 #[cfg(test)]
 mod tests;
