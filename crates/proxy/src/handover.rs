@@ -171,17 +171,17 @@ pub fn receive(from: &mut UnixStream) -> io::Result<Inherited> {
     let mut fds = fds.into_iter();
     let mut inherited = Inherited::default();
     for e in manifest.listeners {
-        let sockets: Vec<TcpListener> = fds.by_ref().take(e.sockets).map(listener).collect();
+        let sockets: Vec<TcpListener> = fds
+            .by_ref()
+            .take(e.sockets)
+            .map(TcpListener::from)
+            .collect();
         inherited.listeners.insert((e.name, e.configured), sockets);
     }
     if manifest.admin {
-        inherited.admin = fds.next().map(listener);
+        inherited.admin = fds.next().map(TcpListener::from);
     }
     Ok(inherited)
-}
-
-fn listener(fd: OwnedFd) -> TcpListener {
-    TcpListener::from(fd)
 }
 
 #[cfg(test)]

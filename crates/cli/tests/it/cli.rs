@@ -38,22 +38,9 @@ fn get(addr: SocketAddr, path: &str) -> String {
     out
 }
 
-fn terminate(mut child: Child) -> (std::process::ExitStatus, String) {
-    let st = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    (status, err)
+fn terminate(child: Child) -> (std::process::ExitStatus, String) {
+    signal(&child, "TERM");
+    terminate_wait(child)
 }
 
 /// `portico check --config PATH`: exit code and standard error.

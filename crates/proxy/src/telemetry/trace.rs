@@ -7,7 +7,7 @@ use portico_config::{HttpUrl, Trace};
 use portico_http1::traceparent::parse_traceparent;
 use portico_http1::RequestHead;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -131,11 +131,8 @@ impl Exporter {
     /// Queue a span (one OTLP JSON span object) without waiting (dropped and counted when the
     /// queue is full).
     pub fn send(&self, span: String) {
-        match self.tx.try_send(span) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        if self.tx.try_send(span).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -57,3 +57,27 @@ pub fn chunked_upstream(answer: Vec<u8>) -> (SocketAddr, std::sync::mpsc::Receiv
     });
     (addr, rx)
 }
+
+/// An HTTP/2 client connection with prior knowledge (h2c) to `addr`, its driver spawned.
+pub async fn h2c(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// GET `uri` on a new stream with `fields`; the response head (the body is not read).
+pub async fn h2_get(
+    client: &h2::client::SendRequest<bytes::Bytes>,
+    uri: &str,
+    fields: &[(&str, &str)],
+) -> http::response::Parts {
+    let mut req = http::Request::builder().uri(uri);
+    for (n, v) in fields {
+        req = req.header(*n, *v);
+    }
+    let mut c = client.clone().ready().await.unwrap();
+    let (resp, _) = c.send_request(req.body(()).unwrap(), true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    resp.into_parts().0
+}

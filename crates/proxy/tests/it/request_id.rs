@@ -1,6 +1,6 @@
 //! Request ids: generated or the client's, forwarded upstream, returned to the client on proxied and local answers, and in the access log, for HTTP/1.1 and HTTP/2 clients.
 
-use crate::common::{start_toml, T};
+use crate::common::{h2_get, h2c, start_toml};
 use portico_proxy::Running;
 use portico_testkit::{Client, Reply, TestUpstream};
 
@@ -164,25 +164,14 @@ async fn http2_streams_get_ids_the_same_way() {
     let _ = std::fs::remove_file(&log);
     let up = TestUpstream::start(|_| Reply::ok("hi"));
     let p = proxy(&up, &log, true);
-    let tcp = tokio::net::TcpStream::connect(p.addr("p").unwrap())
-        .await
-        .unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let send = |uri: &str, id: Option<&str>| {
-        let mut req = http::Request::builder().uri(uri);
-        if let Some(id) = id {
-            req = req.header("x-request-id", id);
-        }
-        let req = req.body(()).unwrap();
+    let client = h2c(p.addr("p").unwrap()).await;
+    let send = |uri: &'static str, id: Option<&'static str>| {
         let client = client.clone();
         async move {
-            let mut c = client.ready().await.unwrap();
-            let (resp, _) = c.send_request(req, true).unwrap();
-            let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
-            let status = resp.status().as_u16();
-            let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
-            (status, id)
+            let fields: Vec<(&str, &str)> = id.map(|id| ("x-request-id", id)).into_iter().collect();
+            let head = h2_get(&client, uri, &fields).await;
+            let id = head.headers["x-request-id"].to_str().unwrap().to_string();
+            (head.status.as_u16(), id)
         }
     };
     let (status, id) = send("http://h/api/x", None).await;

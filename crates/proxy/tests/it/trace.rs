@@ -1,6 +1,6 @@
 //! W3C trace context through the proxy and OTLP spans sent to a receiver started by the test: a client's trace continued, a new one started, unsampled traces propagated but not exported, for HTTP/1.1 and HTTP/2 clients.
 
-use crate::common::{start_toml, T};
+use crate::common::{h2_get, h2c, start_toml, T};
 use portico_testkit::{Client, Reply, TestUpstream};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -264,23 +264,13 @@ async fn http2_streams_are_traced_too_and_nothing_is_sampled_at_zero() {
         ),
         1,
     );
-    let tcp = tokio::net::TcpStream::connect(p.addr("p").unwrap())
-        .await
-        .unwrap();
-    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let send = |tp: Option<&str>| {
-        let mut req = http::Request::builder().uri("http://h/x");
-        if let Some(tp) = tp {
-            req = req.header("traceparent", tp);
-        }
-        let req = req.body(()).unwrap();
+    let client = h2c(p.addr("p").unwrap()).await;
+    let send = |tp: Option<String>| {
         let client = client.clone();
         async move {
-            let mut c = client.ready().await.unwrap();
-            let (resp, _) = c.send_request(req, true).unwrap();
-            let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
-            resp.status().as_u16()
+            let fields: Vec<(&str, &str)> =
+                tp.iter().map(|t| ("traceparent", t.as_str())).collect();
+            h2_get(&client, "http://h/x", &fields).await.status.as_u16()
         }
     };
     // New traces are not sampled at 0%: propagated with flags 00, never exported.
@@ -294,7 +284,7 @@ async fn http2_streams_are_traced_too_and_nothing_is_sampled_at_zero() {
         .to_string();
     assert!(tp.ends_with("-00"), "{tp}");
     // A client's sampled trace is recorded whatever the rate.
-    assert_eq!(send(Some(&format!("{CLIENT}-01"))).await, 200);
+    assert_eq!(send(Some(format!("{CLIENT}-01"))).await, 200);
     let spans = tokio::task::spawn_blocking(move || receiver.wait_for(1))
         .await
         .unwrap();
