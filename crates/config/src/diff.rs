@@ -16,6 +16,7 @@ pub fn changes(old: &Config, new: &Config) -> Vec<String> {
         ("log", old.log == new.log),
         ("request_id", old.request_id == new.request_id),
         ("trace", old.trace == new.trace),
+        ("cache", old.cache == new.cache),
         ("admin", old.admin == new.admin),
     ];
     for (key, equal) in top {

@@ -196,6 +196,18 @@ pub fn explain(config: &Config) -> String {
             }
         );
     }
+    if let Some(c) = &config.cache {
+        let _ = writeln!(
+            out,
+            "response cache: {} in memory, objects up to {}, misses of one URL wait up to {} for its fetch{}",
+            format_size(c.memory),
+            format_size(c.max_object),
+            format_duration(c.lock_timeout),
+            c.tag_header
+                .as_ref()
+                .map_or_else(String::new, |t| format!(", tags from {t}"))
+        );
+    }
     if let Some(r) = &config.request_id {
         let _ = writeln!(
             out,
@@ -499,6 +511,9 @@ fn route_extras(route: &Route, config: &Config) -> Vec<String> {
             l.rate, l.burst, l.max_keys
         ));
     }
+    if let Action::Proxy(ProxyAction { cache: Some(c), .. }) = &route.action {
+        out.push(cache_summary(c));
+    }
     if let Some(c) = &route.compression {
         out.push(compression_summary(c));
     }
@@ -622,6 +637,54 @@ fn compression_summary(c: &Compression) -> String {
         c.types.join(", "),
         c.min_length
     )
+}
+
+fn cache_summary(c: &crate::model::RouteCache) -> String {
+    use crate::model::QueryKey;
+    let mut key = String::from("host, path");
+    match &c.query {
+        QueryKey::All => key.push_str(", query"),
+        QueryKey::None => {}
+        QueryKey::Only(p) => key.push_str(&format!(", query parameters {}", p.join(", "))),
+        QueryKey::Except(p) => key.push_str(&format!(", query without {}", p.join(", "))),
+    }
+    for h in &c.key_headers {
+        key.push_str(&format!(", {h}"));
+    }
+    for k in &c.key_cookies {
+        key.push_str(&format!(", cookie {k}"));
+    }
+    let mut text = format!("cache: GET and HEAD by {key}");
+    match (c.override_ttl, c.default_ttl) {
+        (Some(t), _) => text.push_str(&format!(
+            "; fresh for {} whatever responses say",
+            format_duration(t)
+        )),
+        (None, Some(t)) => text.push_str(&format!(
+            "; {} when a response states no lifetime",
+            format_duration(t)
+        )),
+        (None, None) => {}
+    }
+    if !c.stale_if_error.is_zero() {
+        text.push_str(&format!(
+            "; stale up to {} when the upstream fails",
+            format_duration(c.stale_if_error)
+        ));
+    }
+    let bypass: Vec<String> = c
+        .bypass_headers
+        .iter()
+        .cloned()
+        .chain(c.bypass_cookies.iter().map(|k| format!("cookie {k}")))
+        .collect();
+    if !bypass.is_empty() {
+        text.push_str(&format!("; bypassed by {}", bypass.join(", ")));
+    }
+    if !c.lock {
+        text.push_str("; concurrent misses all fetch");
+    }
+    text
 }
 
 fn retry_summary(r: &RetryPolicy) -> String {

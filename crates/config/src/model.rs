@@ -22,6 +22,9 @@ pub struct Config {
     pub request_id: Option<RequestId>,
     /// W3C trace context and OpenTelemetry spans (`[trace]`); None = off.
     pub trace: Option<Trace>,
+    /// The response cache's store (`[cache]`, or its defaults when a route caches); None = no
+    /// route caches.
+    pub cache: Option<CacheStore>,
     /// The admin listener (status API, metrics, dashboard); None = no admin listener.
     pub admin: Option<Admin>,
     /// Graceful shutdown: how long in-flight requests get to finish after SIGTERM/SIGINT.
@@ -795,6 +798,68 @@ pub struct ProxyAction {
     pub split: Option<Split>,
     /// A copy of sampled requests sent to a shadow group, its answers discarded (`mirror`).
     pub mirror: Option<Mirror>,
+    /// Responses kept in the shared cache and answered from it (`cache`); None = off.
+    pub cache: Option<Box<RouteCache>>,
+}
+
+/// Default `[cache] memory`: 64 MiB.
+pub const DEFAULT_CACHE_MEMORY: u64 = 64 << 20;
+/// Default `[cache] max_object`: 8 MiB.
+pub const DEFAULT_CACHE_MAX_OBJECT: u64 = 8 << 20;
+/// Default `[cache] lock_timeout`: 5 s.
+pub const DEFAULT_CACHE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The response cache's store, shared by every worker and kept across reloads while its
+/// `memory` stays the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheStore {
+    /// Bytes of responses (heads and bodies) held in memory at most.
+    pub memory: u64,
+    /// The largest response body stored; larger ones pass through uncached.
+    pub max_object: u64,
+    /// How long a request waits for another request's fetch of the same key before fetching
+    /// itself (collapsed forwarding).
+    pub lock_timeout: Duration,
+    /// A response field listing the response's tags (comma or space separated), for purges
+    /// by tag; lowercase. None = no tags.
+    pub tag_header: Option<String>,
+}
+
+/// What a route's cache key takes from the query string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryKey {
+    /// The whole query as sent (the default).
+    All,
+    /// None of it.
+    None,
+    /// Only these parameters, sorted by name.
+    Only(Vec<String>),
+    /// Every parameter but these, sorted by name.
+    Except(Vec<String>),
+}
+
+/// A route's `cache` table: how its responses are keyed, kept and bypassed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteCache {
+    pub query: QueryKey,
+    /// Request fields whose values are part of the key (lowercase).
+    pub key_headers: Vec<String>,
+    /// Cookies whose values are part of the key.
+    pub key_cookies: Vec<String>,
+    /// Freshness for a response that states none (no `max-age`, `s-maxage` or `Expires`) and
+    /// whose status is cacheable by default; None = such responses are not stored.
+    pub default_ttl: Option<Duration>,
+    /// Freshness for every storable response, whatever it states.
+    pub override_ttl: Option<Duration>,
+    /// How long past its freshness a response may still answer when the upstream fails, unless
+    /// the response's own `stale-if-error` says otherwise or it forbids stale answers.
+    pub stale_if_error: Duration,
+    /// A request with any of these fields skips the cache (neither looked up nor stored).
+    pub bypass_headers: Vec<String>,
+    /// A request with any of these cookies skips the cache.
+    pub bypass_cookies: Vec<String>,
+    /// One upstream fetch per key at a time; the other requests for it wait (default true).
+    pub lock: bool,
 }
 
 /// Request mirroring: `percent` of the route's requests (in basis points: 10,000 = all) are

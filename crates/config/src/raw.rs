@@ -19,6 +19,7 @@ pub(crate) struct RawConfig {
     pub log: Option<RawLog>,
     pub request_id: Option<RawRequestId>,
     pub trace: Option<RawTrace>,
+    pub cache: Option<RawCache>,
     pub admin: Option<Spanned<RawAdmin>>,
     pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
     pub upstreams: Option<Entries<RawUpstream>>,
@@ -54,6 +55,34 @@ pub(crate) struct RawTrace {
     pub otlp_endpoint: Option<Spanned<String>>,
     pub otlp_headers: Option<Entries<Spanned<String>>>,
     pub service_name: Option<Spanned<String>>,
+}
+
+/// `[cache]`: the response cache's store.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a cache table")]
+pub(crate) struct RawCache {
+    pub memory: Option<Spanned<Scalar>>,
+    pub max_object: Option<Spanned<Scalar>>,
+    pub lock_timeout: Option<Spanned<Scalar>>,
+    pub tag_header: Option<Spanned<String>>,
+}
+
+/// A route's `cache` table.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a cache table")]
+pub(crate) struct RawRouteCache {
+    pub enabled: Option<Spanned<bool>>,
+    pub query: Option<Spanned<String>>,
+    pub query_only: Option<Spanned<StrList>>,
+    pub query_except: Option<Spanned<StrList>>,
+    pub key_headers: Option<Spanned<StrList>>,
+    pub key_cookies: Option<Spanned<StrList>>,
+    pub default_ttl: Option<Spanned<Scalar>>,
+    pub override_ttl: Option<Spanned<Scalar>>,
+    pub stale_if_error: Option<Spanned<Scalar>>,
+    pub bypass_headers: Option<Spanned<StrList>>,
+    pub bypass_cookies: Option<Spanned<StrList>>,
+    pub lock: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -257,6 +286,7 @@ pub(crate) struct RawRoute {
     pub retry: Option<RawRetry>,
     pub rate_limit: Option<RawRateLimit>,
     pub compression: Option<RawCompression>,
+    pub cache: Option<Spanned<RawRouteCache>>,
     pub cors: Option<RawCors>,
     pub buffer_request: Option<RawBufferRequest>,
     pub split: Option<Spanned<Vec<Spanned<RawSplit>>>>,

@@ -216,6 +216,13 @@ impl Control {
                 }
             },
         };
+        // The response cache: kept, with what it holds, while its memory stays the same.
+        let cache = config.cache.as_ref().map(|c| {
+            match old.cache.as_ref().filter(|k| k.serves(c.memory)) {
+                Some(k) => k.clone(),
+                None => Arc::new(crate::cache::Cache::new(c.memory)),
+            }
+        });
         let access_log = match &config.access_log {
             Some(al) => Some(AccessLogger::open(al).map_err(|source| {
                 StartError::AccessLog {
@@ -497,6 +504,7 @@ impl Control {
             stats: self.stats.clone(),
             access_log,
             tracer,
+            cache,
             workers: self.workers,
         }));
         self.published
@@ -845,6 +853,7 @@ impl Control {
                 log: Default::default(),
                 request_id: None,
                 trace: None,
+                cache: None,
                 admin: None,
                 drain_timeout,
                 workers: None,
@@ -856,6 +865,7 @@ impl Control {
             stats: stats.clone(),
             access_log: None,
             tracer: None,
+            cache: None,
             workers,
         };
         let mut receivers = Vec::new();

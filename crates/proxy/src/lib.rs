@@ -2,6 +2,7 @@
 
 pub mod admin;
 mod blocking_http;
+mod cache;
 mod cert_watch;
 mod conn;
 mod control;

@@ -70,6 +70,8 @@ pub struct Shared {
     pub access_log: Option<AccessLogger>,
     /// Where sampled requests' spans go (`[trace] otlp_endpoint`).
     pub tracer: Option<Arc<crate::telemetry::trace::Exporter>>,
+    /// The response cache (`[cache]`), kept across reloads while its memory stays the same.
+    pub cache: Option<Arc<crate::cache::Cache>>,
     pub workers: usize,
 }
 

@@ -2,6 +2,7 @@
 
 mod access;
 mod auth;
+mod cache;
 mod compression;
 mod cors;
 mod jwt;
@@ -13,6 +14,7 @@ mod upstreams;
 
 use access::*;
 use auth::*;
+use cache::*;
 use compression::*;
 use cors::*;
 use jwt::*;
@@ -136,6 +138,11 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
+    let caching = listeners
+        .iter()
+        .flat_map(|l| &l.routes)
+        .any(|r| matches!(&r.action, Action::Proxy(p) if p.cache.is_some()));
+    let cache = cache_store(&mut ctx, raw.cache.as_ref(), caching);
     let admin = raw
         .admin
         .as_ref()
@@ -149,6 +156,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
             log,
             request_id,
             trace,
+            cache,
             admin,
             drain_timeout,
             workers,

@@ -710,6 +710,11 @@ pub(super) fn misplaced_options(
             ));
         }
     }
+    if kind != "proxy" {
+        if let Some(c) = &r.cache {
+            misplaced.push(("cache", start(c), "proxy routes"));
+        }
+    }
     if kind != "redirect" {
         if let Some(status) = &r.redirect_status {
             misplaced.push(("redirect_status", start(status), "redirect routes"));
@@ -979,8 +984,13 @@ pub(super) fn proxy(
         .retry
         .as_ref()
         .map(|raw| retry(ctx, &sub(key, "retry"), raw));
+    let cache = r
+        .cache
+        .as_ref()
+        .and_then(|c| route_cache(ctx, &sub(key, "cache"), c));
     Some(ProxyAction {
         upstream,
+        cache,
         strip_prefix,
         rewrite_prefix,
         rewrite,

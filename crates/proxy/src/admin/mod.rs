@@ -379,6 +379,11 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
                 Ok(())
             })
         }
+        ("GET" | "HEAD", ["api", "cache"]) => match &control.snapshot().cache {
+            None => Response::error(404, "no route caches: the configuration has no cache"),
+            Some(cache) => Response::json(200, &cache_json(cache)),
+        },
+        ("DELETE", ["api", "cache"]) => purge(control, req),
         ("GET" | "HEAD", ["api", "changes"]) => {
             let (groups, file) = control.runtime_changes();
             Response::json(
@@ -407,6 +412,72 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
         )
         | (_, ["api", "groups", _, "servers", ..]) => Response::error(405, "method not allowed"),
         _ => Response::error(404, "no such admin resource"),
+    }
+}
+
+/// The cache's counters and what it holds.
+fn cache_json(cache: &crate::cache::Cache) -> Value {
+    let c = &cache.counters;
+    let (entries, bytes) = cache.usage();
+    json!({
+        "entries": entries,
+        "bytes": bytes,
+        "capacity_bytes": cache.capacity(),
+        "requests": {
+            "hit": c.hits.load(Relaxed),
+            "collapsed": c.collapsed.load(Relaxed),
+            "miss": c.misses.load(Relaxed),
+            "revalidated": c.revalidated.load(Relaxed),
+            "stale": c.stale.load(Relaxed),
+            "bypass": c.bypass.load(Relaxed),
+        },
+        "stored": c.stored.load(Relaxed),
+        "invalidated": c.invalidated.load(Relaxed),
+        "hit_bytes": c.hit_bytes.load(Relaxed),
+        "waiting": c.waiting.load(Relaxed),
+    })
+}
+
+/// `DELETE /api/cache`: everything, or `?url=HOST/PATH?QUERY`, `?prefix=HOST/PATH` or
+/// `?tag=TAG` (one of them).
+fn purge(control: &Control, req: &Request) -> Response {
+    use crate::cache::Purge;
+    let Some(cache) = control.snapshot().cache.clone() else {
+        return Response::error(404, "no route caches: the configuration has no cache");
+    };
+    let query = req.query.as_deref().unwrap_or_default();
+    let pairs: Vec<(String, String)> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(&v.replace('+', " ")))
+        })
+        .collect();
+    let purge = match pairs.as_slice() {
+        [] => Purge::All,
+        [(k, v)] if !v.is_empty() => match k.as_str() {
+            "url" => Purge::Url(v.clone()),
+            "prefix" => Purge::Prefix(v.clone()),
+            "tag" => Purge::Tag(v.clone()),
+            _ => {
+                return Response::error(400, format!("unknown purge {k:?}: use url, prefix or tag"))
+            }
+        },
+        _ => return Response::error(
+            400,
+            "purge one thing: ?url=HOST/PATH, ?prefix=HOST/PATH or ?tag=TAG (nothing: everything)",
+        ),
+    };
+    match cache.purge(&purge) {
+        Ok(found) => {
+            tracing::info!(by = req.by, "admin: cache purged: {purge:?}");
+            Response::json(
+                200,
+                &json!({ "purged": format!("{purge:?}"), "found": found }),
+            )
+        }
+        Err(e) => Response::error(503, format!("purge refused: {e}")),
     }
 }
 
@@ -823,7 +894,81 @@ pub fn metrics(control: &Control) -> String {
     group_metrics(&mut e, &shared);
     server_metrics(&mut e, &shared);
     termination_metrics(&mut e, &shared.stats);
+    if let Some(cache) = &shared.cache {
+        cache_metrics(&mut e, cache);
+    }
     e.finish()
+}
+
+/// The response cache: requests by what it did, stores, invalidations, bytes answered, and
+/// what it holds.
+fn cache_metrics(e: &mut Exposition, cache: &crate::cache::Cache) {
+    let c = &cache.counters;
+    e.family(
+        "portico_cache_requests_total",
+        "counter",
+        "Requests of caching routes, by what the cache did: hit, collapsed (answered from another request's fetch), miss, revalidated (304), stale (answered in place of an upstream failure), bypass.",
+    );
+    for (status, v) in [
+        ("hit", &c.hits),
+        ("collapsed", &c.collapsed),
+        ("miss", &c.misses),
+        ("revalidated", &c.revalidated),
+        ("stale", &c.stale),
+        ("bypass", &c.bypass),
+    ] {
+        e.sample(
+            "portico_cache_requests_total",
+            &[("status", status)],
+            v.load(Relaxed) as f64,
+        );
+    }
+    for (name, help, v) in [
+        (
+            "portico_cache_stored_total",
+            "Responses stored in the cache (a revalidated one again).",
+            &c.stored,
+        ),
+        (
+            "portico_cache_invalidated_total",
+            "Stored URLs removed because an unsafe request to them succeeded.",
+            &c.invalidated,
+        ),
+        (
+            "portico_cache_hit_bytes_total",
+            "Body bytes answered from the cache.",
+            &c.hit_bytes,
+        ),
+    ] {
+        e.family(name, "counter", help);
+        e.sample(name, &[], v.load(Relaxed) as f64);
+    }
+    let (entries, bytes) = cache.usage();
+    for (name, help, v) in [
+        (
+            "portico_cache_entries",
+            "URLs held in the cache (each with its variants).",
+            entries,
+        ),
+        (
+            "portico_cache_bytes",
+            "Bytes the cache holds (heads, bodies and bookkeeping).",
+            bytes,
+        ),
+        (
+            "portico_cache_capacity_bytes",
+            "The cache's memory bound ([cache] memory).",
+            cache.capacity(),
+        ),
+        (
+            "portico_cache_lock_waiting",
+            "Requests waiting now for another request's fetch of their URL (collapsed forwarding).",
+            c.waiting.load(Relaxed),
+        ),
+    ] {
+        e.family(name, "gauge", help);
+        e.sample(name, &[], v as f64);
+    }
 }
 
 /// Version, uptime, configuration generation, the process-wide counters, dropped log lines,

@@ -290,7 +290,7 @@ impl Filters {
         route: &'r Route,
         head: &RequestHead,
         vars: &dyn Vars,
-        server: (&Upstream, usize),
+        server: Option<(&Upstream, usize)>,
         edits: &mut Edits<'r>,
     ) {
         if !self.response {
@@ -300,7 +300,10 @@ impl Filters {
             match f {
                 Filter::ResponseHeaders => edits.rules(&route.response_headers, vars),
                 Filter::StickyCookie => {
-                    if let Some(c) = crate::sticky::set_cookie(server.0, head, server.1) {
+                    let Some((upstream, server)) = server else {
+                        continue;
+                    };
+                    if let Some(c) = crate::sticky::set_cookie(upstream, head, server) {
                         edits.add("Set-Cookie", Cow::Owned(c));
                     }
                 }
@@ -706,10 +709,17 @@ pub(crate) struct Edits<'r> {
     /// Fields Portico sets or drops itself (the request id, `traceparent`, a `tracestate`
     /// without a trace): the message's own are dropped.
     replaced: [Option<&'r str>; 3],
-    /// Any of recoded, cors, etag, authorization, token, names, claims, replaced: the one flag
-    /// `drops` tests inline.
+    /// The client's conditional and range fields are not forwarded: the cache asks for the
+    /// whole response, with its own validators.
+    conditionals: bool,
+    /// Any of recoded, cors, etag, authorization, token, names, claims, replaced,
+    /// conditionals: the one flag `drops` tests inline.
     owns: bool,
 }
+
+/// The client's fields a cache's request drops: it asks for the whole response, and answers
+/// the client's conditions itself.
+const CONDITIONAL_DROPS: [&str; 4] = ["if-none-match", "if-modified-since", "if-range", "range"];
 
 /// The server's fields a re-encoded body drops: its length, its strong validator (a weak one
 /// is added back) and its byte ranges.
@@ -804,6 +814,12 @@ impl<'r> Edits<'r> {
         self.owns = true;
     }
 
+    /// The client's conditional and range fields are not forwarded.
+    pub(crate) fn drop_conditionals(&mut self) {
+        self.conditionals = true;
+        self.owns = true;
+    }
+
     /// The client's `Authorization` field is not forwarded.
     pub(crate) fn drop_authorization(&mut self) {
         self.authorization = true;
@@ -843,6 +859,7 @@ impl<'r> Edits<'r> {
             || (self.cors && among(&cors::CORS_FIELDS))
             || (self.etag && name.eq_ignore_ascii_case("etag"))
             || (self.authorization && name.eq_ignore_ascii_case("authorization"))
+            || (self.conditionals && among(&CONDITIONAL_DROPS))
             || self.token.is_some_and(|t| t.eq_ignore_ascii_case(name))
             || self
                 .replaced
@@ -874,6 +891,10 @@ impl<'r> Edits<'r> {
         let cors = cors::CORS_FIELDS.iter().copied().filter(|_| self.cors);
         let etag = std::iter::once("etag").filter(|_| self.etag);
         let auth = std::iter::once("authorization").filter(|_| self.authorization);
+        let conditionals = CONDITIONAL_DROPS
+            .iter()
+            .copied()
+            .filter(|_| self.conditionals);
         let token = self
             .token
             .into_iter()
@@ -885,6 +906,7 @@ impl<'r> Edits<'r> {
             .chain(cors)
             .chain(etag)
             .chain(auth)
+            .chain(conditionals)
             .chain(token)
             .chain(names)
             .chain(claims)

@@ -1,11 +1,13 @@
 //! One request for every client and every upstream protocol: route, the request filters, then a local answer or the proxy action's one attempt-and-retry loop (pick, forwarded head, exchange in the group's protocol, retry decision, interim commit, response filters, tunnel, response head, one relay, release), then the log filters.
 
 mod attempt;
+mod cached;
 mod exchange_h1;
 mod exchange_h2;
 pub(crate) mod forward_auth;
 mod mirror;
 
+use crate::cache::Pending;
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{self, Client, HeadFailed, RespHead, Sent, Sink, Trailers, Upload, Watch};
 use crate::error::ProxyError;
@@ -13,6 +15,7 @@ use crate::filter::auth::Checked;
 use crate::filter::jwt::Refusal;
 use crate::filter::{compress, Answer, Compressing, Edits};
 use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
+use crate::flow::cached::Caching;
 use crate::metrics::RouteStats;
 use crate::resilience::retry::Retry;
 use crate::resilience::RouteResilience;
@@ -437,7 +440,14 @@ async fn proxy_action<'a, D: Client<'a>>(
         mirror::maybe_spawn(&env, &px, head, &down.who());
     }
     let mut ubuf = down.take_ubuf();
-    let o = proxy(down, head, &px, res, counters, &mut ubuf).await;
+    let o = match (&p.cache, &env.shared.cache) {
+        (Some(rc), Some(cache)) => {
+            // Boxed: only caching routes pay for the cache's state.
+            let c = cached::serve(down, head, px, res, counters, &mut ubuf, rc, cache);
+            Box::pin(c).await
+        }
+        _ => proxy(down, head, &px, res, counters, &mut ubuf, None).await,
+    };
     down.put_ubuf(ubuf);
     o
 }
@@ -504,6 +514,7 @@ async fn proxy<'a, D: Client<'a>>(
     res: &RouteResilience,
     counters: &RouteStats,
     ubuf: &mut BytesMut,
+    mut cx: Option<&mut Caching<'_>>,
 ) -> Outcome {
     // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
     // the header-time metric.
@@ -516,7 +527,8 @@ async fn proxy<'a, D: Client<'a>>(
     let replayable = px.buffered.is_some();
     let mut retry = Retry::new(px.p.retry.as_ref(), budget, head, replayable, now, counters);
     loop {
-        if let Some(outcome) = attempt(down, head, px, &mut retry, ubuf).await {
+        let c = cx.as_deref_mut();
+        if let Some(outcome) = attempt(down, head, px, &mut retry, ubuf, c).await {
             return outcome;
         }
     }
@@ -531,6 +543,7 @@ async fn attempt<'a, D: Client<'a>>(
     px: &Proxied<'_>,
     retry: &mut Retry<'_>,
     ubuf: &mut BytesMut,
+    mut cx: Option<&mut Caching<'_>>,
 ) -> Option<Outcome> {
     let (route, p) = (px.route, px.p);
     let env = down.env();
@@ -543,7 +556,12 @@ async fn attempt<'a, D: Client<'a>>(
     let picked = picked.unwrap_or(Err(ProxyError::ClientClosed));
     let t = match picked {
         Ok(t) => t,
-        Err(e) => return Some(down.fail(head, e, Phase::Connect, false).await),
+        Err(e) => {
+            if let Some(o) = cached::instead_of_error(down, head, px, &mut cx).await {
+                return Some(o);
+            }
+            return Some(down.fail(head, e, Phase::Connect, false).await);
+        }
     };
     let addr = t.addr();
     let h2_group = t.group().protocol == UpstreamProtocol::H2;
@@ -614,6 +632,9 @@ async fn attempt<'a, D: Client<'a>>(
             phase,
             body_done,
         } => {
+            if let Some(o) = cached::instead_of_error(down, head, px, &mut cx).await {
+                return Some(o);
+            }
             // The access log names the server that refused, timed out or failed.
             let mut o = down.fail(head, e, phase, body_done).await;
             o.upstream = Some(addr);
@@ -633,6 +654,21 @@ async fn attempt<'a, D: Client<'a>>(
     if t.accepted(shared, retry, asked, got, reused, status) {
         return None;
     }
+    // A caching route: a 304 to its revalidation or a failure a stale response stands in for
+    // is answered from the cache; a storable response is copied as it streams.
+    let mut store = None;
+    if let Some(c) = cx.as_deref_mut() {
+        match cached::on_response(c, head, &resp, status) {
+            cached::Next::Relay(p) => store = p,
+            cached::Next::FromCache(fields) => {
+                if let UpResponse::H1 { up, head: rh } = resp {
+                    let reusable = rh.keep_alive && body_done && rh.framing == Framing::None;
+                    t.release(shared, &env.worker.pool, up, reusable);
+                }
+                return Some(cached::answer_after(down, head, px, c, fields).await);
+            }
+        }
+    }
     // Interim heads still held (they came while the client connection was read for the body).
     if let Err(e) = down.flush_interims(&mut interims).await {
         return Some(client_gone(status, addr, e));
@@ -649,6 +685,9 @@ async fn attempt<'a, D: Client<'a>>(
         if let Some(id) = rid.text(settings, head) {
             edits.replace(&settings.header, id.into_owned());
         }
+    }
+    if let Some(c) = cx.as_deref() {
+        edits.add("Cache-Status", Cow::Borrowed(c.forwarded(store.is_some())));
     }
     let via = p.via;
     match resp {
@@ -680,19 +719,21 @@ async fn attempt<'a, D: Client<'a>>(
                                 dec: BodyDecoder::new(rh.framing),
                                 idle,
                                 eof: false,
+                                store: store.as_deref_mut(),
                             };
                             relay(&mut body, &mut sent.out, &mut z).await
                         }
                     };
                     record(z, shared);
                     if r.is_ok() {
+                        cached::store(&mut cx, store);
                         // The upstream exchange is complete: free the connection and the
                         // server's active slot before the last client write, so neither waits
                         // on a slow client.
                         t.release(shared, &env.worker.pool, up, up_reusable);
                     }
                     let r = r.map_err(|e| (e, Phase::ResponseBody));
-                    let o = end_response(r, sent, status, addr, D::H2).await;
+                    let o = end_response(r, sent, status, Some(addr), D::H2).await;
                     counted.add_bytes(server, o.bytes_sent);
                     return Some(o);
                 }
@@ -724,17 +765,20 @@ async fn attempt<'a, D: Client<'a>>(
                         let r = match sent.end {
                             true => Ok(()),
                             false => {
-                                let mut body = UpBody::h2(&mut body, idle);
+                                let mut body = UpBody::h2(&mut body, idle, store.as_deref_mut());
                                 relay(&mut body, &mut sent.out, &mut z).await
                             }
                         };
                         record(z, shared);
+                        if r.is_ok() {
+                            cached::store(&mut cx, store);
+                        }
                         // The exchange is over: free the stream slot and the server's active
                         // slot before the last client write.
                         drop(lease);
                         drop(t);
                         let r = r.map_err(|e| (e, Phase::ResponseBody));
-                        let o = end_response(r, sent, status, addr, D::H2).await;
+                        let o = end_response(r, sent, status, Some(addr), D::H2).await;
                         counted.add_bytes(server, o.bytes_sent);
                         return Some(o);
                     }
@@ -777,7 +821,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
         let relay = async {
             match end {
                 true => Ok(()),
-                false => relay(&mut UpBody::h2(&mut body, idle), &mut out, &mut z).await,
+                false => relay(&mut UpBody::h2(&mut body, idle, None), &mut out, &mut z).await,
             }
         };
         tokio::pin!(relay);
@@ -802,7 +846,7 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
         keep_alive: true,
         end,
     };
-    end_response(r, sent, status, addr, true).await
+    end_response(r, sent, status, Some(addr), true).await
 }
 
 /// `work`'s output, or None when the client reset its stream first (never for an HTTP/1.1
@@ -850,7 +894,7 @@ async fn end_response<O: Sink>(
     r: Result<(), (ProxyError, Phase)>,
     sent: Sent<O>,
     status: u16,
-    addr: SocketAddr,
+    addr: Option<SocketAddr>,
     h2: bool,
 ) -> Outcome {
     let Sent {
@@ -867,7 +911,7 @@ async fn end_response<O: Sink>(
                 status,
                 keep_alive: h2,
                 bytes_sent: 0,
-                upstream: Some(addr),
+                upstream: addr,
             };
         }
     };
@@ -877,14 +921,14 @@ async fn end_response<O: Sink>(
             status,
             keep_alive,
             bytes_sent: out.sent(),
-            upstream: Some(addr),
+            upstream: addr,
         },
         Err((e, phase)) => Outcome {
             termination: e.termination(phase),
             status,
             keep_alive: false,
             bytes_sent: out.sent(),
-            upstream: Some(addr),
+            upstream: addr,
         },
     }
 }
@@ -898,6 +942,8 @@ enum UpBody<'u> {
         idle: Duration,
         /// The server closed a close-delimited body: it is complete.
         eof: bool,
+        /// The response is being stored: the body is copied as it is handed out.
+        store: Option<&'u mut Pending>,
     },
     H2 {
         body: &'u mut RecvStream,
@@ -906,7 +952,10 @@ enum UpBody<'u> {
         pending: Option<Bytes>,
         /// The stream ended, with these trailers.
         end: Option<Option<HeaderMap>>,
+        store: Option<&'u mut Pending>,
     },
+    /// A stored response's body (taken when handed out).
+    Stored(Option<Bytes>),
 }
 
 /// What a response body has ready.
@@ -920,12 +969,13 @@ enum Step {
 }
 
 impl<'u> UpBody<'u> {
-    fn h2(body: &'u mut RecvStream, idle: Duration) -> Self {
+    fn h2(body: &'u mut RecvStream, idle: Duration, store: Option<&'u mut Pending>) -> Self {
         UpBody::H2 {
             body,
             idle,
             pending: None,
             end: None,
+            store,
         }
     }
 
@@ -933,18 +983,31 @@ impl<'u> UpBody<'u> {
     fn step(&mut self) -> Result<Step, ProxyError> {
         match self {
             UpBody::H1 { eof: true, .. } => Ok(Step::End(Trailers::Raw(Bytes::new()))),
-            UpBody::H1 { up, dec, .. } => {
+            UpBody::H1 { up, dec, store, .. } => {
                 match dec
                     .decode(&mut up.rbuf, MAX_CHUNK)
                     .map_err(ProxyError::BadResponseBody)?
                 {
-                    Decoded::Data(d) => Ok(Step::Data(d, dec.remaining() == Some(0))),
+                    Decoded::Data(d) => {
+                        if let Some(p) = store {
+                            p.push(&d);
+                        }
+                        Ok(Step::Data(d, dec.remaining() == Some(0)))
+                    }
                     Decoded::Done { trailers } => Ok(Step::End(Trailers::Raw(trailers))),
                     Decoded::NeedMore => Ok(Step::Wait),
                 }
             }
-            UpBody::H2 { pending, end, .. } => {
+            UpBody::H2 {
+                pending,
+                end,
+                store,
+                ..
+            } => {
                 if let Some(d) = pending.take() {
+                    if let Some(p) = store {
+                        p.push(&d);
+                    }
                     return Ok(Step::Data(d, false));
                 }
                 match end.take() {
@@ -952,6 +1015,10 @@ impl<'u> UpBody<'u> {
                     None => Ok(Step::Wait),
                 }
             }
+            UpBody::Stored(body) => match body.take() {
+                Some(d) => Ok(Step::Data(d, true)),
+                None => Ok(Step::End(Trailers::Raw(Bytes::new()))),
+            },
         }
     }
 
@@ -983,11 +1050,13 @@ impl<'u> UpBody<'u> {
                     Ok(Ok(_)) => Ok(()),
                 }
             }
+            UpBody::Stored(_) => Ok(()),
             UpBody::H2 {
                 body,
                 idle,
                 pending,
                 end,
+                ..
             } => match timeout(*idle, body.data()).await {
                 Err(_) => Err(ProxyError::UpstreamIdle),
                 Ok(Some(Err(e))) => Err(crate::h2_io::up_err(e)),
@@ -1028,26 +1097,12 @@ fn response_filters<'r>(
     edits: &mut Edits<'r>,
 ) -> Option<Box<Compressing>> {
     let (filters, route) = (px.filters, px.route);
-    filters.response(route, head, vars, (t.upstream, t.server()), edits);
+    filters.response(route, head, vars, Some((t.upstream, t.server())), edits);
     if !filters.has_body_filter() {
         return None;
     }
     match resp {
-        UpResponse::H1 { head: rh, .. } => {
-            let fields = || rh.fields();
-            let (body, length) = match rh.framing {
-                Framing::None => (false, None),
-                Framing::Length(n) => (true, Some(n)),
-                Framing::Chunked | Framing::Close => (true, None),
-            };
-            let view = compress::Response {
-                status: rh.status(),
-                body,
-                length,
-                fields: &fields,
-            };
-            filters.response_body(route, head, &view, edits)
-        }
+        UpResponse::H1 { head: rh, .. } => body_filter(px, head, rh, edits),
         UpResponse::H2 { parts, body, .. } => {
             let fields = || {
                 parts
@@ -1066,6 +1121,29 @@ fn response_filters<'r>(
             filters.response_body(route, head, &view, edits)
         }
     }
+}
+
+/// The body filter (compression) for an HTTP/1 response head `rh`, if the route's filters
+/// apply one to it.
+fn body_filter<'r>(
+    px: &Proxied<'r>,
+    head: &RequestHead,
+    rh: &portico_http1::ResponseHead,
+    edits: &mut Edits<'r>,
+) -> Option<Box<Compressing>> {
+    let fields = || rh.fields();
+    let (body, length) = match rh.framing {
+        Framing::None => (false, None),
+        Framing::Length(n) => (true, Some(n)),
+        Framing::Chunked | Framing::Close => (true, None),
+    };
+    let view = compress::Response {
+        status: rh.status(),
+        body,
+        length,
+        fields: &fields,
+    };
+    px.filters.response_body(px.route, head, &view, edits)
 }
 
 /// Count a compressed response.

@@ -52,6 +52,7 @@ pub(crate) fn finished(
         request_id: id.as_deref(),
         ids: settings.is_some(),
         trace,
+        cache: timings.cache.map(|c| c.as_str()),
     };
     if let Some(log) = &shared.access_log {
         log.write(&record);

@@ -84,6 +84,8 @@ pub struct Record<'a> {
     pub ids: bool,
     /// The request's trace context, when `[trace]` is on (JSON `trace_id` and `span_id`).
     pub trace: Option<&'a crate::telemetry::trace::TraceCtx>,
+    /// What the response cache did (caching routes; JSON `cache`).
+    pub cache: Option<&'static str>,
 }
 
 /// Format one access-log line (ending in '\n'). Combined: the Apache/nginx combined format,
@@ -178,6 +180,7 @@ pub fn format_line(format: AccessLogFormat, r: &Record<'_>, now: SystemTime) -> 
                 ("request_id", r.request_id.map(Into::into)),
                 ("trace_id", r.trace.map(|t| t.trace_id().into())),
                 ("span_id", r.trace.map(|t| t.span_id().into())),
+                ("cache", r.cache.map(Into::into)),
             ];
             for (name, value) in text {
                 if let Some(v) = value {
@@ -249,6 +252,7 @@ mod tests {
             request_id: None,
             ids: false,
             trace: None,
+            cache: None,
         };
         format_line(format, &r, UNIX_EPOCH)
     }
@@ -365,6 +369,7 @@ mod tests {
             request_id: Some("4bf92f3577b34da6a3ce929d0e0e4736"),
             ids: true,
             trace: None,
+            cache: None,
         };
         let l = format_line(AccessLogFormat::Json, &r, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");

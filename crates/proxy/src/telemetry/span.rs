@@ -195,6 +195,7 @@ mod tests {
             request_id: Some("rid"),
             ids: true,
             trace: None,
+            cache: None,
         };
         let ctx = TraceCtx {
             trace_hi: 1,

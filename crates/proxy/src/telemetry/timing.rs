@@ -24,6 +24,39 @@ pub struct Timings {
     /// The request's trace context (`[trace]`), boxed: connections without tracing pay a
     /// pointer.
     pub trace: Option<Box<crate::telemetry::trace::TraceCtx>>,
+    /// What the response cache did for the request (caching routes only).
+    pub cache: Option<CacheStatus>,
+}
+
+/// What the response cache did for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// Answered from the cache.
+    Hit,
+    /// Answered from what another request's fetch of the same URL stored.
+    Collapsed,
+    /// Fetched from the upstream.
+    Miss,
+    /// Revalidated with the upstream (304) and answered from the cache.
+    Revalidated,
+    /// Answered from a stale response because the upstream failed.
+    Stale,
+    /// Skipped the cache (method, a request body, the route's bypass rules).
+    Bypass,
+}
+
+impl CacheStatus {
+    /// The word in the access log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Collapsed => "collapsed",
+            CacheStatus::Miss => "miss",
+            CacheStatus::Revalidated => "revalidated",
+            CacheStatus::Stale => "stale",
+            CacheStatus::Bypass => "bypass",
+        }
+    }
 }
 
 /// The phase durations an access-log line shows, each from the request's start (accept for a

@@ -5,6 +5,7 @@ mod common;
 mod access;
 mod admin;
 mod buffering;
+mod cache;
 mod compression;
 mod cors;
 mod dashboard;

@@ -1,0 +1,161 @@
+//! The response cache: the `[cache]` store and a route's `cache` table.
+
+use super::*;
+use crate::model::{
+    CacheStore, QueryKey, RouteCache, DEFAULT_CACHE_LOCK_TIMEOUT, DEFAULT_CACHE_MAX_OBJECT,
+    DEFAULT_CACHE_MEMORY,
+};
+use crate::raw::{RawCache, RawRouteCache};
+
+/// Smallest `[cache] memory`: 1 MiB.
+const MIN_CACHE_MEMORY: u64 = 1 << 20;
+
+/// `[cache]`, or its defaults when a route caches and the table is absent; None when nothing
+/// caches and the table is absent.
+pub(super) fn cache_store(
+    ctx: &mut Ctx<'_>,
+    raw: Option<&RawCache>,
+    any_route: bool,
+) -> Option<CacheStore> {
+    let Some(raw) = raw else {
+        return any_route.then_some(CacheStore {
+            memory: DEFAULT_CACHE_MEMORY,
+            max_object: DEFAULT_CACHE_MAX_OBJECT,
+            lock_timeout: DEFAULT_CACHE_LOCK_TIMEOUT,
+            tag_header: None,
+        });
+    };
+    let memory = size(
+        ctx,
+        raw.memory.as_ref(),
+        "cache.memory",
+        DEFAULT_CACHE_MEMORY,
+        MIN_CACHE_MEMORY,
+        1 << 40,
+    );
+    let max_object = size(
+        ctx,
+        raw.max_object.as_ref(),
+        "cache.max_object",
+        DEFAULT_CACHE_MAX_OBJECT.min(memory),
+        1,
+        u64::MAX,
+    );
+    if max_object > memory {
+        if let Some(m) = &raw.max_object {
+            ctx.error(
+                start(m),
+                "cache.max_object",
+                format!("must not exceed cache.memory ({})", format_size(memory)),
+            );
+        }
+    }
+    let lock_timeout = duration(
+        ctx,
+        raw.lock_timeout.as_ref(),
+        "cache.lock_timeout",
+        DEFAULT_CACHE_LOCK_TIMEOUT,
+        false,
+    );
+    let tag_header = raw.tag_header.as_ref().map(|h| {
+        let name = h.get_ref().to_ascii_lowercase();
+        if let Some(m) = header_name_error(&name) {
+            ctx.error(start(h), "cache.tag_header", m);
+        }
+        name
+    });
+    Some(CacheStore {
+        memory,
+        max_object: max_object.min(memory),
+        lock_timeout,
+        tag_header,
+    })
+}
+
+/// A route's `cache` table; None when `enabled = false`.
+pub(super) fn route_cache(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    item: &Spanned<RawRouteCache>,
+) -> Option<Box<RouteCache>> {
+    let raw = item.get_ref();
+    let names = |ctx: &mut Ctx<'_>, name: &str, list: &Option<Spanned<StrList>>, field: bool| {
+        let Some(list) = list else {
+            return Vec::new();
+        };
+        let lkey = sub(key, name);
+        let mut out = Vec::new();
+        for (i, (text, at)) in list.get_ref().items(start(list)).into_iter().enumerate() {
+            let ikey = item_key(list, &lkey, i);
+            if !is_token(&text) {
+                let what = if field { "field" } else { "cookie" };
+                ctx.error(at, &ikey, format!("invalid {what} name {text:?}"));
+                continue;
+            }
+            out.push(if field {
+                text.to_ascii_lowercase()
+            } else {
+                text
+            });
+        }
+        out
+    };
+    let only = names(ctx, "query_only", &raw.query_only, false);
+    let except = names(ctx, "query_except", &raw.query_except, false);
+    let mut query = match raw.query.as_ref().map(|q| (q, q.get_ref().as_str())) {
+        None | Some((_, "all")) => QueryKey::All,
+        Some((_, "none")) => QueryKey::None,
+        Some((q, other)) => {
+            ctx.error(
+                start(q),
+                &sub(key, "query"),
+                format!("expected \"all\" or \"none\", found {other:?} (query_only and query_except name parameters)"),
+            );
+            QueryKey::All
+        }
+    };
+    let lists = [(&raw.query_only, only), (&raw.query_except, except)];
+    for (i, (at, mut list)) in lists.into_iter().enumerate() {
+        let Some(at) = at else { continue };
+        let name = ["query_only", "query_except"][i];
+        if query != QueryKey::All || raw.query.is_some() {
+            ctx.error(
+                start(at),
+                &sub(key, name),
+                "query, query_only and query_except exclude each other: use one",
+            );
+            continue;
+        }
+        list.sort();
+        list.dedup();
+        query = match i {
+            0 => QueryKey::Only(list),
+            _ => QueryKey::Except(list),
+        };
+    }
+    let key_headers = names(ctx, "key_headers", &raw.key_headers, true);
+    let key_cookies = names(ctx, "key_cookies", &raw.key_cookies, false);
+    let bypass_headers = names(ctx, "bypass_headers", &raw.bypass_headers, true);
+    let bypass_cookies = names(ctx, "bypass_cookies", &raw.bypass_cookies, false);
+    let ttl = |ctx: &mut Ctx<'_>, name: &str, v: &Option<Spanned<Scalar>>| {
+        v.as_ref()
+            .map(|v| duration(ctx, Some(v), &sub(key, name), Duration::ZERO, true))
+    };
+    let default_ttl = ttl(ctx, "default_ttl", &raw.default_ttl);
+    let override_ttl = ttl(ctx, "override_ttl", &raw.override_ttl);
+    let stale_if_error = ttl(ctx, "stale_if_error", &raw.stale_if_error).unwrap_or_default();
+    if raw.enabled.as_ref().is_some_and(|e| !*e.get_ref()) {
+        return None;
+    }
+    Some(Box::new(RouteCache {
+        query,
+        key_headers,
+        key_cookies,
+        default_ttl,
+        override_ttl,
+        stale_if_error,
+        bypass_headers,
+        bypass_cookies,
+        lock: raw.lock.as_ref().is_none_or(|b| *b.get_ref()),
+    }))
+}

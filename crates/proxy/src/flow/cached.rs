@@ -1,0 +1,485 @@
+//! The response cache on the proxy action: a fresh stored response answers (with the client's conditions and range applied), one upstream fetch per URL at a time, a storable response copied as it streams, revalidation with the stored validators, a stale response in place of an upstream failure, and unsafe requests invalidating their URL.
+
+use super::*;
+use crate::cache::{self, policy, Cache, Entry, Lock};
+use crate::telemetry::timing::CacheStatus;
+use portico_config::RouteCache;
+use portico_http1::{Method, ResponseHead};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// A cached request on its way to the upstream: the URL it is stored under, the stale
+/// response it may fall back on or revalidate, and what happened.
+pub(super) struct Caching<'r> {
+    cache: Arc<Cache>,
+    url: Arc<str>,
+    route: &'r RouteCache,
+    /// A stored response past its freshness.
+    stale: Option<Arc<Entry>>,
+    /// When the request was sent (for the response's age).
+    requested: SystemTime,
+    max_object: u64,
+    tag_header: Option<&'r str>,
+}
+
+impl Caching<'_> {
+    /// The `Cache-Status` of a response fetched from the upstream (RFC 9211).
+    pub(super) fn forwarded(&self, stored: bool) -> &'static str {
+        match (self.stale.is_some(), stored) {
+            (false, false) => "portico; fwd=miss",
+            (false, true) => "portico; fwd=miss; stored",
+            (true, false) => "portico; fwd=stale",
+            (true, true) => "portico; fwd=stale; stored",
+        }
+    }
+}
+
+/// The proxy action of a caching route.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    mut px: Proxied<'_>,
+    res: &RouteResilience,
+    counters: &RouteStats,
+    ubuf: &mut BytesMut,
+    rc: &RouteCache,
+    cache: &Arc<Cache>,
+) -> Outcome {
+    let env = down.env();
+    let Some(settings) = env.shared.config.cache.as_ref() else {
+        return proxy(down, head, &px, res, counters, ubuf, None).await;
+    };
+    let c = &cache.counters;
+    let method = head.method();
+    let safe = matches!(
+        method,
+        Method::Get | Method::Head | Method::Options | Method::Trace
+    );
+    if !matches!(method, Method::Get | Method::Head) || head.has_body() || cache::bypassed(head, rc)
+    {
+        down.timings().cache = Some(CacheStatus::Bypass);
+        c.bypass.fetch_add(1, Ordering::Relaxed);
+        let o = proxy(down, head, &px, res, counters, ubuf, None).await;
+        // RFC 9111 4.4: a successful unsafe request invalidates what is stored for its URL.
+        if !safe && (200..400).contains(&o.status) {
+            cache.invalidate(&cache::url(head, rc));
+        }
+        return o;
+    }
+    let url = cache::url(head, rc);
+    let head_only = *method == Method::Head;
+    let mut waited = false;
+    let mut _fetching = None;
+    let found = loop {
+        let found = cache.get(&url, head);
+        let now = Instant::now();
+        if let Some(e) = found.as_ref().filter(|e| e.is_fresh(now)) {
+            let status = match waited {
+                true => CacheStatus::Collapsed,
+                false => CacheStatus::Hit,
+            };
+            return answer(down, head, &px, cache, e, status, now).await;
+        }
+        // A HEAD is not stored; a request that waited once fetches for itself.
+        if head_only || !rc.lock || waited {
+            break found;
+        }
+        match cache.lock(&url) {
+            Lock::Leader(guard) => {
+                _fetching = Some(guard);
+                break found;
+            }
+            Lock::Wait(mut rx) => {
+                waited = true;
+                let counted = cache::Waiting::new(&c.waiting);
+                let wait = tokio::time::timeout(settings.lock_timeout, rx.changed());
+                let reset = unless_reset(down.watch(), std::pin::pin!(wait))
+                    .await
+                    .is_none();
+                drop(counted);
+                if reset {
+                    let e = ProxyError::ClientClosed;
+                    return down.fail(head, e, Phase::Connect, false).await;
+                }
+            }
+        }
+    };
+    down.timings().cache = Some(CacheStatus::Miss);
+    c.misses.fetch_add(1, Ordering::Relaxed);
+    if head_only {
+        return proxy(down, head, &px, res, counters, ubuf, None).await;
+    }
+    // The whole response is asked for, revalidated with the stored validators when there is
+    // a stale one; the client's own conditions are answered from what comes back.
+    px.forward.drop_conditionals();
+    if let Some(e) = &found {
+        let text = |v: &[u8]| Cow::Owned(String::from_utf8_lossy(v).into_owned());
+        if let Some(v) = e.validator("etag") {
+            px.forward.add("If-None-Match", text(v));
+        }
+        if let Some(v) = e.validator("last-modified") {
+            px.forward.add("If-Modified-Since", text(v));
+        }
+    }
+    let mut caching = Caching {
+        cache: cache.clone(),
+        url,
+        route: rc,
+        stale: found,
+        requested: SystemTime::now(),
+        max_object: settings.max_object,
+        tag_header: settings.tag_header.as_deref(),
+    };
+    proxy(down, head, &px, res, counters, ubuf, Some(&mut caching)).await
+}
+
+/// What the attempt does with the server's final response.
+pub(super) enum Next {
+    /// Relay it, copying its body into the store when it is storable.
+    Relay(Option<Box<cache::Pending>>),
+    /// Answer from the cache instead: revalidated by a 304 carrying these fields, or (None) a
+    /// stale response standing in for an upstream error.
+    FromCache(Option<Vec<(String, Vec<u8>)>>),
+}
+
+/// The server answered `status` with `resp`.
+pub(super) fn on_response(
+    c: &Caching<'_>,
+    head: &RequestHead,
+    resp: &UpResponse,
+    status: u16,
+) -> Next {
+    if c.stale.is_some() && status == 304 {
+        let fields = match resp {
+            UpResponse::H1 { head: rh, .. } => rh
+                .fields()
+                .map(|(n, v)| (n.to_string(), v.to_vec()))
+                .collect(),
+            UpResponse::H2 { parts, .. } => parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        };
+        return Next::FromCache(Some(fields));
+    }
+    let now = Instant::now();
+    if status >= 500 && c.stale.as_ref().is_some_and(|e| e.serves_on_error(now)) {
+        return Next::FromCache(None);
+    }
+    let (max, tags) = (c.max_object, c.tag_header);
+    let pending = match resp {
+        UpResponse::H1 { head: rh, .. } => {
+            let fields = || rh.fields();
+            let view = cache::Head {
+                status,
+                reason: rh.reason(),
+                fields: &fields,
+            };
+            cache::pending(
+                c.url.clone(),
+                head,
+                &view,
+                c.route,
+                tags,
+                max,
+                c.requested,
+                now,
+            )
+        }
+        UpResponse::H2 { parts, .. } => {
+            let fields = || {
+                parts
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            };
+            let view = cache::Head {
+                status,
+                reason: parts.status.canonical_reason().unwrap_or("Unknown"),
+                fields: &fields,
+            };
+            cache::pending(
+                c.url.clone(),
+                head,
+                &view,
+                c.route,
+                tags,
+                max,
+                c.requested,
+                now,
+            )
+        }
+    };
+    Next::Relay(pending)
+}
+
+/// The relayed body of a storable response was complete: store it.
+pub(super) fn store(cx: &mut Option<&mut Caching<'_>>, pending: Option<Box<cache::Pending>>) {
+    if let (Some(c), Some(p)) = (cx.as_deref(), pending) {
+        c.cache.insert(*p);
+    }
+}
+
+/// The attempt failed: a stale response answers in its place when it may (`stale-if-error`).
+pub(super) async fn instead_of_error<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    px: &Proxied<'_>,
+    cx: &mut Option<&mut Caching<'_>>,
+) -> Option<Outcome> {
+    let c = cx.as_deref()?;
+    let now = Instant::now();
+    let e = c.stale.clone().filter(|e| e.serves_on_error(now))?;
+    let cache = c.cache.clone();
+    Some(answer(down, head, px, &cache, &e, CacheStatus::Stale, now).await)
+}
+
+/// Answer from the cache after the server's final response: revalidated by a 304 (`fresh`:
+/// its fields, merged into the stored response, which is stored again) or in place of its
+/// error (None).
+pub(super) async fn answer_after<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    px: &Proxied<'_>,
+    c: &mut Caching<'_>,
+    fresh: Option<Vec<(String, Vec<u8>)>>,
+) -> Outcome {
+    let now = Instant::now();
+    let Some(stale) = c.stale.clone() else {
+        let e = ProxyError::Internal("a cache answer without a stored response");
+        return down.fail(head, e, Phase::ResponseHead, true).await;
+    };
+    let Some(fresh) = fresh else {
+        return answer(down, head, px, &c.cache, &stale, CacheStatus::Stale, now).await;
+    };
+    let merged = policy::merged(&stale.fields, &fresh);
+    let fields = || merged.iter().map(|(n, v)| (n.as_str(), &v[..]));
+    let view = policy::Response {
+        status: stale.status,
+        fields: &fields,
+    };
+    let auth = head.field("authorization").is_some();
+    let received = SystemTime::now();
+    let field = |name: &str| {
+        let f = fresh.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
+        f.map(|(_, v)| &v[..])
+    };
+    let age = policy::initial_age(field("age"), field("date"), c.requested, received);
+    let refreshed = policy::storable(&view, auth, c.route, received)
+        .and_then(|v| stale.refreshed(&fresh, &v, age, now));
+    let entry = match refreshed {
+        Some(e) => {
+            let e = Arc::new(e);
+            c.cache.put(c.url.clone(), e.clone());
+            e
+        }
+        // No longer storable: answered this once, then gone.
+        None => {
+            c.cache.invalidate(&c.url);
+            stale
+        }
+    };
+    answer(
+        down,
+        head,
+        px,
+        &c.cache,
+        &entry,
+        CacheStatus::Revalidated,
+        now,
+    )
+    .await
+}
+
+/// What a stored response answers the client's conditions with.
+enum Conditional {
+    Whole,
+    NotModified,
+    Range(std::ops::Range<u64>),
+    Unsatisfiable,
+}
+
+/// The client's `If-None-Match` (weak comparison), else `If-Modified-Since`, then its `Range`
+/// (under `If-Range`), against a stored 200.
+fn conditional(head: &RequestHead, e: &Entry) -> Conditional {
+    if e.status != 200 {
+        return Conditional::Whole;
+    }
+    let date = |v: &[u8]| {
+        let t = std::str::from_utf8(v).ok()?;
+        httpdate::parse_http_date(t).ok()
+    };
+    let etag = e.validator("etag");
+    let last_modified = e.validator("last-modified").and_then(date);
+    if let Some(inm) = head.field("if-none-match") {
+        if etag.is_some_and(|tag| etag_listed(inm, tag)) {
+            return Conditional::NotModified;
+        }
+    } else if let (Some(ims), Some(lm)) = (
+        head.field("if-modified-since").and_then(date),
+        last_modified,
+    ) {
+        if lm <= ims {
+            return Conditional::NotModified;
+        }
+    }
+    let Some(range) = head
+        .field("range")
+        .filter(|_| *head.method() == Method::Get)
+    else {
+        return Conditional::Whole;
+    };
+    if let Some(ir) = head.field("if-range") {
+        // A strong validator must match exactly (RFC 9110 13.1.5).
+        let matches = match ir.first() {
+            Some(b'"') => etag.is_some_and(|t| t == ir),
+            _ => date(ir).is_some_and(|d| Some(d) == last_modified),
+        };
+        if !matches {
+            return Conditional::Whole;
+        }
+    }
+    match policy::range(range, e.body.len() as u64) {
+        Ok(Some(r)) => Conditional::Range(r),
+        Ok(None) => Conditional::Whole,
+        Err(()) => Conditional::Unsatisfiable,
+    }
+}
+
+/// Whether an `If-None-Match` list names `tag` (weak comparison) or is `*`.
+fn etag_listed(list: &[u8], tag: &[u8]) -> bool {
+    let weak = |t: &[u8]| t.strip_prefix(b"W/").unwrap_or(t).to_vec();
+    let tag = weak(tag);
+    let list = String::from_utf8_lossy(list);
+    let listed = policy::split_list(&list).any(|t| t == "*" || weak(t.as_bytes()) == tag);
+    listed
+}
+
+/// Fields a 304 carries from the stored response (RFC 9110 15.4.5).
+const NOT_MODIFIED_FIELDS: [&str; 7] = [
+    "cache-control",
+    "content-location",
+    "date",
+    "etag",
+    "expires",
+    "last-modified",
+    "vary",
+];
+
+/// The head and body a stored response answers `head` with.
+fn what_to_send(head: &RequestHead, e: &Entry) -> Option<(ResponseHead, Bytes)> {
+    let method = head.method();
+    let stored = || e.fields.iter().map(|(n, v)| (n.as_str(), &v[..]));
+    let len = e.body.len() as u64;
+    Some(match conditional(head, e) {
+        Conditional::Whole if *method == Method::Head => (e.head.clone(), Bytes::new()),
+        Conditional::Whole => (e.get.clone(), e.body.clone()),
+        Conditional::NotModified => {
+            let kept = stored().filter(|(n, _)| {
+                NOT_MODIFIED_FIELDS
+                    .iter()
+                    .any(|k| k.eq_ignore_ascii_case(n))
+            });
+            let h = cache::response_head(304, "Not Modified", kept, None, method)?;
+            (h, Bytes::new())
+        }
+        Conditional::Range(r) => {
+            let range = format!("bytes {}-{}/{len}", r.start, r.end - 1);
+            let fields = stored().chain(std::iter::once(("Content-Range", range.as_bytes())));
+            let n = r.end - r.start;
+            let h = cache::response_head(206, "Partial Content", fields, Some(n), method)?;
+            let body = e.body.slice(r.start as usize..r.end as usize);
+            (h, body)
+        }
+        Conditional::Unsatisfiable => {
+            let range = format!("bytes */{len}");
+            let fields = std::iter::once(("Content-Range", range.as_bytes()));
+            let h = cache::response_head(416, "Range Not Satisfiable", fields, Some(0), method)?;
+            (h, Bytes::new())
+        }
+    })
+}
+
+/// Answer the request from the stored response `e`, with the route's response filters, `Age`
+/// and `Cache-Status`.
+async fn answer<'a, D: Client<'a>>(
+    down: &mut D,
+    head: &RequestHead,
+    px: &Proxied<'_>,
+    cache: &Cache,
+    e: &Entry,
+    status: CacheStatus,
+    now: Instant,
+) -> Outcome {
+    let env = down.env();
+    let shared = env.shared;
+    down.timings().cache = Some(status);
+    let c = &cache.counters;
+    let (counter, word) = match status {
+        CacheStatus::Collapsed => (&c.collapsed, "portico; hit; detail=collapsed"),
+        CacheStatus::Revalidated => (&c.revalidated, "portico; fwd=stale; fwd-status=304"),
+        CacheStatus::Stale => (&c.stale, "portico; fwd=stale; detail=stale-if-error"),
+        _ => (&c.hits, "portico; hit"),
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let Some((rh, body)) = what_to_send(head, e) else {
+        let e = ProxyError::Internal("a stored response head does not parse");
+        return down.fail(head, e, Phase::ResponseHead, true).await;
+    };
+    c.hit_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    let mut edits = Edits::default();
+    let rid = down.timings().request_id;
+    let who = down.who();
+    let vars = RequestVars::new(head, px.route, who.tls, who.ip);
+    px.filters.response(px.route, head, &vars, None, &mut edits);
+    let mut z = match px.filters.has_body_filter() {
+        true => body_filter(px, head, &rh, &mut edits),
+        false => None,
+    };
+    edits.add("Age", Cow::Owned(e.age(now).as_secs().to_string()));
+    edits.add("Cache-Status", Cow::Borrowed(word));
+    if let Some(settings) = shared.config.request_id.as_ref().filter(|r| r.response) {
+        if let Some(id) = rid.text(settings, head) {
+            edits.replace(&settings.header, id.into_owned());
+        }
+    }
+    let sent_status = rh.status();
+    let failed = match down.response_head(head, RespHead::H1(&rh), &edits, px.p.via, true) {
+        Ok(mut sent) => {
+            let r = match sent.end {
+                true => Ok(()),
+                false => relay(&mut UpBody::Stored(Some(body)), &mut sent.out, &mut z).await,
+            };
+            record(z, shared);
+            let r = r.map_err(|e| (e, Phase::ResponseBody));
+            return end_response(r, sent, sent_status, None, D::H2).await;
+        }
+        Err(f) => f,
+    };
+    match failed {
+        HeadFailed::Invalid(e) => down.fail(head, e, Phase::ResponseHead, true).await,
+        HeadFailed::Client(e) => Outcome {
+            termination: e.termination(Phase::ResponseHead),
+            status: sent_status,
+            keep_alive: D::H2,
+            bytes_sent: 0,
+            upstream: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_none_match_compares_weakly_and_star_matches() {
+        assert!(etag_listed(b"\"a\", \"b\"", b"\"b\""));
+        assert!(etag_listed(b"W/\"a\"", b"\"a\""));
+        assert!(etag_listed(b"\"a\"", b"W/\"a\""));
+        assert!(etag_listed(b"*", b"\"x\""));
+        assert!(!etag_listed(b"\"a\"", b"\"ab\""));
+    }
+}

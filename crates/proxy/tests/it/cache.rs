@@ -1,0 +1,521 @@
+//! The response cache through real sockets: hits, variants, what is never stored, revalidation, the client's conditions and ranges, collapsed misses, stale answers when the upstream fails, invalidation, purges and counters, for HTTP/1.1 and HTTP/2 clients.
+
+use crate::common::{h2c, start_toml, T};
+use portico_proxy::Running;
+use portico_testkit::{Captured, Client, Hold, Reply, Response, TestUpstream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A reply with `fields` and `body`.
+fn reply(status: u16, fields: &[(&str, &str)], body: &str) -> Reply {
+    Reply::Respond {
+        status,
+        headers: fields
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect(),
+        body: body.as_bytes().to_vec(),
+        chunked: false,
+    }
+}
+
+/// The upstream's answer by path; each body names how many requests the server saw so far,
+/// so a cached answer is told apart from a fresh one.
+fn answer(r: &Captured, n: usize) -> Reply {
+    let body = format!("{} #{n}", r.target);
+    let path = r.target.split('?').next().unwrap_or_default();
+    match path {
+        "/fresh" => reply(
+            200,
+            &[("Cache-Control", "max-age=60"), ("Cache-Tag", "t1 news")],
+            &body,
+        ),
+        "/chunked" => Reply::Respond {
+            status: 200,
+            headers: vec![("Cache-Control".into(), "max-age=60".into())],
+            body: body.into_bytes(),
+            chunked: true,
+        },
+        "/vary" => reply(
+            200,
+            &[("Cache-Control", "max-age=60"), ("Vary", "Accept-Language")],
+            &body,
+        ),
+        "/no-store" => reply(200, &[("Cache-Control", "no-store, max-age=60")], &body),
+        "/private" => reply(200, &[("Cache-Control", "private, max-age=60")], &body),
+        "/cookie" => reply(
+            200,
+            &[("Cache-Control", "max-age=60"), ("Set-Cookie", "a=b")],
+            &body,
+        ),
+        "/plain" => reply(200, &[], &body),
+        // Stale on arrival (its Age is its lifetime), revalidated with its ETag.
+        "/etag" => match r.header("if-none-match") {
+            Some("\"v1\"") => reply(
+                304,
+                &[
+                    ("ETag", "\"v1\""),
+                    ("Cache-Control", "max-age=0"),
+                    ("X-Seen", "304"),
+                ],
+                "",
+            ),
+            _ => reply(
+                200,
+                &[
+                    ("ETag", "\"v1\""),
+                    ("Cache-Control", "max-age=0"),
+                    ("Content-Type", "text/plain"),
+                ],
+                &body,
+            ),
+        },
+        // Fresh for a moment only; may answer for a minute when the upstream fails.
+        "/fallback" => match n {
+            1 => reply(
+                200,
+                &[
+                    ("Cache-Control", "max-age=5, stale-if-error=60"),
+                    ("Age", "5"),
+                ],
+                &body,
+            ),
+            _ => reply(503, &[], "down"),
+        },
+        "/strict" => match n {
+            1 => reply(
+                200,
+                &[
+                    (
+                        "Cache-Control",
+                        "max-age=5, must-revalidate, stale-if-error=60",
+                    ),
+                    ("Age", "5"),
+                ],
+                &body,
+            ),
+            _ => reply(503, &[], "down"),
+        },
+        "/range" => reply(
+            200,
+            &[("Cache-Control", "max-age=60"), ("ETag", "\"r\"")],
+            "0123456789",
+        ),
+        _ => reply(200, &[("Cache-Control", "max-age=60")], &body),
+    }
+}
+
+/// An upstream answering with [`answer`], counting requests per path.
+fn upstream() -> TestUpstream {
+    let counts = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        String,
+        usize,
+    >::new()));
+    TestUpstream::start(move |r| {
+        let path = r.target.split('?').next().unwrap_or_default().to_string();
+        let n = {
+            let mut c = counts.lock().unwrap();
+            let e = c.entry(path).or_default();
+            *e += 1;
+            *e
+        };
+        answer(r, n)
+    })
+}
+
+fn proxy(up: SocketAddr, cache_extra: &str) -> Running {
+    start_toml(
+        &format!(
+            r#"
+[admin]
+address = "127.0.0.1:0"
+
+[cache]
+memory = "8MiB"
+max_object = "64KiB"
+tag_header = "cache-tag"
+
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+path = "/nocache/**"
+proxy = "b"
+
+[[listeners.routes]]
+proxy = "b"
+[listeners.routes.cache]
+key_headers = ["x-tenant"]
+bypass_headers = ["x-debug"]
+{cache_extra}
+
+[upstreams.b]
+servers = ["{up}"]
+"#
+        ),
+        2,
+    )
+}
+
+fn get(c: &mut Client, path: &str, extra: &str) -> Response {
+    c.request(format!("GET {path} HTTP/1.1\r\nHost: a.test\r\n{extra}\r\n").as_bytes())
+        .unwrap()
+}
+
+fn seen(up: &TestUpstream, path: &str) -> usize {
+    up.requests()
+        .iter()
+        .filter(|r| r.target.split('?').next() == Some(path))
+        .count()
+}
+
+/// One admin request: (status, body).
+fn admin(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let body = out.split_once("\r\n\r\n").unwrap().1.to_string();
+    (out[9..12].parse().unwrap(), body)
+}
+
+fn cache_json(p: &Running) -> serde_json::Value {
+    let (status, body) = admin(p.admin_addr().unwrap(), "GET", "/api/cache");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn a_fresh_response_answers_again_with_its_age_and_status() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let first = get(&mut c, "/fresh", "");
+    assert_eq!(first.text(), "/fresh #1");
+    assert_eq!(
+        first.header("cache-status"),
+        Some("portico; fwd=miss; stored")
+    );
+    for path in ["/fresh", "/chunked"] {
+        let _ = get(&mut c, path, "");
+        let again = get(&mut c, path, "");
+        assert_eq!(again.status, 200);
+        assert_eq!(again.text(), format!("{path} #1"));
+        assert_eq!(again.header("cache-status"), Some("portico; hit"));
+        assert!(again
+            .header("age")
+            .is_some_and(|a| a.parse::<u64>().unwrap() < 5));
+        // A stored chunked body goes out with its length.
+        assert_eq!(
+            again.header("content-length"),
+            Some(&*format!("{}", again.body.len()))
+        );
+        assert_eq!(seen(&up, path), 1, "{path}");
+    }
+    // A HEAD is answered from the stored GET: the length and no body.
+    c.send(b"HEAD /fresh HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let h = c.read_response(true).unwrap();
+    assert_eq!((h.status, h.header("content-length")), (200, Some("9")));
+    assert_eq!(seen(&up, "/fresh"), 1);
+    // The same path on a route without a cache, another host and another query are misses.
+    assert_eq!(
+        get(&mut c, "/nocache/fresh", "").header("cache-status"),
+        None
+    );
+    let other = c
+        .request(b"GET /fresh HTTP/1.1\r\nHost: b.test\r\n\r\n")
+        .unwrap();
+    assert_eq!(other.text(), "/fresh #2");
+    assert_eq!(get(&mut c, "/fresh?x=1", "").text(), "/fresh?x=1 #3");
+    let j = cache_json(&p);
+    assert_eq!(j["requests"]["hit"], 4, "{j}");
+    assert_eq!(j["requests"]["miss"], 4, "{j}");
+    assert!(
+        j["entries"].as_u64().unwrap() >= 1 && j["bytes"].as_u64().unwrap() > 0,
+        "{j}"
+    );
+}
+
+#[test]
+fn variants_by_vary_and_the_routes_key_fields() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let en = "Accept-Language: en\r\n";
+    let fr = "Accept-Language: fr\r\n";
+    assert_eq!(get(&mut c, "/vary", en).text(), "/vary #1");
+    assert_eq!(get(&mut c, "/vary", fr).text(), "/vary #2");
+    assert_eq!(get(&mut c, "/vary", en).text(), "/vary #1");
+    assert_eq!(get(&mut c, "/vary", fr).text(), "/vary #2");
+    // key_headers: each tenant its own copy.
+    assert_eq!(get(&mut c, "/t", "X-Tenant: a\r\n").text(), "/t #1");
+    assert_eq!(get(&mut c, "/t", "X-Tenant: b\r\n").text(), "/t #2");
+    assert_eq!(get(&mut c, "/t", "X-Tenant: a\r\n").text(), "/t #1");
+    assert_eq!(get(&mut c, "/t", "").text(), "/t #3");
+}
+
+#[test]
+fn what_is_never_stored_or_looked_up() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for path in ["/no-store", "/private", "/cookie", "/plain"] {
+        assert_eq!(get(&mut c, path, "").text(), format!("{path} #1"));
+        let again = get(&mut c, path, "");
+        assert_eq!(again.text(), format!("{path} #2"), "{path}");
+        assert_eq!(again.header("cache-status"), Some("portico; fwd=miss"));
+    }
+    // Credentials: stored only when the response says a shared cache may.
+    let auth = "Authorization: Bearer x\r\n";
+    assert_eq!(get(&mut c, "/authed", auth).text(), "/authed #1");
+    assert_eq!(get(&mut c, "/authed", auth).text(), "/authed #2");
+    // A bypass field skips the cache both ways.
+    assert_eq!(get(&mut c, "/skip", "X-Debug: 1\r\n").text(), "/skip #1");
+    assert_eq!(get(&mut c, "/skip", "").text(), "/skip #2");
+    let bypassed = get(&mut c, "/skip", "X-Debug: 1\r\n");
+    assert_eq!(bypassed.text(), "/skip #3");
+    assert_eq!(get(&mut c, "/skip", "").text(), "/skip #2");
+    let j = cache_json(&p);
+    assert_eq!(j["requests"]["bypass"], 2, "{j}");
+}
+
+#[test]
+fn objects_over_max_object_pass_uncached() {
+    let body = "x".repeat(100_000);
+    let b2 = body.clone();
+    let up = TestUpstream::start(move |_| reply(200, &[("Cache-Control", "max-age=60")], &b2));
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for _ in 0..2 {
+        let r = get(&mut c, "/large", "");
+        assert_eq!(r.body.len(), body.len());
+    }
+    assert_eq!(up.requests().len(), 2);
+}
+
+#[test]
+fn a_stale_response_is_revalidated_with_its_etag() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let first = get(&mut c, "/etag", "If-None-Match: \"v1\"\r\n");
+    // The client's own condition is not forwarded on a miss: the whole response comes back.
+    assert_eq!((first.status, first.text()), (200, "/etag #1".to_string()));
+    assert_eq!(up.requests()[0].header("if-none-match"), None);
+    let second = get(&mut c, "/etag", "");
+    assert_eq!(
+        (second.status, second.text()),
+        (200, "/etag #1".to_string())
+    );
+    assert_eq!(
+        second.header("cache-status"),
+        Some("portico; fwd=stale; fwd-status=304")
+    );
+    // The 304's fields replace the stored ones; the stored ones it lacks stay.
+    assert_eq!(second.header("x-seen"), Some("304"));
+    assert_eq!(second.header("content-type"), Some("text/plain"));
+    let asked = up.requests();
+    assert_eq!(asked.len(), 2);
+    assert_eq!(asked[1].header("if-none-match"), Some("\"v1\""));
+    assert_eq!(cache_json(&p)["requests"]["revalidated"], 1);
+}
+
+#[test]
+fn the_clients_conditions_and_ranges_are_answered_from_the_cache() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/range", "").text(), "0123456789");
+    let r = get(&mut c, "/range", "Range: bytes=2-4\r\n");
+    assert_eq!((r.status, r.text()), (206, "234".to_string()));
+    assert_eq!(r.header("content-range"), Some("bytes 2-4/10"));
+    let r = get(&mut c, "/range", "Range: bytes=-3\r\n");
+    assert_eq!(r.text(), "789");
+    // If-Range with another validator: the whole body.
+    let r = get(
+        &mut c,
+        "/range",
+        "Range: bytes=2-4\r\nIf-Range: \"other\"\r\n",
+    );
+    assert_eq!((r.status, r.body.len()), (200, 10));
+    let r = get(&mut c, "/range", "Range: bytes=20-\r\n");
+    assert_eq!(
+        (r.status, r.header("content-range")),
+        (416, Some("bytes */10"))
+    );
+    let r = get(&mut c, "/range", "If-None-Match: W/\"r\"\r\n");
+    assert_eq!((r.status, r.header("etag")), (304, Some("\"r\"")));
+    assert!(r.body.is_empty());
+    assert_eq!(seen(&up, "/range"), 1);
+}
+
+#[test]
+fn a_stale_response_answers_when_the_upstream_fails_unless_it_forbids_it() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/fallback", "").text(), "/fallback #1");
+    let r = get(&mut c, "/fallback", "");
+    assert_eq!((r.status, r.text()), (200, "/fallback #1".to_string()));
+    assert_eq!(
+        r.header("cache-status"),
+        Some("portico; fwd=stale; detail=stale-if-error")
+    );
+    assert_eq!(seen(&up, "/fallback"), 2);
+    // must-revalidate: the error goes through.
+    assert_eq!(get(&mut c, "/strict", "").status, 200);
+    assert_eq!(get(&mut c, "/strict", "").status, 503);
+    assert_eq!(cache_json(&p)["requests"]["stale"], 1);
+}
+
+#[test]
+fn a_stale_response_answers_when_no_server_is_up() {
+    // The server is stopped after the first answer: the group has nobody left to ask.
+    let up = portico_testkit::StoppableUpstream::start(|_| {
+        reply(
+            200,
+            &[
+                ("Cache-Control", "max-age=1, stale-if-error=60"),
+                ("Age", "1"),
+            ],
+            "kept",
+        )
+    });
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/x", "").text(), "kept");
+    up.stop();
+    let r = get(&mut c, "/x", "");
+    assert_eq!((r.status, r.text()), (200, "kept".to_string()));
+    assert_eq!(
+        r.header("cache-status"),
+        Some("portico; fwd=stale; detail=stale-if-error")
+    );
+}
+
+#[test]
+fn concurrent_misses_reach_the_upstream_once() {
+    let hold = Hold::new();
+    let h = hold.clone();
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let f = fetched.clone();
+    let up = TestUpstream::start(move |_| {
+        let n = f.fetch_add(1, Ordering::SeqCst) + 1;
+        h.wait();
+        reply(200, &[("Cache-Control", "max-age=60")], &format!("#{n}"))
+    });
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let client = move || {
+        std::thread::spawn(move || {
+            let mut c = Client::connect(addr).unwrap();
+            let r = get(&mut c, "/hot", "");
+            (r.text(), r.header("cache-status").map(str::to_string))
+        })
+    };
+    let first = client();
+    assert!(hold.wait_held(1));
+    let others: Vec<_> = (0..4).map(|_| client()).collect();
+    let deadline = Instant::now() + T;
+    while cache_json(&p)["waiting"] != 4 {
+        assert!(Instant::now() < deadline, "the other requests never waited");
+        std::thread::yield_now();
+    }
+    hold.open();
+    assert_eq!(first.join().unwrap().0, "#1");
+    for o in others {
+        let (text, status) = o.join().unwrap();
+        assert_eq!(text, "#1");
+        assert_eq!(status.as_deref(), Some("portico; hit; detail=collapsed"));
+    }
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+    assert_eq!(cache_json(&p)["requests"]["collapsed"], 4);
+}
+
+#[test]
+fn unsafe_requests_invalidate_and_purges_remove() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/doc", "").text(), "/doc #1");
+    assert_eq!(get(&mut c, "/doc", "").text(), "/doc #1");
+    let post = c
+        .request(b"POST /doc HTTP/1.1\r\nHost: a.test\r\nContent-Length: 1\r\n\r\nx")
+        .unwrap();
+    assert_eq!(post.status, 200);
+    assert_eq!(get(&mut c, "/doc", "").text(), "/doc #3");
+    // Purges: by URL, by prefix, by tag, everything.
+    let a = p.admin_addr().unwrap();
+    for path in ["/fresh", "/news/1", "/news/2", "/other"] {
+        let _ = get(&mut c, path, "");
+    }
+    assert_eq!(admin(a, "DELETE", "/api/cache?url=a.test/other").0, 200);
+    assert_eq!(get(&mut c, "/other", "").text(), "/other #2");
+    assert_eq!(admin(a, "DELETE", "/api/cache?prefix=a.test/news/").0, 200);
+    assert_eq!(get(&mut c, "/news/1", "").text(), "/news/1 #2");
+    assert_eq!(get(&mut c, "/fresh", "").text(), "/fresh #1");
+    assert_eq!(admin(a, "DELETE", "/api/cache?tag=news").0, 200);
+    assert_eq!(get(&mut c, "/fresh", "").text(), "/fresh #2");
+    assert_eq!(admin(a, "DELETE", "/api/cache").0, 200);
+    assert_eq!(get(&mut c, "/fresh", "").text(), "/fresh #3");
+    assert_eq!(admin(a, "DELETE", "/api/cache?color=red").0, 400);
+    let (status, text) = admin(a, "GET", "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("portico_cache_requests_total{status=\"hit\"}"),
+        "{text}"
+    );
+    assert!(text.contains("portico_cache_invalidated_total 1"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_share_the_cache() {
+    let up = upstream();
+    let p = proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let mut c = tokio::task::spawn_blocking(move || {
+        let mut c = Client::connect(addr).unwrap();
+        let _ = get(&mut c, "/shared", "");
+        c
+    })
+    .await
+    .unwrap();
+    let client = h2c(addr).await;
+    let mut sr = client.clone().ready().await.unwrap();
+    let req = http::Request::get("http://a.test/shared").body(()).unwrap();
+    let (resp, _) = sr.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["cache-status"], "portico; hit");
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(d) = body.data().await {
+        got.extend_from_slice(&d.unwrap());
+    }
+    assert_eq!(got, b"/shared #1");
+    // And the other way: stored from HTTP/2, answered to HTTP/1.1.
+    let req = http::Request::get("http://a.test/from-h2")
+        .body(())
+        .unwrap();
+    let (resp, _) = sr.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    let mut body = resp.into_body();
+    while let Some(d) = body.data().await {
+        d.unwrap();
+    }
+    let r = tokio::task::spawn_blocking(move || get(&mut c, "/from-h2", ""))
+        .await
+        .unwrap();
+    assert_eq!(r.text(), "/from-h2 #1");
+    assert_eq!(r.header("cache-status"), Some("portico; hit"));
+}
