@@ -53,6 +53,8 @@ stage "interop: WebSocket through Portico to HAProxy as an HTTP/2 server (extend
 scripts/interop-ws-h2.sh "$PORTICO_BIN"
 stage "interop: compressed responses read by curl --compressed and Python's gzip, brotli, zstandard"
 scripts/interop-compression.sh "$PORTICO_BIN"
+stage "interop: the response cache's behaviour beside nginx proxy_cache and Varnish"
+scripts/interop-cache.sh "$PORTICO_BIN"
 stage "Debian package: built from the test binary, read back, systemd unit verified"
 scripts/package-test.sh "$PORTICO_BIN"
 stage "slow clients: slowhttptest slowloris, slow body, slow read"

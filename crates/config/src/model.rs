@@ -854,12 +854,20 @@ pub struct RouteCache {
     /// How long past its freshness a response may still answer when the upstream fails, unless
     /// the response's own `stale-if-error` says otherwise or it forbids stale answers.
     pub stale_if_error: Duration,
+    /// How long past its freshness a response may still answer while a fetch in the background
+    /// refreshes it, unless the response's own `stale-while-revalidate` says otherwise or it
+    /// forbids stale answers.
+    pub stale_while_revalidate: Duration,
     /// A request with any of these fields skips the cache (neither looked up nor stored).
     pub bypass_headers: Vec<String>,
     /// A request with any of these cookies skips the cache.
     pub bypass_cookies: Vec<String>,
     /// One upstream fetch per key at a time; the other requests for it wait (default true).
     pub lock: bool,
+    /// The route's identity for its stored responses: a hash of its name, its group and this
+    /// table, so that routes never share them and a reload that changes one of these leaves
+    /// what was stored under the old settings unused.
+    pub scope: u64,
 }
 
 /// Request mirroring: `percent` of the route's requests (in basis points: 10,000 = all) are

@@ -80,6 +80,7 @@ pub(crate) struct RawRouteCache {
     pub default_ttl: Option<Spanned<Scalar>>,
     pub override_ttl: Option<Spanned<Scalar>>,
     pub stale_if_error: Option<Spanned<Scalar>>,
+    pub stale_while_revalidate: Option<Spanned<Scalar>>,
     pub bypass_headers: Option<Spanned<StrList>>,
     pub bypass_cookies: Option<Spanned<StrList>>,
     pub lock: Option<Spanned<bool>>,

@@ -144,6 +144,8 @@ pub(super) fn route_cache(
     let default_ttl = ttl(ctx, "default_ttl", &raw.default_ttl);
     let override_ttl = ttl(ctx, "override_ttl", &raw.override_ttl);
     let stale_if_error = ttl(ctx, "stale_if_error", &raw.stale_if_error).unwrap_or_default();
+    let stale_while_revalidate =
+        ttl(ctx, "stale_while_revalidate", &raw.stale_while_revalidate).unwrap_or_default();
     if raw.enabled.as_ref().is_some_and(|e| !*e.get_ref()) {
         return None;
     }
@@ -154,8 +156,25 @@ pub(super) fn route_cache(
         default_ttl,
         override_ttl,
         stale_if_error,
+        stale_while_revalidate,
         bypass_headers,
         bypass_cookies,
         lock: raw.lock.as_ref().is_none_or(|b| *b.get_ref()),
+        scope: 0,
     }))
+}
+
+/// Set a proxy route's cache scope (see [`RouteCache::scope`]) from its name and group.
+pub(super) fn scope_cache(action: &mut Action, route: &str, upstreams: &[String]) {
+    use std::hash::{Hash, Hasher};
+    let Action::Proxy(p) = action else {
+        return;
+    };
+    let group = upstreams.get(p.upstream).map_or("", String::as_str);
+    if let Some(c) = p.cache.as_mut() {
+        // SipHash with fixed keys: the same settings give the same scope in every process.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (route, group, format!("{c:?}")).hash(&mut h);
+        c.scope = h.finish();
+    }
 }

@@ -61,7 +61,8 @@ pub(super) fn route(
         .rate_limit
         .as_ref()
         .and_then(|raw| rate_limit(ctx, &sub(key, "rate_limit"), start(item), raw));
-    let action = action(ctx, key, start(item), r, &matcher, upstreams)?;
+    let mut action = action(ctx, key, start(item), r, &matcher, upstreams)?;
+    scope_cache(&mut action, &name, upstreams);
     if let (Action::Proxy(p), Some(b)) = (&action, &r.buffer_request) {
         if p.buffer.is_some() && max_body_bytes == 0 {
             ctx.error(

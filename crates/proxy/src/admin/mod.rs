@@ -429,8 +429,11 @@ fn cache_json(cache: &crate::cache::Cache) -> Value {
             "miss": c.misses.load(Relaxed),
             "revalidated": c.revalidated.load(Relaxed),
             "stale": c.stale.load(Relaxed),
+            "updating": c.updating.load(Relaxed),
             "bypass": c.bypass.load(Relaxed),
         },
+        "refreshed": c.refreshed.load(Relaxed),
+        "refresh_failed": c.refresh_failed.load(Relaxed),
         "stored": c.stored.load(Relaxed),
         "invalidated": c.invalidated.load(Relaxed),
         "hit_bytes": c.hit_bytes.load(Relaxed),
@@ -870,6 +873,7 @@ pub fn status(control: &Control) -> Value {
         "counters": counters(&shared.stats, control),
         "listeners": listeners,
         "groups": groups_json(&shared),
+        "cache": shared.cache.as_deref().map(cache_json),
     })
 }
 
@@ -907,7 +911,7 @@ fn cache_metrics(e: &mut Exposition, cache: &crate::cache::Cache) {
     e.family(
         "portico_cache_requests_total",
         "counter",
-        "Requests of caching routes, by what the cache did: hit, collapsed (answered from another request's fetch), miss, revalidated (304), stale (answered in place of an upstream failure), bypass.",
+        "Requests of caching routes, by what the cache did: hit, collapsed (answered from another request's fetch), miss, revalidated (304), stale (answered in place of an upstream failure), updating (answered stale while a background fetch refreshes it), bypass.",
     );
     for (status, v) in [
         ("hit", &c.hits),
@@ -915,6 +919,7 @@ fn cache_metrics(e: &mut Exposition, cache: &crate::cache::Cache) {
         ("miss", &c.misses),
         ("revalidated", &c.revalidated),
         ("stale", &c.stale),
+        ("updating", &c.updating),
         ("bypass", &c.bypass),
     ] {
         e.sample(
@@ -928,6 +933,16 @@ fn cache_metrics(e: &mut Exposition, cache: &crate::cache::Cache) {
             "portico_cache_stored_total",
             "Responses stored in the cache (a revalidated one again).",
             &c.stored,
+        ),
+        (
+            "portico_cache_refreshes_total",
+            "Background refreshes (stale-while-revalidate) that stored a response or refreshed one with a 304.",
+            &c.refreshed,
+        ),
+        (
+            "portico_cache_refresh_failures_total",
+            "Background refreshes that failed or got a response that could not be stored.",
+            &c.refresh_failed,
         ),
         (
             "portico_cache_invalidated_total",

@@ -35,6 +35,13 @@ pub struct Counters {
     pub misses: AtomicU64,
     /// Answered from a stale entry because the upstream failed (`stale-if-error`).
     pub stale: AtomicU64,
+    /// Answered from a stale entry while a background fetch refreshes it
+    /// (`stale-while-revalidate`).
+    pub updating: AtomicU64,
+    /// Background refreshes that stored a response (or refreshed one with a 304).
+    pub refreshed: AtomicU64,
+    /// Background refreshes that failed or got a response that could not be stored.
+    pub refresh_failed: AtomicU64,
     /// Revalidated with the upstream (304) and answered from the cache.
     pub revalidated: AtomicU64,
     /// Waited for another request's fetch of the same URL, then answered from what it stored.
@@ -75,8 +82,19 @@ pub(crate) struct Slot {
     weight: u32,
 }
 
+/// Where a response was fetched for: the route's cache scope (`RouteCache::scope`), the
+/// client's scheme and the group (a split's side). Stored responses of one URL serve only
+/// requests of their own scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Scope {
+    pub route: u64,
+    pub tls: bool,
+    pub group: usize,
+}
+
 /// A stored response.
 pub(crate) struct Entry {
+    scope: Scope,
     /// The request's values that select this variant: the route's key fields and cookies
     /// (`cookie:NAME`) and the fields the response's `Vary` names (lowercase), each None when
     /// absent.
@@ -94,6 +112,7 @@ pub(crate) struct Entry {
     initial_age: Duration,
     pub fresh_for: Duration,
     pub stale_if_error: Duration,
+    pub stale_while_revalidate: Duration,
     /// Every use revalidates first (`no-cache`).
     pub revalidate: bool,
     pub tags: Vec<String>,
@@ -102,7 +121,8 @@ pub(crate) struct Entry {
 impl Entry {
     /// The entry's age at `now` (RFC 9111 4.2.3).
     pub(crate) fn age(&self, now: Instant) -> Duration {
-        self.initial_age + now.saturating_duration_since(self.stored)
+        let resident = now.saturating_duration_since(self.stored);
+        self.initial_age.saturating_add(resident)
     }
 
     /// It answers without a revalidation at `now`.
@@ -110,9 +130,15 @@ impl Entry {
         !self.revalidate && self.age(now) < self.fresh_for
     }
 
+    /// It may answer at `now` while a fetch in the background refreshes it.
+    pub(crate) fn serves_while_revalidating(&self, now: Instant) -> bool {
+        let until = self.fresh_for.saturating_add(self.stale_while_revalidate);
+        !self.revalidate && self.age(now) < until
+    }
+
     /// It may answer in place of an upstream failure at `now`.
     pub(crate) fn serves_on_error(&self, now: Instant) -> bool {
-        self.age(now) < self.fresh_for + self.stale_if_error
+        self.age(now) < self.fresh_for.saturating_add(self.stale_if_error)
     }
 
     /// The stored validator fields for a conditional request: `ETag`, `Last-Modified`.
@@ -129,17 +155,20 @@ impl Entry {
         ENTRY_OVERHEAD + self.body.len() as u64 + 3 * self.get.raw().len() as u64 + fields as u64
     }
 
-    /// The entry answers the request `head`.
-    fn selected_by(&self, head: &RequestHead) -> bool {
-        self.select
-            .iter()
-            .all(|(name, value)| request_value(head, name).as_deref() == value.as_deref())
+    /// The entry answers the request `head` of `scope`.
+    fn selected_by(&self, head: &RequestHead, scope: Scope) -> bool {
+        self.scope == scope
+            && self
+                .select
+                .iter()
+                .all(|(name, value)| request_value(head, name).as_deref() == value.as_deref())
     }
 }
 
 /// A response being stored: what is known at its head, its body captured as it is relayed.
 pub(crate) struct Pending {
     url: Arc<str>,
+    scope: Scope,
     select: Vec<(String, Option<Vec<u8>>)>,
     status: u16,
     reason: String,
@@ -154,6 +183,11 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    /// The body passed the size limit: it will not be stored.
+    pub(crate) fn too_large(&self) -> bool {
+        self.body.is_none()
+    }
+
     /// Body bytes as they are relayed.
     #[inline]
     pub(crate) fn push(&mut self, d: &[u8]) {
@@ -245,10 +279,13 @@ impl Cache {
         (self.store.entry_count(), self.store.weighted_size())
     }
 
-    /// The stored response for `url` that the request `head` selects.
-    pub(crate) fn get(&self, url: &str, head: &RequestHead) -> Option<Arc<Entry>> {
+    /// The stored response for `url` that the request `head` of `scope` selects.
+    pub(crate) fn get(&self, url: &str, head: &RequestHead, scope: Scope) -> Option<Arc<Entry>> {
         let slot = self.store.get(url)?;
-        slot.variants.iter().find(|e| e.selected_by(head)).cloned()
+        slot.variants
+            .iter()
+            .find(|e| e.selected_by(head, scope))
+            .cloned()
     }
 
     /// Store a response whose body was relayed whole; false when it was too large.
@@ -257,6 +294,7 @@ impl Cache {
             return false;
         };
         let Some(entry) = Entry::build(
+            p.scope,
             p.select,
             p.status,
             p.reason,
@@ -277,9 +315,28 @@ impl Cache {
     pub(crate) fn put(&self, url: Arc<str>, entry: Arc<Entry>) {
         let mut variants = vec![entry.clone()];
         if let Some(old) = self.store.get(&url) {
-            let others = old.variants.iter().filter(|v| v.select != entry.select);
+            let others = old.variants.iter().filter(|v| !v.same_variant(&entry));
             variants.extend(others.take(MAX_VARIANTS - 1).cloned());
         }
+        self.store_slot(url, variants);
+        self.counters.stored.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `entry`'s variant of `url` goes (the others stay).
+    pub(crate) fn remove_variant(&self, url: &Arc<str>, entry: &Entry) {
+        let Some(old) = self.store.get(url) else {
+            return;
+        };
+        let rest = old.variants.iter().filter(|v| !v.same_variant(entry));
+        let variants: Vec<Arc<Entry>> = rest.cloned().collect();
+        if variants.is_empty() {
+            self.store.remove(url);
+        } else {
+            self.store_slot(url.clone(), variants);
+        }
+    }
+
+    fn store_slot(&self, url: Arc<str>, variants: Vec<Arc<Entry>>) {
         let retain = variants
             .iter()
             .map(|e| e.retain())
@@ -292,7 +349,6 @@ impl Cache {
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
         };
         self.store.insert(url, Arc::new(slot));
-        self.counters.stored.fetch_add(1, Ordering::Relaxed);
     }
 
     /// An unsafe request to `url` succeeded: its stored responses go (RFC 9111 4.4).
@@ -362,9 +418,15 @@ pub enum Purge {
 }
 
 impl Entry {
+    /// Whether `other` is the same variant (scope and selecting values).
+    fn same_variant(&self, other: &Entry) -> bool {
+        self.scope == other.scope && self.select == other.select
+    }
+
     /// A stored response from its parts; None when its head does not parse back.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn build(
+        scope: Scope,
         select: Vec<(String, Option<Vec<u8>>)>,
         status: u16,
         reason: String,
@@ -378,6 +440,7 @@ impl Entry {
         let length = (status != 204).then_some(body.len() as u64);
         let all = || fields.iter().map(|(n, v)| (n.as_str(), &v[..]));
         Some(Entry {
+            scope,
             get: response_head(status, &reason, all(), length, &Method::Get)?,
             head: response_head(status, &reason, all(), length, &Method::Head)?,
             select,
@@ -389,6 +452,7 @@ impl Entry {
             initial_age,
             fresh_for: verdict.fresh_for,
             stale_if_error: verdict.stale_if_error,
+            stale_while_revalidate: verdict.stale_while_revalidate,
             revalidate: verdict.revalidate,
             tags,
         })
@@ -404,6 +468,7 @@ impl Entry {
     ) -> Option<Entry> {
         let fields = policy::merged(&self.fields, fresh);
         Entry::build(
+            self.scope,
             self.select.clone(),
             self.status,
             self.reason.clone(),
@@ -425,7 +490,8 @@ impl Entry {
             true => self.fresh_for.max(Duration::from_secs(10)),
             false => Duration::ZERO,
         };
-        self.fresh_for + self.stale_if_error.max(revalidation)
+        let stale = self.stale_if_error.max(self.stale_while_revalidate);
+        self.fresh_for.saturating_add(stale.max(revalidation))
     }
 }
 
@@ -468,16 +534,29 @@ pub(crate) struct Head<'h, F> {
     pub fields: &'h F,
 }
 
+/// Where and how a request's response would be stored.
+pub(crate) struct Target<'t> {
+    pub url: &'t Arc<str>,
+    pub scope: Scope,
+    pub route: &'t RouteCache,
+    pub tag_header: Option<&'t str>,
+    pub max_object: u64,
+    /// The request carried credentials (`Authorization`, or the route checks basic auth, a
+    /// JWT or a forward auth service): only responses a shared cache may keep for any client
+    /// are stored (RFC 9111 3.5).
+    pub credentialed: bool,
+    /// Whether the route's filters set or drop a request field on its way to the server: a
+    /// response that varies on one is not stored (its variant would be chosen by the client's
+    /// field, not the one the server saw).
+    pub forwarded: &'t dyn Fn(&str) -> bool,
+}
+
 /// A response to store, if the route's policy and RFC 9111 allow it: its kept fields, its
 /// variant's selecting values, its age; the body follows through [`Pending::push`].
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn pending<'f, F, I>(
-    url: Arc<str>,
+    to: &Target<'_>,
     head: &RequestHead,
     resp: &Head<'_, F>,
-    route: &RouteCache,
-    tag_header: Option<&str>,
-    max_object: u64,
     requested: SystemTime,
     received: Instant,
 ) -> Option<Box<Pending>>
@@ -490,7 +569,8 @@ where
         status: resp.status,
         fields: resp.fields,
     };
-    let auth = head.field("authorization").is_some();
+    let route = to.route;
+    let auth = to.credentialed || head.field("authorization").is_some();
     let verdict = policy::storable(&view, auth, route, now)?;
     let field = |name: &str| {
         (resp.fields)()
@@ -513,13 +593,16 @@ where
         let names = std::str::from_utf8(v.1).unwrap_or_default();
         for name in policy::split_list(names) {
             let name = name.to_ascii_lowercase();
+            if (to.forwarded)(&name) {
+                return None;
+            }
             if !select.iter().any(|(n, _)| *n == name) {
                 let value = request_value(head, &name);
                 select.push((name, value));
             }
         }
     }
-    let tags = match tag_header.and_then(field) {
+    let tags = match to.tag_header.and_then(field) {
         Some(v) => String::from_utf8_lossy(v)
             .split([',', ' '])
             .filter(|t| !t.is_empty())
@@ -528,7 +611,8 @@ where
         None => Vec::new(),
     };
     Some(Box::new(Pending {
-        url,
+        url: to.url.clone(),
+        scope: to.scope,
         select,
         status: resp.status,
         reason: resp.reason.to_string(),
@@ -538,7 +622,7 @@ where
         received,
         tags,
         body: Some(BytesMut::new()),
-        limit: usize::try_from(max_object).unwrap_or(usize::MAX),
+        limit: usize::try_from(to.max_object).unwrap_or(usize::MAX),
     }))
 }
 
@@ -646,9 +730,11 @@ mod tests {
             default_ttl: None,
             override_ttl: None,
             stale_if_error: Duration::ZERO,
+            stale_while_revalidate: Duration::ZERO,
             bypass_headers: vec!["x-no-cache".into()],
             bypass_cookies: vec!["session".into()],
             lock: true,
+            scope: 1,
         }
     }
 
@@ -679,6 +765,12 @@ mod tests {
         assert!(bypassed(&cookie, &r));
     }
 
+    const SCOPE: Scope = Scope {
+        route: 1,
+        tls: false,
+        group: 0,
+    };
+
     fn stored(cache: &Cache, url: &str, req: &RequestHead, vary: &str, body: &'static [u8]) {
         let mut fields = vec![
             ("Cache-Control", &b"max-age=60"[..]),
@@ -694,18 +786,19 @@ mod tests {
             fields: &f,
         };
         let r = route(QueryKey::All);
+        let url: Arc<str> = url.into();
+        let no = |_: &str| false;
+        let to = Target {
+            url: &url,
+            scope: SCOPE,
+            route: &r,
+            tag_header: Some("cache-tag"),
+            max_object: 1 << 20,
+            credentialed: false,
+            forwarded: &no,
+        };
         let now = SystemTime::now();
-        let mut p = pending(
-            url.into(),
-            req,
-            &resp,
-            &r,
-            Some("cache-tag"),
-            1 << 20,
-            now,
-            Instant::now(),
-        )
-        .unwrap();
+        let mut p = pending(&to, req, &resp, now, Instant::now()).unwrap();
         p.push(body);
         assert!(cache.insert(*p));
     }
@@ -719,16 +812,24 @@ mod tests {
             "GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\nAccept-Language: fr\r\n\r\n",
         );
         stored(&cache, "h/", &gzip, "Accept-Encoding", b"gz");
-        assert!(cache.get("h/", &br).is_none());
+        assert!(cache.get("h/", &br, SCOPE).is_none());
         stored(&cache, "h/", &br, "accept-encoding", b"br");
-        assert_eq!(&cache.get("h/", &gzip).unwrap().body[..], b"gz");
-        assert_eq!(&cache.get("h/", &br).unwrap().body[..], b"br");
+        assert_eq!(&cache.get("h/", &gzip, SCOPE).unwrap().body[..], b"gz");
+        assert_eq!(&cache.get("h/", &br, SCOPE).unwrap().body[..], b"br");
         // The route's key field selects too.
-        assert!(cache.get("h/", &french).is_none());
-        let e = cache.get("h/", &gzip).unwrap();
+        assert!(cache.get("h/", &french, SCOPE).is_none());
+        let e = cache.get("h/", &gzip, SCOPE).unwrap();
         assert_eq!(e.get.field("content-length"), Some(&b"2"[..]));
         assert_eq!(e.head.framing, portico_http1::Framing::None);
         assert!(e.is_fresh(Instant::now()));
+        // Another scope (route, scheme or group) never sees them.
+        let https = Scope { tls: true, ..SCOPE };
+        assert!(cache.get("h/", &gzip, https).is_none());
+        // One variant goes, the other stays.
+        let url: Arc<str> = "h/".into();
+        cache.remove_variant(&url, &e);
+        assert!(cache.get("h/", &gzip, SCOPE).is_none());
+        assert!(cache.get("h/", &br, SCOPE).is_some());
     }
 
     #[test]
@@ -741,13 +842,15 @@ mod tests {
         assert_eq!(cache.purge(&Purge::Url("h/a".into())), Ok(true));
         assert_eq!(cache.purge(&Purge::Url("h/a".into())), Ok(false));
         cache.purge(&Purge::Prefix("h/b/".into())).unwrap();
-        assert!(cache.get("h/b/1", &req).is_none() && cache.get("h/b/2", &req).is_none());
-        assert!(cache.get("g/c", &req).is_some());
+        assert!(
+            cache.get("h/b/1", &req, SCOPE).is_none() && cache.get("h/b/2", &req, SCOPE).is_none()
+        );
+        assert!(cache.get("g/c", &req, SCOPE).is_some());
         cache.purge(&Purge::Tag("b".into())).unwrap();
-        assert!(cache.get("g/c", &req).is_none());
+        assert!(cache.get("g/c", &req, SCOPE).is_none());
         stored(&cache, "g/d", &req, "", b"x");
         cache.purge(&Purge::All).unwrap();
-        assert!(cache.get("g/d", &req).is_none());
+        assert!(cache.get("g/d", &req, SCOPE).is_none());
     }
 
     #[test]
@@ -762,17 +865,18 @@ mod tests {
             fields: &f,
         };
         let r = route(QueryKey::All);
-        let mut p = pending(
-            "h/".into(),
-            &req,
-            &resp,
-            &r,
-            None,
-            4,
-            SystemTime::now(),
-            Instant::now(),
-        )
-        .unwrap();
+        let url: Arc<str> = "h/".into();
+        let no = |_: &str| false;
+        let to = Target {
+            url: &url,
+            scope: SCOPE,
+            route: &r,
+            tag_header: None,
+            max_object: 4,
+            credentialed: false,
+            forwarded: &no,
+        };
+        let mut p = pending(&to, &req, &resp, SystemTime::now(), Instant::now()).unwrap();
         p.push(b"abc");
         p.push(b"de");
         assert!(!cache.insert(*p));

@@ -16,6 +16,7 @@ pub(crate) struct Directives {
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     pub stale_if_error: Option<u64>,
+    pub stale_while_revalidate: Option<u64>,
 }
 
 /// The directives of every `Cache-Control` field value.
@@ -31,8 +32,9 @@ pub(crate) fn directives<'v>(values: impl Iterator<Item = &'v [u8]>) -> Directiv
                 None => (item, None),
             };
             // A delta-seconds that does not parse is taken as 0 (RFC 9111 1.2.2: invalid
-            // freshness information makes the response stale).
-            let secs = || arg.map(|a| a.parse::<u64>().unwrap_or(0)).or(Some(0));
+            // freshness information makes the response stale), a larger one than 2^31 as
+            // 2^31.
+            let secs = || Some(arg.map_or(0, delta_seconds));
             match name.to_ascii_lowercase().as_str() {
                 "no-store" => d.no_store = true,
                 "no-cache" => d.no_cache = true,
@@ -44,11 +46,25 @@ pub(crate) fn directives<'v>(values: impl Iterator<Item = &'v [u8]>) -> Directiv
                 "max-age" => d.max_age = min(d.max_age, secs()),
                 "s-maxage" => d.s_maxage = min(d.s_maxage, secs()),
                 "stale-if-error" => d.stale_if_error = min(d.stale_if_error, secs()),
+                "stale-while-revalidate" => {
+                    d.stale_while_revalidate = min(d.stale_while_revalidate, secs())
+                }
                 _ => {}
             }
         }
     }
     d
+}
+
+/// The largest delta-seconds kept (RFC 9111 1.2.2).
+const MAX_DELTA: u64 = 1 << 31;
+
+/// A delta-seconds: digits, at most [`MAX_DELTA`]; anything else 0.
+fn delta_seconds(text: &str) -> u64 {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return 0;
+    }
+    text.parse::<u64>().map_or(MAX_DELTA, |n| n.min(MAX_DELTA))
 }
 
 fn min(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -87,6 +103,9 @@ pub(crate) struct Verdict {
     pub fresh_for: Duration,
     /// Past its freshness, how long it may still answer when the upstream fails.
     pub stale_if_error: Duration,
+    /// Past its freshness, how long it may still answer while a fetch in the background
+    /// refreshes it.
+    pub stale_while_revalidate: Duration,
     /// Every use needs a revalidation first (`no-cache`).
     pub revalidate: bool,
 }
@@ -166,14 +185,15 @@ where
         return None;
     }
     let strict = d.must_revalidate || d.proxy_revalidate || d.s_maxage.is_some() || d.no_cache;
-    let stale_if_error = match (strict, d.stale_if_error) {
+    let stale = |directive: Option<u64>, configured: Duration| match (strict, directive) {
         (true, _) => Duration::ZERO,
         (false, Some(s)) => Duration::from_secs(s),
-        (false, None) => route.stale_if_error,
+        (false, None) => configured,
     };
     Some(Verdict {
         fresh_for,
-        stale_if_error,
+        stale_if_error: stale(d.stale_if_error, route.stale_if_error),
+        stale_while_revalidate: stale(d.stale_while_revalidate, route.stale_while_revalidate),
         revalidate,
     })
 }
@@ -188,8 +208,7 @@ pub(crate) fn initial_age(
 ) -> Duration {
     let age = age
         .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|t| t.trim().parse::<u64>().ok())
-        .map(Duration::from_secs)
+        .map(|t| Duration::from_secs(delta_seconds(t.trim())))
         .unwrap_or_default();
     let delay = received.duration_since(requested).unwrap_or_default();
     let apparent = date
@@ -197,7 +216,7 @@ pub(crate) fn initial_age(
         .and_then(|t| httpdate::parse_http_date(t).ok())
         .and_then(|d| received.duration_since(d).ok())
         .unwrap_or_default();
-    apparent.max(age + delay)
+    apparent.max(age.saturating_add(delay))
 }
 
 /// Fields a stored head never keeps: hop-by-hop, framing (the stored body's length is set
@@ -260,7 +279,7 @@ pub(crate) fn range(value: &[u8], len: u64) -> Result<Option<std::ops::Range<u64
         (true, _, Some(n)) if n > 0 => len.saturating_sub(n)..len,
         (true, _, _) => return Err(()),
         (false, Some(s), None) if b.trim().is_empty() => s..len,
-        (false, Some(s), Some(e)) if e >= s => s..(e + 1).min(len),
+        (false, Some(s), Some(e)) if e >= s => s..e.saturating_add(1).min(len),
         _ => return Ok(None),
     };
     if r.start >= len {
@@ -281,9 +300,11 @@ mod tests {
             default_ttl: None,
             override_ttl: None,
             stale_if_error: Duration::ZERO,
+            stale_while_revalidate: Duration::ZERO,
             bypass_headers: Vec::new(),
             bypass_cookies: Vec::new(),
             lock: true,
+            scope: 1,
         }
     }
 
@@ -317,6 +338,11 @@ mod tests {
             (d.max_age, d.s_maxage, d.stale_if_error),
             (Some(10), Some(30), Some(0))
         );
+        // Past 2^31, 2^31; signs and fractions are not delta-seconds.
+        let big = b"max-age=18446744073709551616, s-maxage=-1, stale-if-error=1.5";
+        let d = directives([&big[..]].into_iter());
+        let (max, s, sie) = (d.max_age, d.s_maxage, d.stale_if_error);
+        assert_eq!((max, s, sie), (Some(1 << 31), Some(0), Some(0)));
     }
 
     #[test]
@@ -415,6 +441,18 @@ mod tests {
             0
         );
         assert_eq!(sie("HTTP/1.1 200 OK\r\nCache-Control: s-maxage=1\r\n"), 0);
+        let swr = |raw| {
+            verdict(raw, false, &r)
+                .unwrap()
+                .stale_while_revalidate
+                .as_secs()
+        };
+        assert_eq!(
+            swr("HTTP/1.1 200 OK\r\nCache-Control: max-age=1, stale-while-revalidate=30\r\n"),
+            30
+        );
+        assert_eq!(swr("HTTP/1.1 200 OK\r\nCache-Control: max-age=1\r\n"), 0);
+        assert_eq!(swr("HTTP/1.1 200 OK\r\nCache-Control: max-age=1, must-revalidate, stale-while-revalidate=30\r\n"), 0);
     }
 
     #[test]
@@ -472,5 +510,9 @@ mod tests {
         assert_eq!(range(b"bytes=0-1,5-6", 100), Ok(None));
         assert_eq!(range(b"items=0-1", 100), Ok(None));
         assert_eq!(range(b"bytes=9-1", 100), Ok(None));
+        assert_eq!(
+            range(b"bytes=0-18446744073709551615", 100),
+            Ok(Some(0..100))
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! The response cache on the proxy action: a fresh stored response answers (with the client's conditions and range applied), one upstream fetch per URL at a time, a storable response copied as it streams, revalidation with the stored validators, a stale response in place of an upstream failure, and unsafe requests invalidating their URL.
 
 use super::*;
-use crate::cache::{self, policy, Cache, Entry, Lock};
+use crate::cache::{self, policy, Cache, Entry, Lock, LockGuard, Scope};
+use crate::flow::refresh;
 use crate::telemetry::timing::CacheStatus;
 use portico_config::RouteCache;
 use portico_http1::{Method, ResponseHead};
@@ -14,12 +15,17 @@ pub(super) struct Caching<'r> {
     cache: Arc<Cache>,
     url: Arc<str>,
     route: &'r RouteCache,
+    scope: Scope,
+    /// The request carries credentials, or the route checks them.
+    credentialed: bool,
     /// A stored response past its freshness.
     stale: Option<Arc<Entry>>,
     /// When the request was sent (for the response's age).
     requested: SystemTime,
     max_object: u64,
     tag_header: Option<&'r str>,
+    /// The URL's fetch lock, held until the response is stored or known not to be storable.
+    lock: Option<LockGuard>,
 }
 
 impl Caching<'_> {
@@ -56,8 +62,8 @@ pub(super) async fn serve<'a, D: Client<'a>>(
         method,
         Method::Get | Method::Head | Method::Options | Method::Trace
     );
-    if !matches!(method, Method::Get | Method::Head) || head.has_body() || cache::bypassed(head, rc)
-    {
+    let skip = !matches!(method, Method::Get | Method::Head) || head.upgrade || head.has_body();
+    if skip || cache::bypassed(head, rc) {
         down.timings().cache = Some(CacheStatus::Bypass);
         c.bypass.fetch_add(1, Ordering::Relaxed);
         let o = proxy(down, head, &px, res, counters, ubuf, None).await;
@@ -68,11 +74,17 @@ pub(super) async fn serve<'a, D: Client<'a>>(
         return o;
     }
     let url = cache::url(head, rc);
+    let scope = Scope {
+        route: rc.scope,
+        tls: down.who().tls,
+        group: px.group,
+    };
     let head_only = *method == Method::Head;
     let mut waited = false;
     let mut _fetching = None;
+    let mut conditional = false;
     let found = loop {
-        let found = cache.get(&url, head);
+        let found = cache.get(&url, head, scope);
         let now = Instant::now();
         if let Some(e) = found.as_ref().filter(|e| e.is_fresh(now)) {
             let status = match waited {
@@ -80,6 +92,38 @@ pub(super) async fn serve<'a, D: Client<'a>>(
                 false => CacheStatus::Hit,
             };
             return answer(down, head, &px, cache, e, status, now).await;
+        }
+        // Stale within stale-while-revalidate: it answers, and one request per URL starts a
+        // refresh in the background (when none can start, this request fetches).
+        if let Some(e) = found.as_ref().filter(|e| e.serves_while_revalidating(now)) {
+            let updating = CacheStatus::Updating;
+            if head_only {
+                return answer(down, head, &px, cache, e, updating, now).await;
+            }
+            match cache.lock(&url) {
+                Lock::Wait(_) => return answer(down, head, &px, cache, e, updating, now).await,
+                Lock::Leader(guard) => {
+                    forward_conditionally(&mut px.forward, e);
+                    conditional = true;
+                    let stored = refresh::Stored {
+                        cache,
+                        url: &url,
+                        scope,
+                        route: rc,
+                        entry: e,
+                        settings,
+                        credentialed: credentialed(head, px.route),
+                    };
+                    let who = down.who();
+                    match refresh::spawn(&env, &px, head, &who, guard, stored) {
+                        Ok(()) => return answer(down, head, &px, cache, e, updating, now).await,
+                        Err(guard) => {
+                            _fetching = Some(guard);
+                            break found;
+                        }
+                    }
+                }
+            }
         }
         // A HEAD is not stored; a request that waited once fetches for itself.
         if head_only || !rc.lock || waited {
@@ -110,28 +154,53 @@ pub(super) async fn serve<'a, D: Client<'a>>(
     if head_only {
         return proxy(down, head, &px, res, counters, ubuf, None).await;
     }
-    // The whole response is asked for, revalidated with the stored validators when there is
-    // a stale one; the client's own conditions are answered from what comes back.
-    px.forward.drop_conditionals();
-    if let Some(e) = &found {
-        let text = |v: &[u8]| Cow::Owned(String::from_utf8_lossy(v).into_owned());
-        if let Some(v) = e.validator("etag") {
-            px.forward.add("If-None-Match", text(v));
-        }
-        if let Some(v) = e.validator("last-modified") {
-            px.forward.add("If-Modified-Since", text(v));
+    // Without a stored response, the client's conditions and range go to the server as they
+    // came (its 304 or 206 is relayed, not stored): only a plain GET fills the cache.
+    if !conditional {
+        if let Some(e) = &found {
+            forward_conditionally(&mut px.forward, e);
         }
     }
     let mut caching = Caching {
         cache: cache.clone(),
         url,
         route: rc,
+        scope,
+        credentialed: credentialed(head, px.route),
         stale: found,
         requested: SystemTime::now(),
         max_object: settings.max_object,
         tag_header: settings.tag_header.as_deref(),
+        lock: _fetching,
     };
     proxy(down, head, &px, res, counters, ubuf, Some(&mut caching)).await
+}
+
+/// Whether a request's response is kept only when a shared cache may give it to anyone: it
+/// carries `Authorization`, or the route checks credentials of its own (RFC 9111 3.5).
+pub(super) fn credentialed(head: &RequestHead, route: &Route) -> bool {
+    head.field("authorization").is_some()
+        || route.basic_auth.is_some()
+        || route.jwt.is_some()
+        || route.forward_auth.is_some()
+}
+
+/// Whether the forward filters `edits` set or drop the request field `name`.
+pub(super) fn forwarded(edits: &Edits<'_>, name: &str) -> bool {
+    edits.drops(name) || edits.fields().any(|(n, _)| n.eq_ignore_ascii_case(name))
+}
+
+/// The whole response is asked for, revalidated with the stored validators of `stale`; the
+/// client's own conditions are answered from what comes back.
+fn forward_conditionally(forward: &mut Edits<'_>, stale: &Entry) {
+    forward.drop_conditionals();
+    let text = |v: &[u8]| Cow::Owned(String::from_utf8_lossy(v).into_owned());
+    if let Some(v) = stale.validator("etag") {
+        forward.add("If-None-Match", text(v));
+    }
+    if let Some(v) = stale.validator("last-modified") {
+        forward.add("If-Modified-Since", text(v));
+    }
 }
 
 /// What the attempt does with the server's final response.
@@ -143,9 +212,25 @@ pub(super) enum Next {
     FromCache(Option<Vec<(String, Vec<u8>)>>),
 }
 
-/// The server answered `status` with `resp`.
+/// The server answered `status` with `resp`. When it will not be stored, the URL's fetch lock
+/// is let go at once (the requests waiting for it fetch for themselves).
 pub(super) fn on_response(
+    c: &mut Caching<'_>,
+    px: &Proxied<'_>,
+    head: &RequestHead,
+    resp: &UpResponse,
+    status: u16,
+) -> Next {
+    let next = decide(c, px, head, resp, status);
+    if matches!(next, Next::Relay(None)) {
+        c.lock = None;
+    }
+    next
+}
+
+fn decide(
     c: &Caching<'_>,
+    px: &Proxied<'_>,
     head: &RequestHead,
     resp: &UpResponse,
     status: u16,
@@ -168,8 +253,19 @@ pub(super) fn on_response(
     if status >= 500 && c.stale.as_ref().is_some_and(|e| e.serves_on_error(now)) {
         return Next::FromCache(None);
     }
-    let (max, tags) = (c.max_object, c.tag_header);
+    let forward = |name: &str| forwarded(&px.forward, name);
+    let to = cache::Target {
+        url: &c.url,
+        scope: c.scope,
+        route: c.route,
+        tag_header: c.tag_header,
+        max_object: c.max_object,
+        credentialed: c.credentialed,
+        forwarded: &forward,
+    };
     let pending = match resp {
+        // A body that ends with the connection cannot be told from a cut one: not stored.
+        UpResponse::H1 { head: rh, .. } if rh.framing == Framing::Close => None,
         UpResponse::H1 { head: rh, .. } => {
             let fields = || rh.fields();
             let view = cache::Head {
@@ -177,16 +273,7 @@ pub(super) fn on_response(
                 reason: rh.reason(),
                 fields: &fields,
             };
-            cache::pending(
-                c.url.clone(),
-                head,
-                &view,
-                c.route,
-                tags,
-                max,
-                c.requested,
-                now,
-            )
+            cache::pending(&to, head, &view, c.requested, now)
         }
         UpResponse::H2 { parts, .. } => {
             let fields = || {
@@ -200,16 +287,7 @@ pub(super) fn on_response(
                 reason: parts.status.canonical_reason().unwrap_or("Unknown"),
                 fields: &fields,
             };
-            cache::pending(
-                c.url.clone(),
-                head,
-                &view,
-                c.route,
-                tags,
-                max,
-                c.requested,
-                now,
-            )
+            cache::pending(&to, head, &view, c.requested, now)
         }
     };
     Next::Relay(pending)
@@ -217,8 +295,10 @@ pub(super) fn on_response(
 
 /// The relayed body of a storable response was complete: store it.
 pub(super) fn store(cx: &mut Option<&mut Caching<'_>>, pending: Option<Box<cache::Pending>>) {
-    if let (Some(c), Some(p)) = (cx.as_deref(), pending) {
+    if let (Some(c), Some(p)) = (cx.as_deref_mut(), pending) {
         c.cache.insert(*p);
+        // The requests waiting for this fetch find it now.
+        c.lock = None;
     }
 }
 
@@ -254,33 +334,8 @@ pub(super) async fn answer_after<'a, D: Client<'a>>(
     let Some(fresh) = fresh else {
         return answer(down, head, px, &c.cache, &stale, CacheStatus::Stale, now).await;
     };
-    let merged = policy::merged(&stale.fields, &fresh);
-    let fields = || merged.iter().map(|(n, v)| (n.as_str(), &v[..]));
-    let view = policy::Response {
-        status: stale.status,
-        fields: &fields,
-    };
-    let auth = head.field("authorization").is_some();
-    let received = SystemTime::now();
-    let field = |name: &str| {
-        let f = fresh.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
-        f.map(|(_, v)| &v[..])
-    };
-    let age = policy::initial_age(field("age"), field("date"), c.requested, received);
-    let refreshed = policy::storable(&view, auth, c.route, received)
-        .and_then(|v| stale.refreshed(&fresh, &v, age, now));
-    let entry = match refreshed {
-        Some(e) => {
-            let e = Arc::new(e);
-            c.cache.put(c.url.clone(), e.clone());
-            e
-        }
-        // No longer storable: answered this once, then gone.
-        None => {
-            c.cache.invalidate(&c.url);
-            stale
-        }
-    };
+    let at = (&c.cache, &c.url, c.route);
+    let entry = refreshed(at, &stale, &fresh, c.credentialed, c.requested).unwrap_or(stale);
     answer(
         down,
         head,
@@ -291,6 +346,53 @@ pub(super) async fn answer_after<'a, D: Client<'a>>(
         now,
     )
     .await
+}
+
+/// The stored response `stale` after a 304 with `fresh` fields to a request sent at
+/// `requested` (`auth`: it carried credentials), stored again; None when it is no longer
+/// storable (it is removed).
+pub(super) fn refreshed(
+    (cache, url, route): (&Arc<Cache>, &Arc<str>, &RouteCache),
+    stale: &Entry,
+    fresh: &[(String, Vec<u8>)],
+    auth: bool,
+    requested: SystemTime,
+) -> Option<Arc<Entry>> {
+    let field = |name: &str| {
+        let f = fresh.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
+        f.map(|(_, v)| &v[..])
+    };
+    // A 304 for another representation (its ETag is not the stored one) refreshes nothing
+    // (RFC 9111 4.3.4): the stored one answers once as it is, and goes.
+    if let (Some(new), Some(old)) = (field("etag"), stale.validator("etag")) {
+        if new != old {
+            cache.remove_variant(url, stale);
+            return None;
+        }
+    }
+    let merged = policy::merged(&stale.fields, fresh);
+    let fields = || merged.iter().map(|(n, v)| (n.as_str(), &v[..]));
+    let view = policy::Response {
+        status: stale.status,
+        fields: &fields,
+    };
+    let received = SystemTime::now();
+    let age = policy::initial_age(field("age"), field("date"), requested, received);
+    let now = Instant::now();
+    let entry = policy::storable(&view, auth, route, received)
+        .and_then(|v| stale.refreshed(fresh, &v, age, now));
+    match entry {
+        Some(e) => {
+            let e = Arc::new(e);
+            cache.put(url.clone(), e.clone());
+            Some(e)
+        }
+        // No longer storable: answered this once, then gone (its variant only).
+        None => {
+            cache.remove_variant(url, stale);
+            None
+        }
+    }
 }
 
 /// What a stored response answers the client's conditions with.
@@ -421,6 +523,7 @@ async fn answer<'a, D: Client<'a>>(
         CacheStatus::Collapsed => (&c.collapsed, "portico; hit; detail=collapsed"),
         CacheStatus::Revalidated => (&c.revalidated, "portico; fwd=stale; fwd-status=304"),
         CacheStatus::Stale => (&c.stale, "portico; fwd=stale; detail=stale-if-error"),
+        CacheStatus::Updating => (&c.updating, "portico; hit; detail=stale-while-revalidate"),
         _ => (&c.hits, "portico; hit"),
     };
     counter.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@ mod exchange_h1;
 mod exchange_h2;
 pub(crate) mod forward_auth;
 mod mirror;
+mod refresh;
 
 use crate::cache::Pending;
 use crate::conn::MAX_CHUNK;
@@ -658,7 +659,7 @@ async fn attempt<'a, D: Client<'a>>(
     // is answered from the cache; a storable response is copied as it streams.
     let mut store = None;
     if let Some(c) = cx.as_deref_mut() {
-        match cached::on_response(c, head, &resp, status) {
+        match cached::on_response(c, px, head, &resp, status) {
             cached::Next::Relay(p) => store = p,
             cached::Next::FromCache(fields) => {
                 if let UpResponse::H1 { up, head: rh } = resp {

@@ -41,6 +41,8 @@ pub enum CacheStatus {
     Revalidated,
     /// Answered from a stale response because the upstream failed.
     Stale,
+    /// Answered from a stale response while a background fetch refreshes it.
+    Updating,
     /// Skipped the cache (method, a request body, the route's bypass rules).
     Bypass,
 }
@@ -54,6 +56,7 @@ impl CacheStatus {
             CacheStatus::Miss => "miss",
             CacheStatus::Revalidated => "revalidated",
             CacheStatus::Stale => "stale",
+            CacheStatus::Updating => "updating",
             CacheStatus::Bypass => "bypass",
         }
     }

@@ -104,6 +104,24 @@ fn answer(r: &Captured, n: usize) -> Reply {
             &[("Cache-Control", "max-age=60"), ("ETag", "\"r\"")],
             "0123456789",
         ),
+        // Stale on arrival, answered while a background fetch refreshes it.
+        "/swr" => match (n, r.header("if-none-match")) {
+            (1, _) => reply(
+                200,
+                &[
+                    ("Cache-Control", "max-age=5, stale-while-revalidate=60"),
+                    ("Age", "5"),
+                    ("ETag", "\"s1\""),
+                ],
+                &body,
+            ),
+            (2, Some("\"s1\"")) => reply(
+                200,
+                &[("Cache-Control", "max-age=60"), ("ETag", "\"s2\"")],
+                &body,
+            ),
+            _ => reply(500, &[], "unexpected"),
+        },
         _ => reply(200, &[("Cache-Control", "max-age=60")], &body),
     }
 }
@@ -126,7 +144,13 @@ fn upstream() -> TestUpstream {
     })
 }
 
-fn proxy(up: SocketAddr, cache_extra: &str) -> Running {
+/// A proxy with a caching route to `up`; `store` goes into `[cache]`.
+fn proxy(up: SocketAddr, store: &str) -> Running {
+    proxy_with(up, store, "")
+}
+
+/// The same, with `route` (TOML tables) on the caching route.
+fn proxy_with(up: SocketAddr, store: &str, route: &str) -> Running {
     start_toml(
         &format!(
             r#"
@@ -137,6 +161,7 @@ address = "127.0.0.1:0"
 memory = "8MiB"
 max_object = "64KiB"
 tag_header = "cache-tag"
+{store}
 
 [[listeners]]
 name = "p"
@@ -151,7 +176,7 @@ proxy = "b"
 [listeners.routes.cache]
 key_headers = ["x-tenant"]
 bypass_headers = ["x-debug"]
-{cache_extra}
+{route}
 
 [upstreams.b]
 servers = ["{up}"]
@@ -308,14 +333,17 @@ fn a_stale_response_is_revalidated_with_its_etag() {
     let up = upstream();
     let p = proxy(up.addr, "");
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
-    let first = get(&mut c, "/etag", "If-None-Match: \"v1\"\r\n");
-    // The client's own condition is not forwarded on a miss: the whole response comes back.
-    assert_eq!((first.status, first.text()), (200, "/etag #1".to_string()));
-    assert_eq!(up.requests()[0].header("if-none-match"), None);
+    // Nothing stored yet: the client's own condition goes to the server and its 304 comes
+    // back (not stored).
+    let conditional = get(&mut c, "/etag", "If-None-Match: \"v1\"\r\n");
+    assert_eq!(conditional.status, 304);
+    assert_eq!(up.requests()[0].header("if-none-match"), Some("\"v1\""));
+    let first = get(&mut c, "/etag", "");
+    assert_eq!((first.status, first.text()), (200, "/etag #2".to_string()));
     let second = get(&mut c, "/etag", "");
     assert_eq!(
         (second.status, second.text()),
-        (200, "/etag #1".to_string())
+        (200, "/etag #2".to_string())
     );
     assert_eq!(
         second.header("cache-status"),
@@ -325,8 +353,9 @@ fn a_stale_response_is_revalidated_with_its_etag() {
     assert_eq!(second.header("x-seen"), Some("304"));
     assert_eq!(second.header("content-type"), Some("text/plain"));
     let asked = up.requests();
-    assert_eq!(asked.len(), 2);
-    assert_eq!(asked[1].header("if-none-match"), Some("\"v1\""));
+    assert_eq!(asked.len(), 3);
+    assert_eq!(asked[1].header("if-none-match"), None);
+    assert_eq!(asked[2].header("if-none-match"), Some("\"v1\""));
     assert_eq!(cache_json(&p)["requests"]["revalidated"], 1);
 }
 
@@ -518,4 +547,273 @@ async fn http2_clients_share_the_cache() {
         .unwrap();
     assert_eq!(r.text(), "/from-h2 #1");
     assert_eq!(r.header("cache-status"), Some("portico; hit"));
+}
+
+#[test]
+fn a_stale_response_answers_while_one_background_fetch_refreshes_it() {
+    // The refresh waits in the upstream until the stale answers are checked.
+    let hold = Hold::new();
+    let h = hold.clone();
+    let counts = Arc::new(AtomicUsize::new(0));
+    let up = TestUpstream::start(move |r| {
+        let n = counts.fetch_add(1, Ordering::SeqCst) + 1;
+        if n > 1 {
+            h.wait();
+        }
+        answer(r, n)
+    });
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/swr", "").text(), "/swr #1");
+    // Stale: answered at once, and one refresh goes out with the stored validator.
+    for _ in 0..3 {
+        let r = get(&mut c, "/swr", "");
+        assert_eq!(r.text(), "/swr #1");
+        let status = r.header("cache-status");
+        assert_eq!(status, Some("portico; hit; detail=stale-while-revalidate"));
+    }
+    assert!(hold.wait_held(1));
+    hold.open();
+    let deadline = Instant::now() + T;
+    while cache_json(&p)["refreshed"] != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the refresh never stored: {}",
+            cache_json(&p)
+        );
+        std::thread::yield_now();
+    }
+    let r = get(&mut c, "/swr", "");
+    assert_eq!(r.text(), "/swr #2");
+    assert_eq!(r.header("cache-status"), Some("portico; hit"));
+    let asked = up.requests();
+    assert_eq!(asked.len(), 2, "one refresh for all the stale answers");
+    assert_eq!(asked[1].header("if-none-match"), Some("\"s1\""));
+    assert_eq!(cache_json(&p)["requests"]["updating"], 3);
+}
+
+/// A raw upstream: answers every request with `head` and `first`, then waits for `hold`
+/// before `rest` and the close.
+fn streaming_upstream(
+    head: &'static str,
+    first: &'static str,
+    rest: &'static str,
+    hold: Hold,
+) -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let hold = hold.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s.write_all(head.as_bytes());
+                let _ = s.write_all(first.as_bytes());
+                hold.wait();
+                let _ = s.write_all(rest.as_bytes());
+            });
+        }
+    });
+    a
+}
+
+#[test]
+fn a_response_that_is_not_stored_lets_the_waiting_requests_go_at_its_head() {
+    let hold = Hold::new();
+    let up = streaming_upstream(
+        "HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "5\r\nfirst\r\n",
+        "4\r\nrest\r\n0\r\n\r\n",
+        hold.clone(),
+    );
+    let p = proxy(up, "lock_timeout = \"60s\"");
+    let addr = p.addr("p").unwrap();
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).unwrap();
+                get(&mut c, "/events", "").text()
+            })
+        })
+        .collect();
+    // Both reach the server while the first response still streams: nobody waits for it.
+    assert!(
+        hold.wait_held(2),
+        "the second request waited for an unstorable response"
+    );
+    hold.open();
+    for s in streams {
+        assert_eq!(s.join().unwrap(), "firstrest");
+    }
+}
+
+#[test]
+fn upgrades_skip_the_cache() {
+    let hold = Hold::new();
+    let up = streaming_upstream(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+        "",
+        "",
+        hold.clone(),
+    );
+    let p = proxy(up, "lock_timeout = \"60s\"");
+    let addr = p.addr("p").unwrap();
+    let ws = "GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    let mut tunnels = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        s.write_all(ws.as_bytes()).unwrap();
+        let mut b = [0u8; 512];
+        let n = s.read(&mut b).unwrap();
+        assert!(
+            b[..n].starts_with(b"HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&b[..n])
+        );
+        tunnels.push(s);
+    }
+    assert!(hold.wait_held(2));
+    hold.open();
+    assert_eq!(cache_json(&p)["requests"]["bypass"], 2);
+}
+
+#[test]
+fn routes_schemes_and_listeners_never_share_stored_responses() {
+    let public = TestUpstream::start(|_| reply(200, &[("Cache-Control", "max-age=60")], "public"));
+    let internal =
+        TestUpstream::start(|_| reply(200, &[("Cache-Control", "max-age=60")], "internal"));
+    let p = start_toml(
+        &format!(
+            r#"
+[[listeners]]
+name = "internal"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "internal"
+cache = {{}}
+
+[[listeners]]
+name = "public"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "public"
+cache = {{}}
+
+[upstreams.internal]
+servers = ["{}"]
+[upstreams.public]
+servers = ["{}"]
+"#,
+            internal.addr, public.addr
+        ),
+        2,
+    );
+    let mut c = Client::connect(p.addr("internal").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/x", "").text(), "internal");
+    let mut c = Client::connect(p.addr("public").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/x", "").text(), "public");
+    assert_eq!(
+        get(&mut c, "/x", "").header("cache-status"),
+        Some("portico; hit")
+    );
+}
+
+#[test]
+fn a_response_varying_on_a_field_the_route_sets_is_not_stored() {
+    let up = TestUpstream::start(|r| {
+        let v = r.header("x-country").unwrap_or("none").to_string();
+        reply(
+            200,
+            &[("Cache-Control", "max-age=60"), ("Vary", "X-Country")],
+            &v,
+        )
+    });
+    let p = proxy_with(
+        up.addr,
+        "",
+        r#"[listeners.routes.request_headers]
+set = { "x-country" = "{cookie.country}" }"#,
+    );
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/v", "Cookie: country=fr\r\n").text(), "fr");
+    assert_eq!(get(&mut c, "/v", "Cookie: country=de\r\n").text(), "de");
+    assert_eq!(get(&mut c, "/v", "Cookie: country=fr\r\n").text(), "fr");
+    assert_eq!(up.requests().len(), 3);
+}
+
+#[test]
+fn numbers_past_their_range_neither_panic_nor_break_the_url() {
+    let up = TestUpstream::start(|r| {
+        let cc = match r.target.as_str() {
+            "/sie" => "max-age=60, stale-if-error=18446744073709551615",
+            _ => "max-age=18446744073709551615",
+        };
+        reply(
+            200,
+            &[("Cache-Control", cc), ("ETag", "\"x\"")],
+            "0123456789",
+        )
+    });
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for path in ["/sie", "/max"] {
+        assert_eq!(get(&mut c, path, "").text(), "0123456789");
+        let again = get(&mut c, path, "");
+        assert_eq!(again.header("cache-status"), Some("portico; hit"), "{path}");
+    }
+    let r = get(&mut c, "/max", "Range: bytes=0-18446744073709551615\r\n");
+    assert_eq!((r.status, r.text()), (206, "0123456789".to_string()));
+    assert_eq!(up.requests().len(), 2);
+}
+
+#[test]
+fn a_304_for_another_etag_does_not_relabel_the_stored_body() {
+    let up = TestUpstream::start(|r| match r.header("if-none-match") {
+        Some(_) => reply(
+            304,
+            &[("ETag", "\"v2\""), ("Cache-Control", "max-age=60")],
+            "",
+        ),
+        None => reply(
+            200,
+            &[("ETag", "\"v1\""), ("Cache-Control", "max-age=0")],
+            "old",
+        ),
+    });
+    let p = proxy(up.addr, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/e", "").text(), "old");
+    // Answered once as it was stored (its own ETag), then gone: the next one fetches.
+    let r = get(&mut c, "/e", "");
+    assert_eq!(
+        (r.text().as_str(), r.header("etag")),
+        ("old", Some("\"v1\""))
+    );
+    let r = get(&mut c, "/e", "");
+    assert_eq!(r.header("cache-status"), Some("portico; fwd=miss; stored"));
+}
+
+#[test]
+fn a_close_delimited_body_is_not_stored() {
+    let hold = Hold::new();
+    hold.open();
+    let up = streaming_upstream(
+        "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nConnection: close\r\n\r\n",
+        "whole?",
+        "",
+        hold,
+    );
+    let p = proxy(up, "");
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let r = get(&mut c, "/c", "");
+    assert_eq!(r.header("cache-status"), Some("portico; fwd=miss"));
 }

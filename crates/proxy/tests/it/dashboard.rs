@@ -356,3 +356,44 @@ servers = ["{}", "{}"]
         "a route without policies is listed"
     );
 }
+
+#[test]
+#[ignore = "needs chromium; scripts/test.sh runs it"]
+fn dashboard_shows_the_response_cache() {
+    let up = TestUpstream::start(|_| Reply::Respond {
+        status: 200,
+        headers: vec![("Cache-Control".into(), "max-age=60".into())],
+        body: b"cached".to_vec(),
+        chunked: false,
+    });
+    let toml = format!(
+        r#"
+[admin]
+address = "127.0.0.1:0"
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+[[listeners.routes]]
+proxy = "b"
+cache = {{}}
+[upstreams.b]
+servers = ["{}"]
+"#,
+        up.addr
+    );
+    let p = start(portico_config::parse(&toml, "t.toml").unwrap(), 1).unwrap();
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    for _ in 0..3 {
+        let r = c
+            .request(b"GET /page HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        assert_eq!(r.text(), "cached");
+    }
+    let dom = dump_dom(&format!("http://{}/", p.admin_addr().unwrap()), 3000);
+    // One miss then two hits: 2 of 3 answered from the cache.
+    let total = |attr: &str| last_numbers(&row_text(&dom, attr), 1)[0];
+    assert_eq!(total("data-cache=\"hit\""), 2);
+    assert_eq!(total("data-cache=\"miss\""), 1);
+    assert_eq!(total("data-cache=\"stored\""), 1);
+    assert!(dom.contains("66.7%"), "hit ratio missing:\n{dom}");
+}
