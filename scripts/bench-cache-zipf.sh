@@ -73,11 +73,7 @@ events { worker_connections 1024; }
 http {
   access_log off;
   keepalive_requests 100000000;
-  client_body_temp_path $d/nginx/client_body;
-  proxy_temp_path $d/nginx/proxy;
-  fastcgi_temp_path $d/nginx/fastcgi;
-  uwsgi_temp_path $d/nginx/uwsgi;
-  scgi_temp_path $d/nginx/scgi;
+$(nginx_temp_paths "$d")
   proxy_cache_path $d/nginx/cache levels=1:2 keys_zone=c:16m max_size=${mib}m inactive=1h use_temp_path=off;
   upstream origin {
     server 127.0.0.1:9390;

@@ -79,11 +79,7 @@ http {
   access_log off;
   sendfile on;
   keepalive_requests 1000000;
-  client_body_temp_path $d/nginx/client_body;
-  proxy_temp_path $d/nginx/proxy;
-  fastcgi_temp_path $d/nginx/fastcgi;
-  uwsgi_temp_path $d/nginx/uwsgi;
-  scgi_temp_path $d/nginx/scgi;
+$(nginx_temp_paths "$d")
   proxy_cache_path $d/nginx/cache levels=1:2 keys_zone=c:10m max_size=256m inactive=1h use_temp_path=off;
   upstream origin {
     server 127.0.0.1:9380;

@@ -116,11 +116,7 @@ events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 1000000;
-  client_body_temp_path $d/nginx/client_body;
-  proxy_temp_path $d/nginx/proxy;
-  fastcgi_temp_path $d/nginx/fastcgi;
-  uwsgi_temp_path $d/nginx/uwsgi;
-  scgi_temp_path $d/nginx/scgi;
+$(nginx_temp_paths "$d")
   upstream origin {
     server 127.0.0.1:9380;
     keepalive 64;

@@ -45,3 +45,10 @@ keepalive = 1024
 ${AB_EXTRA_TOML:-}
 EOF
 }
+
+nginx_temp_paths() { # dir: nginx's temporary file paths under dir (inside an http block)
+  local t
+  for t in client_body proxy fastcgi uwsgi scgi; do
+    echo "  ${t}_temp_path $1/nginx/$t;"
+  done
+}

@@ -85,11 +85,7 @@ error_log $d/nginx-error.log warn;
 events { worker_connections 1024; }
 http {
   access_log off;
-  client_body_temp_path $d/nginx/client_body;
-  proxy_temp_path $d/nginx/proxy;
-  fastcgi_temp_path $d/nginx/fastcgi;
-  uwsgi_temp_path $d/nginx/uwsgi;
-  scgi_temp_path $d/nginx/scgi;
+$(nginx_temp_paths "$d")
   proxy_cache_path $d/nginx/cache levels=1:2 keys_zone=c:10m max_size=64m inactive=1h use_temp_path=off;
   upstream origin {
     server $origin;

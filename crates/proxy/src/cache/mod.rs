@@ -351,6 +351,52 @@ impl Cache {
         self.store.insert(url, Arc::new(slot));
     }
 
+    /// The stored response `stale` of `url` after a 304 with `fresh` fields to a request sent
+    /// at `requested` (`auth`: it carried credentials), stored again; None when it is no longer
+    /// storable (its variant is removed).
+    pub(crate) fn revalidated(
+        &self,
+        (url, route): (&Arc<str>, &RouteCache),
+        stale: &Entry,
+        fresh: &[(String, Vec<u8>)],
+        auth: bool,
+        requested: SystemTime,
+    ) -> Option<Arc<Entry>> {
+        let field = |name: &str| {
+            let f = fresh.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
+            f.map(|(_, v)| &v[..])
+        };
+        // A 304 for another representation (its ETag is not the stored one) refreshes nothing
+        // (RFC 9111 4.3.4): the stored one answers once as it is, and goes.
+        if let (Some(new), Some(old)) = (field("etag"), stale.validator("etag")) {
+            if new != old {
+                self.remove_variant(url, stale);
+                return None;
+            }
+        }
+        let merged = policy::merged(&stale.fields, fresh);
+        let fields = || merged.iter().map(|(n, v)| (n.as_str(), &v[..]));
+        let view = policy::Response {
+            status: stale.status,
+            fields: &fields,
+        };
+        let received = SystemTime::now();
+        let age = policy::initial_age(field("age"), field("date"), requested, received);
+        let entry = policy::storable(&view, auth, route, received)
+            .and_then(|v| stale.refreshed(fresh, &v, age, Instant::now()));
+        match entry {
+            Some(e) => {
+                let e = Arc::new(e);
+                self.put(url.clone(), e.clone());
+                Some(e)
+            }
+            None => {
+                self.remove_variant(url, stale);
+                None
+            }
+        }
+    }
+
     /// An unsafe request to `url` succeeded: its stored responses go (RFC 9111 4.4).
     pub(crate) fn invalidate(&self, url: &str) {
         if self.store.remove(url).is_some() {

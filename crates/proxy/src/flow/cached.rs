@@ -28,6 +28,42 @@ pub(super) struct Caching<'r> {
     lock: Option<LockGuard>,
 }
 
+/// What the attempt loop does for a cache: nothing for routes without one ([`NoCache`], whose
+/// hooks compile away in its own copy of the loop), or [`Caching`]'s.
+pub(super) trait Hooks<'r> {
+    /// The cached request, if this is one.
+    fn caching(&mut self) -> Option<&mut Caching<'r>>;
+}
+
+/// A request of a route without a cache.
+pub(super) struct NoCache;
+
+impl<'r> Hooks<'r> for NoCache {
+    #[inline(always)]
+    fn caching(&mut self) -> Option<&mut Caching<'r>> {
+        None
+    }
+}
+
+/// A request of a caching route that passes the cache by (a bypass, a `HEAD` miss): the same
+/// as [`NoCache`], a type of its own so that the loop routes without a cache run has one
+/// caller and stays inlined there.
+pub(super) struct Passing;
+
+impl<'r> Hooks<'r> for Passing {
+    #[inline(always)]
+    fn caching(&mut self) -> Option<&mut Caching<'r>> {
+        None
+    }
+}
+
+impl<'r> Hooks<'r> for Caching<'r> {
+    #[inline(always)]
+    fn caching(&mut self) -> Option<&mut Caching<'r>> {
+        Some(self)
+    }
+}
+
 impl Caching<'_> {
     /// The `Cache-Status` of a response fetched from the upstream (RFC 9211).
     pub(super) fn forwarded(&self, stored: bool) -> &'static str {
@@ -54,7 +90,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
 ) -> Outcome {
     let env = down.env();
     let Some(settings) = env.shared.config.cache.as_ref() else {
-        return proxy(down, head, &px, res, counters, ubuf, None).await;
+        return proxy(down, head, &px, res, counters, ubuf, &mut Passing).await;
     };
     let c = &cache.counters;
     let method = head.method();
@@ -66,7 +102,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
     if skip || cache::bypassed(head, rc) {
         down.timings().cache = Some(CacheStatus::Bypass);
         c.bypass.fetch_add(1, Ordering::Relaxed);
-        let o = proxy(down, head, &px, res, counters, ubuf, None).await;
+        let o = proxy(down, head, &px, res, counters, ubuf, &mut Passing).await;
         // RFC 9111 4.4: a successful unsafe request invalidates what is stored for its URL.
         if !safe && (200..400).contains(&o.status) {
             cache.invalidate(&cache::url(head, rc));
@@ -152,7 +188,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
     down.timings().cache = Some(CacheStatus::Miss);
     c.misses.fetch_add(1, Ordering::Relaxed);
     if head_only {
-        return proxy(down, head, &px, res, counters, ubuf, None).await;
+        return proxy(down, head, &px, res, counters, ubuf, &mut Passing).await;
     }
     // Without a stored response, the client's conditions and range go to the server as they
     // came (its 304 or 206 is relayed, not stored): only a plain GET fills the cache.
@@ -173,7 +209,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
         tag_header: settings.tag_header.as_deref(),
         lock: _fetching,
     };
-    proxy(down, head, &px, res, counters, ubuf, Some(&mut caching)).await
+    proxy(down, head, &px, res, counters, ubuf, &mut caching).await
 }
 
 /// Whether a request's response is kept only when a shared cache may give it to anyone: it
@@ -294,8 +330,8 @@ fn decide(
 }
 
 /// The relayed body of a storable response was complete: store it.
-pub(super) fn store(cx: &mut Option<&mut Caching<'_>>, pending: Option<Box<cache::Pending>>) {
-    if let (Some(c), Some(p)) = (cx.as_deref_mut(), pending) {
+pub(super) fn store(cx: Option<&mut Caching<'_>>, pending: Option<Box<cache::Pending>>) {
+    if let (Some(c), Some(p)) = (cx, pending) {
         c.cache.insert(*p);
         // The requests waiting for this fetch find it now.
         c.lock = None;
@@ -307,9 +343,8 @@ pub(super) async fn instead_of_error<'a, D: Client<'a>>(
     down: &mut D,
     head: &RequestHead,
     px: &Proxied<'_>,
-    cx: &mut Option<&mut Caching<'_>>,
+    c: &Caching<'_>,
 ) -> Option<Outcome> {
-    let c = cx.as_deref()?;
     let now = Instant::now();
     let e = c.stale.clone().filter(|e| e.serves_on_error(now))?;
     let cache = c.cache.clone();
@@ -334,8 +369,11 @@ pub(super) async fn answer_after<'a, D: Client<'a>>(
     let Some(fresh) = fresh else {
         return answer(down, head, px, &c.cache, &stale, CacheStatus::Stale, now).await;
     };
-    let at = (&c.cache, &c.url, c.route);
-    let entry = refreshed(at, &stale, &fresh, c.credentialed, c.requested).unwrap_or(stale);
+    let at = (&c.url, c.route);
+    let entry = c
+        .cache
+        .revalidated(at, &stale, &fresh, c.credentialed, c.requested)
+        .unwrap_or(stale);
     answer(
         down,
         head,
@@ -346,53 +384,6 @@ pub(super) async fn answer_after<'a, D: Client<'a>>(
         now,
     )
     .await
-}
-
-/// The stored response `stale` after a 304 with `fresh` fields to a request sent at
-/// `requested` (`auth`: it carried credentials), stored again; None when it is no longer
-/// storable (it is removed).
-pub(super) fn refreshed(
-    (cache, url, route): (&Arc<Cache>, &Arc<str>, &RouteCache),
-    stale: &Entry,
-    fresh: &[(String, Vec<u8>)],
-    auth: bool,
-    requested: SystemTime,
-) -> Option<Arc<Entry>> {
-    let field = |name: &str| {
-        let f = fresh.iter().find(|(n, _)| n.eq_ignore_ascii_case(name));
-        f.map(|(_, v)| &v[..])
-    };
-    // A 304 for another representation (its ETag is not the stored one) refreshes nothing
-    // (RFC 9111 4.3.4): the stored one answers once as it is, and goes.
-    if let (Some(new), Some(old)) = (field("etag"), stale.validator("etag")) {
-        if new != old {
-            cache.remove_variant(url, stale);
-            return None;
-        }
-    }
-    let merged = policy::merged(&stale.fields, fresh);
-    let fields = || merged.iter().map(|(n, v)| (n.as_str(), &v[..]));
-    let view = policy::Response {
-        status: stale.status,
-        fields: &fields,
-    };
-    let received = SystemTime::now();
-    let age = policy::initial_age(field("age"), field("date"), requested, received);
-    let now = Instant::now();
-    let entry = policy::storable(&view, auth, route, received)
-        .and_then(|v| stale.refreshed(fresh, &v, age, now));
-    match entry {
-        Some(e) => {
-            let e = Arc::new(e);
-            cache.put(url.clone(), e.clone());
-            Some(e)
-        }
-        // No longer storable: answered this once, then gone (its variant only).
-        None => {
-            cache.remove_variant(url, stale);
-            None
-        }
-    }
 }
 
 /// What a stored response answers the client's conditions with.

@@ -5,6 +5,7 @@ use crate::downstream::{Env, Who};
 use crate::error::ProxyError;
 use crate::flow::attempt::{forwarded_head, Proxied};
 use crate::flow::exchange_h1::{final_head, write_within};
+use crate::state::Shared;
 use crate::telemetry::stats::Stats;
 use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
@@ -81,14 +82,7 @@ pub(crate) fn maybe_spawn(env: &Env<'_>, px: &Proxied<'_>, head: &RequestHead, w
         count(stats, Fate::Dropped);
         return;
     };
-    let tls = shared.upstream_tls.get(m.group).cloned().flatten();
-    let addr = guard.address();
-    let mut out = BytesMut::with_capacity(512);
-    let server = || match tls.as_deref().and_then(|t| t.host(addr)) {
-        Some(host) => host,
-        None => addr.to_string(),
-    };
-    forwarded_head(&mut out, head, px.route, px.p, &px.forward, who, server);
+    let (tls, out) = side_head(shared, m.group, &guard, head, px, who);
     let copy = Copy {
         up: up.clone(),
         guard,
@@ -104,6 +98,36 @@ pub(crate) fn maybe_spawn(env: &Env<'_>, px: &Proxied<'_>, head: &RequestHead, w
     };
     IN_FLIGHT.set(IN_FLIGHT.get() + 1);
     tokio::task::spawn_local(copy.run());
+}
+
+/// A side request's forwarded head (a mirrored copy, a cache refresh) to the server `guard`
+/// holds in group `gi`, and the group's TLS settings.
+pub(crate) fn side_head(
+    shared: &Shared,
+    gi: usize,
+    guard: &ServerGuard,
+    head: &RequestHead,
+    px: &Proxied<'_>,
+    who: &Who<'_>,
+) -> (Option<Arc<GroupTls>>, BytesMut) {
+    let tls = shared.upstream_tls.get(gi).cloned().flatten();
+    let addr = guard.address();
+    let mut out = BytesMut::with_capacity(512);
+    let server = || match tls.as_deref().and_then(|t| t.host(addr)) {
+        Some(host) => host,
+        None => addr.to_string(),
+    };
+    forwarded_head(&mut out, head, px.route, px.p, &px.forward, who, server);
+    (tls, out)
+}
+
+/// What a side request's failure tells the passive checks.
+pub(crate) fn report_of(e: &ProxyError) -> Report {
+    match e {
+        ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => Report::Timeout,
+        ProxyError::ConnectFailed(_) | ProxyError::TlsHandshake(_) => Report::ConnectError,
+        _ => Report::Reset,
+    }
 }
 
 /// One copy on its way to the shadow server.
@@ -134,14 +158,7 @@ impl Copy {
             }
             Err(e) => {
                 count(&self.stats, Fate::Failed);
-                let report = match e {
-                    ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => Report::Timeout,
-                    ProxyError::ConnectFailed(_) | ProxyError::TlsHandshake(_) => {
-                        Report::ConnectError
-                    }
-                    _ => Report::Reset,
-                };
-                self.up.report(server, report, now);
+                self.up.report(server, report_of(&e), now);
                 let addr: SocketAddr = self.guard.address();
                 tracing::debug!(server = %addr, "mirrored request failed: {e}");
             }

@@ -16,7 +16,7 @@ use crate::filter::auth::Checked;
 use crate::filter::jwt::Refusal;
 use crate::filter::{compress, Answer, Compressing, Edits};
 use crate::flow::attempt::{Exchanged, Picked, Proxied, UpResponse};
-use crate::flow::cached::Caching;
+use crate::flow::cached::{Hooks, NoCache};
 use crate::metrics::RouteStats;
 use crate::resilience::retry::Retry;
 use crate::resilience::RouteResilience;
@@ -447,7 +447,7 @@ async fn proxy_action<'a, D: Client<'a>>(
             let c = cached::serve(down, head, px, res, counters, &mut ubuf, rc, cache);
             Box::pin(c).await
         }
-        _ => proxy(down, head, &px, res, counters, &mut ubuf, None).await,
+        _ => proxy(down, head, &px, res, counters, &mut ubuf, &mut NoCache).await,
     };
     down.put_ubuf(ubuf);
     o
@@ -508,14 +508,14 @@ fn rare_forward<'r>(
 /// Proxy one request to the route's upstream group, retrying failed attempts on other servers
 /// as the route's `retry` policy and budget allow. `ubuf` holds the forwarded head (its
 /// allocation is kept across requests).
-async fn proxy<'a, D: Client<'a>>(
+async fn proxy<'a, 'r, D: Client<'a>, H: Hooks<'r>>(
     down: &mut D,
     head: &RequestHead,
     px: &Proxied<'_>,
     res: &RouteResilience,
     counters: &RouteStats,
     ubuf: &mut BytesMut,
-    mut cx: Option<&mut Caching<'_>>,
+    cx: &mut H,
 ) -> Outcome {
     // The clock read at the head serves the budget, the pick (ejection expiry, slow start) and
     // the header-time metric.
@@ -528,8 +528,7 @@ async fn proxy<'a, D: Client<'a>>(
     let replayable = px.buffered.is_some();
     let mut retry = Retry::new(px.p.retry.as_ref(), budget, head, replayable, now, counters);
     loop {
-        let c = cx.as_deref_mut();
-        if let Some(outcome) = attempt(down, head, px, &mut retry, ubuf, c).await {
+        if let Some(outcome) = attempt(down, head, px, &mut retry, ubuf, cx).await {
             return outcome;
         }
     }
@@ -538,13 +537,13 @@ async fn proxy<'a, D: Client<'a>>(
 /// One attempt: pick a server (not one that failed this request before, when another can take
 /// it), exchange, relay. None = the attempt failed before anything reached the client and
 /// `retry` granted another one.
-async fn attempt<'a, D: Client<'a>>(
+async fn attempt<'a, 'r, D: Client<'a>, H: Hooks<'r>>(
     down: &mut D,
     head: &RequestHead,
     px: &Proxied<'_>,
     retry: &mut Retry<'_>,
     ubuf: &mut BytesMut,
-    mut cx: Option<&mut Caching<'_>>,
+    cx: &mut H,
 ) -> Option<Outcome> {
     let (route, p) = (px.route, px.p);
     let env = down.env();
@@ -558,8 +557,12 @@ async fn attempt<'a, D: Client<'a>>(
     let t = match picked {
         Ok(t) => t,
         Err(e) => {
-            if let Some(o) = cached::instead_of_error(down, head, px, &mut cx).await {
-                return Some(o);
+            // Boxed: only caching routes pay for the cache's answer state.
+            if let Some(c) = cx.caching() {
+                let stale = cached::instead_of_error(down, head, px, c);
+                if let Some(o) = Box::pin(stale).await {
+                    return Some(o);
+                }
             }
             return Some(down.fail(head, e, Phase::Connect, false).await);
         }
@@ -633,8 +636,12 @@ async fn attempt<'a, D: Client<'a>>(
             phase,
             body_done,
         } => {
-            if let Some(o) = cached::instead_of_error(down, head, px, &mut cx).await {
-                return Some(o);
+            // Boxed: only caching routes pay for the cache's answer state.
+            if let Some(c) = cx.caching() {
+                let stale = cached::instead_of_error(down, head, px, c);
+                if let Some(o) = Box::pin(stale).await {
+                    return Some(o);
+                }
             }
             // The access log names the server that refused, timed out or failed.
             let mut o = down.fail(head, e, phase, body_done).await;
@@ -658,7 +665,7 @@ async fn attempt<'a, D: Client<'a>>(
     // A caching route: a 304 to its revalidation or a failure a stale response stands in for
     // is answered from the cache; a storable response is copied as it streams.
     let mut store = None;
-    if let Some(c) = cx.as_deref_mut() {
+    if let Some(c) = cx.caching() {
         match cached::on_response(c, px, head, &resp, status) {
             cached::Next::Relay(p) => store = p,
             cached::Next::FromCache(fields) => {
@@ -666,7 +673,8 @@ async fn attempt<'a, D: Client<'a>>(
                     let reusable = rh.keep_alive && body_done && rh.framing == Framing::None;
                     t.release(shared, &env.worker.pool, up, reusable);
                 }
-                return Some(cached::answer_after(down, head, px, c, fields).await);
+                let answer = cached::answer_after(down, head, px, c, fields);
+                return Some(Box::pin(answer).await);
             }
         }
     }
@@ -687,7 +695,7 @@ async fn attempt<'a, D: Client<'a>>(
             edits.replace(&settings.header, id.into_owned());
         }
     }
-    if let Some(c) = cx.as_deref() {
+    if let Some(c) = cx.caching() {
         edits.add("Cache-Status", Cow::Borrowed(c.forwarded(store.is_some())));
     }
     let via = p.via;
@@ -727,7 +735,7 @@ async fn attempt<'a, D: Client<'a>>(
                     };
                     record(z, shared);
                     if r.is_ok() {
-                        cached::store(&mut cx, store);
+                        cached::store(cx.caching(), store);
                         // The upstream exchange is complete: free the connection and the
                         // server's active slot before the last client write, so neither waits
                         // on a slow client.
@@ -772,7 +780,7 @@ async fn attempt<'a, D: Client<'a>>(
                         };
                         record(z, shared);
                         if r.is_ok() {
-                            cached::store(&mut cx, store);
+                            cached::store(cx.caching(), store);
                         }
                         // The exchange is over: free the stream slot and the server's active
                         // slot before the last client write.

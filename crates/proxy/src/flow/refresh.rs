@@ -4,8 +4,9 @@ use crate::cache::{self, Cache, Entry, LockGuard, Scope};
 use crate::conn::MAX_CHUNK;
 use crate::downstream::{Env, Who};
 use crate::error::ProxyError;
-use crate::flow::attempt::{forwarded_head, Proxied};
+use crate::flow::attempt::Proxied;
 use crate::flow::exchange_h1::{final_head, write_within};
+use crate::flow::mirror::{report_of, side_head};
 use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
 use portico_config::{CacheStore, RouteCache, UpstreamProtocol};
@@ -52,14 +53,7 @@ pub(super) fn spawn(
     let Ok(guard) = up.pick_at_excluding(None, &[], Instant::now()) else {
         return Err(lock);
     };
-    let tls = shared.upstream_tls.get(px.group).cloned().flatten();
-    let addr = guard.address();
-    let mut out = BytesMut::with_capacity(512);
-    let server = || match tls.as_deref().and_then(|t| t.host(addr)) {
-        Some(host) => host,
-        None => addr.to_string(),
-    };
-    forwarded_head(&mut out, head, px.route, px.p, &px.forward, who, server);
+    let (tls, out) = side_head(shared, px.group, &guard, head, px, who);
     // The fields the forward filters set or drop: a response varying on one is not stored.
     let set = px.forward.fields().map(|(n, _)| n.to_ascii_lowercase());
     let dropped = px.forward.dropped().map(str::to_ascii_lowercase);
@@ -130,14 +124,7 @@ impl Refresh {
             }
             Err(e) => {
                 c.refresh_failed.fetch_add(1, Relaxed);
-                let report = match e {
-                    ProxyError::ConnectTimeout | ProxyError::ResponseTimeout => Report::Timeout,
-                    ProxyError::ConnectFailed(_) | ProxyError::TlsHandshake(_) => {
-                        Report::ConnectError
-                    }
-                    _ => Report::Reset,
-                };
-                self.up.report(server, report, now);
+                self.up.report(server, report_of(&e), now);
                 tracing::debug!(server = %self.guard.address(), url = %self.url, "cache refresh failed: {e}");
             }
         }
@@ -164,9 +151,11 @@ impl Refresh {
                 .fields()
                 .map(|(n, v)| (n.to_string(), v.to_vec()))
                 .collect();
-            let at = (&self.cache, &self.url, &self.route);
+            let at = (&self.url, &self.route);
             let auth = self.credentialed;
-            let kept = super::cached::refreshed(at, &self.stale, &fresh, auth, requested);
+            let kept = self
+                .cache
+                .revalidated(at, &self.stale, &fresh, auth, requested);
             return Ok((status, kept.is_some()));
         }
         let fields = || rh.fields();
