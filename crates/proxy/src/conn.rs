@@ -80,6 +80,47 @@ pub async fn send_all(
     }
 }
 
+/// `first` and then `second`, as [`send_all`] writes one buffer: on plain TCP in one vectored
+/// write when the socket takes both (a response's head and a large body: one system call, not
+/// two), on TLS one after the other (rustls gathers them into records anyway).
+pub async fn send_both(
+    stream: &mut ClientStream,
+    first: &[u8],
+    second: &[u8],
+    limit: std::time::Duration,
+) -> std::io::Result<()> {
+    let mut off = 0;
+    if let ClientStream::Plain(s) = stream {
+        while off < first.len() {
+            let slices = [
+                std::io::IoSlice::new(&first[off..]),
+                std::io::IoSlice::new(second),
+            ];
+            match s.try_write_vectored(&slices) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    match timeout(limit, s.writable()).await {
+                        Err(_) => {
+                            let e = "client accepted no data in time";
+                            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, e));
+                        }
+                        Ok(r) => r?,
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    } else {
+        send_all(stream, first, limit).await?;
+        off = first.len();
+    }
+    let done = off - first.len();
+    match done < second.len() {
+        true => send_all(stream, &second[done..], limit).await,
+        false => Ok(()),
+    }
+}
+
 /// Everything a connection task needs besides its socket.
 pub struct Ctx {
     pub ls: Arc<ListenerState>,

@@ -363,12 +363,12 @@ impl Sink for H1Out<'_> {
         if c.wbuf.len() + d.len() <= GATHER {
             c.wbuf.extend_from_slice(&d);
         } else {
-            self.flush().await?;
-            let c = &mut *self.c;
-            conn::send_all(&mut c.stream, &d, c.send_timeout)
+            // What is buffered (the head, a chunk header) and the body leave in one write.
+            conn::send_both(&mut c.stream, &c.wbuf, &d, c.send_timeout)
                 .await
                 .map_err(ProxyError::ClientIo)?;
-            self.sent += d.len() as u64;
+            self.sent += (c.wbuf.len() + d.len()) as u64;
+            c.wbuf.clear();
         }
         if self.chunked {
             self.c.wbuf.extend_from_slice(b"\r\n");
