@@ -474,11 +474,8 @@ fn purge(control: &Control, req: &Request) -> Response {
     };
     match cache.purge(&purge) {
         Ok(found) => {
-            tracing::info!(by = req.by, "admin: cache purged: {purge:?}");
-            Response::json(
-                200,
-                &json!({ "purged": format!("{purge:?}"), "found": found }),
-            )
+            tracing::info!(by = req.by, "admin: cache purged: {purge}");
+            Response::json(200, &json!({ "purged": purge.to_string(), "found": found }))
         }
         Err(e) => Response::error(503, format!("purge refused: {e}")),
     }

@@ -463,6 +463,17 @@ pub enum Purge {
     Tag(String),
 }
 
+impl std::fmt::Display for Purge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Purge::All => f.write_str("everything"),
+            Purge::Url(u) => write!(f, "url {u}"),
+            Purge::Prefix(p) => write!(f, "prefix {p}"),
+            Purge::Tag(t) => write!(f, "tag {t}"),
+        }
+    }
+}
+
 impl Entry {
     /// Whether `other` is the same variant (scope and selecting values).
     fn same_variant(&self, other: &Entry) -> bool {

@@ -488,7 +488,11 @@ fn unsafe_requests_invalidate_and_purges_remove() {
     for path in ["/fresh", "/news/1", "/news/2", "/other"] {
         let _ = get(&mut c, path, "");
     }
-    assert_eq!(admin(a, "DELETE", "/api/cache?url=a.test/other").0, 200);
+    let (status, body) = admin(a, "DELETE", "/api/cache?url=a.test/other");
+    assert_eq!(status, 200);
+    let purged: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(purged["purged"], "url a.test/other");
+    assert_eq!(purged["found"], true);
     assert_eq!(get(&mut c, "/other", "").text(), "/other #2");
     assert_eq!(admin(a, "DELETE", "/api/cache?prefix=a.test/news/").0, 200);
     assert_eq!(get(&mut c, "/news/1", "").text(), "/news/1 #2");
