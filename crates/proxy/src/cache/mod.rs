@@ -599,8 +599,8 @@ pub(crate) struct Target<'t> {
     pub tag_header: Option<&'t str>,
     pub max_object: u64,
     /// The request carried credentials (`Authorization`, or the route checks basic auth, a
-    /// JWT or a forward auth service): only responses a shared cache may keep for any client
-    /// are stored (RFC 9111 3.5).
+    /// JWT or a forward auth service; `flow::cached::credentialed` decides): only responses a
+    /// shared cache may keep for any client are stored (RFC 9111 3.5).
     pub credentialed: bool,
     /// Whether the route's filters set or drop a request field on its way to the server: a
     /// response that varies on one is not stored (its variant would be chosen by the client's
@@ -627,8 +627,7 @@ where
         fields: resp.fields,
     };
     let route = to.route;
-    let auth = to.credentialed || head.field("authorization").is_some();
-    let verdict = policy::storable(&view, auth, route, now)?;
+    let verdict = policy::storable(&view, to.credentialed, route, now)?;
     let field = |name: &str| {
         (resp.fields)()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))

@@ -116,6 +116,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
         group: px.group,
     };
     let head_only = *method == Method::Head;
+    let credentialed = credentialed(head, px.route);
     let mut waited = false;
     let mut _fetching = None;
     let mut conditional = false;
@@ -148,7 +149,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
                         route: rc,
                         entry: e,
                         settings,
-                        credentialed: credentialed(head, px.route),
+                        credentialed,
                     };
                     let who = down.who();
                     match refresh::spawn(&env, &px, head, &who, guard, stored) {
@@ -202,7 +203,7 @@ pub(super) async fn serve<'a, D: Client<'a>>(
         url,
         route: rc,
         scope,
-        credentialed: credentialed(head, px.route),
+        credentialed,
         stale: found,
         requested: SystemTime::now(),
         max_object: settings.max_object,

@@ -557,12 +557,8 @@ async fn attempt<'a, 'r, D: Client<'a>, H: Hooks<'r>>(
     let t = match picked {
         Ok(t) => t,
         Err(e) => {
-            // Boxed: only caching routes pay for the cache's answer state.
-            if let Some(c) = cx.caching() {
-                let stale = cached::instead_of_error(down, head, px, c);
-                if let Some(o) = Box::pin(stale).await {
-                    return Some(o);
-                }
+            if let Some(o) = stale_instead(down, head, px, cx).await {
+                return Some(o);
             }
             return Some(down.fail(head, e, Phase::Connect, false).await);
         }
@@ -636,12 +632,8 @@ async fn attempt<'a, 'r, D: Client<'a>, H: Hooks<'r>>(
             phase,
             body_done,
         } => {
-            // Boxed: only caching routes pay for the cache's answer state.
-            if let Some(c) = cx.caching() {
-                let stale = cached::instead_of_error(down, head, px, c);
-                if let Some(o) = Box::pin(stale).await {
-                    return Some(o);
-                }
+            if let Some(o) = stale_instead(down, head, px, cx).await {
+                return Some(o);
             }
             // The access log names the server that refused, timed out or failed.
             let mut o = down.fail(head, e, phase, body_done).await;
@@ -856,6 +848,19 @@ async fn relay_with_upload<'a, D: Client<'a>, O: Sink>(
         end,
     };
     end_response(r, sent, status, Some(addr), true).await
+}
+
+/// A caching route's stale response in place of a failed attempt (`stale-if-error`), when one
+/// may answer; None for every other route.
+async fn stale_instead<'a, 'r, D: Client<'a>, H: Hooks<'r>>(
+    down: &mut D,
+    head: &RequestHead,
+    px: &Proxied<'_>,
+    cx: &mut H,
+) -> Option<Outcome> {
+    let c = cx.caching()?;
+    // Boxed: only caching routes pay for the cache's answer state.
+    Box::pin(cached::instead_of_error(down, head, px, c)).await
 }
 
 /// `work`'s output, or None when the client reset its stream first (never for an HTTP/1.1
