@@ -199,8 +199,13 @@ pub fn explain(config: &Config) -> String {
     if let Some(c) = &config.cache {
         let _ = writeln!(
             out,
-            "response cache: {} in memory, objects up to {}, misses of one URL wait up to {} for its fetch{}",
+            "response cache: {} in memory{}, objects up to {}, misses of one URL wait up to {} for its fetch{}",
             format_size(c.memory),
+            c.disk.as_ref().map_or_else(String::new, |d| format!(
+                " and {} on disk in {}",
+                format_size(d.size),
+                d.path.display()
+            )),
             format_size(c.max_object),
             format_duration(c.lock_timeout),
             c.tag_header

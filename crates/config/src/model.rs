@@ -823,6 +823,21 @@ pub struct CacheStore {
     /// A response field listing the response's tags (comma or space separated), for purges
     /// by tag; lowercase. None = no tags.
     pub tag_header: Option<String>,
+    /// The disk tier: stored responses also written to files that outlive restarts; None =
+    /// memory only.
+    pub disk: Option<CacheDisk>,
+}
+
+/// Default `[cache] disk_size`: 1 GiB.
+pub const DEFAULT_CACHE_DISK_SIZE: u64 = 1 << 30;
+
+/// The response cache's disk tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheDisk {
+    /// The directory of its files (created when missing).
+    pub path: PathBuf,
+    /// Bytes of files kept at most; the least used go first.
+    pub size: u64,
 }
 
 /// What a route's cache key takes from the query string.

@@ -65,6 +65,8 @@ pub(crate) struct RawCache {
     pub max_object: Option<Spanned<Scalar>>,
     pub lock_timeout: Option<Spanned<Scalar>>,
     pub tag_header: Option<Spanned<String>>,
+    pub disk_path: Option<Spanned<String>>,
+    pub disk_size: Option<Spanned<Scalar>>,
 }
 
 /// A route's `cache` table.

@@ -121,6 +121,57 @@ pub async fn send_both(
     }
 }
 
+/// `head`, then bytes `at..end` of `file` sent by the kernel from the file (`sendfile`: no copy
+/// through the proxy), under `limit` as [`send_all`] writes.
+pub async fn send_file(
+    s: &tokio::net::TcpStream,
+    head: &[u8],
+    file: &std::fs::File,
+    mut at: u64,
+    end: u64,
+    limit: std::time::Duration,
+) -> std::io::Result<()> {
+    use tokio::io::Interest;
+    let wait = || async {
+        match timeout(limit, s.writable()).await {
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "client accepted no data in time",
+            )),
+            Ok(r) => r,
+        }
+    };
+    let mut off = 0;
+    while off < head.len() {
+        // MSG_MORE: the head leaves with the file's first bytes, not in a packet of its own.
+        let more = rustix::net::SendFlags::MORE;
+        let sent = s.try_io(Interest::WRITABLE, || {
+            rustix::net::send(s, &head[off..], more).map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(n) => off += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    while at < end {
+        let n = usize::try_from(end - at).unwrap_or(usize::MAX).min(1 << 30);
+        let sent = s.try_io(Interest::WRITABLE, || {
+            rustix::fs::sendfile(s, file, Some(&mut at), n).map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(0) => {
+                let e = "the stored body's file is shorter than its length";
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, e));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => wait().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Everything a connection task needs besides its socket.
 pub struct Ctx {
     pub ls: Arc<ListenerState>,

@@ -32,6 +32,8 @@ pub enum StartError {
     AccessLog { path: String, source: io::Error },
     #[error("cannot start worker thread: {0}")]
     Thread(io::Error),
+    #[error("cannot open the response cache: {0}")]
+    Cache(io::Error),
     #[error("listener {name}: TLS: {source}")]
     Tls {
         name: String,
@@ -216,13 +218,16 @@ impl Control {
                 }
             },
         };
-        // The response cache: kept, with what it holds, while its memory stays the same.
-        let cache = config.cache.as_ref().map(|c| {
-            match old.cache.as_ref().filter(|k| k.serves(c.memory)) {
+        // The response cache: kept, with what it holds, while its memory and disk tier stay
+        // the same.
+        let cache = match config.cache.as_ref() {
+            None => None,
+            Some(c) => Some(match old.cache.as_ref().filter(|k| k.serves(c)) {
                 Some(k) => k.clone(),
-                None => Arc::new(crate::cache::Cache::new(c.memory)),
-            }
-        });
+                None => crate::cache::Cache::new(c.memory, c.disk.as_ref())
+                    .map_err(StartError::Cache)?,
+            }),
+        };
         let access_log = match &config.access_log {
             Some(al) => Some(AccessLogger::open(al).map_err(|source| {
                 StartError::AccessLog {

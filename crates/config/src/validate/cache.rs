@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::model::{
-    CacheStore, QueryKey, RouteCache, DEFAULT_CACHE_LOCK_TIMEOUT, DEFAULT_CACHE_MAX_OBJECT,
-    DEFAULT_CACHE_MEMORY,
+    CacheDisk, CacheStore, QueryKey, RouteCache, DEFAULT_CACHE_DISK_SIZE,
+    DEFAULT_CACHE_LOCK_TIMEOUT, DEFAULT_CACHE_MAX_OBJECT, DEFAULT_CACHE_MEMORY,
 };
 use crate::raw::{RawCache, RawRouteCache};
 
@@ -23,6 +23,7 @@ pub(super) fn cache_store(
             max_object: DEFAULT_CACHE_MAX_OBJECT,
             lock_timeout: DEFAULT_CACHE_LOCK_TIMEOUT,
             tag_header: None,
+            disk: None,
         });
     };
     let memory = size(
@@ -64,11 +65,52 @@ pub(super) fn cache_store(
         }
         name
     });
+    let disk = cache_disk(ctx, raw, max_object);
     Some(CacheStore {
         memory,
         max_object: max_object.min(memory),
         lock_timeout,
         tag_header,
+        disk,
+    })
+}
+
+/// `[cache] disk_path` and `disk_size`: the disk tier, when a path is given.
+fn cache_disk(ctx: &mut Ctx<'_>, raw: &RawCache, max_object: u64) -> Option<CacheDisk> {
+    let Some(path) = raw.disk_path.as_ref() else {
+        if let Some(s) = &raw.disk_size {
+            ctx.error(
+                start(s),
+                "cache.disk_size",
+                "has no effect without cache.disk_path (the directory of the disk tier)",
+            );
+        }
+        return None;
+    };
+    if let Some(m) = plain_text_error(path.get_ref(), "the path") {
+        ctx.error(start(path), "cache.disk_path", m);
+        return None;
+    }
+    let size = size(
+        ctx,
+        raw.disk_size.as_ref(),
+        "cache.disk_size",
+        DEFAULT_CACHE_DISK_SIZE,
+        MIN_CACHE_MEMORY,
+        1 << 50,
+    );
+    if size < max_object {
+        if let Some(s) = &raw.disk_size {
+            let m = format!(
+                "must be at least cache.max_object ({})",
+                format_size(max_object)
+            );
+            ctx.error(start(s), "cache.disk_size", m);
+        }
+    }
+    Some(CacheDisk {
+        path: relative_to_config(ctx.file, path.get_ref()),
+        size,
     })
 }
 

@@ -52,6 +52,32 @@ fn keys_and_lifetimes() {
     assert_eq!(r.default_ttl, Some(Duration::from_secs(60)));
     assert_eq!(r.stale_if_error, Duration::from_secs(3600));
     assert!(!r.lock);
+    assert!(store.disk.is_none());
+}
+
+#[test]
+fn the_disk_tier_has_a_path_and_a_size() {
+    let c = config("[cache]\ndisk_path = \"/var/cache/portico\"", "cache = {}").unwrap();
+    let disk = c.cache.unwrap().disk.unwrap();
+    assert_eq!(disk.path, std::path::Path::new("/var/cache/portico"));
+    assert_eq!(disk.size, 1 << 30);
+    let c = config(
+        "[cache]\ndisk_path = \"cache\"\ndisk_size = \"20GiB\"",
+        "cache = {}",
+    )
+    .unwrap();
+    let disk = c.cache.unwrap().disk.unwrap();
+    // A relative path is taken from the configuration file's directory.
+    assert!(disk.path.ends_with("cache"), "{}", disk.path.display());
+    assert_eq!(disk.size, 20 << 30);
+    let e = |top: &str| config(top, "cache = {}").unwrap_err();
+    assert_eq!(
+        e("[cache]\ndisk_size = \"1GiB\""),
+        "t.toml:2:13: cache.disk_size: has no effect without cache.disk_path (the directory of the disk tier)"
+    );
+    assert!(e("[cache]\ndisk_path = \"\"").contains("cache.disk_path: the path must not be empty"));
+    assert!(e("[cache]\ndisk_path = \"d\"\ndisk_size = \"4MiB\"")
+        .contains("cache.disk_size: must be at least cache.max_object (8MiB)"));
 }
 
 #[test]

@@ -438,6 +438,16 @@ fn cache_json(cache: &crate::cache::Cache) -> Value {
         "invalidated": c.invalidated.load(Relaxed),
         "hit_bytes": c.hit_bytes.load(Relaxed),
         "waiting": c.waiting.load(Relaxed),
+        "disk": cache.disk_usage().map(|(path, files, bytes, capacity, d)| json!({
+            "path": path.display().to_string(),
+            "entries": files,
+            "bytes": bytes,
+            "capacity_bytes": capacity,
+            "reads": d.reads.load(Relaxed),
+            "writes": d.writes.load(Relaxed),
+            "writes_skipped": d.skipped.load(Relaxed),
+            "errors": d.errors.load(Relaxed),
+        })),
     })
 }
 
@@ -976,6 +986,54 @@ fn cache_metrics(e: &mut Exposition, cache: &crate::cache::Cache) {
             "portico_cache_lock_waiting",
             "Requests waiting now for another request's fetch of their URL (collapsed forwarding).",
             c.waiting.load(Relaxed),
+        ),
+    ] {
+        e.family(name, "gauge", help);
+        e.sample(name, &[], v as f64);
+    }
+    let Some((_, files, bytes, capacity, d)) = cache.disk_usage() else {
+        return;
+    };
+    for (name, help, v) in [
+        (
+            "portico_cache_disk_reads_total",
+            "Stored responses read back from the disk tier into memory.",
+            &d.reads,
+        ),
+        (
+            "portico_cache_disk_writes_total",
+            "Stored responses written to the disk tier.",
+            &d.writes,
+        ),
+        (
+            "portico_cache_disk_writes_skipped_total",
+            "Stored responses kept in memory only because the disk tier's queue of writes was full.",
+            &d.skipped,
+        ),
+        (
+            "portico_cache_disk_errors_total",
+            "Files of the disk tier that failed to be written or read back (each is logged).",
+            &d.errors,
+        ),
+    ] {
+        e.family(name, "counter", help);
+        e.sample(name, &[], v.load(Relaxed) as f64);
+    }
+    for (name, help, v) in [
+        (
+            "portico_cache_disk_entries",
+            "URLs held in the disk tier.",
+            files,
+        ),
+        (
+            "portico_cache_disk_bytes",
+            "Bytes of the disk tier's files.",
+            bytes,
+        ),
+        (
+            "portico_cache_disk_capacity_bytes",
+            "The disk tier's bound ([cache] disk_size).",
+            capacity,
         ),
     ] {
         e.family(name, "gauge", help);

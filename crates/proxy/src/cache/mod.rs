@@ -1,9 +1,15 @@
-//! The response cache's store: responses by URL with their variants in a memory tier bounded in bytes (moka: TinyLFU admission, so a one-hit scan does not evict the hot set), purges, one upstream fetch per URL at a time, counters.
+//! The response cache's store: responses by URL with their variants in a memory tier bounded in bytes (moka: TinyLFU admission, so a one-hit scan does not evict the hot set) over an optional disk tier, purges, one upstream fetch per URL at a time, counters.
 
+pub(crate) mod body;
+mod disk;
+pub(crate) mod file;
 pub(crate) mod policy;
 
-use bytes::{Bytes, BytesMut};
-use portico_config::{QueryKey, RouteCache};
+pub(crate) use body::Body;
+pub use disk::DiskCounters;
+
+use bytes::BytesMut;
+use portico_config::{CacheDisk, CacheStore, QueryKey, RouteCache};
 use portico_http1::{Limits, Method, RequestHead, ResponseHead};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +27,7 @@ const ENTRY_OVERHEAD: u64 = 256;
 pub struct Cache {
     memory: u64,
     store: moka::sync::Cache<Arc<str>, Arc<Slot>>,
+    disk: Option<disk::Disk>,
     /// URLs being fetched, and the receivers woken when the fetch ends.
     locks: Mutex<HashMap<Arc<str>, watch::Receiver<()>>>,
     pub counters: Counters,
@@ -56,6 +63,8 @@ pub struct Counters {
     pub invalidated: AtomicU64,
     /// Requests waiting now for another request's fetch of their URL.
     pub waiting: AtomicU64,
+    /// Background refreshes running now.
+    pub refreshing: AtomicU64,
 }
 
 /// Counts a request among the waiting ones while it lives.
@@ -106,7 +115,7 @@ pub(crate) struct Entry {
     /// The head as it answers a GET (framed by the body's length) and a HEAD (no body).
     pub get: ResponseHead,
     pub head: ResponseHead,
-    pub body: Bytes,
+    pub body: Body,
     /// When it was received, and its age then.
     stored: Instant,
     initial_age: Duration,
@@ -152,7 +161,7 @@ impl Entry {
 
     fn weight(&self) -> u64 {
         let fields: usize = self.fields.iter().map(|(n, v)| n.len() + v.len()).sum();
-        ENTRY_OVERHEAD + self.body.len() as u64 + 3 * self.get.raw().len() as u64 + fields as u64
+        ENTRY_OVERHEAD + self.body.weight() + 3 * self.get.raw().len() as u64 + fields as u64
     }
 
     /// The entry answers the request `head` of `scope`.
@@ -178,8 +187,8 @@ pub(crate) struct Pending {
     received: Instant,
     tags: Vec<String>,
     /// The body so far; None once it passed the size limit.
-    body: Option<BytesMut>,
-    limit: usize,
+    body: Option<body::Gather>,
+    limit: u64,
 }
 
 impl Pending {
@@ -192,10 +201,8 @@ impl Pending {
     #[inline]
     pub(crate) fn push(&mut self, d: &[u8]) {
         if let Some(b) = &mut self.body {
-            if b.len() + d.len() > self.limit {
+            if b.len() + d.len() as u64 > self.limit || !b.push(d) {
                 self.body = None;
-            } else {
-                b.extend_from_slice(d);
             }
         }
     }
@@ -247,20 +254,39 @@ impl moka::Expiry<Arc<str>, Arc<Slot>> for Retain {
 }
 
 impl Cache {
-    /// An empty cache of `memory` bytes.
-    pub fn new(memory: u64) -> Self {
+    /// A cache of `memory` bytes over the disk tier `disk`, if any (its directory is created
+    /// when missing; what an earlier run stored there is found again in the background).
+    pub fn new(memory: u64, disk: Option<&CacheDisk>) -> std::io::Result<Arc<Self>> {
         let store = moka::sync::Cache::builder()
             .max_capacity(memory)
             .weigher(|_: &Arc<str>, s: &Arc<Slot>| s.weight)
             .expire_after(Retain)
             .support_invalidation_closures()
             .build();
-        Cache {
+        let (disk, jobs) = match disk {
+            Some(d) => {
+                let (disk, jobs) = disk::Disk::open(&d.path, d.size).map_err(|e| {
+                    let m = format!("cache disk_path {}: {e}", d.path.display());
+                    std::io::Error::new(e.kind(), m)
+                })?;
+                (Some(disk), Some(jobs))
+            }
+            None => (None, None),
+        };
+        let cache = Arc::new(Cache {
             memory,
             store,
+            disk,
             locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+        });
+        if let Some(jobs) = jobs {
+            let weak = Arc::downgrade(&cache);
+            std::thread::Builder::new()
+                .name("portico-cache-disk".into())
+                .spawn(move || disk::run(weak, jobs))?;
         }
+        Ok(cache)
     }
 
     /// Its memory bound in bytes.
@@ -268,9 +294,18 @@ impl Cache {
         self.memory
     }
 
-    /// This cache has the memory `memory` asks for.
-    pub fn serves(&self, memory: u64) -> bool {
-        self.memory == memory
+    /// This cache has the memory and the disk tier `store` asks for.
+    pub fn serves(&self, store: &CacheStore) -> bool {
+        let disk = self.disk.as_ref().map(|d| (d.path(), d.capacity()));
+        let wanted = store.disk.as_ref().map(|d| (d.path.as_path(), d.size));
+        self.memory == store.memory && disk == wanted
+    }
+
+    /// The disk tier's directory, files, bytes, bound and counters, when there is one.
+    pub fn disk_usage(&self) -> Option<(&std::path::Path, u64, u64, u64, &DiskCounters)> {
+        let d = self.disk.as_ref()?;
+        let (files, bytes) = d.usage();
+        Some((d.path(), files, bytes, d.capacity(), &d.counters))
     }
 
     /// Entries and their weight in bytes (the store's pending bookkeeping is done first).
@@ -280,12 +315,28 @@ impl Cache {
     }
 
     /// The stored response for `url` that the request `head` of `scope` selects.
-    pub(crate) fn get(&self, url: &str, head: &RequestHead, scope: Scope) -> Option<Arc<Entry>> {
-        let slot = self.store.get(url)?;
-        slot.variants
-            .iter()
-            .find(|e| e.selected_by(head, scope))
-            .cloned()
+    pub(crate) fn get(
+        &self,
+        url: &Arc<str>,
+        head: &RequestHead,
+        scope: Scope,
+    ) -> Option<Arc<Entry>> {
+        if let Some(slot) = self.store.get(url) {
+            let found = slot.variants.iter().find(|e| e.selected_by(head, scope));
+            if let Some(e) = found {
+                return Some(e.clone());
+            }
+        }
+        // Read back from disk into memory.
+        let e = Arc::new(self.disk.as_ref()?.get(url, head, scope)?);
+        self.put_memory(url.clone(), e.clone());
+        Some(e)
+    }
+
+    /// Whether the memory tier still holds `entry` for `url`.
+    fn holds(&self, url: &Arc<str>, entry: &Arc<Entry>) -> bool {
+        let slot = self.store.get(url);
+        slot.is_some_and(|s| s.variants.iter().any(|v| Arc::ptr_eq(v, entry)))
     }
 
     /// Store a response whose body was relayed whole; false when it was too large.
@@ -299,7 +350,7 @@ impl Cache {
             p.status,
             p.reason,
             p.fields,
-            body.freeze(),
+            body.finish(),
             &p.verdict,
             p.initial_age,
             p.received,
@@ -311,19 +362,31 @@ impl Cache {
         true
     }
 
-    /// Store `entry` for `url`, in place of the variant it replaces.
+    /// Store `entry` for `url`, in place of the variant it replaces (and on disk, when there
+    /// is a disk tier).
     pub(crate) fn put(&self, url: Arc<str>, entry: Arc<Entry>) {
+        self.put_memory(url.clone(), entry.clone());
+        self.counters.stored.fetch_add(1, Ordering::Relaxed);
+        if let Some(d) = &self.disk {
+            d.write(url, entry);
+        }
+    }
+
+    /// `entry` for `url` in the memory tier, in place of the variant it replaces.
+    fn put_memory(&self, url: Arc<str>, entry: Arc<Entry>) {
         let mut variants = vec![entry.clone()];
         if let Some(old) = self.store.get(&url) {
             let others = old.variants.iter().filter(|v| !v.same_variant(&entry));
             variants.extend(others.take(MAX_VARIANTS - 1).cloned());
         }
         self.store_slot(url, variants);
-        self.counters.stored.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `entry`'s variant of `url` goes (the others stay).
     pub(crate) fn remove_variant(&self, url: &Arc<str>, entry: &Entry) {
+        if let Some(d) = &self.disk {
+            d.remove_variant(url, entry);
+        }
         let Some(old) = self.store.get(url) else {
             return;
         };
@@ -399,7 +462,8 @@ impl Cache {
 
     /// An unsafe request to `url` succeeded: its stored responses go (RFC 9111 4.4).
     pub(crate) fn invalidate(&self, url: &str) {
-        if self.store.remove(url).is_some() {
+        let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(url));
+        if self.store.remove(url).is_some() || on_disk {
             self.counters.invalidated.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -423,12 +487,29 @@ impl Cache {
 
     /// Remove what `purge` names; the URL form says whether it was stored.
     pub fn purge(&self, purge: &Purge) -> Result<bool, String> {
+        if let Some(d) = &self.disk {
+            match purge {
+                Purge::All => d.purge_all(),
+                Purge::Url(_) => {}
+                Purge::Prefix(prefix) => {
+                    let prefix = prefix.clone();
+                    d.purge_if(move |url, _| url.starts_with(prefix.as_str()))?;
+                }
+                Purge::Tag(tag) => {
+                    let tag = tag.clone();
+                    d.purge_if(move |_, tags| tags.contains(&tag))?;
+                }
+            }
+        }
         let r = match purge {
             Purge::All => {
                 self.store.invalidate_all();
                 Ok(true)
             }
-            Purge::Url(url) => Ok(self.store.remove(url.as_str()).is_some()),
+            Purge::Url(url) => {
+                let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(url));
+                Ok(self.store.remove(url.as_str()).is_some() || on_disk)
+            }
             Purge::Prefix(prefix) => {
                 let prefix = prefix.clone();
                 self.store
@@ -488,13 +569,13 @@ impl Entry {
         status: u16,
         reason: String,
         fields: Vec<(String, Vec<u8>)>,
-        body: Bytes,
+        body: Body,
         verdict: &policy::Verdict,
         initial_age: Duration,
         stored: Instant,
         tags: Vec<String>,
     ) -> Option<Entry> {
-        let length = (status != 204).then_some(body.len() as u64);
+        let length = (status != 204).then_some(body.len());
         let all = || fields.iter().map(|(n, v)| (n.as_str(), &v[..]));
         Some(Entry {
             scope,
@@ -677,8 +758,8 @@ where
         initial_age,
         received,
         tags,
-        body: Some(BytesMut::new()),
-        limit: usize::try_from(to.max_object).unwrap_or(usize::MAX),
+        body: Some(body::Gather::new()),
+        limit: to.max_object,
     }))
 }
 
@@ -771,7 +852,7 @@ pub(crate) fn url(head: &RequestHead, route: &RouteCache) -> Arc<str> {
 mod tests {
     use super::*;
 
-    fn request(raw: &str) -> RequestHead {
+    pub(super) fn request(raw: &str) -> RequestHead {
         let mut b = BytesMut::from(raw);
         portico_http1::parse_request(&mut b, &Limits::default())
             .unwrap()
@@ -821,13 +902,19 @@ mod tests {
         assert!(bypassed(&cookie, &r));
     }
 
-    const SCOPE: Scope = Scope {
+    pub(super) const SCOPE: Scope = Scope {
         route: 1,
         tls: false,
         group: 0,
     };
 
-    fn stored(cache: &Cache, url: &str, req: &RequestHead, vary: &str, body: &'static [u8]) {
+    pub(super) fn stored(
+        cache: &Cache,
+        url: &str,
+        req: &RequestHead,
+        vary: &str,
+        body: &'static [u8],
+    ) {
         let mut fields = vec![
             ("Cache-Control", &b"max-age=60"[..]),
             ("Cache-Tag", b"a, b"),
@@ -861,36 +948,52 @@ mod tests {
 
     #[test]
     fn variants_by_vary_and_key_fields() {
-        let cache = Cache::new(1 << 20);
+        let cache = Cache::new(1 << 20, None).unwrap();
         let gzip = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n");
         let br = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: br\r\n\r\n");
         let french = request(
             "GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\nAccept-Language: fr\r\n\r\n",
         );
         stored(&cache, "h/", &gzip, "Accept-Encoding", b"gz");
-        assert!(cache.get("h/", &br, SCOPE).is_none());
+        assert!(cache.get(&"h/".into(), &br, SCOPE).is_none());
         stored(&cache, "h/", &br, "accept-encoding", b"br");
-        assert_eq!(&cache.get("h/", &gzip, SCOPE).unwrap().body[..], b"gz");
-        assert_eq!(&cache.get("h/", &br, SCOPE).unwrap().body[..], b"br");
+        assert_eq!(
+            &cache
+                .get(&"h/".into(), &gzip, SCOPE)
+                .unwrap()
+                .body
+                .read(0, 2)
+                .unwrap()[..],
+            b"gz"
+        );
+        assert_eq!(
+            &cache
+                .get(&"h/".into(), &br, SCOPE)
+                .unwrap()
+                .body
+                .read(0, 2)
+                .unwrap()[..],
+            b"br"
+        );
         // The route's key field selects too.
-        assert!(cache.get("h/", &french, SCOPE).is_none());
-        let e = cache.get("h/", &gzip, SCOPE).unwrap();
+        assert!(cache.get(&"h/".into(), &french, SCOPE).is_none());
+        let e = cache.get(&"h/".into(), &gzip, SCOPE).unwrap();
         assert_eq!(e.get.field("content-length"), Some(&b"2"[..]));
         assert_eq!(e.head.framing, portico_http1::Framing::None);
         assert!(e.is_fresh(Instant::now()));
         // Another scope (route, scheme or group) never sees them.
         let https = Scope { tls: true, ..SCOPE };
-        assert!(cache.get("h/", &gzip, https).is_none());
+        assert!(cache.get(&"h/".into(), &gzip, https).is_none());
         // One variant goes, the other stays.
         let url: Arc<str> = "h/".into();
         cache.remove_variant(&url, &e);
-        assert!(cache.get("h/", &gzip, SCOPE).is_none());
-        assert!(cache.get("h/", &br, SCOPE).is_some());
+        assert!(cache.get(&"h/".into(), &gzip, SCOPE).is_none());
+        assert!(cache.get(&"h/".into(), &br, SCOPE).is_some());
     }
 
     #[test]
     fn purges_by_url_prefix_tag_and_all() {
-        let cache = Cache::new(1 << 20);
+        let cache = Cache::new(1 << 20, None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         for url in ["h/a", "h/b/1", "h/b/2", "g/c"] {
             stored(&cache, url, &req, "", b"x");
@@ -899,19 +1002,20 @@ mod tests {
         assert_eq!(cache.purge(&Purge::Url("h/a".into())), Ok(false));
         cache.purge(&Purge::Prefix("h/b/".into())).unwrap();
         assert!(
-            cache.get("h/b/1", &req, SCOPE).is_none() && cache.get("h/b/2", &req, SCOPE).is_none()
+            cache.get(&"h/b/1".into(), &req, SCOPE).is_none()
+                && cache.get(&"h/b/2".into(), &req, SCOPE).is_none()
         );
-        assert!(cache.get("g/c", &req, SCOPE).is_some());
+        assert!(cache.get(&"g/c".into(), &req, SCOPE).is_some());
         cache.purge(&Purge::Tag("b".into())).unwrap();
-        assert!(cache.get("g/c", &req, SCOPE).is_none());
+        assert!(cache.get(&"g/c".into(), &req, SCOPE).is_none());
         stored(&cache, "g/d", &req, "", b"x");
         cache.purge(&Purge::All).unwrap();
-        assert!(cache.get("g/d", &req, SCOPE).is_none());
+        assert!(cache.get(&"g/d".into(), &req, SCOPE).is_none());
     }
 
     #[test]
     fn a_body_over_the_limit_is_not_stored() {
-        let cache = Cache::new(1 << 20);
+        let cache = Cache::new(1 << 20, None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let fields = [("Cache-Control", &b"max-age=60"[..])];
         let f = || fields.iter().copied();
@@ -940,7 +1044,7 @@ mod tests {
 
     #[test]
     fn one_fetch_per_url_and_waiters_wake_when_it_ends() {
-        let cache = Arc::new(Cache::new(1 << 20));
+        let cache = Cache::new(1 << 20, None).unwrap();
         let url: Arc<str> = "h/x".into();
         let Lock::Leader(guard) = cache.lock(&url) else {
             panic!("the first request fetches");

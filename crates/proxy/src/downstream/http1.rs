@@ -9,6 +9,7 @@ use crate::conn::{self, ClientBody, Conn, Ctx};
 use crate::error::ProxyError;
 use crate::filter::Edits;
 use crate::headers::{self, ClientFraming};
+use crate::stream::ClientStream;
 use crate::telemetry::stats::Outcome;
 use crate::telemetry::stats::Phase;
 use crate::telemetry::timing::Timings;
@@ -374,6 +375,26 @@ impl Sink for H1Out<'_> {
             self.c.wbuf.extend_from_slice(b"\r\n");
         }
         Ok(())
+    }
+
+    async fn file(
+        &mut self,
+        f: &crate::cache::body::BodyFile,
+        from: u64,
+        to: u64,
+    ) -> Option<Result<(), ProxyError>> {
+        let c = &mut *self.c;
+        let ClientStream::Plain(s) = &c.stream else {
+            return None;
+        };
+        if self.chunked {
+            return None;
+        }
+        let (at, end) = (f.offset + from, f.offset + to);
+        let r = conn::send_file(s, &c.wbuf, &f.file, at, end, c.send_timeout).await;
+        self.sent += c.wbuf.len() as u64 + (to - from);
+        c.wbuf.clear();
+        Some(r.map_err(ProxyError::ClientIo))
     }
 
     async fn flush(&mut self) -> Result<(), ProxyError> {

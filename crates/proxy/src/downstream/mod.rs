@@ -446,6 +446,17 @@ pub(crate) trait Sink {
     fn try_buffer(&mut self, _d: &Bytes) -> bool {
         false
     }
+    /// A stored body's bytes `from..to` sent from its file by the kernel, where the client's
+    /// connection allows it (plain HTTP/1.1 with a sized body); None where it does not (the
+    /// caller relays the bytes).
+    async fn file(
+        &mut self,
+        _f: &crate::cache::body::BodyFile,
+        _from: u64,
+        _to: u64,
+    ) -> Option<Result<(), ProxyError>> {
+        None
+    }
     /// Before a wait for the server: what is buffered goes out (and at the end of the body).
     async fn flush(&mut self) -> Result<(), ProxyError>;
     /// The body ended (not after a `last` data): trailers, or the end of the stream.

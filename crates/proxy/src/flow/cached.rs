@@ -1,6 +1,7 @@
 //! The response cache on the proxy action: a fresh stored response answers (with the client's conditions and range applied), one upstream fetch per URL at a time, a storable response copied as it streams, revalidation with the stored validators, a stale response in place of an upstream failure, and unsafe requests invalidating their URL.
 
 use super::*;
+use crate::cache::body::{Body, Part};
 use crate::cache::{self, policy, Cache, Entry, Lock, LockGuard, Scope};
 use crate::flow::refresh;
 use crate::telemetry::timing::CacheStatus;
@@ -435,7 +436,7 @@ fn conditional(head: &RequestHead, e: &Entry) -> Conditional {
             return Conditional::Whole;
         }
     }
-    match policy::range(range, e.body.len() as u64) {
+    match policy::range(range, e.body.len()) {
         Ok(Some(r)) => Conditional::Range(r),
         Ok(None) => Conditional::Whole,
         Err(()) => Conditional::Unsatisfiable,
@@ -463,13 +464,13 @@ const NOT_MODIFIED_FIELDS: [&str; 7] = [
 ];
 
 /// The head and body a stored response answers `head` with.
-fn what_to_send(head: &RequestHead, e: &Entry) -> Option<(ResponseHead, Bytes)> {
+fn what_to_send(head: &RequestHead, e: &Entry) -> Option<(ResponseHead, Part)> {
     let method = head.method();
     let stored = || e.fields.iter().map(|(n, v)| (n.as_str(), &v[..]));
-    let len = e.body.len() as u64;
+    let len = e.body.len();
     Some(match conditional(head, e) {
-        Conditional::Whole if *method == Method::Head => (e.head.clone(), Bytes::new()),
-        Conditional::Whole => (e.get.clone(), e.body.clone()),
+        Conditional::Whole if *method == Method::Head => (e.head.clone(), Part::none()),
+        Conditional::Whole => (e.get.clone(), Part::whole(&e.body)),
         Conditional::NotModified => {
             let kept = stored().filter(|(n, _)| {
                 NOT_MODIFIED_FIELDS
@@ -477,21 +478,25 @@ fn what_to_send(head: &RequestHead, e: &Entry) -> Option<(ResponseHead, Bytes)> 
                     .any(|k| k.eq_ignore_ascii_case(n))
             });
             let h = cache::response_head(304, "Not Modified", kept, None, method)?;
-            (h, Bytes::new())
+            (h, Part::none())
         }
         Conditional::Range(r) => {
             let range = format!("bytes {}-{}/{len}", r.start, r.end - 1);
             let fields = stored().chain(std::iter::once(("Content-Range", range.as_bytes())));
             let n = r.end - r.start;
             let h = cache::response_head(206, "Partial Content", fields, Some(n), method)?;
-            let body = e.body.slice(r.start as usize..r.end as usize);
-            (h, body)
+            let part = Part {
+                body: e.body.clone(),
+                from: r.start,
+                to: r.end,
+            };
+            (h, part)
         }
         Conditional::Unsatisfiable => {
             let range = format!("bytes */{len}");
             let fields = std::iter::once(("Content-Range", range.as_bytes()));
             let h = cache::response_head(416, "Range Not Satisfiable", fields, Some(0), method)?;
-            (h, Bytes::new())
+            (h, Part::none())
         }
     })
 }
@@ -523,7 +528,7 @@ async fn answer<'a, D: Client<'a>>(
         let e = ProxyError::Internal("a stored response head does not parse");
         return down.fail(head, e, Phase::ResponseHead, true).await;
     };
-    c.hit_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    c.hit_bytes.fetch_add(body.len(), Ordering::Relaxed);
     let mut edits = Edits::default();
     let rid = down.timings().request_id;
     let who = down.who();
@@ -543,9 +548,14 @@ async fn answer<'a, D: Client<'a>>(
     let sent_status = rh.status();
     let failed = match down.response_head(head, RespHead::H1(&rh), &edits, px.p.via, true) {
         Ok(mut sent) => {
-            let r = match sent.end {
-                true => Ok(()),
-                false => relay(&mut UpBody::Stored(Some(body)), &mut sent.out, &mut z).await,
+            let r = match (sent.end, &body.body, &z) {
+                (true, ..) => Ok(()),
+                // A large body from its file, by the kernel, where the client allows it.
+                (false, Body::File(f), None) => match sent.out.file(f, body.from, body.to).await {
+                    Some(r) => r,
+                    None => relay(&mut UpBody::Stored(body), &mut sent.out, &mut z).await,
+                },
+                (false, ..) => relay(&mut UpBody::Stored(body), &mut sent.out, &mut z).await,
             };
             record(z, shared);
             let r = r.map_err(|e| (e, Phase::ResponseBody));

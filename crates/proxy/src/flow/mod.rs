@@ -968,8 +968,8 @@ enum UpBody<'u> {
         end: Option<Option<HeaderMap>>,
         store: Option<&'u mut Pending>,
     },
-    /// A stored response's body (taken when handed out).
-    Stored(Option<Bytes>),
+    /// A stored response's body, handed out as it is read.
+    Stored(crate::cache::body::Part),
 }
 
 /// What a response body has ready.
@@ -1029,8 +1029,9 @@ impl<'u> UpBody<'u> {
                     None => Ok(Step::Wait),
                 }
             }
-            UpBody::Stored(body) => match body.take() {
-                Some(d) => Ok(Step::Data(d, true)),
+            UpBody::Stored(part) => match part.next() {
+                Some(Ok((d, last))) => Ok(Step::Data(d, last)),
+                Some(Err(_)) => Err(ProxyError::Internal("a stored body could not be read")),
                 None => Ok(Step::End(Trailers::Raw(Bytes::new()))),
             },
         }

@@ -18,6 +18,31 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::io::AsyncReadExt;
 use tokio::time::timeout;
 
+/// Background refreshes running at once at most, in the whole process; past that, a request for
+/// a stale URL revalidates in the foreground (a flood of distinct stale URLs cannot start an
+/// unbounded number of upstream connections).
+const MAX_REFRESHES: u64 = 256;
+
+/// Counts a refresh among the running ones while it lives.
+struct Running(Arc<Cache>);
+
+impl Running {
+    fn start(cache: &Arc<Cache>) -> Option<Running> {
+        let n = &cache.counters.refreshing;
+        if n.fetch_add(1, Relaxed) >= MAX_REFRESHES {
+            n.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(Running(cache.clone()))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.counters.refreshing.fetch_sub(1, Relaxed);
+    }
+}
+
 /// What the stale response is and where it is stored.
 pub(super) struct Stored<'s> {
     pub cache: &'s Arc<Cache>,
@@ -32,8 +57,8 @@ pub(super) struct Stored<'s> {
 
 /// Start the refresh of `stored` with the request's forwarded head (its conditional fields set
 /// in `px.forward`), holding the URL's fetch lock until it ends; the lock comes back when no
-/// refresh can start (an HTTP/2 group, no server able to take it), for the request to fetch
-/// in the foreground.
+/// refresh can start (an HTTP/2 group, no server able to take it, too many refreshes running),
+/// for the request to fetch in the foreground.
 pub(super) fn spawn(
     env: &Env<'_>,
     px: &Proxied<'_>,
@@ -50,6 +75,9 @@ pub(super) fn spawn(
     if group.protocol == UpstreamProtocol::H2 {
         return Err(lock);
     }
+    let Some(running) = Running::start(stored.cache) else {
+        return Err(lock);
+    };
     let Ok(guard) = up.pick_at_excluding(None, &[], Instant::now()) else {
         return Err(lock);
     };
@@ -77,6 +105,7 @@ pub(super) fn spawn(
         header_timeout: group.response_header_timeout,
         idle: group.idle_timeout,
         _lock: lock,
+        _running: running,
     };
     tokio::task::spawn_local(refresh.run());
     Ok(())
@@ -104,6 +133,7 @@ struct Refresh {
     idle: Duration,
     /// Held until the refresh ends: other requests answer stale meanwhile.
     _lock: LockGuard,
+    _running: Running,
 }
 
 impl Refresh {
@@ -221,5 +251,22 @@ impl Refresh {
             }
         }
         Ok((status, self.cache.insert(*p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refreshes_are_capped_in_the_whole_process() {
+        let cache = Cache::new(1 << 20, None).unwrap();
+        let running: Vec<Running> = (0..MAX_REFRESHES)
+            .map(|_| Running::start(&cache).unwrap())
+            .collect();
+        assert!(Running::start(&cache).is_none());
+        drop(running);
+        assert_eq!(cache.counters.refreshing.load(Relaxed), 0);
+        assert!(Running::start(&cache).is_some());
     }
 }

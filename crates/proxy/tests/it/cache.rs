@@ -52,6 +52,12 @@ fn answer(r: &Captured, n: usize) -> Reply {
             &body,
         ),
         "/plain" => reply(200, &[], &body),
+        // 200 KB: kept in a file, sent from it.
+        "/big" => reply(
+            200,
+            &[("Cache-Control", "max-age=60"), ("ETag", "\"big\"")],
+            &big_body(n),
+        ),
         // Stale on arrival (its Age is its lifetime), revalidated with its ETag.
         "/etag" => match r.header("if-none-match") {
             Some("\"v1\"") => reply(
@@ -126,6 +132,11 @@ fn answer(r: &Captured, n: usize) -> Reply {
     }
 }
 
+/// The body of `/big` the `n`th time the server answers it.
+fn big_body(n: usize) -> String {
+    format!("{}#{n}", "0123456789".repeat(20_000))
+}
+
 /// An upstream answering with [`answer`], counting requests per path.
 fn upstream() -> TestUpstream {
     let counts = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
@@ -149,8 +160,13 @@ fn proxy(up: SocketAddr, store: &str) -> Running {
     proxy_with(up, store, "")
 }
 
-/// The same, with `route` (TOML tables) on the caching route.
+/// The same, with `route` (TOML tables) on the caching route. Objects up to 64 KiB are
+/// stored unless `store` says otherwise.
 fn proxy_with(up: SocketAddr, store: &str, route: &str) -> Running {
+    let store = match store.contains("max_object") {
+        true => store.to_string(),
+        false => format!("max_object = \"64KiB\"\n{store}"),
+    };
     start_toml(
         &format!(
             r#"
@@ -159,7 +175,6 @@ address = "127.0.0.1:0"
 
 [cache]
 memory = "8MiB"
-max_object = "64KiB"
 tag_header = "cache-tag"
 {store}
 
@@ -820,4 +835,124 @@ fn a_close_delimited_body_is_not_stored() {
     let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
     let r = get(&mut c, "/c", "");
     assert_eq!(r.header("cache-status"), Some("portico; fwd=miss"));
+}
+
+/// Poll until `f` holds, failing the test after [`T`].
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + T;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_are_answered_from_their_files_whole_in_ranges_and_over_http2() {
+    let up = upstream();
+    let p = proxy(up.addr, "max_object = \"1MiB\"");
+    let addr = p.addr("p").unwrap();
+    let big = big_body(1);
+    let b = big.clone();
+    let mut c = tokio::task::spawn_blocking(move || {
+        let mut c = Client::connect(addr).unwrap();
+        let first = get(&mut c, "/big", "");
+        assert_eq!(first.text(), b);
+        assert_eq!(
+            first.header("cache-status"),
+            Some("portico; fwd=miss; stored")
+        );
+        // Hits on plain HTTP/1.1 go out by sendfile: whole, a range, a HEAD, on one connection.
+        for _ in 0..2 {
+            let hit = get(&mut c, "/big", "");
+            assert_eq!(hit.header("cache-status"), Some("portico; hit"));
+            assert_eq!(hit.text(), b);
+        }
+        let part = get(&mut c, "/big", "Range: bytes=65530-131099\r\n");
+        assert_eq!(part.status, 206);
+        assert_eq!(part.text(), &b[65530..131100]);
+        let head = c
+            .request(b"HEAD /big HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        assert_eq!(head.header("content-length"), Some("200002"));
+        let tail = get(&mut c, "/big", "Range: bytes=-2\r\n");
+        assert_eq!(tail.text(), "#1");
+        c
+    })
+    .await
+    .unwrap();
+    // An HTTP/2 client gets it read from the file in pieces.
+    let client = h2c(addr).await;
+    let mut sr = client.clone().ready().await.unwrap();
+    let req = http::Request::get("http://a.test/big").body(()).unwrap();
+    let (resp, _) = sr.send_request(req, true).unwrap();
+    let resp = tokio::time::timeout(T, resp).await.unwrap().unwrap();
+    assert_eq!(resp.headers()["cache-status"], "portico; hit");
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    while let Some(d) = body.data().await {
+        let d = d.unwrap();
+        got.extend_from_slice(&d);
+        let _ = body.flow_control().release_capacity(d.len());
+    }
+    assert_eq!(got, big.as_bytes());
+    let r = tokio::task::spawn_blocking(move || get(&mut c, "/big", ""))
+        .await
+        .unwrap();
+    assert_eq!(r.text(), big);
+    assert_eq!(seen(&up, "/big"), 1);
+    let json = cache_json(&p);
+    assert_eq!(json["hit_bytes"], 4 * 200_002 + 65_570 + 2);
+    assert!(json["disk"].is_null());
+}
+
+#[test]
+fn the_disk_tier_answers_after_a_restart_and_purges_reach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!(
+        "max_object = \"1MiB\"\ndisk_path = \"{}\"\ndisk_size = \"16MiB\"",
+        dir.path().display()
+    );
+    let up = upstream();
+    let disk = |p: &Running| cache_json(p)["disk"].clone();
+    {
+        let p = proxy(up.addr, &store);
+        let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+        assert_eq!(get(&mut c, "/fresh", "").text(), "/fresh #1");
+        assert_eq!(get(&mut c, "/big", "").text(), big_body(1));
+        assert_eq!(get(&mut c, "/etag", "").text(), "/etag #1");
+        wait_for("three files written", || disk(&p)["writes"] == 3);
+        assert_eq!(disk(&p)["entries"], 3);
+    }
+    // A new process on the same directory: the files are found and answer without the upstream.
+    let p = proxy(up.addr, &store);
+    wait_for("three files found", || disk(&p)["entries"] == 3);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    let fresh = get(&mut c, "/fresh", "");
+    assert_eq!(fresh.text(), "/fresh #1");
+    assert_eq!(fresh.header("cache-status"), Some("portico; hit"));
+    let age: u64 = fresh.header("age").unwrap().parse().unwrap();
+    assert!(age < 60, "{age}");
+    let big = get(&mut c, "/big", "");
+    assert_eq!(big.text(), big_body(1));
+    assert_eq!(big.header("cache-status"), Some("portico; hit"));
+    // Read back from disk, a stale response still revalidates with its ETag.
+    let etag = get(&mut c, "/etag", "");
+    assert_eq!(etag.text(), "/etag #1");
+    assert_eq!(etag.header("x-seen"), Some("304"));
+    assert_eq!((seen(&up, "/fresh"), seen(&up, "/big")), (1, 1));
+    assert_eq!(disk(&p)["reads"], 3);
+    // A purge by tag removes the file too: the next process does not find it.
+    let (status, _) = admin(p.admin_addr().unwrap(), "DELETE", "/api/cache?tag=news");
+    assert_eq!(status, 200);
+    wait_for("the purged file gone", || disk(&p)["entries"] == 2);
+    drop(c);
+    drop(p);
+    let p = proxy(up.addr, &store);
+    wait_for("two files found", || disk(&p)["entries"] == 2);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c, "/fresh", "").text(), "/fresh #2");
+    assert_eq!(
+        get(&mut c, "/big", "").header("cache-status"),
+        Some("portico; hit")
+    );
 }
