@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Response cache hits: proxy CPU per request (user + system of the proxy's process tree, from
-# /proc) of Portico, nginx (proxy_cache) and Varnish answering a stored 1 KB and 100 KB response,
-# in the same run, the rows alternating round by round. Each proxy pinned to core 0 (one nginx
+# /proc) of Portico (memory only, and with a disk tier: the row portico-disk), nginx (proxy_cache)
+# and Varnish answering a stored 1 KB and 100 KB response, in the same run, the rows alternating
+# round by round. The row floor is scripts/floor/static-floor.c (one epoll thread answering every
+# request with the file, no parsing: 1 KB from memory in one writev, 100 KB by sendfile): what the
+# kernel charges any server for the same bytes, so each proxy's own work is its cost above it. Each proxy pinned to core 0 (one nginx
 # worker, one Varnish thread pool, one Portico worker); the origin (`portico origin --root` of the
 # binary given) and wrk on core 1; wrk -t1 -c16 -d8s, keep-alive, plain HTTP.
 # Usage: scripts/bench-cache.sh [ROUNDS] [PORTICO_BINARY]
@@ -9,9 +12,10 @@
 # Every row is checked first: the second request of a size must be a hit (Portico's
 # Cache-Status, nginx's $upstream_cache_status, Varnish's two transaction ids in X-Varnish) with
 # the file's bytes; the script stops with an error when it is not.
-# Prints one line per row, size and round (us/req, req/s), the medians, and the ratios of
-# Portico's median to nginx's and Varnish's (the bar: <= 0.7x nginx, <= 1.0x Varnish). Installs
-# nginx, varnish, wrk and curl when missing and run as root.
+# Prints one line per row, size and round (us/req, req/s), the medians, the ratios of Portico's
+# median to nginx's and Varnish's (the bar: <= 0.7x nginx, <= 1.0x Varnish), and each proxy's
+# cost above the floor row. Installs nginx, varnish, wrk, curl and gcc when missing and run as
+# root.
 set -euo pipefail
 rounds=${1:-3}
 portico=${2:-$(dirname "$0")/../target/release/portico}
@@ -23,6 +27,7 @@ command -v nginx > /dev/null 2>&1 || need_apt+=(nginx)
 command -v varnishd > /dev/null 2>&1 || [ -x /usr/sbin/varnishd ] || need_apt+=(varnish)
 command -v wrk > /dev/null 2>&1 || need_apt+=(wrk)
 command -v curl > /dev/null 2>&1 || need_apt+=(curl)
+command -v gcc > /dev/null 2>&1 || need_apt+=(gcc)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"
@@ -41,6 +46,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
 . "$(dirname "$0")/bench-lib.sh"
 tck=$(getconf CLK_TCK)
 
+gcc -O2 -o "$d/static-floor" "$(dirname "$0")/floor/static-floor.c"
 mkdir -p "$d/www"
 head -c 1024 /dev/urandom > "$d/www/1k.bin"
 head -c 102400 /dev/urandom > "$d/www/100k.bin"
@@ -64,6 +70,8 @@ cache = { override_ttl = "1h" }
 servers = ["127.0.0.1:9380"]
 keepalive = 1024
 EOT
+# The same with a disk tier under the run's directory (as nginx's cache files are).
+sed -e "s|^memory = .*|&\ndisk_path = \"$d/portico-cache\"|" -e 's/9743/9746/' "$d/portico.toml" > "$d/portico-disk.toml"
 
 # nginx as one process (master_process off: its /proc stat is all of nginx's CPU); the cache's
 # files under the run's directory (served from the page cache), access log off.
@@ -100,13 +108,23 @@ $(nginx_temp_paths "$d")
 }
 EOT
 
-rows=(portico nginx varnish)
-port_of() { case $1 in portico) echo 9743 ;; nginx) echo 9744 ;; varnish) echo 9745 ;; esac; }
+rows=(portico portico-disk nginx varnish floor)
+port_of() { case $1 in portico) echo 9743 ;; nginx) echo 9744 ;; varnish) echo 9745 ;; portico-disk) echo 9746 ;; floor) echo 9747 ;; esac; }
 
 pid=""
+file=""
 start() { # row: its proxy pinned to core 0, pid set, back once it accepts connections
   case $1 in
+    floor)
+      # Small files from memory in one writev, large ones by sendfile: the cheaper of the two.
+      mode=(); [ "$file" = 1k.bin ] && mode=(-m)
+      taskset -c 0 "$d/static-floor" 9747 "$d/www/$file" "${mode[@]}" > "$d/proxy.log" 2>&1 &
+      ;;
     portico) taskset -c 0 "$portico" run -c "$d/portico.toml" -w 1 > "$d/proxy.log" 2>&1 & ;;
+    portico-disk)
+      rm -rf "$d/portico-cache"
+      taskset -c 0 "$portico" run -c "$d/portico-disk.toml" -w 1 > "$d/proxy.log" 2>&1 &
+      ;;
     nginx) taskset -c 0 nginx -c "$d/nginx.conf" -p "$d" -e "$d/nginx-error.log" > "$d/proxy.log" 2>&1 & ;;
     varnish)
       rm -rf "$d/varnish"
@@ -152,15 +170,17 @@ check() { # row file: stores the file, then the second request is a hit with the
   cmp -s "$d/body" "$d/www/$2" || { echo "$1: /$2 is not the file" >&2; exit 1; }
   h=$(tr -d '\r' < "$d/head")
   case $1 in
-    portico) grep -qi '^cache-status: portico; hit' <<< "$h" ;;
+    portico*) grep -qi '^cache-status: portico; hit' <<< "$h" ;;
     nginx) grep -qi '^x-cache-status: HIT' <<< "$h" ;;
     varnish) grep -qiE '^x-varnish: [0-9]+ [0-9]+' <<< "$h" ;;
+    floor) true ;;
   esac || { echo "$1: the second request for /$2 was not a hit:" >&2; sed 's/^/  /' <<< "$h" >&2; exit 1; }
 }
 
 us="" rps=""
 measure() { # row file: us (CPU us per request) and rps of one wrk run against a warm cache
   local out n before after
+  file=$2
   start "$1"
   check "$1" "$2"
   before=$(ticks "$pid")
@@ -203,4 +223,8 @@ for file in 1k.bin 100k.bin; do
   done
   awk -v p="${med[portico]}" -v n="${med[nginx]}" -v v="${med[varnish]}" -v f="$file" \
     'BEGIN { printf "ratio %s: portico / nginx %.3f (bar <= 0.7: %s), portico / varnish %.3f (bar <= 1.0: %s)\n", f, p / n, p / n <= 0.7 ? "met" : "NOT met", p / v, p / v <= 1.0 ? "met" : "NOT met" }'
+  awk -v p="${med[portico-disk]}" -v n="${med[nginx]}" -v f="$file" \
+    'BEGIN { printf "ratio %s: portico-disk / nginx %.3f\n", f, p / n }'
+  awk -v p="${med[portico]}" -v n="${med[nginx]}" -v v="${med[varnish]}" -v z="${med[floor]}" -v f="$file" \
+    'BEGIN { printf "above the floor %s: portico %.2f, nginx %.2f, varnish %.2f us/req; portico / nginx %.3f\n", f, p - z, n - z, v - z, (p - z) / (n - z) }'
 done
