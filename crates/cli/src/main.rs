@@ -366,6 +366,11 @@ fn run(
                 .map(|n| n.get())
                 .unwrap_or(1)
         });
+    if let (Some(before), Some(after)) = portico_proxy::raise_open_files_limit() {
+        if before != after {
+            tracing::debug!("open files limit raised from {before} to {after}");
+        }
+    }
     let shadowed = portico_config::shadowed_routes(&cfg);
     for warning in certificate_warnings(&cfg).into_iter().chain(shadowed) {
         tracing::warn!("{warning}");

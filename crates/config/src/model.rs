@@ -836,7 +836,8 @@ pub const DEFAULT_CACHE_DISK_SIZE: u64 = 1 << 30;
 pub struct CacheDisk {
     /// The directory of its files (created when missing).
     pub path: PathBuf,
-    /// Bytes of files kept at most; the least used go first.
+    /// Bytes of files kept at most (their logical sizes); past it, files go by the index's
+    /// admission and eviction (TinyLFU over writes and reads back from disk).
     pub size: u64,
 }
 

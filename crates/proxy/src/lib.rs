@@ -38,7 +38,7 @@ mod websocket;
 pub use control::{ConfigSource, Control, ReloadError, ReloadSummary, StartError};
 pub use error::ProxyError;
 pub use serve::h2;
-pub use server::{start, start_with, Running, Successor};
+pub use server::{raise_open_files_limit, start, start_with, Running, Successor};
 pub use telemetry::stats::{Stats, Termination};
 pub use telemetry::{logging, stats};
 pub use upstream::health::{self, HealthChecker};

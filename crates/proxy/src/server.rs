@@ -556,3 +556,21 @@ impl Drop for CertWatcher {
         }
     }
 }
+
+/// The soft limit on open files raised to the hard limit (as Go's runtime does at start): a
+/// proxy holds two descriptors per proxied connection, and the response cache one per large
+/// stored body. Returns the limit before and after; unchanged when it cannot be read or set.
+pub fn raise_open_files_limit() -> (Option<u64>, Option<u64>) {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    if before.current < before.maximum {
+        let raised = Rlimit {
+            current: before.maximum,
+            maximum: before.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return (before.current, before.maximum);
+        }
+    }
+    (before.current, before.current)
+}

@@ -100,12 +100,17 @@ fn cache_disk(ctx: &mut Ctx<'_>, raw: &RawCache, max_object: u64) -> Option<Cach
         1 << 50,
     );
     if size < max_object {
-        if let Some(s) = &raw.disk_size {
-            let m = format!(
-                "must be at least cache.max_object ({})",
-                format_size(max_object)
-            );
-            ctx.error(start(s), "cache.disk_size", m);
+        let m = format!(
+            "must be at least cache.max_object ({})",
+            format_size(max_object)
+        );
+        match &raw.disk_size {
+            Some(s) => ctx.error(start(s), "cache.disk_size", m),
+            None => ctx.error(
+                start(path),
+                "cache.disk_size",
+                format!("(1GiB by default) {m}"),
+            ),
         }
     }
     Some(CacheDisk {

@@ -1,30 +1,53 @@
-//! The response cache's disk tier: each stored response in a file of its own (a JSON head, then the body) under one directory, indexed in memory and bounded in bytes, written and deleted by one thread of its own, and found again after a restart.
+//! The response cache's disk tier: each stored response in a file of its own (a JSON head, then the body) under a directory of its own, indexed in memory and bounded in bytes, written and deleted by one thread of its own, and found again after a restart.
 
 use super::body::{Body, BodyFile, FILE_BODY};
 use super::file::{bytes, latin1, Meta, PREAMBLE};
-use super::{policy, request_value, Cache, Entry, Scope, MAX_VARIANTS};
+use super::{policy, selects, Entry, Purge, Scope, MAX_VARIANTS};
 use bytes::BytesMut;
 use portico_http1::RequestHead;
-use std::io::{BufWriter, Write};
+use std::collections::HashMap;
+use std::io::{BufWriter, ErrorKind, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-/// Writes waiting at most; past that a stored response stays in memory only.
-const MAX_QUEUED: usize = 1024;
-/// The disk tier: where its files are, what they hold, and the queue of its thread.
+/// The file that marks a directory as the disk tier's: a directory that holds other files and
+/// not this one is refused, never cleaned.
+const MARKER: &str = "PORTICO-CACHE";
+/// Writes waiting at most, and their body bytes; past either a stored response stays in memory
+/// only.
+const MAX_QUEUED: u64 = 1024;
+const MAX_QUEUED_BYTES: u64 = 256 << 20;
+
+/// The disk tier: where its files are, what they hold, and the queues of its thread.
 pub(crate) struct Disk {
     dir: PathBuf,
     size: u64,
     index: moka::sync::Cache<Arc<str>, Arc<Slot>>,
-    /// Held while a URL's entry in the index is read and replaced, and by purges, so that a
-    /// write finishing as its URL is purged never brings it back.
-    edit: Mutex<()>,
-    jobs: mpsc::Sender<Job>,
-    queued: AtomicUsize,
+    /// Held while the index is changed, with what was removed lately, so that a write or a
+    /// read-back racing with a purge of its URL never brings the response back.
+    edit: Mutex<Removals>,
+    /// Bumped at every removal; a write carries its value from when it was queued.
+    seq: AtomicU64,
+    writes: mpsc::Sender<WriteJob>,
+    deletes: mpsc::Sender<Delete>,
+    queued: AtomicU64,
+    queued_bytes: AtomicU64,
+    /// The files of an earlier run are still being read.
+    scanning: AtomicBool,
     pub counters: DiskCounters,
+}
+
+/// What was removed lately: by URL (until no write queued before the removal is left), by
+/// purges of many URLs, and everything removed while the scan runs (the files it has not
+/// reached yet predate every removal).
+#[derive(Default)]
+struct Removals {
+    urls: HashMap<Arc<str>, u64>,
+    many: u64,
+    during_scan: Vec<Purge>,
 }
 
 /// What the disk tier did, for `/metrics`.
@@ -48,7 +71,7 @@ struct Slot {
 }
 
 /// A response on disk: what selects it, and its file.
-struct Stub {
+pub(crate) struct Stub {
     scope: Scope,
     select: Vec<(String, Option<Vec<u8>>)>,
     path: PathBuf,
@@ -61,11 +84,7 @@ struct Stub {
 
 impl Stub {
     fn selected_by(&self, head: &RequestHead, scope: Scope) -> bool {
-        self.scope == scope
-            && self
-                .select
-                .iter()
-                .all(|(name, value)| request_value(head, name).as_deref() == value.as_deref())
+        self.scope == scope && selects(&self.select, head)
     }
 
     fn same_variant(&self, other: &Stub) -> bool {
@@ -73,14 +92,42 @@ impl Stub {
     }
 }
 
-pub(crate) enum Job {
-    /// Write the response stored for a URL (skipped when the memory tier no longer holds it:
-    /// it was purged, invalidated or replaced meanwhile).
-    Write(Arc<str>, Arc<Entry>),
-    Delete(PathBuf),
-    /// Answered once every job before it is done.
-    #[cfg(test)]
+/// Write the response stored for a URL; `seq` is the removal count when it was queued.
+pub(crate) struct WriteJob {
+    url: Arc<str>,
+    entry: Arc<Entry>,
+    seq: u64,
+}
+
+pub(crate) enum Delete {
+    File(PathBuf),
+    /// Answered once every deletion queued before it is done.
     Flush(mpsc::Sender<()>),
+}
+
+/// What `Disk::open` hands to [`run`].
+pub(crate) struct Queues {
+    writes: mpsc::Receiver<WriteJob>,
+    deletes: mpsc::Receiver<Delete>,
+}
+
+/// Whether `purge` removes a response of `url` with `tags`.
+fn purged(purge: &Purge, url: &str, tags: &[String]) -> bool {
+    match purge {
+        Purge::All => true,
+        Purge::Url(u) => u == url,
+        Purge::Prefix(p) => url.starts_with(p.as_str()),
+        Purge::Tag(t) => tags.contains(t),
+    }
+}
+
+/// Whether a failed read means the file is damaged (it goes), rather than that the system
+/// could not read it now (too many open files, an I/O error: it stays).
+fn damaged(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::InvalidData | ErrorKind::UnexpectedEof | ErrorKind::NotFound
+    )
 }
 
 fn ms(d: Duration) -> u64 {
@@ -185,12 +232,27 @@ impl moka::Expiry<Arc<str>, Arc<Slot>> for Retain {
 }
 
 impl Disk {
-    /// The disk tier in `dir` (created when missing) of `size` bytes, and the receiving end
-    /// of its queue for [`run`].
-    pub(crate) fn open(dir: &Path, size: u64) -> std::io::Result<(Disk, mpsc::Receiver<Job>)> {
+    /// The disk tier in `dir` (created when missing, refused when it holds files and is not
+    /// marked as the cache's) of `size` bytes, and the receiving ends of its queues for [`run`].
+    pub(crate) fn open(dir: &Path, size: u64) -> std::io::Result<(Disk, Queues)> {
+        std::fs::create_dir_all(dir)?;
+        if !dir.join(MARKER).exists() {
+            if std::fs::read_dir(dir)?.next().is_some() {
+                let e = format!(
+                    "{} holds files and is not a Portico cache directory (no {MARKER} file): give the cache a directory of its own",
+                    dir.display()
+                );
+                return Err(std::io::Error::new(ErrorKind::AlreadyExists, e));
+            }
+            std::fs::write(
+                dir.join(MARKER),
+                "The response cache of Portico: its files are deleted and replaced at will.\n",
+            )?;
+        }
         std::fs::create_dir_all(dir.join("tmp"))?;
-        let (jobs, rx) = mpsc::channel();
-        let deletes = jobs.clone();
+        let (writes, writes_rx) = mpsc::channel();
+        let (deletes, deletes_rx) = mpsc::channel();
+        let listener = deletes.clone();
         let index = moka::sync::Cache::builder()
             .max_capacity(size)
             .weigher(|_: &Arc<str>, s: &Arc<Slot>| s.weight)
@@ -200,7 +262,7 @@ impl Disk {
                 // A replaced slot's files are dealt with by whoever replaced it.
                 if cause != moka::notification::RemovalCause::Replaced {
                     for v in &slot.variants {
-                        let _ = deletes.send(Job::Delete(v.path.clone()));
+                        let _ = listener.send(Delete::File(v.path.clone()));
                     }
                 }
             })
@@ -209,12 +271,20 @@ impl Disk {
             dir: dir.to_path_buf(),
             size,
             index,
-            edit: Mutex::new(()),
-            jobs,
-            queued: AtomicUsize::new(0),
+            edit: Mutex::new(Removals::default()),
+            seq: AtomicU64::new(0),
+            writes,
+            deletes,
+            queued: AtomicU64::new(0),
+            queued_bytes: AtomicU64::new(0),
+            scanning: AtomicBool::new(true),
             counters: DiskCounters::default(),
         };
-        Ok((disk, rx))
+        let queues = Queues {
+            writes: writes_rx,
+            deletes: deletes_rx,
+        };
+        Ok((disk, queues))
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -225,6 +295,10 @@ impl Disk {
         self.size
     }
 
+    fn edit(&self) -> MutexGuard<'_, Removals> {
+        self.edit.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Files and their bytes.
     pub(crate) fn usage(&self) -> (u64, u64) {
         self.index.run_pending_tasks();
@@ -233,43 +307,76 @@ impl Disk {
 
     /// `entry` of `url` goes to disk soon (unless the queue is full).
     pub(crate) fn write(&self, url: Arc<str>, entry: Arc<Entry>) {
-        if self.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            self.counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        if self.jobs.send(Job::Write(url, entry)).is_err() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+        let bytes = entry.body.len();
+        // Counted before the removal count is read: removals are forgotten only while nothing
+        // is queued.
+        let over = self.queued.fetch_add(1, SeqCst) >= MAX_QUEUED
+            || self.queued_bytes.fetch_add(bytes, SeqCst) + bytes > MAX_QUEUED_BYTES;
+        let seq = self.seq.load(SeqCst);
+        if over || self.writes.send(WriteJob { url, entry, seq }).is_err() {
+            self.queued.fetch_sub(1, SeqCst);
+            self.queued_bytes.fetch_sub(bytes, SeqCst);
+            self.counters.skipped.fetch_add(u64::from(over), SeqCst);
         }
     }
 
-    /// Waits until the jobs queued so far (the scan first) are done.
+    /// Waits until the deletions queued so far are done (a purge's files are gone when the
+    /// admin API answers).
+    /// (At most 5 s: the thread may be busy with a large write or the scan.)
+    pub(crate) fn deleted(&self) {
+        let (tx, rx) = mpsc::channel();
+        if self.deletes.send(Delete::Flush(tx)).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+
+    /// Waits until the scan and the writes queued so far are done.
     #[cfg(test)]
     pub(crate) fn flush(&self) {
-        let (tx, rx) = mpsc::channel();
-        if self.jobs.send(Job::Flush(tx)).is_ok() {
-            let _ = rx.recv();
+        while self.scanning.load(SeqCst) || self.queued.load(SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
         }
+        self.deleted();
     }
 
     /// The stored response on disk that the request `head` of `scope` selects, read back
-    /// (its body stays in its file when large). A file that fails to read goes.
-    pub(crate) fn get(&self, url: &Arc<str>, head: &RequestHead, scope: Scope) -> Option<Entry> {
+    /// (its body stays in its file when large), with its stub for [`Disk::promote`]. A
+    /// damaged file goes.
+    pub(crate) fn get(
+        &self,
+        url: &Arc<str>,
+        head: &RequestHead,
+        scope: Scope,
+    ) -> Option<(Arc<Stub>, Entry)> {
         let slot = self.index.get(url)?;
         let stub = slot.variants.iter().find(|s| s.selected_by(head, scope))?;
         match read(&stub.path) {
             Ok(e) => {
-                self.counters.reads.fetch_add(1, Ordering::Relaxed);
-                Some(e)
+                self.counters.reads.fetch_add(1, SeqCst);
+                Some((stub.clone(), e))
             }
             Err(err) => {
-                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                self.counters.errors.fetch_add(1, SeqCst);
                 tracing::warn!("cache: {} cannot be read back: {err}", stub.path.display());
-                let _guard = self.edit.lock();
-                self.drop_variants(url, |s| Arc::ptr_eq(s, stub));
+                if damaged(&err) {
+                    let _r = self.edit();
+                    self.drop_variants(url, |s| Arc::ptr_eq(s, stub));
+                }
                 None
             }
         }
+    }
+
+    /// `promote` runs while `stub` of `url` is still indexed (not removed since it was read
+    /// back), with no removal in between; false when it was removed.
+    pub(crate) fn promote(&self, url: &Arc<str>, stub: &Arc<Stub>, promote: impl FnOnce()) -> bool {
+        let _r = self.edit();
+        let slot = self.index.get(url);
+        let indexed = slot.is_some_and(|s| s.variants.iter().any(|v| Arc::ptr_eq(v, stub)));
+        if indexed {
+            promote();
+        }
+        indexed
     }
 
     /// The variants of `url` that `gone` picks go, their files with them.
@@ -279,7 +386,7 @@ impl Disk {
         };
         let (out, kept): (Vec<_>, Vec<_>) = old.variants.iter().cloned().partition(|s| gone(s));
         for s in out {
-            let _ = self.jobs.send(Job::Delete(s.path.clone()));
+            let _ = self.deletes.send(Delete::File(s.path.clone()));
         }
         self.store(url.clone(), kept);
     }
@@ -302,32 +409,49 @@ impl Disk {
     }
 
     /// A stub enters the index in place of the same variant, unless that one is newer (its
-    /// file goes instead).
+    /// file goes instead). Called with the edit lock held.
     fn add(&self, url: Arc<str>, stub: Stub) {
         let mut variants = Vec::with_capacity(2);
-        if let Some(old) = self.index.get(&url) {
-            for s in old.variants.iter() {
-                let newer = s.same_variant(&stub) && s.stored > stub.stored;
-                if newer {
-                    let _ = self.jobs.send(Job::Delete(stub.path));
-                    return;
+        match self.index.get(&url) {
+            Some(old) => {
+                for s in old.variants.iter() {
+                    let newer = s.same_variant(&stub) && s.stored > stub.stored;
+                    if newer {
+                        let _ = self.deletes.send(Delete::File(stub.path));
+                        return;
+                    }
+                    if s.same_variant(&stub) || variants.len() + 1 >= MAX_VARIANTS {
+                        let _ = self.deletes.send(Delete::File(s.path.clone()));
+                    } else {
+                        variants.push(s.clone());
+                    }
                 }
-                if s.same_variant(&stub) || variants.len() + 1 >= MAX_VARIANTS {
-                    let _ = self.jobs.send(Job::Delete(s.path.clone()));
-                } else {
-                    variants.push(s.clone());
-                }
+            }
+            // An expired slot the store has not cleared yet would be reported as replaced
+            // (its files kept): removed first, its files go.
+            None => {
+                self.index.remove(&url);
             }
         }
         variants.insert(0, Arc::new(stub));
         self.store(url, variants);
     }
 
-    /// `entry` of `url` written to a file of its own, then indexed.
-    fn write_file(&self, cache: &Cache, url: &Arc<str>, entry: &Arc<Entry>) -> std::io::Result<()> {
+    /// Whether a removal since `seq` took `url` away.
+    fn removed_since(r: &Removals, url: &str, seq: u64) -> bool {
+        r.many > seq || r.urls.get(url).is_some_and(|s| *s > seq)
+    }
+
+    /// `w`'s response written to a file of its own, then indexed (unless its URL was removed
+    /// since it was queued).
+    fn write_file(&self, w: &WriteJob) -> std::io::Result<()> {
+        if Self::removed_since(&self.edit(), &w.url, w.seq) {
+            return Ok(());
+        }
+        let entry = &w.entry;
         let resident = Instant::now().saturating_duration_since(entry.stored);
         let stored = SystemTime::now() - resident;
-        let head = super::file::encode(&Meta::of(url, entry, stored));
+        let head = super::file::encode(&Meta::of(&w.url, entry, stored));
         let name = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
         let tmp = self.dir.join("tmp").join(&name);
         let file = std::fs::OpenOptions::new()
@@ -351,10 +475,9 @@ impl Disk {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
-        let _guard = self.edit.lock();
-        // Purged, invalidated or replaced while it waited: it is not written after all.
-        if !cache.holds(url, entry) {
-            let _ = std::fs::remove_file(&path);
+        let r = self.edit();
+        if Self::removed_since(&r, &w.url, w.seq) {
+            let _ = self.deletes.send(Delete::File(path));
             return Ok(());
         }
         let stub = Stub {
@@ -366,13 +489,14 @@ impl Disk {
             until: stored + entry.retain(),
             tags: entry.tags.clone(),
         };
-        self.add(url.clone(), stub);
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.add(w.url.clone(), stub);
+        self.counters.writes.fetch_add(1, SeqCst);
         Ok(())
     }
 
     /// The index from the files already in the directory (those of an earlier run); files that
-    /// are not the cache's, expired or unreadable go.
+    /// are not the cache's, expired or damaged go, and so do those a removal made while the
+    /// scan ran names.
     fn scan(&self) -> (u64, u64) {
         if let Ok(tmp) = std::fs::read_dir(self.dir.join("tmp")) {
             for f in tmp.flatten() {
@@ -395,11 +519,18 @@ impl Disk {
             };
             for f in entries.flatten() {
                 let path = f.path();
-                let found = read_meta(&path).ok().and_then(|(m, size)| {
-                    let until = m.stored() + m.entry(Body::empty())?.retain();
-                    (until > now).then_some((m, size, until))
-                });
-                let Some((meta, size, until)) = found else {
+                let (meta, size) = match read_meta(&path) {
+                    Ok(found) => found,
+                    Err(e) if damaged(&e) => {
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                let until = meta
+                    .entry(Body::empty())
+                    .map(|e| meta.stored() + e.retain());
+                let Some(until) = until.filter(|u| *u > now) else {
                     let _ = std::fs::remove_file(&path);
                     continue;
                 };
@@ -412,42 +543,69 @@ impl Disk {
                     until,
                     tags: meta.tags,
                 };
-                let _guard = self.edit.lock();
+                let r = self.edit();
+                if r.during_scan
+                    .iter()
+                    .any(|p| purged(p, &meta.url, &stub.tags))
+                {
+                    let _ = std::fs::remove_file(&stub.path);
+                    continue;
+                }
                 self.add(Arc::from(meta.url), stub);
                 files += 1;
                 bytes += size;
             }
         }
+        let mut r = self.edit();
+        self.scanning.store(false, SeqCst);
+        r.during_scan.clear();
         (files, bytes)
     }
 
-    /// Removes what matches, with its files.
-    pub(crate) fn remove(&self, url: &str) -> bool {
-        let _guard = self.edit.lock();
-        self.index.remove(url).is_some()
+    /// Removes what `purge` names, with its files (deleted by the tier's thread soon after);
+    /// whether a URL purge found it.
+    pub(crate) fn remove(&self, purge: &Purge) -> bool {
+        let mut r = self.edit();
+        let seq = self.seq.fetch_add(1, SeqCst) + 1;
+        if self.scanning.load(SeqCst) {
+            r.during_scan.push(purge.clone());
+        }
+        match purge {
+            Purge::Url(url) => {
+                r.urls.insert(Arc::from(url.as_str()), seq);
+                self.index.remove(url.as_str()).is_some()
+            }
+            Purge::All => {
+                r.many = seq;
+                self.index.invalidate_all();
+                true
+            }
+            Purge::Prefix(_) | Purge::Tag(_) => {
+                r.many = seq;
+                let p = purge.clone();
+                // Entries are filtered from reads at once, removed by the next maintenance.
+                let found = self.index.invalidate_entries_if(move |k, s| {
+                    s.variants.iter().any(|v| purged(&p, k, &v.tags))
+                });
+                found.is_ok()
+            }
+        }
+    }
+
+    /// The maintenance that carries out purges by prefix, tag or everything (outside the edit
+    /// lock: it walks the whole index).
+    pub(crate) fn housekeep(&self) {
+        self.index.run_pending_tasks();
     }
 
     pub(crate) fn remove_variant(&self, url: &Arc<str>, e: &Entry) {
-        let _guard = self.edit.lock();
+        let mut r = self.edit();
+        let seq = self.seq.fetch_add(1, SeqCst) + 1;
+        r.urls.insert(url.clone(), seq);
+        if self.scanning.load(SeqCst) {
+            r.during_scan.push(Purge::Url(url.to_string()));
+        }
         self.drop_variants(url, |s| s.scope == e.scope && s.select == e.select);
-    }
-
-    pub(crate) fn purge_all(&self) {
-        let _guard = self.edit.lock();
-        self.index.invalidate_all();
-        self.index.run_pending_tasks();
-    }
-
-    pub(crate) fn purge_if(
-        &self,
-        f: impl Fn(&str, &[String]) -> bool + Send + Sync + 'static,
-    ) -> Result<(), String> {
-        let _guard = self.edit.lock();
-        let r = self
-            .index
-            .invalidate_entries_if(move |k, s| s.variants.iter().any(|v| f(k, &v.tags)));
-        self.index.run_pending_tasks();
-        r.map(|_| ()).map_err(|e| e.to_string())
     }
 }
 
@@ -500,36 +658,60 @@ fn read(path: &Path) -> std::io::Result<Entry> {
 }
 
 /// The disk tier's thread: finds what an earlier run left, then writes and deletes files as
-/// asked until the cache is gone.
-pub(crate) fn run(cache: Weak<Cache>, jobs: mpsc::Receiver<Job>) {
-    if let Some(c) = cache.upgrade() {
-        if let Some(disk) = &c.disk {
-            let started = Instant::now();
-            let (files, bytes) = disk.scan();
-            tracing::info!(
-                "cache: {files} stored responses ({bytes} bytes) found on disk in {} ({} ms)",
-                disk.dir.display(),
-                started.elapsed().as_millis()
-            );
-        }
+/// asked (deletions first) until the tier is gone.
+pub(crate) fn run(disk: Weak<Disk>, q: Queues) {
+    if let Some(d) = disk.upgrade() {
+        let started = Instant::now();
+        let (files, bytes) = d.scan();
+        tracing::info!(
+            "cache: {files} stored responses ({bytes} bytes) found on disk in {} ({} ms)",
+            d.dir.display(),
+            started.elapsed().as_millis()
+        );
     }
-    while let Ok(job) = jobs.recv() {
-        match job {
-            Job::Delete(path) => {
-                let _ = std::fs::remove_file(path);
-            }
-            #[cfg(test)]
-            Job::Flush(done) => {
-                let _ = done.send(());
-            }
-            Job::Write(url, entry) => {
-                let Some(c) = cache.upgrade() else { return };
-                let Some(disk) = &c.disk else { return };
-                disk.queued.fetch_sub(1, Ordering::Relaxed);
-                if let Err(e) = disk.write_file(&c, &url, &entry) {
-                    disk.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("cache: writing a response of {url} to disk failed: {e}");
+    let deletions = |q: &Queues| {
+        while let Ok(job) = q.deletes.try_recv() {
+            match job {
+                Delete::File(path) => {
+                    let _ = std::fs::remove_file(path);
                 }
+                Delete::Flush(done) => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    };
+    loop {
+        deletions(&q);
+        let w = match q.writes.recv_timeout(Duration::from_millis(100)) {
+            Ok(w) => w,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if disk.strong_count() == 0 {
+                    deletions(&q);
+                    return;
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                deletions(&q);
+                return;
+            }
+        };
+        let Some(d) = disk.upgrade() else {
+            continue;
+        };
+        if let Err(e) = d.write_file(&w) {
+            d.counters.errors.fetch_add(1, SeqCst);
+            tracing::warn!("cache: writing a response of {} to disk failed: {e}", w.url);
+        }
+        let bytes = w.entry.body.len();
+        drop(w);
+        d.queued_bytes.fetch_sub(bytes, SeqCst);
+        if d.queued.fetch_sub(1, SeqCst) == 1 {
+            // Nothing queued before a removal is left: the removals by URL are not needed.
+            let mut r = d.edit();
+            if d.queued.load(SeqCst) == 0 {
+                r.urls.clear();
             }
         }
     }
@@ -544,7 +726,7 @@ mod tests {
 
     fn files(dir: &std::path::Path) -> usize {
         let subdirs = std::fs::read_dir(dir).unwrap().flatten();
-        let subdirs = subdirs.filter(|d| d.file_name() != "tmp");
+        let subdirs = subdirs.filter(|d| d.file_name().len() == 2);
         subdirs
             .map(|d| std::fs::read_dir(d.path()).unwrap().count())
             .sum()
@@ -564,7 +746,7 @@ mod tests {
         let req = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n");
         let large: &'static [u8] = Vec::leak((0..100_000u32).map(|i| i as u8).collect());
         {
-            let c = Cache::new(1 << 20, Some(&disk)).unwrap();
+            let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
             stored(&c, "h/small", &req, "Accept-Encoding", b"small body");
             stored(&c, "h/large", &req, "", large);
             stored(&c, "h/gone", &req, "", b"x");
@@ -575,7 +757,7 @@ mod tests {
             assert_eq!(c.disk_usage().unwrap().1, 2);
         }
         // A new cache on the same directory (a restart) finds both, with their variants.
-        let c = Cache::new(1 << 20, Some(&disk)).unwrap();
+        let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
         flush(&c);
         let small = c.get(&"h/small".into(), &req, SCOPE).unwrap();
         assert_eq!(&small.body.read(0, 10).unwrap()[..], b"small body");
@@ -604,9 +786,16 @@ mod tests {
             path: dir.path().to_path_buf(),
             size: 1 << 20,
         };
+        // A directory that holds files and is not marked as the cache's is refused.
         std::fs::create_dir_all(dir.path().join("ab")).unwrap();
+        let e = Cache::new(64 << 20, Some(&disk), None).err().unwrap();
+        assert!(
+            e.to_string().contains("is not a Portico cache directory"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join(super::MARKER), b"").unwrap();
         std::fs::write(dir.path().join("ab").join("junk"), b"not a cache file").unwrap();
-        let c = Cache::new(64 << 20, Some(&disk)).unwrap();
+        let c = Cache::new(64 << 20, Some(&disk), None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let body: &'static [u8] = Vec::leak(vec![7u8; 200_000]);
         for i in 0..10 {
@@ -621,5 +810,82 @@ mod tests {
             "{entries} files, {bytes} bytes"
         );
         assert_eq!(files(dir.path()), entries as usize);
+    }
+
+    #[test]
+    fn responses_reach_the_disk_when_memory_cannot_hold_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = CacheDisk {
+            path: dir.path().join("c"),
+            size: 64 << 20,
+        };
+        // 1 MiB of memory, 40 responses of 100 KB: most are evicted from memory at once.
+        let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
+        let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        let body: &'static [u8] = Vec::leak(vec![3u8; 100_000]);
+        for i in 0..40 {
+            stored(&c, &format!("h/{i}"), &req, "", body);
+        }
+        flush(&c);
+        assert_eq!(files(&disk.path), 40);
+        assert_eq!(c.disk_usage().unwrap().1, 40);
+        for i in 0..40 {
+            let e = c.get(&format!("h/{i}").into(), &req, SCOPE).unwrap();
+            assert_eq!(e.body.len(), 100_000);
+        }
+    }
+
+    #[test]
+    fn a_new_configuration_on_the_same_directory_shares_its_tier() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = CacheDisk {
+            path: dir.path().join("c"),
+            size: 64 << 20,
+        };
+        let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        let a = Cache::new(1 << 20, Some(&disk), None).unwrap();
+        stored(&a, "h/a", &req, "", b"a");
+        flush(&a);
+        // More memory: a new memory tier, the same disk tier (no second scan of the files).
+        let b = Cache::new(2 << 20, Some(&disk), Some(&a)).unwrap();
+        assert!(Arc::ptr_eq(
+            a.disk.as_ref().unwrap(),
+            b.disk.as_ref().unwrap()
+        ));
+        assert_eq!(
+            &b.get(&"h/a".into(), &req, SCOPE)
+                .unwrap()
+                .body
+                .read(0, 1)
+                .unwrap()[..],
+            b"a"
+        );
+        // A purge through the new one reaches the shared files.
+        b.purge(&Purge::Url("h/a".into())).unwrap();
+        drop(a);
+        flush(&b);
+        assert_eq!(files(&disk.path), 0);
+    }
+
+    #[test]
+    fn a_purge_during_the_scan_applies_to_the_files_it_has_not_reached() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = CacheDisk {
+            path: dir.path().join("c"),
+            size: 64 << 20,
+        };
+        let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        {
+            let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
+            stored(&c, "h/a", &req, "", b"a");
+            stored(&c, "h/b", &req, "", b"b");
+            flush(&c);
+        }
+        // A restart: a purge arrives before the scan has read the files.
+        let (d, _queues) = super::Disk::open(&disk.path, disk.size).unwrap();
+        assert!(!d.remove(&Purge::Url("h/a".into())));
+        assert_eq!(d.scan().0, 1);
+        assert!(d.index.get("h/a").is_none() && d.index.get("h/b").is_some());
+        assert_eq!(files(&disk.path), 1);
     }
 }

@@ -27,7 +27,8 @@ const ENTRY_OVERHEAD: u64 = 256;
 pub struct Cache {
     memory: u64,
     store: moka::sync::Cache<Arc<str>, Arc<Slot>>,
-    disk: Option<disk::Disk>,
+    /// Shared with the cache an earlier configuration had on the same directory.
+    disk: Option<Arc<disk::Disk>>,
     /// URLs being fetched, and the receivers woken when the fetch ends.
     locks: Mutex<HashMap<Arc<str>, watch::Receiver<()>>>,
     pub counters: Counters,
@@ -166,12 +167,15 @@ impl Entry {
 
     /// The entry answers the request `head` of `scope`.
     fn selected_by(&self, head: &RequestHead, scope: Scope) -> bool {
-        self.scope == scope
-            && self
-                .select
-                .iter()
-                .all(|(name, value)| request_value(head, name).as_deref() == value.as_deref())
+        self.scope == scope && selects(&self.select, head)
     }
+}
+
+/// Whether the request `head` has a variant's selecting values.
+fn selects(select: &[(String, Option<Vec<u8>>)], head: &RequestHead) -> bool {
+    select
+        .iter()
+        .all(|(name, value)| request_value(head, name).as_deref() == value.as_deref())
 }
 
 /// A response being stored: what is known at its head, its body captured as it is relayed.
@@ -254,39 +258,60 @@ impl moka::Expiry<Arc<str>, Arc<Slot>> for Retain {
 }
 
 impl Cache {
-    /// A cache of `memory` bytes over the disk tier `disk`, if any (its directory is created
-    /// when missing; what an earlier run stored there is found again in the background).
-    pub fn new(memory: u64, disk: Option<&CacheDisk>) -> std::io::Result<Arc<Self>> {
+    /// A cache of `memory` bytes over the disk tier `disk`, if any: `before`'s when that one
+    /// has the same directory (one tier per directory in the process), else a new one (its
+    /// directory is created when missing; what an earlier run stored there is found again in
+    /// the background).
+    pub fn new(
+        memory: u64,
+        disk: Option<&CacheDisk>,
+        before: Option<&Cache>,
+    ) -> std::io::Result<Arc<Self>> {
         let store = moka::sync::Cache::builder()
             .max_capacity(memory)
             .weigher(|_: &Arc<str>, s: &Arc<Slot>| s.weight)
             .expire_after(Retain)
             .support_invalidation_closures()
             .build();
-        let (disk, jobs) = match disk {
-            Some(d) => {
-                let (disk, jobs) = disk::Disk::open(&d.path, d.size).map_err(|e| {
-                    let m = format!("cache disk_path {}: {e}", d.path.display());
-                    std::io::Error::new(e.kind(), m)
-                })?;
-                (Some(disk), Some(jobs))
-            }
-            None => (None, None),
+        let same = |d: &CacheDisk| {
+            let old = before.and_then(|b| b.disk.as_ref());
+            old.filter(|o| o.path() == d.path).cloned()
         };
-        let cache = Arc::new(Cache {
+        let (disk, queues) = match disk {
+            None => (None, None),
+            Some(d) => match same(d) {
+                Some(shared) => {
+                    if shared.capacity() != d.size {
+                        tracing::warn!(
+                            "cache: disk_size changes on restart; the disk tier in {} keeps {} bytes",
+                            d.path.display(),
+                            shared.capacity()
+                        );
+                    }
+                    (Some(shared), None)
+                }
+                None => {
+                    let (disk, queues) = disk::Disk::open(&d.path, d.size).map_err(|e| {
+                        let m = format!("cache disk_path {}: {e}", d.path.display());
+                        std::io::Error::new(e.kind(), m)
+                    })?;
+                    (Some(Arc::new(disk)), Some(queues))
+                }
+            },
+        };
+        if let (Some(d), Some(q)) = (&disk, queues) {
+            let weak = Arc::downgrade(d);
+            std::thread::Builder::new()
+                .name("portico-cache-disk".into())
+                .spawn(move || disk::run(weak, q))?;
+        }
+        Ok(Arc::new(Cache {
             memory,
             store,
             disk,
             locks: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-        });
-        if let Some(jobs) = jobs {
-            let weak = Arc::downgrade(&cache);
-            std::thread::Builder::new()
-                .name("portico-cache-disk".into())
-                .spawn(move || disk::run(weak, jobs))?;
-        }
-        Ok(cache)
+        }))
     }
 
     /// Its memory bound in bytes.
@@ -296,8 +321,8 @@ impl Cache {
 
     /// This cache has the memory and the disk tier `store` asks for.
     pub fn serves(&self, store: &CacheStore) -> bool {
-        let disk = self.disk.as_ref().map(|d| (d.path(), d.capacity()));
-        let wanted = store.disk.as_ref().map(|d| (d.path.as_path(), d.size));
+        let disk = self.disk.as_ref().map(|d| d.path());
+        let wanted = store.disk.as_ref().map(|d| d.path.as_path());
         self.memory == store.memory && disk == wanted
     }
 
@@ -327,16 +352,12 @@ impl Cache {
                 return Some(e.clone());
             }
         }
-        // Read back from disk into memory.
-        let e = Arc::new(self.disk.as_ref()?.get(url, head, scope)?);
-        self.put_memory(url.clone(), e.clone());
-        Some(e)
-    }
-
-    /// Whether the memory tier still holds `entry` for `url`.
-    fn holds(&self, url: &Arc<str>, entry: &Arc<Entry>) -> bool {
-        let slot = self.store.get(url);
-        slot.is_some_and(|s| s.variants.iter().any(|v| Arc::ptr_eq(v, entry)))
+        // Read back from disk into memory, unless it was removed meanwhile.
+        let disk = self.disk.as_ref()?;
+        let (stub, e) = disk.get(url, head, scope)?;
+        let e = Arc::new(e);
+        let promoted = disk.promote(url, &stub, || self.put_memory(url.clone(), e.clone()));
+        promoted.then_some(e)
     }
 
     /// Store a response whose body was relayed whole; false when it was too large.
@@ -462,7 +483,8 @@ impl Cache {
 
     /// An unsafe request to `url` succeeded: its stored responses go (RFC 9111 4.4).
     pub(crate) fn invalidate(&self, url: &str) {
-        let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(url));
+        let purge = Purge::Url(url.to_string());
+        let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(&purge));
         if self.store.remove(url).is_some() || on_disk {
             self.counters.invalidated.fetch_add(1, Ordering::Relaxed);
         }
@@ -487,29 +509,13 @@ impl Cache {
 
     /// Remove what `purge` names; the URL form says whether it was stored.
     pub fn purge(&self, purge: &Purge) -> Result<bool, String> {
-        if let Some(d) = &self.disk {
-            match purge {
-                Purge::All => d.purge_all(),
-                Purge::Url(_) => {}
-                Purge::Prefix(prefix) => {
-                    let prefix = prefix.clone();
-                    d.purge_if(move |url, _| url.starts_with(prefix.as_str()))?;
-                }
-                Purge::Tag(tag) => {
-                    let tag = tag.clone();
-                    d.purge_if(move |_, tags| tags.contains(&tag))?;
-                }
-            }
-        }
+        let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(purge));
         let r = match purge {
             Purge::All => {
                 self.store.invalidate_all();
                 Ok(true)
             }
-            Purge::Url(url) => {
-                let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(url));
-                Ok(self.store.remove(url.as_str()).is_some() || on_disk)
-            }
+            Purge::Url(url) => Ok(self.store.remove(url.as_str()).is_some() || on_disk),
             Purge::Prefix(prefix) => {
                 let prefix = prefix.clone();
                 self.store
@@ -528,6 +534,10 @@ impl Cache {
             }
         };
         self.store.run_pending_tasks();
+        if let Some(d) = &self.disk {
+            d.housekeep();
+            d.deleted();
+        }
         r
     }
 }
@@ -948,7 +958,7 @@ mod tests {
 
     #[test]
     fn variants_by_vary_and_key_fields() {
-        let cache = Cache::new(1 << 20, None).unwrap();
+        let cache = Cache::new(1 << 20, None, None).unwrap();
         let gzip = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n");
         let br = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: br\r\n\r\n");
         let french = request(
@@ -993,7 +1003,7 @@ mod tests {
 
     #[test]
     fn purges_by_url_prefix_tag_and_all() {
-        let cache = Cache::new(1 << 20, None).unwrap();
+        let cache = Cache::new(1 << 20, None, None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         for url in ["h/a", "h/b/1", "h/b/2", "g/c"] {
             stored(&cache, url, &req, "", b"x");
@@ -1015,7 +1025,7 @@ mod tests {
 
     #[test]
     fn a_body_over_the_limit_is_not_stored() {
-        let cache = Cache::new(1 << 20, None).unwrap();
+        let cache = Cache::new(1 << 20, None, None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let fields = [("Cache-Control", &b"max-age=60"[..])];
         let f = || fields.iter().copied();
@@ -1044,7 +1054,7 @@ mod tests {
 
     #[test]
     fn one_fetch_per_url_and_waiters_wake_when_it_ends() {
-        let cache = Cache::new(1 << 20, None).unwrap();
+        let cache = Cache::new(1 << 20, None, None).unwrap();
         let url: Arc<str> = "h/x".into();
         let Lock::Leader(guard) = cache.lock(&url) else {
             panic!("the first request fetches");
