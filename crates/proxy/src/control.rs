@@ -224,7 +224,7 @@ impl Control {
             None => None,
             Some(c) => Some(match old.cache.as_ref().filter(|k| k.serves(c)) {
                 Some(k) => k.clone(),
-                None => crate::cache::Cache::new(c.memory, c.disk.as_ref(), old.cache.as_deref())
+                None => crate::cache::Cache::new(c.memory, c.disk.as_ref())
                     .map_err(StartError::Cache)?,
             }),
         };

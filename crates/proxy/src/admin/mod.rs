@@ -217,7 +217,13 @@ async fn serve(
             body,
             by: format!("admin API from {peer}"),
         };
-        let resp = handle(&control, token.as_deref(), &req);
+        // On the blocking pool: a reload, a purge waiting for its files, a large status do not
+        // hold up the admin listener's other connections.
+        let (c, t) = (control.clone(), token.clone());
+        let answered = tokio::task::spawn_blocking(move || (handle(&c, t.as_deref(), &req), req));
+        let Ok((resp, req)) = answered.await else {
+            return;
+        };
         tracing::debug!(method = %req.method, path = %req.path, status = resp.status, "admin");
         if write(&mut stream, &resp, head.keep_alive).await.is_err() || !head.keep_alive {
             return;

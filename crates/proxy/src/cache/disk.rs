@@ -47,7 +47,32 @@ pub(crate) struct Disk {
 struct Removals {
     urls: HashMap<Arc<str>, u64>,
     many: u64,
-    during_scan: Vec<Purge>,
+    scan_urls: std::collections::HashSet<Arc<str>>,
+    scan_other: Vec<Purge>,
+}
+
+impl Removals {
+    /// `url` was removed at `seq`: writes queued before it must not happen.
+    fn url(&mut self, url: Arc<str>, seq: u64, queued: bool, scanning: bool) {
+        if scanning {
+            self.scan_urls.insert(url.clone());
+        }
+        // With nothing queued, no write can predate the removal.
+        if !queued {
+            return;
+        }
+        if self.urls.len() >= MAX_URL_REMOVALS {
+            self.urls.clear();
+            self.many = seq;
+        } else {
+            self.urls.insert(url, seq);
+        }
+    }
+
+    /// Whether a removal made while the scan ran takes away a file of `url` with `tags`.
+    fn scanned_away(&self, url: &str, tags: &[String]) -> bool {
+        self.scan_urls.contains(url) || self.scan_other.iter().any(|p| purged(p, url, tags))
+    }
 }
 
 /// What the disk tier did, for `/metrics`.
@@ -97,7 +122,18 @@ pub(crate) struct WriteJob {
     url: Arc<str>,
     entry: Arc<Entry>,
     seq: u64,
+    /// What it holds of the queue's bytes.
+    bytes: u64,
 }
+
+/// A place in the queue of writes ([`Disk::reserve`]).
+pub(crate) struct Ticket {
+    seq: u64,
+    bytes: u64,
+}
+
+/// Removals recorded by URL at most; past that, one record stands for all of them.
+const MAX_URL_REMOVALS: usize = 10_000;
 
 pub(crate) enum Delete {
     File(PathBuf),
@@ -305,18 +341,46 @@ impl Disk {
         (self.index.entry_count(), self.index.weighted_size())
     }
 
-    /// `entry` of `url` goes to disk soon (unless the queue is full).
-    pub(crate) fn write(&self, url: Arc<str>, entry: Arc<Entry>) {
-        let bytes = entry.body.len();
+    /// A place in the queue of writes for a body of `bytes`, taken before the response is
+    /// stored in memory (so that a removal after that store always drops the write); None when
+    /// the queue is full.
+    pub(crate) fn reserve(&self, bytes: u64) -> Option<Ticket> {
         // Counted before the removal count is read: removals are forgotten only while nothing
         // is queued.
-        let over = self.queued.fetch_add(1, SeqCst) >= MAX_QUEUED
-            || self.queued_bytes.fetch_add(bytes, SeqCst) + bytes > MAX_QUEUED_BYTES;
+        let n = self.queued.fetch_add(1, SeqCst);
+        let queued = self.queued_bytes.fetch_add(bytes, SeqCst);
         let seq = self.seq.load(SeqCst);
-        if over || self.writes.send(WriteJob { url, entry, seq }).is_err() {
-            self.queued.fetch_sub(1, SeqCst);
-            self.queued_bytes.fetch_sub(bytes, SeqCst);
-            self.counters.skipped.fetch_add(u64::from(over), SeqCst);
+        if n >= MAX_QUEUED || queued + bytes > MAX_QUEUED_BYTES {
+            self.release(bytes);
+            self.counters.skipped.fetch_add(1, SeqCst);
+            return None;
+        }
+        Some(Ticket { seq, bytes })
+    }
+
+    /// `entry` of `url` goes to disk soon, in the place `ticket` holds.
+    pub(crate) fn write(&self, ticket: Ticket, url: Arc<str>, entry: Arc<Entry>) {
+        let bytes = ticket.bytes;
+        let job = WriteJob {
+            url,
+            entry,
+            seq: ticket.seq,
+            bytes,
+        };
+        if self.writes.send(job).is_err() {
+            self.release(bytes);
+        }
+    }
+
+    /// A queued write is done (or dropped); with nothing left queued, the removals recorded
+    /// by URL are forgotten.
+    fn release(&self, bytes: u64) {
+        self.queued_bytes.fetch_sub(bytes, SeqCst);
+        if self.queued.fetch_sub(1, SeqCst) == 1 {
+            let mut r = self.edit();
+            if self.queued.load(SeqCst) == 0 {
+                r.urls.clear();
+            }
         }
     }
 
@@ -497,7 +561,7 @@ impl Disk {
     /// The index from the files already in the directory (those of an earlier run); files that
     /// are not the cache's, expired or damaged go, and so do those a removal made while the
     /// scan ran names.
-    fn scan(&self) -> (u64, u64) {
+    fn scan(&self, between: &dyn Fn()) -> (u64, u64) {
         if let Ok(tmp) = std::fs::read_dir(self.dir.join("tmp")) {
             for f in tmp.flatten() {
                 let _ = std::fs::remove_file(f.path());
@@ -518,6 +582,8 @@ impl Disk {
                 continue;
             };
             for f in entries.flatten() {
+                // Deletions (a purge waits for them) are not held up by a long scan.
+                between();
                 let path = f.path();
                 let (meta, size) = match read_meta(&path) {
                     Ok(found) => found,
@@ -544,10 +610,7 @@ impl Disk {
                     tags: meta.tags,
                 };
                 let r = self.edit();
-                if r.during_scan
-                    .iter()
-                    .any(|p| purged(p, &meta.url, &stub.tags))
-                {
+                if r.scanned_away(&meta.url, &stub.tags) {
                     let _ = std::fs::remove_file(&stub.path);
                     continue;
                 }
@@ -558,7 +621,8 @@ impl Disk {
         }
         let mut r = self.edit();
         self.scanning.store(false, SeqCst);
-        r.during_scan.clear();
+        r.scan_urls.clear();
+        r.scan_other.clear();
         (files, bytes)
     }
 
@@ -567,12 +631,13 @@ impl Disk {
     pub(crate) fn remove(&self, purge: &Purge) -> bool {
         let mut r = self.edit();
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
-        if self.scanning.load(SeqCst) {
-            r.during_scan.push(purge.clone());
+        let (queued, scanning) = (self.queued.load(SeqCst) > 0, self.scanning.load(SeqCst));
+        if scanning && !matches!(purge, Purge::Url(_)) {
+            r.scan_other.push(purge.clone());
         }
         match purge {
             Purge::Url(url) => {
-                r.urls.insert(Arc::from(url.as_str()), seq);
+                r.url(Arc::from(url.as_str()), seq, queued, scanning);
                 self.index.remove(url.as_str()).is_some()
             }
             Purge::All => {
@@ -601,10 +666,8 @@ impl Disk {
     pub(crate) fn remove_variant(&self, url: &Arc<str>, e: &Entry) {
         let mut r = self.edit();
         let seq = self.seq.fetch_add(1, SeqCst) + 1;
-        r.urls.insert(url.clone(), seq);
-        if self.scanning.load(SeqCst) {
-            r.during_scan.push(Purge::Url(url.to_string()));
-        }
+        let (queued, scanning) = (self.queued.load(SeqCst) > 0, self.scanning.load(SeqCst));
+        r.url(url.clone(), seq, queued, scanning);
         self.drop_variants(url, |s| s.scope == e.scope && s.select == e.select);
     }
 }
@@ -660,16 +723,7 @@ fn read(path: &Path) -> std::io::Result<Entry> {
 /// The disk tier's thread: finds what an earlier run left, then writes and deletes files as
 /// asked (deletions first) until the tier is gone.
 pub(crate) fn run(disk: Weak<Disk>, q: Queues) {
-    if let Some(d) = disk.upgrade() {
-        let started = Instant::now();
-        let (files, bytes) = d.scan();
-        tracing::info!(
-            "cache: {files} stored responses ({bytes} bytes) found on disk in {} ({} ms)",
-            d.dir.display(),
-            started.elapsed().as_millis()
-        );
-    }
-    let deletions = |q: &Queues| {
+    let deletions = || {
         while let Ok(job) = q.deletes.try_recv() {
             match job {
                 Delete::File(path) => {
@@ -681,19 +735,22 @@ pub(crate) fn run(disk: Weak<Disk>, q: Queues) {
             }
         }
     };
+    if let Some(d) = disk.upgrade() {
+        let started = Instant::now();
+        let (files, bytes) = d.scan(&deletions);
+        tracing::info!(
+            "cache: {files} stored responses ({bytes} bytes) found on disk in {} ({} ms)",
+            d.dir.display(),
+            started.elapsed().as_millis()
+        );
+    }
     loop {
-        deletions(&q);
+        deletions();
         let w = match q.writes.recv_timeout(Duration::from_millis(100)) {
             Ok(w) => w,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if disk.strong_count() == 0 {
-                    deletions(&q);
-                    return;
-                }
-                continue;
-            }
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                deletions(&q);
+                deletions();
                 return;
             }
         };
@@ -704,16 +761,9 @@ pub(crate) fn run(disk: Weak<Disk>, q: Queues) {
             d.counters.errors.fetch_add(1, SeqCst);
             tracing::warn!("cache: writing a response of {} to disk failed: {e}", w.url);
         }
-        let bytes = w.entry.body.len();
+        let bytes = w.bytes;
         drop(w);
-        d.queued_bytes.fetch_sub(bytes, SeqCst);
-        if d.queued.fetch_sub(1, SeqCst) == 1 {
-            // Nothing queued before a removal is left: the removals by URL are not needed.
-            let mut r = d.edit();
-            if d.queued.load(SeqCst) == 0 {
-                r.urls.clear();
-            }
-        }
+        d.release(bytes);
     }
 }
 
@@ -722,6 +772,7 @@ mod tests {
     use super::super::tests::{request, stored, SCOPE};
     use super::super::{Cache, Purge};
     use portico_config::CacheDisk;
+    use std::sync::atomic::Ordering::SeqCst;
     use std::sync::Arc;
 
     fn files(dir: &std::path::Path) -> usize {
@@ -746,7 +797,7 @@ mod tests {
         let req = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n");
         let large: &'static [u8] = Vec::leak((0..100_000u32).map(|i| i as u8).collect());
         {
-            let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
+            let c = Cache::new(1 << 20, Some(&disk)).unwrap();
             stored(&c, "h/small", &req, "Accept-Encoding", b"small body");
             stored(&c, "h/large", &req, "", large);
             stored(&c, "h/gone", &req, "", b"x");
@@ -757,16 +808,18 @@ mod tests {
             assert_eq!(c.disk_usage().unwrap().1, 2);
         }
         // A new cache on the same directory (a restart) finds both, with their variants.
-        let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
+        let c = Cache::new(1 << 20, Some(&disk)).unwrap();
         flush(&c);
         let small = c.get(&"h/small".into(), &req, SCOPE).unwrap();
         assert_eq!(&small.body.read(0, 10).unwrap()[..], b"small body");
         assert!(small.is_fresh(std::time::Instant::now()));
         assert_eq!(small.tags, ["a", "b"]);
+        // Another variant of it was never stored.
         let br = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: br\r\n\r\n");
         let url: Arc<str> = "h/small".into();
-        c.purge(&Purge::Url("h/small".into())).unwrap();
         assert!(c.get(&url, &br, SCOPE).is_none());
+        c.purge(&Purge::Url("h/small".into())).unwrap();
+        assert!(c.get(&url, &req, SCOPE).is_none());
         let e = c.get(&"h/large".into(), &req, SCOPE).unwrap();
         assert!(matches!(&e.body, super::Body::File(f) if !f.in_memory));
         let mut body = Vec::new();
@@ -788,14 +841,14 @@ mod tests {
         };
         // A directory that holds files and is not marked as the cache's is refused.
         std::fs::create_dir_all(dir.path().join("ab")).unwrap();
-        let e = Cache::new(64 << 20, Some(&disk), None).err().unwrap();
+        let e = Cache::new(64 << 20, Some(&disk)).err().unwrap();
         assert!(
             e.to_string().contains("is not a Portico cache directory"),
             "{e}"
         );
         std::fs::write(dir.path().join(super::MARKER), b"").unwrap();
         std::fs::write(dir.path().join("ab").join("junk"), b"not a cache file").unwrap();
-        let c = Cache::new(64 << 20, Some(&disk), None).unwrap();
+        let c = Cache::new(64 << 20, Some(&disk)).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let body: &'static [u8] = Vec::leak(vec![7u8; 200_000]);
         for i in 0..10 {
@@ -820,7 +873,7 @@ mod tests {
             size: 64 << 20,
         };
         // 1 MiB of memory, 40 responses of 100 KB: most are evicted from memory at once.
-        let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
+        let c = Cache::new(1 << 20, Some(&disk)).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let body: &'static [u8] = Vec::leak(vec![3u8; 100_000]);
         for i in 0..40 {
@@ -843,11 +896,11 @@ mod tests {
             size: 64 << 20,
         };
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
-        let a = Cache::new(1 << 20, Some(&disk), None).unwrap();
+        let a = Cache::new(1 << 20, Some(&disk)).unwrap();
         stored(&a, "h/a", &req, "", b"a");
         flush(&a);
         // More memory: a new memory tier, the same disk tier (no second scan of the files).
-        let b = Cache::new(2 << 20, Some(&disk), Some(&a)).unwrap();
+        let b = Cache::new(2 << 20, Some(&disk)).unwrap();
         assert!(Arc::ptr_eq(
             a.disk.as_ref().unwrap(),
             b.disk.as_ref().unwrap()
@@ -865,6 +918,10 @@ mod tests {
         drop(a);
         flush(&b);
         assert_eq!(files(&disk.path), 0);
+        // The tier's thread outlives the first cache.
+        stored(&b, "h/b", &req, "", b"b");
+        flush(&b);
+        assert_eq!(files(&disk.path), 1);
     }
 
     #[test]
@@ -876,7 +933,7 @@ mod tests {
         };
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         {
-            let c = Cache::new(1 << 20, Some(&disk), None).unwrap();
+            let c = Cache::new(1 << 20, Some(&disk)).unwrap();
             stored(&c, "h/a", &req, "", b"a");
             stored(&c, "h/b", &req, "", b"b");
             flush(&c);
@@ -884,8 +941,59 @@ mod tests {
         // A restart: a purge arrives before the scan has read the files.
         let (d, _queues) = super::Disk::open(&disk.path, disk.size).unwrap();
         assert!(!d.remove(&Purge::Url("h/a".into())));
-        assert_eq!(d.scan().0, 1);
+        assert_eq!(d.scan(&|| {}).0, 1);
         assert!(d.index.get("h/a").is_none() && d.index.get("h/b").is_some());
         assert_eq!(files(&disk.path), 1);
+    }
+
+    /// A response with `body` stored in a cache without a disk tier, for writing by hand.
+    fn entry(url: &str, body: &'static [u8]) -> Arc<super::Entry> {
+        let c = Cache::new(1 << 20, None).unwrap();
+        let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        stored(&c, url, &req, "", body);
+        c.get(&url.into(), &req, SCOPE).unwrap()
+    }
+
+    #[test]
+    fn a_write_queued_before_a_purge_of_its_url_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, q) = super::Disk::open(dir.path(), 64 << 20).unwrap();
+        d.scan(&|| {});
+        let e = entry("h/a", b"a");
+        // Queued (its place taken as it is stored in memory), then the URL is purged.
+        let t = d.reserve(1).unwrap();
+        assert!(!d.remove(&Purge::Url("h/a".into())));
+        d.write(t, "h/a".into(), e.clone());
+        let job = q.writes.recv().unwrap();
+        d.write_file(&job).unwrap();
+        d.release(job.bytes);
+        assert!(d.index.get("h/a").is_none());
+        // Stored again after the purge: written.
+        let t = d.reserve(1).unwrap();
+        d.write(t, "h/a".into(), e);
+        let job = q.writes.recv().unwrap();
+        d.write_file(&job).unwrap();
+        d.release(job.bytes);
+        assert!(d.index.get("h/a").is_some());
+        // Nothing queued: the removals by URL are forgotten.
+        assert_eq!(d.queued.load(SeqCst), 0);
+        assert!(d.edit().urls.is_empty());
+    }
+
+    #[test]
+    fn the_queue_of_writes_is_bounded_in_count_and_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (d, _q) = super::Disk::open(dir.path(), 64 << 20).unwrap();
+        let tickets: Vec<_> = (0..super::MAX_QUEUED)
+            .map(|_| d.reserve(10).unwrap())
+            .collect();
+        assert!(d.reserve(10).is_none());
+        for t in tickets {
+            d.release(t.bytes);
+        }
+        assert!(d.reserve(super::MAX_QUEUED_BYTES + 1).is_none());
+        assert_eq!((d.queued.load(SeqCst), d.queued_bytes.load(SeqCst)), (0, 0));
+        assert!(d.reserve(10).is_some());
+        assert_eq!(d.counters.skipped.load(SeqCst), 2);
     }
 }

@@ -9,6 +9,7 @@ pub(crate) use body::Body;
 pub use disk::DiskCounters;
 
 use bytes::BytesMut;
+use moka::ops::compute::Op;
 use portico_config::{CacheDisk, CacheStore, QueryKey, RouteCache};
 use portico_http1::{Limits, Method, RequestHead, ResponseHead};
 use std::collections::HashMap;
@@ -258,53 +259,20 @@ impl moka::Expiry<Arc<str>, Arc<Slot>> for Retain {
 }
 
 impl Cache {
-    /// A cache of `memory` bytes over the disk tier `disk`, if any: `before`'s when that one
-    /// has the same directory (one tier per directory in the process), else a new one (its
-    /// directory is created when missing; what an earlier run stored there is found again in
-    /// the background).
-    pub fn new(
-        memory: u64,
-        disk: Option<&CacheDisk>,
-        before: Option<&Cache>,
-    ) -> std::io::Result<Arc<Self>> {
+    /// A cache of `memory` bytes over the disk tier `disk`, if any: the one the process already
+    /// has on that directory (one tier per directory), else a new one (its directory is created
+    /// when missing; what an earlier run stored there is found again in the background).
+    pub fn new(memory: u64, disk: Option<&CacheDisk>) -> std::io::Result<Arc<Self>> {
         let store = moka::sync::Cache::builder()
             .max_capacity(memory)
             .weigher(|_: &Arc<str>, s: &Arc<Slot>| s.weight)
             .expire_after(Retain)
             .support_invalidation_closures()
             .build();
-        let same = |d: &CacheDisk| {
-            let old = before.and_then(|b| b.disk.as_ref());
-            old.filter(|o| o.path() == d.path).cloned()
+        let disk = match disk {
+            None => None,
+            Some(d) => Some(disk_tier(d)?),
         };
-        let (disk, queues) = match disk {
-            None => (None, None),
-            Some(d) => match same(d) {
-                Some(shared) => {
-                    if shared.capacity() != d.size {
-                        tracing::warn!(
-                            "cache: disk_size changes on restart; the disk tier in {} keeps {} bytes",
-                            d.path.display(),
-                            shared.capacity()
-                        );
-                    }
-                    (Some(shared), None)
-                }
-                None => {
-                    let (disk, queues) = disk::Disk::open(&d.path, d.size).map_err(|e| {
-                        let m = format!("cache disk_path {}: {e}", d.path.display());
-                        std::io::Error::new(e.kind(), m)
-                    })?;
-                    (Some(Arc::new(disk)), Some(queues))
-                }
-            },
-        };
-        if let (Some(d), Some(q)) = (&disk, queues) {
-            let weak = Arc::downgrade(d);
-            std::thread::Builder::new()
-                .name("portico-cache-disk".into())
-                .spawn(move || disk::run(weak, q))?;
-        }
         Ok(Arc::new(Cache {
             memory,
             store,
@@ -356,7 +324,8 @@ impl Cache {
         let disk = self.disk.as_ref()?;
         let (stub, e) = disk.get(url, head, scope)?;
         let e = Arc::new(e);
-        let promoted = disk.promote(url, &stub, || self.put_memory(url.clone(), e.clone()));
+        let promote = || self.put_memory(url.clone(), e.clone(), true);
+        let promoted = disk.promote(url, &stub, promote);
         promoted.then_some(e)
     }
 
@@ -386,21 +355,31 @@ impl Cache {
     /// Store `entry` for `url`, in place of the variant it replaces (and on disk, when there
     /// is a disk tier).
     pub(crate) fn put(&self, url: Arc<str>, entry: Arc<Entry>) {
-        self.put_memory(url.clone(), entry.clone());
+        // The place in the disk's queue is taken first: a purge after the store below drops
+        // the write.
+        let ticket = self.disk.as_ref().map(|d| d.reserve(entry.body.len()));
+        self.put_memory(url.clone(), entry.clone(), false);
         self.counters.stored.fetch_add(1, Ordering::Relaxed);
-        if let Some(d) = &self.disk {
-            d.write(url, entry);
+        if let (Some(d), Some(Some(ticket))) = (&self.disk, ticket) {
+            d.write(ticket, url, entry);
         }
     }
 
-    /// `entry` for `url` in the memory tier, in place of the variant it replaces.
-    fn put_memory(&self, url: Arc<str>, entry: Arc<Entry>) {
-        let mut variants = vec![entry.clone()];
-        if let Some(old) = self.store.get(&url) {
-            let others = old.variants.iter().filter(|v| !v.same_variant(&entry));
+    /// `entry` for `url` in the memory tier, in place of the variant it replaces (unless
+    /// `absent` and the variant is there: a read-back from disk never replaces a newer store).
+    /// Slots change one request at a time per URL.
+    fn put_memory(&self, url: Arc<str>, entry: Arc<Entry>, absent: bool) {
+        self.store.entry(url).and_compute_with(|old| {
+            let old = old.map(|o| o.into_value());
+            let old = old.as_ref().map_or(&[][..], |o| &o.variants[..]);
+            if absent && old.iter().any(|v| v.same_variant(&entry)) {
+                return Op::Nop;
+            }
+            let others = old.iter().filter(|v| !v.same_variant(&entry));
+            let mut variants = vec![entry.clone()];
             variants.extend(others.take(MAX_VARIANTS - 1).cloned());
-        }
-        self.store_slot(url, variants);
+            Op::Put(slot(variants))
+        });
     }
 
     /// `entry`'s variant of `url` goes (the others stay).
@@ -408,31 +387,29 @@ impl Cache {
         if let Some(d) = &self.disk {
             d.remove_variant(url, entry);
         }
-        let Some(old) = self.store.get(url) else {
-            return;
-        };
-        let rest = old.variants.iter().filter(|v| !v.same_variant(entry));
-        let variants: Vec<Arc<Entry>> = rest.cloned().collect();
-        if variants.is_empty() {
-            self.store.remove(url);
-        } else {
-            self.store_slot(url.clone(), variants);
-        }
+        self.store.entry(url.clone()).and_compute_with(|old| {
+            let Some(old) = old.map(|o| o.into_value()) else {
+                return Op::Nop;
+            };
+            let rest = old.variants.iter().filter(|v| !v.same_variant(entry));
+            let variants: Vec<Arc<Entry>> = rest.cloned().collect();
+            match variants.is_empty() {
+                true => Op::Remove,
+                false => Op::Put(slot(variants)),
+            }
+        });
     }
 
-    fn store_slot(&self, url: Arc<str>, variants: Vec<Arc<Entry>>) {
-        let retain = variants
-            .iter()
-            .map(|e| e.retain())
-            .max()
-            .unwrap_or_default();
-        let weight = variants.iter().map(|e| e.weight()).sum::<u64>();
-        let slot = Slot {
-            variants,
-            retain,
-            weight: u32::try_from(weight).unwrap_or(u32::MAX),
-        };
-        self.store.insert(url, Arc::new(slot));
+    /// Every variant of `url` leaves the memory tier; whether there was one.
+    fn remove_memory(&self, url: &str) -> bool {
+        let r = self
+            .store
+            .entry(Arc::from(url))
+            .and_compute_with(|old| match old {
+                Some(_) => Op::Remove,
+                None => Op::Nop,
+            });
+        matches!(r, moka::ops::compute::CompResult::Removed(_))
     }
 
     /// The stored response `stale` of `url` after a 304 with `fresh` fields to a request sent
@@ -485,7 +462,7 @@ impl Cache {
     pub(crate) fn invalidate(&self, url: &str) {
         let purge = Purge::Url(url.to_string());
         let on_disk = self.disk.as_ref().is_some_and(|d| d.remove(&purge));
-        if self.store.remove(url).is_some() || on_disk {
+        if self.remove_memory(url) || on_disk {
             self.counters.invalidated.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -515,7 +492,7 @@ impl Cache {
                 self.store.invalidate_all();
                 Ok(true)
             }
-            Purge::Url(url) => Ok(self.store.remove(url.as_str()).is_some() || on_disk),
+            Purge::Url(url) => Ok(self.remove_memory(url) || on_disk),
             Purge::Prefix(prefix) => {
                 let prefix = prefix.clone();
                 self.store
@@ -540,6 +517,54 @@ impl Cache {
         }
         r
     }
+}
+
+/// The disk tiers of the process by directory: caches of successive configurations on one
+/// directory share its tier (its index and its thread).
+static DISKS: Mutex<Option<HashMap<std::path::PathBuf, std::sync::Weak<disk::Disk>>>> =
+    Mutex::new(None);
+
+/// The disk tier on `d.path`: the process's, or a new one with its thread started.
+fn disk_tier(d: &CacheDisk) -> std::io::Result<Arc<disk::Disk>> {
+    let mut disks = DISKS.lock().unwrap_or_else(|p| p.into_inner());
+    let disks = disks.get_or_insert_with(HashMap::new);
+    disks.retain(|_, w| w.strong_count() > 0);
+    if let Some(shared) = disks.get(&d.path).and_then(|w| w.upgrade()) {
+        if shared.capacity() != d.size {
+            tracing::warn!(
+                "cache: disk_size changes on restart; the disk tier in {} keeps {} bytes",
+                d.path.display(),
+                shared.capacity()
+            );
+        }
+        return Ok(shared);
+    }
+    let (disk, queues) = disk::Disk::open(&d.path, d.size).map_err(|e| {
+        let m = format!("cache disk_path {}: {e}", d.path.display());
+        std::io::Error::new(e.kind(), m)
+    })?;
+    let disk = Arc::new(disk);
+    let weak = Arc::downgrade(&disk);
+    std::thread::Builder::new()
+        .name("portico-cache-disk".into())
+        .spawn(move || disk::run(weak, queues))?;
+    disks.insert(d.path.clone(), Arc::downgrade(&disk));
+    Ok(disk)
+}
+
+/// A slot of `variants`, kept as long as the longest-lived of them.
+fn slot(variants: Vec<Arc<Entry>>) -> Arc<Slot> {
+    let retain = variants
+        .iter()
+        .map(|e| e.retain())
+        .max()
+        .unwrap_or_default();
+    let weight = variants.iter().map(|e| e.weight()).sum::<u64>();
+    Arc::new(Slot {
+        variants,
+        retain,
+        weight: u32::try_from(weight).unwrap_or(u32::MAX),
+    })
 }
 
 /// What a purge removes.
@@ -958,7 +983,7 @@ mod tests {
 
     #[test]
     fn variants_by_vary_and_key_fields() {
-        let cache = Cache::new(1 << 20, None, None).unwrap();
+        let cache = Cache::new(1 << 20, None).unwrap();
         let gzip = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: gzip\r\n\r\n");
         let br = request("GET / HTTP/1.1\r\nHost: h\r\nAccept-Encoding: br\r\n\r\n");
         let french = request(
@@ -1003,7 +1028,7 @@ mod tests {
 
     #[test]
     fn purges_by_url_prefix_tag_and_all() {
-        let cache = Cache::new(1 << 20, None, None).unwrap();
+        let cache = Cache::new(1 << 20, None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         for url in ["h/a", "h/b/1", "h/b/2", "g/c"] {
             stored(&cache, url, &req, "", b"x");
@@ -1025,7 +1050,7 @@ mod tests {
 
     #[test]
     fn a_body_over_the_limit_is_not_stored() {
-        let cache = Cache::new(1 << 20, None, None).unwrap();
+        let cache = Cache::new(1 << 20, None).unwrap();
         let req = request("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
         let fields = [("Cache-Control", &b"max-age=60"[..])];
         let f = || fields.iter().copied();
@@ -1054,7 +1079,7 @@ mod tests {
 
     #[test]
     fn one_fetch_per_url_and_waiters_wake_when_it_ends() {
-        let cache = Cache::new(1 << 20, None, None).unwrap();
+        let cache = Cache::new(1 << 20, None).unwrap();
         let url: Arc<str> = "h/x".into();
         let Lock::Leader(guard) = cache.lock(&url) else {
             panic!("the first request fetches");

@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn refreshes_are_capped_in_the_whole_process() {
-        let cache = Cache::new(1 << 20, None, None).unwrap();
+        let cache = Cache::new(1 << 20, None).unwrap();
         let running: Vec<Running> = (0..MAX_REFRESHES)
             .map(|_| Running::start(&cache).unwrap())
             .collect();
