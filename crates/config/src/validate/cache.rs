@@ -213,15 +213,86 @@ pub(super) fn route_cache(
 
 /// Set a proxy route's cache scope (see [`RouteCache::scope`]) from its name and group.
 pub(super) fn scope_cache(action: &mut Action, route: &str, upstreams: &[String]) {
-    use std::hash::{Hash, Hasher};
     let Action::Proxy(p) = action else {
         return;
     };
     let group = upstreams.get(p.upstream).map_or("", String::as_str);
     if let Some(c) = p.cache.as_mut() {
-        // SipHash with fixed keys: the same settings give the same scope in every process.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (route, group, format!("{c:?}")).hash(&mut h);
-        c.scope = h.finish();
+        c.scope = fnv1a(&canonical(route, group, c));
+    }
+}
+
+/// The route's name, its group and its cache table as one text, spelled the same by every
+/// version of Portico (the disk tier's files outlive the process): adding a field to the
+/// table fails to compile here until its spelling is decided.
+fn canonical(route: &str, group: &str, c: &RouteCache) -> String {
+    let RouteCache {
+        query,
+        key_headers,
+        key_cookies,
+        default_ttl,
+        override_ttl,
+        stale_if_error,
+        stale_while_revalidate,
+        bypass_headers,
+        bypass_cookies,
+        lock,
+        scope: _,
+    } = c;
+    let query = match query {
+        QueryKey::All => "all".to_string(),
+        QueryKey::None => "none".to_string(),
+        QueryKey::Only(names) => format!("only:{}", names.join(",")),
+        QueryKey::Except(names) => format!("except:{}", names.join(",")),
+    };
+    let ms = |d: &Option<Duration>| d.map_or("-".to_string(), |d| d.as_millis().to_string());
+    format!(
+        "route={route}\ngroup={group}\nquery={query}\nkey_headers={}\nkey_cookies={}\ndefault_ttl={}\noverride_ttl={}\nstale_if_error={}\nstale_while_revalidate={}\nbypass_headers={}\nbypass_cookies={}\nlock={lock}",
+        key_headers.join(","),
+        key_cookies.join(","),
+        ms(default_ttl),
+        ms(override_ttl),
+        stale_if_error.as_millis(),
+        stale_while_revalidate.as_millis(),
+        bypass_headers.join(","),
+        bypass_cookies.join(","),
+    )
+}
+
+/// FNV-1a, 64 bits: a hash whose values never change between builds.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scope_of_a_cache_table_is_the_same_in_every_build() {
+        let c = RouteCache {
+            query: QueryKey::Except(vec!["utm".into()]),
+            key_headers: vec!["x-tenant".into()],
+            key_cookies: vec![],
+            default_ttl: Some(Duration::from_secs(60)),
+            override_ttl: None,
+            stale_if_error: Duration::from_secs(3600),
+            stale_while_revalidate: Duration::ZERO,
+            bypass_headers: vec![],
+            bypass_cookies: vec!["session".into()],
+            lock: true,
+            scope: 0,
+        };
+        let text = canonical("r", "app", &c);
+        assert_eq!(
+            text,
+            "route=r\ngroup=app\nquery=except:utm\nkey_headers=x-tenant\nkey_cookies=\ndefault_ttl=60000\noverride_ttl=-\nstale_if_error=3600000\nstale_while_revalidate=0\nbypass_headers=\nbypass_cookies=session\nlock=true"
+        );
+        // Pinned: a change here orphans every disk tier on upgrade.
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_ne!(fnv1a(&text), fnv1a(&canonical("r2", "app", &c)));
     }
 }
