@@ -100,6 +100,11 @@ impl Running {
         if let Some(log) = &self.control.snapshot().access_log {
             log.flush(Duration::from_secs(2));
         }
+        // Files of responses removed lately are deleted before the process goes (else a
+        // restart would find them again).
+        if let Some(cache) = &self.control.snapshot().cache {
+            cache.settle();
+        }
         if let Some(h) = self.control.lock().health.take() {
             h.stop();
         }

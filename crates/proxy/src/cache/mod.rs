@@ -294,6 +294,14 @@ impl Cache {
         self.memory == store.memory && disk == wanted
     }
 
+    /// Waits (at most 5 s) until the disk tier has deleted the files of what was removed so
+    /// far: at shutdown.
+    pub fn settle(&self) {
+        if let Some(d) = &self.disk {
+            d.deleted();
+        }
+    }
+
     /// The disk tier's directory, files, bytes, bound and counters, when there is one.
     pub fn disk_usage(&self) -> Option<(&std::path::Path, u64, u64, u64, &DiskCounters)> {
         let d = self.disk.as_ref()?;
