@@ -3,10 +3,12 @@
 # clients each send one request (GET /bytes/1k), read the answer, then stay connected and
 # silent; 2 s later the proxy's resident memory (VmRSS from /proc) is read: before and after,
 # divided by N.
-# Usage: scripts/idle-memory.sh BINARY [N]    (N = 10000 by default; 127.0.0.1 only)
+# Usage: scripts/idle-memory.sh BINARY [N] [h2]    (N = 10000 by default; 127.0.0.1 only;
+# h2: each client speaks HTTP/2 with prior knowledge, one GET on stream 1, then stays idle)
 # Prints one line: the binary, N, RSS before and after, KB per idle connection.
 set -euo pipefail
-bin=$1 n=${2:-10000}
+bin=$1 n=${2:-10000} proto=${3:-http1}
+[ "$proto" = h2 ] && export IDLE_H2=1
 ulimit -n $((n + 1024))
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
@@ -28,4 +30,4 @@ for _ in $(seq 600); do [ -e "$d/ready" ] && break; sleep 0.1; done
 sleep 2 # every connection idle for a while (the proxy may release buffers after a grace)
 after=$(rss)
 kill "$client" 2>/dev/null || true
-echo "$bin: $n idle connections, RSS ${before} KB -> ${after} KB, $(( (after - before) * 1000 / n )) bytes per connection"
+echo "$bin: $n idle $proto connections, RSS ${before} KB -> ${after} KB, $(( (after - before) * 1000 / n )) bytes per connection"
