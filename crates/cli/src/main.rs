@@ -156,7 +156,9 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 print!("{}", portico_config::explain(&cfg));
                 // Certificates and keys are read and checked as `run` would.
                 for l in &cfg.listeners {
-                    if let Some(tls) = &l.tls {
+                    // An ACME certificate not issued yet is obtained by `run`.
+                    let issued = l.acme.as_ref().is_none_or(|a| a.files().cert.exists());
+                    if let Some(tls) = l.tls.as_ref().filter(|_| issued) {
                         let resumption = portico_tls::Resumption::new();
                         if let Err(e) = portico_tls::server_config(tls, &resumption) {
                             return fail(&format!("listener {}: TLS: {e}", l.name));

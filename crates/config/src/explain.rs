@@ -32,6 +32,15 @@ pub fn explain(config: &Config) -> String {
                 (false, n) => format!("cache {n}"),
             };
             let _ = writeln!(out, "  tls: TLS {}; {resumption}", versions.join(", "));
+            if let Some(a) = &listener.acme {
+                let _ = writeln!(
+                    out,
+                    "    certificate for {} from ACME ({}, HTTP-01 on the plain listeners), kept in {}; renewed at two thirds of its lifetime",
+                    a.names.join(", "),
+                    a.directory,
+                    a.storage.display()
+                );
+            }
             match tls.watch {
                 Some(every) => {
                     let _ = writeln!(

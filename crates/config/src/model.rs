@@ -125,7 +125,42 @@ pub struct Listener {
     /// Every connection starts with a PROXY protocol header (v1 or v2) from a load balancer,
     /// naming the client; a connection without one is closed.
     pub proxy_protocol: bool,
+    /// The listener's certificate obtained and renewed by ACME (`[listeners.tls.acme]`); its
+    /// files are the TLS settings' one certificate.
+    pub acme: Option<Acme>,
 }
+
+/// A certificate obtained and renewed from an ACME server (RFC 8555) with HTTP-01 challenges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acme {
+    /// The names the certificate covers (the first is its file name).
+    pub names: Vec<String>,
+    /// `mailto:` contacts for the account.
+    pub contact: Vec<String>,
+    /// The ACME directory URL.
+    pub directory: String,
+    /// A PEM file of the CA that signs the directory's own HTTPS certificate (a test server such
+    /// as Pebble); None = the system's roots.
+    pub directory_ca: Option<PathBuf>,
+    /// Where the account, certificate and key files live (0700).
+    pub storage: PathBuf,
+}
+
+impl Acme {
+    /// The files the certificate lives in: `STORAGE/NAME.crt` and `.key` for its first name.
+    pub fn files(&self) -> CertificateFiles {
+        let name = self.names.first().map_or("certificate", String::as_str);
+        CertificateFiles {
+            cert: self.storage.join(format!("{name}.crt")),
+            key: self.storage.join(format!("{name}.key")),
+        }
+    }
+}
+
+/// Let's Encrypt's production directory (`directory = "letsencrypt"`).
+pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
+/// Let's Encrypt's staging directory (`directory = "letsencrypt-staging"`).
+pub const LETS_ENCRYPT_STAGING: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 
 /// Load shedding: while a worker's event loop lags more than `target` (after lagging more for a
 /// whole `interval`), new requests on this listener get a fast 503 with `Retry-After`.

@@ -102,7 +102,9 @@ pub(crate) struct RawListener {
     pub name: Option<Spanned<String>>,
     pub address: Option<Spanned<String>>,
     pub limits: Option<RawLimits>,
-    pub tls: Option<Spanned<RawTls>>,
+    /// Not spanned: `[listeners.tls.acme]` alone makes the table implicitly, and an implicit
+    /// table has no span.
+    pub tls: Option<RawTls>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
     pub http2: Option<RawHttp2>,
     pub shed: Option<RawShed>,
@@ -207,6 +209,7 @@ pub(crate) struct RawHttp2 {
 #[serde(deny_unknown_fields, expecting = "a tls table")]
 pub(crate) struct RawTls {
     pub certificates: Option<Spanned<Vec<Spanned<RawCertificate>>>>,
+    pub acme: Option<Spanned<RawAcme>>,
     pub versions: Option<Spanned<StrList>>,
     pub cipher_suites: Option<Spanned<StrList>>,
     pub groups: Option<Spanned<StrList>>,
@@ -215,6 +218,17 @@ pub(crate) struct RawTls {
     pub client_auth: Option<RawClientAuth>,
     pub watch: Option<Spanned<bool>>,
     pub watch_interval: Option<Spanned<Scalar>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an acme table")]
+pub(crate) struct RawAcme {
+    pub names: Option<Spanned<StrList>>,
+    pub email: Option<Spanned<String>>,
+    pub directory: Option<Spanned<String>>,
+    pub directory_ca: Option<Spanned<String>>,
+    pub storage: Option<Spanned<String>>,
+    pub accept_terms: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -34,6 +34,8 @@ pub enum StartError {
     Thread(io::Error),
     #[error("cannot open the response cache: {0}")]
     Cache(io::Error),
+    #[error("ACME certificates: {0}")]
+    Acme(io::Error),
     #[error("listener {name}: TLS: {source}")]
     Tls {
         name: String,
@@ -218,6 +220,9 @@ impl Control {
                 }
             },
         };
+        // ACME listeners get certificate files (a stand-in until one is issued) before their
+        // TLS settings load them.
+        crate::acme::configure(&config).map_err(StartError::Acme)?;
         // The response cache: kept, with what it holds, while its memory and disk tier stay
         // the same.
         let cache = match config.cache.as_ref() {

@@ -1,5 +1,6 @@
 //! The data plane: listeners, per-connection tasks, routing, forwarding, local responses.
 
+mod acme;
 pub mod admin;
 mod blocking_http;
 mod cache;

@@ -74,7 +74,11 @@ pub(super) fn listeners(
             seen.push((addr, name.clone()));
         }
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
-        let tls = l.tls.as_ref().and_then(|t| tls(ctx, &sub(&key, "tls"), t));
+        let acme = l.tls.as_ref().and_then(|t| acme(ctx, &sub(&key, "tls"), t));
+        let tls = l
+            .tls
+            .as_ref()
+            .and_then(|t| tls(ctx, &sub(&key, "tls"), t, start(item), acme.as_ref()));
         let shed = l.shed.as_ref().map(|s| shed(ctx, &sub(&key, "shed"), s));
         let http2 = http2(ctx, &sub(&key, "http2"), l.http2.as_ref());
         let compression = l
@@ -145,6 +149,7 @@ pub(super) fn listeners(
             http2,
             trusted_proxies: trusted,
             proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
+            acme,
         });
     }
     out

@@ -1,13 +1,52 @@
 //! TLS: listener termination settings, upstream origination settings, certificate paths and server names.
 
 use super::*;
+use crate::model::{Acme, LETS_ENCRYPT, LETS_ENCRYPT_STAGING};
 
-pub(super) fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option<TlsSettings> {
-    let t = raw.get_ref();
+pub(super) fn tls(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    t: &RawTls,
+    listener: usize,
+    acme: Option<&Acme>,
+) -> Option<TlsSettings> {
+    // The table's position: its first key (an implicit table, made by `[listeners.tls.acme]`
+    // alone, has no span of its own), else the listener's.
+    let at = [
+        t.certificates.as_ref().map(start),
+        t.acme.as_ref().map(start),
+        t.versions.as_ref().map(start),
+        t.cipher_suites.as_ref().map(start),
+        t.groups.as_ref().map(start),
+        t.session_tickets.as_ref().map(start),
+        t.session_cache.as_ref().map(start),
+        t.client_auth
+            .as_ref()
+            .and_then(|c| c.ca.as_ref().or(None).map(start)),
+        t.client_auth
+            .as_ref()
+            .and_then(|c| c.required.as_ref().map(start)),
+        t.watch.as_ref().map(start),
+        t.watch_interval.as_ref().map(start),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(listener);
     let mut certificates = Vec::new();
     match &t.certificates {
+        Some(list) if t.acme.is_some() => ctx.error(
+            start(list),
+            &sub(key, "certificates"),
+            "a listener's certificate comes from its files or from acme, not both",
+        ),
+        None if t.acme.is_some() => {
+            if let Some(a) = acme {
+                certificates.push(a.files());
+            }
+        }
         None => ctx.error(
-            start(raw),
+            at,
             key,
             "tls needs `certificates = [{ cert = \"chain.pem\", key = \"key.pem\" }]`",
         ),
@@ -118,7 +157,7 @@ pub(super) fn tls(ctx: &mut Ctx<'_>, key: &str, raw: &Spanned<RawTls>) -> Option
     let client_auth = t.client_auth.as_ref().and_then(|c| match &c.ca {
         None => {
             ctx.error(
-                start(raw),
+                at,
                 &sub(key, "client_auth"),
                 "client_auth needs `ca` (a PEM file of the CA certificates client certificates must chain to)",
             );
@@ -329,4 +368,102 @@ pub(super) fn relative_to_config(file: &str, path: &str) -> PathBuf {
         Some(dir) => dir.join(p),
         None => p,
     }
+}
+
+/// `[listeners.tls.acme]`: names, contact, directory (a preset or an https URL), the
+/// directory's CA, storage, terms accepted.
+pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
+    let item = raw.acme.as_ref()?;
+    let a = item.get_ref();
+    let key = sub(key, "acme");
+    let mut names = Vec::new();
+    match &a.names {
+        None => ctx.error(
+            start(item),
+            &key,
+            "acme needs `names`, the DNS names of the certificate: names = [\"example.com\"]",
+        ),
+        Some(list) => {
+            for (i, (name, at)) in list.get_ref().items(start(list)).into_iter().enumerate() {
+                let name = name.to_ascii_lowercase();
+                let ok = !name.is_empty()
+                    && name.len() <= 253
+                    && name.split('.').all(|l| {
+                        !l.is_empty()
+                            && l.len() <= 63
+                            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                            && !l.starts_with('-')
+                            && !l.ends_with('-')
+                    });
+                if !ok {
+                    let m = format!(
+                        "{name:?} is not a DNS name (wildcards need DNS-01, not offered yet)"
+                    );
+                    ctx.error(at, &item_key(list, &sub(&key, "names"), i), m);
+                } else if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            if names.is_empty() && list.get_ref().items(0).is_empty() {
+                ctx.error(
+                    start(list),
+                    &sub(&key, "names"),
+                    "must name at least one DNS name",
+                );
+            }
+        }
+    }
+    let directory = match a.directory.as_ref() {
+        None => LETS_ENCRYPT.to_string(),
+        Some(d) => match d.get_ref().as_str() {
+            "letsencrypt" => LETS_ENCRYPT.to_string(),
+            "letsencrypt-staging" => LETS_ENCRYPT_STAGING.to_string(),
+            url if url.starts_with("https://") && url.len() > 8 => url.to_string(),
+            other => {
+                ctx.error(
+                    start(d),
+                    &sub(&key, "directory"),
+                    format!("expected \"letsencrypt\", \"letsencrypt-staging\" or an https:// directory URL, found {other:?}"),
+                );
+                String::new()
+            }
+        },
+    };
+    let contact = match a.email.as_ref() {
+        None => Vec::new(),
+        Some(e) => {
+            let text = e.get_ref();
+            if !text.contains('@') || text.contains(char::is_whitespace) {
+                ctx.error(
+                    start(e),
+                    &sub(&key, "email"),
+                    format!("{text:?} is not an email address"),
+                );
+            }
+            vec![format!("mailto:{text}")]
+        }
+    };
+    if a.accept_terms.as_ref().map(|t| *t.get_ref()) != Some(true) {
+        let at = a.accept_terms.as_ref().map_or(start(item), start);
+        ctx.error(
+            at,
+            &sub(&key, "accept_terms"),
+            "set accept_terms = true to agree to the ACME server's terms of service",
+        );
+    }
+    let directory_ca = a
+        .directory_ca
+        .as_ref()
+        .map(|p| relative_to_config(ctx.file, p.get_ref()));
+    let storage = match a.storage.as_ref() {
+        Some(p) => relative_to_config(ctx.file, p.get_ref()),
+        None => relative_to_config(ctx.file, "acme"),
+    };
+    (!names.is_empty() && !directory.is_empty()).then_some(Acme {
+        names,
+        contact,
+        directory,
+        directory_ca,
+        storage,
+    })
 }

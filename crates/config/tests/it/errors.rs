@@ -590,7 +590,7 @@ fn tls_needs_certificates_and_known_versions() {
     let text = format!("{base}[listeners.tls]\nversions = [\"1.3\"]\n");
     let e = err(&text);
     assert!(
-        e.starts_with("t.toml:5:1: listeners[0].tls: tls needs `certificates"),
+        e.starts_with("t.toml:6:12: listeners[0].tls: tls needs `certificates"),
         "{e}"
     );
     let text = format!(
@@ -809,7 +809,7 @@ fn tls_resumption_and_client_auth_keys() {
     );
     let e = err(&tls_with("client_auth = { required = true }\n"));
     assert!(
-        e.starts_with("t.toml:5:1: listeners[0].tls.client_auth: client_auth needs `ca`"),
+        e.starts_with("t.toml:6:16: listeners[0].tls.client_auth: client_auth needs `ca`"),
         "{e}"
     );
     let e = err(&tls_with(

@@ -1,6 +1,7 @@
 //! The config crate's integration tests in one binary (one link instead of one per file), a module per concern.
 
 mod access;
+mod acme;
 mod cache;
 mod compression;
 mod docs;

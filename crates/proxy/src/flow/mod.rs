@@ -63,6 +63,14 @@ pub(crate) async fn serve<'a, D: Client<'a>>(
     if let Some(settings) = &env.shared.config.trace {
         down.timings().trace = Some(Box::new(TraceCtx::of(settings, head)));
     }
+    // An ACME server checking a challenge, on any listener, before any route.
+    if head.path().starts_with(crate::acme::CHALLENGE_PREFIX) {
+        if let Some(answer) = crate::acme::challenge_answer(head.path()) {
+            return down
+                .local(head, 200, "text/plain", answer.as_bytes(), &[])
+                .await;
+        }
+    }
     let idx = crate::route::select(
         &ls.listener.routes,
         head.method().as_str(),
