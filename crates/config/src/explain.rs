@@ -35,7 +35,7 @@ pub fn explain(config: &Config) -> String {
             if let Some(a) = &listener.acme {
                 let _ = writeln!(
                     out,
-                    "    certificate for {} from ACME ({}, HTTP-01 on the plain listeners), kept in {}; renewed at two thirds of its lifetime",
+                    "    certificate for {} from ACME ({}, HTTP-01 answered on every listener), kept in {}; renewed at two thirds of its lifetime",
                     a.names.join(", "),
                     a.directory,
                     a.storage.display()

@@ -222,7 +222,7 @@ impl Control {
         };
         // ACME listeners get certificate files (a stand-in until one is issued) before their
         // TLS settings load them.
-        crate::acme::configure(&config).map_err(StartError::Acme)?;
+        crate::acme::prepare(&config).map_err(StartError::Acme)?;
         // The response cache: kept, with what it holds, while its memory and disk tier stay
         // the same.
         let cache = match config.cache.as_ref() {
@@ -492,6 +492,7 @@ impl Control {
         }
 
         // Commit: nothing below can fail.
+        crate::acme::manage(&config);
         runtime.apply_states(&upstreams);
         for w in &dropped {
             tracing::warn!("{w}");

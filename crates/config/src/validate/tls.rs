@@ -375,6 +375,10 @@ pub(super) fn relative_to_config(file: &str, path: &str) -> PathBuf {
 pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
     let item = raw.acme.as_ref()?;
     let a = item.get_ref();
+    if let Some(w) = raw.watch.as_ref().filter(|w| !*w.get_ref()) {
+        let m = "an ACME listener watches its certificate files (renewals load from them): remove watch = false";
+        ctx.error(start(w), &sub(key, "watch"), m);
+    }
     let key = sub(key, "acme");
     let mut names = Vec::new();
     match &a.names {
@@ -395,10 +399,17 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
                             && !l.starts_with('-')
                             && !l.ends_with('-')
                     });
-                if !ok {
-                    let m = format!(
-                        "{name:?} is not a DNS name (wildcards need DNS-01, not offered yet)"
-                    );
+                // An address is not a DNS name (its last label would be all digits).
+                let address = name
+                    .rsplit('.')
+                    .next()
+                    .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+                if !ok || address {
+                    let hint = match name.starts_with("*.") {
+                        true => " (wildcard names need DNS-01 challenges, not offered yet)",
+                        false => "",
+                    };
+                    let m = format!("{name:?} is not a DNS name{hint}");
                     ctx.error(at, &item_key(list, &sub(&key, "names"), i), m);
                 } else if !names.contains(&name) {
                     names.push(name);
@@ -410,6 +421,10 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
                     &sub(&key, "names"),
                     "must name at least one DNS name",
                 );
+            }
+            if names.len() > 100 {
+                let m = "at most 100 names per certificate (Let's Encrypt's limit)";
+                ctx.error(start(list), &sub(&key, "names"), m);
             }
         }
     }

@@ -53,6 +53,16 @@ fn acme_errors_name_the_key() {
     assert!(e("names = [\"*.example\"]\naccept_terms = true", "")
         .contains("tls.acme.names[0]: \"*.example\" is not a DNS name"));
     assert!(e(
+        "names = [\"a.example\", \"192.0.2.1\"]\naccept_terms = true",
+        ""
+    )
+    .contains("tls.acme.names[1]: \"192.0.2.1\" is not a DNS name"));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true",
+        "watch = false"
+    )
+    .contains("tls.watch: an ACME listener watches its certificate files"));
+    assert!(e(
         "names = [\"a.example\"]\naccept_terms = true\ndirectory = \"http://ca/dir\"",
         ""
     )
