@@ -3,6 +3,7 @@
 mod diff;
 mod error;
 mod explain;
+pub mod hash;
 pub mod htpasswd;
 pub mod jwks;
 pub mod model;

@@ -77,10 +77,6 @@ pub(crate) fn manage(config: &Config) {
     *manager = Some(tx);
 }
 
-fn files(a: &Acme) -> portico_config::CertificateFiles {
-    a.files()
-}
-
 /// What the certificate in the files was issued for: written with it, compared with the
 /// configuration (a new name, another directory: ordered again at once).
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -90,7 +86,7 @@ struct Issued {
 }
 
 fn issued_path(a: &Acme) -> std::path::PathBuf {
-    files(a).cert.with_extension("json")
+    a.files().cert.with_extension("json")
 }
 
 fn issued_for(a: &Acme) -> Issued {
@@ -128,7 +124,7 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
 /// A key and its certificate: both written to temporary files first, then renamed one right
 /// after the other (the watcher sees a mismatched pair for as short a time as can be).
 fn write_pair(a: &Acme, key: &[u8], cert: &[u8]) -> std::io::Result<()> {
-    let f = files(a);
+    let f = a.files();
     let key_tmp = temp_file(&f.key, key, 0o600)?;
     let cert_tmp = match temp_file(&f.cert, cert, 0o644) {
         Ok(t) => t,
@@ -150,7 +146,7 @@ fn stand_in(a: &Acme) -> std::io::Result<()> {
             .mode(0o700)
             .create(&a.storage)?;
     }
-    let f = files(a);
+    let f = a.files();
     if f.cert.exists() && f.key.exists() {
         return Ok(());
     }
@@ -177,7 +173,7 @@ fn due(a: &Acme, now: SystemTime) -> SystemTime {
     if issued != Some(issued_for(a)) {
         return now;
     }
-    let Some((not_before, not_after)) = validity(&files(a).cert) else {
+    let Some((not_before, not_after)) = validity(&a.files().cert) else {
         return now;
     };
     let life = not_after.duration_since(not_before).unwrap_or_default();
@@ -262,7 +258,7 @@ fn run(rx: mpsc::Receiver<Vec<Acme>>) {
                         .min(Duration::from_secs(6 * 3600));
                     let retry = SystemTime::now() + wait;
                     let issued = std::fs::read(issued_path(a)).is_ok();
-                    let left = validity(&files(a).cert)
+                    let left = validity(&a.files().cert)
                         .and_then(|(_, end)| end.duration_since(SystemTime::now()).ok())
                         .unwrap_or_default();
                     if issued && left < Duration::from_secs(7 * 86400) {
@@ -319,9 +315,7 @@ async fn account(a: &Acme) -> Result<instant_acme::Account, String> {
         None => Account::builder().map_err(err),
     };
     // One account file per directory.
-    let tag = a.directory.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let tag = portico_config::hash::hash64(a.directory.as_bytes());
     let path = a.storage.join(format!("account-{tag:016x}.json"));
     if let Ok(text) = std::fs::read(&path) {
         if let Ok(creds) = serde_json::from_slice::<AccountCredentials>(&text) {
@@ -423,7 +417,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = spec(dir.path());
         stand_in(&a).unwrap();
-        let f = files(&a);
+        let f = a.files();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&f.key), 0o600);
         assert_eq!(mode(&a.storage), 0o700);
@@ -447,7 +441,7 @@ mod tests {
         params.not_before = rcgen::date_time_ymd(2026, 1, 1);
         params.not_after = rcgen::date_time_ymd(2026, 4, 1);
         let cert = params.self_signed(&key).unwrap();
-        std::fs::write(files(&a).cert, cert.pem()).unwrap();
+        std::fs::write(a.files().cert, cert.pem()).unwrap();
         let now = SystemTime::now();
         // Not known to be issued for these settings: due at once.
         assert_eq!(due(&a, now), now);

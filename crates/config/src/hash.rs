@@ -1,4 +1,4 @@
-//! A stable 64-bit hash (FNV-1a followed by a murmur3 finalizer) for consistent hashing.
+//! A stable 64-bit hash (FNV-1a followed by a murmur3 finalizer): consistent hashing, split keys, sticky ids, the cache's route scopes and ACME account files, all of which must hash the same in every version.
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
