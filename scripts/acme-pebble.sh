@@ -69,17 +69,38 @@ cat > "$d/pebble.json" << EOF
   "externalAccountBindingRequired": false
 }}
 EOF
+start_pebble() { # log: Pebble in the background, resolving every name to 127.0.0.1
+  PEBBLE_VA_NOSLEEP=1 PEBBLE_WFE_NONCEREJECT=0 pebble -config "$d/pebble.json" \
+    -dnsserver "127.0.0.1:$dns_port" > "$d/$1" 2>&1 &
+}
 pebble-challtestsrv -defaultIPv4 127.0.0.1 -defaultIPv6 "" -dns01 "127.0.0.1:$dns_port" \
   -http01 "" -https01 "" -tlsalpn01 "" -management "127.0.0.1:$cts_port" > "$d/challtestsrv.log" 2>&1 &
 pids+=($!)
-PEBBLE_VA_NOSLEEP=1 PEBBLE_WFE_NONCEREJECT=0 pebble -config "$d/pebble.json" \
-  -dnsserver "127.0.0.1:$dns_port" > "$d/pebble.log" 2>&1 &
+start_pebble pebble.log
 pebble_pid=$!
 pids+=("$pebble_pid")
 wait_port "$acme_port"
 wait_port "$mgmt_port"
 
 name=a.portico.test
+https_listener() { # name storage: the TLS listener whose certificate comes from Pebble
+  cat << EOF
+[[listeners]]
+name = "https"
+address = "127.0.0.1:$https_port"
+[listeners.tls]
+watch_interval = "1s"
+[listeners.tls.acme]
+names = ["$1"]
+email = "ops@portico.test"
+directory = "https://127.0.0.1:$acme_port/dir"
+directory_ca = "$d/ca.pem"
+storage = "$2"
+accept_terms = true
+[[listeners.routes]]
+respond = { status = 200, body = "secure" }
+EOF
+}
 cat > "$d/portico.toml" << EOF
 [[listeners]]
 name = "http"
@@ -87,20 +108,7 @@ address = "127.0.0.1:$http_port"
 [[listeners.routes]]
 respond = { status = 200, body = "plain" }
 
-[[listeners]]
-name = "https"
-address = "127.0.0.1:$https_port"
-[listeners.tls]
-watch_interval = "1s"
-[listeners.tls.acme]
-names = ["$name"]
-email = "ops@portico.test"
-directory = "https://127.0.0.1:$acme_port/dir"
-directory_ca = "$d/ca.pem"
-storage = "$d/acme"
-accept_terms = true
-[[listeners.routes]]
-respond = { status = 200, body = "secure" }
+$(https_listener "$name" "$d/acme")
 EOF
 "$bin" check -c "$d/portico.toml" > /dev/null || fail "portico check refused the configuration"
 "$bin" run -c "$d/portico.toml" -w 1 > "$d/portico.log" 2>&1 &
@@ -141,23 +149,10 @@ wait "$portico_pid" 2> /dev/null || true
 
 # A challenge that fails (no plain listener answers on Pebble's HTTP-01 port): a clear error,
 # and the listener keeps serving what it has (here the self-signed stand-in).
-PEBBLE_VA_NOSLEEP=1 PEBBLE_WFE_NONCEREJECT=0 pebble -config "$d/pebble.json" \
-  -dnsserver "127.0.0.1:$dns_port" > "$d/pebble2.log" 2>&1 &
+start_pebble pebble2.log
 pids+=($!)
 wait_port "$acme_port"
-cat > "$d/portico-b.toml" << EOF
-[[listeners]]
-name = "https"
-address = "127.0.0.1:$https_port"
-[listeners.tls.acme]
-names = ["b.portico.test"]
-directory = "https://127.0.0.1:$acme_port/dir"
-directory_ca = "$d/ca.pem"
-storage = "$d/acme-b"
-accept_terms = true
-[[listeners.routes]]
-respond = { status = 200, body = "secure" }
-EOF
+https_listener b.portico.test "$d/acme-b" > "$d/portico-b.toml"
 "$bin" run -c "$d/portico-b.toml" -w 1 > "$d/portico-b.log" 2>&1 &
 pids+=($!)
 wait_port "$https_port"

@@ -397,7 +397,9 @@ impl Disk {
     /// Waits until the scan and the writes queued so far are done.
     #[cfg(test)]
     pub(crate) fn flush(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
         while self.scanning.load(SeqCst) || self.queued.load(SeqCst) > 0 {
+            assert!(Instant::now() < deadline, "the disk tier's thread is stuck");
             std::thread::sleep(Duration::from_millis(1));
         }
         self.deleted();
