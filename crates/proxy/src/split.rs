@@ -17,7 +17,7 @@ pub(crate) fn group(split: &Split, own: usize, head: &RequestHead, client_ip: &s
             .and_then(|v| cookie_value(v, c.as_bytes())),
     };
     let point = match key {
-        Some(k) => (portico_upstream::hash::hash64(k) % 10_000) as u32,
+        Some(k) => (portico_config::hash::hash64(k) % 10_000) as u32,
         None => fastrand::u32(0..10_000),
     };
     side(split, own, point)

@@ -1,6 +1,5 @@
 //! Upstream groups: balancing, health, ejection and the per-server state shared by all workers.
 
-pub use portico_config::hash;
 pub mod ring;
 pub mod select;
 mod state;

@@ -1,6 +1,6 @@
 //! Consistent hashing ring with weighted virtual nodes (sans-io, deterministic).
 
-use crate::hash::hash64;
+use portico_config::hash::hash64;
 
 /// Virtual nodes per unit of weight.
 pub const VNODES_PER_WEIGHT: u64 = 160;

@@ -1,7 +1,7 @@
 //! Session persistence by cookie: an opaque, stable id per server, and picking the server an id names.
 
-use crate::hash::hash64;
 use crate::{ServerGuard, Upstream};
+use portico_config::hash::hash64;
 use portico_config::UpstreamGroup;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
