@@ -55,7 +55,7 @@ stage "interop: compressed responses read by curl --compressed and Python's gzip
 scripts/interop-compression.sh "$PORTICO_BIN"
 stage "interop: the response cache's behaviour beside nginx proxy_cache and Varnish"
 scripts/interop-cache.sh "$PORTICO_BIN"
-stage "ACME: certificates from Pebble by HTTP-01, served, kept across a restart; a failing challenge"
+stage "ACME: certificates from Pebble by HTTP-01, TLS-ALPN-01 and DNS-01, renewals, restart, failures, a shared storage"
 scripts/acme-pebble.sh "$PORTICO_BIN"
 stage "Debian package: built from the test binary, read back, systemd unit verified"
 scripts/package-test.sh "$PORTICO_BIN"

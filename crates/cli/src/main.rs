@@ -157,6 +157,27 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 // Certificates and keys are read and checked as `run` would.
                 for l in &cfg.listeners {
                     // An ACME certificate not issued yet is obtained by `run`.
+                    if let Some(a) = &l.acme {
+                        let names = a.names.join(", ");
+                        match portico_tls::stored_certificate(&a.files().cert) {
+                            Some(c) if !c.stand_in => {
+                                let until = c
+                                    .not_after
+                                    .duration_since(std::time::UNIX_EPOCH)
+                                    .map_or(0, |d| d.as_secs() as i64);
+                                println!(
+                                    "listener {}: ACME certificate for {names}: issued by {}, valid until {}",
+                                    l.name,
+                                    c.issuer,
+                                    portico_tls::utc_date(until)
+                                );
+                            }
+                            _ => println!(
+                                "listener {}: ACME certificate for {names}: not issued yet (`portico run` orders it)",
+                                l.name
+                            ),
+                        }
+                    }
                     let issued = l.acme.as_ref().is_none_or(|a| a.files().cert.exists());
                     if let Some(tls) = l.tls.as_ref().filter(|_| issued) {
                         let resumption = portico_tls::Resumption::new();

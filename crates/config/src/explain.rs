@@ -33,13 +33,39 @@ pub fn explain(config: &Config) -> String {
             };
             let _ = writeln!(out, "  tls: TLS {}; {resumption}", versions.join(", "));
             if let Some(a) = &listener.acme {
+                let how = match &a.challenge {
+                    crate::model::AcmeChallenge::Http01 => {
+                        "HTTP-01, answered on every listener".to_string()
+                    }
+                    crate::model::AcmeChallenge::TlsAlpn01 => {
+                        "TLS-ALPN-01, answered by this listener".to_string()
+                    }
+                    crate::model::AcmeChallenge::Dns01 { hook, delay } => format!(
+                        "DNS-01, TXT records published by {}{}",
+                        hook.display(),
+                        match delay.is_zero() {
+                            true => String::new(),
+                            false => format!(" then {} of waiting", format_duration(*delay)),
+                        }
+                    ),
+                };
+                let profile = a
+                    .profile
+                    .as_ref()
+                    .map_or(String::new(), |p| format!(", profile {p}"));
                 let _ = writeln!(
                     out,
-                    "    certificate for {} from ACME ({}, HTTP-01 answered on every listener), kept in {}; renewed at two thirds of its lifetime",
+                    "    certificate for {} from ACME ({}, {how}; {} key{profile}), kept in {}; renewed when the server's renewal information says, else at two thirds of its lifetime",
                     a.names.join(", "),
                     a.directory,
+                    a.key_type.name(),
                     a.storage.display()
                 );
+                let before = match a.refuse_unissued {
+                    true => "handshakes refused",
+                    false => "a self-signed stand-in served",
+                };
+                let _ = writeln!(out, "    until it is issued: {before}");
             }
             match tls.watch {
                 Some(every) => {

@@ -130,10 +130,10 @@ pub struct Listener {
     pub acme: Option<Acme>,
 }
 
-/// A certificate obtained and renewed from an ACME server (RFC 8555) with HTTP-01 challenges.
+/// A certificate obtained and renewed from an ACME server (RFC 8555).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acme {
-    /// The names the certificate covers (the first is its file name).
+    /// The names the certificate covers (the first is its file name); `*.` wildcards with DNS-01.
     pub names: Vec<String>,
     /// `mailto:` contacts for the account.
     pub contact: Vec<String>,
@@ -144,12 +144,71 @@ pub struct Acme {
     pub directory_ca: Option<PathBuf>,
     /// Where the account, certificate and key files live (0700).
     pub storage: PathBuf,
+    /// How the ACME server checks that the names are ours.
+    pub challenge: AcmeChallenge,
+    /// The certificate's key type.
+    pub key_type: AcmeKey,
+    /// The ACME profile ordered (Let's Encrypt: `classic`, `tlsserver`, `shortlived`); None =
+    /// the server's default.
+    pub profile: Option<String>,
+    /// Until a certificate is issued, refuse handshakes (true) or serve a self-signed stand-in.
+    pub refuse_unissued: bool,
+}
+
+/// The ACME challenge a certificate is ordered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcmeChallenge {
+    /// HTTP-01: `/.well-known/acme-challenge/TOKEN` answered on every listener (port 80).
+    Http01,
+    /// TLS-ALPN-01 (RFC 8737): the TLS listener answers `acme-tls/1` handshakes (port 443).
+    TlsAlpn01,
+    /// DNS-01: a command publishes the TXT record (`HOOK present|cleanup NAME VALUE`), then
+    /// `delay` passes before the server is told to look.
+    Dns01 { hook: PathBuf, delay: Duration },
+}
+
+impl AcmeChallenge {
+    /// The challenge's name in ACME (`http-01`, `tls-alpn-01`, `dns-01`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AcmeChallenge::Http01 => "http-01",
+            AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
+            AcmeChallenge::Dns01 { .. } => "dns-01",
+        }
+    }
+}
+
+/// The key type of an ACME certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcmeKey {
+    /// ECDSA on P-256 (the default).
+    EcdsaP256,
+    /// ECDSA on P-384.
+    EcdsaP384,
+    /// RSA of 2048 bits (for old clients without ECDSA).
+    Rsa2048,
+}
+
+impl AcmeKey {
+    /// The name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            AcmeKey::EcdsaP256 => "ecdsa-p256",
+            AcmeKey::EcdsaP384 => "ecdsa-p384",
+            AcmeKey::Rsa2048 => "rsa-2048",
+        }
+    }
 }
 
 impl Acme {
-    /// The files the certificate lives in: `STORAGE/NAME.crt` and `.key` for its first name.
+    /// The files the certificate lives in: `STORAGE/NAME.crt` and `.key` for its first name
+    /// (`*.example.com` is spelled `_wildcard.example.com`).
     pub fn files(&self) -> CertificateFiles {
         let name = self.names.first().map_or("certificate", String::as_str);
+        let name = match name.strip_prefix("*.") {
+            Some(rest) => format!("_wildcard.{rest}"),
+            None => name.to_string(),
+        };
         CertificateFiles {
             cert: self.storage.join(format!("{name}.crt")),
             key: self.storage.join(format!("{name}.key")),
@@ -247,6 +306,10 @@ pub struct TlsSettings {
     /// Poll the certificate, key and client CA files this often and load them again when they
     /// change (default every 5 s); None = only a reload re-reads them (`watch = false`).
     pub watch: Option<Duration>,
+    /// Answer ACME TLS-ALPN-01 challenges (`acme-tls/1` handshakes) for the names being ordered.
+    pub acme_alpn: bool,
+    /// Refuse handshakes while the certificate is ACME's self-signed stand-in.
+    pub refuse_stand_in: bool,
 }
 
 /// Default `watch_interval` of a TLS listener.

@@ -229,6 +229,12 @@ pub(crate) struct RawAcme {
     pub directory_ca: Option<Spanned<String>>,
     pub storage: Option<Spanned<String>>,
     pub accept_terms: Option<Spanned<bool>>,
+    pub challenge: Option<Spanned<String>>,
+    pub dns_hook: Option<Spanned<String>>,
+    pub dns_delay: Option<Spanned<Scalar>>,
+    pub key_type: Option<Spanned<String>>,
+    pub profile: Option<Spanned<String>>,
+    pub unissued: Option<Spanned<String>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -1,24 +1,50 @@
-//! Certificates from an ACME server (RFC 8555): a self-signed stand-in until the first one is issued, HTTP-01 answers on every listener, orders and renewals on a thread of their own; the files it writes are the listener's certificate files, which the certificate watcher loads.
+//! Certificates from an ACME server (RFC 8555): a self-signed stand-in until the first is issued, HTTP-01, TLS-ALPN-01 and DNS-01 challenges, renewal when the server's renewal information (RFC 9773) or two thirds of the lifetime says, a lock shared by the processes of one storage, each certificate's state for the admin API and metrics; orders run on a thread of their own and write the listener's certificate files, which the certificate watcher loads.
 
-use portico_config::{Acme, Config};
-use std::collections::HashMap;
+use portico_config::{Acme, AcmeChallenge, AcmeKey, Config};
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Where an HTTP-01 challenge is fetched.
 pub(crate) const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 
-/// HTTP-01 key authorizations by token while their orders run.
+/// HTTP-01 key authorizations by token while this process's orders run.
 static TOKENS: RwLock<Option<HashMap<String, String>>> = RwLock::new(None);
 
-/// The key authorization for a challenge path, while its order runs.
+/// The challenge directories of the storages with HTTP-01 certificates: tokens written there by
+/// another process sharing a storage (an upgrade's two processes, instances on one machine)
+/// are answered too.
+static CHALLENGE_DIRS: RwLock<Vec<PathBuf>> = RwLock::new(Vec::new());
+
+/// A token as ACME makes them (base64url, RFC 8555 8.1): nothing else names a file.
+fn valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && token.len() <= 256
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The key authorization for a challenge path, while its order runs (in this process, or in
+/// another one writing to a storage of this configuration).
 pub(crate) fn challenge_answer(path: &str) -> Option<String> {
     let token = path.strip_prefix(CHALLENGE_PREFIX)?;
-    let tokens = TOKENS.read().ok()?;
-    tokens.as_ref()?.get(token).cloned()
+    if !valid_token(token) {
+        return None;
+    }
+    let known = TOKENS.read().ok()?.as_ref()?.get(token).cloned();
+    if known.is_some() {
+        return known;
+    }
+    let dirs = CHALLENGE_DIRS.read().ok()?;
+    let text = dirs
+        .iter()
+        .find_map(|d| std::fs::read(d.join(token)).ok())?;
+    let text = String::from_utf8(text).ok()?;
+    Some(text.trim().to_string())
 }
 
 fn set_token(token: &str, value: Option<String>) {
@@ -30,8 +56,94 @@ fn set_token(token: &str, value: Option<String>) {
     };
 }
 
-/// The certificates to manage, sent to the manager's thread at each configuration.
-static MANAGER: Mutex<Option<mpsc::Sender<Vec<Acme>>>> = Mutex::new(None);
+fn challenges_dir(a: &Acme) -> PathBuf {
+    a.storage.join("challenges")
+}
+
+/// What the manager's thread is told.
+enum Msg {
+    /// The certificates of an applied configuration.
+    Specs(Vec<Acme>),
+    /// Order these certificates (by first name) now.
+    Renew(Vec<String>),
+}
+
+/// The manager's thread, started on first use.
+static MANAGER: Mutex<Option<mpsc::Sender<Msg>>> = Mutex::new(None);
+
+/// One certificate's state, for the admin API, `/metrics` and the dashboard.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct Status {
+    pub names: Vec<String>,
+    pub directory: String,
+    pub challenge: &'static str,
+    /// A certificate from the directory is served (not the stand-in).
+    pub issued: bool,
+    pub issuer: Option<String>,
+    /// When the issued certificate expires (Unix seconds; None for the stand-in).
+    pub not_after: Option<u64>,
+    /// When it is ordered next (unix seconds), and why then.
+    pub next_renewal: Option<u64>,
+    pub renewal_basis: &'static str,
+    /// An order runs now.
+    pub ordering: bool,
+    /// The last failed order's error and when it ended (unix seconds); cleared by an issuance.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<u64>,
+    /// Failed orders in a row.
+    pub failures: u32,
+    /// Orders that ended with a certificate, and that failed, since the process started.
+    pub issued_total: u64,
+    pub failed_total: u64,
+}
+
+/// Every managed certificate's state by its first name.
+static STATUS: RwLock<BTreeMap<String, Status>> = RwLock::new(BTreeMap::new());
+
+/// The managed certificates' states.
+pub(crate) fn status() -> Vec<Status> {
+    let all = STATUS.read().unwrap_or_else(|p| p.into_inner());
+    all.values().cloned().collect()
+}
+
+fn update(name: &str, f: impl FnOnce(&mut Status)) {
+    let mut all = STATUS.write().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = all.get_mut(name) {
+        f(s);
+    }
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Ask for the certificates covering `name` (every one when None) to be ordered now; returns
+/// their first names.
+pub(crate) fn renew(name: Option<&str>) -> Result<Vec<String>, String> {
+    let wanted: Vec<String> = {
+        let all = STATUS.read().unwrap_or_else(|p| p.into_inner());
+        let name = name.map(str::to_ascii_lowercase);
+        all.iter()
+            .filter(|(_, s)| name.as_ref().is_none_or(|n| s.names.contains(n)))
+            .map(|(first, _)| first.clone())
+            .collect()
+    };
+    if wanted.is_empty() {
+        return Err(match name {
+            Some(n) => format!("no ACME certificate covers {n:?}"),
+            None => "no certificate is obtained by ACME".to_string(),
+        });
+    }
+    let manager = MANAGER.lock().unwrap_or_else(|p| p.into_inner());
+    let sent = manager
+        .as_ref()
+        .is_some_and(|tx| tx.send(Msg::Renew(wanted.clone())).is_ok());
+    match sent {
+        true => Ok(wanted),
+        false => Err("the certificate manager is not running".to_string()),
+    }
+}
 
 fn specs(config: &Config) -> Vec<Acme> {
     let listeners = config.listeners.iter();
@@ -54,14 +166,39 @@ pub(crate) fn prepare(config: &Config) -> std::io::Result<()> {
 /// and again if it died).
 pub(crate) fn manage(config: &Config) {
     let specs = specs(config);
+    let mut dirs: Vec<PathBuf> = specs
+        .iter()
+        .filter(|a| a.challenge == AcmeChallenge::Http01)
+        .map(challenges_dir)
+        .collect();
+    dirs.dedup();
+    *CHALLENGE_DIRS.write().unwrap_or_else(|p| p.into_inner()) = dirs;
+    {
+        let mut all = STATUS.write().unwrap_or_else(|p| p.into_inner());
+        all.retain(|first, s| {
+            specs
+                .iter()
+                .any(|a| &a.names[0] == first && a.names == s.names && a.directory == s.directory)
+        });
+        for a in &specs {
+            all.entry(a.names[0].clone()).or_insert_with(|| Status {
+                names: a.names.clone(),
+                directory: a.directory.clone(),
+                challenge: a.challenge.name(),
+                renewal_basis: "not looked at yet",
+                ..Status::default()
+            });
+        }
+    }
     let mut manager = MANAGER.lock().unwrap_or_else(|p| p.into_inner());
     if specs.is_empty() && manager.is_none() {
         return;
     }
     let specs = match manager.as_ref() {
-        Some(tx) => match tx.send(specs) {
+        Some(tx) => match tx.send(Msg::Specs(specs)) {
             Ok(()) => return,
-            Err(mpsc::SendError(specs)) => specs,
+            Err(mpsc::SendError(Msg::Specs(specs))) => specs,
+            Err(_) => return,
         },
         None => specs,
     };
@@ -73,19 +210,27 @@ pub(crate) fn manage(config: &Config) {
         tracing::error!("acme: cannot start the certificate manager: {e}");
         return;
     }
-    let _ = tx.send(specs);
+    let _ = tx.send(Msg::Specs(specs));
     *manager = Some(tx);
 }
 
 /// What the certificate in the files was issued for: written with it, compared with the
-/// configuration (a new name, another directory: ordered again at once).
+/// configuration (a new name, another directory, key type or profile: ordered again at once).
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 struct Issued {
     directory: String,
     names: Vec<String>,
+    #[serde(default = "default_key_type")]
+    key_type: String,
+    #[serde(default)]
+    profile: Option<String>,
 }
 
-fn issued_path(a: &Acme) -> std::path::PathBuf {
+fn default_key_type() -> String {
+    AcmeKey::EcdsaP256.name().to_string()
+}
+
+fn issued_path(a: &Acme) -> PathBuf {
     a.files().cert.with_extension("json")
 }
 
@@ -93,12 +238,14 @@ fn issued_for(a: &Acme) -> Issued {
     Issued {
         directory: a.directory.clone(),
         names: a.names.clone(),
+        key_type: a.key_type.name().to_string(),
+        profile: a.profile.clone(),
     }
 }
 
 /// A temporary file next to `path`, created with `mode` (never an existing file or a link),
 /// holding `data`.
-fn temp_file(path: &Path, data: &[u8], mode: u32) -> std::io::Result<std::path::PathBuf> {
+fn temp_file(path: &Path, data: &[u8], mode: u32) -> std::io::Result<PathBuf> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = path.with_file_name(format!(".{name}.tmp-{:016x}", fastrand::u64(..)));
     let mut f = std::fs::OpenOptions::new()
@@ -137,8 +284,8 @@ fn write_pair(a: &Acme, key: &[u8], cert: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&cert_tmp, &f.cert)
 }
 
-/// A self-signed certificate for the names while none was issued yet (handshakes work, with a
-/// certificate no client trusts, until the ACME server answers).
+/// A self-signed certificate for the names while none was issued yet: served (a certificate no
+/// client trusts) or refused by the listener, as configured, until the ACME server answers.
 fn stand_in(a: &Acme) -> std::io::Result<()> {
     if !a.storage.exists() {
         std::fs::DirBuilder::new()
@@ -152,49 +299,238 @@ fn stand_in(a: &Acme) -> std::io::Result<()> {
     }
     let other = |e: rcgen::Error| std::io::Error::other(e.to_string());
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(other)?;
-    let params = rcgen::CertificateParams::new(a.names.clone()).map_err(other)?;
+    let mut params = rcgen::CertificateParams::new(a.names.clone()).map_err(other)?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, portico_tls::acme::STAND_IN_CN);
     let cert = params.self_signed(&key).map_err(other)?;
     let _ = std::fs::remove_file(issued_path(a));
     write_pair(a, key.serialize_pem().as_bytes(), cert.pem().as_bytes())?;
+    let until = match a.refuse_unissued {
+        true => "handshakes are refused",
+        false => "a self-signed one is served",
+    };
     tracing::warn!(
-        "acme: no certificate for {} yet: serving a self-signed one until {} issues it",
+        "acme: no certificate for {} yet: {until} until {} issues it",
         a.names.join(", "),
         a.directory
     );
     Ok(())
 }
 
-/// When the certificate of `a` is due: now for a stand-in, a certificate issued for other names
-/// or by another directory, or an unreadable file, else at two thirds of its lifetime (less up to 1% of it, at random, so that many names spread out).
-fn due(a: &Acme, now: SystemTime) -> SystemTime {
-    // A stand-in, or a certificate for other names or from another directory.
-    let issued = std::fs::read(issued_path(a)).ok();
-    let issued = issued.and_then(|t| serde_json::from_slice::<Issued>(&t).ok());
-    if issued != Some(issued_for(a)) {
-        return now;
+/// The issued certificate in the files of `a`: None for a stand-in, a certificate issued for
+/// other names, directory, key type or profile, or an unreadable file (all due at once).
+fn issued_cert(a: &Acme) -> Option<portico_tls::StoredCertificate> {
+    let issued = std::fs::read(issued_path(a)).ok()?;
+    let issued = serde_json::from_slice::<Issued>(&issued).ok()?;
+    if issued != issued_for(a) {
+        return None;
     }
-    let Some((not_before, not_after)) = validity(&a.files().cert) else {
-        return now;
-    };
-    let life = not_after.duration_since(not_before).unwrap_or_default();
-    let jitter = life.mul_f64(fastrand::f64() / 100.0);
-    (not_before + life.mul_f64(2.0 / 3.0))
-        .checked_sub(jitter)
-        .unwrap_or(now)
+    portico_tls::stored_certificate(&a.files().cert).filter(|s| !s.stand_in)
 }
 
-/// The validity of the first certificate in a PEM file.
-fn validity(path: &Path) -> Option<(SystemTime, SystemTime)> {
-    let pem = std::fs::read(path).ok()?;
-    let (_, p) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
-    let cert = p.parse_x509().ok()?;
-    let v = cert.validity();
-    let at = |t: i64| Some(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(t).ok()?));
-    Some((at(v.not_before.timestamp())?, at(v.not_after.timestamp())?))
+/// Two thirds into the certificate's lifetime, less up to 1% of it (the same share for the
+/// same names, so that many certificates spread out and a schedule stays put).
+fn two_thirds(a: &Acme, c: &portico_tls::StoredCertificate) -> SystemTime {
+    let life = c.not_after.duration_since(c.not_before).unwrap_or_default();
+    let share = (portico_config::hash::hash64(a.names.join(",").as_bytes()) % 1000) as f64;
+    let jitter = life.mul_f64(share / 100_000.0);
+    (c.not_before + life.mul_f64(2.0 / 3.0))
+        .checked_sub(jitter)
+        .unwrap_or(c.not_before)
 }
+
+/// The certificate's identifier for renewal information (RFC 9773 4.1): base64url of the
+/// authority key identifier and of the serial, joined by a dot.
+fn ari_id(c: &portico_tls::StoredCertificate) -> Option<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let aki = c.authority_key_id.as_ref()?;
+    Some(format!("{}.{}", b64.encode(aki), b64.encode(&c.serial)))
+}
+
+/// What the server's renewal information said of one certificate.
+#[derive(Debug, Clone, PartialEq)]
+enum Ari {
+    /// Not asked yet (or the certificate changed).
+    Unknown,
+    /// The directory has no renewal information: two thirds of the lifetime.
+    Unsupported,
+    /// Renew at `at` (picked in the window); ask again at `recheck`.
+    Known {
+        id: String,
+        at: SystemTime,
+        recheck: SystemTime,
+    },
+    /// Asking failed: two thirds of the lifetime until `recheck`.
+    Failed { id: String, recheck: SystemTime },
+}
+
+/// One managed certificate on the manager's thread.
+struct Cert {
+    spec: Acme,
+    /// Failed orders in a row.
+    failures: u32,
+    /// Not ordered before this time, and why (a failure's backoff, the lock held elsewhere).
+    hold: Option<(SystemTime, &'static str)>,
+    ari: Ari,
+    /// Ordered at once (the admin API asked).
+    forced: bool,
+}
+
+impl Cert {
+    fn new(spec: Acme) -> Cert {
+        Cert {
+            spec,
+            failures: 0,
+            hold: None,
+            ari: Ari::Unknown,
+            forced: false,
+        }
+    }
+}
+
+/// How long asking for renewal information may take.
+const ARI_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// When `c` is due and why, asking the server's renewal information when it is time to.
+fn schedule(
+    rt: &tokio::runtime::Runtime,
+    c: &mut Cert,
+    now: SystemTime,
+) -> (SystemTime, &'static str) {
+    if c.forced {
+        return (now, "asked through the admin API");
+    }
+    if let Some((until, why)) = c.hold.filter(|(until, _)| *until > now) {
+        return (until, why);
+    }
+    let Some(cert) = issued_cert(&c.spec) else {
+        return (now, "not issued yet");
+    };
+    let lifetime = (two_thirds(&c.spec, &cert), "two thirds of its lifetime");
+    let Some(id) = ari_id(&cert) else {
+        return lifetime;
+    };
+    match &c.ari {
+        Ari::Unsupported => return lifetime,
+        Ari::Known { id: i, at, recheck } if *i == id && *recheck > now => {
+            return (*at, "the server's renewal information");
+        }
+        Ari::Failed { id: i, recheck } if *i == id && *recheck > now => return lifetime,
+        _ => {}
+    }
+    let asked =
+        rt.block_on(async { tokio::time::timeout(ARI_TIMEOUT, renewal_info(&c.spec, &id)).await });
+    let names = c.spec.names.join(", ");
+    match asked {
+        Ok(Ok(Some((start, end, retry)))) => {
+            // A time picked at random in the window (RFC 9773 4.2); at once when it ended.
+            let span = end.duration_since(start).unwrap_or_default();
+            let at = (start + span.mul_f64(fastrand::f64())).max(now.min(end));
+            let at = if end <= now { now } else { at };
+            // Asked again when the server says (within a minute and a day).
+            let recheck = now + retry.clamp(Duration::from_secs(60), Duration::from_secs(86_400));
+            tracing::info!(
+                "acme: the renewal window of the certificate for {names} is {} to {}: renewing at {}",
+                portico_tls::utc_date(unix(start) as i64),
+                portico_tls::utc_date(unix(end) as i64),
+                portico_tls::utc_date(unix(at) as i64),
+            );
+            c.ari = Ari::Known { id, at, recheck };
+            (at, "the server's renewal information")
+        }
+        Ok(Ok(None)) => {
+            c.ari = Ari::Unsupported;
+            lifetime
+        }
+        Ok(Err(e)) => {
+            tracing::debug!("acme: no renewal information for {names}: {e}");
+            c.ari = Ari::Failed {
+                id,
+                recheck: now + Duration::from_secs(3600),
+            };
+            lifetime
+        }
+        Err(_) => {
+            tracing::debug!(
+                "acme: no renewal information for {names} within {} s",
+                ARI_TIMEOUT.as_secs()
+            );
+            c.ari = Ari::Failed {
+                id,
+                recheck: now + Duration::from_secs(3600),
+            };
+            lifetime
+        }
+    }
+}
+
+/// The renewal window of the certificate `id` and when to ask again; None when the directory
+/// offers no renewal information.
+async fn renewal_info(
+    a: &Acme,
+    id: &str,
+) -> Result<Option<(SystemTime, SystemTime, Duration)>, String> {
+    let account = account(a, false).await?;
+    let Some(account) = account else {
+        return Err("no account yet".to_string());
+    };
+    let (aki, serial) = id.split_once('.').ok_or("a malformed identifier")?;
+    let cid = instant_acme::CertificateIdentifier {
+        authority_key_identifier: aki.into(),
+        serial: serial.into(),
+    };
+    match account.renewal_info(&cid).await {
+        Ok((info, retry)) => {
+            let at = |t: i64| {
+                let secs = u64::try_from(t).unwrap_or(0);
+                SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+            };
+            let w = info.suggested_window;
+            Ok(Some((
+                at(w.start.unix_timestamp()),
+                at(w.end.unix_timestamp()),
+                retry,
+            )))
+        }
+        Err(instant_acme::Error::Unsupported(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The storage's lock for the certificate of `a` (`NAME.lock`, flock): held while it is
+/// ordered, so that processes sharing the storage order it once. None = another one holds it.
+fn lock(a: &Acme) -> std::io::Result<Option<std::fs::File>> {
+    let path = a.files().cert.with_extension("lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(file)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(std::io::Error::from(e)),
+    }
+}
+
+/// What identifies the files' current certificate (its bytes), to see that another process
+/// renewed it while this one waited for the lock.
+fn identity(a: &Acme) -> Option<u64> {
+    let cert = std::fs::read(a.files().cert).ok()?;
+    let issued = std::fs::read(issued_path(a)).unwrap_or_default();
+    Some(portico_config::hash::hash64(&[cert, issued].concat()))
+}
+
+/// How long to wait when another process holds a certificate's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// The manager's thread: orders each certificate when it is due, retrying with backoff.
-fn run(rx: mpsc::Receiver<Vec<Acme>>) {
+fn run(rx: mpsc::Receiver<Msg>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -205,109 +541,359 @@ fn run(rx: mpsc::Receiver<Vec<Acme>>) {
             return;
         }
     };
-    let mut specs: Vec<Acme> = Vec::new();
-    // Per certificate (by its first name): its settings, failures in a row and when to try
-    // again (also a floor after an issuance that did not make it due later).
-    let mut waits: HashMap<String, (Acme, u32, SystemTime)> = HashMap::new();
+    // By first name, in the configuration's order.
+    let mut certs: Vec<Cert> = Vec::new();
     loop {
         let now = SystemTime::now();
         let mut next = now + Duration::from_secs(3600);
-        for a in &specs {
-            let name = a.names[0].clone();
-            let at = match waits.get(&name) {
-                Some((_, _, retry)) => *retry,
-                None => due(a, now),
-            };
+        for c in &mut certs {
+            let first = c.spec.names[0].clone();
+            let seen = identity(&c.spec);
+            let (at, why) = schedule(&rt, c, now);
+            let stored = portico_tls::stored_certificate(&c.spec.files().cert);
+            let issued = issued_cert(&c.spec).is_some();
+            update(&first, |s| {
+                s.challenge = c.spec.challenge.name();
+                s.issued = issued;
+                s.issuer = stored.as_ref().map(|c| c.issuer.clone());
+                s.not_after = stored
+                    .as_ref()
+                    .filter(|_| issued)
+                    .map(|c| unix(c.not_after));
+                s.next_renewal = Some(unix(at));
+                s.renewal_basis = why;
+                s.failures = c.failures;
+            });
             if at > now {
                 next = next.min(at);
                 continue;
             }
-            let names = a.names.join(", ");
-            tracing::info!(
-                "acme: ordering a certificate for {names} from {}",
-                a.directory
-            );
-            let order = async { tokio::time::timeout(ORDER_TIMEOUT, issue(a)).await };
-            let result = match rt.block_on(order) {
-                Ok(r) => r,
-                Err(_) => Err(format!(
-                    "no certificate within {} s",
-                    ORDER_TIMEOUT.as_secs()
-                )),
-            };
-            let failures = waits.get(&name).map_or(0, |(_, n, _)| *n);
-            match result {
-                Ok(()) => {
-                    tracing::info!("acme: certificate for {names} issued by {}", a.directory);
-                    let again = due(a, SystemTime::now());
-                    if again <= SystemTime::now() {
-                        // Not due later (an unreadable chain, a clock far ahead): not again
-                        // before an hour.
-                        let retry = SystemTime::now() + Duration::from_secs(3600);
-                        waits.insert(name, (a.clone(), failures, retry));
-                        next = next.min(retry);
-                    } else {
-                        waits.remove(&name);
-                        next = next.min(again);
-                    }
+            let lock = match lock(&c.spec) {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    let until = SystemTime::now() + LOCK_WAIT;
+                    c.hold = Some((until, "another process is ordering it"));
+                    next = next.min(until);
+                    continue;
                 }
                 Err(e) => {
-                    let n = failures + 1;
-                    // 1 minute, doubling, at most 6 hours.
-                    let wait = Duration::from_secs(60 << n.min(10).saturating_sub(1))
-                        .min(Duration::from_secs(6 * 3600));
-                    let retry = SystemTime::now() + wait;
-                    let issued = std::fs::read(issued_path(a)).is_ok();
-                    let left = validity(&a.files().cert)
-                        .and_then(|(_, end)| end.duration_since(SystemTime::now()).ok())
-                        .unwrap_or_default();
-                    if issued && left < Duration::from_secs(7 * 86400) {
-                        tracing::error!("acme: renewing the certificate for {names} failed ({e}); it expires in {} hours; next try in {} s", left.as_secs() / 3600, wait.as_secs());
-                    } else {
-                        tracing::warn!(
-                            "acme: ordering a certificate for {names} failed: {e}; next try in {} s",
-                            wait.as_secs()
-                        );
-                    }
-                    waits.insert(name, (a.clone(), n, retry));
-                    next = next.min(retry);
+                    let e = format!("cannot lock its storage: {e}");
+                    next = next.min(failed(c, e));
+                    continue;
                 }
+            };
+            // Renewed by another process while this one waited: looked at afresh.
+            if !c.forced && identity(&c.spec) != seen {
+                c.ari = Ari::Unknown;
+                next = now;
+                continue;
             }
+            next = next.min(order(&rt, c));
+            drop(lock);
         }
         let wait = next.duration_since(SystemTime::now()).unwrap_or_default();
-        match rx.recv_timeout(wait) {
-            Ok(new) => {
-                specs = new;
-                while let Ok(newer) = rx.try_recv() {
-                    specs = newer;
-                }
-                // A certificate whose settings changed starts afresh.
-                waits.retain(|name, (old, _, _)| {
-                    specs.iter().any(|a| &a.names[0] == name && a == old)
-                });
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        let msg = match rx.recv_timeout(wait) {
+            Ok(m) => Some(m),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        for m in msg
+            .into_iter()
+            .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        {
+            match m {
+                Msg::Specs(specs) => {
+                    // A certificate whose settings changed starts afresh.
+                    let mut old = std::mem::take(&mut certs);
+                    for a in specs {
+                        let kept = old.iter().position(|c| c.spec == a);
+                        certs.push(match kept {
+                            Some(i) => old.swap_remove(i),
+                            None => Cert::new(a),
+                        });
+                    }
+                }
+                Msg::Renew(names) => {
+                    for c in certs
+                        .iter_mut()
+                        .filter(|c| names.contains(&c.spec.names[0]))
+                    {
+                        c.forced = true;
+                        c.hold = None;
+                    }
+                }
+            }
         }
     }
 }
 
-/// The longest an order may take, from the account to the certificate.
+/// Order the certificate of `c` now (its lock held); returns when to look at it again.
+fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
+    let a = &c.spec;
+    let names = a.names.join(", ");
+    let first = a.names[0].clone();
+    tracing::info!(
+        "acme: ordering a certificate for {names} from {} ({})",
+        a.directory,
+        a.challenge.name()
+    );
+    update(&first, |s| s.ordering = true);
+    // The certificate being replaced, named to the server when it has renewal information.
+    let replaces = match (&c.ari, issued_cert(a)) {
+        (Ari::Known { .. }, Some(cert)) => ari_id(&cert),
+        _ => None,
+    };
+    let limit = ORDER_TIMEOUT
+        + match &a.challenge {
+            AcmeChallenge::Dns01 { delay, .. } => *delay,
+            _ => Duration::ZERO,
+        };
+    let result = match rt.block_on(async { tokio::time::timeout(limit, issue(a, replaces)).await })
+    {
+        Ok(r) => r,
+        Err(_) => Err(Failure::new(format!(
+            "no certificate within {} s",
+            limit.as_secs()
+        ))),
+    };
+    c.forced = false;
+    update(&first, |s| s.ordering = false);
+    match result {
+        Ok(()) => {
+            tracing::info!("acme: certificate for {names} issued by {}", a.directory);
+            c.failures = 0;
+            c.ari = Ari::Unknown;
+            c.hold = None;
+            update(&first, |s| {
+                s.issued_total += 1;
+                s.failures = 0;
+                s.last_error = None;
+                s.last_error_at = None;
+            });
+            let now = SystemTime::now();
+            match issued_cert(a) {
+                Some(cert) if two_thirds(a, &cert) > now => now,
+                // Not due later (an unreadable chain, a clock far ahead): not again before an
+                // hour.
+                _ => {
+                    let until = now + Duration::from_secs(3600);
+                    c.hold = Some((until, "an issued certificate that is already due"));
+                    until
+                }
+            }
+        }
+        Err(f) => {
+            let until = failed(c, f.message.clone());
+            match f.retry_after.filter(|t| *t > until) {
+                Some(later) => {
+                    c.hold = Some((later, "the server's rate limit"));
+                    later
+                }
+                None => until,
+            }
+        }
+    }
+}
+
+/// Record a failed order of `c`: log (an error as expiry nears), count, back off (1 minute,
+/// doubling, at most 6 hours); returns when to try again.
+fn failed(c: &mut Cert, e: String) -> SystemTime {
+    let a = &c.spec;
+    let names = a.names.join(", ");
+    c.failures += 1;
+    c.forced = false;
+    let wait = Duration::from_secs(60 << c.failures.min(10).saturating_sub(1))
+        .min(Duration::from_secs(6 * 3600));
+    let now = SystemTime::now();
+    let until = now + wait;
+    c.hold = Some((until, "a failed order's backoff"));
+    let left = issued_cert(a).and_then(|cert| cert.not_after.duration_since(now).ok());
+    match left {
+        Some(left) if left < Duration::from_secs(7 * 86400) => tracing::error!(
+            "acme: renewing the certificate for {names} failed ({e}); it expires in {} hours; next try in {} s",
+            left.as_secs() / 3600,
+            wait.as_secs()
+        ),
+        _ => tracing::warn!(
+            "acme: ordering a certificate for {names} failed: {e}; next try in {} s",
+            wait.as_secs()
+        ),
+    }
+    let failures = c.failures;
+    update(&a.names[0], |s| {
+        s.failed_total += 1;
+        s.failures = failures;
+        s.last_error = Some(e);
+        s.last_error_at = Some(unix(now));
+        s.next_renewal = Some(unix(until));
+        s.renewal_basis = "a failed order's backoff";
+    });
+    until
+}
+
+/// Why an order failed, and the time the server's rate limit allows another.
+struct Failure {
+    message: String,
+    retry_after: Option<SystemTime>,
+}
+
+impl Failure {
+    fn new(message: String) -> Failure {
+        Failure {
+            message,
+            retry_after: None,
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::new(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::new(message.to_string())
+    }
+}
+
+impl From<instant_acme::Error> for Failure {
+    fn from(e: instant_acme::Error) -> Failure {
+        let retry_after = match &e {
+            instant_acme::Error::Api(p)
+                if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:rateLimited") =>
+            {
+                p.detail.as_deref().and_then(retry_after)
+            }
+            _ => None,
+        };
+        Failure {
+            message: e.to_string(),
+            retry_after,
+        }
+    }
+}
+
+/// The time in a rate-limit problem's detail, as Let's Encrypt writes it: `..., retry after
+/// 2025-01-01 12:00:00 UTC: see ...`.
+fn retry_after(detail: &str) -> Option<SystemTime> {
+    let at = detail.find("retry after ")? + "retry after ".len();
+    let t = detail.get(at..at + 23)?;
+    let n = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
+    let ok = t.ends_with(" UTC")
+        && [4, 7].iter().all(|&i| t.as_bytes()[i] == b'-')
+        && t.as_bytes()[10] == b' '
+        && [13, 16].iter().all(|&i| t.as_bytes()[i] == b':');
+    if !ok {
+        return None;
+    }
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// The longest an order may take, from the account to the certificate (a DNS-01 certificate's
+/// `dns_delay` more).
 const ORDER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The HTTP-01 tokens of one order, answered while it lives (whatever way it ends).
-struct Tokens(Vec<String>);
+/// How long a DNS-01 hook may run.
+const HOOK_TIMEOUT: Duration = Duration::from_secs(120);
 
-impl Drop for Tokens {
+/// What one order published for its challenges, withdrawn whatever way it ends: HTTP-01
+/// tokens (in memory and in the storage), TLS-ALPN-01 certificates, DNS-01 records (the hook's
+/// `cleanup`).
+#[derive(Default)]
+struct Published {
+    tokens: Vec<(String, PathBuf)>,
+    alpn: Vec<String>,
+    records: Vec<(PathBuf, String, String, PathBuf)>,
+}
+
+impl Drop for Published {
     fn drop(&mut self) {
-        for t in &self.0 {
-            set_token(t, None);
+        for (token, file) in &self.tokens {
+            set_token(token, None);
+            let _ = std::fs::remove_file(file);
+        }
+        for name in &self.alpn {
+            portico_tls::acme::set_challenge(name, None);
+        }
+        for (hook, name, value, dir) in &self.records {
+            if let Err(e) = run_hook(hook, "cleanup", name, value, dir) {
+                tracing::warn!("acme: removing the TXT record {name} failed: {e}");
+            }
         }
     }
 }
 
-/// The account for `a`'s directory: read from the storage, else created and saved there.
-async fn account(a: &Acme) -> Result<instant_acme::Account, String> {
+/// Run the DNS-01 hook `hook ACTION NAME VALUE` (NAME fully qualified, with its final dot),
+/// at most [`HOOK_TIMEOUT`]; its output goes to a file in `dir`, quoted on failure. Blocks:
+/// only the manager's own thread calls it.
+fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> Result<(), String> {
+    let out_path = dir.join(format!(".hook-{:016x}.out", fastrand::u64(..)));
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&out_path)
+        .map_err(|e| format!("{}: {e}", out_path.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let spawned = std::process::Command::new(hook)
+        .args([action, name, value])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn();
+    let ended = match spawned {
+        Err(e) => Err(format!("cannot run {}: {e}", hook.display())),
+        Ok(mut child) => {
+            let start = Instant::now();
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => break Ok(status),
+                    Ok(None) if start.elapsed() < HOOK_TIMEOUT => {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    Ok(None) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break Err(format!("did not end within {} s", HOOK_TIMEOUT.as_secs()));
+                    }
+                    Err(e) => break Err(e.to_string()),
+                }
+            }
+        }
+    };
+    let output = std::fs::read(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let output = String::from_utf8_lossy(&output[output.len().saturating_sub(400)..]);
+    let output = output.trim();
+    match ended {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!(
+            "{} {action} {name} ended with {status}{}{output}",
+            hook.display(),
+            if output.is_empty() { "" } else { ": " }
+        )),
+        Err(e) => Err(format!("{} {action} {name}: {e}", hook.display())),
+    }
+}
+
+/// The account for `a`'s directory: read from the storage, else (when `create`) created and
+/// saved there; None when there is none and `create` is false.
+async fn account(a: &Acme, create: bool) -> Result<Option<instant_acme::Account>, String> {
     use instant_acme::{Account, AccountCredentials, NewAccount};
     let err = |e: instant_acme::Error| e.to_string();
     let builder = || match &a.directory_ca {
@@ -319,8 +905,15 @@ async fn account(a: &Acme) -> Result<instant_acme::Account, String> {
     let path = a.storage.join(format!("account-{tag:016x}.json"));
     if let Ok(text) = std::fs::read(&path) {
         if let Ok(creds) = serde_json::from_slice::<AccountCredentials>(&text) {
-            return builder()?.from_credentials(creds).await.map_err(err);
+            return builder()?
+                .from_credentials(creds)
+                .await
+                .map(Some)
+                .map_err(err);
         }
+    }
+    if !create {
+        return Ok(None);
     }
     let contact: Vec<&str> = a.contact.iter().map(String::as_str).collect();
     let new = NewAccount {
@@ -334,52 +927,174 @@ async fn account(a: &Acme) -> Result<instant_acme::Account, String> {
         .map_err(err)?;
     let text = serde_json::to_vec(&creds).map_err(|e| e.to_string())?;
     write_file(&path, &text, 0o600).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(account)
+    Ok(Some(account))
 }
 
-/// Order the certificate of `a` with HTTP-01 challenges and write it with a new key.
-async fn issue(a: &Acme) -> Result<(), String> {
+/// A new key of the configured type.
+fn new_key(k: AcmeKey) -> Result<rcgen::KeyPair, String> {
+    let alg = match k {
+        AcmeKey::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+        AcmeKey::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+        AcmeKey::Rsa2048 => &rcgen::PKCS_RSA_SHA256,
+    };
+    rcgen::KeyPair::generate_for(alg).map_err(|e| e.to_string())
+}
+
+/// The TLS-ALPN-01 certificate for `name` (RFC 8737 3): self-signed, the name as its only
+/// alternative name, the key authorization's digest in a critical acmeIdentifier extension.
+fn alpn_certificate(name: &str, digest: &[u8]) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let other = |e: rcgen::Error| e.to_string();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(other)?;
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).map_err(other)?;
+    params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
+    let cert = params.self_signed(&key).map_err(other)?;
+    Ok((cert.der().to_vec(), key.serialize_der()))
+}
+
+/// Publish the answer to one challenge of `a` for `name` (as the authorization spells it,
+/// `*.` for a wildcard).
+fn publish(
+    a: &Acme,
+    published: &mut Published,
+    name: &str,
+    token: &str,
+    key_authorization: &instant_acme::KeyAuthorization,
+) -> Result<(), String> {
+    match &a.challenge {
+        AcmeChallenge::Http01 => {
+            if !valid_token(token) {
+                return Err(format!("the server sent a malformed token {token:?}"));
+            }
+            let dir = challenges_dir(a);
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            let file = dir.join(token);
+            let value = key_authorization.as_str().to_string();
+            set_token(token, Some(value.clone()));
+            published.tokens.push((token.to_string(), file.clone()));
+            write_file(&file, value.as_bytes(), 0o644)
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+        }
+        AcmeChallenge::TlsAlpn01 => {
+            let (cert, key) = alpn_certificate(name, key_authorization.digest().as_ref())?;
+            let key = tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer::from(key);
+            let certified = portico_tls::certified_key(vec![cert.into()], key.into())?;
+            portico_tls::acme::set_challenge(name, Some(certified));
+            published.alpn.push(name.to_string());
+        }
+        AcmeChallenge::Dns01 { hook, .. } => {
+            let base = name.strip_prefix("*.").unwrap_or(name);
+            let record = format!("_acme-challenge.{base}.");
+            let value = key_authorization.dns_value();
+            run_hook(hook, "present", &record, &value, &a.storage)?;
+            published
+                .records
+                .push((hook.clone(), record, value, a.storage.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Order the certificate of `a` with its challenge and write it with a new key; `replaces`
+/// names the certificate it renews (renewal information's identifier).
+async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
     use instant_acme::{
         AuthorizationStatus, ChallengeType, Identifier, NewOrder, OrderStatus, RetryPolicy,
     };
-    let err = |e: instant_acme::Error| e.to_string();
-    let account = account(a).await?;
+    let account = account(a, true).await?.ok_or("no account")?;
     let ids: Vec<Identifier> = a.names.iter().cloned().map(Identifier::Dns).collect();
-    let mut order = account.new_order(&NewOrder::new(&ids)).await.map_err(err)?;
-    let mut tokens = Tokens(Vec::new());
+    let new = || {
+        let order = NewOrder::new(&ids);
+        match &a.profile {
+            Some(p) => order.profile(p),
+            None => order,
+        }
+    };
+    let replaced = replaces.as_deref().and_then(|id| {
+        let (aki, serial) = id.split_once('.')?;
+        Some(instant_acme::CertificateIdentifier {
+            authority_key_identifier: aki.into(),
+            serial: serial.into(),
+        })
+    });
+    let mut order = match replaced {
+        Some(r) => match account.new_order(&new().replaces(r)).await {
+            Ok(o) => o,
+            // A server that refuses the replacement (already replaced, another account's):
+            // a plain order.
+            Err(e) => {
+                tracing::debug!(
+                    "acme: an order replacing {id} was refused ({e}); ordering afresh",
+                    id = replaces.as_deref().unwrap_or("")
+                );
+                account.new_order(&new()).await?
+            }
+        },
+        None => account.new_order(&new()).await?,
+    };
+    let kind = match a.challenge {
+        AcmeChallenge::Http01 => ChallengeType::Http01,
+        AcmeChallenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+        AcmeChallenge::Dns01 { .. } => ChallengeType::Dns01,
+    };
+    // First every answer is published, then the server is told to look (a wildcard and its
+    // base name share one TXT name: both values must be there).
+    let mut published = Published::default();
+    let mut pending = 0;
     let mut authorizations = order.authorizations();
     while let Some(authz) = authorizations.next().await {
-        let mut authz = authz.map_err(err)?;
+        let mut authz = authz?;
         match authz.status {
             AuthorizationStatus::Pending => {}
             AuthorizationStatus::Valid => continue,
-            other => return Err(format!("an authorization is {other:?}")),
+            other => return Err(format!("an authorization is {other:?}").into()),
         }
-        let mut challenge = authz
-            .challenge(ChallengeType::Http01)
-            .ok_or("the server offers no http-01 challenge")?;
-        let token = challenge.token.clone();
-        set_token(
-            &token,
-            Some(challenge.key_authorization().as_str().to_string()),
-        );
-        tokens.0.push(token);
-        challenge.set_ready().await.map_err(err)?;
+        let name = authz.identifier().to_string();
+        let challenge = authz.challenge(kind.clone()).ok_or_else(|| {
+            format!(
+                "the server offers no {} challenge for {name}",
+                a.challenge.name()
+            )
+        })?;
+        let key_authorization = challenge.key_authorization();
+        publish(
+            a,
+            &mut published,
+            &name,
+            &challenge.token,
+            &key_authorization,
+        )?;
+        pending += 1;
+    }
+    if pending > 0 {
+        if let AcmeChallenge::Dns01 { delay, .. } = &a.challenge {
+            tokio::time::sleep(*delay).await;
+        }
+        let mut authorizations = order.authorizations();
+        while let Some(authz) = authorizations.next().await {
+            let mut authz = authz?;
+            if authz.status != AuthorizationStatus::Pending {
+                continue;
+            }
+            let mut challenge = authz
+                .challenge(kind.clone())
+                .ok_or("the challenge went away")?;
+            challenge.set_ready().await?;
+        }
     }
     let retries = RetryPolicy::default();
-    match order.poll_ready(&retries).await.map_err(err)? {
+    match order.poll_ready(&retries).await? {
         OrderStatus::Ready => {}
-        other => return Err(format!("the order is {other:?} after its challenges")),
+        other => return Err(format!("the order is {other:?} after its challenges").into()),
     }
-    drop(tokens);
-    let key =
-        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+    drop(published);
+    let key = new_key(a.key_type)?;
     let csr = request(&a.names, &key)?;
-    order.finalize_csr(&csr).await.map_err(err)?;
-    let chain = order
-        .poll_certificate(&RetryPolicy::default())
-        .await
-        .map_err(err)?;
+    order.finalize_csr(&csr).await?;
+    let chain = order.poll_certificate(&RetryPolicy::default()).await?;
     let io = |e: std::io::Error| e.to_string();
     write_pair(a, key.serialize_pem().as_bytes(), chain.as_bytes()).map_err(io)?;
     let issued = serde_json::to_vec(&issued_for(a)).map_err(|e| e.to_string())?;
@@ -409,7 +1124,18 @@ mod tests {
             directory: "https://127.0.0.1:1/dir".into(),
             directory_ca: None,
             storage: dir.join("acme"),
+            challenge: AcmeChallenge::Http01,
+            key_type: AcmeKey::EcdsaP256,
+            profile: None,
+            refuse_unissued: false,
         }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
     }
 
     #[test]
@@ -423,8 +1149,10 @@ mod tests {
         assert_eq!(mode(&a.storage), 0o700);
         // No temporary files left behind.
         assert_eq!(std::fs::read_dir(&a.storage).unwrap().count(), 2);
+        assert!(portico_tls::stored_certificate(&f.cert).unwrap().stand_in);
         let now = SystemTime::now();
-        assert_eq!(due(&a, now), now);
+        let mut c = Cert::new(a.clone());
+        assert_eq!(schedule(&runtime(), &mut c, now), (now, "not issued yet"));
         // Files that exist are never replaced by a stand-in.
         let before = std::fs::read(&f.cert).unwrap();
         stand_in(&a).unwrap();
@@ -443,24 +1171,64 @@ mod tests {
         let cert = params.self_signed(&key).unwrap();
         std::fs::write(a.files().cert, cert.pem()).unwrap();
         let now = SystemTime::now();
+        let rt = runtime();
         // Not known to be issued for these settings: due at once.
-        assert_eq!(due(&a, now), now);
+        assert_eq!(schedule(&rt, &mut Cert::new(a.clone()), now).0, now);
         let issued = serde_json::to_vec(&issued_for(&a)).unwrap();
         std::fs::write(issued_path(&a), issued).unwrap();
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600); // 2026-01-01
         let life = Duration::from_secs(90 * 86400);
-        let two_thirds = start + life.mul_f64(2.0 / 3.0);
-        let at = due(&a, now);
-        assert!(at <= two_thirds && at >= two_thirds - life / 100, "{at:?}");
-        // Another directory (staging to production) or another name: due at once.
+        let two = start + life.mul_f64(2.0 / 3.0);
+        // No authority key identifier (self-signed): no renewal information to ask for.
+        let (at, why) = schedule(&rt, &mut Cert::new(a.clone()), now);
+        assert!(at <= two && at >= two - life / 100, "{at:?}");
+        assert_eq!(why, "two thirds of its lifetime");
+        // The same time at every look.
+        assert_eq!(schedule(&rt, &mut Cert::new(a.clone()), now).0, at);
+        // Another directory (staging to production), name, key type or profile: due at once.
         let production = Acme {
             directory: "https://acme.example/dir".into(),
             ..a.clone()
         };
-        assert_eq!(due(&production, now), now);
         let mut more = a.clone();
         more.names.push("c.example".into());
-        assert_eq!(due(&more, now), now);
+        let rsa = Acme {
+            key_type: AcmeKey::Rsa2048,
+            ..a.clone()
+        };
+        let short = Acme {
+            profile: Some("shortlived".into()),
+            ..a.clone()
+        };
+        for other in [production, more, rsa, short] {
+            assert_eq!(schedule(&rt, &mut Cert::new(other), now).0, now);
+        }
+        // Asked through the admin API; held back after a failure.
+        let mut c = Cert::new(a.clone());
+        c.forced = true;
+        assert_eq!(schedule(&rt, &mut c, now).0, now);
+        let mut c = Cert::new(a);
+        c.hold = Some((now + Duration::from_secs(60), "a failed order's backoff"));
+        assert_eq!(schedule(&rt, &mut c, now).0, now + Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_renewal_identifier_is_the_authority_key_and_serial_in_base64url() {
+        let stored = portico_tls::StoredCertificate {
+            issuer: String::new(),
+            not_before: SystemTime::UNIX_EPOCH,
+            not_after: SystemTime::UNIX_EPOCH,
+            stand_in: false,
+            authority_key_id: Some(vec![0x69, 0x88, 0x5B, 0x6B, 0x87, 0x46, 0x40, 0x41]),
+            serial: vec![0x00, 0x87, 0x65, 0x43, 0x21],
+        };
+        // RFC 9773 4.1's example.
+        assert_eq!(ari_id(&stored).unwrap(), "aYhba4dGQEE.AIdlQyE");
+        let none = portico_tls::StoredCertificate {
+            authority_key_id: None,
+            ..stored
+        };
+        assert_eq!(ari_id(&none), None);
     }
 
     #[test]
@@ -482,12 +1250,127 @@ mod tests {
     }
 
     #[test]
-    fn challenges_are_answered_while_their_order_runs() {
+    fn keys_of_every_type_are_made() {
+        for k in [AcmeKey::EcdsaP256, AcmeKey::EcdsaP384, AcmeKey::Rsa2048] {
+            let key = new_key(k).unwrap();
+            let pem = key.serialize_pem();
+            use tokio_rustls::rustls::pki_types::{pem::PemObject, PrivateKeyDer};
+            let der = PrivateKeyDer::from_pem_slice(pem.as_bytes());
+            assert!(der.is_ok(), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn a_tls_alpn_certificate_carries_the_digest_in_a_critical_extension() {
+        let digest = [7u8; 32];
+        let (cert, _) = alpn_certificate("a.example", &digest).unwrap();
+        let (_, c) = x509_parser::parse_x509_certificate(&cert).unwrap();
+        let ext = c
+            .extensions()
+            .iter()
+            .find(|e| e.oid.to_id_string() == "1.3.6.1.5.5.7.1.31")
+            .expect("acmeIdentifier");
+        assert!(ext.critical);
+        // An OCTET STRING of the 32-byte digest.
+        assert_eq!(&ext.value[..2], &[0x04, 0x20]);
+        assert_eq!(&ext.value[2..], &digest);
+        let text = format!("{:?}", c.subject_alternative_name().unwrap().unwrap().value);
+        assert!(text.contains("a.example"), "{text}");
+    }
+
+    #[test]
+    fn challenges_are_answered_from_memory_and_from_the_storage() {
         set_token("tok-123", Some("tok-123.thumb".into()));
         let path = format!("{CHALLENGE_PREFIX}tok-123");
         assert_eq!(challenge_answer(&path).as_deref(), Some("tok-123.thumb"));
         assert_eq!(challenge_answer("/tok-123"), None);
         set_token("tok-123", None);
         assert_eq!(challenge_answer(&path), None);
+        // Written by another process sharing a storage of this configuration.
+        let dir = tempfile::tempdir().unwrap();
+        let a = spec(dir.path());
+        std::fs::create_dir_all(challenges_dir(&a)).unwrap();
+        std::fs::write(challenges_dir(&a).join("tok-456"), "tok-456.thumb\n").unwrap();
+        std::fs::write(dir.path().join("secret"), "no").unwrap();
+        *CHALLENGE_DIRS.write().unwrap() = vec![challenges_dir(&a)];
+        let answer = challenge_answer(&format!("{CHALLENGE_PREFIX}tok-456"));
+        assert_eq!(answer.as_deref(), Some("tok-456.thumb"));
+        // Only a token names a file.
+        for bad in ["../../secret", "..%2fsecret", "", "a/b"] {
+            assert_eq!(
+                challenge_answer(&format!("{CHALLENGE_PREFIX}{bad}")),
+                None,
+                "{bad}"
+            );
+        }
+        CHALLENGE_DIRS.write().unwrap().clear();
+    }
+
+    #[test]
+    fn the_storage_lock_is_held_by_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = spec(dir.path());
+        std::fs::create_dir_all(&a.storage).unwrap();
+        let first = lock(&a).unwrap().expect("free");
+        // flock belongs to the open file: a second open is refused, as another process is.
+        assert!(lock(&a).unwrap().is_none());
+        drop(first);
+        assert!(lock(&a).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_rate_limit_says_when_to_try_again() {
+        let detail = "too many certificates (5) already issued for this exact set of identifiers in the last 168h0m0s, retry after 2025-01-02 03:04:05 UTC: see https://letsencrypt.org/docs/rate-limits/";
+        let at = retry_after(detail).unwrap();
+        assert_eq!(
+            at,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_735_787_045)
+        );
+        assert_eq!(retry_after("retry after tomorrow"), None);
+        assert_eq!(retry_after("retry after 2025-13-02 03:04:05 UTC"), None);
+        assert_eq!(retry_after("no time here"), None);
+    }
+
+    #[test]
+    fn a_dns_hook_is_run_with_its_arguments_and_its_failure_quoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = dir.path().join("hook");
+        let calls = dir.path().join("calls");
+        let script = format!(
+            "#!/bin/sh\necho \"$1 $2 $3\" >> {}\n[ \"$1\" = present ] || {{ echo no such zone >&2; exit 3; }}\n",
+            calls.display()
+        );
+        std::fs::write(&hook, script).unwrap();
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o700)).unwrap();
+        run_hook(
+            &hook,
+            "present",
+            "_acme-challenge.a.example.",
+            "v1",
+            dir.path(),
+        )
+        .unwrap();
+        let e = run_hook(
+            &hook,
+            "cleanup",
+            "_acme-challenge.a.example.",
+            "v1",
+            dir.path(),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("exit status: 3") && e.ends_with("no such zone"),
+            "{e}"
+        );
+        let text = std::fs::read_to_string(&calls).unwrap();
+        assert_eq!(
+            text,
+            "present _acme-challenge.a.example. v1\ncleanup _acme-challenge.a.example. v1\n"
+        );
+        let missing = run_hook(&dir.path().join("none"), "present", "n.", "v", dir.path());
+        assert!(missing.unwrap_err().contains("cannot run"));
+        // The output files are gone.
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "{left:?}");
     }
 }

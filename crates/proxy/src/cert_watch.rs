@@ -164,6 +164,8 @@ mod tests {
             session_cache: 16,
             client_auth: None,
             watch,
+            acme_alpn: false,
+            refuse_stand_in: false,
         };
         let tls = ListenerTls::new(name, &settings, portico_tls::Resumption::new(), false).unwrap();
         (tls, files)

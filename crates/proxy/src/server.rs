@@ -425,6 +425,12 @@ async fn accept_loop(
                     match tokio::time::timeout(deadline, accept).await {
                         Ok(Ok(tls)) => {
                             ctx.shared.stats.count_handshake(tls.get_ref().1);
+                            // An ACME server's TLS-ALPN-01 validation: the handshake was the
+                            // answer; nothing follows (RFC 8737 3).
+                            if tls.get_ref().1.alpn_protocol() == Some(portico_tls::acme::ALPN) {
+                                tracing::info!(%peer, listener = %ctx.ls.listener.name, "acme: TLS-ALPN-01 challenge answered");
+                                return;
+                            }
                             ClientStream::Tls(Box::new(tls))
                         }
                         Ok(Err(e)) => {

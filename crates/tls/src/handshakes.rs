@@ -78,6 +78,8 @@ fn settings(pki: &Pki) -> TlsSettings {
         session_cache: DEFAULT_SESSION_CACHE,
         client_auth: None,
         watch: None,
+        acme_alpn: false,
+        refuse_stand_in: false,
     }
 }
 
@@ -480,6 +482,8 @@ fn expiry_warnings_name_the_file_and_date() {
         session_cache: 0,
         client_auth: None,
         watch: None,
+        acme_alpn: false,
+        refuse_stand_in: false,
     };
     let w = certificate_warnings(&s, now);
     assert_eq!(w.len(), 3, "{w:#?}");
@@ -504,4 +508,86 @@ fn expiry_warnings_name_the_file_and_date() {
     );
     // Expired certificates still load: a warning, not an error.
     server_config(&s, &Resumption::new()).unwrap();
+}
+
+/// A client that checks nothing (an ACME server's validation looks at the certificate
+/// itself), offering `alpn`.
+fn unverified(alpn: &[u8]) -> Arc<ClientConfig> {
+    let mut c = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(crate::client::NoVerification::new(provider())))
+        .with_no_client_auth();
+    c.alpn_protocols = vec![alpn.to_vec()];
+    Arc::new(c)
+}
+
+#[test]
+fn acme_tls_alpn_handshakes_get_the_challenge_certificate_only_where_asked() {
+    let pki = make_pki("acme-alpn");
+    let mut s = settings(&pki);
+    s.acme_alpn = true;
+    let server = with_alpn(server_config(&s, &Resumption::new()).unwrap(), true);
+    assert_eq!(server.alpn_protocols.last().unwrap(), acme::ALPN);
+    // No challenge for the name: the handshake fails.
+    assert!(handshake(&server, &unverified(acme::ALPN)).is_err());
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let der = cert.der().clone();
+    let key = PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+    acme::set_challenge(
+        "LocalHost",
+        Some(certified_key(vec![der.clone()], key).unwrap()),
+    );
+    let (c, srv) = handshake(&server, &unverified(acme::ALPN)).unwrap();
+    assert_eq!(srv.alpn_protocol(), Some(acme::ALPN));
+    assert_eq!(c.peer_certificates().unwrap()[0], der);
+    // Other clients get the listener's certificate.
+    let (c, srv) = handshake(&server, &client(&pki)).unwrap();
+    assert_eq!(srv.alpn_protocol(), None);
+    assert_ne!(c.peer_certificates().unwrap()[0], der);
+    // A listener that does not answer TLS-ALPN-01 refuses such handshakes.
+    let plain = server_config(&settings(&pki), &Resumption::new()).unwrap();
+    assert!(handshake(&plain, &unverified(acme::ALPN)).is_err());
+    acme::set_challenge("localhost", None);
+    assert!(handshake(&server, &unverified(acme::ALPN)).is_err());
+    std::fs::remove_dir_all(&pki.dir).unwrap();
+}
+
+#[test]
+fn a_stand_in_is_refused_when_configured() {
+    let pki = make_pki("stand-in");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, acme::STAND_IN_CN);
+    let cert = params.self_signed(&key).unwrap();
+    let files = CertificateFiles {
+        cert: pki.dir.join("stand-in.pem"),
+        key: pki.dir.join("stand-in.key"),
+    };
+    std::fs::write(&files.cert, cert.pem()).unwrap();
+    std::fs::write(&files.key, key.serialize_pem()).unwrap();
+    let stored = stored_certificate(&files.cert).unwrap();
+    assert!(stored.stand_in && stored.authority_key_id.is_none());
+    assert!(!stored_certificate(&pki.server.cert).unwrap().stand_in);
+    let mut s = settings(&pki);
+    s.certificates = vec![files];
+    let served = server_config(&s, &Resumption::new()).unwrap();
+    assert!(handshake(&served, &unverified(b"http/1.1")).is_ok());
+    s.refuse_stand_in = true;
+    let refused = server_config(&s, &Resumption::new()).unwrap();
+    assert!(handshake(&refused, &unverified(b"http/1.1")).is_err());
+    // An issued certificate is served with refusal on.
+    let mut s = settings(&pki);
+    s.refuse_stand_in = true;
+    let issued = server_config(&s, &Resumption::new()).unwrap();
+    assert!(handshake(&issued, &client(&pki)).is_ok());
+    std::fs::remove_dir_all(&pki.dir).unwrap();
 }

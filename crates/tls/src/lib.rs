@@ -1,5 +1,7 @@
 //! TLS settings -> rustls: listener server configurations (PEM files, SNI, resumption, mTLS) and upstream client configurations (`client`).
 
+pub mod acme;
+
 use portico_config::{CertificateFiles, ClientAuth, TlsSettings, TlsVersion, UpstreamTls};
 use rustls::crypto::{aws_lc_rs, ring, CryptoProvider};
 use rustls::server::{
@@ -151,11 +153,15 @@ pub fn server_config(
     resumption: &Resumption,
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(listener_provider(settings));
-    let certs = settings
+    let mut certs = settings
         .certificates
         .iter()
         .map(|c| load_certified_key(c, &provider))
         .collect::<Result<Vec<_>, _>>()?;
+    if settings.refuse_stand_in {
+        // No certificate left: every handshake fails until ACME issues one.
+        certs.retain(|c| !acme::is_stand_in(c));
+    }
     let versions: Vec<&'static rustls::SupportedProtocolVersion> = settings
         .versions
         .iter()
@@ -170,7 +176,8 @@ pub fn server_config(
         None => builder.with_no_client_auth(),
         Some(auth) => builder.with_client_cert_verifier(client_verifier(auth, provider)?),
     };
-    let mut config = builder.with_cert_resolver(Arc::new(SniResolver { certs }));
+    let acme_alpn = settings.acme_alpn;
+    let mut config = builder.with_cert_resolver(Arc::new(SniResolver { certs, acme_alpn }));
     // A configured `cipher_suites` list is the server's preference order; without one, the
     // client's order wins (clients without AES hardware put ChaCha20 first).
     config.ignore_client_order = settings.cipher_suites.is_some();
@@ -185,6 +192,9 @@ pub fn server_config(
     config.session_storage = storage;
     // `h2` is added by `with_alpn` for listeners that serve HTTP/2.
     config.alpn_protocols = alpn_protocols(false);
+    if acme_alpn {
+        config.alpn_protocols.push(acme::ALPN.to_vec());
+    }
     Ok(Arc::new(config))
 }
 
@@ -198,9 +208,13 @@ pub fn alpn_protocols(http2: bool) -> Vec<Vec<u8>> {
     }
 }
 
-/// `config` with the ALPN list of [`alpn_protocols`] (a copy when it changes).
+/// `config` with the ALPN list of [`alpn_protocols`] (a copy when it changes), `acme-tls/1`
+/// kept last where the listener answers TLS-ALPN-01 challenges.
 pub fn with_alpn(config: Arc<rustls::ServerConfig>, http2: bool) -> Arc<rustls::ServerConfig> {
-    let alpn = alpn_protocols(http2);
+    let mut alpn = alpn_protocols(http2);
+    if config.alpn_protocols.iter().any(|p| p == acme::ALPN) {
+        alpn.push(acme::ALPN.to_vec());
+    }
     if config.alpn_protocols == alpn {
         return config;
     }
@@ -274,14 +288,21 @@ pub fn load_certified_key(
     Ok(Arc::new(certified))
 }
 
-/// Picks the first certificate valid for the SNI name; the first certificate otherwise.
+/// Picks the first certificate valid for the SNI name; the first certificate otherwise. An
+/// `acme-tls/1` handshake gets the name's challenge certificate, or nothing.
 #[derive(Debug)]
 struct SniResolver {
     certs: Vec<Arc<CertifiedKey>>,
+    /// Answer TLS-ALPN-01 challenges.
+    acme_alpn: bool,
 }
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if hello.alpn().is_some_and(|mut p| p.any(|p| p == acme::ALPN)) {
+            let name = hello.server_name().filter(|_| self.acme_alpn)?;
+            return acme::challenge(name);
+        }
         if self.certs.len() > 1 {
             if let Some(name) = hello
                 .server_name()
@@ -301,6 +322,64 @@ fn valid_for(cert: &CertifiedKey, name: &ServerName<'_>) -> bool {
         .ok()
         .and_then(|der| webpki::EndEntityCert::try_from(der).ok())
         .is_some_and(|ee| ee.verify_is_valid_for_subject_name(name).is_ok())
+}
+
+/// A chain and its PKCS#8 key as a certificate to serve, signed through [`provider`] (an ACME
+/// TLS-ALPN-01 challenge's, for [`acme::set_challenge`]).
+pub fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<CertifiedKey>, String> {
+    let signer = provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| format!("unusable key: {e}"))?;
+    Ok(Arc::new(CertifiedKey::new(chain, signer)))
+}
+/// What a certificate file holds: read for ACME's schedule, its visibility and `portico check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCertificate {
+    /// The issuer as an RFC 4514 string.
+    pub issuer: String,
+    pub not_before: std::time::SystemTime,
+    pub not_after: std::time::SystemTime,
+    /// ACME's self-signed stand-in ([`acme::STAND_IN_CN`]), not an issued certificate.
+    pub stand_in: bool,
+    /// What identifies the certificate to its CA (RFC 9773): the authority key identifier's
+    /// key identifier and the DER serial number.
+    pub authority_key_id: Option<Vec<u8>>,
+    pub serial: Vec<u8>,
+}
+
+/// The first certificate of the PEM file at `path`; None when it cannot be read or parsed.
+pub fn stored_certificate(path: &Path) -> Option<StoredCertificate> {
+    use x509_parser::extensions::ParsedExtension;
+    let pem = std::fs::read(path).ok()?;
+    let (_, p) = x509_parser::pem::parse_x509_pem(&pem).ok()?;
+    let cert = p.parse_x509().ok()?;
+    let at = |t: i64| {
+        let secs = u64::try_from(t).ok()?;
+        Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+    };
+    let v = cert.validity();
+    let cn = cert.subject().iter_common_name().next();
+    let authority_key_id = cert
+        .iter_extensions()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(a) => {
+                a.key_identifier.as_ref().map(|k| k.0.to_vec())
+            }
+            _ => None,
+        });
+    Some(StoredCertificate {
+        issuer: dn(cert.issuer()),
+        not_before: at(v.not_before.timestamp())?,
+        not_after: at(v.not_after.timestamp())?,
+        stand_in: cert.subject() == cert.issuer()
+            && cn.and_then(|n| n.as_str().ok()) == Some(acme::STAND_IN_CN),
+        authority_key_id,
+        serial: cert.tbs_certificate.raw_serial().to_vec(),
+    })
 }
 
 /// Warn this long before a certificate expires.
@@ -593,6 +672,8 @@ mod tests {
             session_cache: portico_config::DEFAULT_SESSION_CACHE,
             client_auth: None,
             watch: None,
+            acme_alpn: false,
+            refuse_stand_in: false,
         }
     }
 

@@ -1,7 +1,8 @@
 //! TLS: listener termination settings, upstream origination settings, certificate paths and server names.
 
 use super::*;
-use crate::model::{Acme, LETS_ENCRYPT, LETS_ENCRYPT_STAGING};
+use crate::model::{Acme, AcmeChallenge, AcmeKey, LETS_ENCRYPT, LETS_ENCRYPT_STAGING};
+use crate::raw::RawAcme;
 
 pub(super) fn tls(
     ctx: &mut Ctx<'_>,
@@ -197,6 +198,8 @@ pub(super) fn tls(
         session_cache,
         client_auth,
         watch,
+        acme_alpn: acme.is_some_and(|a| a.challenge == AcmeChallenge::TlsAlpn01),
+        refuse_stand_in: acme.is_some_and(|a| a.refuse_unissued),
     })
 }
 
@@ -371,7 +374,8 @@ pub(super) fn relative_to_config(file: &str, path: &str) -> PathBuf {
 }
 
 /// `[listeners.tls.acme]`: names, contact, directory (a preset or an https URL), the
-/// directory's CA, storage, terms accepted.
+/// directory's CA, storage, terms accepted, challenge (with its DNS hook), key type, profile,
+/// what happens before the first issuance.
 pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
     let item = raw.acme.as_ref()?;
     let a = item.get_ref();
@@ -380,6 +384,8 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
         ctx.error(start(w), &sub(key, "watch"), m);
     }
     let key = sub(key, "acme");
+    let challenge = acme_challenge(ctx, &key, a);
+    let dns = matches!(challenge, AcmeChallenge::Dns01 { .. });
     let mut names = Vec::new();
     match &a.names {
         None => ctx.error(
@@ -390,9 +396,14 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
         Some(list) => {
             for (i, (name, at)) in list.get_ref().items(start(list)).into_iter().enumerate() {
                 let name = name.to_ascii_lowercase();
-                let ok = !name.is_empty()
-                    && name.len() <= 253
-                    && name.split('.').all(|l| {
+                // A wildcard covers one label left of a DNS name; only DNS-01 can prove it.
+                let (wildcard, base) = match name.strip_prefix("*.") {
+                    Some(rest) => (true, rest),
+                    None => (false, name.as_str()),
+                };
+                let ok = !base.is_empty()
+                    && base.len() <= 253
+                    && base.split('.').all(|l| {
                         !l.is_empty()
                             && l.len() <= 63
                             && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
@@ -400,17 +411,16 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
                             && !l.ends_with('-')
                     });
                 // An address is not a DNS name (its last label would be all digits).
-                let address = name
+                let address = base
                     .rsplit('.')
                     .next()
                     .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+                let key = item_key(list, &sub(&key, "names"), i);
                 if !ok || address {
-                    let hint = match name.starts_with("*.") {
-                        true => " (wildcard names need DNS-01 challenges, not offered yet)",
-                        false => "",
-                    };
-                    let m = format!("{name:?} is not a DNS name{hint}");
-                    ctx.error(at, &item_key(list, &sub(&key, "names"), i), m);
+                    ctx.error(at, &key, format!("{name:?} is not a DNS name"));
+                } else if wildcard && !dns {
+                    let m = format!("{name:?}: a wildcard name needs challenge = \"dns-01\"");
+                    ctx.error(at, &key, m);
                 } else if !names.contains(&name) {
                     names.push(name);
                 }
@@ -474,11 +484,110 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
         Some(p) => relative_to_config(ctx.file, p.get_ref()),
         None => relative_to_config(ctx.file, "acme"),
     };
+    let key_type = match a.key_type.as_ref() {
+        None => AcmeKey::EcdsaP256,
+        Some(k) => match k.get_ref().as_str() {
+            "ecdsa-p256" => AcmeKey::EcdsaP256,
+            "ecdsa-p384" => AcmeKey::EcdsaP384,
+            "rsa-2048" => AcmeKey::Rsa2048,
+            other => {
+                let m = format!(
+                    "expected \"ecdsa-p256\", \"ecdsa-p384\" or \"rsa-2048\", found {other:?}"
+                );
+                ctx.error(start(k), &sub(&key, "key_type"), m);
+                AcmeKey::EcdsaP256
+            }
+        },
+    };
+    let profile = a.profile.as_ref().and_then(|p| {
+        let text = p.get_ref();
+        let ok = !text.is_empty()
+            && text.len() <= 64
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !ok {
+            let m = format!("{text:?} is not a profile name (such as \"shortlived\")");
+            ctx.error(start(p), &sub(&key, "profile"), m);
+        }
+        ok.then(|| text.clone())
+    });
+    let refuse_unissued = match a.unissued.as_ref() {
+        None => false,
+        Some(u) => match u.get_ref().as_str() {
+            "self-signed" => false,
+            "refuse" => true,
+            other => {
+                let m = format!("expected \"self-signed\" or \"refuse\", found {other:?}");
+                ctx.error(start(u), &sub(&key, "unissued"), m);
+                false
+            }
+        },
+    };
     (!names.is_empty() && !directory.is_empty()).then_some(Acme {
         names,
         contact,
         directory,
         directory_ca,
         storage,
+        challenge,
+        key_type,
+        profile,
+        refuse_unissued,
     })
+}
+
+/// The longest `dns_delay`.
+const MAX_DNS_DELAY: Duration = Duration::from_secs(600);
+
+/// `challenge` (default `http-01`) with `dns_hook` and `dns_delay` for `dns-01`.
+fn acme_challenge(ctx: &mut Ctx<'_>, key: &str, a: &RawAcme) -> AcmeChallenge {
+    let named = a
+        .challenge
+        .as_ref()
+        .map(|c| (c.get_ref().as_str(), start(c)));
+    let challenge = match named {
+        None | Some(("http-01", _)) => AcmeChallenge::Http01,
+        Some(("tls-alpn-01", _)) => AcmeChallenge::TlsAlpn01,
+        Some(("dns-01", at)) => match a.dns_hook.as_ref() {
+            None => {
+                let m = "dns-01 needs dns_hook = \"/path/to/command\" (called as COMMAND present|cleanup NAME VALUE)";
+                ctx.error(at, &sub(key, "challenge"), m);
+                AcmeChallenge::Http01
+            }
+            Some(h) if h.get_ref().trim().is_empty() => {
+                ctx.error(start(h), &sub(key, "dns_hook"), "must be a command's path");
+                AcmeChallenge::Http01
+            }
+            Some(h) => {
+                let k = sub(key, "dns_delay");
+                let delay = duration(ctx, a.dns_delay.as_ref(), &k, Duration::ZERO, true);
+                if delay > MAX_DNS_DELAY {
+                    let at = a.dns_delay.as_ref().map_or(at, start);
+                    ctx.error(at, &k, "at most 10m");
+                }
+                AcmeChallenge::Dns01 {
+                    hook: relative_to_config(ctx.file, h.get_ref()),
+                    delay,
+                }
+            }
+        },
+        Some((other, at)) => {
+            let m = format!("expected \"http-01\", \"tls-alpn-01\" or \"dns-01\", found {other:?}");
+            ctx.error(at, &sub(key, "challenge"), m);
+            AcmeChallenge::Http01
+        }
+    };
+    if named.is_none_or(|(n, _)| n != "dns-01") {
+        for (field, k) in [
+            (a.dns_hook.as_ref().map(start), "dns_hook"),
+            (a.dns_delay.as_ref().map(start), "dns_delay"),
+        ] {
+            if let Some(at) = field {
+                let m = format!("{k} is only used with challenge = \"dns-01\"");
+                ctx.error(at, &sub(key, k), m);
+            }
+        }
+    }
+    challenge
 }

@@ -1,6 +1,8 @@
 //! ACME listeners (`[listeners.tls.acme]`): the certificate files it implies, presets, errors.
 
-use portico_config::{parse, Config, LETS_ENCRYPT, LETS_ENCRYPT_STAGING};
+use portico_config::{parse, AcmeChallenge, AcmeKey, Config, LETS_ENCRYPT, LETS_ENCRYPT_STAGING};
+use std::path::Path;
+use std::time::Duration;
 
 /// A TLS listener with `acme` lines in its acme table (and `extra` in its tls table).
 fn config(acme: &str, extra: &str) -> Result<Config, String> {
@@ -50,8 +52,53 @@ fn acme_errors_name_the_key() {
     assert!(
         e("names = [\"a.example\"]", "").contains("tls.acme.accept_terms: set accept_terms = true")
     );
-    assert!(e("names = [\"*.example\"]\naccept_terms = true", "")
-        .contains("tls.acme.names[0]: \"*.example\" is not a DNS name"));
+    assert!(
+        e("names = [\"*.example\"]\naccept_terms = true", "").contains(
+            "tls.acme.names[0]: \"*.example\": a wildcard name needs challenge = \"dns-01\""
+        )
+    );
+    assert!(e(
+        "names = [\"a.*.example\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"h\"",
+        ""
+    )
+    .contains("tls.acme.names[0]: \"a.*.example\" is not a DNS name"));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns-01\"",
+        ""
+    )
+    .contains("tls.acme.challenge: dns-01 needs dns_hook"));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns\"",
+        ""
+    )
+    .contains(
+        "tls.acme.challenge: expected \"http-01\", \"tls-alpn-01\" or \"dns-01\", found \"dns\""
+    ));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\ndns_hook = \"h\"",
+        ""
+    )
+    .contains("tls.acme.dns_hook: dns_hook is only used with challenge = \"dns-01\""));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"h\"\ndns_delay = \"11m\"",
+        ""
+    )
+    .contains("tls.acme.dns_delay: at most 10m"));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\nkey_type = \"rsa-1024\"",
+        ""
+    )
+    .contains("tls.acme.key_type: expected \"ecdsa-p256\", \"ecdsa-p384\" or \"rsa-2048\""));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\nprofile = \"a b\"",
+        ""
+    )
+    .contains("tls.acme.profile: \"a b\" is not a profile name"));
+    assert!(e(
+        "names = [\"a.example\"]\naccept_terms = true\nunissued = \"wait\"",
+        ""
+    )
+    .contains("tls.acme.unissued: expected \"self-signed\" or \"refuse\""));
     assert!(e(
         "names = [\"a.example\", \"192.0.2.1\"]\naccept_terms = true",
         ""
@@ -82,5 +129,59 @@ fn acme_errors_name_the_key() {
     assert!(
         e("names = [\"a.example\"]\naccept_terms = true\nttl = 1", "")
             .contains("unknown field `ttl`")
+    );
+}
+
+#[test]
+fn challenges_keys_profiles_and_refusal_are_chosen() {
+    let c = config("names = [\"a.example\"]\naccept_terms = true", "").unwrap();
+    let a = c.listeners[0].acme.clone().unwrap();
+    assert_eq!(a.challenge, AcmeChallenge::Http01);
+    assert_eq!(a.key_type, AcmeKey::EcdsaP256);
+    assert_eq!(a.profile, None);
+    assert!(!a.refuse_unissued);
+    let tls = c.listeners[0].tls.as_ref().unwrap();
+    assert!(!tls.acme_alpn && !tls.refuse_stand_in);
+
+    let c = config(
+        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"tls-alpn-01\"\nkey_type = \"rsa-2048\"\nprofile = \"shortlived\"\nunissued = \"refuse\"",
+        "",
+    )
+    .unwrap();
+    let a = c.listeners[0].acme.clone().unwrap();
+    assert_eq!(a.challenge, AcmeChallenge::TlsAlpn01);
+    assert_eq!(a.key_type, AcmeKey::Rsa2048);
+    assert_eq!(a.profile.as_deref(), Some("shortlived"));
+    assert!(a.refuse_unissued);
+    let tls = c.listeners[0].tls.as_ref().unwrap();
+    assert!(tls.acme_alpn && tls.refuse_stand_in);
+
+    // A wildcard by DNS-01: its files are named for it without the star.
+    let c = config(
+        "names = [\"*.Example.com\", \"example.com\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"hooks/dns\"\ndns_delay = \"30s\"",
+        "",
+    )
+    .unwrap();
+    let a = c.listeners[0].acme.clone().unwrap();
+    assert_eq!(a.names, ["*.example.com", "example.com"]);
+    assert_eq!(
+        a.challenge,
+        AcmeChallenge::Dns01 {
+            hook: Path::new("/etc/portico/hooks/dns").to_path_buf(),
+            delay: Duration::from_secs(30),
+        }
+    );
+    assert_eq!(
+        a.files().cert,
+        Path::new("/etc/portico/acme/_wildcard.example.com.crt")
+    );
+    let text = portico_config::explain(&c);
+    assert!(
+        text.contains("DNS-01, TXT records published by /etc/portico/hooks/dns then 30s of waiting; ecdsa-p256 key"),
+        "{text}"
+    );
+    assert!(
+        text.contains("until it is issued: a self-signed stand-in served"),
+        "{text}"
     );
 }

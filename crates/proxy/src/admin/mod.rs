@@ -390,6 +390,10 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
             Some(cache) => Response::json(200, &cache_json(cache)),
         },
         ("DELETE", ["api", "cache"]) => purge(control, req),
+        ("GET" | "HEAD", ["api", "acme"]) => {
+            Response::json(200, &json!({ "certificates": acme_json() }))
+        }
+        ("POST", ["api", "acme", "renew"]) => acme_renew(req),
         ("GET" | "HEAD", ["api", "changes"]) => {
             let (groups, file) = control.runtime_changes();
             Response::json(
@@ -414,7 +418,9 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
             | ["api", "status"]
             | ["api", "config"]
             | ["api", "reload"]
-            | ["api", "changes"],
+            | ["api", "changes"]
+            | ["api", "acme"]
+            | ["api", "acme", "renew"],
         )
         | (_, ["api", "groups", _, "servers", ..]) => Response::error(405, "method not allowed"),
         _ => Response::error(404, "no such admin resource"),
@@ -887,7 +893,63 @@ pub fn status(control: &Control) -> Value {
         "listeners": listeners,
         "groups": groups_json(&shared),
         "cache": shared.cache.as_deref().map(cache_json),
+        "acme": acme_json(),
     })
+}
+
+/// The certificates obtained by ACME: names, issuer, dates, next renewal and why, last error.
+fn acme_json() -> Value {
+    let list: Vec<Value> = crate::acme::status()
+        .into_iter()
+        .map(|s| {
+            let date = |t: Option<u64>| t.map(|t| portico_tls::utc_date(t as i64));
+            json!({
+                "names": s.names,
+                "directory": s.directory,
+                "challenge": s.challenge,
+                "issued": s.issued,
+                "issuer": s.issuer,
+                "not_after": date(s.not_after),
+                "not_after_unix": s.not_after,
+                "next_renewal": date(s.next_renewal),
+                "next_renewal_unix": s.next_renewal,
+                "renewal_basis": s.renewal_basis,
+                "ordering": s.ordering,
+                "last_error": s.last_error,
+                "last_error_at": date(s.last_error_at),
+                "failures": s.failures,
+                "issued_total": s.issued_total,
+                "failed_total": s.failed_total,
+            })
+        })
+        .collect();
+    Value::Array(list)
+}
+
+/// `POST /api/acme/renew`: order now the certificate covering `?name=NAME`, or every one.
+fn acme_renew(req: &Request) -> Response {
+    let query = req.query.as_deref().unwrap_or_default();
+    let mut name = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("name", v)) if !v.is_empty() => name = Some(percent_decode(v)),
+            _ => {
+                return Response::error(
+                    400,
+                    format!(
+                    "unknown query {pair:?}: expected ?name=NAME or nothing (every certificate)"
+                ),
+                )
+            }
+        }
+    }
+    match crate::acme::renew(name.as_deref()) {
+        Ok(names) => {
+            tracing::info!(by = req.by, certificates = %names.join(" "), "admin: ACME renewal asked");
+            Response::json(202, &json!({ "renewing": names }))
+        }
+        Err(e) => Response::error(404, e),
+    }
 }
 
 /// A per-route counter family: name, help, the counter, and which routes have it.
@@ -914,7 +976,67 @@ pub fn metrics(control: &Control) -> String {
     if let Some(cache) = &shared.cache {
         cache_metrics(&mut e, cache);
     }
+    acme_metrics(&mut e);
     e.finish()
+}
+
+/// Per certificate obtained by ACME (labelled by its first name): expiry, next renewal, issued
+/// or stand-in, failures in a row, orders by result.
+fn acme_metrics(e: &mut Exposition) {
+    let all = crate::acme::status();
+    if all.is_empty() {
+        return;
+    }
+    type Gauge = fn(&crate::acme::Status) -> Option<f64>;
+    let gauges: [(&str, &str, Gauge); 4] = [
+        (
+            "portico_acme_certificate_expiry_timestamp_seconds",
+            "When the issued certificate expires (Unix seconds); absent while the stand-in is served.",
+            |s| s.not_after.map(|t| t as f64),
+        ),
+        (
+            "portico_acme_certificate_renewal_timestamp_seconds",
+            "When the certificate is ordered next (Unix seconds).",
+            |s| s.next_renewal.map(|t| t as f64),
+        ),
+        (
+            "portico_acme_certificate_issued",
+            "1 when a certificate from the ACME server is served, 0 while the stand-in is.",
+            |s| Some(f64::from(u8::from(s.issued))),
+        ),
+        (
+            "portico_acme_certificate_failures",
+            "Failed orders in a row (0 after an issuance).",
+            |s| Some(f64::from(s.failures)),
+        ),
+    ];
+    for (name, help, f) in gauges {
+        e.family(name, "gauge", help);
+        for s in &all {
+            if let Some(v) = f(s) {
+                e.sample(name, &[("certificate", &s.names[0])], v);
+            }
+        }
+    }
+    let name = "portico_acme_orders_total";
+    e.family(
+        name,
+        "counter",
+        "ACME orders since the process started, by result: issued or failed.",
+    );
+    for s in &all {
+        let first = s.names[0].as_str();
+        e.sample(
+            name,
+            &[("certificate", first), ("result", "issued")],
+            s.issued_total as f64,
+        );
+        e.sample(
+            name,
+            &[("certificate", first), ("result", "failed")],
+            s.failed_total as f64,
+        );
+    }
 }
 
 /// The response cache: requests by what it did, stores, invalidations, bytes answered, and
