@@ -80,7 +80,8 @@ openssl x509 -req -in "$d/pebble.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcrea
 http_port=$(free_port) alpn_port=$(free_port) acme_port=$(free_port) mgmt_port=$(free_port)
 dns_port=$(free_port) cts_port=$(free_port) admin_port=$(free_port)
 a_port=$(free_port) d_port=$(free_port) s_port=$(free_port)
-# A "short" profile: 40-second certificates, renewed within their lifetime.
+# A "short" profile: 40-second certificates, renewed within their lifetime. (Pebble picks a
+# profile at random for orders that name none: every listener names one.)
 cat > "$d/pebble.json" << EOF
 {"pebble": {
   "listenAddress": "127.0.0.1:$acme_port",
@@ -138,6 +139,7 @@ directory = "https://127.0.0.1:$acme_port/dir"
 directory_ca = "$d/ca.pem"
 storage = "$3"
 accept_terms = true
+$(case "$5" in *profile*) ;; *) echo 'profile = "default"' ;; esac)
 $5
 [[listeners.routes]]
 respond = { status = 200, body = "secure" }
@@ -258,14 +260,21 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "http://127.0
 [ "$code" = 404 ] || fail "renewing an unknown name answered $code, not 404"
 echo "acme-pebble: the admin API, /metrics and portico check show the certificates; a renewal asked through the API is served ($before -> $after)"
 
+# A reload that adds a name orders a certificate covering it.
+sed -i 's/names = \["a.portico.test"\]/names = ["a.portico.test", "a2.portico.test"]/' "$d/portico.toml"
+kill -HUP "$portico_pid"
+wait_log "$d/portico.log" "certificate for a.portico.test, a2.portico.test issued" 60
+wait_served a2.portico.test "$a_port" "HTTP-01 once a reload added the name"
+
 # A restart with Pebble gone: the certificate comes from the storage.
 kill "$portico_pid"
 wait "$portico_pid" 2> /dev/null || true
 kill "$pebble_pid"
 wait "$pebble_pid" 2> /dev/null || true
 {
+  printf '[admin]\naddress = "127.0.0.1:%s"\n\n' "$admin_port"
   plain_listener
-  acme_listener a "$a_port" "$d/acme" '["a.portico.test"]' ''
+  acme_listener a "$a_port" "$d/acme" '["a.portico.test", "a2.portico.test"]' ''
 } > "$d/portico-restart.toml"
 "$bin" run -c "$d/portico-restart.toml" -w 1 > "$d/portico2.log" 2>&1 &
 portico_pid=$!
@@ -274,6 +283,12 @@ wait_port "$a_port"
 [ "$(fetch a.portico.test "$a_port")" = secure ] || fail "after a restart without Pebble the stored certificate is not served"
 grep -q "acme: ordering" "$d/portico2.log" && fail "the restart ordered again a certificate that is not due"
 echo "acme-pebble: after a restart without Pebble, the stored certificate is served (no order)"
+# A renewal that fails (Pebble is gone): logged, and the current certificate stays.
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST "http://127.0.0.1:$admin_port/api/acme/renew")
+[ "$code" = 202 ] || fail "POST /api/acme/renew answered $code"
+wait_log "$d/portico2.log" "ordering a certificate for a.portico.test, a2.portico.test failed" 60
+[ "$(fetch a.portico.test "$a_port")" = secure ] || fail "a failed renewal replaced the current certificate"
+echo "acme-pebble: a renewal that fails is logged and the current certificate is still served"
 kill "$portico_pid"
 wait "$portico_pid" 2> /dev/null || true
 

@@ -284,6 +284,9 @@ fn write_pair(a: &Acme, key: &[u8], cert: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&cert_tmp, &f.cert)
 }
 
+/// How long a start waits for another process's lock to write a stand-in.
+const STAND_IN_WAIT: Duration = Duration::from_secs(10);
+
 /// A self-signed certificate for the names while none was issued yet: served (a certificate no
 /// client trusts) or refused by the listener, as configured, until the ACME server answers.
 fn stand_in(a: &Acme) -> std::io::Result<()> {
@@ -294,6 +297,27 @@ fn stand_in(a: &Acme) -> std::io::Result<()> {
             .create(&a.storage)?;
     }
     let f = a.files();
+    // Under the storage's lock: processes starting together write one stand-in, not two
+    // halves of two (a key that does not match the certificate).
+    let start = Instant::now();
+    let _lock = loop {
+        if f.cert.exists() && f.key.exists() {
+            return Ok(());
+        }
+        match lock(a)? {
+            Some(l) => break l,
+            None if start.elapsed() < STAND_IN_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None => {
+                let m = format!(
+                    "its lock is held by another process for more than {} s",
+                    STAND_IN_WAIT.as_secs()
+                );
+                return Err(std::io::Error::other(m));
+            }
+        }
+    };
     if f.cert.exists() && f.key.exists() {
         return Ok(());
     }
@@ -1147,8 +1171,13 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&f.key), 0o600);
         assert_eq!(mode(&a.storage), 0o700);
-        // No temporary files left behind.
-        assert_eq!(std::fs::read_dir(&a.storage).unwrap().count(), 2);
+        // No temporary files left behind: the pair and the lock.
+        let mut left: Vec<String> = std::fs::read_dir(&a.storage)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["a.example.crt", "a.example.key", "a.example.lock"]);
         assert!(portico_tls::stored_certificate(&f.cert).unwrap().stand_in);
         let now = SystemTime::now();
         let mut c = Cert::new(a.clone());
