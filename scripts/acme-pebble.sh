@@ -4,10 +4,12 @@
 # HTTP-01, TLS-ALPN-01 and DNS-01 (a wildcard, through a hook that writes to
 # pebble-challtestsrv, which answers Pebble's DNS queries), serves them (checked with curl against
 # Pebble's issuing root), renews a 40-second certificate when Pebble's renewal information says,
-# renews one when the admin API asks, shows them in the admin API, /metrics and `portico check`,
-# keeps serving from its storage after a restart without Pebble, logs a failing challenge while
-# serving the stand-in (or refusing handshakes, as configured), and two processes sharing one
-# storage order a certificate once. Everything on 127.0.0.1, ephemeral ports, bounded waits.
+# renews one when the admin API asks, orders a name a reload added, shows them in the admin API,
+# /metrics and `portico check`, keeps serving from its storage after a restart without Pebble
+# (and when a renewal then fails), logs a failing challenge while serving the stand-in (or
+# refusing handshakes, as configured); two processes sharing one storage order a certificate
+# once, and one answers the other's HTTP-01 challenge from it. Everything on 127.0.0.1,
+# ephemeral ports, bounded waits.
 # Usage: scripts/acme-pebble.sh [PORTICO_BINARY]   (default target/debug/portico)
 # Installs openssl, curl and python3 when missing and run as root; Pebble needs Go.
 set -euo pipefail
@@ -332,3 +334,22 @@ wait_served e.portico.test "$e2_port" "DNS-01 (second process, same storage)"
 orders=$(($(count "$d/portico-e1.log" "acme: ordering a certificate for e.portico.test") + $(count "$d/portico-e2.log" "acme: ordering a certificate for e.portico.test")))
 [ "$orders" = 1 ] || fail "two processes sharing a storage ordered $orders times"
 echo "acme-pebble: two processes sharing one storage ordered once and both serve the certificate"
+
+# HTTP-01 answered by another process sharing the storage (as during an upgrade, or behind one
+# port): the one listening on Pebble's HTTP port orders nothing (its certificate was issued
+# above); the one ordering h.portico.test has no plain listener.
+x_port=$(free_port) y_port=$(free_port)
+{
+  plain_listener
+  acme_listener x "$x_port" "$d/acme" '["a.portico.test", "a2.portico.test"]' ''
+} > "$d/portico-x.toml"
+acme_listener y "$y_port" "$d/acme" '["h.portico.test"]' '' > "$d/portico-y.toml"
+"$bin" run -c "$d/portico-x.toml" -w 1 > "$d/portico-x.log" 2>&1 &
+pids+=($!)
+wait_port "$x_port"
+"$bin" run -c "$d/portico-y.toml" -w 1 > "$d/portico-y.log" 2>&1 &
+pids+=($!)
+wait_served h.portico.test "$y_port" "HTTP-01 answered by the other process from the shared storage"
+grep -q "acme: ordering" "$d/portico-x.log" && fail "the answering process ordered a certificate"
+grep -q "does not know the account" "$d/portico-y.log" || fail "the account unknown to the restarted Pebble was not replaced"
+echo "acme-pebble: an HTTP-01 challenge of one process was answered by another sharing its storage (which made a new account: the restarted Pebble forgot the old one)"

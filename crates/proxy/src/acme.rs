@@ -15,9 +15,23 @@ pub(crate) const CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 static TOKENS: RwLock<Option<HashMap<String, String>>> = RwLock::new(None);
 
 /// The challenge directories of the storages with HTTP-01 certificates: tokens written there by
-/// another process sharing a storage (an upgrade's two processes, instances on one machine)
-/// are answered too.
+/// another process sharing a storage (an upgrade's two processes, instances behind one port)
+/// are answered too. Read by a thread of their own into [`SHARED`]: a request never touches the
+/// disk.
 static CHALLENGE_DIRS: RwLock<Vec<PathBuf>> = RwLock::new(Vec::new());
+
+/// The tokens found in [`CHALLENGE_DIRS`] at the last look, with their key authorizations.
+static SHARED: RwLock<Option<HashMap<String, String>>> = RwLock::new(None);
+
+/// How often the challenge directories are read.
+const SHARED_EVERY: Duration = Duration::from_millis(250);
+
+/// How long an order waits after writing its HTTP-01 tokens before the server is told to look:
+/// other processes sharing the storage read them within [`SHARED_EVERY`].
+const SHARED_SETTLE: Duration = Duration::from_secs(1);
+
+/// The biggest token file read (a key authorization is about 90 bytes).
+const TOKEN_FILE_MAX: u64 = 1024;
 
 /// A token as ACME makes them (base64url, RFC 8555 8.1): nothing else names a file.
 fn valid_token(token: &str) -> bool {
@@ -29,22 +43,61 @@ fn valid_token(token: &str) -> bool {
 }
 
 /// The key authorization for a challenge path, while its order runs (in this process, or in
-/// another one writing to a storage of this configuration).
+/// another one writing to a storage of this configuration). Memory only.
 pub(crate) fn challenge_answer(path: &str) -> Option<String> {
     let token = path.strip_prefix(CHALLENGE_PREFIX)?;
     if !valid_token(token) {
         return None;
     }
-    let known = TOKENS.read().ok()?.as_ref()?.get(token).cloned();
-    if known.is_some() {
-        return known;
+    let look = |map: &RwLock<Option<HashMap<String, String>>>| {
+        let map = map.read().ok()?;
+        map.as_ref()?.get(token).cloned()
+    };
+    look(&TOKENS).or_else(|| look(&SHARED))
+}
+
+/// The tokens of `dirs`: regular files (not links) named as tokens, small, in UTF-8.
+fn read_shared(dirs: &[PathBuf]) -> HashMap<String, String> {
+    let mut found = HashMap::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(token) = name.to_str().filter(|t| valid_token(t)) else {
+                continue;
+            };
+            // `DirEntry::metadata` does not follow a link.
+            let small_file = e
+                .metadata()
+                .is_ok_and(|m| m.is_file() && m.len() <= TOKEN_FILE_MAX);
+            let text = small_file.then(|| std::fs::read(e.path()).ok()).flatten();
+            if let Some(text) = text.and_then(|t| String::from_utf8(t).ok()) {
+                found.insert(token.to_string(), text.trim().to_string());
+            }
+        }
     }
-    let dirs = CHALLENGE_DIRS.read().ok()?;
-    let text = dirs
-        .iter()
-        .find_map(|d| std::fs::read(d.join(token)).ok())?;
-    let text = String::from_utf8(text).ok()?;
-    Some(text.trim().to_string())
+    found
+}
+
+/// The thread that reads the challenge directories into [`SHARED`], started with the first
+/// configuration that has one.
+fn watch_shared() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let started = std::thread::Builder::new()
+            .name("portico-acme-tokens".into())
+            .spawn(|| loop {
+                let dirs = CHALLENGE_DIRS.read().map(|d| d.clone()).unwrap_or_default();
+                let found = (!dirs.is_empty()).then(|| read_shared(&dirs));
+                *SHARED.write().unwrap_or_else(|p| p.into_inner()) = found;
+                std::thread::sleep(SHARED_EVERY);
+            });
+        if let Err(e) = started {
+            tracing::error!("acme: cannot start reading the challenge directories: {e}");
+        }
+    });
 }
 
 fn set_token(token: &str, value: Option<String>) {
@@ -64,8 +117,8 @@ fn challenges_dir(a: &Acme) -> PathBuf {
 enum Msg {
     /// The certificates of an applied configuration.
     Specs(Vec<Acme>),
-    /// Order these certificates (by first name) now.
-    Renew(Vec<String>),
+    /// Order these certificates (by first name) now: asked at that time.
+    Renew(Vec<String>, SystemTime),
 }
 
 /// The manager's thread, started on first use.
@@ -125,7 +178,7 @@ pub(crate) fn renew(name: Option<&str>) -> Result<Vec<String>, String> {
         let all = STATUS.read().unwrap_or_else(|p| p.into_inner());
         let name = name.map(str::to_ascii_lowercase);
         all.iter()
-            .filter(|(_, s)| name.as_ref().is_none_or(|n| s.names.contains(n)))
+            .filter(|(_, s)| name.as_ref().is_none_or(|n| covers(&s.names, n)))
             .map(|(first, _)| first.clone())
             .collect()
     };
@@ -136,13 +189,26 @@ pub(crate) fn renew(name: Option<&str>) -> Result<Vec<String>, String> {
         });
     }
     let manager = MANAGER.lock().unwrap_or_else(|p| p.into_inner());
-    let sent = manager
-        .as_ref()
-        .is_some_and(|tx| tx.send(Msg::Renew(wanted.clone())).is_ok());
+    let sent = manager.as_ref().is_some_and(|tx| {
+        tx.send(Msg::Renew(wanted.clone(), SystemTime::now()))
+            .is_ok()
+    });
     match sent {
         true => Ok(wanted),
         false => Err("the certificate manager is not running".to_string()),
     }
+}
+
+/// Whether a certificate for `names` is valid for `name` (itself, or under a `*.` wildcard
+/// one label deep).
+fn covers(names: &[String], name: &str) -> bool {
+    names.iter().any(|n| match n.strip_prefix("*.") {
+        Some(base) => name
+            .strip_suffix(base)
+            .and_then(|l| l.strip_suffix('.'))
+            .is_some_and(|label| !label.is_empty() && !label.contains('.')),
+        None => n == name,
+    })
 }
 
 fn specs(config: &Config) -> Vec<Acme> {
@@ -171,7 +237,11 @@ pub(crate) fn manage(config: &Config) {
         .filter(|a| a.challenge == AcmeChallenge::Http01)
         .map(challenges_dir)
         .collect();
+    dirs.sort();
     dirs.dedup();
+    if !dirs.is_empty() {
+        watch_shared();
+    }
     *CHALLENGE_DIRS.write().unwrap_or_else(|p| p.into_inner()) = dirs;
     {
         let mut all = STATUS.write().unwrap_or_else(|p| p.into_inner());
@@ -381,9 +451,10 @@ enum Ari {
     Unknown,
     /// The directory has no renewal information: two thirds of the lifetime.
     Unsupported,
-    /// Renew at `at` (picked in the window); ask again at `recheck`.
+    /// Renew at `at` (picked in the window `start`..`end`); ask again at `recheck`.
     Known {
         id: String,
+        window: (SystemTime, SystemTime),
         at: SystemTime,
         recheck: SystemTime,
     },
@@ -401,6 +472,14 @@ struct Cert {
     ari: Ari,
     /// Ordered at once (the admin API asked).
     forced: bool,
+    /// When the last order ended (a renewal asked before that is done).
+    ordered: Option<SystemTime>,
+    /// Not renewed before this, whatever the schedule says (a tenth of a new certificate's
+    /// life, at least 10 s, at most an hour).
+    floor: Option<SystemTime>,
+    /// Since when another process holds the lock, and whether that was logged.
+    lock_since: Option<SystemTime>,
+    lock_logged: bool,
 }
 
 impl Cert {
@@ -411,6 +490,10 @@ impl Cert {
             hold: None,
             ari: Ari::Unknown,
             forced: false,
+            ordered: None,
+            floor: None,
+            lock_since: None,
+            lock_logged: false,
         }
     }
 }
@@ -418,12 +501,22 @@ impl Cert {
 /// How long asking for renewal information may take.
 const ARI_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// When `c` is due and why, asking the server's renewal information when it is time to.
+/// When `c` is due and why, asking the server's renewal information when it is time to; not
+/// before the floor of a certificate just issued.
 fn schedule(
     rt: &tokio::runtime::Runtime,
     c: &mut Cert,
     now: SystemTime,
 ) -> (SystemTime, &'static str) {
+    let (at, why) = due(rt, c, now);
+    match c.floor {
+        Some(floor) if !c.forced && at < floor && issued_cert(&c.spec).is_some() => (floor, why),
+        _ => (at, why),
+    }
+}
+
+/// When `c` is due and why (see [`schedule`]).
+fn due(rt: &tokio::runtime::Runtime, c: &mut Cert, now: SystemTime) -> (SystemTime, &'static str) {
     if c.forced {
         return (now, "asked through the admin API");
     }
@@ -439,7 +532,9 @@ fn schedule(
     };
     match &c.ari {
         Ari::Unsupported => return lifetime,
-        Ari::Known { id: i, at, recheck } if *i == id && *recheck > now => {
+        Ari::Known {
+            id: i, at, recheck, ..
+        } if *i == id && *recheck > now => {
             return (*at, "the server's renewal information");
         }
         Ari::Failed { id: i, recheck } if *i == id && *recheck > now => return lifetime,
@@ -449,20 +544,39 @@ fn schedule(
         rt.block_on(async { tokio::time::timeout(ARI_TIMEOUT, renewal_info(&c.spec, &id)).await });
     let names = c.spec.names.join(", ");
     match asked {
+        // A window that ends before it starts is no answer (RFC 9773 4.2).
+        Ok(Ok(Some((start, end, _)))) if end <= start => {
+            tracing::debug!("acme: an invalid renewal window for {names}");
+            c.ari = Ari::Failed {
+                id,
+                recheck: now + Duration::from_secs(3600),
+            };
+            lifetime
+        }
         Ok(Ok(Some((start, end, retry)))) => {
-            // A time picked at random in the window (RFC 9773 4.2); at once when it ended.
-            let span = end.duration_since(start).unwrap_or_default();
-            let at = (start + span.mul_f64(fastrand::f64())).max(now.min(end));
-            let at = if end <= now { now } else { at };
+            let same = match &c.ari {
+                Ari::Known {
+                    id: i, window, at, ..
+                } if *i == id && *window == (start, end) => Some(*at),
+                _ => None,
+            };
+            let at = pick((start, end), same, &cert, now);
             // Asked again when the server says (within a minute and a day).
             let recheck = now + retry.clamp(Duration::from_secs(60), Duration::from_secs(86_400));
-            tracing::info!(
-                "acme: the renewal window of the certificate for {names} is {} to {}: renewing at {}",
-                portico_tls::utc_date(unix(start) as i64),
-                portico_tls::utc_date(unix(end) as i64),
-                portico_tls::utc_date(unix(at) as i64),
-            );
-            c.ari = Ari::Known { id, at, recheck };
+            if same.is_none() {
+                tracing::info!(
+                    "acme: the renewal window of the certificate for {names} is {} to {}: renewing at {}",
+                    portico_tls::utc_date(unix(start) as i64),
+                    portico_tls::utc_date(unix(end) as i64),
+                    portico_tls::utc_date(unix(at) as i64),
+                );
+            }
+            c.ari = Ari::Known {
+                id,
+                window: (start, end),
+                at,
+                recheck,
+            };
             (at, "the server's renewal information")
         }
         Ok(Ok(None)) => {
@@ -489,6 +603,32 @@ fn schedule(
             lifetime
         }
     }
+}
+
+/// When to renew `cert` in the server's renewal window: the time picked before when the window
+/// is the same (`same`), else one at random in it (RFC 9773 4.2); at once when the window
+/// ended; never later than the last tenth of the certificate's life.
+fn pick(
+    (start, end): (SystemTime, SystemTime),
+    same: Option<SystemTime>,
+    cert: &portico_tls::StoredCertificate,
+    now: SystemTime,
+) -> SystemTime {
+    if end <= now {
+        return now;
+    }
+    let life = cert
+        .not_after
+        .duration_since(cert.not_before)
+        .unwrap_or_default();
+    let latest = cert
+        .not_after
+        .checked_sub(life / 10)
+        .unwrap_or(cert.not_before);
+    let span = end.duration_since(start).unwrap_or_default();
+    same.unwrap_or_else(|| start + span.mul_f64(fastrand::f64()))
+        .min(latest)
+        .max(now.min(end))
 }
 
 /// The renewal window of the certificate `id` and when to ask again; None when the directory
@@ -571,32 +711,34 @@ fn run(rx: mpsc::Receiver<Msg>) {
         let now = SystemTime::now();
         let mut next = now + Duration::from_secs(3600);
         for c in &mut certs {
-            let first = c.spec.names[0].clone();
             let seen = identity(&c.spec);
             let (at, why) = schedule(&rt, c, now);
-            let stored = portico_tls::stored_certificate(&c.spec.files().cert);
-            let issued = issued_cert(&c.spec).is_some();
-            update(&first, |s| {
-                s.challenge = c.spec.challenge.name();
-                s.issued = issued;
-                s.issuer = stored.as_ref().map(|c| c.issuer.clone());
-                s.not_after = stored
-                    .as_ref()
-                    .filter(|_| issued)
-                    .map(|c| unix(c.not_after));
-                s.next_renewal = Some(unix(at));
-                s.renewal_basis = why;
-                s.failures = c.failures;
-            });
+            show(c, at, why);
             if at > now {
                 next = next.min(at);
                 continue;
             }
             let lock = match lock(&c.spec) {
-                Ok(Some(l)) => l,
+                Ok(Some(l)) => {
+                    c.lock_since = None;
+                    c.lock_logged = false;
+                    l
+                }
                 Ok(None) => {
                     let until = SystemTime::now() + LOCK_WAIT;
                     c.hold = Some((until, "another process is ordering it"));
+                    show(c, until, "another process is ordering it");
+                    let since = *c.lock_since.get_or_insert(now);
+                    let waited = now.duration_since(since).unwrap_or_default();
+                    if waited > order_limit(&c.spec) + HOOK_TIMEOUT && !c.lock_logged {
+                        c.lock_logged = true;
+                        tracing::warn!(
+                            "acme: another process has held the lock of the certificate for {} ({}) for {} s, longer than an order takes: is it stuck?",
+                            c.spec.names.join(", "),
+                            c.spec.files().cert.with_extension("lock").display(),
+                            waited.as_secs()
+                        );
+                    }
                     next = next.min(until);
                     continue;
                 }
@@ -612,8 +754,14 @@ fn run(rx: mpsc::Receiver<Msg>) {
                 next = now;
                 continue;
             }
-            next = next.min(order(&rt, c));
+            let until = order(&rt, c);
             drop(lock);
+            show(
+                c,
+                until,
+                c.hold.map_or("looked at again now", |(_, why)| why),
+            );
+            next = next.min(until);
         }
         let wait = next.duration_since(SystemTime::now()).unwrap_or_default();
         let msg = match rx.recv_timeout(wait) {
@@ -627,21 +775,31 @@ fn run(rx: mpsc::Receiver<Msg>) {
         {
             match m {
                 Msg::Specs(specs) => {
-                    // A certificate whose settings changed starts afresh.
+                    // A certificate whose settings changed starts afresh, but for the server's
+                    // rate limit.
                     let mut old = std::mem::take(&mut certs);
                     for a in specs {
                         let kept = old.iter().position(|c| c.spec == a);
                         certs.push(match kept {
                             Some(i) => old.swap_remove(i),
-                            None => Cert::new(a),
+                            None => {
+                                let limited = old.iter().find_map(|c| {
+                                    let same = c.spec.names[0] == a.names[0]
+                                        && c.spec.directory == a.directory;
+                                    c.hold.filter(|(_, why)| same && *why == RATE_LIMITED)
+                                });
+                                let mut c = Cert::new(a);
+                                c.hold = limited;
+                                c
+                            }
                         });
                     }
                 }
-                Msg::Renew(names) => {
-                    for c in certs
-                        .iter_mut()
-                        .filter(|c| names.contains(&c.spec.names[0]))
-                    {
+                Msg::Renew(names, asked) => {
+                    for c in certs.iter_mut().filter(|c| {
+                        // An order that ended after the request answered it.
+                        names.contains(&c.spec.names[0]) && c.ordered.is_none_or(|t| t < asked)
+                    }) {
                         c.forced = true;
                         c.hold = None;
                     }
@@ -649,6 +807,36 @@ fn run(rx: mpsc::Receiver<Msg>) {
             }
         }
     }
+}
+
+/// What the admin API and the metrics show of `c`, due at `at` for `why`.
+fn show(c: &Cert, at: SystemTime, why: &'static str) {
+    let stored = portico_tls::stored_certificate(&c.spec.files().cert);
+    let issued = issued_cert(&c.spec).is_some();
+    update(&c.spec.names[0], |s| {
+        s.challenge = c.spec.challenge.name();
+        s.issued = issued;
+        s.issuer = stored.as_ref().map(|c| c.issuer.clone());
+        s.not_after = stored
+            .as_ref()
+            .filter(|_| issued)
+            .map(|c| unix(c.not_after));
+        s.next_renewal = Some(unix(at));
+        s.renewal_basis = why;
+        s.failures = c.failures;
+    });
+}
+
+/// Why a certificate waits for the server's rate limit.
+const RATE_LIMITED: &str = "the server's rate limit";
+
+/// The longest an order of `a` may take.
+fn order_limit(a: &Acme) -> Duration {
+    ORDER_TIMEOUT
+        + match &a.challenge {
+            AcmeChallenge::Dns01 { delay, .. } => *delay,
+            _ => Duration::ZERO,
+        }
 }
 
 /// Order the certificate of `c` now (its lock held); returns when to look at it again.
@@ -667,11 +855,7 @@ fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
         (Ari::Known { .. }, Some(cert)) => ari_id(&cert),
         _ => None,
     };
-    let limit = ORDER_TIMEOUT
-        + match &a.challenge {
-            AcmeChallenge::Dns01 { delay, .. } => *delay,
-            _ => Duration::ZERO,
-        };
+    let limit = order_limit(a);
     let result = match rt.block_on(async { tokio::time::timeout(limit, issue(a, replaces)).await })
     {
         Ok(r) => r,
@@ -681,6 +865,7 @@ fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
         ))),
     };
     c.forced = false;
+    c.ordered = Some(SystemTime::now());
     update(&first, |s| s.ordering = false);
     match result {
         Ok(()) => {
@@ -696,7 +881,19 @@ fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
             });
             let now = SystemTime::now();
             match issued_cert(a) {
-                Some(cert) if two_thirds(a, &cert) > now => now,
+                // Not ordered again before a tenth of its life (at least 10 s, at most an
+                // hour), whatever the renewal information says (a window already ended, a
+                // clock ahead).
+                Some(cert) if two_thirds(a, &cert) > now => {
+                    let life = cert
+                        .not_after
+                        .duration_since(cert.not_before)
+                        .unwrap_or_default();
+                    let floor =
+                        (life / 10).clamp(Duration::from_secs(10), Duration::from_secs(3600));
+                    c.floor = Some(now + floor);
+                    now
+                }
                 // Not due later (an unreadable chain, a clock far ahead): not again before an
                 // hour.
                 _ => {
@@ -710,7 +907,7 @@ fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
             let until = failed(c, f.message.clone());
             match f.retry_after.filter(|t| *t > until) {
                 Some(later) => {
-                    c.hold = Some((later, "the server's rate limit"));
+                    c.hold = Some((later, RATE_LIMITED));
                     later
                 }
                 None => until,
@@ -874,7 +1071,10 @@ fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> R
         .open(&out_path)
         .map_err(|e| format!("{}: {e}", out_path.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
+    use std::os::unix::process::CommandExt;
+    // A group of its own: a timeout kills what the hook started too.
     let spawned = std::process::Command::new(hook)
+        .process_group(0)
         .args([action, name, value])
         .stdin(std::process::Stdio::null())
         .stdout(out)
@@ -891,6 +1091,11 @@ fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> R
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     Ok(None) => {
+                        let group = rustix::process::Pid::from_child(&child);
+                        let _ = rustix::process::kill_process_group(
+                            group,
+                            rustix::process::Signal::KILL,
+                        );
                         let _ = child.kill();
                         let _ = child.wait();
                         break Err(format!("did not end within {} s", HOOK_TIMEOUT.as_secs()));
@@ -915,6 +1120,12 @@ fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> R
     }
 }
 
+/// The account file of `a`'s directory (one per directory).
+fn account_path(a: &Acme) -> PathBuf {
+    let tag = portico_config::hash::hash64(a.directory.as_bytes());
+    a.storage.join(format!("account-{tag:016x}.json"))
+}
+
 /// The account for `a`'s directory: read from the storage, else (when `create`) created and
 /// saved there; None when there is none and `create` is false.
 async fn account(a: &Acme, create: bool) -> Result<Option<instant_acme::Account>, String> {
@@ -924,9 +1135,7 @@ async fn account(a: &Acme, create: bool) -> Result<Option<instant_acme::Account>
         Some(ca) => Account::builder_with_root(ca).map_err(err),
         None => Account::builder().map_err(err),
     };
-    // One account file per directory.
-    let tag = portico_config::hash::hash64(a.directory.as_bytes());
-    let path = a.storage.join(format!("account-{tag:016x}.json"));
+    let path = account_path(a);
     if let Ok(text) = std::fs::read(&path) {
         if let Ok(creds) = serde_json::from_slice::<AccountCredentials>(&text) {
             return builder()?
@@ -977,7 +1186,7 @@ fn alpn_certificate(name: &str, digest: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Str
 
 /// Publish the answer to one challenge of `a` for `name` (as the authorization spells it,
 /// `*.` for a wildcard).
-fn publish(
+async fn publish(
     a: &Acme,
     published: &mut Published,
     name: &str,
@@ -1013,7 +1222,15 @@ fn publish(
             let base = name.strip_prefix("*.").unwrap_or(name);
             let record = format!("_acme-challenge.{base}.");
             let value = key_authorization.dns_value();
-            run_hook(hook, "present", &record, &value, &a.storage)?;
+            // Off the runtime's thread: the order's timeout still ends a hook that hangs.
+            let (h, r, v, dir) = (
+                hook.clone(),
+                record.clone(),
+                value.clone(),
+                a.storage.clone(),
+            );
+            let ran = tokio::task::spawn_blocking(move || run_hook(&h, "present", &r, &v, &dir));
+            ran.await.map_err(|e| e.to_string())??;
             published
                 .records
                 .push((hook.clone(), record, value, a.storage.clone()));
@@ -1022,13 +1239,14 @@ fn publish(
     Ok(())
 }
 
-/// Order the certificate of `a` with its challenge and write it with a new key; `replaces`
-/// names the certificate it renews (renewal information's identifier).
-async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
-    use instant_acme::{
-        AuthorizationStatus, ChallengeType, Identifier, NewOrder, OrderStatus, RetryPolicy,
-    };
-    let account = account(a, true).await?.ok_or("no account")?;
+/// A new order for the names of `a`, naming the certificate it `replaces` when the server
+/// takes it.
+async fn open_order(
+    account: &instant_acme::Account,
+    a: &Acme,
+    replaces: Option<&str>,
+) -> Result<instant_acme::Order, instant_acme::Error> {
+    use instant_acme::{Identifier, NewOrder};
     let ids: Vec<Identifier> = a.names.iter().cloned().map(Identifier::Dns).collect();
     let new = || {
         let order = NewOrder::new(&ids);
@@ -1037,27 +1255,64 @@ async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
             None => order,
         }
     };
-    let replaced = replaces.as_deref().and_then(|id| {
+    let replaced = replaces.and_then(|id| {
         let (aki, serial) = id.split_once('.')?;
         Some(instant_acme::CertificateIdentifier {
             authority_key_identifier: aki.into(),
             serial: serial.into(),
         })
     });
-    let mut order = match replaced {
-        Some(r) => match account.new_order(&new().replaces(r)).await {
-            Ok(o) => o,
-            // A server that refuses the replacement (already replaced, another account's):
-            // a plain order.
-            Err(e) => {
-                tracing::debug!(
-                    "acme: an order replacing {id} was refused ({e}); ordering afresh",
-                    id = replaces.as_deref().unwrap_or("")
-                );
-                account.new_order(&new()).await?
-            }
-        },
-        None => account.new_order(&new()).await?,
+    let Some(r) = replaced else {
+        return account.new_order(&new()).await;
+    };
+    match account.new_order(&new().replaces(r)).await {
+        // A server that refuses the replacement (already replaced, not this account's): a
+        // plain order. Any other error (a rate limit, the network) ends the order.
+        Err(instant_acme::Error::Api(p))
+            if p.r#type
+                .as_deref()
+                .is_some_and(|t| t.ends_with(":alreadyReplaced") || t.ends_with(":malformed")) =>
+        {
+            tracing::debug!(
+                "acme: an order replacing {} was refused ({}); ordering afresh",
+                replaces.unwrap_or(""),
+                instant_acme::Error::Api(p)
+            );
+            account.new_order(&new()).await
+        }
+        r => r,
+    }
+}
+
+/// Order the certificate of `a` with its challenge and write it with a new key; `replaces`
+/// names the certificate it renews (renewal information's identifier).
+async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
+    use instant_acme::{AuthorizationStatus, ChallengeType, OrderStatus, RetryPolicy};
+    let mut order = match open_order(
+        &account(a, true).await?.ok_or("no account")?,
+        a,
+        replaces.as_deref(),
+    )
+    .await
+    {
+        // The server forgot the account (a test server restarted, an account deactivated):
+        // a new one.
+        Err(instant_acme::Error::Api(p))
+            if p.r#type
+                .as_deref()
+                .is_some_and(|t| t.ends_with(":accountDoesNotExist")) =>
+        {
+            let path = account_path(a);
+            tracing::warn!(
+                "acme: {} does not know the account in {}: creating a new one",
+                a.directory,
+                path.display()
+            );
+            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let account = account(a, true).await?.ok_or("no account")?;
+            open_order(&account, a, None).await?
+        }
+        r => r?,
     };
     let kind = match a.challenge {
         AcmeChallenge::Http01 => ChallengeType::Http01,
@@ -1077,6 +1332,11 @@ async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
             other => return Err(format!("an authorization is {other:?}").into()),
         }
         let name = authz.identifier().to_string();
+        // Only the names asked for (the server's word names the hook's record and the
+        // challenge certificate).
+        if !a.names.contains(&name) {
+            return Err(format!("the server asks to prove {name:?}, not one of the names").into());
+        }
         let challenge = authz.challenge(kind.clone()).ok_or_else(|| {
             format!(
                 "the server offers no {} challenge for {name}",
@@ -1090,12 +1350,15 @@ async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
             &name,
             &challenge.token,
             &key_authorization,
-        )?;
+        )
+        .await?;
         pending += 1;
     }
     if pending > 0 {
-        if let AcmeChallenge::Dns01 { delay, .. } = &a.challenge {
-            tokio::time::sleep(*delay).await;
+        match &a.challenge {
+            AcmeChallenge::Dns01 { delay, .. } => tokio::time::sleep(*delay).await,
+            AcmeChallenge::Http01 => tokio::time::sleep(SHARED_SETTLE).await,
+            AcmeChallenge::TlsAlpn01 => {}
         }
         let mut authorizations = order.authorizations();
         while let Some(authz) = authorizations.next().await {
@@ -1109,7 +1372,10 @@ async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
             challenge.set_ready().await?;
         }
     }
-    let retries = RetryPolicy::default();
+    // Validation from several places and issuance can take a while: up to 2 minutes each.
+    let retries = RetryPolicy::new()
+        .backoff(1.5)
+        .timeout(Duration::from_secs(120));
     match order.poll_ready(&retries).await? {
         OrderStatus::Ready => {}
         other => return Err(format!("the order is {other:?} after its challenges").into()),
@@ -1118,7 +1384,7 @@ async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
     let key = new_key(a.key_type)?;
     let csr = request(&a.names, &key)?;
     order.finalize_csr(&csr).await?;
-    let chain = order.poll_certificate(&RetryPolicy::default()).await?;
+    let chain = order.poll_certificate(&retries).await?;
     let io = |e: std::io::Error| e.to_string();
     write_pair(a, key.serialize_pem().as_bytes(), chain.as_bytes()).map_err(io)?;
     let issued = serde_json::to_vec(&issued_for(a)).map_err(|e| e.to_string())?;
@@ -1308,6 +1574,84 @@ mod tests {
     }
 
     #[test]
+    fn a_name_is_covered_by_itself_or_a_wildcard_one_label_deep() {
+        let names = ["example.com".to_string(), "*.example.com".to_string()];
+        assert!(covers(&names, "example.com"));
+        assert!(covers(&names, "www.example.com"));
+        assert!(!covers(&names, "a.b.example.com"));
+        assert!(!covers(&names, "wwwexample.com"));
+        assert!(!covers(&names, ".example.com"));
+        assert!(!covers(&names, "example.org"));
+    }
+
+    #[test]
+    fn a_renewal_time_is_kept_in_its_window_and_the_certificate_life() {
+        let t = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let cert = portico_tls::StoredCertificate {
+            issuer: String::new(),
+            not_before: t(0),
+            not_after: t(1000),
+            stand_in: false,
+            authority_key_id: None,
+            serial: vec![],
+        };
+        for _ in 0..100 {
+            let at = pick((t(600), t(700)), None, &cert, t(100));
+            assert!(at >= t(600) && at <= t(700), "{at:?}");
+        }
+        // The same window keeps the time picked.
+        assert_eq!(pick((t(600), t(700)), Some(t(650)), &cert, t(100)), t(650));
+        // An ended window: now; one inside the last tenth of the life: before it.
+        assert_eq!(pick((t(200), t(300)), None, &cert, t(400)), t(400));
+        assert_eq!(pick((t(950), t(990)), None, &cert, t(100)), t(900));
+        // A window that started: not before now.
+        assert!(pick((t(0), t(500)), Some(t(50)), &cert, t(100)) == t(100));
+    }
+
+    #[test]
+    fn a_certificate_just_issued_waits_for_its_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = spec(dir.path());
+        std::fs::create_dir_all(&a.storage).unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(a.names.clone()).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2020, 4, 1);
+        std::fs::write(a.files().cert, params.self_signed(&key).unwrap().pem()).unwrap();
+        std::fs::write(
+            issued_path(&a),
+            serde_json::to_vec(&issued_for(&a)).unwrap(),
+        )
+        .unwrap();
+        let now = SystemTime::now();
+        let rt = runtime();
+        // Expired long ago: due now, but not before the floor.
+        let mut c = Cert::new(a);
+        assert!(schedule(&rt, &mut c, now).0 <= now);
+        c.floor = Some(now + Duration::from_secs(60));
+        assert_eq!(schedule(&rt, &mut c, now).0, now + Duration::from_secs(60));
+        c.forced = true;
+        assert_eq!(schedule(&rt, &mut c, now).0, now);
+    }
+
+    #[test]
+    fn shared_tokens_are_read_from_small_regular_files_named_as_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("tok-1"), "tok-1.thumb\n").unwrap();
+        std::fs::write(d.join("not.a.token"), "x").unwrap();
+        std::fs::write(d.join("big"), vec![b'a'; 2000]).unwrap();
+        std::fs::write(dir.path().join("secret"), "no").unwrap();
+        std::os::unix::fs::symlink(d.join("secret"), d.join("link")).unwrap();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        let found = read_shared(&[d.to_path_buf(), d.join("missing")]);
+        let mut keys: Vec<&String> = found.keys().collect();
+        keys.sort();
+        assert_eq!(keys, ["secret", "tok-1"]);
+        assert_eq!(found["tok-1"], "tok-1.thumb");
+    }
+
+    #[test]
     fn challenges_are_answered_from_memory_and_from_the_storage() {
         set_token("tok-123", Some("tok-123.thumb".into()));
         let path = format!("{CHALLENGE_PREFIX}tok-123");
@@ -1315,24 +1659,20 @@ mod tests {
         assert_eq!(challenge_answer("/tok-123"), None);
         set_token("tok-123", None);
         assert_eq!(challenge_answer(&path), None);
-        // Written by another process sharing a storage of this configuration.
-        let dir = tempfile::tempdir().unwrap();
-        let a = spec(dir.path());
-        std::fs::create_dir_all(challenges_dir(&a)).unwrap();
-        std::fs::write(challenges_dir(&a).join("tok-456"), "tok-456.thumb\n").unwrap();
-        std::fs::write(dir.path().join("secret"), "no").unwrap();
-        *CHALLENGE_DIRS.write().unwrap() = vec![challenges_dir(&a)];
+        // Read from the storage by another process's thread.
+        let mut shared = HashMap::new();
+        shared.insert("tok-456".to_string(), "tok-456.thumb".to_string());
+        *SHARED.write().unwrap() = Some(shared);
         let answer = challenge_answer(&format!("{CHALLENGE_PREFIX}tok-456"));
         assert_eq!(answer.as_deref(), Some("tok-456.thumb"));
-        // Only a token names a file.
-        for bad in ["../../secret", "..%2fsecret", "", "a/b"] {
+        for bad in ["../tok-456", "tok-456/", "", "a/b"] {
             assert_eq!(
                 challenge_answer(&format!("{CHALLENGE_PREFIX}{bad}")),
                 None,
                 "{bad}"
             );
         }
-        CHALLENGE_DIRS.write().unwrap().clear();
+        *SHARED.write().unwrap() = None;
     }
 
     #[test]

@@ -546,9 +546,14 @@ fn acme_tls_alpn_handshakes_get_the_challenge_certificate_only_where_asked() {
     let (c, srv) = handshake(&server, &unverified(acme::ALPN)).unwrap();
     assert_eq!(srv.alpn_protocol(), Some(acme::ALPN));
     assert_eq!(c.peer_certificates().unwrap()[0], der);
-    // Other clients get the listener's certificate.
+    // Other clients get the listener's certificate, one offering acme-tls/1 among others too.
     let (c, srv) = handshake(&server, &client(&pki)).unwrap();
     assert_eq!(srv.alpn_protocol(), None);
+    assert_ne!(c.peer_certificates().unwrap()[0], der);
+    let mut both = (*unverified(acme::ALPN)).clone();
+    both.alpn_protocols.push(b"h2".to_vec());
+    let (c, srv) = handshake(&server, &Arc::new(both)).unwrap();
+    assert_eq!(srv.alpn_protocol(), Some(&b"h2"[..]));
     assert_ne!(c.peer_certificates().unwrap()[0], der);
     // A listener that does not answer TLS-ALPN-01 refuses such handshakes.
     let plain = server_config(&settings(&pki), &Resumption::new()).unwrap();

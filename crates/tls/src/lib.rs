@@ -299,7 +299,10 @@ struct SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        if hello.alpn().is_some_and(|mut p| p.any(|p| p == acme::ALPN)) {
+        // A validation offers `acme-tls/1` alone (RFC 8737 3); a client offering it among
+        // others is served as any client.
+        let mut alpn = hello.alpn().into_iter().flatten();
+        if alpn.next() == Some(acme::ALPN) && alpn.next().is_none() {
             let name = hello.server_name().filter(|_| self.acme_alpn)?;
             return acme::challenge(name);
         }

@@ -22,6 +22,8 @@ pub(super) fn listeners(
     let mut seen: Vec<(SocketAddr, String)> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     let mut out = Vec::new();
+    // ACME certificates seen so far, with their listener's key: one set of files, one spec.
+    let mut acmes: Vec<(crate::model::Acme, String)> = Vec::new();
     for (i, item) in raw.get_ref().iter().enumerate() {
         let key = format!("listeners[{i}]");
         let l = item.get_ref();
@@ -75,6 +77,16 @@ pub(super) fn listeners(
         }
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
         let acme = l.tls.as_ref().and_then(|t| acme(ctx, &sub(&key, "tls"), t));
+        if let (Some(a), Some(item)) = (&acme, l.tls.as_ref().and_then(|t| t.acme.as_ref())) {
+            // Two listeners may share a certificate, not its files with other settings (each
+            // would order over the other's).
+            let clash = acmes.iter().find(|(b, _)| b.files() == a.files() && b != a);
+            if let Some((_, other)) = clash {
+                let m = format!("its certificate files ({}) are those of {other}'s acme table, with other settings: give it another first name or another storage, or the same settings", a.files().cert.display());
+                ctx.error(start(item), &sub(&sub(&key, "tls"), "acme"), m);
+            }
+            acmes.push((a.clone(), key.clone()));
+        }
         let tls = l
             .tls
             .as_ref()

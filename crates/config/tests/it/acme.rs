@@ -185,3 +185,22 @@ fn challenges_keys_profiles_and_refusal_are_chosen() {
         "{text}"
     );
 }
+
+#[test]
+fn two_listeners_share_a_certificate_only_with_the_same_settings() {
+    let two = |second: &str| {
+        let text = format!(
+            "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[listeners.tls.acme]\nnames = [\"a.example\"]\naccept_terms = true\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n\n[[listeners]]\naddress = \"127.0.0.1:9443\"\n[listeners.tls.acme]\n{second}\naccept_terms = true\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n"
+        );
+        parse(&text, "/etc/portico/t.toml").map_err(|e| e.to_string())
+    };
+    assert!(two("names = [\"a.example\"]").is_ok());
+    assert!(two("names = [\"b.example\"]").is_ok());
+    assert!(two("names = [\"a.example\"]\nstorage = \"other\"").is_ok());
+    let e = two("names = [\"a.example\", \"b.example\"]").unwrap_err();
+    assert!(
+        e.contains("listeners[1].tls.acme: its certificate files (/etc/portico/acme/a.example.crt) are those of listeners[0]'s acme table"),
+        "{e}"
+    );
+    assert!(two("names = [\"a.example\"]\nkey_type = \"rsa-2048\"").is_err());
+}
