@@ -1421,6 +1421,16 @@ mod tests {
         }
     }
 
+    /// A self-signed certificate for the names of `a`, valid from January 1st to April 1st of
+    /// `year`, in its certificate file.
+    fn write_cert(a: &Acme, year: i32) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(a.names.clone()).unwrap();
+        params.not_before = rcgen::date_time_ymd(year, 1, 1);
+        params.not_after = rcgen::date_time_ymd(year, 4, 1);
+        std::fs::write(a.files().cert, params.self_signed(&key).unwrap().pem()).unwrap();
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1459,12 +1469,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = spec(dir.path());
         std::fs::create_dir_all(&a.storage).unwrap();
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut params = rcgen::CertificateParams::new(a.names.clone()).unwrap();
-        params.not_before = rcgen::date_time_ymd(2026, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2026, 4, 1);
-        let cert = params.self_signed(&key).unwrap();
-        std::fs::write(a.files().cert, cert.pem()).unwrap();
+        write_cert(&a, 2026);
         let now = SystemTime::now();
         let rt = runtime();
         // Not known to be issued for these settings: due at once.
@@ -1613,11 +1618,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = spec(dir.path());
         std::fs::create_dir_all(&a.storage).unwrap();
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut params = rcgen::CertificateParams::new(a.names.clone()).unwrap();
-        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2020, 4, 1);
-        std::fs::write(a.files().cert, params.self_signed(&key).unwrap().pem()).unwrap();
+        write_cert(&a, 2020);
         std::fs::write(
             issued_path(&a),
             serde_json::to_vec(&issued_for(&a)).unwrap(),

@@ -47,89 +47,87 @@ fn an_acme_listener_serves_the_files_of_its_storage() {
 
 #[test]
 fn acme_errors_name_the_key() {
-    let e = |acme: &str, extra: &str| config(acme, extra).unwrap_err();
-    assert!(e("accept_terms = true", "").contains("tls.acme: acme needs `names`"));
-    assert!(
-        e("names = [\"a.example\"]", "").contains("tls.acme.accept_terms: set accept_terms = true")
-    );
-    assert!(
-        e("names = [\"*.example\"]\naccept_terms = true", "").contains(
-            "tls.acme.names[0]: \"*.example\": a wildcard name needs challenge = \"dns-01\""
-        )
-    );
-    assert!(e(
-        "names = [\"a.*.example\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"h\"",
-        ""
-    )
-    .contains("tls.acme.names[0]: \"a.*.example\" is not a DNS name"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns-01\"",
-        ""
-    )
-    .contains("tls.acme.challenge: dns-01 needs dns_hook"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns\"",
-        ""
-    )
-    .contains(
-        "tls.acme.challenge: expected \"http-01\", \"tls-alpn-01\" or \"dns-01\", found \"dns\""
-    ));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\ndns_hook = \"h\"",
-        ""
-    )
-    .contains("tls.acme.dns_hook: dns_hook is only used with challenge = \"dns-01\""));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"h\"\ndns_delay = \"11m\"",
-        ""
-    )
-    .contains("tls.acme.dns_delay: at most 10m"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nkey_type = \"rsa-1024\"",
-        ""
-    )
-    .contains("tls.acme.key_type: expected \"ecdsa-p256\", \"ecdsa-p384\" or \"rsa-2048\""));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nprofile = \"a b\"",
-        ""
-    )
-    .contains("tls.acme.profile: \"a b\" is not a profile name"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nunissued = \"wait\"",
-        ""
-    )
-    .contains("tls.acme.unissued: expected \"self-signed\" or \"refuse\""));
-    assert!(e(
-        "names = [\"a.example\", \"192.0.2.1\"]\naccept_terms = true",
-        ""
-    )
-    .contains("tls.acme.names[1]: \"192.0.2.1\" is not a DNS name"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true",
-        "watch = false"
-    )
-    .contains("tls.watch: an ACME listener watches its certificate files"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\ndirectory = \"http://ca/dir\"",
-        ""
-    )
-    .contains("tls.acme.directory: expected \"letsencrypt\", \"letsencrypt-staging\" or an https:// directory URL"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true\nemail = \"nobody\"",
-        ""
-    )
-    .contains("tls.acme.email: \"nobody\" is not an email address"));
-    assert!(e(
-        "names = [\"a.example\"]\naccept_terms = true",
-        "certificates = [{ cert = \"c.pem\", key = \"k.pem\" }]"
-    )
-    .contains(
-        "tls.certificates: a listener's certificate comes from its files or from acme, not both"
-    ));
-    assert!(
-        e("names = [\"a.example\"]\naccept_terms = true\nttl = 1", "")
-            .contains("unknown field `ttl`")
-    );
+    // (acme table, other tls lines, what the error says)
+    let ok = "names = [\"a.example\"]\naccept_terms = true";
+    let cases: &[(&str, &str, &str)] = &[
+        ("accept_terms = true", "", "tls.acme: acme needs `names`"),
+        ("names = [\"a.example\"]", "", "tls.acme.accept_terms: set accept_terms = true"),
+        (
+            "names = [\"*.example\"]\naccept_terms = true",
+            "",
+            "tls.acme.names[0]: \"*.example\": a wildcard name needs challenge = \"dns-01\"",
+        ),
+        (
+            "names = [\"a.*.example\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"h\"",
+            "",
+            "tls.acme.names[0]: \"a.*.example\" is not a DNS name",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns-01\"",
+            "",
+            "tls.acme.challenge: dns-01 needs dns_hook",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns\"",
+            "",
+            "tls.acme.challenge: expected \"http-01\", \"tls-alpn-01\" or \"dns-01\", found \"dns\"",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\ndns_hook = \"h\"",
+            "",
+            "tls.acme.dns_hook: dns_hook is only used with challenge = \"dns-01\"",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nchallenge = \"dns-01\"\ndns_hook = \"h\"\ndns_delay = \"11m\"",
+            "",
+            "tls.acme.dns_delay: at most 10m",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nkey_type = \"rsa-1024\"",
+            "",
+            "tls.acme.key_type: expected \"ecdsa-p256\", \"ecdsa-p384\" or \"rsa-2048\"",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nprofile = \"a b\"",
+            "",
+            "tls.acme.profile: \"a b\" is not a profile name",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nunissued = \"wait\"",
+            "",
+            "tls.acme.unissued: expected \"self-signed\" or \"refuse\"",
+        ),
+        (
+            "names = [\"a.example\", \"192.0.2.1\"]\naccept_terms = true",
+            "",
+            "tls.acme.names[1]: \"192.0.2.1\" is not a DNS name",
+        ),
+        (ok, "watch = false", "tls.watch: an ACME listener watches its certificate files"),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\ndirectory = \"http://ca/dir\"",
+            "",
+            "tls.acme.directory: expected \"letsencrypt\", \"letsencrypt-staging\" or an https:// directory URL",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nemail = \"nobody\"",
+            "",
+            "tls.acme.email: \"nobody\" is not an email address",
+        ),
+        (
+            ok,
+            "certificates = [{ cert = \"c.pem\", key = \"k.pem\" }]",
+            "tls.certificates: a listener's certificate comes from its files or from acme, not both",
+        ),
+        (
+            "names = [\"a.example\"]\naccept_terms = true\nttl = 1",
+            "",
+            "unknown field `ttl`",
+        ),
+    ];
+    for (acme, extra, expected) in cases {
+        let e = config(acme, extra).unwrap_err();
+        assert!(e.contains(expected), "{acme:?} {extra:?}: {e}");
+    }
 }
 
 #[test]
