@@ -141,7 +141,7 @@ directory = "https://127.0.0.1:$acme_port/dir"
 directory_ca = "$d/ca.pem"
 storage = "$3"
 accept_terms = true
-$(case "$5" in *profile*) ;; *) echo 'profile = "default"' ;; esac)
+$(case "$5" in *'profile ='*) ;; *) echo 'profile = "default"' ;; esac)
 $5
 [[listeners.routes]]
 respond = { status = 200, body = "secure" }
@@ -176,6 +176,7 @@ grep -q "listener a: ACME certificate for a.portico.test: not issued yet" "$d/ch
 portico_pid=$!
 pids+=("$portico_pid")
 wait_port "$a_port"
+wait_port "$admin_port"
 
 # Pebble's issuing root (it changes with every Pebble start).
 pebble_root() {
@@ -333,6 +334,8 @@ wait_served e.portico.test "$e1_port" "DNS-01 (first process)"
 wait_served e.portico.test "$e2_port" "DNS-01 (second process, same storage)"
 orders=$(($(count "$d/portico-e1.log" "acme: ordering a certificate for e.portico.test") + $(count "$d/portico-e2.log" "acme: ordering a certificate for e.portico.test")))
 [ "$orders" = 1 ] || fail "two processes sharing a storage ordered $orders times"
+accounts=$(find "$d/acme-e" -name 'account-*.json' | wc -l)
+[ "$accounts" = 1 ] || fail "two processes starting together created $accounts accounts"
 echo "acme-pebble: two processes sharing one storage ordered once and both serve the certificate"
 
 # HTTP-01 answered by another process sharing the storage (as during an upgrade, or behind one
@@ -352,4 +355,6 @@ pids+=($!)
 wait_served h.portico.test "$y_port" "HTTP-01 answered by the other process from the shared storage"
 grep -q "acme: ordering" "$d/portico-x.log" && fail "the answering process ordered a certificate"
 grep -q "does not know the account" "$d/portico-y.log" || fail "the account unknown to the restarted Pebble was not replaced"
+forgotten=$(find "$d/acme" -name 'account-*.json.forgotten-*' | wc -l)
+[ "$forgotten" = 1 ] || fail "the forgotten account's file was not kept aside ($forgotten found)"
 echo "acme-pebble: an HTTP-01 challenge of one process was answered by another sharing its storage (which made a new account: the restarted Pebble forgot the old one)"

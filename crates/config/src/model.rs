@@ -187,6 +187,8 @@ pub enum AcmeKey {
     EcdsaP384,
     /// RSA of 2048 bits (for old clients without ECDSA).
     Rsa2048,
+    /// RSA of 4096 bits.
+    Rsa4096,
 }
 
 impl AcmeKey {
@@ -196,11 +198,20 @@ impl AcmeKey {
             AcmeKey::EcdsaP256 => "ecdsa-p256",
             AcmeKey::EcdsaP384 => "ecdsa-p384",
             AcmeKey::Rsa2048 => "rsa-2048",
+            AcmeKey::Rsa4096 => "rsa-4096",
         }
     }
 }
 
 impl Acme {
+    /// Whether `other` orders the same certificate the same way: every setting but what a
+    /// listener does until it is issued.
+    pub fn same_order(&self, other: &Acme) -> bool {
+        let mut o = other.clone();
+        o.refuse_unissued = self.refuse_unissued;
+        *self == o
+    }
+
     /// The files the certificate lives in: `STORAGE/NAME.crt` and `.key` for its first name
     /// (`*.example.com` is spelled `_wildcard.example.com`).
     pub fn files(&self) -> CertificateFiles {

@@ -117,7 +117,7 @@ fn challenges_dir(a: &Acme) -> PathBuf {
 enum Msg {
     /// The certificates of an applied configuration.
     Specs(Vec<Acme>),
-    /// Order these certificates (by first name) now: asked at that time.
+    /// Order these certificates (by [`key`]) now: asked at that time.
     Renew(Vec<String>, SystemTime),
 }
 
@@ -150,7 +150,7 @@ pub(crate) struct Status {
     pub failed_total: u64,
 }
 
-/// Every managed certificate's state by its first name.
+/// Every managed certificate's state by its [`key`].
 static STATUS: RwLock<BTreeMap<String, Status>> = RwLock::new(BTreeMap::new());
 
 /// The managed certificates' states.
@@ -159,9 +159,14 @@ pub(crate) fn status() -> Vec<Status> {
     all.values().cloned().collect()
 }
 
-fn update(name: &str, f: impl FnOnce(&mut Status)) {
+/// What names one managed certificate: its file (two storages may hold the same names).
+fn key(a: &Acme) -> String {
+    a.files().cert.display().to_string()
+}
+
+fn update(a: &Acme, f: impl FnOnce(&mut Status)) {
     let mut all = STATUS.write().unwrap_or_else(|p| p.into_inner());
-    if let Some(s) = all.get_mut(name) {
+    if let Some(s) = all.get_mut(&key(a)) {
         f(s);
     }
 }
@@ -174,13 +179,13 @@ fn unix(t: SystemTime) -> u64 {
 /// Ask for the certificates covering `name` (every one when None) to be ordered now; returns
 /// their first names.
 pub(crate) fn renew(name: Option<&str>) -> Result<Vec<String>, String> {
-    let wanted: Vec<String> = {
+    let (wanted, firsts): (Vec<String>, Vec<String>) = {
         let all = STATUS.read().unwrap_or_else(|p| p.into_inner());
         let name = name.map(str::to_ascii_lowercase);
         all.iter()
             .filter(|(_, s)| name.as_ref().is_none_or(|n| covers(&s.names, n)))
-            .map(|(first, _)| first.clone())
-            .collect()
+            .map(|(key, s)| (key.clone(), s.names[0].clone()))
+            .unzip()
     };
     if wanted.is_empty() {
         return Err(match name {
@@ -189,12 +194,11 @@ pub(crate) fn renew(name: Option<&str>) -> Result<Vec<String>, String> {
         });
     }
     let manager = MANAGER.lock().unwrap_or_else(|p| p.into_inner());
-    let sent = manager.as_ref().is_some_and(|tx| {
-        tx.send(Msg::Renew(wanted.clone(), SystemTime::now()))
-            .is_ok()
-    });
+    let sent = manager
+        .as_ref()
+        .is_some_and(|tx| tx.send(Msg::Renew(wanted, SystemTime::now())).is_ok());
     match sent {
-        true => Ok(wanted),
+        true => Ok(firsts),
         false => Err("the certificate manager is not running".to_string()),
     }
 }
@@ -211,9 +215,16 @@ fn covers(names: &[String], name: &str) -> bool {
     })
 }
 
+/// The certificates of `config`, once each (listeners may share one: validation makes sure
+/// they order it the same way).
 fn specs(config: &Config) -> Vec<Acme> {
-    let listeners = config.listeners.iter();
-    listeners.filter_map(|l| l.acme.clone()).collect()
+    let mut specs: Vec<Acme> = Vec::new();
+    for a in config.listeners.iter().filter_map(|l| l.acme.as_ref()) {
+        if !specs.iter().any(|b| b.files() == a.files()) {
+            specs.push(a.clone());
+        }
+    }
+    specs
 }
 
 /// Make sure every ACME listener of `config` has certificate files (a self-signed stand-in
@@ -245,13 +256,13 @@ pub(crate) fn manage(config: &Config) {
     *CHALLENGE_DIRS.write().unwrap_or_else(|p| p.into_inner()) = dirs;
     {
         let mut all = STATUS.write().unwrap_or_else(|p| p.into_inner());
-        all.retain(|first, s| {
+        all.retain(|k, s| {
             specs
                 .iter()
-                .any(|a| &a.names[0] == first && a.names == s.names && a.directory == s.directory)
+                .any(|a| key(a) == *k && a.names == s.names && a.directory == s.directory)
         });
         for a in &specs {
-            all.entry(a.names[0].clone()).or_insert_with(|| Status {
+            all.entry(key(a)).or_insert_with(|| Status {
                 names: a.names.clone(),
                 directory: a.directory.clone(),
                 challenge: a.challenge.name(),
@@ -472,11 +483,8 @@ struct Cert {
     ari: Ari,
     /// Ordered at once (the admin API asked).
     forced: bool,
-    /// When the last order ended (a renewal asked before that is done).
-    ordered: Option<SystemTime>,
-    /// Not renewed before this, whatever the schedule says (a tenth of a new certificate's
-    /// life, at least 10 s, at most an hour).
-    floor: Option<SystemTime>,
+    /// When the last order started (a renewal asked before that is answered by it).
+    started: Option<SystemTime>,
     /// Since when another process holds the lock, and whether that was logged.
     lock_since: Option<SystemTime>,
     lock_logged: bool,
@@ -490,8 +498,7 @@ impl Cert {
             hold: None,
             ari: Ari::Unknown,
             forced: false,
-            ordered: None,
-            floor: None,
+            started: None,
             lock_since: None,
             lock_logged: false,
         }
@@ -502,17 +509,31 @@ impl Cert {
 const ARI_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// When `c` is due and why, asking the server's renewal information when it is time to; not
-/// before the floor of a certificate just issued.
+/// before the [`floor`] of a certificate just issued.
 fn schedule(
     rt: &tokio::runtime::Runtime,
     c: &mut Cert,
     now: SystemTime,
 ) -> (SystemTime, &'static str) {
     let (at, why) = due(rt, c, now);
-    match c.floor {
-        Some(floor) if !c.forced && at < floor && issued_cert(&c.spec).is_some() => (floor, why),
+    match floor(&c.spec) {
+        Some(floor) if !c.forced && at < floor && floor > now => (floor, "just issued"),
         _ => (at, why),
     }
+}
+
+/// A certificate just issued (by this process or another, before a restart or not) is not
+/// ordered again before a tenth of its life has passed since it was written (at least 10 s, at
+/// most an hour), whatever the renewal information says (a window already ended, a clock
+/// ahead).
+fn floor(a: &Acme) -> Option<SystemTime> {
+    let cert = issued_cert(a)?;
+    let written = std::fs::metadata(issued_path(a)).ok()?.modified().ok()?;
+    let life = cert
+        .not_after
+        .duration_since(cert.not_before)
+        .unwrap_or_default();
+    Some(written + (life / 10).clamp(Duration::from_secs(10), Duration::from_secs(3600)))
 }
 
 /// When `c` is due and why (see [`schedule`]).
@@ -637,8 +658,7 @@ async fn renewal_info(
     a: &Acme,
     id: &str,
 ) -> Result<Option<(SystemTime, SystemTime, Duration)>, String> {
-    let account = account(a, false).await?;
-    let Some(account) = account else {
+    let Some((account, _)) = account(a, false).await? else {
         return Err("no account yet".to_string());
     };
     let (aki, serial) = id.split_once('.').ok_or("a malformed identifier")?;
@@ -667,14 +687,18 @@ async fn renewal_info(
 /// The storage's lock for the certificate of `a` (`NAME.lock`, flock): held while it is
 /// ordered, so that processes sharing the storage order it once. None = another one holds it.
 fn lock(a: &Acme) -> std::io::Result<Option<std::fs::File>> {
-    let path = a.files().cert.with_extension("lock");
+    try_lock(&a.files().cert.with_extension("lock"))
+}
+
+/// The lock file at `path` (flock), created 0600 if need be; None = another process holds it.
+fn try_lock(path: &Path) -> std::io::Result<Option<std::fs::File>> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .open(&path)?;
+        .open(path)?;
     match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(file)),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
@@ -692,6 +716,9 @@ fn identity(a: &Acme) -> Option<u64> {
 
 /// How long to wait when another process holds a certificate's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// Why a certificate waits: another process holds its lock.
+const LOCK_HELD: &str = "another process is ordering it";
 
 /// The manager's thread: orders each certificate when it is due, retrying with backoff.
 fn run(rx: mpsc::Receiver<Msg>) {
@@ -715,6 +742,11 @@ fn run(rx: mpsc::Receiver<Msg>) {
             let (at, why) = schedule(&rt, c, now);
             show(c, at, why);
             if at > now {
+                // The lock's wait counts only while this process waits for it.
+                if why != LOCK_HELD {
+                    c.lock_since = None;
+                    c.lock_logged = false;
+                }
                 next = next.min(at);
                 continue;
             }
@@ -726,8 +758,8 @@ fn run(rx: mpsc::Receiver<Msg>) {
                 }
                 Ok(None) => {
                     let until = SystemTime::now() + LOCK_WAIT;
-                    c.hold = Some((until, "another process is ordering it"));
-                    show(c, until, "another process is ordering it");
+                    c.hold = Some((until, LOCK_HELD));
+                    show(c, until, LOCK_HELD);
                     let since = *c.lock_since.get_or_insert(now);
                     let waited = now.duration_since(since).unwrap_or_default();
                     if waited > order_limit(&c.spec) + HOOK_TIMEOUT && !c.lock_logged {
@@ -751,6 +783,8 @@ fn run(rx: mpsc::Receiver<Msg>) {
             // Renewed by another process while this one waited: looked at afresh.
             if !c.forced && identity(&c.spec) != seen {
                 c.ari = Ari::Unknown;
+                c.lock_since = None;
+                c.lock_logged = false;
                 next = now;
                 continue;
             }
@@ -795,10 +829,10 @@ fn run(rx: mpsc::Receiver<Msg>) {
                         });
                     }
                 }
-                Msg::Renew(names, asked) => {
+                Msg::Renew(keys, asked) => {
                     for c in certs.iter_mut().filter(|c| {
-                        // An order that ended after the request answered it.
-                        names.contains(&c.spec.names[0]) && c.ordered.is_none_or(|t| t < asked)
+                        // An order that started after the request answered it.
+                        keys.contains(&key(&c.spec)) && c.started.is_none_or(|t| t < asked)
                     }) {
                         c.forced = true;
                         c.hold = None;
@@ -813,7 +847,7 @@ fn run(rx: mpsc::Receiver<Msg>) {
 fn show(c: &Cert, at: SystemTime, why: &'static str) {
     let stored = portico_tls::stored_certificate(&c.spec.files().cert);
     let issued = issued_cert(&c.spec).is_some();
-    update(&c.spec.names[0], |s| {
+    update(&c.spec, |s| {
         s.challenge = c.spec.challenge.name();
         s.issued = issued;
         s.issuer = stored.as_ref().map(|c| c.issuer.clone());
@@ -843,13 +877,13 @@ fn order_limit(a: &Acme) -> Duration {
 fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
     let a = &c.spec;
     let names = a.names.join(", ");
-    let first = a.names[0].clone();
     tracing::info!(
         "acme: ordering a certificate for {names} from {} ({})",
         a.directory,
         a.challenge.name()
     );
-    update(&first, |s| s.ordering = true);
+    c.started = Some(SystemTime::now());
+    update(a, |s| s.ordering = true);
     // The certificate being replaced, named to the server when it has renewal information.
     let replaces = match (&c.ari, issued_cert(a)) {
         (Ari::Known { .. }, Some(cert)) => ari_id(&cert),
@@ -865,15 +899,15 @@ fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
         ))),
     };
     c.forced = false;
-    c.ordered = Some(SystemTime::now());
-    update(&first, |s| s.ordering = false);
+    let a = &c.spec;
+    update(a, |s| s.ordering = false);
     match result {
         Ok(()) => {
             tracing::info!("acme: certificate for {names} issued by {}", a.directory);
             c.failures = 0;
             c.ari = Ari::Unknown;
             c.hold = None;
-            update(&first, |s| {
+            update(a, |s| {
                 s.issued_total += 1;
                 s.failures = 0;
                 s.last_error = None;
@@ -881,19 +915,8 @@ fn order(rt: &tokio::runtime::Runtime, c: &mut Cert) -> SystemTime {
             });
             let now = SystemTime::now();
             match issued_cert(a) {
-                // Not ordered again before a tenth of its life (at least 10 s, at most an
-                // hour), whatever the renewal information says (a window already ended, a
-                // clock ahead).
-                Some(cert) if two_thirds(a, &cert) > now => {
-                    let life = cert
-                        .not_after
-                        .duration_since(cert.not_before)
-                        .unwrap_or_default();
-                    let floor =
-                        (life / 10).clamp(Duration::from_secs(10), Duration::from_secs(3600));
-                    c.floor = Some(now + floor);
-                    now
-                }
+                // Looked at again now: not ordered before its floor.
+                Some(cert) if two_thirds(a, &cert) > now => now,
                 // Not due later (an unreadable chain, a clock far ahead): not again before an
                 // hour.
                 _ => {
@@ -941,7 +964,7 @@ fn failed(c: &mut Cert, e: String) -> SystemTime {
         ),
     }
     let failures = c.failures;
-    update(&a.names[0], |s| {
+    update(a, |s| {
         s.failed_total += 1;
         s.failures = failures;
         s.last_error = Some(e);
@@ -1029,8 +1052,12 @@ fn retry_after(detail: &str) -> Option<SystemTime> {
 /// `dns_delay` more).
 const ORDER_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// How long a DNS-01 hook may run.
+/// How long a DNS-01 hook's `present` may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a DNS-01 hook's `cleanup` may run (it runs as an order ends, on the manager's
+/// thread).
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What one order published for its challenges, withdrawn whatever way it ends: HTTP-01
 /// tokens (in memory and in the storage), TLS-ALPN-01 certificates, DNS-01 records (the hook's
@@ -1052,7 +1079,7 @@ impl Drop for Published {
             portico_tls::acme::set_challenge(name, None);
         }
         for (hook, name, value, dir) in &self.records {
-            if let Err(e) = run_hook(hook, "cleanup", name, value, dir) {
+            if let Err(e) = run_hook(hook, "cleanup", name, value, dir, CLEANUP_TIMEOUT) {
                 tracing::warn!("acme: removing the TXT record {name} failed: {e}");
             }
         }
@@ -1060,9 +1087,16 @@ impl Drop for Published {
 }
 
 /// Run the DNS-01 hook `hook ACTION NAME VALUE` (NAME fully qualified, with its final dot),
-/// at most [`HOOK_TIMEOUT`]; its output goes to a file in `dir`, quoted on failure. Blocks:
-/// only the manager's own thread calls it.
-fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> Result<(), String> {
+/// at most `limit`; its output goes to a file in `dir`, quoted on failure. Blocks: only the
+/// manager's own thread calls it.
+fn run_hook(
+    hook: &Path,
+    action: &str,
+    name: &str,
+    value: &str,
+    dir: &Path,
+    limit: Duration,
+) -> Result<(), String> {
     let out_path = dir.join(format!(".hook-{:016x}.out", fastrand::u64(..)));
     let out = std::fs::OpenOptions::new()
         .write(true)
@@ -1087,7 +1121,7 @@ fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> R
             loop {
                 match child.try_wait() {
                     Ok(Some(status)) => break Ok(status),
-                    Ok(None) if start.elapsed() < HOOK_TIMEOUT => {
+                    Ok(None) if start.elapsed() < limit => {
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     Ok(None) => {
@@ -1098,7 +1132,7 @@ fn run_hook(hook: &Path, action: &str, name: &str, value: &str, dir: &Path) -> R
                         );
                         let _ = child.kill();
                         let _ = child.wait();
-                        break Err(format!("did not end within {} s", HOOK_TIMEOUT.as_secs()));
+                        break Err(format!("did not end within {} s", limit.as_secs()));
                     }
                     Err(e) => break Err(e.to_string()),
                 }
@@ -1126,51 +1160,130 @@ fn account_path(a: &Acme) -> PathBuf {
     a.storage.join(format!("account-{tag:016x}.json"))
 }
 
+/// An account and the bytes of the file it was read from (or written to).
+type Account = (instant_acme::Account, Vec<u8>);
+
+fn account_builder(a: &Acme) -> Result<instant_acme::AccountBuilder, String> {
+    match &a.directory_ca {
+        Some(ca) => instant_acme::Account::builder_with_root(ca),
+        None => instant_acme::Account::builder(),
+    }
+    .map_err(|e| e.to_string())
+}
+
+/// The account in the storage's file for `a`'s directory, if there is a readable one.
+async fn stored_account(a: &Acme) -> Result<Option<Account>, String> {
+    let Ok(text) = std::fs::read(account_path(a)) else {
+        return Ok(None);
+    };
+    let Ok(creds) = serde_json::from_slice::<instant_acme::AccountCredentials>(&text) else {
+        return Ok(None);
+    };
+    let account = account_builder(a)?.from_credentials(creds).await;
+    Ok(Some((account.map_err(|e| e.to_string())?, text)))
+}
+
+/// How long a process waits for another to create the account.
+const ACCOUNT_WAIT: Duration = Duration::from_secs(60);
+
+/// The storage's lock on the account of `a`'s directory, held while it is created or replaced
+/// (processes starting together create one account, not one each).
+async fn account_lock(a: &Acme) -> Result<std::fs::File, String> {
+    let path = account_path(a).with_extension("lock");
+    let start = Instant::now();
+    loop {
+        match try_lock(&path) {
+            Ok(Some(l)) => return Ok(l),
+            Ok(None) if start.elapsed() < ACCOUNT_WAIT => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(None) => {
+                return Err(format!(
+                    "{}: held by another process for more than {} s",
+                    path.display(),
+                    ACCOUNT_WAIT.as_secs()
+                ))
+            }
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+}
+
 /// The account for `a`'s directory: read from the storage, else (when `create`) created and
 /// saved there; None when there is none and `create` is false.
-async fn account(a: &Acme, create: bool) -> Result<Option<instant_acme::Account>, String> {
-    use instant_acme::{Account, AccountCredentials, NewAccount};
-    let err = |e: instant_acme::Error| e.to_string();
-    let builder = || match &a.directory_ca {
-        Some(ca) => Account::builder_with_root(ca).map_err(err),
-        None => Account::builder().map_err(err),
-    };
-    let path = account_path(a);
-    if let Ok(text) = std::fs::read(&path) {
-        if let Ok(creds) = serde_json::from_slice::<AccountCredentials>(&text) {
-            return builder()?
-                .from_credentials(creds)
-                .await
-                .map(Some)
-                .map_err(err);
-        }
+async fn account(a: &Acme, create: bool) -> Result<Option<Account>, String> {
+    if let Some(account) = stored_account(a).await? {
+        return Ok(Some(account));
     }
     if !create {
         return Ok(None);
     }
+    let _lock = account_lock(a).await?;
+    // Created by another process while this one waited.
+    if let Some(account) = stored_account(a).await? {
+        return Ok(Some(account));
+    }
+    new_account(a).await.map(Some)
+}
+
+/// Replace the account whose file held `forgotten` (the server no longer knows it, or
+/// deactivated it): unless another process replaced it already, the file is kept aside as
+/// `.forgotten-TIME` and a new account created.
+async fn replace_account(a: &Acme, forgotten: &[u8]) -> Result<Account, String> {
+    let _lock = account_lock(a).await?;
+    let path = account_path(a);
+    match std::fs::read(&path) {
+        Ok(now) if now != forgotten => {
+            if let Some(account) = stored_account(a).await? {
+                return Ok(account);
+            }
+        }
+        _ => {}
+    }
+    let aside = path.with_extension(format!("json.forgotten-{}", unix(SystemTime::now())));
+    match std::fs::rename(&path, &aside) {
+        Ok(()) => tracing::warn!(
+            "acme: {} does not know the account in {} (or deactivated it): kept as {}, creating a new one",
+            a.directory,
+            path.display(),
+            aside.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    new_account(a).await
+}
+
+/// A new account for `a`'s directory, saved in the storage (the account lock held).
+async fn new_account(a: &Acme) -> Result<Account, String> {
+    use instant_acme::NewAccount;
+    let err = |e: instant_acme::Error| e.to_string();
+    let path = account_path(a);
     let contact: Vec<&str> = a.contact.iter().map(String::as_str).collect();
     let new = NewAccount {
         contact: &contact,
         terms_of_service_agreed: true,
         only_return_existing: false,
     };
-    let (account, creds) = builder()?
+    let (account, creds) = account_builder(a)?
         .create(&new, a.directory.clone(), None)
         .await
         .map_err(err)?;
     let text = serde_json::to_vec(&creds).map_err(|e| e.to_string())?;
     write_file(&path, &text, 0o600).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Some(account))
+    Ok((account, text))
 }
 
 /// A new key of the configured type.
 fn new_key(k: AcmeKey) -> Result<rcgen::KeyPair, String> {
-    let alg = match k {
-        AcmeKey::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
-        AcmeKey::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
-        AcmeKey::Rsa2048 => &rcgen::PKCS_RSA_SHA256,
-    };
-    rcgen::KeyPair::generate_for(alg).map_err(|e| e.to_string())
+    let rsa = |size| rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, size);
+    match k {
+        AcmeKey::EcdsaP256 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        AcmeKey::EcdsaP384 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        AcmeKey::Rsa2048 => rsa(rcgen::RsaKeySize::_2048),
+        AcmeKey::Rsa4096 => rsa(rcgen::RsaKeySize::_4096),
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// The TLS-ALPN-01 certificate for `name` (RFC 8737 3): self-signed, the name as its only
@@ -1222,18 +1335,20 @@ async fn publish(
             let base = name.strip_prefix("*.").unwrap_or(name);
             let record = format!("_acme-challenge.{base}.");
             let value = key_authorization.dns_value();
-            // Off the runtime's thread: the order's timeout still ends a hook that hangs.
-            let (h, r, v, dir) = (
+            // Withdrawn whatever way `present` ends (it may have published before failing or
+            // timing out).
+            published.records.push((
                 hook.clone(),
                 record.clone(),
                 value.clone(),
                 a.storage.clone(),
-            );
-            let ran = tokio::task::spawn_blocking(move || run_hook(&h, "present", &r, &v, &dir));
+            ));
+            // Off the runtime's thread: the order's timeout still ends a hook that hangs.
+            let (h, dir) = (hook.clone(), a.storage.clone());
+            let ran = tokio::task::spawn_blocking(move || {
+                run_hook(&h, "present", &record, &value, &dir, HOOK_TIMEOUT)
+            });
             ran.await.map_err(|e| e.to_string())??;
-            published
-                .records
-                .push((hook.clone(), record, value, a.storage.clone()));
         }
     }
     Ok(())
@@ -1266,12 +1381,15 @@ async fn open_order(
         return account.new_order(&new()).await;
     };
     match account.new_order(&new().replaces(r)).await {
-        // A server that refuses the replacement (already replaced, not this account's): a
-        // plain order. Any other error (a rate limit, the network) ends the order.
+        // A server that refuses the replacement (already replaced, not this account's, or
+        // malformed to it): a plain order. Any other error (a rate limit, the network) ends
+        // the order.
         Err(instant_acme::Error::Api(p))
-            if p.r#type
-                .as_deref()
-                .is_some_and(|t| t.ends_with(":alreadyReplaced") || t.ends_with(":malformed")) =>
+            if p.r#type.as_deref().is_some_and(|t| {
+                [":alreadyReplaced", ":malformed", ":unauthorized"]
+                    .iter()
+                    .any(|e| t.ends_with(e))
+            }) =>
         {
             tracing::debug!(
                 "acme: an order replacing {} was refused ({}); ordering afresh",
@@ -1284,32 +1402,24 @@ async fn open_order(
     }
 }
 
+/// Whether the server's problem says it no longer knows the account, or deactivated it.
+fn forgotten(p: &instant_acme::Problem) -> bool {
+    let t = p.r#type.as_deref().unwrap_or("");
+    let detail = p.detail.as_deref().unwrap_or("").to_ascii_lowercase();
+    t.ends_with(":accountDoesNotExist")
+        || (t.ends_with(":unauthorized") && detail.contains("deactivated"))
+}
+
 /// Order the certificate of `a` with its challenge and write it with a new key; `replaces`
 /// names the certificate it renews (renewal information's identifier).
 async fn issue(a: &Acme, replaces: Option<String>) -> Result<(), Failure> {
     use instant_acme::{AuthorizationStatus, ChallengeType, OrderStatus, RetryPolicy};
-    let mut order = match open_order(
-        &account(a, true).await?.ok_or("no account")?,
-        a,
-        replaces.as_deref(),
-    )
-    .await
-    {
-        // The server forgot the account (a test server restarted, an account deactivated):
-        // a new one.
-        Err(instant_acme::Error::Api(p))
-            if p.r#type
-                .as_deref()
-                .is_some_and(|t| t.ends_with(":accountDoesNotExist")) =>
-        {
-            let path = account_path(a);
-            tracing::warn!(
-                "acme: {} does not know the account in {}: creating a new one",
-                a.directory,
-                path.display()
-            );
-            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let account = account(a, true).await?.ok_or("no account")?;
+    let (account, text) = account(a, true).await?.ok_or("no account")?;
+    let mut order = match open_order(&account, a, replaces.as_deref()).await {
+        // The server forgot the account (a test server restarted) or deactivated it: a new
+        // one.
+        Err(instant_acme::Error::Api(p)) if forgotten(&p) => {
+            let (account, _) = replace_account(a, &text).await?;
             open_order(&account, a, None).await?
         }
         r => r?,
@@ -1431,6 +1541,36 @@ mod tests {
         std::fs::write(a.files().cert, params.self_signed(&key).unwrap().pem()).unwrap();
     }
 
+    #[test]
+    fn listeners_sharing_a_certificate_order_it_once_and_storages_keep_theirs_apart() {
+        let listener = |port: u16, storage: &str, extra: &str| {
+            format!(
+                "[[listeners]]\naddress = \"127.0.0.1:{port}\"\n[listeners.tls.acme]\nnames = [\"a.example\"]\nstorage = \"{storage}\"\naccept_terms = true\n{extra}\n[[listeners.routes]]\nrespond = {{ status = 200 }}\n\n"
+            )
+        };
+        let text = [
+            listener(8443, "/s1", ""),
+            listener(9443, "/s1", "unissued = \"refuse\""),
+            listener(10443, "/s2", ""),
+        ]
+        .concat();
+        let config = portico_config::parse(&text, "t.toml").unwrap_or_else(|e| panic!("{e}"));
+        let specs = specs(&config);
+        let keys: Vec<String> = specs.iter().map(key).collect();
+        assert_eq!(keys, ["/s1/a.example.crt", "/s2/a.example.crt"]);
+    }
+
+    /// The record of what the files of `a` were issued for, written at `when`.
+    fn write_issued(a: &Acme, when: SystemTime) {
+        let issued = serde_json::to_vec(&issued_for(a)).unwrap();
+        std::fs::write(issued_path(a), issued).unwrap();
+        let file = std::fs::File::options()
+            .write(true)
+            .open(issued_path(a))
+            .unwrap();
+        file.set_modified(when).unwrap();
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1474,8 +1614,7 @@ mod tests {
         let rt = runtime();
         // Not known to be issued for these settings: due at once.
         assert_eq!(schedule(&rt, &mut Cert::new(a.clone()), now).0, now);
-        let issued = serde_json::to_vec(&issued_for(&a)).unwrap();
-        std::fs::write(issued_path(&a), issued).unwrap();
+        write_issued(&a, now - Duration::from_secs(7200));
         let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600); // 2026-01-01
         let life = Duration::from_secs(90 * 86400);
         let two = start + life.mul_f64(2.0 / 3.0);
@@ -1551,12 +1690,19 @@ mod tests {
 
     #[test]
     fn keys_of_every_type_are_made() {
-        for k in [AcmeKey::EcdsaP256, AcmeKey::EcdsaP384, AcmeKey::Rsa2048] {
+        // With the size of the public key's DER encoding.
+        for (k, public) in [
+            (AcmeKey::EcdsaP256, 91),
+            (AcmeKey::EcdsaP384, 120),
+            (AcmeKey::Rsa2048, 294),
+            (AcmeKey::Rsa4096, 550),
+        ] {
             let key = new_key(k).unwrap();
             let pem = key.serialize_pem();
             use tokio_rustls::rustls::pki_types::{pem::PemObject, PrivateKeyDer};
             let der = PrivateKeyDer::from_pem_slice(pem.as_bytes());
             assert!(der.is_ok(), "{k:?}");
+            assert_eq!(key.public_key_der().len(), public, "{k:?}");
         }
     }
 
@@ -1619,20 +1765,20 @@ mod tests {
         let a = spec(dir.path());
         std::fs::create_dir_all(&a.storage).unwrap();
         write_cert(&a, 2020);
-        std::fs::write(
-            issued_path(&a),
-            serde_json::to_vec(&issued_for(&a)).unwrap(),
-        )
-        .unwrap();
         let now = SystemTime::now();
         let rt = runtime();
-        // Expired long ago: due now, but not before the floor.
-        let mut c = Cert::new(a);
-        assert!(schedule(&rt, &mut c, now).0 <= now);
-        c.floor = Some(now + Duration::from_secs(60));
-        assert_eq!(schedule(&rt, &mut c, now).0, now + Duration::from_secs(60));
+        // Expired long ago, but written a minute ago (by this process or another, before a
+        // restart or not): not before a tenth of its life, at most an hour.
+        write_issued(&a, now - Duration::from_secs(60));
+        let mut c = Cert::new(a.clone());
+        let (at, why) = schedule(&rt, &mut c, now);
+        assert_eq!((at, why), (now + Duration::from_secs(3540), "just issued"));
         c.forced = true;
         assert_eq!(schedule(&rt, &mut c, now).0, now);
+        // Written two hours ago: due now.
+        write_issued(&a, now - Duration::from_secs(7200));
+        let mut c = Cert::new(a);
+        assert!(schedule(&rt, &mut c, now).0 <= now);
     }
 
     #[test]
@@ -1718,6 +1864,7 @@ mod tests {
             "_acme-challenge.a.example.",
             "v1",
             dir.path(),
+            HOOK_TIMEOUT,
         )
         .unwrap();
         let e = run_hook(
@@ -1726,6 +1873,7 @@ mod tests {
             "_acme-challenge.a.example.",
             "v1",
             dir.path(),
+            CLEANUP_TIMEOUT,
         )
         .unwrap_err();
         assert!(
@@ -1737,10 +1885,39 @@ mod tests {
             text,
             "present _acme-challenge.a.example. v1\ncleanup _acme-challenge.a.example. v1\n"
         );
-        let missing = run_hook(&dir.path().join("none"), "present", "n.", "v", dir.path());
+        let missing = run_hook(
+            &dir.path().join("none"),
+            "present",
+            "n.",
+            "v",
+            dir.path(),
+            HOOK_TIMEOUT,
+        );
         assert!(missing.unwrap_err().contains("cannot run"));
+        // One that outlives its limit is killed, with what it started.
+        let slow = dir.path().join("slow");
+        std::fs::write(
+            &slow,
+            "#!/bin/sh
+sleep 30 &
+wait
+",
+        )
+        .unwrap();
+        std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let start = Instant::now();
+        let e = run_hook(
+            &slow,
+            "cleanup",
+            "n.",
+            "v",
+            dir.path(),
+            Duration::from_secs(1),
+        );
+        assert!(e.unwrap_err().ends_with("did not end within 1 s"));
+        assert!(start.elapsed() < Duration::from_secs(10));
         // The output files are gone.
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(left.len(), 2, "{left:?}");
+        assert_eq!(left.len(), 3, "{left:?}");
     }
 }

@@ -78,9 +78,11 @@ pub(super) fn listeners(
         let limits = limits(ctx, &sub(&key, "limits"), l.limits.as_ref());
         let acme = l.tls.as_ref().and_then(|t| acme(ctx, &sub(&key, "tls"), t));
         if let (Some(a), Some(item)) = (&acme, l.tls.as_ref().and_then(|t| t.acme.as_ref())) {
-            // Two listeners may share a certificate, not its files with other settings (each
-            // would order over the other's).
-            let clash = acmes.iter().find(|(b, _)| b.files() == a.files() && b != a);
+            // Two listeners may share a certificate (each refusing or not until it is issued),
+            // not its files with other settings (each would order over the other's).
+            let clash = acmes
+                .iter()
+                .find(|(b, _)| b.files() == a.files() && !b.same_order(a));
             if let Some((_, other)) = clash {
                 let m = format!("its certificate files ({}) are those of {other}'s acme table, with other settings: give it another first name or another storage, or the same settings", a.files().cert.display());
                 ctx.error(start(item), &sub(&sub(&key, "tls"), "acme"), m);

@@ -490,9 +490,10 @@ pub(super) fn acme(ctx: &mut Ctx<'_>, key: &str, raw: &RawTls) -> Option<Acme> {
             "ecdsa-p256" => AcmeKey::EcdsaP256,
             "ecdsa-p384" => AcmeKey::EcdsaP384,
             "rsa-2048" => AcmeKey::Rsa2048,
+            "rsa-4096" => AcmeKey::Rsa4096,
             other => {
                 let m = format!(
-                    "expected \"ecdsa-p256\", \"ecdsa-p384\" or \"rsa-2048\", found {other:?}"
+                    "expected \"ecdsa-p256\", \"ecdsa-p384\", \"rsa-2048\" or \"rsa-4096\", found {other:?}"
                 );
                 ctx.error(start(k), &sub(&key, "key_type"), m);
                 AcmeKey::EcdsaP256

@@ -85,7 +85,7 @@ fn acme_errors_name_the_key() {
         (
             "names = [\"a.example\"]\naccept_terms = true\nkey_type = \"rsa-1024\"",
             "",
-            "tls.acme.key_type: expected \"ecdsa-p256\", \"ecdsa-p384\" or \"rsa-2048\"",
+            "tls.acme.key_type: expected \"ecdsa-p256\", \"ecdsa-p384\", \"rsa-2048\" or \"rsa-4096\"",
         ),
         (
             "names = [\"a.example\"]\naccept_terms = true\nprofile = \"a b\"",
@@ -193,6 +193,8 @@ fn two_listeners_share_a_certificate_only_with_the_same_settings() {
         parse(&text, "/etc/portico/t.toml").map_err(|e| e.to_string())
     };
     assert!(two("names = [\"a.example\"]").is_ok());
+    // What a listener does until the certificate is issued is its own.
+    assert!(two("names = [\"a.example\"]\nunissued = \"refuse\"").is_ok());
     assert!(two("names = [\"b.example\"]").is_ok());
     assert!(two("names = [\"a.example\"]\nstorage = \"other\"").is_ok());
     let e = two("names = [\"a.example\", \"b.example\"]").unwrap_err();
