@@ -235,9 +235,9 @@ assert a["challenge"] == "http-01" and certs["c.portico.test"]["challenge"] == "
 assert a["issued_total"] == 1 and a["last_error"] is None, a
 PY
 api "http://127.0.0.1:$admin_port/metrics" > "$d/metrics.txt" || fail "GET /metrics failed"
-grep -q '^portico_acme_certificate_issued{certificate="a.portico.test"} 1$' "$d/metrics.txt" ||
+grep -q "^portico_acme_certificate_issued{certificate=\"a.portico.test\",storage=\"$d/acme\"} 1\$" "$d/metrics.txt" ||
   fail "no portico_acme_certificate_issued for a.portico.test"
-grep -q '^portico_acme_certificate_expiry_timestamp_seconds{certificate="d.portico.test"} [0-9]' "$d/metrics.txt" ||
+grep -q '^portico_acme_certificate_expiry_timestamp_seconds{certificate="d.portico.test",storage=".*"} [0-9]' "$d/metrics.txt" ||
   fail "no expiry metric for d.portico.test"
 "$bin" check -c "$d/portico.toml" > "$d/check.out" 2>&1 || fail "portico check failed: $(cat "$d/check.out")"
 grep -q "listener a: ACME certificate for a.portico.test: issued by .*Pebble.*, valid until 20" "$d/check.out" ||
@@ -319,22 +319,25 @@ curl -sk --max-time 5 --resolve "b2.portico.test:$b2_port:127.0.0.1" "https://b2
 echo "acme-pebble: a failing challenge is logged ($(grep -o 'failed: .*' "$d/portico-b.log" | head -1 | cut -c1-100)); the stand-in is served, or handshakes refused as configured"
 
 # Two processes sharing one storage: the certificate is ordered once (the other waits on the
-# storage's lock and loads what the first wrote).
-e1_port=$(free_port) e2_port=$(free_port)
+# storage's lock and loads what the first wrote); the second also orders one of its own at the
+# same time, and both need the storage's account at once: one is created.
+e1_port=$(free_port) e2_port=$(free_port) g_port=$(free_port)
+dns01=$(printf 'challenge = "dns-01"\ndns_hook = "%s"' "$d/dns-hook")
 for i in 1 2; do
   port_var="e${i}_port"
-  acme_listener "e$i" "${!port_var}" "$d/acme-e" '["e.portico.test"]' \
-    "$(printf 'challenge = "dns-01"\ndns_hook = "%s"' "$d/dns-hook")" > "$d/portico-e$i.toml"
+  acme_listener "e$i" "${!port_var}" "$d/acme-e" '["e.portico.test"]' "$dns01" > "$d/portico-e$i.toml"
 done
+acme_listener g "$g_port" "$d/acme-e" '["g.portico.test"]' "$dns01" >> "$d/portico-e2.toml"
 "$bin" run -c "$d/portico-e1.toml" -w 1 > "$d/portico-e1.log" 2>&1 &
 pids+=($!)
 "$bin" run -c "$d/portico-e2.toml" -w 1 > "$d/portico-e2.log" 2>&1 &
 pids+=($!)
 wait_served e.portico.test "$e1_port" "DNS-01 (first process)"
 wait_served e.portico.test "$e2_port" "DNS-01 (second process, same storage)"
+wait_served g.portico.test "$g_port" "DNS-01 (the second process's own)"
 orders=$(($(count "$d/portico-e1.log" "acme: ordering a certificate for e.portico.test") + $(count "$d/portico-e2.log" "acme: ordering a certificate for e.portico.test")))
 [ "$orders" = 1 ] || fail "two processes sharing a storage ordered $orders times"
-accounts=$(find "$d/acme-e" -name 'account-*.json' | wc -l)
+accounts=$(($(count "$d/portico-e1.log" "acme: created an account") + $(count "$d/portico-e2.log" "acme: created an account")))
 [ "$accounts" = 1 ] || fail "two processes starting together created $accounts accounts"
 echo "acme-pebble: two processes sharing one storage ordered once and both serve the certificate"
 

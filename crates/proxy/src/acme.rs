@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Where an HTTP-01 challenge is fetched.
@@ -128,6 +129,8 @@ static MANAGER: Mutex<Option<mpsc::Sender<Msg>>> = Mutex::new(None);
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct Status {
     pub names: Vec<String>,
+    /// The storage directory (two may hold certificates for the same names).
+    pub storage: String,
     pub directory: String,
     pub challenge: &'static str,
     /// A certificate from the directory is served (not the stand-in).
@@ -264,6 +267,7 @@ pub(crate) fn manage(config: &Config) {
         for a in &specs {
             all.entry(key(a)).or_insert_with(|| Status {
                 names: a.names.clone(),
+                storage: a.storage.display().to_string(),
                 directory: a.directory.clone(),
                 challenge: a.challenge.name(),
                 renewal_basis: "not looked at yet",
@@ -529,6 +533,11 @@ fn schedule(
 fn floor(a: &Acme) -> Option<SystemTime> {
     let cert = issued_cert(a)?;
     let written = std::fs::metadata(issued_path(a)).ok()?.modified().ok()?;
+    // A time ahead of the clock (a clock stepped back, a shared filesystem's skew) is no
+    // issuance to wait after.
+    if written > SystemTime::now() + Duration::from_secs(60) {
+        return None;
+    }
     let life = cert
         .not_after
         .duration_since(cert.not_before)
@@ -762,7 +771,7 @@ fn run(rx: mpsc::Receiver<Msg>) {
                     show(c, until, LOCK_HELD);
                     let since = *c.lock_since.get_or_insert(now);
                     let waited = now.duration_since(since).unwrap_or_default();
-                    if waited > order_limit(&c.spec) + HOOK_TIMEOUT && !c.lock_logged {
+                    if waited > longest_hold(&c.spec) && !c.lock_logged {
                         c.lock_logged = true;
                         tracing::warn!(
                             "acme: another process has held the lock of the certificate for {} ({}) for {} s, longer than an order takes: is it stuck?",
@@ -813,9 +822,13 @@ fn run(rx: mpsc::Receiver<Msg>) {
                     // rate limit.
                     let mut old = std::mem::take(&mut certs);
                     for a in specs {
-                        let kept = old.iter().position(|c| c.spec == a);
+                        let kept = old.iter().position(|c| c.spec.same_order(&a));
                         certs.push(match kept {
-                            Some(i) => old.swap_remove(i),
+                            Some(i) => {
+                                let mut c = old.swap_remove(i);
+                                c.spec = a;
+                                c
+                            }
                             None => {
                                 let limited = old.iter().find_map(|c| {
                                     let same = c.spec.names[0] == a.names[0]
@@ -871,6 +884,16 @@ fn order_limit(a: &Acme) -> Duration {
             AcmeChallenge::Dns01 { delay, .. } => *delay,
             _ => Duration::ZERO,
         }
+}
+
+/// The longest another process may hold the lock of `a`'s certificate: an order, its last
+/// hook and the DNS-01 cleanups.
+fn longest_hold(a: &Acme) -> Duration {
+    let cleanups = match a.challenge {
+        AcmeChallenge::Dns01 { .. } => CLEANUP_TIMEOUT * a.names.len() as u32,
+        _ => Duration::ZERO,
+    };
+    order_limit(a) + HOOK_TIMEOUT + cleanups
 }
 
 /// Order the certificate of `c` now (its lock held); returns when to look at it again.
@@ -1067,10 +1090,33 @@ struct Published {
     tokens: Vec<(String, PathBuf)>,
     alpn: Vec<String>,
     records: Vec<(PathBuf, String, String, PathBuf)>,
+    /// `present` hooks started: stopped before any cleanup runs (an order whose time is up
+    /// leaves them running on the blocking pool).
+    running: Vec<Arc<Stop>>,
+}
+
+/// Tells a hook's run to stop (its process group killed), and says when it has ended.
+#[derive(Default)]
+struct Stop {
+    asked: AtomicBool,
+    ended: AtomicBool,
 }
 
 impl Drop for Published {
     fn drop(&mut self) {
+        for stop in &self.running {
+            stop.asked.store(true, Ordering::Relaxed);
+        }
+        // The hook's loop looks every 50 ms.
+        let start = Instant::now();
+        while self
+            .running
+            .iter()
+            .any(|s| !s.ended.load(Ordering::Acquire))
+            && start.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         for (token, file) in &self.tokens {
             set_token(token, None);
             let _ = std::fs::remove_file(file);
@@ -1079,7 +1125,7 @@ impl Drop for Published {
             portico_tls::acme::set_challenge(name, None);
         }
         for (hook, name, value, dir) in &self.records {
-            if let Err(e) = run_hook(hook, "cleanup", name, value, dir, CLEANUP_TIMEOUT) {
+            if let Err(e) = run_hook(hook, "cleanup", name, value, dir, CLEANUP_TIMEOUT, None) {
                 tracing::warn!("acme: removing the TXT record {name} failed: {e}");
             }
         }
@@ -1087,8 +1133,8 @@ impl Drop for Published {
 }
 
 /// Run the DNS-01 hook `hook ACTION NAME VALUE` (NAME fully qualified, with its final dot),
-/// at most `limit`; its output goes to a file in `dir`, quoted on failure. Blocks: only the
-/// manager's own thread calls it.
+/// at most `limit`, or until `stop` asks; its output goes to a file in `dir`, quoted on
+/// failure. Blocks: run on the manager's own thread or the blocking pool.
 fn run_hook(
     hook: &Path,
     action: &str,
@@ -1096,6 +1142,23 @@ fn run_hook(
     value: &str,
     dir: &Path,
     limit: Duration,
+    stop: Option<&Stop>,
+) -> Result<(), String> {
+    let ran = run_hook_inner(hook, action, name, value, dir, limit, stop);
+    if let Some(s) = stop {
+        s.ended.store(true, Ordering::Release);
+    }
+    ran
+}
+
+fn run_hook_inner(
+    hook: &Path,
+    action: &str,
+    name: &str,
+    value: &str,
+    dir: &Path,
+    limit: Duration,
+    stop: Option<&Stop>,
 ) -> Result<(), String> {
     let out_path = dir.join(format!(".hook-{:016x}.out", fastrand::u64(..)));
     let out = std::fs::OpenOptions::new()
@@ -1121,7 +1184,10 @@ fn run_hook(
             loop {
                 match child.try_wait() {
                     Ok(Some(status)) => break Ok(status),
-                    Ok(None) if start.elapsed() < limit => {
+                    Ok(None)
+                        if start.elapsed() < limit
+                            && !stop.is_some_and(|s| s.asked.load(Ordering::Relaxed)) =>
+                    {
                         std::thread::sleep(Duration::from_millis(50));
                     }
                     Ok(None) => {
@@ -1132,7 +1198,10 @@ fn run_hook(
                         );
                         let _ = child.kill();
                         let _ = child.wait();
-                        break Err(format!("did not end within {} s", limit.as_secs()));
+                        break Err(match start.elapsed() < limit {
+                            true => "stopped: the order ended".to_string(),
+                            false => format!("did not end within {} s", limit.as_secs()),
+                        });
                     }
                     Err(e) => break Err(e.to_string()),
                 }
@@ -1223,6 +1292,17 @@ async fn account(a: &Acme, create: bool) -> Result<Option<Account>, String> {
     if let Some(account) = stored_account(a).await? {
         return Ok(Some(account));
     }
+    // A file that is no account: kept for whoever wants to look, not overwritten.
+    let path = account_path(a);
+    if path.exists() {
+        let aside = aside_path(&path, "unreadable");
+        std::fs::rename(&path, &aside).map_err(|e| format!("{}: {e}", path.display()))?;
+        tracing::warn!(
+            "acme: {} holds no account: kept as {}, creating a new one",
+            path.display(),
+            aside.display()
+        );
+    }
     new_account(a).await.map(Some)
 }
 
@@ -1240,7 +1320,7 @@ async fn replace_account(a: &Acme, forgotten: &[u8]) -> Result<Account, String> 
         }
         _ => {}
     }
-    let aside = path.with_extension(format!("json.forgotten-{}", unix(SystemTime::now())));
+    let aside = aside_path(&path, "forgotten");
     match std::fs::rename(&path, &aside) {
         Ok(()) => tracing::warn!(
             "acme: {} does not know the account in {} (or deactivated it): kept as {}, creating a new one",
@@ -1252,6 +1332,14 @@ async fn replace_account(a: &Acme, forgotten: &[u8]) -> Result<Account, String> 
         Err(e) => return Err(format!("{}: {e}", path.display())),
     }
     new_account(a).await
+}
+
+/// Where the account file at `path` is kept aside, `why` (`PATH.WHY-MILLISECONDS`).
+fn aside_path(path: &Path, why: &str) -> PathBuf {
+    let ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    path.with_extension(format!("json.{why}-{ms}"))
 }
 
 /// A new account for `a`'s directory, saved in the storage (the account lock held).
@@ -1271,6 +1359,11 @@ async fn new_account(a: &Acme) -> Result<Account, String> {
         .map_err(err)?;
     let text = serde_json::to_vec(&creds).map_err(|e| e.to_string())?;
     write_file(&path, &text, 0o600).map_err(|e| format!("{}: {e}", path.display()))?;
+    tracing::info!(
+        "acme: created an account with {} in {}",
+        a.directory,
+        path.display()
+    );
     Ok((account, text))
 }
 
@@ -1343,10 +1436,21 @@ async fn publish(
                 value.clone(),
                 a.storage.clone(),
             ));
-            // Off the runtime's thread: the order's timeout still ends a hook that hangs.
+            // Off the runtime's thread: the order's timeout still ends a hook that hangs (and
+            // stops it before the cleanup).
             let (h, dir) = (hook.clone(), a.storage.clone());
+            let stop = Arc::new(Stop::default());
+            published.running.push(stop.clone());
             let ran = tokio::task::spawn_blocking(move || {
-                run_hook(&h, "present", &record, &value, &dir, HOOK_TIMEOUT)
+                run_hook(
+                    &h,
+                    "present",
+                    &record,
+                    &value,
+                    &dir,
+                    HOOK_TIMEOUT,
+                    Some(&stop),
+                )
             });
             ran.await.map_err(|e| e.to_string())??;
         }
@@ -1865,6 +1969,7 @@ mod tests {
             "v1",
             dir.path(),
             HOOK_TIMEOUT,
+            None,
         )
         .unwrap();
         let e = run_hook(
@@ -1874,6 +1979,7 @@ mod tests {
             "v1",
             dir.path(),
             CLEANUP_TIMEOUT,
+            None,
         )
         .unwrap_err();
         assert!(
@@ -1892,30 +1998,32 @@ mod tests {
             "v",
             dir.path(),
             HOOK_TIMEOUT,
+            None,
         );
         assert!(missing.unwrap_err().contains("cannot run"));
         // One that outlives its limit is killed, with what it started.
         let slow = dir.path().join("slow");
-        std::fs::write(
-            &slow,
-            "#!/bin/sh
-sleep 30 &
-wait
-",
-        )
-        .unwrap();
+        std::fs::write(&slow, "#!/bin/sh\nsleep 30 &\nwait\n").unwrap();
         std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o700)).unwrap();
         let start = Instant::now();
+        let limit = Duration::from_secs(1);
+        let e = run_hook(&slow, "cleanup", "n.", "v", dir.path(), limit, None);
+        assert!(e.unwrap_err().ends_with("did not end within 1 s"));
+        assert!(start.elapsed() < Duration::from_secs(10));
+        // One asked to stop (its order's time is up) is killed at once, and says it ended.
+        let stop = Stop::default();
+        stop.asked.store(true, Ordering::Relaxed);
         let e = run_hook(
             &slow,
-            "cleanup",
+            "present",
             "n.",
             "v",
             dir.path(),
-            Duration::from_secs(1),
+            HOOK_TIMEOUT,
+            Some(&stop),
         );
-        assert!(e.unwrap_err().ends_with("did not end within 1 s"));
-        assert!(start.elapsed() < Duration::from_secs(10));
+        assert!(e.unwrap_err().ends_with("stopped: the order ended"));
+        assert!(stop.ended.load(Ordering::Acquire));
         // The output files are gone.
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(left.len(), 3, "{left:?}");

@@ -905,6 +905,7 @@ fn acme_json() -> Value {
             let date = |t: Option<u64>| t.map(|t| portico_tls::utc_date(t as i64));
             json!({
                 "names": s.names,
+                "storage": s.storage,
                 "directory": s.directory,
                 "challenge": s.challenge,
                 "issued": s.issued,
@@ -1014,7 +1015,11 @@ fn acme_metrics(e: &mut Exposition) {
         e.family(name, "gauge", help);
         for s in &all {
             if let Some(v) = f(s) {
-                e.sample(name, &[("certificate", &s.names[0])], v);
+                let labels = [
+                    ("certificate", s.names[0].as_str()),
+                    ("storage", &s.storage),
+                ];
+                e.sample(name, &labels, v);
             }
         }
     }
@@ -1025,17 +1030,15 @@ fn acme_metrics(e: &mut Exposition) {
         "ACME orders since the process started, by result: issued or failed.",
     );
     for s in &all {
-        let first = s.names[0].as_str();
-        e.sample(
-            name,
-            &[("certificate", first), ("result", "issued")],
-            s.issued_total as f64,
-        );
-        e.sample(
-            name,
-            &[("certificate", first), ("result", "failed")],
-            s.failed_total as f64,
-        );
+        let (first, storage) = (s.names[0].as_str(), s.storage.as_str());
+        for (result, n) in [("issued", s.issued_total), ("failed", s.failed_total)] {
+            let labels = [
+                ("certificate", first),
+                ("storage", storage),
+                ("result", result),
+            ];
+            e.sample(name, &labels, n as f64);
+        }
     }
 }
 
