@@ -28,11 +28,11 @@ pub struct CompareFlags {
     /// and index.html (created if missing).
     #[arg(long, short)]
     pub out: PathBuf,
-    /// Proxies under test, in order: direct (no proxy), portico, nginx, haproxy, caddy. Those not
-    /// installed are skipped, and the report says so.
+    /// Proxies under test, in order: direct (no proxy), relay (the floor: a blind TCP relay),
+    /// portico, nginx, haproxy, caddy. Those not installed are skipped, and the report says so.
     #[arg(
         long,
-        default_value = "direct,portico,nginx,haproxy,caddy",
+        default_value = "direct,relay,portico,nginx,haproxy,caddy",
         value_name = "LIST"
     )]
     pub proxies: String,
@@ -99,7 +99,7 @@ impl CompareFlags {
     pub fn new(out: PathBuf) -> CompareFlags {
         CompareFlags {
             out,
-            proxies: "direct,portico,nginx,haproxy,caddy".into(),
+            proxies: "direct,relay,portico,nginx,haproxy,caddy".into(),
             scenarios: "all".into(),
             duration: Duration::from_secs(5),
             warmup: Duration::from_secs(1),
@@ -338,7 +338,7 @@ pub fn parse_proxies(spec: &str) -> Result<Vec<Proxy>, BenchError> {
     for word in spec.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let p = Proxy::parse(word).ok_or_else(|| {
             BenchError::Flag(format!(
-                "--proxies {word:?}: unknown; known: direct, portico, nginx, haproxy, caddy"
+                "--proxies {word:?}: unknown; known: direct, relay, portico, nginx, haproxy, caddy"
             ))
         })?;
         if !out.contains(&p) {
@@ -1050,14 +1050,14 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 Err("no HTTP/2 scenario".into())
             };
             if let (Err(why), true) = (&h2_support, scenarios.iter().any(|s| s.h2)) {
-                if *proxy != Proxy::Direct && round == 1 {
+                if proxy.terminates_tls() && round == 1 {
                     say(out, format!("{name}: HTTP/2 scenario skipped, {why}"));
                 }
             }
             // Start the proxy (direct: nothing to start).
             let port = free_port()?;
             let tls_port = match &tls {
-                Some(_) if *proxy != Proxy::Direct => Some(free_port()?),
+                Some(_) if proxy.terminates_tls() => Some(free_port()?),
                 _ => None,
             };
             let mut running: Option<Proc> = None;
@@ -1087,10 +1087,11 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 let text = peers::config(*proxy, &setup);
                 let cfg_path = pdir.join(proxy.config_name());
                 std::fs::write(&cfg_path, &text).map_err(file_err(&cfg_path))?;
-                let cmd = peers::command(*proxy, &portico_s, &cfg_path, &pdir);
+                let cmd = peers::command(*proxy, &portico_s, &cfg_path, &setup);
                 let env = peers::environment(*proxy, &pdir);
                 entry.version = Some(match proxy {
                     Proxy::Portico => portico_version.clone(),
+                    Proxy::Relay => format!("portico bench relay, {portico_version}"),
                     _ => version_of(proxy.program().unwrap_or(name), proxy.version_args()),
                 });
                 entry.command = pinned(&cmd, proxy_cpus.as_deref());
@@ -1156,14 +1157,23 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                         results.push(r);
                     }
                 };
+                if s.close && *proxy == Proxy::Relay {
+                    r.skipped = Some(
+                        "a new connection per request: the relay opens one to the origin for \
+                         each, where the proxies reuse theirs (no floor here)"
+                            .into(),
+                    );
+                    skip(r);
+                    continue;
+                }
                 if let (true, Err(why)) = (s.h2, &h2_support) {
                     r.skipped = Some(why.clone());
                     skip(r);
                     continue;
                 }
                 let url = match (s.https, *proxy) {
-                    (true, Proxy::Direct) => {
-                        r.skipped = Some("the origin speaks plain HTTP only".into());
+                    (true, p) if !p.terminates_tls() => {
+                        r.skipped = Some(p.no_tls().into());
                         skip(r);
                         continue;
                     }

@@ -532,6 +532,25 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
         }
         h.push_str("</ul>\n");
     }
+    // The verdict: each proxy's own work, above the floor.
+    let verdict = crate::rounds::verdict(&summaries);
+    if !verdict.is_empty() {
+        let _ = writeln!(
+            h,
+            "<h2>Own work above the floor</h2>\n<p>CPU time per request above the relay's (a blind \
+             TCP relay: what the kernel charges any proxy on this machine for the same bytes), \
+             medians over {}; a ratio below 1 means Portico does less work of its own than that \
+             proxy. Each proxy ran at its own saturation rate.</p>\n<ul>",
+            match m.rounds {
+                1 => "one round (a single measurement: repeat with --rounds 3 or more)".to_string(),
+                n => format!("{n} rounds"),
+            }
+        );
+        for line in &verdict {
+            let _ = writeln!(h, "<li>{}</li>", escape(line));
+        }
+        h.push_str("</ul>\n");
+    }
     // Charts.
     h.push_str("<h2>Charts</h2>\n");
     for (file, caption, s) in &svgs {

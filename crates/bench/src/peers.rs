@@ -7,6 +7,9 @@ use std::path::Path;
 pub enum Proxy {
     /// No proxy: the generator talks to the origin (what a proxy costs, by difference).
     Direct,
+    /// The floor: `portico bench relay`, a blind TCP relay (what the kernel charges any proxy
+    /// for the same bytes; each proxy's own work is what it costs above it).
+    Relay,
     Portico,
     Nginx,
     Haproxy,
@@ -14,8 +17,9 @@ pub enum Proxy {
 }
 
 impl Proxy {
-    pub const ALL: [Proxy; 5] = [
+    pub const ALL: [Proxy; 6] = [
         Proxy::Direct,
+        Proxy::Relay,
         Proxy::Portico,
         Proxy::Nginx,
         Proxy::Haproxy,
@@ -25,6 +29,7 @@ impl Proxy {
     pub fn name(self) -> &'static str {
         match self {
             Proxy::Direct => "direct",
+            Proxy::Relay => "relay",
             Proxy::Portico => "portico",
             Proxy::Nginx => "nginx",
             Proxy::Haproxy => "haproxy",
@@ -41,7 +46,7 @@ impl Proxy {
     /// The program looked up in PATH (None: nothing to run, or portico itself).
     pub fn program(self) -> Option<&'static str> {
         match self {
-            Proxy::Direct | Proxy::Portico => None,
+            Proxy::Direct | Proxy::Relay | Proxy::Portico => None,
             Proxy::Nginx => Some("nginx"),
             Proxy::Haproxy => Some("haproxy"),
             Proxy::Caddy => Some("caddy"),
@@ -52,7 +57,7 @@ impl Proxy {
     pub fn version_args(self) -> &'static [&'static str] {
         match self {
             Proxy::Direct => &[],
-            Proxy::Portico => &["--version"],
+            Proxy::Relay | Proxy::Portico => &["--version"],
             Proxy::Nginx => &["-v"],
             Proxy::Haproxy => &["-v"],
             Proxy::Caddy => &["version"],
@@ -65,7 +70,7 @@ impl Proxy {
         match self {
             Proxy::Nginx => Some(&["-V"]),
             Proxy::Haproxy => Some(&["-vv"]),
-            Proxy::Direct | Proxy::Portico | Proxy::Caddy => None,
+            Proxy::Direct | Proxy::Relay | Proxy::Portico | Proxy::Caddy => None,
         }
     }
 
@@ -73,7 +78,7 @@ impl Proxy {
     /// TLS; Err says why not. Direct cannot: the origin speaks plain HTTP/1.1 only.
     pub fn h2_capable(self, build_info: &str) -> Result<(), String> {
         match self {
-            Proxy::Direct => Err("the origin speaks plain HTTP only".into()),
+            Proxy::Direct | Proxy::Relay => Err(self.no_tls().into()),
             Proxy::Portico | Proxy::Caddy => Ok(()),
             Proxy::Nginx if build_info.contains("http_v2_module") => Ok(()),
             Proxy::Nginx => Err("this nginx was built without http_v2_module".into()),
@@ -82,10 +87,24 @@ impl Proxy {
         }
     }
 
+    /// Whether it terminates TLS (HTTPS scenarios run through it).
+    pub fn terminates_tls(self) -> bool {
+        !matches!(self, Proxy::Direct | Proxy::Relay)
+    }
+
+    /// Why HTTPS scenarios skip it.
+    pub fn no_tls(self) -> &'static str {
+        match self {
+            Proxy::Relay => "the relay passes bytes through and the origin speaks plain HTTP only",
+            _ => "the origin speaks plain HTTP only",
+        }
+    }
+
     /// The configuration file's name.
     pub fn config_name(self) -> &'static str {
         match self {
             Proxy::Direct => "",
+            Proxy::Relay => "relay.txt",
             Proxy::Portico => "portico.toml",
             Proxy::Nginx => "nginx.conf",
             Proxy::Haproxy => "haproxy.cfg",
@@ -127,6 +146,11 @@ pub const UPSTREAM_KEEPALIVE: u32 = 1024;
 pub fn config(proxy: Proxy, s: &Setup) -> String {
     match proxy {
         Proxy::Direct => String::new(),
+        Proxy::Relay => format!(
+            "portico bench relay: 127.0.0.1:{} -> {}, one connection there per client \
+             connection, no parsing, one thread (epoll)\n",
+            s.port, s.origin
+        ),
         Proxy::Portico => portico(s),
         Proxy::Nginx => nginx(s),
         Proxy::Haproxy => haproxy(s),
@@ -273,13 +297,15 @@ fn caddy(s: &Setup) -> String {
     )
 }
 
-/// The command line (program and arguments) that runs `proxy` with its configuration at
+/// The command line (program and arguments) that runs `proxy` of `s` with its configuration at
 /// `config` (the portico binary is `portico`).
-pub fn command(proxy: Proxy, portico: &str, config: &Path, dir: &Path) -> Vec<String> {
+pub fn command(proxy: Proxy, portico: &str, config: &Path, s: &Setup) -> Vec<String> {
     let c = config.display().to_string();
-    let d = dir.display().to_string();
+    let d = s.dir.display().to_string();
+    let (listen, to) = (format!("127.0.0.1:{}", s.port), s.origin.to_string());
     let v: Vec<&str> = match proxy {
         Proxy::Direct => vec![],
+        Proxy::Relay => vec![portico, "bench", "relay", "--listen", &listen, "--to", &to],
         Proxy::Portico => vec![portico, "run", "--config", &c, "--workers", "1"],
         Proxy::Nginx => vec!["nginx", "-c", &c, "-p", &d, "-e", "stderr"],
         Proxy::Haproxy => vec!["haproxy", "-f", &c, "-db"],
@@ -423,7 +449,7 @@ mod tests {
             Proxy::Portico,
             "/bin/portico",
             Path::new("/tmp/x/portico.toml"),
-            dir,
+            &plain,
         );
         assert_eq!(
             cmd,
@@ -437,6 +463,14 @@ mod tests {
             ]
         );
         assert!(environment(Proxy::Caddy, dir).contains(&("GOMAXPROCS".into(), "1".into())));
+        // The floor: the relay between the same ports, through no TLS.
+        let relay = command(Proxy::Relay, "/bin/portico", Path::new("/tmp/x/r"), &tls);
+        assert_eq!(
+            relay.join(" "),
+            "/bin/portico bench relay --listen 127.0.0.1:18080 --to 127.0.0.1:18081"
+        );
+        assert!(config(Proxy::Relay, &tls).contains("127.0.0.1:18080 -> 127.0.0.1:18081"));
+        assert!(!Proxy::Relay.terminates_tls() && Proxy::Relay.h2_capable("").is_err());
     }
 
     /// A light structural check of the TOML (the crate does not depend on the config crate):

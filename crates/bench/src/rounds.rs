@@ -146,6 +146,66 @@ pub fn summaries(m: &Manifest, all: &AllRounds) -> Vec<Summary> {
     out
 }
 
+/// The floor's name among the proxies (`portico bench relay`).
+pub const FLOOR: &str = "relay";
+
+/// What `s`'s proxy spends per request above the floor in the same scenario (medians over
+/// rounds): its own work. None for the floor itself, or without both CPU figures.
+pub fn above_floor(summaries: &[Summary], s: &Summary) -> Option<f64> {
+    if s.proxy == FLOOR {
+        return None;
+    }
+    let mine = s.cpu_us_per_request?.median;
+    let floor = summaries
+        .iter()
+        .find(|x| x.scenario == s.scenario && x.proxy == FLOOR)?
+        .cpu_us_per_request?
+        .median;
+    Some(mine - floor)
+}
+
+/// Per scenario with a floor and a Portico CPU figure, one line: Portico's own work above the
+/// floor against each other proxy's (`rps-1k: portico 3.60 µs/req above the floor (19.95):
+/// 0.90x nginx (4.00), 0.54x haproxy (6.70)`).
+pub fn verdict(summaries: &[Summary]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut scenarios: Vec<&str> = summaries.iter().map(|s| s.scenario.as_str()).collect();
+    scenarios.dedup();
+    for scenario in scenarios {
+        let of = |p: &str| {
+            summaries
+                .iter()
+                .find(|s| s.scenario == scenario && s.proxy == p)
+        };
+        let Some(floor) = of(FLOOR).and_then(|f| f.cpu_us_per_request) else {
+            continue;
+        };
+        let Some(mine) = of("portico").and_then(|p| above_floor(summaries, p)) else {
+            continue;
+        };
+        let peers: Vec<String> = summaries
+            .iter()
+            .filter(|s| {
+                s.scenario == scenario && ![FLOOR, "portico", "direct"].contains(&s.proxy.as_str())
+            })
+            .filter_map(|s| {
+                let theirs = above_floor(summaries, s)?;
+                Some(match theirs > 0.0 {
+                    true => format!("{:.2}x {} ({theirs:.2})", mine / theirs, s.proxy),
+                    false => format!("{} at or below the floor ({theirs:.2})", s.proxy),
+                })
+            })
+            .collect();
+        out.push(format!(
+            "{scenario}: portico {mine:.2} µs/req above the floor ({:.2}){}{}",
+            floor.median,
+            if peers.is_empty() { "" } else { ": " },
+            peers.join(", ")
+        ));
+    }
+    out
+}
+
 /// The terminal's table of medians: one line per proxy × scenario.
 pub fn table(summaries: &[Summary], rounds: u32) -> String {
     let mut t = if rounds > 1 {
@@ -164,10 +224,20 @@ pub fn table(summaries: &[Summary], rounds: u32) -> String {
             .cpu_us_per_request
             .map(|c| format!(", proxy CPU {} us/req", c.text(2)))
             .unwrap_or_default();
+        let above = above_floor(summaries, s)
+            .map(|a| format!(", {a:.2} above the floor"))
+            .unwrap_or_default();
         t.push_str(&format!(
-            "  {:<20} {:<8} {rate}{cpu}\n",
+            "  {:<20} {:<8} {rate}{cpu}{above}\n",
             s.scenario, s.proxy
         ));
+    }
+    let verdict = verdict(summaries);
+    if !verdict.is_empty() {
+        t.push_str("Own work (CPU per request above the relay's, medians):\n");
+        for line in verdict {
+            t.push_str(&format!("  {line}\n"));
+        }
     }
     t
 }
@@ -241,5 +311,31 @@ mod tests {
         assert!(t.starts_with("Summary (1 round):\n"), "{t}");
         assert!(t.contains("rps-1k") && t.contains("5.0 req/s"), "{t}");
         assert!(!t.contains("CPU"), "{t}");
+    }
+
+    #[test]
+    fn own_work_is_measured_above_the_floor() {
+        let one = |proxy: &str, us: Option<f64>| {
+            summarize(proxy, "rps-1k", Metric::Rps, &[(1, run(1000.0, us))])
+        };
+        let all = vec![
+            one("direct", None),
+            one("relay", Some(20.0)),
+            one("portico", Some(23.0)),
+            one("nginx", Some(24.0)),
+            one("haproxy", Some(19.5)),
+        ];
+        assert_eq!(above_floor(&all, &all[2]), Some(3.0));
+        assert_eq!(above_floor(&all, &all[1]), None);
+        assert_eq!(above_floor(&all, &all[0]), None);
+        assert_eq!(
+            verdict(&all),
+            ["rps-1k: portico 3.00 µs/req above the floor (20.00): 0.75x nginx (4.00), haproxy at or below the floor (-0.50)"]
+        );
+        let t = table(&all, 1);
+        assert!(t.contains("23.00 us/req, 3.00 above the floor"), "{t}");
+        assert!(t.contains("Own work"), "{t}");
+        // Without the floor: no verdict.
+        assert!(verdict(&all[2..]).is_empty());
     }
 }

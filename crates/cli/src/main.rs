@@ -84,7 +84,7 @@ enum Command {
 #[command(
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    subcommand_value_name = "report|compare",
+    subcommand_value_name = "report|compare|relay",
     subcommand_help_heading = "Reports",
     disable_help_subcommand = true
 )]
@@ -100,9 +100,12 @@ enum BenchJob {
     /// Write DIR/index.html (charts inline) and SVG files from one or more --json results (or
     /// from a `bench compare` manifest.json).
     Report(portico_bench::ReportFlags),
-    /// Compare proxies side by side on this machine: origin, then direct, portico, nginx, haproxy,
-    /// caddy in turn, pinned, with NGINX's scenarios; JSON per run, manifest.json, index.html.
+    /// Compare proxies side by side on this machine: origin, then direct, relay, portico, nginx,
+    /// haproxy, caddy in turn, pinned, with NGINX's scenarios; JSON per run, manifest.json, index.html.
     Compare(Box<portico_bench::CompareFlags>),
+    /// The floor `bench compare` measures proxies against: a blind TCP relay (one thread,
+    /// epoll, one connection to --to per client connection, no parsing), until killed.
+    Relay(portico_bench::RelayFlags),
 }
 
 fn main() -> ExitCode {
@@ -253,6 +256,10 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                     Err(e) => fail(&e.to_string()),
                 }
             }
+            (Some(BenchJob::Relay(r)), _) => match portico_bench::relay(&r) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&format!("portico bench relay: {e}")),
+            },
             (None, Some(flags)) => run_bench(flags),
             (None, None) => fail("portico bench: a URL is required (see portico bench --help)"),
         },

@@ -1,0 +1,250 @@
+//! `portico bench relay`: the floor, a blind one-to-one TCP relay on one thread (epoll, no parsing), costing what the kernel charges any proxy for the same bytes.
+
+use rustix::event::epoll;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+
+/// The `portico bench relay` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RelayFlags {
+    /// Where to listen.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// Where every accepted connection is relayed to (one connection there per client
+    /// connection, opened when the client's is accepted).
+    #[arg(long, value_name = "ADDR")]
+    pub to: SocketAddr,
+}
+
+/// The listener's token (a connection's is its slot times two plus its side).
+const LISTENER: u64 = u64::MAX;
+
+/// Bytes read at once (and the most one side holds while the other cannot take them).
+const CHUNK: usize = 64 * 1024;
+
+/// One direction's end: a socket, what was read from the other side and not yet written to it,
+/// whether its peer ended (FIN read from the other side) and what it is watched for.
+struct Side {
+    stream: TcpStream,
+    /// Bytes for this side, read from the other (the other is not read while any are left).
+    pending: Vec<u8>,
+    /// This side sent its FIN (read returned 0).
+    ended: bool,
+    /// Its write half was shut (the other side ended and everything was written).
+    shut: bool,
+    watched: epoll::EventFlags,
+}
+
+impl Side {
+    fn new(stream: TcpStream) -> Side {
+        Side {
+            stream,
+            pending: Vec::new(),
+            ended: false,
+            shut: false,
+            watched: epoll::EventFlags::empty(),
+        }
+    }
+}
+
+/// Relay until the process is killed. Errors on a connection close that pair only; an error
+/// returned is the listener's or epoll's own.
+pub fn relay(f: &RelayFlags) -> std::io::Result<()> {
+    let listener = TcpListener::bind(f.listen)?;
+    listener.set_nonblocking(true)?;
+    let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    epoll::add(
+        &ep,
+        &listener,
+        epoll::EventData::new_u64(LISTENER),
+        epoll::EventFlags::IN,
+    )?;
+    let mut pairs: Vec<Option<[Side; 2]>> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
+    loop {
+        events.clear();
+        match epoll::wait(&ep, rustix::buffer::spare_capacity(&mut events), None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        for ev in &events {
+            let token = ev.data.u64();
+            if token == LISTENER {
+                accept(&listener, f.to, &ep, &mut pairs, &mut free);
+                continue;
+            }
+            let slot = (token / 2) as usize;
+            let side = (token % 2) as usize;
+            let Some(Some(pair)) = pairs.get_mut(slot) else {
+                continue;
+            };
+            let ok = step(pair, side, ev.flags, &mut buf) && watch(&ep, pair, slot).is_ok();
+            let done = pair.iter().all(|s| s.ended && s.pending.is_empty());
+            if !ok || done {
+                // Closing the sockets takes them out of epoll.
+                pairs[slot] = None;
+                free.push(slot);
+            }
+        }
+    }
+}
+
+/// Accept every waiting client and connect each to `to`.
+fn accept(
+    listener: &TcpListener,
+    to: SocketAddr,
+    ep: &rustix::fd::OwnedFd,
+    pairs: &mut Vec<Option<[Side; 2]>>,
+    free: &mut Vec<usize>,
+) {
+    loop {
+        let client = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // Out of descriptors, a connection reset before it was accepted: the next one.
+            Err(_) => return,
+        };
+        // A blocking connect: on loopback it completes at once.
+        let Ok(server) = TcpStream::connect(to) else {
+            continue;
+        };
+        let ready = [&client, &server]
+            .iter()
+            .all(|s| s.set_nonblocking(true).is_ok() && s.set_nodelay(true).is_ok());
+        if !ready {
+            continue;
+        }
+        let slot = free.pop().unwrap_or_else(|| {
+            pairs.push(None);
+            pairs.len() - 1
+        });
+        let mut pair = [Side::new(client), Side::new(server)];
+        if watch(ep, &mut pair, slot).is_ok() {
+            pairs[slot] = Some(pair);
+        } else {
+            free.push(slot);
+        }
+    }
+}
+
+/// Handle `flags` on side `i` of `pair`; false when the pair is to be closed (an error).
+fn step(pair: &mut [Side; 2], i: usize, flags: epoll::EventFlags, buf: &mut [u8]) -> bool {
+    let o = 1 - i;
+    if flags.contains(epoll::EventFlags::ERR) {
+        return false;
+    }
+    if flags.contains(epoll::EventFlags::OUT) && !flush(&mut pair[i]) {
+        return false;
+    }
+    let readable = epoll::EventFlags::IN | epoll::EventFlags::HUP;
+    if flags.intersects(readable) && !pair[i].ended && pair[o].pending.is_empty() {
+        match pair[i].stream.read(buf) {
+            Ok(0) => pair[i].ended = true,
+            Ok(n) => {
+                pair[o].pending.extend_from_slice(&buf[..n]);
+                if !flush(&mut pair[o]) {
+                    return false;
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(_) => return false,
+        }
+    }
+    // A side that ended: its FIN passed on once everything before it was.
+    for (from, to) in [(0, 1), (1, 0)] {
+        if pair[from].ended && pair[to].pending.is_empty() && !pair[to].shut {
+            pair[to].shut = true;
+            let _ = pair[to].stream.shutdown(Shutdown::Write);
+        }
+    }
+    true
+}
+
+/// Write what `side` has pending; false on an error.
+fn flush(side: &mut Side) -> bool {
+    while !side.pending.is_empty() {
+        match side.stream.write(&side.pending) {
+            Ok(0) => return false,
+            Ok(n) => {
+                side.pending.drain(..n);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Watch each side of `pair` for what it waits for: reading while the other side can take
+/// more, writing while bytes are pending.
+fn watch(ep: &rustix::fd::OwnedFd, pair: &mut [Side; 2], slot: usize) -> std::io::Result<()> {
+    for i in 0..2 {
+        let mut want = epoll::EventFlags::empty();
+        if !pair[i].ended && pair[1 - i].pending.is_empty() {
+            want |= epoll::EventFlags::IN;
+        }
+        if !pair[i].pending.is_empty() {
+            want |= epoll::EventFlags::OUT;
+        }
+        let s = &mut pair[i];
+        if want == s.watched && !want.is_empty() {
+            continue;
+        }
+        let data = epoll::EventData::new_u64(slot as u64 * 2 + i as u64);
+        if s.watched.is_empty() && !want.is_empty() {
+            epoll::add(ep, &s.stream, data, want)?;
+        } else if !want.is_empty() {
+            epoll::modify(ep, &s.stream, data, want)?;
+        } else if !s.watched.is_empty() {
+            epoll::delete(ep, &s.stream)?;
+        }
+        s.watched = want;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A relay between a client and an echo server on ephemeral ports: bytes both ways, more
+    /// than a chunk, and the ends' FINs passed on.
+    #[test]
+    fn bytes_and_ends_pass_through_both_ways() {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = server.local_addr().unwrap();
+        // The relay's port: bound here, freed, bound again by the relay (it listens before
+        // the client connects: the client retries until it does).
+        let listen = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        std::thread::spawn(move || relay(&RelayFlags { listen, to }));
+        let echo = std::thread::spawn(move || {
+            let (mut s, _) = server.accept().unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+            got.len()
+        });
+        let mut client = loop {
+            match TcpStream::connect(listen) {
+                Ok(c) => break c,
+                Err(_) => std::thread::yield_now(),
+            }
+        };
+        let sent: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        client.write_all(&sent).unwrap();
+        client.shutdown(Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).unwrap();
+        assert_eq!(echo.join().unwrap(), sent.len());
+        assert!(back == sent, "{} bytes came back", back.len());
+    }
+}
