@@ -1,4 +1,4 @@
-//! `portico bench compare` end to end: direct and portico with very short runs, JSON results, the manifest and the HTML page.
+//! `portico bench compare` end to end: direct, the relay and portico with very short runs, JSON results, the manifest and the HTML page.
 
 use std::process::Command;
 
@@ -20,7 +20,12 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     // machine has, so the skip is tested too.
     let out = Command::new(BIN)
         .env("PATH", "/usr/bin:/bin")
-        .args(["bench", "compare", "--proxies", "direct,portico,nginx"])
+        .args([
+            "bench",
+            "compare",
+            "--proxies",
+            "direct,relay,portico,nginx",
+        ])
         .args([
             "--scenarios",
             "rps-1k,cps,latency,https-cps-resumed,h2-rps-1k",
@@ -55,11 +60,12 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     assert!(!m["host"]["kernel"].as_str().unwrap().is_empty());
     assert!(m["command"].as_str().unwrap().contains("bench compare"));
     let proxies = m["proxies"].as_array().unwrap();
-    assert_eq!(proxies.len(), 3);
+    assert_eq!(proxies.len(), 4);
     assert_eq!(m["rounds"], 2);
-    // Medians over both rounds of every scenario that ran (portico: 5, direct: 3).
+    // Medians over both rounds of every scenario that ran (portico: 5, direct: 3, the relay:
+    // 2, neither HTTPS nor new connections).
     let summary = m["summary"].as_array().unwrap();
-    assert_eq!(summary.len(), 8, "{summary:?}");
+    assert_eq!(summary.len(), 10, "{summary:?}");
     for x in summary {
         if x["scenario"] != "latency" || x["rate"].is_object() {
             // A round whose sweep found no knee (a loaded machine) has no latency figure.
@@ -77,15 +83,20 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         }
         assert_eq!(
             x["cpu_us_per_request"].is_object(),
-            x["proxy"] == "portico" && x["scenario"] != "latency",
+            (x["proxy"] == "portico" || x["proxy"] == "relay") && x["scenario"] != "latency",
             "{x}"
         );
     }
-    assert!(proxies[1]["config"]
+    assert!(proxies[1]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "relay"));
+    assert!(proxies[2]["config"]
         .as_str()
         .unwrap()
         .contains("[upstreams.b]"));
-    assert!(proxies[2]["skipped"]
+    assert!(proxies[3]["skipped"]
         .as_str()
         .unwrap()
         .contains("not installed"));
@@ -97,7 +108,9 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             r["scenario"].as_str().unwrap(),
         );
         let https = scenario == "https-cps-resumed" || scenario == "h2-rps-1k";
-        let expect_result = proxy == "portico" || (proxy == "direct" && !https);
+        let expect_result = proxy == "portico"
+            || (proxy == "direct" && !https)
+            || (proxy == "relay" && !https && scenario != "cps");
         assert_eq!(r["file"].is_string(), expect_result, "{r}");
         if !expect_result {
             assert!(r["skipped"].is_string(), "{r}");
@@ -128,7 +141,7 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
             assert!(v["requests"]["completed"].as_u64().unwrap() > 0, "{v}");
             assert_eq!(v["requests"]["errors"], 0, "{v}");
             // The proxy's CPU was sampled; direct has no proxy.
-            assert_eq!(v["cpu"].is_object(), proxy == "portico", "{r}");
+            assert_eq!(v["cpu"].is_object(), proxy != "direct", "{r}");
         }
         if scenario == "h2-rps-1k" {
             // HTTP/2 over TLS 1.3, 4 connections (-c 4, at most 10) of 100 streams each.
@@ -176,6 +189,9 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
         );
     }
     assert!(html.contains("<b>nginx</b>: skipped"));
+    // Portico's own work: its CPU per request above the relay's.
+    assert!(html.contains("<h2>Own work above the floor</h2>"), "{html}");
+    assert!(text.contains("rps-1k: portico "), "{text}");
     assert!(html.contains("<h2>Results</h2>") && html.contains("<h2>Manifest</h2>"));
     assert!(html.contains("HTTPS new connection per request, resumed sessions"));
     assert!(html.contains("HTTP/2 over TLS requests/s"));
