@@ -867,6 +867,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
     }
     let dir = dir.canonicalize().map_err(file_err(dir))?;
     let started = rfc3339(std::time::SystemTime::now());
+    let load_at_start = crate::report::load_average();
     let say = |out: &mut dyn Write, line: String| {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
@@ -1266,6 +1267,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
         command: f.command.clone(),
         portico_version,
         host: Host::this(),
+        load_at_start,
         pinning,
         duration_s: f.duration.as_secs_f64(),
         warmup_s: f.warmup.as_secs_f64(),

@@ -456,7 +456,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
     );
     let _ = writeln!(
         h,
-        "<p>{} to {} on {} ({} CPUs), Linux {}. {}. Each run: {} s measured after a {} s warm-up \
+        "<p>{} to {} on {} ({} CPUs), Linux {}{}. {}. Each run: {} s measured after a {} s warm-up \
          that is excluded from the results; {} client connections; {}. Closed-loop runs measure \
          saturation throughput and CPU; latency claims come from the open-loop sweep only.</p>",
         escape(&m.started),
@@ -464,6 +464,19 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
         escape(&m.host.cpu),
         m.host.cpus,
         escape(&m.host.kernel),
+        match (m.load_at_start, m.host.load_average) {
+            (Some(a), Some(b)) => format!(
+                "; load average (1 minute) {:.2} at the start, {:.2} at the end{}",
+                a[0],
+                b[0],
+                if a[0].max(b[0]) > m.host.cpus as f64 {
+                    ": more than the CPUs, other work shared the machine"
+                } else {
+                    ""
+                }
+            ),
+            _ => String::new(),
+        },
         escape(&m.pinning),
         m.duration_s,
         m.warmup_s,
@@ -905,7 +918,9 @@ mod tests {
                 cpu: "Test CPU".into(),
                 cpus: 2,
                 kernel: "6.1-test".into(),
+                load_average: Some([3.5, 1.0, 0.5]),
             },
+            load_at_start: Some([0.25, 0.5, 0.5]),
             pinning: "taskset: proxy on CPU 0".into(),
             duration_s: 1.0,
             warmup_s: 0.0,
@@ -997,6 +1012,12 @@ mod tests {
         assert!(h.contains("<td>3,210</td>"), "connections per second");
         assert!(h.contains("<td>17.50</td>"), "CPU per request");
         assert!(h.contains("Test CPU") && h.contains("portico bench compare --out x"));
+        assert!(
+            h.contains(
+                "load average (1 minute) 0.25 at the start, 3.50 at the end: more than the CPUs"
+            ),
+            "{h}"
+        );
         for (_, svg) in &page.svgs {
             assert!(h.contains(svg.as_str()));
         }

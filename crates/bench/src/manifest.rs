@@ -28,7 +28,11 @@ pub struct Manifest {
     pub finished: String,
     pub command: Option<String>,
     pub portico_version: String,
+    /// The machine, read when the comparison ended (its load average then).
     pub host: Host,
+    /// The load average (1, 5, 15 minutes) when the comparison started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_at_start: Option<[f64; 3]>,
     /// How processes were pinned (or why not).
     pub pinning: String,
     pub duration_s: f64,

@@ -639,6 +639,7 @@ pub(crate) mod tests {
                 cpu: "Test CPU".into(),
                 cpus: 2,
                 kernel: "6.1.0-test".into(),
+                load_average: None,
             },
             target: "http://x/".into(),
             method: "GET".into(),

@@ -175,6 +175,17 @@ pub struct Host {
     pub cpus: usize,
     /// /proc/sys/kernel/osrelease.
     pub kernel: String,
+    /// The load average (1, 5 and 15 minutes) when the host was read: a figure above the CPU
+    /// count says other work shared the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_average: Option<[f64; 3]>,
+}
+
+/// The load average of /proc/loadavg (1, 5, 15 minutes).
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = text.split_whitespace().map(|v| v.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
 }
 
 impl Host {
@@ -196,6 +207,7 @@ impl Host {
             cpu,
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
             kernel,
+            load_average: load_average(),
         }
     }
 }
