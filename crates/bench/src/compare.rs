@@ -454,6 +454,19 @@ pub fn expected_body(path: &str) -> Option<u64> {
 /// origin's body (the proxy answered by itself instead of forwarding).
 pub fn check_run(s: &Scenario, r: &crate::report::Report) -> Vec<String> {
     let mut w = Vec::new();
+    let non_2xx: u64 = r
+        .status_classes
+        .iter()
+        .filter(|(k, _)| k.as_str() != "2xx")
+        .map(|(_, n)| n)
+        .sum();
+    if r.requests.errors > 0 || non_2xx > 0 {
+        w.push(format!(
+            "{} failed requests and {non_2xx} non-2xx responses: not a clean run; the figures are \
+             void",
+            r.requests.errors
+        ));
+    }
     if let (Some(body), true) = (expected_body(s.path), r.requests.completed > 0) {
         let mean = r.bytes / r.requests.completed;
         if mean < body {
@@ -1416,6 +1429,11 @@ mod tests {
         assert!(w[0].contains("averaged 124 bytes"), "{w:?}");
         r.bytes = 10 * 1200;
         assert!(check_run(s, &r).is_empty());
+        // A run with a failed request is void too.
+        let mut r = crate::report::test_report(None, &[1; 10], 1, 0);
+        r.bytes = 10 * 1200;
+        let w = check_run(s, &r);
+        assert!(w[0].starts_with("1 failed requests and 0 non-2xx"), "{w:?}");
     }
 
     #[test]
