@@ -454,12 +454,7 @@ pub fn expected_body(path: &str) -> Option<u64> {
 /// origin's body (the proxy answered by itself instead of forwarding).
 pub fn check_run(s: &Scenario, r: &crate::report::Report) -> Vec<String> {
     let mut w = Vec::new();
-    let non_2xx: u64 = r
-        .status_classes
-        .iter()
-        .filter(|(k, _)| k.as_str() != "2xx")
-        .map(|(_, n)| n)
-        .sum();
+    let non_2xx = r.non_2xx();
     if r.requests.errors > 0 || non_2xx > 0 {
         w.push(format!(
             "{} failed requests and {non_2xx} non-2xx responses: not a clean run; the figures are \
@@ -1352,12 +1347,7 @@ fn one_line(input: &Input) -> String {
             } else {
                 format!(", {:.0} conn/s", r.connections_per_s)
             };
-            let non_2xx: u64 = r
-                .status_classes
-                .iter()
-                .filter(|(k, _)| k.as_str() != "2xx")
-                .map(|(_, n)| n)
-                .sum();
+            let non_2xx = r.non_2xx();
             format!(
                 "{:.0} req/s{conns}, {:.1} MB/s{cpu}, {} errors, {non_2xx} non-2xx",
                 r.achieved_rate,

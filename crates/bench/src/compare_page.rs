@@ -810,12 +810,7 @@ fn warn_note(w: &[String]) -> String {
 }
 
 fn row_cells(r: &Report) -> String {
-    let non_2xx: u64 = r
-        .status_classes
-        .iter()
-        .filter(|(k, _)| k.as_str() != "2xx")
-        .map(|(_, n)| n)
-        .sum();
+    let non_2xx = r.non_2xx();
     let tls = r
         .tls
         .as_ref()

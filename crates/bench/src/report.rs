@@ -509,6 +509,15 @@ impl Report {
         r
     }
 
+    /// Completed responses whose status was not 2xx.
+    pub fn non_2xx(&self) -> u64 {
+        let classes = self.status_classes.iter();
+        classes
+            .filter(|(k, _)| k.as_str() != "2xx")
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     fn find_warnings(&self, notes: &[String]) -> Vec<String> {
         let mut w = Vec::new();
         let a = &self.requests;
@@ -568,12 +577,7 @@ impl Report {
                 a.in_flight
             ));
         }
-        let non_2xx: u64 = self
-            .status_classes
-            .iter()
-            .filter(|(k, _)| k.as_str() != "2xx")
-            .map(|(_, n)| n)
-            .sum();
+        let non_2xx = self.non_2xx();
         if a.errors > 0 || non_2xx > 0 {
             w.push(format!(
                 "{} errors and {non_2xx} non-2xx responses: not a clean run, void for performance claims",

@@ -245,12 +245,7 @@ impl Slo {
         if a.errors > 0 {
             failures.push(format!("{} errors", a.errors));
         }
-        let non_2xx: u64 = r
-            .status_classes
-            .iter()
-            .filter(|(k, _)| k.as_str() != "2xx")
-            .map(|(_, n)| n)
-            .sum();
+        let non_2xx = r.non_2xx();
         if non_2xx > 0 {
             failures.push(format!("{non_2xx} non-2xx"));
         }

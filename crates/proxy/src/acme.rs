@@ -1144,22 +1144,16 @@ fn run_hook(
     limit: Duration,
     stop: Option<&Stop>,
 ) -> Result<(), String> {
-    let ran = run_hook_inner(hook, action, name, value, dir, limit, stop);
-    if let Some(s) = stop {
-        s.ended.store(true, Ordering::Release);
+    /// Says the run ended, whichever way it returns.
+    struct Ended<'a>(Option<&'a Stop>);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            if let Some(s) = self.0 {
+                s.ended.store(true, Ordering::Release);
+            }
+        }
     }
-    ran
-}
-
-fn run_hook_inner(
-    hook: &Path,
-    action: &str,
-    name: &str,
-    value: &str,
-    dir: &Path,
-    limit: Duration,
-    stop: Option<&Stop>,
-) -> Result<(), String> {
+    let _ended = Ended(stop);
     let out_path = dir.join(format!(".hook-{:016x}.out", fastrand::u64(..)));
     let out = std::fs::OpenOptions::new()
         .write(true)
