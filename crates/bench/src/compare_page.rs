@@ -470,7 +470,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
                 a[0],
                 b[0],
                 if a[0].max(b[0]) > m.host.cpus as f64 {
-                    ": more than the CPUs, other work shared the machine"
+                    ", above the CPU count"
                 } else {
                     ""
                 }
@@ -1009,7 +1009,7 @@ mod tests {
         assert!(h.contains("Test CPU") && h.contains("portico bench compare --out x"));
         assert!(
             h.contains(
-                "load average (1 minute) 0.25 at the start, 3.50 at the end: more than the CPUs"
+                "load average (1 minute) 0.25 at the start, 3.50 at the end, above the CPU count"
             ),
             "{h}"
         );

@@ -1,4 +1,4 @@
-//! `portico bench relay`: the floor, a blind one-to-one TCP relay on one thread (epoll, no parsing), costing what the kernel charges any proxy for the same bytes.
+//! `portico bench relay`: the floor, a minimal blind one-to-one TCP relay on one thread (epoll, no parsing): about what the kernel charges any proxy for the same bytes.
 
 use rustix::event::epoll;
 use std::io::{ErrorKind, Read, Write};
@@ -50,17 +50,38 @@ impl Side {
 /// Relay until the process is killed. Errors on a connection close that pair only; an error
 /// returned is the listener's or epoll's own.
 pub fn relay(f: &RelayFlags) -> std::io::Result<()> {
-    let listener = TcpListener::bind(f.listen)?;
+    // As many connections as the hard limit allows (`portico run` does the same).
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        },
+    );
+    serve(TcpListener::bind(f.listen)?, f.to)
+}
+
+/// Relay the clients of `listener` to `to` until the process is killed.
+pub fn serve(listener: TcpListener, to: SocketAddr) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-    epoll::add(
-        &ep,
-        &listener,
-        epoll::EventData::new_u64(LISTENER),
-        epoll::EventFlags::IN,
-    )?;
+    let listen = |on: bool| match on {
+        true => epoll::add(
+            &ep,
+            &listener,
+            epoll::EventData::new_u64(LISTENER),
+            epoll::EventFlags::IN,
+        ),
+        false => epoll::delete(&ep, &listener),
+    };
+    listen(true)?;
+    // Out of descriptors: not listening until a pair closes (the listener would stay readable).
+    let mut paused = false;
     let mut pairs: Vec<Option<[Side; 2]>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
+    let mut closed: Vec<usize> = Vec::new();
     let mut buf = vec![0u8; CHUNK];
     let mut events: Vec<epoll::Event> = Vec::with_capacity(256);
     loop {
@@ -73,7 +94,9 @@ pub fn relay(f: &RelayFlags) -> std::io::Result<()> {
         for ev in &events {
             let token = ev.data.u64();
             if token == LISTENER {
-                accept(&listener, f.to, &ep, &mut pairs, &mut free);
+                if !accept(&listener, to, &ep, &mut pairs, &mut free) && !paused {
+                    paused = listen(false).is_ok();
+                }
                 continue;
             }
             let slot = (token / 2) as usize;
@@ -84,33 +107,41 @@ pub fn relay(f: &RelayFlags) -> std::io::Result<()> {
             let ok = step(pair, side, ev.flags, &mut buf) && watch(&ep, pair, slot).is_ok();
             let done = pair.iter().all(|s| s.ended && s.pending.is_empty());
             if !ok || done {
-                // Closing the sockets takes them out of epoll.
+                // Closing the sockets takes them out of epoll; the slot is reused only after
+                // this batch (later events of it may name the pair just closed).
                 pairs[slot] = None;
-                free.push(slot);
+                closed.push(slot);
             }
         }
+        if !closed.is_empty() && paused {
+            paused = listen(true).is_err();
+        }
+        free.append(&mut closed);
     }
 }
 
-/// Accept every waiting client and connect each to `to`.
+/// Accept every waiting client and connect each to `to`; false when out of descriptors.
 fn accept(
     listener: &TcpListener,
     to: SocketAddr,
     ep: &rustix::fd::OwnedFd,
     pairs: &mut Vec<Option<[Side; 2]>>,
     free: &mut Vec<usize>,
-) {
+) -> bool {
     loop {
         let client = match listener.accept() {
             Ok((c, _)) => c,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            // Out of descriptors, a connection reset before it was accepted: the next one.
-            Err(_) => return,
+            Err(e) if e.raw_os_error().is_some_and(is_out_of_fds) => return false,
+            // A connection reset before it was accepted: the next one.
+            Err(_) => continue,
         };
         // A blocking connect: on loopback it completes at once.
-        let Ok(server) = TcpStream::connect(to) else {
-            continue;
+        let server = match TcpStream::connect(to) {
+            Ok(s) => s,
+            Err(e) if e.raw_os_error().is_some_and(is_out_of_fds) => return false,
+            Err(_) => continue,
         };
         let ready = [&client, &server]
             .iter()
@@ -131,6 +162,12 @@ fn accept(
     }
 }
 
+/// Whether an error number says the process or the system is out of descriptors.
+fn is_out_of_fds(errno: i32) -> bool {
+    let e = rustix::io::Errno::from_raw_os_error(errno);
+    e == rustix::io::Errno::MFILE || e == rustix::io::Errno::NFILE
+}
+
 /// Handle `flags` on side `i` of `pair`; false when the pair is to be closed (an error).
 fn step(pair: &mut [Side; 2], i: usize, flags: epoll::EventFlags, buf: &mut [u8]) -> bool {
     let o = 1 - i;
@@ -141,7 +178,8 @@ fn step(pair: &mut [Side; 2], i: usize, flags: epoll::EventFlags, buf: &mut [u8]
         return false;
     }
     let readable = epoll::EventFlags::IN | epoll::EventFlags::HUP;
-    if flags.intersects(readable) && !pair[i].ended && pair[o].pending.is_empty() {
+    // Read while the other side takes everything; a short read means the socket is drained.
+    while flags.intersects(readable) && !pair[i].ended && pair[o].pending.is_empty() {
         match pair[i].stream.read(buf) {
             Ok(0) => pair[i].ended = true,
             Ok(n) => {
@@ -149,8 +187,12 @@ fn step(pair: &mut [Side; 2], i: usize, flags: epoll::EventFlags, buf: &mut [u8]
                 if !flush(&mut pair[o]) {
                     return false;
                 }
+                if n < buf.len() {
+                    break;
+                }
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(_) => return false,
         }
     }
@@ -219,13 +261,9 @@ mod tests {
     fn bytes_and_ends_pass_through_both_ways() {
         let server = TcpListener::bind("127.0.0.1:0").unwrap();
         let to = server.local_addr().unwrap();
-        // The relay's port: bound here, freed, bound again by the relay (it listens before
-        // the client connects: the client retries until it does).
-        let listen = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        std::thread::spawn(move || relay(&RelayFlags { listen, to }));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listen = listener.local_addr().unwrap();
+        std::thread::spawn(move || serve(listener, to));
         let echo = std::thread::spawn(move || {
             let (mut s, _) = server.accept().unwrap();
             let mut got = Vec::new();
@@ -233,12 +271,7 @@ mod tests {
             s.write_all(&got).unwrap();
             got.len()
         });
-        let mut client = loop {
-            match TcpStream::connect(listen) {
-                Ok(c) => break c,
-                Err(_) => std::thread::yield_now(),
-            }
-        };
+        let mut client = TcpStream::connect(listen).unwrap();
         let sent: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         client.write_all(&sent).unwrap();
         client.shutdown(Shutdown::Write).unwrap();

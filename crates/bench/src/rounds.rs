@@ -166,7 +166,8 @@ pub fn above_floor(summaries: &[Summary], s: &Summary) -> Option<f64> {
 
 /// Per scenario with a floor and a Portico CPU figure, one line: Portico's own work above the
 /// floor against each other proxy's (`rps-1k: portico 3.60 µs/req above the floor (19.95):
-/// 0.90x nginx (4.00), 0.54x haproxy (6.70)`).
+/// 0.90x nginx (4.00), 0.54x haproxy (6.70)`). Own work within 5% of the floor is no figure to
+/// divide (noise, not work): said as such, without a ratio.
 pub fn verdict(summaries: &[Summary]) -> Vec<String> {
     let mut out = Vec::new();
     let mut scenarios: Vec<&str> = summaries.iter().map(|s| s.scenario.as_str()).collect();
@@ -183,6 +184,7 @@ pub fn verdict(summaries: &[Summary]) -> Vec<String> {
         let Some(mine) = of("portico").and_then(|p| above_floor(summaries, p)) else {
             continue;
         };
+        let noise = floor.median * 0.05;
         let peers: Vec<String> = summaries
             .iter()
             .filter(|s| {
@@ -190,14 +192,18 @@ pub fn verdict(summaries: &[Summary]) -> Vec<String> {
             })
             .filter_map(|s| {
                 let theirs = above_floor(summaries, s)?;
-                Some(match theirs > 0.0 {
-                    true => format!("{:.2}x {} ({theirs:.2})", mine / theirs, s.proxy),
-                    false => format!("{} at or below the floor ({theirs:.2})", s.proxy),
+                Some(match (mine > noise, theirs > noise) {
+                    (true, true) => format!("{:.2}x {} ({theirs:.2})", mine / theirs, s.proxy),
+                    _ => format!("{} {theirs:.2}", s.proxy),
                 })
             })
             .collect();
+        let within = match mine > noise {
+            true => "",
+            false => " (within 5% of the floor: no ratio)",
+        };
         out.push(format!(
-            "{scenario}: portico {mine:.2} µs/req above the floor ({:.2}){}{}",
+            "{scenario}: portico {mine:.2} µs/req above the floor ({:.2}){within}{}{}",
             floor.median,
             if peers.is_empty() { "" } else { ": " },
             peers.join(", ")
@@ -330,11 +336,18 @@ mod tests {
         assert_eq!(above_floor(&all, &all[0]), None);
         assert_eq!(
             verdict(&all),
-            ["rps-1k: portico 3.00 µs/req above the floor (20.00): 0.75x nginx (4.00), haproxy at or below the floor (-0.50)"]
+            ["rps-1k: portico 3.00 µs/req above the floor (20.00): 0.75x nginx (4.00), haproxy -0.50"]
         );
         let t = table(&all, 1);
         assert!(t.contains("23.00 us/req, 3.00 above the floor"), "{t}");
         assert!(t.contains("Own work"), "{t}");
+        // Portico within the floor's noise: no ratio.
+        let mut close = all.clone();
+        close[2] = one("portico", Some(20.5));
+        assert_eq!(
+            verdict(&close),
+            ["rps-1k: portico 0.50 µs/req above the floor (20.00) (within 5% of the floor: no ratio): nginx 4.00, haproxy -0.50"]
+        );
         // Without the floor: no verdict.
         assert!(verdict(&all[2..]).is_empty());
     }
