@@ -546,14 +546,31 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
         h.push_str("</ul>\n");
     }
     // The verdict: each proxy's own work, above the floor.
-    let verdict = crate::rounds::verdict(&summaries);
+    let mut verdict = crate::rounds::verdict(&summaries);
+    // And at one offered rate for all (open loop): the cost at a realistic load, not at each
+    // proxy's own saturation.
+    if let Some(rate) = spectrum_rate {
+        let cpus: Vec<(&str, f64)> = sweeps
+            .iter()
+            .filter_map(|(p, _, s)| {
+                let r = step_at(s, rate).and_then(median_run)?;
+                Some((*p, r.cpu.as_ref()?.us_per_request?))
+            })
+            .collect();
+        let label = format!(
+            "latency sweep at {} req/s offered to every proxy (the round shown)",
+            rate_text(rate)
+        );
+        verdict.extend(crate::rounds::own_work(&label, &cpus));
+    }
     if !verdict.is_empty() {
         let _ = writeln!(
             h,
             "<h2>Own work above the floor</h2>\n<p>CPU time per request above the relay's (a blind \
              TCP relay: what the kernel charges any proxy on this machine for the same bytes), \
              medians over {}; a ratio below 1 means Portico does less work of its own than that \
-             proxy. Each proxy ran at its own saturation rate.</p>\n<ul>",
+             proxy. In the closed-loop scenarios each proxy ran at its own saturation rate; the \
+             latency sweep's line compares them at one offered rate.</p>\n<ul>",
             match m.rounds {
                 1 => "one round (a single measurement: repeat with --rounds 3 or more)".to_string(),
                 n => format!("{n} rounds"),

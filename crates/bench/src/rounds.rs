@@ -169,47 +169,48 @@ pub fn above_floor(summaries: &[Summary], s: &Summary) -> Option<f64> {
 /// 0.90x nginx (4.00), 0.54x haproxy (6.70)`). Own work within 5% of the floor is no figure to
 /// divide (noise, not work): said as such, without a ratio.
 pub fn verdict(summaries: &[Summary]) -> Vec<String> {
-    let mut out = Vec::new();
     let mut scenarios: Vec<&str> = summaries.iter().map(|s| s.scenario.as_str()).collect();
     scenarios.dedup();
-    for scenario in scenarios {
-        let of = |p: &str| {
-            summaries
+    scenarios
+        .into_iter()
+        .filter_map(|scenario| {
+            let cpus: Vec<(&str, f64)> = summaries
                 .iter()
-                .find(|s| s.scenario == scenario && s.proxy == p)
-        };
-        let Some(floor) = of(FLOOR).and_then(|f| f.cpu_us_per_request) else {
-            continue;
-        };
-        let Some(mine) = of("portico").and_then(|p| above_floor(summaries, p)) else {
-            continue;
-        };
-        let noise = floor.median * 0.05;
-        let peers: Vec<String> = summaries
-            .iter()
-            .filter(|s| {
-                s.scenario == scenario && ![FLOOR, "portico", "direct"].contains(&s.proxy.as_str())
-            })
-            .filter_map(|s| {
-                let theirs = above_floor(summaries, s)?;
-                Some(match (mine > noise, theirs > noise) {
-                    (true, true) => format!("{:.2}x {} ({theirs:.2})", mine / theirs, s.proxy),
-                    _ => format!("{} {theirs:.2}", s.proxy),
-                })
-            })
-            .collect();
-        let within = match mine > noise {
-            true => "",
-            false => " (within 5% of the floor: no ratio)",
-        };
-        out.push(format!(
-            "{scenario}: portico {mine:.2} µs/req above the floor ({:.2}){within}{}{}",
-            floor.median,
-            if peers.is_empty() { "" } else { ": " },
-            peers.join(", ")
-        ));
-    }
-    out
+                .filter(|s| s.scenario == scenario)
+                .filter_map(|s| Some((s.proxy.as_str(), s.cpu_us_per_request?.median)))
+                .collect();
+            own_work(scenario, &cpus)
+        })
+        .collect()
+}
+
+/// One verdict line for `label` from each proxy's CPU µs per request (`cpus`, the floor's
+/// among them); None without the floor's or Portico's figure.
+pub fn own_work(label: &str, cpus: &[(&str, f64)]) -> Option<String> {
+    let of = |p: &str| cpus.iter().find(|(name, _)| *name == p).map(|(_, c)| *c);
+    let floor = of(FLOOR)?;
+    let mine = of("portico")? - floor;
+    let noise = floor * 0.05;
+    let peers: Vec<String> = cpus
+        .iter()
+        .filter(|(p, _)| ![FLOOR, "portico", "direct"].contains(p))
+        .map(|(p, c)| {
+            let theirs = c - floor;
+            match (mine > noise, theirs > noise) {
+                (true, true) => format!("{:.2}x {p} ({theirs:.2})", mine / theirs),
+                _ => format!("{p} {theirs:.2}"),
+            }
+        })
+        .collect();
+    let within = match mine > noise {
+        true => "",
+        false => " (within 5% of the floor: no ratio)",
+    };
+    Some(format!(
+        "{label}: portico {mine:.2} µs/req above the floor ({floor:.2}){within}{}{}",
+        if peers.is_empty() { "" } else { ": " },
+        peers.join(", ")
+    ))
 }
 
 /// The terminal's table of medians: one line per proxy × scenario.

@@ -192,6 +192,12 @@ fn compare_direct_and_portico_writes_results_manifest_and_page() {
     // Portico's own work: its CPU per request above the relay's.
     assert!(html.contains("<h2>Own work above the floor</h2>"), "{html}");
     assert!(text.contains("rps-1k: portico "), "{text}");
+    // And at one offered rate, from the latency sweep.
+    assert!(
+        html.contains("<li>latency sweep at 400 req/s offered to every proxy")
+            || html.contains("<li>latency sweep at 200 req/s offered to every proxy"),
+        "{html}"
+    );
     assert!(html.contains("<h2>Results</h2>") && html.contains("<h2>Manifest</h2>"));
     assert!(html.contains("HTTPS new connection per request, resumed sessions"));
     assert!(html.contains("HTTP/2 over TLS requests/s"));
