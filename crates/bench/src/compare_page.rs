@@ -550,15 +550,24 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
     // And at one offered rate for all (open loop): the cost at a realistic load, not at each
     // proxy's own saturation.
     if let Some(rate) = spectrum_rate {
+        // Each proxy's median over the rounds whose sweep ran that rate.
         let cpus: Vec<(&str, f64)> = sweeps
             .iter()
-            .filter_map(|(p, _, s)| {
-                let r = step_at(s, rate).and_then(median_run)?;
-                Some((*p, r.cpu.as_ref()?.us_per_request?))
+            .filter_map(|(p, _, _)| {
+                let rounds = all.get(&(p.to_string(), "latency".to_string()))?;
+                let at: Vec<f64> = rounds
+                    .iter()
+                    .filter_map(|(_, i)| match i {
+                        Input::Sweep(s) => step_at(s, rate).and_then(median_run),
+                        Input::Run(_) => None,
+                    })
+                    .filter_map(|r| r.cpu.as_ref()?.us_per_request)
+                    .collect();
+                Some((*p, crate::rounds::spread(&at)?.median))
             })
             .collect();
         let label = format!(
-            "latency sweep at {} req/s offered to every proxy (the round shown)",
+            "latency sweep at {} req/s offered to every proxy",
             rate_text(rate)
         );
         verdict.extend(crate::rounds::own_work(&label, &cpus));
