@@ -183,10 +183,19 @@ fn step(pair: &mut [Side; 2], i: usize, flags: epoll::EventFlags, buf: &mut [u8]
         match pair[i].stream.read(buf) {
             Ok(0) => pair[i].ended = true,
             Ok(n) => {
-                pair[o].pending.extend_from_slice(&buf[..n]);
-                if !flush(&mut pair[o]) {
-                    return false;
+                // Written straight from the read buffer; only what the socket did not take
+                // is kept (the other side is not read until it is written).
+                let mut sent = 0;
+                while sent < n {
+                    match pair[o].stream.write(&buf[sent..n]) {
+                        Ok(0) => return false,
+                        Ok(w) => sent += w,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(_) => return false,
+                    }
                 }
+                pair[o].pending.extend_from_slice(&buf[sent..n]);
                 if n < buf.len() {
                     break;
                 }
