@@ -150,6 +150,13 @@ pub fn explain(config: &Config) -> String {
         for server in &group.servers {
             let _ = writeln!(out, "  server {} weight {}", server.address, server.weight);
         }
+        if let Some(d) = &group.discovery {
+            let _ = writeln!(
+                out,
+                "  discovery: {}",
+                discovery_summary(d, &config.resolver)
+            );
+        }
         let _ = writeln!(out, "  health_check: {}", health_summary(group));
         let _ = writeln!(out, "  passive: {}", passive_summary(group));
         if let Some(s) = &group.sticky_cookie {
@@ -956,4 +963,37 @@ fn jwt_summary(j: &crate::model::Jwt) -> String {
         text.push_str(&format!("; {c} -> {f}"));
     }
     text
+}
+
+/// What a group's `discovery` asks, how often, and of whom.
+fn discovery_summary(d: &crate::model::Discovery, r: &crate::model::Resolver) -> String {
+    use crate::model::{AddressFamily, DiscoverySource};
+    let family = match d.family {
+        AddressFamily::Any => "A and AAAA",
+        AddressFamily::Ipv4 => "A",
+        AddressFamily::Ipv6 => "AAAA",
+    };
+    let what = match &d.source {
+        DiscoverySource::Dns { name, port } => {
+            format!("{family} records of {name} on port {port}, weight {}", d.weight)
+        }
+        DiscoverySource::Srv { name } => format!(
+            "SRV records of {name} (lowest priority present; ports and weights from the records; targets' {family})"
+        ),
+    };
+    let whom = match r.nameservers.is_empty() {
+        true => "the system's name servers".to_string(),
+        false => r
+            .nameservers
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    format!(
+        "{what}; asked of {whom} again as the TTL expires (between {} and {}); kept {} after the name is gone, and while lookups fail",
+        format_duration(r.min_ttl),
+        format_duration(r.max_ttl),
+        format_duration(r.hold)
+    )
 }

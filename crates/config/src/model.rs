@@ -31,6 +31,82 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// Worker threads; None = available cores. The CLI flag overrides it.
     pub workers: Option<NonZeroU32>,
+    /// How upstream groups' `discovery` names are resolved (`[resolver]`; defaults when absent).
+    pub resolver: Resolver,
+}
+
+/// How the names of upstream groups' `discovery` are resolved (`[resolver]`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Resolver {
+    /// Name servers asked (UDP, then TCP for truncated answers); empty = the system's
+    /// (`/etc/resolv.conf`, whose search domains then apply to names without a final dot).
+    pub nameservers: Vec<SocketAddr>,
+    /// How long one query waits for an answer before the next attempt (2 attempts).
+    pub timeout: Duration,
+    /// An answer is asked again no sooner than this, whatever its TTL.
+    pub min_ttl: Duration,
+    /// ... and no later than this.
+    pub max_ttl: Duration,
+    /// How long the last servers found are kept once the name no longer exists or has no
+    /// records (NXDOMAIN, or no A/AAAA/SRV); failed lookups (timeouts, SERVFAIL) keep them for
+    /// as long as they fail.
+    pub hold: Duration,
+}
+
+impl Resolver {
+    /// The documented defaults.
+    pub const DEFAULT: Resolver = Resolver {
+        nameservers: Vec::new(),
+        timeout: Duration::from_secs(2),
+        min_ttl: Duration::from_secs(1),
+        max_ttl: Duration::from_secs(60),
+        hold: Duration::from_secs(30),
+    };
+}
+
+impl Default for Resolver {
+    fn default() -> Self {
+        Resolver::DEFAULT
+    }
+}
+
+/// Servers of an upstream group found by DNS (`[upstreams.NAME.discovery]`), re-resolved as
+/// their TTL expires; they join the group's listed `servers`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Discovery {
+    pub source: DiscoverySource,
+    /// Which addresses of the names are used.
+    pub family: AddressFamily,
+    /// Weight of each address found by `dns` (SRV records carry their own).
+    pub weight: u32,
+}
+
+/// What a group's discovery asks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DiscoverySource {
+    /// A and AAAA records of `name`, each address a server on `port`.
+    Dns { name: String, port: u16 },
+    /// SRV records of `name` (e.g. `_http._tcp.app.internal.`): each target's addresses on the
+    /// record's port with its weight; only the records of the lowest priority present.
+    Srv { name: String },
+}
+
+impl DiscoverySource {
+    /// The name asked, as configured.
+    pub fn name(&self) -> &str {
+        match self {
+            DiscoverySource::Dns { name, .. } | DiscoverySource::Srv { name } => name,
+        }
+    }
+}
+
+/// Address families a discovery uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AddressFamily {
+    /// IPv4 and IPv6 (A and AAAA).
+    Any,
+    Ipv4,
+    Ipv6,
 }
 
 /// The admin listener: the status and change API, Prometheus `/metrics` and the dashboard.
@@ -1178,6 +1254,8 @@ pub struct UpstreamGroup {
     pub sticky_cookie: Option<StickyCookie>,
     /// The protocol spoken to the servers (`protocol`, default `http1`).
     pub protocol: UpstreamProtocol,
+    /// More servers found by DNS (`discovery`); None = only the listed `servers`.
+    pub discovery: Option<Discovery>,
 }
 
 /// The protocol an upstream group speaks to its servers.
@@ -1335,7 +1413,7 @@ pub const DEFAULT_RISE: u32 = 2;
 /// Health check `fall` when not configured.
 pub const DEFAULT_FALL: u32 = 3;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
     pub address: SocketAddr,
     /// Weight >= 1 (default 1).

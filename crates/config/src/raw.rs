@@ -23,6 +23,26 @@ pub(crate) struct RawConfig {
     pub admin: Option<Spanned<RawAdmin>>,
     pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
     pub upstreams: Option<Entries<RawUpstream>>,
+    pub resolver: Option<Spanned<RawResolver>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a resolver table")]
+pub(crate) struct RawResolver {
+    pub nameservers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub timeout: Option<Spanned<Scalar>>,
+    pub min_ttl: Option<Spanned<Scalar>>,
+    pub max_ttl: Option<Spanned<Scalar>>,
+    pub hold: Option<Spanned<Scalar>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a discovery table")]
+pub(crate) struct RawDiscovery {
+    pub dns: Option<Spanned<String>>,
+    pub srv: Option<Spanned<String>>,
+    pub family: Option<Spanned<String>>,
+    pub weight: Option<Spanned<Int>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -464,6 +484,7 @@ pub(crate) struct RawUpstream {
     pub queue_timeout: Option<Spanned<Scalar>>,
     pub sticky_cookie: Option<Spanned<RawSticky>>,
     pub protocol: Option<Spanned<String>>,
+    pub discovery: Option<Spanned<RawDiscovery>>,
 }
 
 /// `sticky_cookie = "NAME"` or `sticky_cookie = { name = "NAME", path = "/", ... }`.

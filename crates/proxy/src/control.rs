@@ -109,6 +109,10 @@ pub struct Control {
     on_reload: Mutex<Option<ReloadHook>>,
     /// Tells worker threads to drain and exit.
     pub(crate) shutdown: watch::Sender<bool>,
+    /// The groups' discovery lookups, for the admin API and `/metrics`.
+    pub(crate) discovery_status: Arc<crate::discovery::Status>,
+    /// This control plane, for the discovery thread's changes.
+    me: std::sync::Weak<Control>,
 }
 
 pub(crate) struct Inner {
@@ -139,6 +143,10 @@ pub(crate) struct Inner {
     copies: HashMap<u64, Vec<std::net::TcpListener>>,
     /// A predecessor's sockets, until the first configuration takes them.
     pub(crate) inherited: Option<crate::handover::Inherited>,
+    /// Each discovering group's servers as found last, by group name.
+    discovered: HashMap<String, crate::discovery::Found>,
+    /// Present while a group has a discovery (one thread for the process).
+    discovery: Option<crate::discovery::Manager>,
 }
 
 impl Control {
@@ -199,6 +207,10 @@ impl Control {
         let old = self.published.current.load_full();
         // The admin API's changes go over the new configuration (kept only if it is applied).
         let base = Arc::new(config.clone());
+        // Servers found by the groups' discovery join those listed, before the admin API's
+        // changes (which may name them); a discovery not asked before is asked now.
+        let discovered = self.discovered_for(inner, &config);
+        merge_discovered(&mut config, &discovered);
         let mut runtime = inner.runtime.clone();
         let dropped = runtime.apply_to(&mut config);
         let changes = match old.generation {
@@ -491,8 +503,39 @@ impl Control {
             }
         }
 
+        if !discovered.is_empty() && inner.discovery.is_none() {
+            let me = self.me.clone();
+            let publish: crate::discovery::Publish = Arc::new(move |group, spec, servers| {
+                if let Some(control) = me.upgrade() {
+                    control.discovered(group, spec, servers);
+                }
+            });
+            let m = crate::discovery::Manager::start(publish, self.discovery_status.clone())
+                .map_err(StartError::Thread)?;
+            inner.discovery = Some(m);
+        }
+
         // Commit: nothing below can fail.
         crate::acme::manage(&config);
+        let watches: Vec<crate::discovery::Watch> = discovered
+            .iter()
+            .map(|(group, found)| crate::discovery::Watch {
+                group: group.clone(),
+                found: found.clone(),
+            })
+            .collect();
+        let names: Vec<&str> = watches.iter().map(|w| w.group.as_str()).collect();
+        self.discovery_status.retain(&names);
+        match watches.is_empty() {
+            // the thread ends with its channel
+            true => inner.discovery = None,
+            false => {
+                if let Some(m) = &inner.discovery {
+                    m.update(watches);
+                }
+            }
+        }
+        inner.discovered = discovered;
         runtime.apply_states(&upstreams);
         for w in &dropped {
             tracing::warn!("{w}");
@@ -568,6 +611,90 @@ impl Control {
         inner.header_time = header_time;
         inner.queues = queues;
         Ok(summary)
+    }
+
+    /// Each discovering group's servers: as found before while its discovery and the resolver
+    /// stay the same, else asked now (all at once, each bounded by the resolver's timeout).
+    fn discovered_for(
+        &self,
+        inner: &Inner,
+        config: &Config,
+    ) -> HashMap<String, crate::discovery::Found> {
+        let mut out = HashMap::new();
+        let mut asks = Vec::new();
+        for g in &config.upstreams {
+            let Some(d) = &g.discovery else { continue };
+            let known = inner
+                .discovered
+                .get(&g.name)
+                .filter(|f| f.spec == *d && f.resolver == config.resolver);
+            match known {
+                Some(f) => {
+                    out.insert(g.name.clone(), f.clone());
+                }
+                None => asks.push((g.name.clone(), d.clone(), config.resolver.clone())),
+            }
+        }
+        let found = crate::discovery::resolve_now(&asks, &self.discovery_status);
+        for ((group, _, _), f) in asks.into_iter().zip(found) {
+            out.insert(group, f);
+        }
+        out
+    }
+
+    /// The discovery thread found other servers for `group`: apply the last configuration
+    /// again with them (a change for a discovery the configuration no longer has is ignored).
+    fn discovered(
+        &self,
+        group: &str,
+        spec: &portico_config::Discovery,
+        servers: Vec<portico_config::Server>,
+    ) {
+        let mut inner = self.lock();
+        if inner.shutting_down || inner.base.is_none() {
+            return;
+        }
+        let Some(found) = inner.discovered.get_mut(group).filter(|f| f.spec == *spec) else {
+            return;
+        };
+        if found.servers == servers {
+            return;
+        }
+        let before = std::mem::replace(&mut found.servers, servers.clone());
+        let config = self.base_config(&inner);
+        let name = spec.source.name();
+        match self.apply_locked(&mut inner, config) {
+            Ok(summary) => {
+                let added: Vec<_> = servers
+                    .iter()
+                    .filter(|s| !before.iter().any(|b| b.address == s.address))
+                    .cloned()
+                    .collect();
+                let removed: Vec<_> = before
+                    .iter()
+                    .filter(|b| !servers.iter().any(|s| s.address == b.address))
+                    .cloned()
+                    .collect();
+                tracing::info!(
+                    upstream = group,
+                    generation = summary.generation,
+                    "discovery: {name} now gives {} server(s): {}; added: {}; removed: {}",
+                    servers.len(),
+                    crate::discovery::list(&servers),
+                    crate::discovery::list(&added),
+                    crate::discovery::list(&removed),
+                );
+            }
+            Err(e) => {
+                if let Some(f) = inner.discovered.get_mut(group) {
+                    f.servers = before;
+                }
+                tracing::error!(
+                    upstream = group,
+                    "discovery: {name} gives other servers, but the configuration with them was refused: {e}"
+                );
+            }
+        }
     }
 
     /// Read the admin API's changes kept in `file` (`[admin] state_file`), before the first
@@ -798,6 +925,7 @@ impl Control {
         // open would take connections nobody accepts (a closed port refuses them at once). A
         // successor holds copies of its own.
         inner.copies.clear();
+        inner.discovery = None;
         for s in &inner.slots {
             s.stop.send_replace(true);
         }
@@ -868,6 +996,7 @@ impl Control {
                 admin: None,
                 drain_timeout,
                 workers: None,
+                resolver: Default::default(),
             }),
             listeners: Vec::new(),
             upstreams: Vec::new(),
@@ -886,7 +1015,7 @@ impl Control {
             senders.push(tx);
             receivers.push(rx);
         }
-        let control = Arc::new(Control {
+        let control = Arc::new_cyclic(|me| Control {
             published: Arc::new(Published {
                 current: ArcSwap::from_pointee(empty),
                 generation: AtomicU64::new(0),
@@ -914,12 +1043,31 @@ impl Control {
                 base: None,
                 copies: HashMap::new(),
                 inherited: None,
+                discovered: HashMap::new(),
+                discovery: None,
             }),
             source: Mutex::new(None),
             on_reload: Mutex::new(None),
             shutdown: watch::channel(false).0,
+            discovery_status: Default::default(),
+            me: me.clone(),
         });
         (control, receivers)
+    }
+}
+
+/// Add each group's discovered servers to those it lists (a listed address stays as listed).
+fn merge_discovered(config: &mut Config, found: &HashMap<String, crate::discovery::Found>) {
+    for group in &mut config.upstreams {
+        let Some(f) = found.get(&group.name) else {
+            continue;
+        };
+        let g = Arc::make_mut(group);
+        for s in &f.servers {
+            if !g.servers.iter().any(|l| l.address == s.address) {
+                g.servers.push(s.clone());
+            }
+        }
     }
 }
 

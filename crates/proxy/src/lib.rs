@@ -8,6 +8,7 @@ mod cert_watch;
 mod conn;
 mod control;
 mod date;
+mod discovery;
 mod downstream;
 mod error;
 mod fast_timeout;

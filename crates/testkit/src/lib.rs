@@ -3,6 +3,8 @@
 // Deliberately independent of `portico-http1` (plain `httparse` and hand-written framing) so
 // tests do not check the codec against itself.
 
+pub mod dns;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -170,6 +172,23 @@ pub struct TestUpstream {
 impl TestUpstream {
     pub fn start(handler: impl Fn(&Captured) -> Reply + Send + Sync + 'static) -> TestUpstream {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind test upstream");
+        Self::serve(listener, handler)
+    }
+
+    /// Like [`TestUpstream::start`], on `addr` (another loopback address, a given port); None
+    /// when it cannot be bound.
+    pub fn start_on(
+        addr: SocketAddr,
+        handler: impl Fn(&Captured) -> Reply + Send + Sync + 'static,
+    ) -> Option<TestUpstream> {
+        let listener = TcpListener::bind(addr).ok()?;
+        Some(Self::serve(listener, handler))
+    }
+
+    fn serve(
+        listener: TcpListener,
+        handler: impl Fn(&Captured) -> Reply + Send + Sync + 'static,
+    ) -> TestUpstream {
         let addr = listener.local_addr().expect("local addr");
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(Mutex::new(Vec::new()));

@@ -33,6 +33,7 @@ pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<Upstre
         sticky_cookie: None,
         tls: None,
         protocol: Default::default(),
+        discovery: None,
     })
 }
 
@@ -447,4 +448,31 @@ fn release_hook_hears_every_released_slot_after_the_count_drops() {
     assert_eq!(hook.1.load(Ordering::SeqCst), 1);
     drop(u.pick(None, None).unwrap());
     assert_eq!(hook.1.load(Ordering::SeqCst), 2);
+}
+
+// ---- a group with no server (a discovery that has found none yet) ----
+
+#[test]
+fn a_group_without_servers_picks_none_under_every_balance() {
+    for balance in [
+        Balance::RoundRobin,
+        Balance::LeastConnections,
+        Balance::TwoRandomChoices,
+        Balance::HashClientIp,
+        Balance::HashHeader("x-user".into()),
+        Balance::HashCookie("user".into()),
+    ] {
+        let up = Upstream::new(group(&[], balance.clone(), 0));
+        let now = Instant::now();
+        assert!(up.pick_at(Some(b"k"), None, now).is_err(), "{balance:?}");
+        assert!(up.pick_at(None, Some(0), now).is_err(), "{balance:?}");
+        assert!(
+            up.pick_at_excluding(None, &[0, 1], now).is_err(),
+            "{balance:?}"
+        );
+        assert!(up.status(now).is_empty());
+        // and a later group with servers carries nothing, and picks
+        let next = Upstream::new_carrying(group(&[1, 1], balance.clone(), 0), &up);
+        assert!(next.pick_at(Some(b"k"), None, now).is_ok(), "{balance:?}");
+    }
 }

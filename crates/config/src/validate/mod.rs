@@ -5,6 +5,7 @@ mod auth;
 mod cache;
 mod compression;
 mod cors;
+mod discovery;
 mod jwt;
 mod listeners;
 mod logging;
@@ -135,6 +136,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
         .unwrap_or_default();
     let request_id = raw.request_id.as_ref().map(|r| request_id(&mut ctx, r));
     let trace = raw.trace.as_ref().map(|t| trace(&mut ctx, t));
+    let resolver = discovery::resolver(&mut ctx, raw.resolver.as_ref());
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
@@ -160,6 +162,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
             admin,
             drain_timeout,
             workers,
+            resolver,
         })
     } else {
         let mut errors = ctx.errors;

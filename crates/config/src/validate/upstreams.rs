@@ -347,16 +347,22 @@ pub(super) fn upstream(
     if let Some(message) = plain_text_error(name.get_ref(), "upstream group name") {
         ctx.error(start(name), &key, message);
     }
+    let discovery = raw
+        .discovery
+        .as_ref()
+        .and_then(|d| super::discovery::discovery(ctx, &sub(&key, "discovery"), d));
+    let discovers = raw.discovery.is_some();
     let servers = match &raw.servers {
+        None if discovers => Vec::new(),
         None => {
             ctx.error(
                 start(name),
                 &key,
-                "upstream group has no `servers`; e.g. servers = [\"127.0.0.1:9001\"]",
+                "upstream group has no `servers`; e.g. servers = [\"127.0.0.1:9001\"], or a `discovery`",
             );
             Vec::new()
         }
-        Some(list) if list.get_ref().is_empty() => {
+        Some(list) if list.get_ref().is_empty() && !discovers => {
             ctx.error(
                 start(list),
                 &sub(&key, "servers"),
@@ -448,6 +454,7 @@ pub(super) fn upstream(
         sticky_cookie,
         tls,
         protocol,
+        discovery,
     }
 }
 

@@ -273,7 +273,7 @@ fn empty_servers_and_weight_zero() {
     );
     assert_eq!(
         err(&format!("[upstreams.api]\nbalance = \"round_robin\"\n{route}")),
-        "t.toml:1:12: upstreams.api: upstream group has no `servers`; e.g. servers = [\"127.0.0.1:9001\"]"
+        "t.toml:1:12: upstreams.api: upstream group has no `servers`; e.g. servers = [\"127.0.0.1:9001\"], or a `discovery`"
     );
     assert_eq!(
         err(&format!("[upstreams.api]\nservers = [\"127.0.0.1:1\", {{ address = \"127.0.0.1:2\", weight = 0 }}]\n{route}")),

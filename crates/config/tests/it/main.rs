@@ -4,6 +4,7 @@ mod access;
 mod acme;
 mod cache;
 mod compression;
+mod discovery;
 mod docs;
 mod errors;
 mod health;

@@ -394,6 +394,9 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
             Response::json(200, &json!({ "certificates": acme_json() }))
         }
         ("POST", ["api", "acme", "renew"]) => acme_renew(req),
+        ("GET" | "HEAD", ["api", "discovery"]) => {
+            Response::json(200, &json!({ "groups": discovery_json(control) }))
+        }
         ("GET" | "HEAD", ["api", "changes"]) => {
             let (groups, file) = control.runtime_changes();
             Response::json(
@@ -894,7 +897,43 @@ pub fn status(control: &Control) -> Value {
         "groups": groups_json(&shared),
         "cache": shared.cache.as_deref().map(cache_json),
         "acme": acme_json(),
+        "discovery": discovery_json(control),
     })
+}
+
+/// Each discovering group: what it asks, the servers found, the last lookup and the next.
+fn discovery_json(control: &Control) -> Value {
+    let unix = |t: Option<std::time::SystemTime>| {
+        t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs())
+    };
+    let list: Vec<Value> = control
+        .discovery_status
+        .snapshot()
+        .into_iter()
+        .map(|(group, s)| {
+            let next = unix(s.next_lookup);
+            let last_ok = unix(s.last_ok);
+            json!({
+                "group": group,
+                "kind": s.kind,
+                "name": s.name,
+                "servers": s.servers.iter().map(|v| json!({
+                    "address": v.address.to_string(),
+                    "weight": v.weight,
+                })).collect::<Vec<_>>(),
+                "last_result": s.last_result,
+                "last_ok": last_ok.map(|t| portico_tls::utc_date(t as i64)),
+                "last_ok_unix": last_ok,
+                "next_lookup": next.map(|t| portico_tls::utc_date(t as i64)),
+                "next_lookup_unix": next,
+                "ok_total": s.ok_total,
+                "gone_total": s.gone_total,
+                "failed_total": s.failed_total,
+            })
+        })
+        .collect();
+    Value::Array(list)
 }
 
 /// The certificates obtained by ACME: names, issuer, dates, next renewal and why, last error.
@@ -978,7 +1017,58 @@ pub fn metrics(control: &Control) -> String {
         cache_metrics(&mut e, cache);
     }
     acme_metrics(&mut e);
+    discovery_metrics(&mut e, control);
     e.finish()
+}
+
+/// Per discovering group: servers found, lookups by result, the last successful lookup.
+fn discovery_metrics(e: &mut Exposition, control: &Control) {
+    let all = control.discovery_status.snapshot();
+    if all.is_empty() {
+        return;
+    }
+    let name = "portico_discovery_servers";
+    e.family(
+        name,
+        "gauge",
+        "Servers the group's discovery found last (kept while its name is held or lookups fail).",
+    );
+    for (group, s) in &all {
+        e.sample(name, &[("group", group.as_str())], s.servers.len() as f64);
+    }
+    let name = "portico_discovery_lookups_total";
+    e.family(
+        name,
+        "counter",
+        "DNS lookups of the group's discovery, by result: ok, gone (NXDOMAIN or no records), failed (no answer, SERVFAIL).",
+    );
+    for (group, s) in &all {
+        for (result, n) in [
+            ("ok", s.ok_total),
+            ("gone", s.gone_total),
+            ("failed", s.failed_total),
+        ] {
+            e.sample(
+                name,
+                &[("group", group.as_str()), ("result", result)],
+                n as f64,
+            );
+        }
+    }
+    let name = "portico_discovery_last_success_timestamp_seconds";
+    e.family(
+        name,
+        "gauge",
+        "When the group's discovery last had an answer (Unix seconds); absent before the first.",
+    );
+    for (group, s) in &all {
+        let at = s
+            .last_ok
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        if let Some(at) = at {
+            e.sample(name, &[("group", group.as_str())], at.as_secs_f64().floor());
+        }
+    }
 }
 
 /// Per certificate obtained by ACME (labelled by its first name): expiry, next renewal, issued

@@ -9,6 +9,7 @@ mod cache;
 mod compression;
 mod cors;
 mod dashboard;
+mod discovery;
 mod early_hints;
 mod h2;
 mod h2_interim;

@@ -1,0 +1,237 @@
+//! Service discovery: `[resolver]` and upstream groups' `discovery` (DNS names re-resolved by TTL).
+
+use super::*;
+use crate::model::{AddressFamily, Discovery, DiscoverySource, Resolver};
+use crate::raw::{RawDiscovery, RawResolver};
+
+/// Longest `[resolver]` duration accepted (timeouts, TTL bounds, hold): one day.
+const MAX_RESOLVER_DURATION: Duration = Duration::from_secs(86_400);
+
+pub(super) fn resolver(ctx: &mut Ctx<'_>, raw: Option<&Spanned<RawResolver>>) -> Resolver {
+    let d = Resolver::DEFAULT;
+    let Some(table) = raw else { return d };
+    let r = table.get_ref();
+    let mut nameservers = Vec::new();
+    if let Some(list) = &r.nameservers {
+        if list.get_ref().is_empty() {
+            ctx.error(
+                start(list),
+                "resolver.nameservers",
+                "list at least one name server, or leave `nameservers` out to use the system's",
+            );
+        }
+        for (i, text) in list.get_ref().iter().enumerate() {
+            let key = format!("resolver.nameservers[{i}]");
+            // A name server is an address: port 53 unless one is given.
+            let parsed = text
+                .get_ref()
+                .parse::<IpAddr>()
+                .map(|ip| SocketAddr::new(ip, 53))
+                .or_else(|_| text.get_ref().parse::<SocketAddr>());
+            match parsed {
+                Ok(a) if a.port() == 0 => ctx.error(start(text), &key, "port 0 is not a name server's port"),
+                Ok(a) if nameservers.contains(&a) => {
+                    ctx.error(start(text), &key, format!("duplicate name server {a}"))
+                }
+                Ok(a) => nameservers.push(a),
+                Err(_) => ctx.error(
+                    start(text),
+                    &key,
+                    format!(
+                        "invalid name server {:?}: expected an IP address, with a port if not 53 (\"10.0.0.2\", \"127.0.0.1:5353\", \"[::1]:53\")",
+                        text.get_ref()
+                    ),
+                ),
+            }
+        }
+    }
+    let bounded = |ctx: &mut Ctx<'_>, value: Option<&Spanned<Scalar>>, key: &str, default| {
+        let v = duration(ctx, value, key, default, false);
+        if v > MAX_RESOLVER_DURATION {
+            if let Some(at) = value {
+                ctx.error(start(at), key, "at most 1 day (\"24h\")");
+            }
+            return default;
+        }
+        v
+    };
+    let timeout = bounded(ctx, r.timeout.as_ref(), "resolver.timeout", d.timeout);
+    let min_ttl = bounded(ctx, r.min_ttl.as_ref(), "resolver.min_ttl", d.min_ttl);
+    let max_ttl = bounded(ctx, r.max_ttl.as_ref(), "resolver.max_ttl", d.max_ttl);
+    let hold = match &r.hold {
+        // zero: servers go as soon as the name does
+        Some(h) => {
+            let v = duration(ctx, Some(h), "resolver.hold", d.hold, true);
+            if v > MAX_RESOLVER_DURATION {
+                ctx.error(start(h), "resolver.hold", "at most 1 day (\"24h\")");
+                d.hold
+            } else {
+                v
+            }
+        }
+        None => d.hold,
+    };
+    if min_ttl > max_ttl {
+        let at = r
+            .min_ttl
+            .as_ref()
+            .or(r.max_ttl.as_ref())
+            .map(start)
+            .unwrap_or(start(table));
+        ctx.error(
+            at,
+            "resolver.min_ttl",
+            format!(
+                "min_ttl ({}) is above max_ttl ({})",
+                humantime(min_ttl),
+                humantime(max_ttl)
+            ),
+        );
+    }
+    Resolver {
+        nameservers,
+        timeout,
+        min_ttl,
+        max_ttl,
+        hold,
+    }
+}
+
+fn humantime(d: Duration) -> String {
+    match d.subsec_millis() {
+        0 => format!("{}s", d.as_secs()),
+        _ => format!("{}ms", d.as_millis()),
+    }
+}
+
+/// An upstream group's `discovery` table.
+pub(super) fn discovery(
+    ctx: &mut Ctx<'_>,
+    key: &str,
+    raw: &Spanned<RawDiscovery>,
+) -> Option<Discovery> {
+    let d = raw.get_ref();
+    let family = match &d.family {
+        None => AddressFamily::Any,
+        Some(f) => match f.get_ref().as_str() {
+            "any" => AddressFamily::Any,
+            "ipv4" => AddressFamily::Ipv4,
+            "ipv6" => AddressFamily::Ipv6,
+            other => {
+                ctx.error(
+                    start(f),
+                    &sub(key, "family"),
+                    format!("unknown family {other:?}: use \"any\", \"ipv4\" or \"ipv6\""),
+                );
+                AddressFamily::Any
+            }
+        },
+    };
+    let weight = int(
+        ctx,
+        d.weight.as_ref(),
+        &sub(key, "weight"),
+        1,
+        1,
+        MAX_WEIGHT,
+    );
+    let source = match (&d.dns, &d.srv) {
+        (Some(_), Some(srv)) => {
+            ctx.error(
+                start(srv),
+                &sub(key, "srv"),
+                "a discovery has either `dns` or `srv`, not both",
+            );
+            return None;
+        }
+        (None, None) => {
+            ctx.error(
+                start(raw),
+                key,
+                "discovery needs `dns = \"NAME:PORT\"` (A/AAAA records) or `srv = \"_service._tcp.NAME\"` (SRV records)",
+            );
+            return None;
+        }
+        (Some(dns), None) => {
+            let k = sub(key, "dns");
+            let text = dns.get_ref();
+            let Some((name, port)) = text.rsplit_once(':') else {
+                ctx.error(
+                    start(dns),
+                    &k,
+                    format!(
+                        "{text:?} has no port: write it as NAME:PORT, e.g. \"app.internal.:8080\""
+                    ),
+                );
+                return None;
+            };
+            let port = match port.parse::<u16>() {
+                Ok(p) if p > 0 => p,
+                _ => {
+                    ctx.error(
+                        start(dns),
+                        &k,
+                        format!("invalid port {port:?}: expected 1-65535"),
+                    );
+                    return None;
+                }
+            };
+            if let Err(m) = dns_name(name) {
+                ctx.error(start(dns), &k, m);
+                return None;
+            }
+            DiscoverySource::Dns {
+                name: name.to_string(),
+                port,
+            }
+        }
+        (None, Some(srv)) => {
+            if let Some(w) = &d.weight {
+                ctx.error(
+                    start(w),
+                    &sub(key, "weight"),
+                    "SRV records carry each server's weight; `weight` is for `dns`",
+                );
+            }
+            if let Err(m) = dns_name(srv.get_ref()) {
+                ctx.error(start(srv), &sub(key, "srv"), m);
+                return None;
+            }
+            DiscoverySource::Srv {
+                name: srv.get_ref().clone(),
+            }
+        }
+    };
+    Some(Discovery {
+        source,
+        family,
+        weight: u32::try_from(weight).unwrap_or(1),
+    })
+}
+
+/// A DNS name: labels of letters, digits, `-` and `_`, 1 to 63 bytes each, at most 253 bytes
+/// without the optional final dot; not an IP address (those are `servers`).
+pub(crate) fn dns_name(name: &str) -> Result<(), String> {
+    if name.parse::<IpAddr>().is_ok() || name.starts_with('[') {
+        return Err(format!(
+            "{name:?} is an IP address: list it in `servers` instead"
+        ));
+    }
+    let bare = name.strip_suffix('.').unwrap_or(name);
+    if bare.is_empty() || bare.len() > 253 {
+        return Err(format!("invalid DNS name {name:?}: 1 to 253 characters"));
+    }
+    for label in bare.split('.') {
+        let ok = !label.is_empty()
+            && label.len() <= 63
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(format!(
+                "invalid DNS name {name:?}: each dot-separated label is 1 to 63 letters, digits, '-' or '_'"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! `[resolver]` and upstream groups' `discovery`: what is accepted, the defaults, and each refusal at its value.
+
+use portico_config::{parse, AddressFamily, DiscoverySource, Resolver};
+use std::time::Duration;
+
+const ROUTE: &str =
+    "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"app\"\n";
+
+fn err(text: &str) -> String {
+    match parse(text, "t.toml") {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_group_may_have_only_a_discovery_and_the_defaults_hold() {
+    let text = format!("[upstreams.app]\ndiscovery = {{ dns = \"app.internal.:8080\" }}\n{ROUTE}");
+    let c = parse(&text, "t.toml").unwrap();
+    let g = &c.upstreams[0];
+    assert!(g.servers.is_empty());
+    let d = g.discovery.as_ref().unwrap();
+    assert_eq!(
+        d.source,
+        DiscoverySource::Dns {
+            name: "app.internal.".into(),
+            port: 8080
+        }
+    );
+    assert_eq!(d.family, AddressFamily::Any);
+    assert_eq!(d.weight, 1);
+    assert_eq!(c.resolver, Resolver::DEFAULT);
+    let explained = portico_config::explain(&c);
+    assert!(
+        explained.contains("discovery: A and AAAA records of app.internal. on port 8080"),
+        "{explained}"
+    );
+}
+
+#[test]
+fn srv_servers_and_resolver_settings() {
+    let text = format!(
+        "[resolver]\nnameservers = [\"10.0.0.2\", \"127.0.0.1:5353\", \"[::1]:53\"]\ntimeout = \"500ms\"\nmin_ttl = \"5s\"\nmax_ttl = \"10m\"\nhold = \"0s\"\n\
+         [upstreams.app]\nservers = [\"127.0.0.1:9001\"]\n[upstreams.app.discovery]\nsrv = \"_http._tcp.app.internal\"\nfamily = \"ipv6\"\n{ROUTE}"
+    );
+    let c = parse(&text, "t.toml").unwrap();
+    let r = &c.resolver;
+    let ns: Vec<String> = r.nameservers.iter().map(|a| a.to_string()).collect();
+    assert_eq!(ns, ["10.0.0.2:53", "127.0.0.1:5353", "[::1]:53"]);
+    assert_eq!(r.timeout, Duration::from_millis(500));
+    assert_eq!(r.min_ttl, Duration::from_secs(5));
+    assert_eq!(r.max_ttl, Duration::from_secs(600));
+    assert_eq!(r.hold, Duration::ZERO);
+    let g = &c.upstreams[0];
+    assert_eq!(
+        g.servers.len(),
+        1,
+        "listed servers stay beside the discovered ones"
+    );
+    let d = g.discovery.as_ref().unwrap();
+    assert_eq!(
+        d.source,
+        DiscoverySource::Srv {
+            name: "_http._tcp.app.internal".into()
+        }
+    );
+    assert_eq!(d.family, AddressFamily::Ipv6);
+}
+
+#[test]
+fn refusals_name_the_key_and_the_value() {
+    let group = |d: &str| format!("[upstreams.app]\ndiscovery = {d}\n{ROUTE}");
+    assert_eq!(
+        err(&group("{ dns = \"app.internal\" }")),
+        "t.toml:2:21: upstreams.app.discovery.dns: \"app.internal\" has no port: write it as NAME:PORT, e.g. \"app.internal.:8080\""
+    );
+    assert_eq!(
+        err(&group("{ dns = \"10.0.0.1:80\" }")),
+        "t.toml:2:21: upstreams.app.discovery.dns: \"10.0.0.1\" is an IP address: list it in `servers` instead"
+    );
+    assert_eq!(
+        err(&group("{ dns = \"app..internal:80\" }")),
+        "t.toml:2:21: upstreams.app.discovery.dns: invalid DNS name \"app..internal\": each dot-separated label is 1 to 63 letters, digits, '-' or '_'"
+    );
+    assert_eq!(
+        err(&group("{ dns = \"app:0\" }")),
+        "t.toml:2:21: upstreams.app.discovery.dns: invalid port \"0\": expected 1-65535"
+    );
+    assert_eq!(
+        err(&group("{ dns = \"a:1\", srv = \"_x._tcp.a\" }")),
+        "t.toml:2:34: upstreams.app.discovery.srv: a discovery has either `dns` or `srv`, not both"
+    );
+    assert!(err(&group("{ family = \"any\" }")).starts_with(
+        "t.toml:2:13: upstreams.app.discovery: discovery needs `dns = \"NAME:PORT\"`"
+    ));
+    assert_eq!(
+        err(&group("{ srv = \"_x._tcp.a\", weight = 3 }")),
+        "t.toml:2:43: upstreams.app.discovery.weight: SRV records carry each server's weight; `weight` is for `dns`"
+    );
+    assert_eq!(
+        err(&group("{ dns = \"a:1\", family = \"inet\" }")),
+        "t.toml:2:37: upstreams.app.discovery.family: unknown family \"inet\": use \"any\", \"ipv4\" or \"ipv6\""
+    );
+    assert!(err(&group("{ dns = \"a:1\", port = 2 }"))
+        .contains("upstreams.app.discovery.port: unknown field `port`"));
+    let resolver =
+        |r: &str| format!("[resolver]\n{r}\n[upstreams.app]\nservers = [\"127.0.0.1:1\"]\n{ROUTE}");
+    assert_eq!(
+        err(&resolver("nameservers = [\"ns1.example\"]")),
+        "t.toml:2:16: resolver.nameservers[0]: invalid name server \"ns1.example\": expected an IP address, with a port if not 53 (\"10.0.0.2\", \"127.0.0.1:5353\", \"[::1]:53\")"
+    );
+    assert_eq!(
+        err(&resolver("nameservers = []")),
+        "t.toml:2:15: resolver.nameservers: list at least one name server, or leave `nameservers` out to use the system's"
+    );
+    assert_eq!(
+        err(&resolver("min_ttl = \"2m\"\nmax_ttl = \"1m\"")),
+        "t.toml:2:11: resolver.min_ttl: min_ttl (120s) is above max_ttl (60s)"
+    );
+    assert_eq!(
+        err(&resolver("timeout = \"0s\"")),
+        "t.toml:2:11: resolver.timeout: must be greater than zero"
+    );
+    assert_eq!(
+        err(&resolver("hold = \"25h\"")),
+        "t.toml:2:8: resolver.hold: at most 1 day (\"24h\")"
+    );
+}

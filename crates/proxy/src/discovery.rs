@@ -1,0 +1,740 @@
+//! Upstream groups' `discovery`: DNS names (A/AAAA, SRV) asked on a thread of their own, asked again as their TTL expires, each change of a group's servers handed to the control plane.
+
+use hickory_resolver::config::{
+    ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts,
+};
+use hickory_resolver::proto::rr::{RData, RecordType};
+use hickory_resolver::TokioResolver;
+use portico_config::{AddressFamily, Discovery, DiscoverySource, Resolver, Server};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Largest weight a server may have (the configuration's `weight` limit); SRV weights above it
+/// are scaled down.
+const MAX_WEIGHT: u32 = 1000;
+
+/// What one lookup of a discovery found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Servers (sorted by address, at least one) and how long the answer holds.
+    Found(Vec<Server>, Duration),
+    /// The name does not exist or has no records of the kind asked (NXDOMAIN, NODATA, or SRV
+    /// records whose targets have no address of the family asked).
+    Gone(String),
+    /// No answer: timeout, SERVFAIL, refused, no name server reachable.
+    Failed(String),
+}
+
+/// A group's servers as its discovery last found them, and what asked for them.
+#[derive(Debug, Clone)]
+pub(crate) struct Found {
+    pub spec: Discovery,
+    pub resolver: Resolver,
+    /// Empty when nothing was found yet.
+    pub servers: Vec<Server>,
+    /// The first lookup's outcome, which the group's task starts from.
+    pub first: Outcome,
+    pub at: Instant,
+}
+
+/// One group's discovery for the thread: what to ask and what was found when the
+/// configuration was applied.
+#[derive(Debug, Clone)]
+pub(crate) struct Watch {
+    pub group: String,
+    pub found: Found,
+}
+
+/// Called with (group, discovery, servers) when a group's servers change.
+pub(crate) type Publish = Arc<dyn Fn(&str, &Discovery, Vec<Server>) + Send + Sync>;
+
+/// The lookups of each group, for the admin API and `/metrics`.
+#[derive(Default)]
+pub(crate) struct Status {
+    groups: Mutex<BTreeMap<String, GroupStatus>>,
+}
+
+/// One group's discovery as the admin API and `/metrics` show it.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupStatus {
+    /// `dns` or `srv`.
+    pub kind: &'static str,
+    pub name: String,
+    /// Servers found by the last successful lookup (those in use while a name is held).
+    pub servers: Vec<Server>,
+    /// `ok`, `gone: ...` or `failed: ...`.
+    pub last_result: String,
+    pub last_ok: Option<SystemTime>,
+    pub next_lookup: Option<SystemTime>,
+    pub ok_total: u64,
+    pub gone_total: u64,
+    pub failed_total: u64,
+}
+
+impl Status {
+    /// Every group's status, by group name.
+    pub(crate) fn snapshot(&self) -> Vec<(String, GroupStatus)> {
+        let g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        g.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    fn record(&self, group: &str, spec: &Discovery, outcome: &Outcome, next: Option<Instant>) {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let s = g.entry(group.to_string()).or_insert_with(|| GroupStatus {
+            kind: match spec.source {
+                DiscoverySource::Dns { .. } => "dns",
+                DiscoverySource::Srv { .. } => "srv",
+            },
+            name: spec.source.name().to_string(),
+            servers: Vec::new(),
+            last_result: String::new(),
+            last_ok: None,
+            next_lookup: None,
+            ok_total: 0,
+            gone_total: 0,
+            failed_total: 0,
+        });
+        s.next_lookup =
+            next.map(|n| SystemTime::now() + n.saturating_duration_since(Instant::now()));
+        match outcome {
+            Outcome::Found(servers, _) => {
+                s.servers = servers.clone();
+                s.last_result = "ok".into();
+                s.last_ok = Some(SystemTime::now());
+                s.ok_total += 1;
+            }
+            Outcome::Gone(why) => {
+                s.last_result = format!("gone: {why}");
+                s.gone_total += 1;
+            }
+            Outcome::Failed(why) => {
+                s.last_result = format!("failed: {why}");
+                s.failed_total += 1;
+            }
+        }
+    }
+
+    /// The servers a held name gave up (its hold ran out).
+    fn cleared(&self, group: &str) {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.get_mut(group) {
+            s.servers.clear();
+        }
+    }
+
+    /// Keep only these groups.
+    pub(crate) fn retain(&self, groups: &[&str]) {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        g.retain(|k, _| groups.contains(&k.as_str()));
+    }
+}
+
+/// What a group's task does after each lookup (sans-io): which servers to publish and when to
+/// ask again.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    resolver: Resolver,
+    /// The servers published last (None: nothing yet).
+    last: Option<Vec<Server>>,
+    gone_since: Option<Instant>,
+    failures: u32,
+}
+
+impl Tracker {
+    pub(crate) fn new(resolver: Resolver, published: Option<Vec<Server>>) -> Tracker {
+        Tracker {
+            resolver,
+            last: published,
+            gone_since: None,
+            failures: 0,
+        }
+    }
+
+    /// The servers to publish (when they changed) and when to ask next.
+    pub(crate) fn on(&mut self, outcome: &Outcome, now: Instant) -> (Option<Vec<Server>>, Instant) {
+        let r = &self.resolver;
+        match outcome {
+            Outcome::Found(servers, ttl) => {
+                self.failures = 0;
+                self.gone_since = None;
+                let next = now + (*ttl).clamp(r.min_ttl, r.max_ttl);
+                if self.last.as_ref() == Some(servers) {
+                    return (None, next);
+                }
+                self.last = Some(servers.clone());
+                (Some(servers.clone()), next)
+            }
+            Outcome::Gone(_) => {
+                self.failures += 1;
+                let since = *self.gone_since.get_or_insert(now);
+                let retry = now + self.backoff();
+                let held = self.last.as_ref().is_some_and(|l| !l.is_empty());
+                if !held {
+                    return (None, retry);
+                }
+                let until = since + r.hold;
+                if now >= until {
+                    self.last = Some(Vec::new());
+                    return (Some(Vec::new()), retry);
+                }
+                (None, retry.min(until))
+            }
+            Outcome::Failed(_) => {
+                self.failures += 1;
+                (None, now + self.backoff())
+            }
+        }
+    }
+
+    /// After failed lookups: `min_ttl` (at least 1 s), doubling per failure, at most `max_ttl`.
+    fn backoff(&self) -> Duration {
+        let base = self.resolver.min_ttl.max(Duration::from_secs(1));
+        let doubled = base.saturating_mul(1 << self.failures.saturating_sub(1).min(16));
+        doubled.min(self.resolver.max_ttl.max(base))
+    }
+}
+
+/// SRV answers as servers: the records of the lowest priority present, each target's
+/// addresses (from `addresses`) on the record's port. Weights are the records' (0 counts as 1),
+/// scaled down when one is above the largest weight a server may have. A target of "." (no
+/// service) and targets without addresses are left out.
+pub(crate) fn srv_servers(
+    records: &[(u16, u16, u16, String)],
+    addresses: &HashMap<String, Vec<IpAddr>>,
+) -> Vec<Server> {
+    let Some(lowest) = records
+        .iter()
+        .filter(|r| r.3 != "." && !r.3.is_empty())
+        .map(|r| r.0)
+        .min()
+    else {
+        return Vec::new();
+    };
+    let chosen: Vec<_> = records
+        .iter()
+        .filter(|r| r.0 == lowest && r.3 != "." && !r.3.is_empty())
+        .collect();
+    let heaviest = chosen.iter().map(|r| u32::from(r.1)).max().unwrap_or(1);
+    let mut servers: Vec<Server> = Vec::new();
+    for (_, weight, port, target) in chosen {
+        let weight = match heaviest > MAX_WEIGHT {
+            true => u32::from(*weight) * MAX_WEIGHT / heaviest,
+            false => u32::from(*weight),
+        }
+        .max(1);
+        for ip in addresses
+            .get(&target.to_ascii_lowercase())
+            .into_iter()
+            .flatten()
+        {
+            let address = SocketAddr::new(*ip, *port);
+            if !servers.iter().any(|s| s.address == address) {
+                servers.push(Server { address, weight });
+            }
+        }
+    }
+    servers.sort_by_key(|s| s.address);
+    servers
+}
+
+/// A resolver for these settings: the listed name servers (UDP, TCP when truncated), or the
+/// system's.
+fn resolver(settings: &Resolver, family: AddressFamily) -> Result<TokioResolver, String> {
+    let provider = hickory_resolver::net::runtime::TokioRuntimeProvider::default();
+    let mut builder = match settings.nameservers.is_empty() {
+        true => TokioResolver::builder(provider)
+            .map_err(|e| format!("cannot read the system's resolver configuration: {e}"))?,
+        false => {
+            let servers = settings
+                .nameservers
+                .iter()
+                .map(|a| {
+                    let mut udp = ConnectionConfig::udp();
+                    udp.port = a.port();
+                    let mut tcp = ConnectionConfig::tcp();
+                    tcp.port = a.port();
+                    NameServerConfig::new(a.ip(), true, vec![udp, tcp])
+                })
+                .collect();
+            TokioResolver::builder_with_config(ResolverConfig::from_name_servers(servers), provider)
+        }
+    };
+    let opts: &mut ResolverOpts = builder.options_mut();
+    opts.timeout = settings.timeout;
+    opts.attempts = 2;
+    opts.ip_strategy = match family {
+        AddressFamily::Any => LookupIpStrategy::Ipv4AndIpv6,
+        AddressFamily::Ipv4 => LookupIpStrategy::Ipv4Only,
+        AddressFamily::Ipv6 => LookupIpStrategy::Ipv6Only,
+    };
+    // Every lookup asks the name servers: the tasks keep their own schedule by TTL.
+    opts.cache_size = 0;
+    builder
+        .build()
+        .map_err(|e| format!("cannot build a resolver: {e}"))
+}
+
+fn family_allows(family: AddressFamily, ip: &IpAddr) -> bool {
+    match family {
+        AddressFamily::Any => true,
+        AddressFamily::Ipv4 => ip.is_ipv4(),
+        AddressFamily::Ipv6 => ip.is_ipv6(),
+    }
+}
+
+/// Whether an error means the name is gone (NXDOMAIN or no records) rather than unanswered.
+fn classify(e: &hickory_resolver::net::NetError) -> Outcome {
+    match e.is_nx_domain() || e.is_no_records_found() {
+        true => Outcome::Gone(short(e)),
+        false => Outcome::Failed(short(e)),
+    }
+}
+
+fn short(e: &impl std::fmt::Display) -> String {
+    let mut s = e.to_string();
+    s.truncate(200);
+    s
+}
+
+/// One lookup of a discovery.
+async fn lookup(r: &TokioResolver, d: &Discovery) -> Outcome {
+    let now = Instant::now();
+    match &d.source {
+        DiscoverySource::Dns { name, port } => match r.lookup_ip(name.as_str()).await {
+            Ok(l) => {
+                let mut servers: Vec<Server> = Vec::new();
+                for ip in l.iter().filter(|ip| family_allows(d.family, ip)) {
+                    let address = SocketAddr::new(ip, *port);
+                    if !servers.iter().any(|s| s.address == address) {
+                        servers.push(Server {
+                            address,
+                            weight: d.weight,
+                        });
+                    }
+                }
+                servers.sort_by_key(|s| s.address);
+                match servers.is_empty() {
+                    true => Outcome::Gone("no address records".into()),
+                    false => {
+                        Outcome::Found(servers, l.valid_until().saturating_duration_since(now))
+                    }
+                }
+            }
+            Err(e) => classify(&e),
+        },
+        DiscoverySource::Srv { name } => {
+            let l = match r.lookup(name.as_str(), RecordType::SRV).await {
+                Ok(l) => l,
+                Err(e) => return classify(&e),
+            };
+            let mut valid_until = l.valid_until();
+            let mut records = Vec::new();
+            for rec in l.answers() {
+                if let RData::SRV(s) = &rec.data {
+                    let target = s.target.to_ascii().to_ascii_lowercase();
+                    records.push((s.priority, s.weight, s.port, target));
+                }
+            }
+            // Addresses from the answer's additional section, then asked for the rest.
+            let mut addresses: HashMap<String, Vec<IpAddr>> = HashMap::new();
+            for rec in l.additionals() {
+                if let Some(ip) = rec.data.ip_addr().filter(|ip| family_allows(d.family, ip)) {
+                    let owner = rec.name.to_ascii().to_ascii_lowercase();
+                    addresses.entry(owner).or_default().push(ip);
+                }
+            }
+            let mut failure = None;
+            let lowest = records.iter().map(|r| r.0).min();
+            for (priority, _, _, target) in &records {
+                if Some(*priority) != lowest || target == "." || addresses.contains_key(target) {
+                    continue;
+                }
+                match r.lookup_ip(target.as_str()).await {
+                    Ok(ips) => {
+                        valid_until = valid_until.min(ips.valid_until());
+                        let found = ips
+                            .iter()
+                            .filter(|ip| family_allows(d.family, ip))
+                            .collect();
+                        addresses.insert(target.clone(), found);
+                    }
+                    Err(e) => {
+                        if let Outcome::Failed(why) = classify(&e) {
+                            failure = Some(format!("{target}: {why}"));
+                        }
+                    }
+                }
+            }
+            let servers = srv_servers(&records, &addresses);
+            match (servers.is_empty(), failure) {
+                (false, _) => Outcome::Found(servers, valid_until.saturating_duration_since(now)),
+                (true, Some(why)) => Outcome::Failed(why),
+                (true, None) => Outcome::Gone("no SRV target with an address".into()),
+            }
+        }
+    }
+}
+
+/// One lookup with a resolver made for it, bounded by the resolver's two attempts.
+async fn lookup_once(settings: &Resolver, d: &Discovery) -> Outcome {
+    let r = match resolver(settings, d.family) {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(e),
+    };
+    let limit = settings.timeout * 3 + Duration::from_secs(1);
+    match tokio::time::timeout(limit, lookup(&r, d)).await {
+        Ok(o) => o,
+        Err(_) => Outcome::Failed("no answer in time".into()),
+    }
+}
+
+/// The first lookup of each discovery, all at once, on a thread of their own (the caller may
+/// be inside a runtime); the caller waits for them (each bounded by its resolver's timeout).
+pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)], status: &Status) -> Vec<Found> {
+    if asks.is_empty() {
+        return Vec::new();
+    }
+    let outcomes = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let why = format!("cannot start the resolver's runtime: {e}");
+                    return asks.iter().map(|_| Outcome::Failed(why.clone())).collect();
+                }
+            };
+            rt.block_on(async {
+                let mut set = tokio::task::JoinSet::new();
+                for (i, (_, d, r)) in asks.iter().enumerate() {
+                    let (d, r) = (d.clone(), r.clone());
+                    set.spawn(async move { (i, lookup_once(&r, &d).await) });
+                }
+                let mut out = vec![Outcome::Failed("not asked".into()); asks.len()];
+                while let Some(Ok((i, o))) = set.join_next().await {
+                    out[i] = o;
+                }
+                out
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| vec![Outcome::Failed("resolver thread failed".into()); asks.len()])
+    });
+    let at = Instant::now();
+    asks.iter()
+        .zip(outcomes)
+        .map(|((group, spec, resolver), first)| {
+            let servers = match &first {
+                Outcome::Found(s, _) => s.clone(),
+                _ => Vec::new(),
+            };
+            status.record(group, spec, &first, None);
+            match &first {
+                Outcome::Found(s, _) => tracing::info!(
+                    upstream = group.as_str(),
+                    "discovery: {} gives {} server(s): {}",
+                    spec.source.name(),
+                    s.len(),
+                    list(s)
+                ),
+                Outcome::Gone(why) | Outcome::Failed(why) => tracing::warn!(
+                    upstream = group.as_str(),
+                    "discovery: {} gives no server yet ({why}); asked again shortly",
+                    spec.source.name()
+                ),
+            }
+            Found {
+                spec: spec.clone(),
+                resolver: resolver.clone(),
+                servers,
+                first,
+                at,
+            }
+        })
+        .collect()
+}
+
+/// Servers as "IP:port" words.
+pub(crate) fn list(servers: &[Server]) -> String {
+    let words: Vec<String> = servers.iter().map(|s| s.address.to_string()).collect();
+    match words.is_empty() {
+        true => "none".into(),
+        false => words.join(", "),
+    }
+}
+
+/// The discovery thread: one task per group, asking its name again as the answer expires.
+pub(crate) struct Manager {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<Watch>>,
+}
+
+impl Manager {
+    /// Start the thread; `publish` is told of every change of a group's servers.
+    pub(crate) fn start(publish: Publish, status: Arc<Status>) -> std::io::Result<Manager> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<Watch>>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("portico-discovery".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    type Key = (String, Discovery, Resolver);
+                    let mut tasks: HashMap<Key, tokio::task::AbortHandle> = HashMap::new();
+                    while let Some(watches) = rx.recv().await {
+                        let keys: Vec<Key> = watches
+                            .iter()
+                            .map(|w| {
+                                (
+                                    w.group.clone(),
+                                    w.found.spec.clone(),
+                                    w.found.resolver.clone(),
+                                )
+                            })
+                            .collect();
+                        tasks.retain(|k, t| {
+                            let keep = keys.contains(k);
+                            if !keep {
+                                t.abort();
+                            }
+                            keep
+                        });
+                        let groups: Vec<&str> = watches.iter().map(|w| w.group.as_str()).collect();
+                        status.retain(&groups);
+                        for (w, key) in watches.iter().zip(keys) {
+                            if tasks.contains_key(&key) {
+                                continue;
+                            }
+                            let task =
+                                tokio::spawn(follow(w.clone(), publish.clone(), status.clone()));
+                            tasks.insert(key, task.abort_handle());
+                        }
+                    }
+                    for t in tasks.values() {
+                        t.abort();
+                    }
+                })
+            })?;
+        Ok(Manager { tx })
+    }
+
+    /// The discoveries of the configuration just applied: new ones start from what was found
+    /// then, gone ones stop, unchanged ones go on.
+    pub(crate) fn update(&self, watches: Vec<Watch>) {
+        let _ = self.tx.send(watches);
+    }
+}
+
+/// One group's discovery: ask again as each answer expires, publish each change.
+async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
+    let Watch { group, found } = w;
+    let spec = found.spec;
+    let published = match &found.first {
+        Outcome::Found(..) => Some(found.servers.clone()),
+        _ => None,
+    };
+    let mut tracker = Tracker::new(found.resolver.clone(), published);
+    let (_, mut next) = tracker.on(&found.first, found.at);
+    let r = match resolver(&found.resolver, spec.family) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(upstream = group.as_str(), "discovery: {e}");
+            None
+        }
+    };
+    loop {
+        status.record_next(&group, next);
+        tokio::time::sleep_until(next.into()).await;
+        let outcome = match &r {
+            Some(r) => {
+                let limit = found.resolver.timeout * 3 + Duration::from_secs(1);
+                match tokio::time::timeout(limit, lookup(r, &spec)).await {
+                    Ok(o) => o,
+                    Err(_) => Outcome::Failed("no answer in time".into()),
+                }
+            }
+            None => lookup_once(&found.resolver, &spec).await,
+        };
+        let now = Instant::now();
+        let (change, at) = tracker.on(&outcome, now);
+        next = at;
+        status.record(&group, &spec, &outcome, Some(next));
+        match &outcome {
+            Outcome::Found(..) => {}
+            Outcome::Gone(why) => tracing::warn!(
+                "discovery: {} for upstream {group}: name gone ({why}); its servers are kept for the hold ({:?})",
+                spec.source.name(),
+                found.resolver.hold
+            ),
+            Outcome::Failed(why) => tracing::warn!(
+                "discovery: {} for upstream {group}: lookup failed ({why}); the servers found last are kept",
+                spec.source.name()
+            ),
+        }
+        if let Some(servers) = change {
+            if servers.is_empty() {
+                status.cleared(&group);
+            }
+            publish(&group, &spec, servers);
+        }
+    }
+}
+
+impl Status {
+    fn record_next(&self, group: &str, next: Instant) {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.get_mut(group) {
+            s.next_lookup =
+                Some(SystemTime::now() + next.saturating_duration_since(Instant::now()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(a: &str, weight: u32) -> Server {
+        Server {
+            address: a.parse().unwrap(),
+            weight,
+        }
+    }
+
+    fn settings() -> Resolver {
+        Resolver {
+            min_ttl: Duration::from_secs(2),
+            max_ttl: Duration::from_secs(60),
+            hold: Duration::from_secs(30),
+            ..Resolver::DEFAULT
+        }
+    }
+
+    #[test]
+    fn srv_takes_the_lowest_priority_its_ports_and_weights() {
+        let records = vec![
+            (10, 5, 8080, "a.example.".to_string()),
+            (10, 0, 8081, "b.example.".to_string()),
+            (20, 100, 9000, "backup.example.".to_string()),
+            (10, 3, 8082, "gone.example.".to_string()),
+        ];
+        let mut addresses = HashMap::new();
+        addresses.insert(
+            "a.example.".to_string(),
+            vec!["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()],
+        );
+        addresses.insert("b.example.".to_string(), vec!["10.0.0.1".parse().unwrap()]);
+        addresses.insert(
+            "backup.example.".to_string(),
+            vec!["10.0.0.9".parse().unwrap()],
+        );
+        let got = srv_servers(&records, &addresses);
+        assert_eq!(
+            got,
+            vec![
+                server("10.0.0.1:8080", 5),
+                server("10.0.0.1:8081", 1),
+                server("10.0.0.2:8080", 5),
+            ]
+        );
+    }
+
+    #[test]
+    fn srv_weights_above_the_largest_are_scaled_and_dot_means_none() {
+        let records = vec![
+            (0, 65535, 1, "a.".to_string()),
+            (0, 655, 2, "a.".to_string()),
+            (0, 1, 3, "a.".to_string()),
+        ];
+        let mut addresses = HashMap::new();
+        addresses.insert("a.".to_string(), vec!["10.0.0.1".parse().unwrap()]);
+        let got = srv_servers(&records, &addresses);
+        let weights: Vec<u32> = got.iter().map(|s| s.weight).collect();
+        assert_eq!(weights, vec![1000, 9, 1]);
+        assert!(srv_servers(&[(0, 1, 80, ".".to_string())], &addresses).is_empty());
+        assert!(srv_servers(&[], &addresses).is_empty());
+    }
+
+    #[test]
+    fn a_change_is_published_once_and_the_ttl_is_clamped() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(settings(), None);
+        let one = vec![server("10.0.0.1:80", 1)];
+        let (p, next) = t.on(&Outcome::Found(one.clone(), Duration::from_secs(0)), t0);
+        assert_eq!(p, Some(one.clone()));
+        assert_eq!(next, t0 + Duration::from_secs(2), "min_ttl");
+        let (p, next) = t.on(&Outcome::Found(one.clone(), Duration::from_secs(3600)), t0);
+        assert_eq!(p, None, "the same servers are not published again");
+        assert_eq!(next, t0 + Duration::from_secs(60), "max_ttl");
+        let two = vec![server("10.0.0.1:80", 1), server("10.0.0.2:80", 1)];
+        let (p, next) = t.on(&Outcome::Found(two.clone(), Duration::from_secs(5)), t0);
+        assert_eq!(p, Some(two));
+        assert_eq!(next, t0 + Duration::from_secs(5));
+    }
+
+    #[test]
+    fn failures_keep_the_servers_and_back_off() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(settings(), Some(vec![server("10.0.0.1:80", 1)]));
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            let (p, next) = t.on(&Outcome::Failed("timeout".into()), t0);
+            assert_eq!(p, None);
+            waits.push((next - t0).as_secs());
+        }
+        assert_eq!(waits, vec![2, 4, 8, 16, 32, 60, 60, 60]);
+        // an answer resets the backoff
+        let one = vec![server("10.0.0.1:80", 1)];
+        assert_eq!(
+            t.on(&Outcome::Found(one, Duration::from_secs(10)), t0).0,
+            None
+        );
+        let (_, next) = t.on(&Outcome::Failed("timeout".into()), t0);
+        assert_eq!(next, t0 + Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_gone_name_is_held_then_its_servers_go() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(settings(), Some(vec![server("10.0.0.1:80", 1)]));
+        let gone = Outcome::Gone("NXDOMAIN".into());
+        let (p, next) = t.on(&gone, t0);
+        assert_eq!(p, None, "held");
+        assert!(next <= t0 + Duration::from_secs(30));
+        let (p, next) = t.on(&gone, t0 + Duration::from_secs(29));
+        assert_eq!(p, None);
+        assert_eq!(
+            next,
+            t0 + Duration::from_secs(30),
+            "the next lookup is at the end of the hold"
+        );
+        let (p, _) = t.on(&gone, t0 + Duration::from_secs(30));
+        assert_eq!(p, Some(Vec::new()), "the hold is over: no server");
+        let (p, _) = t.on(&gone, t0 + Duration::from_secs(40));
+        assert_eq!(p, None, "published once");
+        // back
+        let one = vec![server("10.0.0.3:80", 1)];
+        let (p, _) = t.on(
+            &Outcome::Found(one.clone(), Duration::from_secs(10)),
+            t0 + Duration::from_secs(50),
+        );
+        assert_eq!(p, Some(one));
+    }
+
+    #[test]
+    fn a_name_gone_from_the_start_publishes_nothing() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(settings(), None);
+        let (p, _) = t.on(&Outcome::Gone("NXDOMAIN".into()), t0);
+        assert_eq!(p, None);
+        let (p, _) = t.on(
+            &Outcome::Gone("NXDOMAIN".into()),
+            t0 + Duration::from_secs(100),
+        );
+        assert_eq!(p, None);
+    }
+}

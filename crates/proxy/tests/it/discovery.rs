@@ -1,0 +1,310 @@
+//! Upstream servers found by DNS: SRV and A answers followed as they change, pools kept for the servers that stay, held names, failed lookups, the admin API and metrics.
+
+use crate::common::{start_toml, T};
+use portico_testkit::dns::{Mode, Records, Srv, TestDns};
+use portico_testkit::{Client, Reply, TestUpstream};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::time::Instant;
+
+/// Poll `f` until it gives Some, failing the test after [`T`].
+fn wait_for<V>(what: &str, mut f: impl FnMut() -> Option<V>) -> V {
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn get(c: &mut Client) -> (u16, String) {
+    let r = c
+        .request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .expect("response");
+    (r.status, r.text())
+}
+
+fn admin_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+fn config(dns: &TestDns, discovery: &str, extra: &str) -> String {
+    format!(
+        r#"
+[admin]
+address = "127.0.0.1:0"
+
+[resolver]
+nameservers = ["{dns}"]
+timeout = "300ms"
+min_ttl = "100ms"
+max_ttl = "1s"
+{extra}
+
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+proxy = "app"
+
+[upstreams.app]
+discovery = {discovery}
+"#,
+        dns = dns.addr
+    )
+}
+
+fn srv(port: u16, target: &str) -> Srv {
+    Srv {
+        priority: 10,
+        weight: 1,
+        port,
+        target: target.into(),
+    }
+}
+
+#[test]
+fn srv_answers_are_followed_and_the_servers_that_stay_keep_their_connections() {
+    let one = TestUpstream::start(|_| Reply::ok("one"));
+    let two = TestUpstream::start(|_| Reply::ok("two"));
+    let dns = TestDns::start(0);
+    let local = Records {
+        a: vec![Ipv4Addr::LOCALHOST],
+        ..Default::default()
+    };
+    dns.set("one.test", local.clone());
+    dns.set("two.test", local);
+    let name = "_http._tcp.app.test.";
+    dns.set(
+        name,
+        Records {
+            srv: vec![srv(one.addr.port(), "one.test.")],
+            ..Default::default()
+        },
+    );
+    let p = start_toml(&config(&dns, &format!(r#"{{ srv = "{name}" }}"#), ""), 1);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    // Resolved before the configuration was applied: the first request has its server.
+    assert_eq!(get(&mut c), (200, "one".into()));
+
+    dns.set(
+        name,
+        Records {
+            srv: vec![
+                srv(one.addr.port(), "one.test."),
+                srv(two.addr.port(), "two.test."),
+            ],
+            ..Default::default()
+        },
+    );
+    wait_for("the second server to take requests", || {
+        (get(&mut c).1 == "two").then_some(())
+    });
+    // Both take turns, and the first server's pooled connection is the one it had.
+    let answers: Vec<String> = (0..6).map(|_| get(&mut c).1).collect();
+    assert!(
+        answers.iter().any(|a| a == "one") && answers.iter().any(|a| a == "two"),
+        "{answers:?}"
+    );
+    assert_eq!(
+        one.connection_count(),
+        1,
+        "the pool of a server that stayed was kept"
+    );
+
+    // Only the second server now; priorities: a higher one is a backup, not used.
+    dns.set(
+        name,
+        Records {
+            srv: vec![
+                srv(two.addr.port(), "two.test."),
+                Srv {
+                    priority: 20,
+                    ..srv(one.addr.port(), "one.test.")
+                },
+            ],
+            ..Default::default()
+        },
+    );
+    wait_for("the first server to leave", || {
+        let n = one.requests().len();
+        let all_two = (0..4).all(|_| get(&mut c).1 == "two");
+        (all_two && one.requests().len() == n).then_some(())
+    });
+    assert_eq!(
+        two.connection_count(),
+        1,
+        "the pool of a server that stayed was kept"
+    );
+
+    // The admin API and the metrics show what was found.
+    let a = p.admin_addr().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&admin_get(a, "/api/discovery")).unwrap();
+    let g = &v["groups"][0];
+    assert_eq!(g["group"], "app");
+    assert_eq!(g["kind"], "srv");
+    assert_eq!(g["name"], name);
+    assert_eq!(g["servers"][0]["address"], two.addr.to_string());
+    assert_eq!(g["last_result"], "ok");
+    assert!(g["ok_total"].as_u64().unwrap() >= 3, "{g}");
+    let metrics = admin_get(a, "/metrics");
+    let scrape =
+        prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |metric: &str, labels: &[(&str, &str)]| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+                _ => f64::NAN,
+            })
+    };
+    assert_eq!(
+        value("portico_discovery_servers", &[("group", "app")]),
+        Some(1.0)
+    );
+    assert!(
+        value(
+            "portico_discovery_lookups_total",
+            &[("group", "app"), ("result", "ok")]
+        )
+        .unwrap()
+            >= 3.0
+    );
+    assert!(value(
+        "portico_discovery_last_success_timestamp_seconds",
+        &[("group", "app")]
+    )
+    .is_some());
+    p.shutdown();
+}
+
+/// Two test servers on the same port of two loopback addresses (A records carry no port).
+fn pair() -> (TestUpstream, TestUpstream) {
+    for _ in 0..20 {
+        let Some(a) =
+            TestUpstream::start_on(SocketAddr::from(([127, 0, 0, 2], 0)), |_| Reply::ok("a"))
+        else {
+            continue;
+        };
+        let at = SocketAddr::from(([127, 0, 0, 3], a.addr.port()));
+        if let Some(b) = TestUpstream::start_on(at, |_| Reply::ok("b")) {
+            return (a, b);
+        }
+    }
+    panic!("no port free on both 127.0.0.2 and 127.0.0.3");
+}
+
+#[test]
+fn a_records_failed_lookups_keep_servers_and_a_gone_name_is_held_then_dropped() {
+    let (a, _b) = pair();
+    let port = a.addr.port();
+    let dns = TestDns::start(0);
+    // Not in the zone yet: the proxy starts without a server and answers 503.
+    let p = start_toml(
+        &config(
+            &dns,
+            &format!(r#"{{ dns = "app.test.:{port}", family = "ipv4" }}"#),
+            r#"hold = "1s""#,
+        ),
+        1,
+    );
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c).0, 503);
+
+    let only = |ip: [u8; 4]| Records {
+        a: vec![Ipv4Addr::from(ip)],
+        ..Default::default()
+    };
+    dns.set("app.test", only([127, 0, 0, 2]));
+    wait_for("the name to appear", || {
+        (get(&mut c) == (200, "a".into())).then_some(())
+    });
+    dns.set("app.test", only([127, 0, 0, 3]));
+    wait_for("the address to change", || {
+        (get(&mut c) == (200, "b".into())).then_some(())
+    });
+
+    // The name server stops answering: the servers found last stay, lookups are counted failed.
+    let failed = |p: &portico_proxy::Running| {
+        let v: serde_json::Value =
+            serde_json::from_str(&admin_get(p.admin_addr().unwrap(), "/api/discovery")).unwrap();
+        v["groups"][0]["failed_total"].as_u64().unwrap()
+    };
+    let before = failed(&p);
+    dns.set_mode(Mode::Silent);
+    wait_for("a failed lookup", || (failed(&p) > before).then_some(()));
+    assert_eq!(get(&mut c), (200, "b".into()));
+    dns.set_mode(Mode::ServFail);
+    let before = failed(&p);
+    wait_for("a SERVFAIL lookup", || (failed(&p) > before).then_some(()));
+    assert_eq!(get(&mut c), (200, "b".into()));
+
+    // The name is gone (NXDOMAIN): held for `hold`, then no server.
+    dns.set_mode(Mode::Zone);
+    dns.remove("app.test");
+    let gone_at = Instant::now();
+    wait_for("the hold to end", || (get(&mut c).0 == 503).then_some(()));
+    assert!(
+        gone_at.elapsed() >= std::time::Duration::from_millis(900),
+        "held {:?}",
+        gone_at.elapsed()
+    );
+
+    // And back.
+    dns.set("app.test", only([127, 0, 0, 2]));
+    wait_for("the name to come back", || {
+        (get(&mut c) == (200, "a".into())).then_some(())
+    });
+    assert!(dns.queries() > 5);
+    p.shutdown();
+}
+
+#[test]
+fn a_reload_that_changes_the_name_asks_it_before_applying() {
+    let one = TestUpstream::start(|_| Reply::ok("one"));
+    let two = TestUpstream::start(|_| Reply::ok("two"));
+    let dns = TestDns::start(300);
+    for (name, up) in [("one.test", &one), ("two.test", &two)] {
+        dns.set(
+            &format!("_http._tcp.{name}"),
+            Records {
+                srv: vec![srv(up.addr.port(), "host.test.")],
+                ..Default::default()
+            },
+        );
+    }
+    dns.set(
+        "host.test",
+        Records {
+            a: vec![Ipv4Addr::LOCALHOST],
+            ..Default::default()
+        },
+    );
+    let p = start_toml(&config(&dns, r#"{ srv = "_http._tcp.one.test." }"#, ""), 1);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c), (200, "one".into()));
+    let next = portico_config::parse(
+        &config(&dns, r#"{ srv = "_http._tcp.two.test." }"#, ""),
+        "test.toml",
+    )
+    .unwrap();
+    p.reload(next).expect("reload");
+    // The new name was asked before the new configuration took requests.
+    assert_eq!(get(&mut c), (200, "two".into()));
+    p.shutdown();
+}
