@@ -207,12 +207,13 @@ impl Control {
         let old = self.published.current.load_full();
         // The admin API's changes go over the new configuration (kept only if it is applied).
         let base = Arc::new(config.clone());
-        // Servers found by the groups' discovery join those listed, before the admin API's
-        // changes (which may name them); a discovery not asked before is asked now.
-        let discovered = self.discovered_for(inner, &config);
-        merge_discovered(&mut config, &discovered);
+        // The admin API's changes go over the servers the configuration lists; those found by
+        // the groups' discovery join them (but for those the API removed). A discovery not
+        // asked before is asked now.
+        let (discovered, asked_now) = self.discovered_for(inner, &config);
         let mut runtime = inner.runtime.clone();
         let dropped = runtime.apply_to(&mut config);
+        merge_discovered(&mut config, &discovered, &runtime);
         let changes = match old.generation {
             0 => Vec::new(),
             _ => portico_config::changes(&old.config, &config),
@@ -505,11 +506,11 @@ impl Control {
 
         if !discovered.is_empty() && inner.discovery.is_none() {
             let me = self.me.clone();
-            let publish: crate::discovery::Publish = Arc::new(move |group, spec, servers| {
-                if let Some(control) = me.upgrade() {
-                    control.discovered(group, spec, servers);
-                }
-            });
+            let publish: crate::discovery::Publish =
+                Arc::new(move |group, id, servers| match me.upgrade() {
+                    Some(control) => control.discovered(group, id, servers),
+                    None => true,
+                });
             let m = crate::discovery::Manager::start(publish, self.discovery_status.clone())
                 .map_err(StartError::Thread)?;
             inner.discovery = Some(m);
@@ -526,6 +527,11 @@ impl Control {
             .collect();
         let names: Vec<&str> = watches.iter().map(|w| w.group.as_str()).collect();
         self.discovery_status.retain(&names);
+        for group in &asked_now {
+            if let Some(f) = discovered.get(group) {
+                self.discovery_status.record(group, &f.spec, &f.first, None);
+            }
+        }
         match watches.is_empty() {
             // the thread ends with its channel
             true => inner.discovery = None,
@@ -613,56 +619,69 @@ impl Control {
         Ok(summary)
     }
 
-    /// Each discovering group's servers: as found before while its discovery and the resolver
-    /// stay the same, else asked now (all at once, each bounded by the resolver's timeout).
+    /// Each discovering group's servers: as found before while its discovery and the name
+    /// servers stay the same, else asked now (all at once, each bounded by the resolver's
+    /// timeout), keeping the servers found before while the new asking finds none. Also the
+    /// groups asked now.
     fn discovered_for(
         &self,
         inner: &Inner,
         config: &Config,
-    ) -> HashMap<String, crate::discovery::Found> {
+    ) -> (HashMap<String, crate::discovery::Found>, Vec<String>) {
         let mut out = HashMap::new();
         let mut asks = Vec::new();
+        let r = &config.resolver;
         for g in &config.upstreams {
             let Some(d) = &g.discovery else { continue };
-            let known = inner
-                .discovered
-                .get(&g.name)
-                .filter(|f| f.spec == *d && f.resolver == config.resolver);
-            match known {
-                Some(f) => {
-                    out.insert(g.name.clone(), f.clone());
+            let before = inner.discovered.get(&g.name).filter(|f| f.spec == *d);
+            match before {
+                Some(f)
+                    if f.resolver.nameservers == r.nameservers
+                        && f.resolver.timeout == r.timeout =>
+                {
+                    let mut f = f.clone();
+                    if f.resolver != *r {
+                        // Other TTL bounds or hold: a new task, from the servers found.
+                        f.resolver = r.clone();
+                        f.id = crate::discovery::next_id();
+                        f.first =
+                            crate::discovery::Outcome::Found(f.servers.clone(), Duration::ZERO);
+                        f.at = Instant::now();
+                    }
+                    out.insert(g.name.clone(), f);
                 }
-                None => asks.push((g.name.clone(), d.clone(), config.resolver.clone())),
+                _ => asks.push((g.name.clone(), d.clone(), r.clone())),
             }
         }
-        let found = crate::discovery::resolve_now(&asks, &self.discovery_status);
-        for ((group, _, _), f) in asks.into_iter().zip(found) {
+        let found = crate::discovery::resolve_now(&asks);
+        let mut fresh = Vec::new();
+        for ((group, _, _), mut f) in asks.into_iter().zip(found) {
+            let kept = inner.discovered.get(&group).filter(|b| b.spec == f.spec);
+            if let (true, Some(b)) = (f.servers.is_empty(), kept) {
+                f.servers = b.servers.clone();
+            }
+            fresh.push(group.clone());
             out.insert(group, f);
         }
-        out
+        (out, fresh)
     }
 
     /// The discovery thread found other servers for `group`: apply the last configuration
     /// again with them (a change for a discovery the configuration no longer has is ignored).
-    fn discovered(
-        &self,
-        group: &str,
-        spec: &portico_config::Discovery,
-        servers: Vec<portico_config::Server>,
-    ) {
+    fn discovered(&self, group: &str, id: u64, servers: Vec<portico_config::Server>) -> bool {
         let mut inner = self.lock();
         if inner.shutting_down || inner.base.is_none() {
-            return;
+            return true;
         }
-        let Some(found) = inner.discovered.get_mut(group).filter(|f| f.spec == *spec) else {
-            return;
+        let Some(found) = inner.discovered.get_mut(group).filter(|f| f.id == id) else {
+            return true;
         };
         if found.servers == servers {
-            return;
+            return true;
         }
         let before = std::mem::replace(&mut found.servers, servers.clone());
+        let name = found.spec.source.name().to_string();
         let config = self.base_config(&inner);
-        let name = spec.source.name();
         match self.apply_locked(&mut inner, config) {
             Ok(summary) => {
                 let added: Vec<_> = servers
@@ -684,6 +703,7 @@ impl Control {
                     crate::discovery::list(&added),
                     crate::discovery::list(&removed),
                 );
+                true
             }
             Err(e) => {
                 if let Some(f) = inner.discovered.get_mut(group) {
@@ -693,6 +713,7 @@ impl Control {
                     upstream = group,
                     "discovery: {name} gives other servers, but the configuration with them was refused: {e}"
                 );
+                false
             }
         }
     }
@@ -1056,15 +1077,25 @@ impl Control {
     }
 }
 
-/// Add each group's discovered servers to those it lists (a listed address stays as listed).
-fn merge_discovered(config: &mut Config, found: &HashMap<String, crate::discovery::Found>) {
+/// Add each group's discovered servers to those it lists (a listed or API-added address stays
+/// as it is; one the admin API removed stays out).
+fn merge_discovered(
+    config: &mut Config,
+    found: &HashMap<String, crate::discovery::Found>,
+    runtime: &crate::runtime::Changes,
+) {
     for group in &mut config.upstreams {
         let Some(f) = found.get(&group.name) else {
             continue;
         };
+        let removed = runtime
+            .groups
+            .get(&group.name)
+            .map(|c| &c.removed[..])
+            .unwrap_or(&[]);
         let g = Arc::make_mut(group);
         for s in &f.servers {
-            if !g.servers.iter().any(|l| l.address == s.address) {
+            if !g.servers.iter().any(|l| l.address == s.address) && !removed.contains(&s.address) {
                 g.servers.push(s.clone());
             }
         }

@@ -30,6 +30,9 @@ pub(crate) enum Outcome {
 /// A group's servers as its discovery last found them, and what asked for them.
 #[derive(Debug, Clone)]
 pub(crate) struct Found {
+    /// Which asking this is: a change a task publishes names it, and one whose asking the
+    /// configuration no longer has (its name, or its resolver, changed since) is ignored.
+    pub id: u64,
     pub spec: Discovery,
     pub resolver: Resolver,
     /// Empty when nothing was found yet.
@@ -47,8 +50,15 @@ pub(crate) struct Watch {
     pub found: Found,
 }
 
-/// Called with (group, discovery, servers) when a group's servers change.
-pub(crate) type Publish = Arc<dyn Fn(&str, &Discovery, Vec<Server>) + Send + Sync>;
+/// Called with (group, the asking's id, servers) when a group's servers change; false when the
+/// configuration with them was refused (the task tries again after its next lookup).
+pub(crate) type Publish = Arc<dyn Fn(&str, u64, Vec<Server>) -> bool + Send + Sync>;
+
+/// A new asking's id.
+pub(crate) fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// The lookups of each group, for the admin API and `/metrics`.
 #[derive(Default)]
@@ -59,6 +69,7 @@ pub(crate) struct Status {
 /// One group's discovery as the admin API and `/metrics` show it.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupStatus {
+    spec: Discovery,
     /// `dns` or `srv`.
     pub kind: &'static str,
     pub name: String,
@@ -80,9 +91,20 @@ impl Status {
         g.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
-    fn record(&self, group: &str, spec: &Discovery, outcome: &Outcome, next: Option<Instant>) {
+    pub(crate) fn record(
+        &self,
+        group: &str,
+        spec: &Discovery,
+        outcome: &Outcome,
+        next: Option<Instant>,
+    ) {
         let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        // Another name for the group starts over.
+        if g.get(group).is_some_and(|s| s.spec != *spec) {
+            g.remove(group);
+        }
         let s = g.entry(group.to_string()).or_insert_with(|| GroupStatus {
+            spec: spec.clone(),
             kind: match spec.source {
                 DiscoverySource::Dns { .. } => "dns",
                 DiscoverySource::Srv { .. } => "srv",
@@ -163,7 +185,6 @@ impl Tracker {
                 if self.last.as_ref() == Some(servers) {
                     return (None, next);
                 }
-                self.last = Some(servers.clone());
                 (Some(servers.clone()), next)
             }
             Outcome::Gone(_) => {
@@ -176,7 +197,6 @@ impl Tracker {
                 }
                 let until = since + r.hold;
                 if now >= until {
-                    self.last = Some(Vec::new());
                     return (Some(Vec::new()), retry);
                 }
                 (None, retry.min(until))
@@ -186,6 +206,11 @@ impl Tracker {
                 (None, now + self.backoff())
             }
         }
+    }
+
+    /// The servers [`Tracker::on`] gave were applied.
+    pub(crate) fn published(&mut self, servers: Vec<Server>) {
+        self.last = Some(servers);
     }
 
     /// After failed lookups: `min_ttl` (at least 1 s), doubling per failure, at most `max_ttl`.
@@ -204,17 +229,12 @@ pub(crate) fn srv_servers(
     records: &[(u16, u16, u16, String)],
     addresses: &HashMap<String, Vec<IpAddr>>,
 ) -> Vec<Server> {
-    let Some(lowest) = records
-        .iter()
-        .filter(|r| r.3 != "." && !r.3.is_empty())
-        .map(|r| r.0)
-        .min()
-    else {
+    let Some(lowest) = records.iter().filter(|r| !is_root(&r.3)).map(|r| r.0).min() else {
         return Vec::new();
     };
     let chosen: Vec<_> = records
         .iter()
-        .filter(|r| r.0 == lowest && r.3 != "." && !r.3.is_empty())
+        .filter(|r| r.0 == lowest && !is_root(&r.3))
         .collect();
     let heaviest = chosen.iter().map(|r| u32::from(r.1)).max().unwrap_or(1);
     let mut servers: Vec<Server> = Vec::new();
@@ -271,6 +291,8 @@ fn resolver(settings: &Resolver, family: AddressFamily) -> Result<TokioResolver,
     };
     // Every lookup asks the name servers: the tasks keep their own schedule by TTL.
     opts.cache_size = 0;
+    // Names are the name servers' answers alone, as for nginx's and HAProxy's resolvers.
+    opts.use_hosts_file = hickory_resolver::config::ResolveHosts::Never;
     builder
         .build()
         .map_err(|e| format!("cannot build a resolver: {e}"))
@@ -298,34 +320,86 @@ fn short(e: &impl std::fmt::Display) -> String {
     s
 }
 
+/// `name` with its final dot: names are asked as written, never with search domains appended.
+fn absolute(name: &str) -> String {
+    match name.ends_with('.') {
+        true => name.to_string(),
+        false => format!("{name}."),
+    }
+}
+
+/// The addresses of `name` of the family asked, A and AAAA asked apart: a part that fails
+/// fails the whole (an answer to one part alone would drop the other part's servers), a part
+/// without records is no address of that family.
+async fn addresses(
+    r: &TokioResolver,
+    name: &str,
+    family: AddressFamily,
+) -> Result<(Vec<IpAddr>, Instant), Outcome> {
+    let kinds: &[RecordType] = match family {
+        AddressFamily::Any => &[RecordType::A, RecordType::AAAA],
+        AddressFamily::Ipv4 => &[RecordType::A],
+        AddressFamily::Ipv6 => &[RecordType::AAAA],
+    };
+    let mut ips: Vec<IpAddr> = Vec::new();
+    let mut valid_until: Option<Instant> = None;
+    let mut gone = None;
+    for &kind in kinds {
+        match r.lookup(name, kind).await {
+            Ok(l) => {
+                let found: Vec<IpAddr> = l
+                    .answers()
+                    .iter()
+                    .filter_map(|rec| rec.data.ip_addr())
+                    .filter(|ip| family_allows(family, ip))
+                    .collect();
+                if found.is_empty() {
+                    gone = Some(format!("no {kind} records"));
+                    continue;
+                }
+                valid_until = Some(valid_until.map_or(l.valid_until(), |v| v.min(l.valid_until())));
+                for ip in found {
+                    if !ips.contains(&ip) {
+                        ips.push(ip);
+                    }
+                }
+            }
+            Err(e) => match classify(&e) {
+                Outcome::Gone(why) => gone = Some(why),
+                other => return Err(other),
+            },
+        }
+    }
+    match valid_until {
+        Some(v) => Ok((ips, v)),
+        None => Err(Outcome::Gone(
+            gone.unwrap_or_else(|| "no address records".into()),
+        )),
+    }
+}
+
 /// One lookup of a discovery.
 async fn lookup(r: &TokioResolver, d: &Discovery) -> Outcome {
     let now = Instant::now();
     match &d.source {
-        DiscoverySource::Dns { name, port } => match r.lookup_ip(name.as_str()).await {
-            Ok(l) => {
-                let mut servers: Vec<Server> = Vec::new();
-                for ip in l.iter().filter(|ip| family_allows(d.family, ip)) {
-                    let address = SocketAddr::new(ip, *port);
-                    if !servers.iter().any(|s| s.address == address) {
-                        servers.push(Server {
-                            address,
+        DiscoverySource::Dns { name, port } => {
+            match addresses(r, &absolute(name), d.family).await {
+                Ok((ips, valid_until)) => {
+                    let mut servers: Vec<Server> = ips
+                        .into_iter()
+                        .map(|ip| Server {
+                            address: SocketAddr::new(ip, *port),
                             weight: d.weight,
-                        });
-                    }
+                        })
+                        .collect();
+                    servers.sort_by_key(|s| s.address);
+                    Outcome::Found(servers, valid_until.saturating_duration_since(now))
                 }
-                servers.sort_by_key(|s| s.address);
-                match servers.is_empty() {
-                    true => Outcome::Gone("no address records".into()),
-                    false => {
-                        Outcome::Found(servers, l.valid_until().saturating_duration_since(now))
-                    }
-                }
+                Err(o) => o,
             }
-            Err(e) => classify(&e),
-        },
+        }
         DiscoverySource::Srv { name } => {
-            let l = match r.lookup(name.as_str(), RecordType::SRV).await {
+            let l = match r.lookup(absolute(name), RecordType::SRV).await {
                 Ok(l) => l,
                 Err(e) => return classify(&e),
             };
@@ -337,44 +411,39 @@ async fn lookup(r: &TokioResolver, d: &Discovery) -> Outcome {
                     records.push((s.priority, s.weight, s.port, target));
                 }
             }
-            // Addresses from the answer's additional section, then asked for the rest.
-            let mut addresses: HashMap<String, Vec<IpAddr>> = HashMap::new();
-            for rec in l.additionals() {
-                if let Some(ip) = rec.data.ip_addr().filter(|ip| family_allows(d.family, ip)) {
-                    let owner = rec.name.to_ascii().to_ascii_lowercase();
-                    addresses.entry(owner).or_default().push(ip);
-                }
-            }
-            let mut failure = None;
-            let lowest = records.iter().map(|r| r.0).min();
+            // Each target of the lowest priority asked for its addresses (the answer's
+            // additional section may hold some, but not both families, nor their own TTLs).
+            let lowest = records.iter().filter(|r| !is_root(&r.3)).map(|r| r.0).min();
+            let mut addresses_of: HashMap<String, Vec<IpAddr>> = HashMap::new();
             for (priority, _, _, target) in &records {
-                if Some(*priority) != lowest || target == "." || addresses.contains_key(target) {
+                if Some(*priority) != lowest || is_root(target) || addresses_of.contains_key(target)
+                {
                     continue;
                 }
-                match r.lookup_ip(target.as_str()).await {
-                    Ok(ips) => {
-                        valid_until = valid_until.min(ips.valid_until());
-                        let found = ips
-                            .iter()
-                            .filter(|ip| family_allows(d.family, ip))
-                            .collect();
-                        addresses.insert(target.clone(), found);
+                match addresses(r, &absolute(target), d.family).await {
+                    Ok((ips, until)) => {
+                        valid_until = valid_until.min(until);
+                        addresses_of.insert(target.clone(), ips);
                     }
-                    Err(e) => {
-                        if let Outcome::Failed(why) = classify(&e) {
-                            failure = Some(format!("{target}: {why}"));
-                        }
+                    Err(Outcome::Gone(_)) => {}
+                    Err(Outcome::Failed(why)) => {
+                        return Outcome::Failed(format!("{target}: {why}"))
                     }
+                    Err(o) => return o,
                 }
             }
-            let servers = srv_servers(&records, &addresses);
-            match (servers.is_empty(), failure) {
-                (false, _) => Outcome::Found(servers, valid_until.saturating_duration_since(now)),
-                (true, Some(why)) => Outcome::Failed(why),
-                (true, None) => Outcome::Gone("no SRV target with an address".into()),
+            let servers = srv_servers(&records, &addresses_of);
+            match servers.is_empty() {
+                false => Outcome::Found(servers, valid_until.saturating_duration_since(now)),
+                true => Outcome::Gone("no SRV target with an address".into()),
             }
         }
     }
+}
+
+/// An SRV target of "." (or empty): the service is not offered there.
+fn is_root(target: &str) -> bool {
+    target == "." || target.is_empty()
 }
 
 /// One lookup with a resolver made for it, bounded by the resolver's two attempts.
@@ -392,7 +461,7 @@ async fn lookup_once(settings: &Resolver, d: &Discovery) -> Outcome {
 
 /// The first lookup of each discovery, all at once, on a thread of their own (the caller may
 /// be inside a runtime); the caller waits for them (each bounded by its resolver's timeout).
-pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)], status: &Status) -> Vec<Found> {
+pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)]) -> Vec<Found> {
     if asks.is_empty() {
         return Vec::new();
     }
@@ -415,8 +484,10 @@ pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)], status: &Statu
                     set.spawn(async move { (i, lookup_once(&r, &d).await) });
                 }
                 let mut out = vec![Outcome::Failed("not asked".into()); asks.len()];
-                while let Some(Ok((i, o))) = set.join_next().await {
-                    out[i] = o;
+                while let Some(joined) = set.join_next().await {
+                    if let Ok((i, o)) = joined {
+                        out[i] = o;
+                    }
                 }
                 out
             })
@@ -432,7 +503,6 @@ pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)], status: &Statu
                 Outcome::Found(s, _) => s.clone(),
                 _ => Vec::new(),
             };
-            status.record(group, spec, &first, None);
             match &first {
                 Outcome::Found(s, _) => tracing::info!(
                     upstream = group.as_str(),
@@ -448,6 +518,7 @@ pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)], status: &Statu
                 ),
             }
             Found {
+                id: next_id(),
                 spec: spec.clone(),
                 resolver: resolver.clone(),
                 servers,
@@ -483,19 +554,9 @@ impl Manager {
             .name("portico-discovery".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    type Key = (String, Discovery, Resolver);
-                    let mut tasks: HashMap<Key, tokio::task::AbortHandle> = HashMap::new();
+                    let mut tasks: HashMap<u64, tokio::task::AbortHandle> = HashMap::new();
                     while let Some(watches) = rx.recv().await {
-                        let keys: Vec<Key> = watches
-                            .iter()
-                            .map(|w| {
-                                (
-                                    w.group.clone(),
-                                    w.found.spec.clone(),
-                                    w.found.resolver.clone(),
-                                )
-                            })
-                            .collect();
+                        let keys: Vec<u64> = watches.iter().map(|w| w.found.id).collect();
                         tasks.retain(|k, t| {
                             let keep = keys.contains(k);
                             if !keep {
@@ -533,10 +594,8 @@ impl Manager {
 async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
     let Watch { group, found } = w;
     let spec = found.spec;
-    let published = match &found.first {
-        Outcome::Found(..) => Some(found.servers.clone()),
-        _ => None,
-    };
+    // The servers the configuration has now (found now, or kept from an earlier asking).
+    let published = Some(found.servers.clone()).filter(|s| !s.is_empty());
     let mut tracker = Tracker::new(found.resolver.clone(), published);
     let (_, mut next) = tracker.on(&found.first, found.at);
     let r = match resolver(&found.resolver, spec.family) {
@@ -566,7 +625,7 @@ async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
         match &outcome {
             Outcome::Found(..) => {}
             Outcome::Gone(why) => tracing::warn!(
-                "discovery: {} for upstream {group}: name gone ({why}); its servers are kept for the hold ({:?})",
+                "discovery: {} for upstream {group}: name gone ({why}); servers found before are kept for the hold ({:?})",
                 spec.source.name(),
                 found.resolver.hold
             ),
@@ -576,10 +635,14 @@ async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
             ),
         }
         if let Some(servers) = change {
-            if servers.is_empty() {
-                status.cleared(&group);
+            // Refused (the configuration with them could not be applied): asked again after
+            // the next lookup.
+            if publish(&group, found.id, servers.clone()) {
+                if servers.is_empty() {
+                    status.cleared(&group);
+                }
+                tracker.published(servers);
             }
-            publish(&group, &spec, servers);
         }
     }
 }
@@ -667,6 +730,10 @@ mod tests {
         let (p, next) = t.on(&Outcome::Found(one.clone(), Duration::from_secs(0)), t0);
         assert_eq!(p, Some(one.clone()));
         assert_eq!(next, t0 + Duration::from_secs(2), "min_ttl");
+        // refused: offered again after the next lookup
+        let (p, _) = t.on(&Outcome::Found(one.clone(), Duration::from_secs(0)), t0);
+        assert_eq!(p, Some(one.clone()), "not applied: offered again");
+        t.published(one.clone());
         let (p, next) = t.on(&Outcome::Found(one.clone(), Duration::from_secs(3600)), t0);
         assert_eq!(p, None, "the same servers are not published again");
         assert_eq!(next, t0 + Duration::from_secs(60), "max_ttl");
@@ -714,6 +781,7 @@ mod tests {
         );
         let (p, _) = t.on(&gone, t0 + Duration::from_secs(30));
         assert_eq!(p, Some(Vec::new()), "the hold is over: no server");
+        t.published(Vec::new());
         let (p, _) = t.on(&gone, t0 + Duration::from_secs(40));
         assert_eq!(p, None, "published once");
         // back

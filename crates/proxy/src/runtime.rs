@@ -206,7 +206,9 @@ impl Changes {
     /// Apply the server lists' changes to `config` (about to be applied): servers added where
     /// missing, removed where present (never a group's last). Changes for groups the
     /// configuration no longer has, and states and weights of servers it no longer has, are
-    /// forgotten: one warning each.
+    /// forgotten: one warning each. In a group with a `discovery`, the changes of servers it
+    /// does not list are kept: DNS may give them (now or later), and the caller leaves the
+    /// removed ones out.
     pub fn apply_to(&mut self, config: &mut Config) -> Vec<String> {
         let mut warnings = Vec::new();
         let mut gone = Vec::new();
@@ -220,6 +222,7 @@ impl Changes {
                 continue;
             };
             let mut g: UpstreamGroup = (**slot).clone();
+            let discovers = g.discovery.is_some();
             // A server the file now lists is the file's: an added one's weight stays as a
             // weight change when it differs; a removed one the file no longer lists is gone.
             let mut weights = Vec::new();
@@ -237,11 +240,14 @@ impl Changes {
             changes.weight.extend(weights);
             changes
                 .removed
-                .retain(|a| g.servers.iter().any(|s| s.address == *a));
+                .retain(|a| discovers || g.servers.iter().any(|s| s.address == *a));
             for (&address, &weight) in &changes.added {
                 g.servers.push(Server { address, weight });
             }
             for address in &changes.removed {
+                if !g.servers.iter().any(|s| s.address == *address) {
+                    continue;
+                }
                 if g.servers.len() > 1 {
                     g.servers.retain(|s| s.address != *address);
                 } else {
@@ -250,7 +256,7 @@ impl Changes {
                     ));
                 }
             }
-            let has = |a: &SocketAddr| g.servers.iter().any(|s| s.address == *a);
+            let has = |a: &SocketAddr| discovers || g.servers.iter().any(|s| s.address == *a);
             for (what, list) in [
                 (
                     "drain/disable",

@@ -56,6 +56,14 @@ pub(super) fn resolver(ctx: &mut Ctx<'_>, raw: Option<&Spanned<RawResolver>>) ->
         v
     };
     let timeout = bounded(ctx, r.timeout.as_ref(), "resolver.timeout", d.timeout);
+    // A first lookup holds a reload up to about three times this.
+    let timeout = match (&r.timeout, timeout > Duration::from_secs(30)) {
+        (Some(at), true) => {
+            ctx.error(start(at), "resolver.timeout", "at most 30s");
+            d.timeout
+        }
+        _ => timeout,
+    };
     let min_ttl = bounded(ctx, r.min_ttl.as_ref(), "resolver.min_ttl", d.min_ttl);
     let max_ttl = bounded(ctx, r.max_ttl.as_ref(), "resolver.max_ttl", d.max_ttl);
     let hold = match &r.hold {
@@ -72,15 +80,14 @@ pub(super) fn resolver(ctx: &mut Ctx<'_>, raw: Option<&Spanned<RawResolver>>) ->
         None => d.hold,
     };
     if min_ttl > max_ttl {
-        let at = r
-            .min_ttl
-            .as_ref()
-            .or(r.max_ttl.as_ref())
-            .map(start)
-            .unwrap_or(start(table));
+        let (at, key) = match (&r.min_ttl, &r.max_ttl) {
+            (Some(v), _) => (start(v), "resolver.min_ttl"),
+            (None, Some(v)) => (start(v), "resolver.max_ttl"),
+            (None, None) => (start(table), "resolver"),
+        };
         ctx.error(
             at,
-            "resolver.min_ttl",
+            key,
             format!(
                 "min_ttl ({}) is above max_ttl ({})",
                 humantime(min_ttl),
@@ -155,6 +162,19 @@ pub(super) fn discovery(
         (Some(dns), None) => {
             let k = sub(key, "dns");
             let text = dns.get_ref();
+            let bare = text
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or(text);
+            if text.parse::<SocketAddr>().is_ok() || bare.parse::<IpAddr>().is_ok() {
+                ctx.error(
+                    start(dns),
+                    &k,
+                    format!("{text:?} is an IP address: list it in `servers` instead"),
+                );
+                return None;
+            }
             let Some((name, port)) = text.rsplit_once(':') else {
                 ctx.error(
                     start(dns),

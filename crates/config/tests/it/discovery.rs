@@ -76,7 +76,7 @@ fn refusals_name_the_key_and_the_value() {
     );
     assert_eq!(
         err(&group("{ dns = \"10.0.0.1:80\" }")),
-        "t.toml:2:21: upstreams.app.discovery.dns: \"10.0.0.1\" is an IP address: list it in `servers` instead"
+        "t.toml:2:21: upstreams.app.discovery.dns: \"10.0.0.1:80\" is an IP address: list it in `servers` instead"
     );
     assert_eq!(
         err(&group("{ dns = \"app..internal:80\" }")),
@@ -116,6 +116,18 @@ fn refusals_name_the_key_and_the_value() {
     assert_eq!(
         err(&resolver("min_ttl = \"2m\"\nmax_ttl = \"1m\"")),
         "t.toml:2:11: resolver.min_ttl: min_ttl (120s) is above max_ttl (60s)"
+    );
+    assert!(err(&group("{ dns = \"[::1]:80\" }"))
+        .ends_with("is an IP address: list it in `servers` instead"));
+    assert!(err(&group("{ dns = \"::1\" }"))
+        .ends_with("is an IP address: list it in `servers` instead"));
+    assert_eq!(
+        err(&resolver("max_ttl = \"500ms\"")),
+        "t.toml:2:11: resolver.max_ttl: min_ttl (1s) is above max_ttl (500ms)"
+    );
+    assert_eq!(
+        err(&resolver("timeout = \"31s\"")),
+        "t.toml:2:11: resolver.timeout: at most 30s"
     );
     assert_eq!(
         err(&resolver("timeout = \"0s\"")),
