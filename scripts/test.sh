@@ -21,6 +21,8 @@ command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 # the Debian package check verifies the systemd unit and reads the stripped binary
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 command -v readelf >/dev/null 2>&1 || need_apt+=(binutils)
+# fleet rate limits are tested against a real Redis server (started by the tests on a free port)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"

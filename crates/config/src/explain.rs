@@ -290,6 +290,22 @@ pub fn explain(config: &Config) -> String {
             }
         }
     }
+    if let Some(f) = &config.fleet {
+        let down = match f.on_redis_down {
+            crate::model::FleetFallback::Local => format!(
+                "each instance limits to 1/{} of the rate on its own",
+                f.instances
+            ),
+            crate::model::FleetFallback::Closed => "fleet-limited requests get 429".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "fleet: rate limits with scope \"fleet\" count through {} (keys {}:*), counts exchanged every {}; while Redis cannot be reached {down}",
+            f.redis_shown(),
+            f.prefix,
+            format_duration(f.sync_interval)
+        );
+    }
     let workers = config
         .workers
         .map_or_else(|| "one per core".to_string(), |w| w.to_string());
@@ -553,10 +569,16 @@ fn route_extras(route: &Route, config: &Config) -> Vec<String> {
             RateLimitKey::Header(h) => format!("header {h} (else client IP)"),
             RateLimitKey::Cookie(c) => format!("cookie {c} (else client IP)"),
         };
-        out.push(format!(
-            "rate_limit: {}/s per {by}, burst {}, at most {} keys; over it 429 with Retry-After",
-            l.rate, l.burst, l.max_keys
-        ));
+        out.push(match l.fleet {
+            true => format!(
+                "rate_limit: {}/s per {by} over the whole fleet (a sliding one-second window counted in Redis), at most {} keys; over it 429 with Retry-After",
+                l.rate, l.max_keys
+            ),
+            false => format!(
+                "rate_limit: {}/s per {by}, burst {}, at most {} keys; over it 429 with Retry-After",
+                l.rate, l.burst, l.max_keys
+            ),
+        });
     }
     if let Action::Proxy(ProxyAction { cache: Some(c), .. }) = &route.action {
         out.push(cache_summary(c));

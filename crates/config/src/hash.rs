@@ -7,8 +7,13 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// key placement must not change between restarts). FNV-1a alone mixes short, similar inputs
 /// poorly (e.g. `10.0.0.1:80#1` vs `#2`), so the result goes through murmur3's `fmix64` avalanche.
 pub fn hash64(bytes: &[u8]) -> u64 {
+    hash64_parts(&[bytes])
+}
+
+/// [`hash64`] of the parts one after the other, without joining them first.
+pub fn hash64_parts(parts: &[&[u8]]) -> u64 {
     let mut h = FNV_OFFSET;
-    for &b in bytes {
+    for &b in parts.iter().flat_map(|p| p.iter()) {
         h ^= u64::from(b);
         h = h.wrapping_mul(FNV_PRIME);
     }
@@ -36,6 +41,7 @@ mod tests {
         assert_eq!(hash64(b"portico"), 0xad85_3247_3b57_70da);
         assert_eq!(hash64(b"10.0.0.1:8080#0"), 0x6528_3bf9_882a_6167);
         assert_ne!(hash64(b"a"), hash64(b"b"));
+        assert_eq!(hash64_parts(&[b"port", b"", b"ico"]), hash64(b"portico"));
     }
 
     #[test]

@@ -33,6 +33,50 @@ pub struct Config {
     pub workers: Option<NonZeroU32>,
     /// How upstream groups' `discovery` names are resolved (`[resolver]`; defaults when absent).
     pub resolver: Resolver,
+    /// What instances of a fleet share (`[fleet]`); None = this instance shares nothing.
+    pub fleet: Option<Fleet>,
+}
+
+/// What the instances of a fleet share (`[fleet]`): fleet-scoped rate limits counted in Redis.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fleet {
+    /// The Redis server the counts go through: `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`.
+    pub redis: String,
+    /// Instances the fleet has: a fleet limit falls back to its rate divided by this while Redis
+    /// cannot be reached (`on_redis_down = "local"`).
+    pub instances: u32,
+    /// How often each instance sends its counts and reads the fleet's.
+    pub sync_interval: Duration,
+    pub on_redis_down: FleetFallback,
+    /// Prefix of every Redis key, so fleets can share a Redis server.
+    pub prefix: String,
+}
+
+impl Fleet {
+    /// The Redis URL with its password replaced by `***`, for logs and `portico check`.
+    pub fn redis_shown(&self) -> String {
+        match (self.redis.find("://"), self.redis.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                let creds = &self.redis[scheme + 3..at];
+                let user = creds.split_once(':').map_or("", |(u, _)| u);
+                format!(
+                    "{}{user}:***{}",
+                    &self.redis[..scheme + 3],
+                    &self.redis[at..]
+                )
+            }
+            _ => self.redis.clone(),
+        }
+    }
+}
+
+/// What a fleet rate limit does while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FleetFallback {
+    /// Each instance limits on its own to the rate divided by `instances`.
+    Local,
+    /// Every request of a fleet-limited route is refused (429).
+    Closed,
 }
 
 /// How the names of upstream groups' `discovery` are resolved (`[resolver]`).
@@ -881,6 +925,9 @@ pub struct RateLimit {
     pub key: RateLimitKey,
     /// Most keys tracked at once (default 100_000); idle buckets are dropped first when full.
     pub max_keys: usize,
+    /// Counted by this instance alone, or by every instance of the fleet (`scope = "fleet"`:
+    /// requests in a sliding one-second window, at most `rate`, counted through Redis).
+    pub fleet: bool,
 }
 
 /// What a rate limit counts requests by.

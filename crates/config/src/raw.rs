@@ -24,6 +24,17 @@ pub(crate) struct RawConfig {
     pub listeners: Option<Spanned<Vec<Spanned<RawListener>>>>,
     pub upstreams: Option<Entries<RawUpstream>>,
     pub resolver: Option<Spanned<RawResolver>>,
+    pub fleet: Option<Spanned<RawFleet>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a fleet table")]
+pub(crate) struct RawFleet {
+    pub redis: Option<Spanned<String>>,
+    pub instances: Option<Spanned<Int>>,
+    pub sync_interval: Option<Spanned<Scalar>>,
+    pub on_redis_down: Option<Spanned<String>>,
+    pub prefix: Option<Spanned<String>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -405,6 +416,7 @@ pub(crate) struct RawRateLimit {
     pub header: Option<Spanned<String>>,
     pub cookie: Option<Spanned<String>>,
     pub max_keys: Option<Spanned<Int>>,
+    pub scope: Option<Spanned<String>>,
 }
 
 /// `[listeners.routes.retry]`: retries of failed proxied requests.

@@ -246,6 +246,14 @@ impl Control {
                     .map_err(StartError::Cache)?,
             }),
         };
+        // What fleet rate limits count through: kept while its settings stay the same.
+        let fleet = match &config.fleet {
+            None => None,
+            Some(f) => Some(match old.fleet.as_ref().filter(|k| k.settings == *f) {
+                Some(k) => k.clone(),
+                None => crate::resilience::fleet::Fleet::start(f).map_err(StartError::Thread)?,
+            }),
+        };
         let access_log = match &config.access_log {
             Some(al) => Some(AccessLogger::open(al).map_err(|source| {
                 StartError::AccessLog {
@@ -389,6 +397,7 @@ impl Control {
             let resilience = crate::resilience::for_listener(
                 l,
                 previous.map(|p| (&p.listener, &p.resilience[..])),
+                fleet.as_ref(),
             );
             let filters = l
                 .routes
@@ -565,6 +574,7 @@ impl Control {
             access_log,
             tracer,
             cache,
+            fleet,
             workers: self.workers,
         }));
         self.published
@@ -1018,6 +1028,7 @@ impl Control {
                 drain_timeout,
                 workers: None,
                 resolver: Default::default(),
+                fleet: None,
             }),
             listeners: Vec::new(),
             upstreams: Vec::new(),
@@ -1027,6 +1038,7 @@ impl Control {
             access_log: None,
             tracer: None,
             cache: None,
+            fleet: None,
             workers,
         };
         let mut receivers = Vec::new();

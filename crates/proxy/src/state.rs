@@ -72,6 +72,8 @@ pub struct Shared {
     pub tracer: Option<Arc<crate::telemetry::trace::Exporter>>,
     /// The response cache (`[cache]`), kept across reloads while its memory stays the same.
     pub cache: Option<Arc<crate::cache::Cache>>,
+    /// What fleet rate limits count through (`[fleet]`), kept across reloads while it stays the same.
+    pub fleet: Option<Arc<crate::resilience::fleet::Fleet>>,
     pub workers: usize,
 }
 

@@ -6,6 +6,7 @@ mod cache;
 mod compression;
 mod cors;
 mod discovery;
+mod fleet;
 mod jwt;
 mod listeners;
 mod logging;
@@ -87,6 +88,8 @@ struct Ctx<'a> {
     file: &'a str,
     text: &'a str,
     errors: Vec<ConfigError>,
+    /// The document has a `[fleet]` table (fleet rate limits may count through it).
+    fleet: bool,
 }
 
 impl Ctx<'_> {
@@ -115,6 +118,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
         file,
         text,
         errors: Vec::new(),
+        fleet: false,
     };
 
     let workers = raw.workers.as_ref().and_then(|w| {
@@ -137,6 +141,8 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
     let request_id = raw.request_id.as_ref().map(|r| request_id(&mut ctx, r));
     let trace = raw.trace.as_ref().map(|t| trace(&mut ctx, t));
     let resolver = discovery::resolver(&mut ctx, raw.resolver.as_ref());
+    let fleet = raw.fleet.as_ref().and_then(|f| fleet::fleet(&mut ctx, f));
+    ctx.fleet = fleet.is_some();
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
@@ -163,6 +169,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
             drain_timeout,
             workers,
             resolver,
+            fleet,
         })
     } else {
         let mut errors = ctx.errors;

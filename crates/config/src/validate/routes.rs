@@ -187,6 +187,46 @@ pub(super) fn rate_limit(
         );
         return None;
     }
+    let fleet = match &raw.scope {
+        None => false,
+        Some(sc) => {
+            match sc.get_ref().as_str() {
+                "local" => false,
+                "fleet" => {
+                    if !ctx.fleet {
+                        ctx.error(
+                        start(sc),
+                        &sub(key, "scope"),
+                        "a fleet rate limit counts through the `[fleet]` table's Redis server: add one, e.g. [fleet] redis = \"redis://10.0.0.5:6379/0\"",
+                    );
+                    }
+                    if let Some(b) = &raw.burst {
+                        ctx.error(
+                        start(b),
+                        &sub(key, "burst"),
+                        "a fleet rate limit counts requests in a sliding one-second window of at most `rate`; `burst` is for local limits",
+                    );
+                    }
+                    if rate < 1.0 {
+                        ctx.error(
+                        start(rate_value),
+                        &sub(key, "rate"),
+                        format!("a fleet rate limit allows at least 1 request per second, found {rate}"),
+                    );
+                    }
+                    true
+                }
+                other => {
+                    ctx.error(
+                    start(sc),
+                    &sub(key, "scope"),
+                    format!("unknown scope {other:?}: use \"local\" (this instance) or \"fleet\" (every instance, counted in Redis)"),
+                );
+                    false
+                }
+            }
+        }
+    };
     let default_burst = (rate.ceil() as i64).max(1);
     let burst = int(
         ctx,
@@ -244,6 +284,7 @@ pub(super) fn rate_limit(
         burst: u32::try_from(burst).unwrap_or(u32::MAX),
         key: by,
         max_keys: usize::try_from(max_keys).unwrap_or(DEFAULT_RATE_LIMIT_KEYS),
+        fleet,
     })
 }
 

@@ -7,6 +7,7 @@ mod compression;
 mod discovery;
 mod docs;
 mod errors;
+mod fleet;
 mod health;
 mod overload;
 mod parse;

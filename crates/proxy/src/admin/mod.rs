@@ -1018,7 +1018,53 @@ pub fn metrics(control: &Control) -> String {
     }
     acme_metrics(&mut e);
     discovery_metrics(&mut e, control);
+    if let Some(f) = &shared.fleet {
+        fleet_metrics(&mut e, f);
+    }
     e.finish()
+}
+
+/// The fleet's Redis: reachable or not, the mode fleet limits are in, exchanges, keys counted.
+fn fleet_metrics(e: &mut Exposition, f: &crate::resilience::fleet::Fleet) {
+    let up = f.is_up();
+    e.family(
+        "portico_fleet_redis_up",
+        "gauge",
+        "1 when the fleet's Redis answered the last exchange of counts.",
+    );
+    e.sample("portico_fleet_redis_up", &[], f64::from(u8::from(up)));
+    let name = "portico_fleet_mode";
+    e.family(
+        name,
+        "gauge",
+        "1 for the mode fleet rate limits are in: shared (counted across the fleet in Redis), local (Redis unreachable: each instance keeps to its share), closed (Redis unreachable: refused).",
+    );
+    let active = match (up, f.settings.on_redis_down) {
+        (true, _) => "shared",
+        (false, portico_config::FleetFallback::Local) => "local",
+        (false, portico_config::FleetFallback::Closed) => "closed",
+    };
+    for mode in ["shared", "local", "closed"] {
+        e.sample(name, &[("mode", mode)], f64::from(u8::from(mode == active)));
+    }
+    let name = "portico_fleet_exchanges_total";
+    e.family(
+        name,
+        "counter",
+        "Exchanges of counts with the fleet's Redis, by result.",
+    );
+    for (result, n) in [
+        ("ok", f.exchanges_ok.load(Relaxed)),
+        ("failed", f.exchanges_failed.load(Relaxed)),
+    ] {
+        e.sample(name, &[("result", result)], n as f64);
+    }
+    e.family(
+        "portico_fleet_keys",
+        "gauge",
+        "Keys of fleet rate limits this instance counts now.",
+    );
+    e.sample("portico_fleet_keys", &[], f.keys() as f64);
 }
 
 /// Per discovering group: servers found, lookups by result, the last successful lookup.

@@ -1,11 +1,14 @@
 //! Per-route resilience state shared by every worker: retry budget and rate-limit buckets, carried across reloads.
 
 pub mod client_limit;
+pub mod fleet;
+pub mod hashed;
 pub mod load;
 pub mod ratelimit;
 pub mod retry;
 pub mod shed;
 
+use crate::resilience::fleet::{Fleet, FleetCounts};
 use crate::resilience::ratelimit::RateLimiter;
 use crate::resilience::retry::RetryBudget;
 use portico_config::{Action, Listener, Route};
@@ -27,6 +30,7 @@ pub struct RouteResilience {
 pub fn for_listener(
     l: &Listener,
     previous: Option<(&Listener, &[RouteResilience])>,
+    fleet: Option<&Arc<Fleet>>,
 ) -> Vec<RouteResilience> {
     let now = Instant::now();
     l.routes
@@ -38,26 +42,45 @@ pub fn for_listener(
             });
             RouteResilience {
                 retry_budget: retry_budget(r, before, now),
-                rate_limit: rate_limit(r, before),
+                rate_limit: rate_limit(l, r, before, fleet),
             }
         })
         .collect()
 }
 
-fn rate_limit(r: &Route, before: Option<(&Route, &RouteResilience)>) -> Option<Arc<RateLimiter>> {
+/// A route's rate limiter: kept from `before` while its settings (and, for a fleet limit, the
+/// fleet) stay the same.
+fn rate_limit(
+    l: &Listener,
+    r: &Route,
+    before: Option<(&Route, &RouteResilience)>,
+    fleet: Option<&Arc<Fleet>>,
+) -> Option<Arc<RateLimiter>> {
     let limit = r.rate_limit.as_ref()?;
+    let fleet = fleet.filter(|_| limit.fleet);
     if let Some((old, state)) = before {
         if old.rate_limit.as_ref() == Some(limit) {
             if let Some(kept) = &state.rate_limit {
-                return Some(kept.clone());
+                let same_fleet = match (kept.fleet(), fleet) {
+                    (None, None) => true,
+                    (Some(c), Some(f)) => Arc::ptr_eq(&c.fleet, f),
+                    _ => false,
+                };
+                if same_fleet {
+                    return Some(kept.clone());
+                }
             }
         }
     }
-    Some(Arc::new(RateLimiter::new(
-        limit.rate,
-        limit.burst,
-        limit.max_keys,
-    )))
+    Some(Arc::new(match fleet {
+        // While Redis cannot be reached, each instance keeps to its share of the rate.
+        Some(f) => {
+            let share = limit.rate / f64::from(f.settings.instances);
+            let counts = FleetCounts::new(f, &l.name, &r.name, limit.rate, limit.max_keys);
+            RateLimiter::with_fleet(counts, share, share.ceil().max(1.0) as u32, limit.max_keys)
+        }
+        None => RateLimiter::new(limit.rate, limit.burst, limit.max_keys),
+    }))
 }
 
 fn retry_budget(

@@ -1,8 +1,10 @@
 //! Rate limiting: a sans-io token bucket and a sharded, bounded map of buckets shared by all workers.
 
+use crate::resilience::fleet::{Decision, FleetCounts};
+use crate::resilience::hashed::Identity;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Shards of the bucket map: a worker locks one for a few hash-map operations, so workers rarely
@@ -59,24 +61,6 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
     whole.max(1)
 }
 
-/// The keys are already keyed SipHash values: hashing them again would only cost time.
-#[derive(Default)]
-struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
 type Shard = HashMap<u64, TokenBucket, BuildHasherDefault<Identity>>;
 
 /// One route's buckets, one per key, shared by every worker of the process.
@@ -93,6 +77,9 @@ pub struct RateLimiter {
     per_shard: usize,
     hasher: std::collections::hash_map::RandomState,
     shards: Box<[Mutex<Shard>]>,
+    /// A fleet limit's counts; the buckets above are then its fallback while Redis cannot be
+    /// reached (this instance's share of the rate).
+    fleet: Option<Arc<FleetCounts>>,
 }
 
 impl std::fmt::Debug for RateLimiter {
@@ -113,12 +100,33 @@ impl RateLimiter {
             per_shard: max_keys.div_ceil(SHARDS).max(1),
             hasher: std::collections::hash_map::RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            fleet: None,
         }
+    }
+
+    /// A fleet limit: `counts`, with local buckets of `rate` and `burst` while Redis cannot be
+    /// reached.
+    pub fn with_fleet(counts: Arc<FleetCounts>, rate: f64, burst: u32, max_keys: usize) -> Self {
+        RateLimiter {
+            fleet: Some(counts),
+            ..RateLimiter::new(rate, burst, max_keys)
+        }
+    }
+
+    /// A fleet limit's counts.
+    pub fn fleet(&self) -> Option<&Arc<FleetCounts>> {
+        self.fleet.as_ref()
     }
 
     /// Take one token from `key`'s bucket at `now` (`kind` separates key spaces, e.g. header
     /// values from client IPs); `Err(wait)` = over the limit, a token comes after `wait`.
     pub fn check(&self, kind: u8, key: &[u8], now: Instant) -> Result<(), Duration> {
+        if let Some(f) = &self.fleet {
+            match f.check(kind, key, now) {
+                Decision::Counted(r) => return r,
+                Decision::Local => {}
+            }
+        }
         let mut h = self.hasher.build_hasher();
         h.write_u8(kind);
         h.write(key);
