@@ -53,6 +53,8 @@ stage "h2spec (HTTP/2 conformance on a TLS and an h2c listener)"
 scripts/h2spec.sh
 stage "interop: WebSocket through Portico to HAProxy as an HTTP/2 server (extended CONNECT)"
 scripts/interop-ws-h2.sh "$PORTICO_BIN"
+stage "interop: PROXY protocol with curl and HAProxy, into Portico and out of it"
+scripts/interop-proxy-protocol.sh "$PORTICO_BIN"
 stage "interop: compressed responses read by curl --compressed and Python's gzip, brotli, zstandard"
 scripts/interop-compression.sh "$PORTICO_BIN"
 stage "interop: the response cache's behaviour beside nginx proxy_cache and Varnish"

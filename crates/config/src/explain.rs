@@ -184,6 +184,12 @@ pub fn explain(config: &Config) -> String {
         if let Some(tls) = &group.tls {
             let _ = writeln!(out, "  tls: {}", upstream_tls_summary(tls));
         }
+        if let Some(v) = group.proxy_protocol {
+            let _ = writeln!(
+                out,
+                "  proxy_protocol: v{v}: each connection starts with a PROXY header naming its client; connections are reused only for the same client connection"
+            );
+        }
         if let Some(fallback) = group.fallback.and_then(|i| config.upstreams.get(i)) {
             let _ = writeln!(
                 out,

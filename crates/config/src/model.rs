@@ -1303,6 +1303,9 @@ pub struct UpstreamGroup {
     pub protocol: UpstreamProtocol,
     /// More servers found by DNS (`discovery`); None = only the listed `servers`.
     pub discovery: Option<Discovery>,
+    /// The PROXY protocol version (1 or 2) each connection to the servers starts with
+    /// (`proxy_protocol`); None = none.
+    pub proxy_protocol: Option<u8>,
 }
 
 /// The protocol an upstream group speaks to its servers.

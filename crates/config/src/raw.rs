@@ -497,6 +497,7 @@ pub(crate) struct RawUpstream {
     pub sticky_cookie: Option<Spanned<RawSticky>>,
     pub protocol: Option<Spanned<String>>,
     pub discovery: Option<Spanned<RawDiscovery>>,
+    pub proxy_protocol: Option<Spanned<String>>,
 }
 
 /// `sticky_cookie = "NAME"` or `sticky_cookie = { name = "NAME", path = "/", ... }`.

@@ -50,6 +50,68 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Header, usize)>, ProxyHeaderError> {
     Err(ProxyHeaderError::Missing)
 }
 
+/// The header to send before a connection's own bytes: `version` 1 (text) or 2 (binary).
+/// A source and destination of different families (an IPv4 client on an IPv6 listener) are
+/// both written as IPv6 (IPv4-mapped); `Header::Local` is `PROXY UNKNOWN` in version 1 and the
+/// `LOCAL` command in version 2.
+pub fn encode(version: u8, header: &Header) -> Vec<u8> {
+    let addrs = match *header {
+        Header::Proxied {
+            source,
+            destination,
+        } => Some(match (source, destination) {
+            (SocketAddr::V4(s), SocketAddr::V4(d)) => {
+                (IpAddr::V4(*s.ip()), IpAddr::V4(*d.ip()), s.port(), d.port())
+            }
+            (s, d) => (
+                IpAddr::V6(mapped(s.ip())),
+                IpAddr::V6(mapped(d.ip())),
+                s.port(),
+                d.port(),
+            ),
+        }),
+        Header::Local => None,
+    };
+    if version == 1 {
+        return match addrs {
+            Some((s, d, sp, dp)) => {
+                let family = if s.is_ipv4() { "TCP4" } else { "TCP6" };
+                format!("PROXY {family} {s} {d} {sp} {dp}\r\n").into_bytes()
+            }
+            None => b"PROXY UNKNOWN\r\n".to_vec(),
+        };
+    }
+    let mut out = V2.to_vec();
+    match addrs {
+        None => {
+            // version 2, LOCAL; family unspecified, no address
+            out.extend_from_slice(&[0x20, 0x00, 0, 0]);
+        }
+        Some((s, d, sp, dp)) => {
+            let (family, mut body) = match (s, d) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => (0x11, [s.octets(), d.octets()].concat()),
+                (IpAddr::V6(s), IpAddr::V6(d)) => (0x21, [s.octets(), d.octets()].concat()),
+                _ => unreachable!("both addresses have one family"),
+            };
+            body.extend_from_slice(&sp.to_be_bytes());
+            body.extend_from_slice(&dp.to_be_bytes());
+            // version 2, PROXY; TCP over the family
+            out.extend_from_slice(&[0x21, family]);
+            out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+            out.extend_from_slice(&body);
+        }
+    }
+    out
+}
+
+/// An address as IPv6 (IPv4 addresses mapped).
+fn mapped(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
 fn v1(buf: &[u8]) -> Result<Option<(Header, usize)>, ProxyHeaderError> {
     let Some(end) = buf.windows(2).take(V1_MAX - 1).position(|w| w == b"\r\n") else {
         return match buf.len() >= V1_MAX {
@@ -218,6 +280,51 @@ mod tests {
             parse(b"\x16\x03\x01").unwrap_err(),
             ProxyHeaderError::Missing
         );
+    }
+
+    #[test]
+    fn headers_sent_are_the_specifications_bytes() {
+        let h = proxied("192.0.2.7:51000", "10.0.0.1:443");
+        assert_eq!(
+            encode(1, &h),
+            b"PROXY TCP4 192.0.2.7 10.0.0.1 51000 443\r\n"
+        );
+        assert_eq!(encode(1, &Header::Local), b"PROXY UNKNOWN\r\n");
+        let mut v2 = b"\r\n\r\n\0\r\nQUIT\n\x21\x11\x00\x0c".to_vec();
+        v2.extend_from_slice(&[192, 0, 2, 7, 10, 0, 0, 1, 0xc7, 0x38, 0x01, 0xbb]);
+        assert_eq!(encode(2, &h), v2);
+        assert_eq!(
+            encode(2, &Header::Local),
+            b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00"
+        );
+        // mixed families: both as IPv6
+        let mixed = proxied("192.0.2.7:51000", "[2001:db8::1]:443");
+        assert_eq!(
+            encode(1, &mixed),
+            b"PROXY TCP6 ::ffff:192.0.2.7 2001:db8::1 51000 443\r\n"
+        );
+        let v6 = encode(2, &mixed);
+        assert_eq!(&v6[12..16], &[0x21, 0x21, 0x00, 0x24]);
+        assert_eq!(v6.len(), 16 + 36);
+        // and what is sent reads back
+        for version in [1, 2] {
+            for header in [h, mixed, Header::Local] {
+                let bytes = encode(version, &header);
+                let (back, used) = parse(&bytes).unwrap().unwrap();
+                assert_eq!(used, bytes.len());
+                let expect = match header {
+                    Header::Proxied {
+                        source,
+                        destination,
+                    } if source.is_ipv4() != destination.is_ipv4() => Header::Proxied {
+                        source: SocketAddr::new(IpAddr::V6(mapped(source.ip())), source.port()),
+                        destination,
+                    },
+                    other => other,
+                };
+                assert_eq!(back, expect, "version {version}");
+            }
+        }
     }
 
     fn v2_header(cmd: u8, family: u8, addrs: &[u8], tlvs: &[u8]) -> Vec<u8> {

@@ -34,6 +34,7 @@ pub(crate) fn group(weights: &[u32], balance: Balance, limit: u32) -> Arc<Upstre
         tls: None,
         protocol: Default::default(),
         discovery: None,
+        proxy_protocol: None,
     })
 }
 

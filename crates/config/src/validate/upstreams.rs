@@ -436,6 +436,29 @@ pub(super) fn upstream(
         .as_ref()
         .and_then(|t| upstream_tls(ctx, &sub(&key, "tls"), start(name), t));
     let protocol = upstream_protocol(ctx, &sub(&key, "protocol"), raw.protocol.as_ref());
+    let proxy_protocol = raw.proxy_protocol.as_ref().and_then(|v| {
+        let k = sub(&key, "proxy_protocol");
+        let version = match v.get_ref().as_str() {
+            "v1" => 1,
+            "v2" => 2,
+            other => {
+                ctx.error(
+                    start(v),
+                    &k,
+                    format!("unknown PROXY protocol version {other:?}: use \"v1\" (text) or \"v2\" (binary)"),
+                );
+                return None;
+            }
+        };
+        if protocol == UpstreamProtocol::H2 {
+            ctx.error(
+                start(v),
+                &k,
+                "a PROXY header names one client per connection, and an HTTP/2 connection carries many clients' requests: use it with protocol = \"http1\"",
+            );
+        }
+        Some(version)
+    });
     UpstreamGroup {
         name: name.get_ref().clone(),
         servers,
@@ -455,6 +478,7 @@ pub(super) fn upstream(
         tls,
         protocol,
         discovery,
+        proxy_protocol,
     }
 }
 

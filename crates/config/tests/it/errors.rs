@@ -958,3 +958,19 @@ fn upstream_protocol() {
         portico_config::UpstreamProtocol::Http1
     );
 }
+
+#[test]
+fn upstream_proxy_protocol_versions_and_not_over_http2() {
+    let route = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"api\"\n";
+    let c = parse(&format!("{UP}proxy_protocol = \"v2\"\n{route}"), "t.toml").unwrap();
+    assert_eq!(c.upstreams[0].proxy_protocol, Some(2));
+    assert!(portico_config::explain(&c).contains("proxy_protocol: v2"));
+    assert_eq!(
+        err(&format!("{UP}proxy_protocol = \"2\"\n{route}")),
+        "t.toml:3:18: upstreams.api.proxy_protocol: unknown PROXY protocol version \"2\": use \"v1\" (text) or \"v2\" (binary)"
+    );
+    assert_eq!(
+        err(&format!("{UP}protocol = \"h2\"\nproxy_protocol = \"v1\"\n{route}")),
+        "t.toml:4:18: upstreams.api.proxy_protocol: a PROXY header names one client per connection, and an HTTP/2 connection carries many clients' requests: use it with protocol = \"http1\""
+    );
+}

@@ -73,6 +73,10 @@ impl<'a> Client<'a> for H1Down<'a> {
         }
     }
 
+    fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+        Some((self.c.peer, crate::stream::local_addr(&self.c.stream)?))
+    }
+
     fn set_client(&mut self, ip: std::net::IpAddr) {
         self.client = Some((ip, ip.to_string().into_boxed_str()));
     }

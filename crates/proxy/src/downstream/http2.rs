@@ -96,6 +96,10 @@ impl<'a> Client<'a> for H2Down<'a> {
         }
     }
 
+    fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
+        Some((self.link.peer, self.link.local?))
+    }
+
     fn set_client(&mut self, ip: std::net::IpAddr) {
         self.client = Some((ip, ip.to_string().into_boxed_str()));
     }

@@ -20,6 +20,8 @@ pub(crate) struct Current {
 pub(crate) struct Link {
     pub worker: Rc<Worker>,
     pub peer: SocketAddr,
+    /// The address the client connected to.
+    pub local: Option<SocketAddr>,
     pub client_ip: String,
     pub tls: bool,
     /// The TLS version and the server name the client sent, for the access log.

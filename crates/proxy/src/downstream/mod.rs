@@ -85,6 +85,9 @@ pub(crate) trait Client<'a> {
     ) -> Option<F::Output>;
     /// Who sent the request, for the forwarded head and hashing.
     fn who(&self) -> Who<'_>;
+    /// The connection's client and the address it connected to, for a PROXY header to a
+    /// server (None when the local address cannot be read).
+    fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)>;
     /// Behind a trusted proxy: the request's client, as `X-Forwarded-For` names it.
     fn set_client(&mut self, ip: std::net::IpAddr);
     /// The buffer for the forwarded head (an HTTP/1.1 connection keeps its allocation across

@@ -106,6 +106,7 @@ pub async fn pick<'s>(
     shared: &'s Shared,
     mut gi: usize,
     client_ip: &str,
+    addresses: impl Fn() -> Option<(SocketAddr, SocketAddr)>,
     head: &RequestHead,
     retry: &Retry<'_>,
     asked: &mut Instant,
@@ -157,6 +158,8 @@ pub async fn pick<'s>(
     let pool_key = PoolKey {
         addr: guard.address(),
         tls: tls.map_or(0, |t| t.pool_id),
+        // A connection that starts with a PROXY header is this client connection's alone.
+        proxied: upstream.group().proxy_protocol.and_then(|_| addresses()),
     };
     Ok(Picked {
         gi,
@@ -234,10 +237,24 @@ impl Picked<'_> {
         let stats = &shared.stats;
         // Boxed: a new connection (and its TLS handshake) is the rare case on kept-alive pools;
         // unboxed, its 1.5 KiB of state would widen every request's future.
+        let header = group.proxy_protocol.map(|v| {
+            use portico_http1::proxy_protocol::{encode, Header};
+            match self.pool_key.proxied {
+                Some((source, destination)) => encode(
+                    v,
+                    &Header::Proxied {
+                        source,
+                        destination,
+                    },
+                ),
+                None => encode(v, &Header::Local),
+            }
+        });
         let opening = Box::pin(crate::upstream::pool::connect(
             addr,
             group.connect_timeout,
             self.tls,
+            header.as_deref(),
         ));
         match opening.await {
             Ok((u, took)) => {

@@ -151,8 +151,13 @@ async fn ask(
     }
     encode::field(&mut out, "Connection", b"close");
     encode::end_head(&mut out);
-    let (mut c, _) =
-        crate::upstream::pool::connect(addr, group.connect_timeout, tls.as_deref()).await?;
+    let (mut c, _) = crate::upstream::pool::connect(
+        addr,
+        group.connect_timeout,
+        tls.as_deref(),
+        crate::upstream::pool::local_header(group).as_deref(),
+    )
+    .await?;
     write_within(&mut c.stream, &out, group.idle_timeout).await?;
     let limit = group.response_header_timeout;
     let rh = final_head(&mut c.stream, &mut c.rbuf, &Method::Get, limit).await?;

@@ -169,8 +169,13 @@ impl Copy {
     /// connection closes after it (the body is not read: nobody waits for it).
     async fn exchange(&self) -> Result<u16, ProxyError> {
         let addr = self.guard.address();
-        let (mut c, _) =
-            crate::upstream::pool::connect(addr, self.connect_timeout, self.tls.as_deref()).await?;
+        let (mut c, _) = crate::upstream::pool::connect(
+            addr,
+            self.connect_timeout,
+            self.tls.as_deref(),
+            crate::upstream::pool::local_header(self.up.group()).as_deref(),
+        )
+        .await?;
         // Each write waits at most the group's idle_timeout (a large body to a healthy server
         // takes as long as it takes).
         let idle = self.idle;

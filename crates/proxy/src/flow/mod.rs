@@ -558,7 +558,15 @@ async fn attempt<'a, 'r, D: Client<'a>, H: Hooks<'r>>(
     let shared = env.shared;
     let mut asked = retry.started();
     let watch = down.watch();
-    let pick = crate::flow::attempt::pick(shared, px.group, down.who().ip, head, retry, &mut asked);
+    let pick = crate::flow::attempt::pick(
+        shared,
+        px.group,
+        down.who().ip,
+        || down.addresses(),
+        head,
+        retry,
+        &mut asked,
+    );
     // An HTTP/2 client that resets its stream while the request waits in a queue leaves at once.
     let picked = unless_reset(watch, std::pin::pin!(pick)).await;
     let picked = picked.unwrap_or(Err(ProxyError::ClientClosed));

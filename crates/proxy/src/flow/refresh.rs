@@ -164,8 +164,13 @@ impl Refresh {
     /// store took it. The connection closes after it.
     async fn exchange(&self) -> Result<(u16, bool), ProxyError> {
         let addr = self.guard.address();
-        let (mut c, _) =
-            crate::upstream::pool::connect(addr, self.connect_timeout, self.tls.as_deref()).await?;
+        let (mut c, _) = crate::upstream::pool::connect(
+            addr,
+            self.connect_timeout,
+            self.tls.as_deref(),
+            crate::upstream::pool::local_header(self.up.group()).as_deref(),
+        )
+        .await?;
         let requested = SystemTime::now();
         write_within(&mut c.stream, &self.head, self.idle).await?;
         let rh = final_head(

@@ -314,7 +314,7 @@ pub(crate) async fn open(
     tls: Option<&GroupTls>,
 ) -> Result<(Rc<H2Conn>, Duration), ProxyError> {
     let begun = Instant::now();
-    let (up, _) = connect(addr, t, tls).await?;
+    let (up, _) = connect(addr, t, tls, None).await?;
     let stream = up.stream;
     if let UpStream::Tls(s) = &stream {
         if s.get_ref().1.alpn_protocol() != Some(b"h2") {
@@ -417,6 +417,7 @@ mod tests {
             9,
         )),
         tls: 0,
+        proxied: None,
     };
 
     /// A request asking `pool` for a slot as a local task; an opener keeps its marker until

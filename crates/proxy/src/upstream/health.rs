@@ -126,7 +126,9 @@ async fn probe_loop(
     loop {
         tick.tick().await;
         let protocol = up.group().protocol;
-        let (ok, detail) = probe_with(addr, &check, tls.as_deref(), protocol).await;
+        let header = crate::upstream::pool::local_header(up.group());
+        let (ok, detail) =
+            probe_with(addr, &check, tls.as_deref(), protocol, header.as_deref()).await;
         tracing::trace!(group = %up.group().name, %addr, ok, "health probe: {detail}");
         up.probe_result(server, ok, detail, Instant::now());
     }
@@ -135,24 +137,32 @@ async fn probe_loop(
 /// One probe of a plain HTTP server under the check's timeout: whether it passed, and what
 /// happened in words.
 pub async fn probe(addr: SocketAddr, check: &HealthCheck) -> (bool, String) {
-    probe_with(addr, check, None, UpstreamProtocol::Http1).await
+    probe_with(addr, check, None, UpstreamProtocol::Http1, None).await
 }
 
 /// One probe under the check's timeout. With `tls` (an HTTPS group) the probe makes the TLS
 /// handshake as requests do, so a server with a bad certificate fails it (`tcp` checks too), and
 /// an `http` check sends its request over TLS. An `http` check of a `protocol = "h2"` group
-/// speaks HTTP/2 as its requests do (h2c prior knowledge, or TLS with ALPN h2).
+/// speaks HTTP/2 as its requests do (h2c prior knowledge, or TLS with ALPN h2). A group that
+/// sends PROXY headers gets `proxy` (a LOCAL one) first.
 pub async fn probe_with(
     addr: SocketAddr,
     check: &HealthCheck,
     tls: Option<&GroupTls>,
     protocol: UpstreamProtocol,
+    proxy: Option<&[u8]>,
 ) -> (bool, String) {
     let started = Instant::now();
     let outcome = tokio::time::timeout(check.timeout, async {
-        let tcp = TcpStream::connect(addr)
+        let mut tcp = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
+        if let Some(header) = proxy {
+            use tokio::io::AsyncWriteExt;
+            tcp.write_all(header)
+                .await
+                .map_err(|e| format!("PROXY header: {e}"))?;
+        }
         let stream = match tls {
             None => UpStream::Plain(tcp),
             Some(tls) => tls.handshake(addr, tcp).await.map_err(|e| match e {

@@ -20,12 +20,19 @@ pub use crate::upstream::tls::UpStream;
 pub struct PoolKey {
     pub addr: SocketAddr,
     pub tls: u64,
+    /// For a group that sends a PROXY header: the client connection it names (client, the
+    /// address it connected to), so the connection serves only that client's requests.
+    pub proxied: Option<(SocketAddr, SocketAddr)>,
 }
 
 impl PoolKey {
     /// Plain TCP to `addr`.
     pub fn plain(addr: SocketAddr) -> Self {
-        PoolKey { addr, tls: 0 }
+        PoolKey {
+            addr,
+            tls: 0,
+            proxied: None,
+        }
     }
 }
 
@@ -119,6 +126,11 @@ impl Pool {
     /// connections to this server (dropping the oldest) and drops those idle longer than their
     /// timeout.
     pub fn put(&self, key: PoolKey, conn: UpConn, cap: usize, timeout: Duration) {
+        // A connection named by a PROXY header waits for its own client's next request only.
+        let cap = match key.proxied {
+            Some(_) => cap.min(1),
+            None => cap,
+        };
         if !conn.rbuf.is_empty() || cap == 0 {
             return;
         }
@@ -188,30 +200,48 @@ impl Pool {
     }
 }
 
-/// Connect to `addr`, and for a TLS group finish the handshake, all under `t`; also says how
-/// long that took.
+/// The PROXY header of a connection Portico makes on its own (a health check, a cache refresh,
+/// a mirrored copy, a forward auth request) to a group that sends one: `LOCAL` (v2) or
+/// `UNKNOWN` (v1), naming no client.
+pub(crate) fn local_header(group: &portico_config::UpstreamGroup) -> Option<Vec<u8>> {
+    let v = group.proxy_protocol?;
+    Some(portico_http1::proxy_protocol::encode(
+        v,
+        &portico_http1::proxy_protocol::Header::Local,
+    ))
+}
+
+/// Connect to `addr`, send `proxy` (a PROXY header) first when given, and for a TLS group
+/// finish the handshake, all under `t`; also says how long that took.
 pub(crate) async fn connect(
     addr: SocketAddr,
     t: Duration,
     tls: Option<&GroupTls>,
+    proxy: Option<&[u8]>,
 ) -> Result<(UpConn, Duration), ProxyError> {
     let begun = Instant::now();
-    let Some(tls) = tls else {
-        return match timeout(t, TcpStream::connect(addr)).await {
-            Err(_) => Err(ProxyError::ConnectTimeout),
-            Ok(Err(e)) => Err(ProxyError::ConnectFailed(e)),
-            Ok(Ok(s)) => {
-                let took = begun.elapsed();
-                let _ = s.set_nodelay(true);
-                Ok((UpConn::new(UpStream::Plain(s)), took))
-            }
-        };
-    };
-    let connected = timeout(t, async {
-        let s = TcpStream::connect(addr)
+    let open = async {
+        let mut s = TcpStream::connect(addr)
             .await
             .map_err(ProxyError::ConnectFailed)?;
         let _ = s.set_nodelay(true);
+        if let Some(header) = proxy {
+            use tokio::io::AsyncWriteExt;
+            s.write_all(header)
+                .await
+                .map_err(ProxyError::ConnectFailed)?;
+        }
+        Ok::<_, ProxyError>(s)
+    };
+    let Some(tls) = tls else {
+        return match timeout(t, open).await {
+            Err(_) => Err(ProxyError::ConnectTimeout),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(s)) => Ok((UpConn::new(UpStream::Plain(s)), begun.elapsed())),
+        };
+    };
+    let connected = timeout(t, async {
+        let s = open.await?;
         tls.handshake(addr, s).await
     })
     .await;
@@ -245,7 +275,10 @@ mod tests {
             };
             let pool = Pool::new(Arc::new(AtomicI64::new(0)));
             let plain = PoolKey::plain(addr);
-            let tls = PoolKey { addr, tls: 7 };
+            let tls = PoolKey {
+                tls: 7,
+                ..PoolKey::plain(addr)
+            };
             let (a, _pa) = connect().await;
             pool.put(plain, a, 4, Duration::from_secs(60));
             // A plain connection is never handed out for TLS to the same address.

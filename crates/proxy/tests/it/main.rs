@@ -21,6 +21,7 @@ mod jwt;
 mod mirror;
 mod overload;
 mod proxy;
+mod proxy_protocol_up;
 mod reload;
 mod request_id;
 mod resilience;

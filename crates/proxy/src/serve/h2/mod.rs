@@ -208,6 +208,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let link = Rc::new(Link {
         worker: ctx.worker.clone(),
         peer,
+        local: crate::stream::local_addr(&stream),
         client_ip: peer.ip().to_string(),
         tls: stream.is_tls(),
         tls_info: stream.tls_info().map(|(v, sni)| (v, sni.map(Box::from))),
