@@ -6,9 +6,10 @@ use bytes::BytesMut;
 use portico_config::{HealthCheck, HealthCheckKind, HttpCheck, UpstreamProtocol};
 use portico_http1::{parse_response, BodyDecoder, Decoded, Limits, Method};
 use portico_upstream::Upstream;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,7 +55,8 @@ impl HealthChecker {
         })
     }
 
-    /// Probe this set from now on (after a reload): every probe restarts, with new jitter.
+    /// Probe this set from now on (after a reload): probes of servers whose settings stay go
+    /// on, others start (with new jitter) or stop.
     pub fn update(&self, upstreams: Vec<ProbeTarget>) {
         let _ = self.commands.send(Command::Probe(upstreams));
     }
@@ -74,63 +76,117 @@ impl Drop for HealthChecker {
     }
 }
 
+/// Where a server's probe reports: the group's current state, its TLS settings, and the
+/// server's index in it (a reload moves them; the probe keeps its schedule).
+#[derive(Clone)]
+struct Place {
+    up: Arc<Upstream>,
+    tls: Option<Arc<GroupTls>>,
+    index: usize,
+}
+
+/// A server's running probe, and what it probes with.
+struct Running {
+    place: Arc<Mutex<Place>>,
+    check: HealthCheck,
+    tls: u64,
+    protocol: UpstreamProtocol,
+    proxy: Option<u8>,
+    task: tokio::task::AbortHandle,
+}
+
 async fn run(mut rx: watch::Receiver<Command>) {
+    // By group name and server address: a server whose probe settings stay the same keeps its
+    // probe (and its schedule) across reloads and server-list changes, which may come often
+    // (a group's `discovery`).
+    let mut probes: HashMap<(String, SocketAddr), Running> = HashMap::new();
     loop {
-        let mut probes = tokio::task::JoinSet::new();
-        let stop = match &*rx.borrow_and_update() {
-            Command::Stop => true,
-            Command::Probe(upstreams) => {
-                for target in upstreams {
-                    let up = &target.upstream;
-                    let Some(check) = up.group().health_check.clone() else {
-                        continue;
-                    };
-                    for (i, server) in up.group().servers.iter().enumerate() {
-                        probes.spawn(probe_loop(
-                            Arc::clone(up),
-                            target.tls.clone(),
-                            i,
-                            server.address,
-                            check.clone(),
-                        ));
-                    }
-                }
-                false
-            }
+        let targets = match &*rx.borrow_and_update() {
+            Command::Stop => None,
+            Command::Probe(targets) => Some(targets.clone()),
         };
-        if stop {
-            return;
+        let Some(targets) = targets else { break };
+        let mut seen = HashSet::new();
+        for target in targets {
+            let up = &target.upstream;
+            let group = up.group();
+            let Some(check) = group.health_check.clone() else {
+                continue;
+            };
+            let tls = target.tls.as_ref().map_or(0, |t| t.pool_id);
+            for (index, server) in group.servers.iter().enumerate() {
+                let key = (group.name.clone(), server.address);
+                let place = Place {
+                    up: Arc::clone(up),
+                    tls: target.tls.clone(),
+                    index,
+                };
+                let same = probes.get(&key).is_some_and(|r| {
+                    r.check == check
+                        && r.tls == tls
+                        && r.protocol == group.protocol
+                        && r.proxy == group.proxy_protocol
+                });
+                if same {
+                    if let Some(r) = probes.get(&key) {
+                        *r.place.lock().unwrap_or_else(|e| e.into_inner()) = place;
+                    }
+                } else {
+                    if let Some(old) = probes.remove(&key) {
+                        old.task.abort();
+                    }
+                    let shared = Arc::new(Mutex::new(place));
+                    let task =
+                        tokio::spawn(probe_loop(shared.clone(), server.address, check.clone()));
+                    probes.insert(
+                        key.clone(),
+                        Running {
+                            place: shared,
+                            check: check.clone(),
+                            tls,
+                            protocol: group.protocol,
+                            proxy: group.proxy_protocol,
+                            task: task.abort_handle(),
+                        },
+                    );
+                }
+                seen.insert(key);
+            }
         }
-        // A change (or the checker dropped) ends this set of probes.
-        let gone = rx.changed().await.is_err();
-        probes.abort_all();
-        if gone {
-            return;
+        probes.retain(|k, r| {
+            let keep = seen.contains(k);
+            if !keep {
+                r.task.abort();
+            }
+            keep
+        });
+        // A change (or the checker dropped) brings the next set.
+        if rx.changed().await.is_err() {
+            break;
         }
+    }
+    for r in probes.values() {
+        r.task.abort();
     }
 }
 
 /// Probe one server forever: a first probe after a random delay of up to a quarter of the
-/// interval (so a group's servers are not all probed at the same instant), then one per interval.
-async fn probe_loop(
-    up: Arc<Upstream>,
-    tls: Option<Arc<GroupTls>>,
-    server: usize,
-    addr: SocketAddr,
-    check: HealthCheck,
-) {
+/// interval (so a group's servers are not all probed at the same instant), then one per
+/// interval, each reported where `place` says now.
+async fn probe_loop(place: Arc<Mutex<Place>>, addr: SocketAddr, check: HealthCheck) {
     let jitter = check.interval.mul_f64(fastrand::f64() / 4.0);
     let start = tokio::time::Instant::now() + jitter;
     let mut tick = tokio::time::interval_at(start, check.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let Place { up, tls, index } = place.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let protocol = up.group().protocol;
         let header = crate::upstream::pool::local_header(up.group());
         let (ok, detail) =
             probe_with(addr, &check, tls.as_deref(), protocol, header.as_deref()).await;
         tracing::trace!(group = %up.group().name, %addr, ok, "health probe: {detail}");
-        up.probe_result(server, ok, detail, Instant::now());
+        up.probe_result(index, ok, detail, Instant::now());
     }
 }
 

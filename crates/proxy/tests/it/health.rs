@@ -401,3 +401,48 @@ passive = {{ max_failures = 2, ejection = "30s" }}
     assert!(st.ejected);
     assert_eq!((st.failures, st.ejections, st.requests), (2, 1, 2));
 }
+
+#[test]
+fn probes_keep_their_schedule_across_reloads_that_keep_their_settings() {
+    let n = Arc::new(AtomicUsize::new(0));
+    let counted = n.clone();
+    let up = TestUpstream::start(move |r| {
+        if r.target == "/health" {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        Reply::ok("ok")
+    });
+    let other = TestUpstream::start(|_| Reply::ok("ok"));
+    let group = |list: &[SocketAddr]| {
+        config(&format!(
+            r#"[upstreams.main]
+servers = {}
+health_check = {{ path = "/health", interval = "1s", timeout = "500ms" }}
+"#,
+            servers(list)
+        ))
+    };
+    let p = proxy(&group(&[up.addr]), 1);
+    wait_for("the first probe", || n.load(Ordering::SeqCst) >= 1);
+    let started = Instant::now();
+    let first = n.load(Ordering::SeqCst);
+    // Reloads every 50 ms for 2.5 s, the other server coming and going (as a discovery's
+    // answers would): the probes of the server that stays go on once a second.
+    let mut i = 0;
+    while started.elapsed() < Duration::from_millis(2500) {
+        let list: &[SocketAddr] = match i % 2 {
+            0 => &[up.addr, other.addr],
+            _ => &[up.addr],
+        };
+        let cfg = portico_config::parse(&group(list), "test.toml").unwrap();
+        p.reload(cfg).expect("reload");
+        i += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let probes = n.load(Ordering::SeqCst) - first;
+    assert!(
+        (2..=4).contains(&probes),
+        "{probes} probes in 2.5 s at 1 a second, through {i} reloads"
+    );
+    p.shutdown();
+}
