@@ -14,11 +14,17 @@ for tool in wrk redis-server; do
   command -v "$tool" > /dev/null || { echo "$0 needs $tool (apt-get install $tool)" >&2; exit 1; }
 done
 d=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
+trap 'jobs -p | xargs -r kill 2>/dev/null || true; rm -rf "$d"' EXIT
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
 tck=$(getconf CLK_TCK)
 
+for port in 9380 9381 9743; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "$0: port $port is in use (a leftover run?)" >&2
+    exit 1
+  fi
+done
 taskset -c 1 redis-server --port 9381 --bind 127.0.0.1 --save "" --appendonly no > /dev/null 2>&1 &
 taskset -c 1 "$bin" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9381
@@ -45,11 +51,9 @@ keepalive = 1024
 EOF
 done
 
-run() { # scope -> "us_per_req user_us_per_req requests"
+run() { # scope -> "us_per_req user_us_per_req requests" in $d/result
   taskset -c 0 "$bin" run -c "$d/$1.toml" -w 1 > /dev/null 2>&1 &
   local pid=$! out n before after
-  # run in a command substitution: its proxy is no job of the script's, so stop it here
-  trap 'kill $pid 2>/dev/null || true' RETURN
   wait_port 9743
   before=$(awk '{print $14 + $15, $14}' "/proc/$pid/stat")
   out=$(taskset -c 1 wrk -t1 -c50 -d8s http://127.0.0.1:9743/bytes/1k 2>&1)
@@ -63,13 +67,14 @@ run() { # scope -> "us_per_req user_us_per_req requests"
   wait "$pid" 2>/dev/null || true
   awk -v b="$before" -v a="$after" -v n="$n" -v hz="$tck" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
-    printf "%.2f %.2f %d\n", (y[1] - x[1]) / hz * 1e6 / n, (y[2] - x[2]) / hz * 1e6 / n, n }'
+    printf "%.2f %.2f %d\n", (y[1] - x[1]) / hz * 1e6 / n, (y[2] - x[2]) / hz * 1e6 / n, n }' > "$d/result"
 }
 
 declare -A all
 for r in $(seq "$rounds"); do
   for scope in local fleet; do
-    read -r total user n < <(run "$scope")
+    run "$scope"
+    read -r total user n < "$d/result"
     echo "round $r $scope: $total us/req (user $user), $n requests"
     all[$scope]="${all[$scope]:-} $total"
   done

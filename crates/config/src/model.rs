@@ -58,12 +58,15 @@ impl Fleet {
         match (self.redis.find("://"), self.redis.rfind('@')) {
             (Some(scheme), Some(at)) if at > scheme => {
                 let creds = &self.redis[scheme + 3..at];
-                let user = creds.split_once(':').map_or("", |(u, _)| u);
-                format!(
-                    "{}{user}:***{}",
-                    &self.redis[..scheme + 3],
-                    &self.redis[at..]
-                )
+                match creds.split_once(':') {
+                    Some((user, _)) => format!(
+                        "{}{user}:***{}",
+                        &self.redis[..scheme + 3],
+                        &self.redis[at..]
+                    ),
+                    // a user name alone: nothing to hide
+                    None => self.redis.clone(),
+                }
             }
             _ => self.redis.clone(),
         }

@@ -36,6 +36,8 @@ pub enum StartError {
     Cache(io::Error),
     #[error("ACME certificates: {0}")]
     Acme(io::Error),
+    #[error("[fleet]: {0}")]
+    Fleet(io::Error),
     #[error("listener {name}: TLS: {source}")]
     Tls {
         name: String,
@@ -251,7 +253,7 @@ impl Control {
             None => None,
             Some(f) => Some(match old.fleet.as_ref().filter(|k| k.settings == *f) {
                 Some(k) => k.clone(),
-                None => crate::resilience::fleet::Fleet::start(f).map_err(StartError::Thread)?,
+                None => crate::resilience::fleet::Fleet::start(f).map_err(StartError::Fleet)?,
             }),
         };
         let access_log = match &config.access_log {

@@ -35,9 +35,11 @@ pub(super) fn fleet(ctx: &mut Ctx<'_>, raw: &Spanned<RawFleet>) -> Option<Fleet>
         Duration::from_millis(100),
         false,
     );
+    // Counts are kept per one-second window until sent: an exchange must come at least once
+    // in each window.
     if let Some(at) = &f.sync_interval {
-        if !(Duration::from_millis(10)..=Duration::from_secs(10)).contains(&sync_interval) {
-            ctx.error(start(at), "fleet.sync_interval", "between 10ms and 10s");
+        if !(Duration::from_millis(10)..=Duration::from_millis(250)).contains(&sync_interval) {
+            ctx.error(start(at), "fleet.sync_interval", "between 10ms and 250ms");
         }
     }
     let on_redis_down = match &f.on_redis_down {
@@ -86,7 +88,15 @@ fn redis_url(url: &str) -> Result<(), String> {
     let Some(rest) = url.strip_prefix("redis://") else {
         return Err(format!("{url:?} is not a redis:// URL; {example}"));
     };
-    let hostport = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let (creds, hostport) = match rest.rsplit_once('@') {
+        Some((c, h)) => (c, h),
+        None => ("", rest),
+    };
+    if creds.contains(['/', '?', '#', ' ']) {
+        return Err(format!(
+            "write '/', '?', '#' and spaces in the user or password percent-encoded (%2F, %3F, %23, %20); {example}"
+        ));
+    }
     let (hostport, db) = hostport.split_once('/').unwrap_or((hostport, ""));
     if hostport.is_empty() {
         return Err(format!("the URL names no host; {example}"));
@@ -94,7 +104,12 @@ fn redis_url(url: &str) -> Result<(), String> {
     // "[v6]:port", "[v6]", "host:port" or "host"
     let (host, port) = match hostport.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {
-            Some((h, rest)) => (h, rest.strip_prefix(':')),
+            Some((h, "")) => (h, None),
+            // anything after the bracket is a port
+            Some((h, rest)) => match rest.strip_prefix(':') {
+                Some(p) => (h, Some(p)),
+                None => ("", None),
+            },
             None => ("", None),
         },
         None => match hostport.rsplit_once(':') {
@@ -103,8 +118,25 @@ fn redis_url(url: &str) -> Result<(), String> {
         },
     };
     let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
-    if host.is_empty() || !port_ok {
-        return Err(format!("invalid host or port in {hostport:?}; {example}"));
+    let v6 = hostport.starts_with('[');
+    let host_ok = match v6 {
+        true => host
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|ip| !ip.is_unspecified()),
+        false => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+                && host
+                    .parse::<std::net::Ipv4Addr>()
+                    .map_or(true, |ip| !ip.is_unspecified())
+        }
+    };
+    if !host_ok || !port_ok {
+        return Err(format!(
+            "invalid host or port in {hostport:?} (a name or IP address to connect to; IPv6 in brackets); {example}"
+        ));
     }
     if !db.is_empty() && db.parse::<u32>().is_err() {
         return Err(format!("the database {db:?} is not a number; {example}"));

@@ -29,6 +29,11 @@ fn a_fleet_limit_and_the_defaults() {
     assert_eq!(f.on_redis_down, FleetFallback::Local);
     assert_eq!(f.prefix, "portico");
     assert_eq!(f.redis_shown(), "redis://:***@10.0.0.5:6379/2");
+    let user_only = portico_config::Fleet {
+        redis: "redis://ops@h".into(),
+        ..f.clone()
+    };
+    assert_eq!(user_only.redis_shown(), "redis://ops@h");
     let limit = c.listeners[0].routes[0].rate_limit.as_ref().unwrap();
     assert!(limit.fleet);
     let explained = portico_config::explain(&c);
@@ -73,6 +78,12 @@ fn refusals_name_the_key_and_the_value() {
         "redis://h:0",
         "redis://h:x",
         "redis://h/a",
+        "redis://::1:6379",
+        "redis://[::1]junk",
+        "redis://h h",
+        "redis://0.0.0.0",
+        "redis://[::]:6379",
+        "redis://:pa/ss@h",
     ] {
         let e = err(&table(&format!("redis = \"{bad}\"")));
         assert!(e.starts_with("t.toml:2:9: fleet.redis: "), "{bad}: {e}");
@@ -82,13 +93,14 @@ fn refusals_name_the_key_and_the_value() {
         "redis://u:p@h:1/0",
         "redis://[::1]:6379",
         "redis://[::1]",
+        "redis://:p%2Fq@redis-1.internal:6380/3",
     ] {
         parse(&table(&format!("redis = \"{good}\"")), "t.toml")
             .unwrap_or_else(|e| panic!("{good}: {e}"));
     }
     assert_eq!(
-        err(&table("redis = \"redis://h\"\nsync_interval = \"1ms\"")),
-        "t.toml:3:17: fleet.sync_interval: between 10ms and 10s"
+        err(&table("redis = \"redis://h\"\nsync_interval = \"300ms\"")),
+        "t.toml:3:17: fleet.sync_interval: between 10ms and 250ms"
     );
     assert_eq!(
         err(&table("redis = \"redis://h\"\non_redis_down = \"open\"")),

@@ -3,8 +3,8 @@
 use crate::resilience::hashed::Identity;
 use portico_config::{Fleet as Settings, FleetFallback};
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -12,6 +12,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const SHARDS: usize = 64;
 /// A window's key lives this long in Redis: the current and the previous window are read.
 const KEY_TTL_MS: u64 = 3_000;
+/// Redis states: no exchange yet, the last one answered, the last one failed.
+const UNKNOWN: u8 = 0;
+const UP: u8 = 1;
+const DOWN: u8 = 2;
 
 /// One key's counts: the fleet's for the current and the previous one-second window, and what
 /// this instance admitted that the fleet has not seen yet. Sans-io: time comes in as Unix ms.
@@ -59,7 +63,10 @@ impl Window {
             false => 0,
         };
         if w == self.window + 1 {
-            self.prev = self.cur + self.local + in_flight;
+            self.prev = self
+                .cur
+                .saturating_add(self.local)
+                .saturating_add(in_flight);
             self.local_prev = self.local;
             self.own_prev = self.own_sent + self.local;
             self.learn();
@@ -87,7 +94,11 @@ impl Window {
         };
         let ratio = self.ratio.unwrap_or(f64::from(instances.saturating_sub(1)));
         let others = f64::from(self.local) * ratio;
-        f64::from(self.prev) * (1.0 - f) + f64::from(self.cur + self.local + in_flight) + others
+        f64::from(self.prev) * (1.0 - f)
+            + f64::from(self.cur)
+            + f64::from(self.local)
+            + f64::from(in_flight)
+            + others
     }
 
     /// Admit one request at `now_ms` under `limit` requests per second in a fleet of
@@ -104,18 +115,22 @@ impl Window {
             self.local += 1;
             return Ok(());
         }
-        // The previous window's share shrinks as time passes; this window's stays.
-        let rest = estimate - f64::from(self.prev) * (1.0 - (now_ms % 1000) as f64 / 1000.0);
+        // The previous window's share shrinks as time passes; this window's stays, and becomes
+        // the previous one's share in the next window.
+        let f_now = (now_ms % 1000) as f64 / 1000.0;
+        let rest = estimate - f64::from(self.prev) * (1.0 - f_now);
         let in_window = 1000 - now_ms % 1000;
-        let wait_ms = match rest + 1.0 <= limit && self.prev > 0 {
-            true => {
-                let f_needed = 1.0 - (limit - 1.0 - rest) / f64::from(self.prev);
-                let f_now = (now_ms % 1000) as f64 / 1000.0;
-                (((f_needed - f_now) * 1000.0).ceil() as u64).clamp(1, in_window)
-            }
-            false => in_window,
+        let wait_ms = if rest + 1.0 <= limit && self.prev > 0 {
+            let f_needed = 1.0 - (limit - 1.0 - rest) / f64::from(self.prev);
+            (((f_needed - f_now) * 1000.0).ceil() as u64).clamp(1, in_window)
+        } else if rest > 0.0 {
+            // Next window: rest * (1 - f) + 1 <= limit.
+            let f_next = (1.0 - (limit - 1.0) / rest).clamp(0.0, 1.0);
+            in_window + (f_next * 1000.0).ceil() as u64
+        } else {
+            in_window
         };
-        Err(Duration::from_millis(wait_ms))
+        Err(Duration::from_millis(wait_ms.max(1)))
     }
 
     /// Take what is to be sent (None: nothing to send and nothing to read: a key idle for two
@@ -166,9 +181,27 @@ impl Window {
     pub(crate) fn failed(&mut self) {
         self.sending = 0;
     }
+
+    /// Nothing counted, sent or to send.
+    fn is_quiet(&self) -> bool {
+        self.local == 0
+            && self.local_prev == 0
+            && self.cur == 0
+            && self.prev == 0
+            && self.sending == 0
+    }
 }
 
-type Shard = HashMap<u64, Window, BuildHasherDefault<Identity>>;
+/// A key's counts and its name in Redis.
+struct Keyed {
+    /// The first 16 bytes of SHA-256 of the key (with its kind): the same on every instance,
+    /// and no client can choose two keys that share it.
+    id: [u8; 16],
+    w: Window,
+}
+
+/// Keyed by a random-keyed hash of this process (a client cannot choose keys that collide).
+type Shard = HashMap<u64, Keyed, BuildHasherDefault<Identity>>;
 
 /// One route's fleet counts, by key.
 pub struct FleetCounts {
@@ -177,6 +210,7 @@ pub struct FleetCounts {
     route: u64,
     limit: f64,
     per_shard: usize,
+    hasher: std::collections::hash_map::RandomState,
     shards: Box<[Mutex<Shard>]>,
 }
 
@@ -211,6 +245,7 @@ impl FleetCounts {
             route: portico_config::hash::hash64(name.as_bytes()),
             limit,
             per_shard: max_keys.div_ceil(SHARDS).max(1),
+            hasher: std::collections::hash_map::RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
         });
         fleet.register(&c);
@@ -219,29 +254,47 @@ impl FleetCounts {
 
     /// Count one request of `key` (`kind` separates key spaces) at `now`.
     pub(crate) fn check(&self, kind: u8, key: &[u8], now: Instant) -> Decision {
-        if !self.fleet.up.load(Ordering::Relaxed) {
+        if !self.fleet.is_up() {
             return match self.fleet.settings.on_redis_down {
                 FleetFallback::Local => Decision::Local,
                 FleetFallback::Closed => Decision::Counted(Err(Duration::from_secs(1))),
             };
         }
-        // A hash every instance computes the same way: the Redis key is made of it.
-        let hash = portico_config::hash::hash64_parts(&[&[kind], key]);
+        let mut h = self.hasher.build_hasher();
+        h.write_u8(kind);
+        h.write(key);
+        let hash = h.finish();
         let now_ms = self.fleet.unix_ms(now);
+        let instances = self.fleet.settings.instances;
         let mut shard = self.shard(hash);
-        if let Some(w) = shard.get_mut(&hash) {
-            return Decision::Counted(w.admit(now_ms, self.limit, self.fleet.settings.instances));
+        if let Some(k) = shard.get_mut(&hash) {
+            return Decision::Counted(k.w.admit(now_ms, self.limit, instances));
         }
         if shard.len() >= self.per_shard {
-            // The key counted longest ago goes (its counts stay in Redis for the others).
-            let oldest = shard.iter().min_by_key(|(_, w)| w.window).map(|(&k, _)| k);
-            if let Some(k) = oldest {
-                shard.remove(&k);
+            // Keys with nothing to send and nothing counted recently go first; else the one
+            // counted longest ago (what it had not sent yet is lost to the fleet).
+            let w = now_ms / 1000;
+            shard.retain(|_, k| k.w.window + 1 >= w && !k.w.is_quiet());
+            if shard.len() >= self.per_shard {
+                let oldest = shard
+                    .iter()
+                    .min_by_key(|(_, k)| k.w.window)
+                    .map(|(&h, _)| h);
+                if let Some(h) = oldest {
+                    shard.remove(&h);
+                }
             }
         }
-        let mut w = Window::default();
-        let r = w.admit(now_ms, self.limit, self.fleet.settings.instances);
-        shard.insert(hash, w);
+        let digest =
+            aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &[&[kind][..], key].concat());
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest.as_ref()[..16]);
+        let mut k = Keyed {
+            id,
+            w: Window::default(),
+        };
+        let r = k.w.admit(now_ms, self.limit, instances);
+        shard.insert(hash, k);
         Decision::Counted(r)
     }
 
@@ -263,8 +316,9 @@ impl FleetCounts {
 /// thread that exchanges them.
 pub struct Fleet {
     pub settings: Settings,
-    /// The last exchange succeeded (true at start, until one fails).
-    up: AtomicBool,
+    /// [`UNKNOWN`] until the first exchange, then [`UP`] or [`DOWN`] as the last one went:
+    /// fleet limits count together only while Redis is known to answer.
+    state: AtomicU8,
     counts: Mutex<Vec<Weak<FleetCounts>>>,
     /// Unix time at `base`, in ms, set again by the thread (the wall clock may be stepped).
     base: Instant,
@@ -278,7 +332,7 @@ impl Fleet {
     pub(crate) fn start(settings: &Settings) -> std::io::Result<Arc<Fleet>> {
         let fleet = Arc::new(Fleet {
             settings: settings.clone(),
-            up: AtomicBool::new(true),
+            state: AtomicU8::new(UNKNOWN),
             counts: Mutex::new(Vec::new()),
             base: Instant::now(),
             base_unix_ms: AtomicU64::new(unix_ms_now()),
@@ -286,9 +340,8 @@ impl Fleet {
             exchanges_failed: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&fleet);
-        let client = redis::Client::open(settings.redis.as_str()).map_err(|e| {
-            std::io::Error::other(format!("[fleet] redis {}: {e}", settings.redis_shown()))
-        })?;
+        let client = redis::Client::open(settings.redis.as_str())
+            .map_err(|e| std::io::Error::other(format!("redis {}: {e}", settings.redis_shown())))?;
         std::thread::Builder::new()
             .name("portico-fleet".into())
             .spawn(move || run(weak, client))?;
@@ -297,7 +350,7 @@ impl Fleet {
 
     /// Whether Redis answered the last exchange.
     pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.state.load(Ordering::Relaxed) == UP
     }
 
     fn register(&self, c: &Arc<FleetCounts>) {
@@ -334,15 +387,15 @@ impl Fleet {
         let now_ms = self.unix_ms(Instant::now());
         let prefix = &self.settings.prefix;
         // (counts, key hash, what was sent)
-        let mut sent: Vec<(Arc<FleetCounts>, u64, Send)> = Vec::new();
+        let mut sent: Vec<(Arc<FleetCounts>, u64, [u8; 16], Send)> = Vec::new();
         let mut pipe = redis::pipe();
         for c in self.live() {
             for shard in c.shards.iter() {
                 let mut map = shard.lock().unwrap_or_else(|e| e.into_inner());
-                map.retain(|&hash, w| match w.take(now_ms) {
+                map.retain(|&hash, k| match k.w.take(now_ms) {
                     None => false,
                     Some(s) => {
-                        sent.push((c.clone(), hash, s));
+                        sent.push((c.clone(), hash, k.id, s));
                         true
                     }
                 });
@@ -352,9 +405,14 @@ impl Fleet {
             let _: String = redis::cmd("PING").query(con)?;
             return Ok(());
         }
-        for (c, hash, s) in &sent {
+        for (c, _, id, s) in &sent {
+            let id = format!(
+                "{:016x}{:016x}",
+                u64::from_be_bytes(id[..8].try_into().unwrap_or_default()),
+                u64::from_be_bytes(id[8..].try_into().unwrap_or_default())
+            );
             for (window, add) in [(s.window, s.add), (s.window.saturating_sub(1), s.add_prev)] {
-                let key = format!("{prefix}:{:016x}:{hash:016x}:{window}", c.route);
+                let key = format!("{prefix}:{:016x}:{id}:{window}", c.route);
                 match add {
                     0 => pipe.cmd("GET").arg(&key),
                     n => pipe
@@ -383,20 +441,20 @@ impl Fleet {
                 return Err(e);
             }
         };
-        for ((c, hash, s), pair) in sent.iter().zip(answers.chunks(2)) {
+        for ((c, hash, _, s), pair) in sent.iter().zip(answers.chunks(2)) {
             let count = |v: Option<u64>| u32::try_from(v.unwrap_or(0)).unwrap_or(u32::MAX);
             let mut map = c.shard(*hash);
-            if let Some(w) = map.get_mut(hash) {
-                w.answered(s.window, count(pair[0]), count(pair[1]));
+            if let Some(k) = map.get_mut(hash) {
+                k.w.answered(s.window, count(pair[0]), count(pair[1]));
             }
         }
         Ok(())
     }
 
-    fn failed(&self, sent: &[(Arc<FleetCounts>, u64, Send)]) {
-        for (c, hash, _) in sent {
-            if let Some(w) = c.shard(*hash).get_mut(hash) {
-                w.failed();
+    fn failed(&self, sent: &[(Arc<FleetCounts>, u64, [u8; 16], Send)]) {
+        for (c, hash, _, _) in sent {
+            if let Some(k) = c.shard(*hash).get_mut(hash) {
+                k.w.failed();
             }
         }
     }
@@ -431,7 +489,7 @@ fn run(fleet: Weak<Fleet>, client: redis::Client) {
         match result {
             Ok(()) => {
                 f.exchanges_ok.fetch_add(1, Ordering::Relaxed);
-                if !f.up.swap(true, Ordering::Relaxed) {
+                if f.state.swap(UP, Ordering::Relaxed) == DOWN {
                     tracing::info!(
                         redis = f.settings.redis_shown(),
                         "fleet: Redis answers again: fleet rate limits are counted across the fleet"
@@ -441,7 +499,7 @@ fn run(fleet: Weak<Fleet>, client: redis::Client) {
             Err(e) => {
                 con = None;
                 f.exchanges_failed.fetch_add(1, Ordering::Relaxed);
-                if f.up.swap(false, Ordering::Relaxed) {
+                if f.state.swap(DOWN, Ordering::Relaxed) != DOWN {
                     let mode = match f.settings.on_redis_down {
                         FleetFallback::Local => format!(
                             "each instance limits to 1/{} of the rate on its own",
@@ -489,6 +547,18 @@ mod tests {
         assert!((90..=100).contains(&later), "{later}");
         // and at any moment no more than the limit over the last second, as estimated
         assert!(w.estimate(T0 + 1995, 1) <= 100.0);
+    }
+
+    #[test]
+    fn the_wait_of_a_full_window_reaches_into_the_next_one() {
+        let mut w = Window::default();
+        for i in 0..10 {
+            assert!(w.admit(T0 + i, 10.0, 1).is_ok());
+        }
+        let wait = w.admit(T0 + 500, 10.0, 1).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(600));
+        assert!(w.admit(T0 + 1099, 10.0, 1).is_err());
+        assert!(w.admit(T0 + 1100, 10.0, 1).is_ok());
     }
 
     #[test]

@@ -130,9 +130,15 @@ fn in_mode(p: &Running, mode: &str) -> bool {
 /// on (the first second of a fresh count may take the whole limit at once, as a full bucket
 /// would).
 fn offer(addrs: &[SocketAddr], per_second: u32, secs: u32, from: u32) -> (u32, u32) {
-    let threads: Vec<_> = addrs
+    let rates: Vec<(SocketAddr, u32)> = addrs.iter().map(|&a| (a, per_second)).collect();
+    offer_each(&rates, secs, from)
+}
+
+/// [`offer`] with a rate of its own for each address.
+fn offer_each(rates: &[(SocketAddr, u32)], secs: u32, from: u32) -> (u32, u32) {
+    let threads: Vec<_> = rates
         .iter()
-        .map(|&a| {
+        .map(|&(a, per_second)| {
             std::thread::spawn(move || {
                 let mut c = Client::connect(a).unwrap();
                 let start = Instant::now();
@@ -181,6 +187,16 @@ fn three_instances_hold_one_limit_fall_back_to_their_share_and_share_again() {
     );
     assert!(fleet.iter().all(|p| in_mode(p, "shared")));
     assert!(metric(&fleet[0], "portico_fleet_keys", &[]).unwrap() >= 1.0);
+
+    // Uneven: 250, 40 and 10 a second. Alone each of the last two would get all it asks, the
+    // first 100: together they get 100.
+    let uneven = [(addrs[0], 250), (addrs[1], 40), (addrs[2], 10)];
+    let (ok, _) = offer_each(&uneven, 4, 1);
+    eprintln!("uneven: {ok} admitted in 3 s");
+    assert!(
+        (270..=330).contains(&ok),
+        "admitted {ok} in 3 s of an uneven load"
+    );
 
     // All of it to one instance: the same limit (the others' share is not held back).
     let (ok, _) = offer(&addrs[..1], 300, 4, 1);
