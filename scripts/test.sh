@@ -23,6 +23,8 @@ command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 command -v readelf >/dev/null 2>&1 || need_apt+=(binutils)
 # fleet rate limits are tested against a real Redis server (started by the tests on a free port)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+# configuration from etcd is tested against a real etcd server (started by the test on free ports)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "==> installing ${need_apt[*]}"

@@ -33,6 +33,12 @@ enum Command {
         /// TOML configuration file.
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Read the configuration from etcd instead, and follow it: `etcd://HOST:PORT/KEY`
+        /// (each new revision is applied as a reload; see docs/operations.md, Running a fleet).
+        #[arg(long, value_name = "URL", conflicts_with = "config")]
+        config_source: Option<String>,
+        #[command(flatten)]
+        fleet: FleetFlags,
         /// Worker threads (default: the config's `workers`, else the number of cores).
         #[arg(long, short)]
         workers: Option<usize>,
@@ -43,6 +49,9 @@ enum Command {
         #[arg(long = "upgrade-from", value_name = "SOCKET")]
         upgrade_from: Option<PathBuf>,
     },
+    /// Configuration in etcd: `portico config push FILE --to etcd://HOST:PORT/KEY`.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Validate a configuration and print a summary of what it sets up.
     Check {
         /// TOML configuration file (the embedded default when omitted).
@@ -139,10 +148,68 @@ fn logged(
 fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
     match cli.command {
         Command::Run {
+            config_source: Some(url),
+            workers,
+            log,
+            upgrade_from,
+            fleet,
+            ..
+        } => {
+            let key = match portico_proxy::etcd::EtcdKey::parse(&url) {
+                Ok(k) => k,
+                Err(e) => return fail(&e),
+            };
+            let cache = fleet
+                .config_cache
+                .clone()
+                .unwrap_or_else(portico_proxy::etcd::default_cache);
+            let (cfg, revision, note) = match etcd_load(&key, &cache) {
+                Ok(Some((cfg, revision))) => (cfg, revision, None),
+                Ok(None) => return fail(&format!("{}: no such key in etcd", key.name())),
+                Err(e) => match portico_config::load_all(&cache) {
+                    Ok(cfg) => (
+                        cfg,
+                        0,
+                        Some(format!(
+                            "etcd unreachable ({e}): starting from the cached configuration {}",
+                            cache.display()
+                        )),
+                    ),
+                    Err(c) => {
+                        return fail(&format!("{e}\nand no usable cached configuration: {c}"))
+                    }
+                },
+            };
+            logged(&cfg.log.clone(), &log, |l| {
+                if let Some(note) = note {
+                    tracing::warn!("{note}");
+                }
+                let (k, c) = (key.clone(), cache.clone());
+                let source: portico_proxy::ConfigSource =
+                    Box::new(move || match etcd_load(&k, &c) {
+                        Ok(Some((cfg, _))) => Ok(cfg),
+                        Ok(None) => Err(format!("{}: no such key in etcd", k.name())),
+                        Err(e) => Err(e),
+                    });
+                let from = match upgrade_from.as_deref() {
+                    Some(path) => Takeover::Predecessor(path),
+                    None => Takeover::Activated(activated),
+                };
+                let follow = Follow {
+                    key,
+                    revision,
+                    interval: fleet.config_poll,
+                    instance: fleet.instance.clone().unwrap_or_else(instance_name),
+                };
+                run(cfg, workers, source, l, from, Some(follow))
+            })
+        }
+        Command::Run {
             config,
             workers,
             log,
             upgrade_from,
+            ..
         } => match load(config.as_deref()) {
             Ok(cfg) => logged(&cfg.log.clone(), &log, |l| {
                 let source = Box::new(move || load(config.as_deref()));
@@ -150,10 +217,31 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                     Some(path) => Takeover::Predecessor(path),
                     None => Takeover::Activated(activated),
                 };
-                run(cfg, workers, source, l, from)
+                run(cfg, workers, source, l, from, None)
             }),
             Err(msg) => fail(&msg),
         },
+        Command::Config(ConfigCommand::Push { file, to }) => {
+            let key = match portico_proxy::etcd::EtcdKey::parse(&to) {
+                Ok(k) => k,
+                Err(e) => return fail(&e),
+            };
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => return fail(&format!("{}: {e}", file.display())),
+            };
+            // Validated here, as each instance will: an invalid document is never written.
+            if let Err(e) = portico_config::parse_all(&text, &file.display().to_string()) {
+                return fail(&e.to_string());
+            }
+            match key.put(&text) {
+                Ok(revision) => {
+                    println!("{}: written at revision {revision}", key.name());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Check { config } => match load(config.as_deref()) {
             Ok(cfg) => {
                 print!("{}", portico_config::explain(&cfg));
@@ -219,6 +307,7 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                     Box::new(move || origin_config(root.clone(), listen)),
                     l,
                     Takeover::Activated(listenfd::ListenFd::empty()),
+                    None,
                 )
             }),
             Err(msg) => fail(&msg),
@@ -382,12 +471,81 @@ fn toml_string(s: &str) -> String {
     out
 }
 
+/// What `portico run --config-source` follows once started.
+struct Follow {
+    key: portico_proxy::etcd::EtcdKey,
+    revision: i64,
+    interval: std::time::Duration,
+    instance: String,
+}
+
+/// The flags of a configuration from etcd.
+#[derive(clap::Args)]
+struct FleetFlags {
+    /// Where the last good configuration from etcd is kept, to start from when etcd cannot be
+    /// reached (default /var/lib/portico/config-cache.toml).
+    #[arg(long, value_name = "FILE", requires = "config_source")]
+    config_cache: Option<PathBuf>,
+    /// How often the etcd key is asked for a new revision.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = duration_flag, requires = "config_source")]
+    config_poll: std::time::Duration,
+    /// This instance's name under KEY/status/ (default: host name and process id).
+    #[arg(long, value_name = "NAME", requires = "config_source")]
+    instance: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate FILE as `portico check` does, then write it to the etcd key instances follow.
+    Push {
+        /// TOML configuration file.
+        file: PathBuf,
+        /// `etcd://HOST:PORT/KEY`.
+        #[arg(long, value_name = "URL")]
+        to: String,
+    },
+}
+
+fn duration_flag(text: &str) -> Result<std::time::Duration, String> {
+    portico_config::units::parse_duration(text)
+        .map_err(|e| e.to_string())
+        .and_then(|d| match d.is_zero() {
+            true => Err("must be above zero".to_string()),
+            false => Ok(d),
+        })
+}
+
+/// The host name and process id.
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "portico".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The document at `key`, validated (errors name `etcd://HOST:PORT/KEY`, line, column and key)
+/// and, when valid, cached at `cache`; None when the key does not exist.
+fn etcd_load(
+    key: &portico_proxy::etcd::EtcdKey,
+    cache: &std::path::Path,
+) -> Result<Option<(Config, i64)>, String> {
+    let Some(doc) = key.get()? else {
+        return Ok(None);
+    };
+    let cfg = portico_config::parse_all(&doc.text, &key.name()).map_err(|e| e.to_string())?;
+    if let Err(e) = portico_proxy::etcd::write_cache(cache, &doc.text) {
+        tracing::warn!("cannot cache the configuration at {}: {e}", cache.display());
+    }
+    Ok(Some((cfg, doc.revision)))
+}
+
 fn run(
     cfg: Config,
     workers: Option<usize>,
     source: portico_proxy::ConfigSource,
     log: &std::sync::Arc<log::Log>,
     from: Takeover<'_>,
+    follow: Option<Follow>,
 ) -> ExitCode {
     let workers = workers
         .or(cfg.workers.map(|w| w.get() as usize))
@@ -424,6 +582,14 @@ fn run(
         Err(e) => return fail(&e.to_string()),
     };
     running.control().set_source(source);
+    if let Some(f) = follow {
+        let interval = f.interval;
+        if let Err(e) =
+            portico_proxy::etcd::follow(running.control(), f.key, f.revision, interval, f.instance)
+        {
+            return fail(&format!("cannot start the etcd follower: {e}"));
+        }
+    }
     let log = log.clone();
     running
         .control()

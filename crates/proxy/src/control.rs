@@ -950,6 +950,11 @@ impl Control {
         self.published.stall_us.store(us, Ordering::Relaxed);
     }
 
+    /// Whether the process is stopping.
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
     /// Stop accepting everywhere and let the workers drain.
     pub fn shutdown(&self) {
         let mut inner = self.lock();

@@ -11,6 +11,7 @@ mod date;
 mod discovery;
 mod downstream;
 mod error;
+pub mod etcd;
 mod fast_timeout;
 mod filter;
 mod flow;

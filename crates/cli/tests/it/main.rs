@@ -4,6 +4,7 @@ mod common;
 
 mod cli;
 mod compare;
+mod etcd;
 mod install;
 mod logging;
 mod upgrade;
