@@ -52,6 +52,9 @@ enum Command {
     /// Configuration in etcd: `portico config push FILE --to etcd://HOST:PORT/KEY`.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// The instances following a configuration key in etcd: `portico fleet status --from URL`.
+    #[command(subcommand)]
+    Fleet(FleetCommand),
     /// Validate a configuration and print a summary of what it sets up.
     Check {
         /// TOML configuration file (the embedded default when omitted).
@@ -221,6 +224,19 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
             }),
             Err(msg) => fail(&msg),
         },
+        Command::Fleet(FleetCommand::Status { from }) => {
+            let key = match portico_proxy::etcd::EtcdKey::parse(&from) {
+                Ok(k) => k,
+                Err(e) => return fail(&e),
+            };
+            match portico_proxy::etcd::fleet_status(&key) {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
         Command::Config(ConfigCommand::Push { file, to }) => {
             let key = match portico_proxy::etcd::EtcdKey::parse(&to) {
                 Ok(k) => k,
@@ -492,6 +508,17 @@ struct FleetFlags {
     /// This instance's name under KEY/status/ (default: host name and process id).
     #[arg(long, value_name = "NAME", requires = "config_source")]
     instance: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum FleetCommand {
+    /// One line per instance (from its status key under KEY/status/): version, the
+    /// configuration revision it runs, whether it applied it, requests, uptime, its error.
+    Status {
+        /// `etcd://HOST:PORT/KEY`, the key the instances follow.
+        #[arg(long, value_name = "URL")]
+        from: String,
+    },
 }
 
 #[derive(Subcommand)]

@@ -113,27 +113,78 @@ impl EtcdKey {
         let text = String::from_utf8(value)
             .map_err(|_| format!("{}: the document is not UTF-8", self.name()))?;
         // The gateway writes 64-bit integers as strings.
-        let revision = kv["mod_revision"]
-            .as_str()
-            .and_then(|r| r.parse().ok())
-            .or(kv["mod_revision"].as_i64())
-            .unwrap_or(0);
+        let revision = int(&kv["mod_revision"]);
         Ok(Some(Document { text, revision }))
     }
 
     /// Write `value` at the key; the revision of the write.
     pub fn put(&self, value: &str) -> Result<i64, String> {
+        self.put_leased(value, None)
+    }
+
+    /// Write `value` at the key, bound to `lease` when given (the key goes with the lease).
+    fn put_leased(&self, value: &str, lease: Option<i64>) -> Result<i64, String> {
         let b64 = base64::engine::general_purpose::STANDARD;
+        let mut body =
+            serde_json::json!({ "key": b64.encode(&self.key), "value": b64.encode(value) });
+        if let Some(id) = lease {
+            body["lease"] = serde_json::Value::String(id.to_string());
+        }
+        let v = self.call("/v3/kv/put", body)?;
+        Ok(int(&v["header"]["revision"]))
+    }
+
+    /// A lease of `ttl` seconds.
+    fn grant(&self, ttl: u64) -> Result<i64, String> {
         let v = self.call(
-            "/v3/kv/put",
-            serde_json::json!({ "key": b64.encode(&self.key), "value": b64.encode(value) }),
+            "/v3/lease/grant",
+            serde_json::json!({ "TTL": ttl.to_string() }),
         )?;
-        Ok(v["header"]["revision"]
-            .as_str()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0))
+        match int(&v["ID"]) {
+            0 => Err(format!(
+                "etcd {}:{}: no lease granted",
+                self.host, self.port
+            )),
+            id => Ok(id),
+        }
+    }
+
+    /// Every key under this one (`KEY/...`) with its value, in key order.
+    pub fn list(&self) -> Result<Vec<(String, String)>, String> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let prefix = format!("{}/", self.key);
+        let mut end = prefix.clone().into_bytes();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let v = self.call(
+            "/v3/kv/range",
+            serde_json::json!({ "key": b64.encode(&prefix), "range_end": b64.encode(&end) }),
+        )?;
+        let mut out = Vec::new();
+        for kv in v["kvs"].as_array().into_iter().flatten() {
+            let decode = |f: &str| {
+                b64.decode(kv[f].as_str().unwrap_or(""))
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .unwrap_or_default()
+            };
+            out.push((decode("key"), decode("value")));
+        }
+        Ok(out)
     }
 }
+
+/// A 64-bit integer of the gateway's JSON (written as a string), or 0.
+fn int(v: &serde_json::Value) -> i64 {
+    v.as_str()
+        .and_then(|r| r.parse().ok())
+        .or(v.as_i64())
+        .unwrap_or(0)
+}
+
+/// How long an instance's status key outlives its last renewal (seconds).
+const STATUS_TTL: u64 = 15;
 
 /// Write `text` to `path` whole: a temporary file beside it, synced, renamed over it.
 pub fn write_cache(path: &Path, text: &str) -> std::io::Result<()> {
@@ -146,9 +197,10 @@ pub fn write_cache(path: &Path, text: &str) -> std::io::Result<()> {
 }
 
 /// Follow the key: every `interval`, read its revision; a new one is applied as a reload (an
-/// invalid document is refused and the running configuration stays), and what became of it is
-/// written under `STATUS/INSTANCE` (`status` key), with the revision. Runs on a thread of its own
-/// until the control plane is gone.
+/// invalid document is refused and the running configuration stays). Each instance keeps a key
+/// `KEY/status/INSTANCE` bound to a lease of its own, renewed every few seconds: what became of
+/// the last revision, and a small snapshot of its state; it goes with the instance. Runs on a
+/// thread of its own until the control plane is gone or stops.
 pub fn follow(
     control: &Arc<Control>,
     key: EtcdKey,
@@ -156,17 +208,30 @@ pub fn follow(
     interval: Duration,
     instance: String,
 ) -> std::io::Result<()> {
-    let control = Arc::downgrade(control);
+    let weak = Arc::downgrade(control);
     let status = key.sibling(format!("{}/status/{instance}", key.key));
     std::thread::Builder::new()
         .name("portico-etcd".into())
         .spawn(move || {
-            let mut seen = applied;
             let mut failing = false;
-            publish(&status, &instance, seen, None);
+            let mut state = Status {
+                lease: None,
+                renewed: None,
+                revision: applied,
+                error: None,
+            };
             loop {
+                {
+                    let Some(control) = weak.upgrade() else {
+                        return;
+                    };
+                    if control.is_shutting_down() {
+                        return;
+                    }
+                    state.keep(&status, &instance, &control);
+                }
                 std::thread::sleep(interval);
-                let Some(control) = control.upgrade() else {
+                let Some(control) = weak.upgrade() else {
                     return;
                 };
                 if control.is_shutting_down() {
@@ -193,31 +258,110 @@ pub fn follow(
                     tracing::info!(key = key.name(), "etcd answers again");
                     failing = false;
                 }
-                if revision == seen {
+                if revision == state.revision {
                     continue;
                 }
-                seen = revision;
                 // The source reads the key again: the document applied is the newest.
-                let error = control.reload("etcd").err().map(|e| e.to_string());
-                publish(&status, &instance, revision, error.as_deref());
+                state.error = control.reload("etcd").err().map(|e| e.to_string());
+                state.revision = revision;
+                // published now, not at the next renewal
+                state.renewed = None;
             }
         })?;
     Ok(())
 }
 
-/// Write this instance's state under its status key (errors only logged).
-fn publish(status: &EtcdKey, instance: &str, revision: i64, error: Option<&str>) {
-    let value = serde_json::json!({
-        "instance": instance,
-        "version": env!("CARGO_PKG_VERSION"),
-        "revision": revision,
-        "ok": error.is_none(),
-        "error": error,
-        "at": crate::telemetry::stats::unix_now(),
-    });
-    if let Err(e) = status.put(&value.to_string()) {
-        tracing::warn!("etcd: cannot write {}: {e}", status.name());
+/// An instance's status key: the lease it is bound to, when it was last written, what it says.
+struct Status {
+    lease: Option<i64>,
+    renewed: Option<std::time::Instant>,
+    revision: i64,
+    error: Option<String>,
+}
+
+impl Status {
+    /// Write the status key when it is due (every third of its lease) or changed, with a new
+    /// lease when etcd forgot the old one (errors logged at debug level: the follower logs
+    /// etcd being unreachable).
+    fn keep(&mut self, key: &EtcdKey, instance: &str, control: &Control) {
+        let due = self
+            .renewed
+            .is_none_or(|r| r.elapsed() >= Duration::from_secs(STATUS_TTL / 3));
+        if !due {
+            return;
+        }
+        // A new lease each time (the gateway's keep-alive is a stream, which one request
+        // cannot use): the key moves to it, and the old one, holding nothing, expires.
+        self.lease = key.grant(STATUS_TTL).ok();
+        let shared = control.snapshot();
+        let value = serde_json::json!({
+            "instance": instance,
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "revision": self.revision,
+            "ok": self.error.is_none(),
+            "error": self.error,
+            "generation": shared.generation,
+            "requests": shared.stats.requests.load(std::sync::atomic::Ordering::Relaxed),
+            "uptime_seconds": control.started.elapsed().as_secs(),
+            "at": crate::telemetry::stats::unix_now(),
+        });
+        match key.put_leased(&value.to_string(), self.lease) {
+            Ok(_) => self.renewed = Some(std::time::Instant::now()),
+            Err(e) => {
+                self.lease = None;
+                tracing::debug!("etcd: cannot write {}: {e}", key.name());
+            }
+        }
     }
+}
+
+/// The fleet as its instances' status keys under `key` say: one line per instance (its name,
+/// version, the configuration revision it applied or refused, its requests and uptime), then
+/// the key's own revision and how many instances do not run it.
+pub fn fleet_status(key: &EtcdKey) -> Result<String, String> {
+    use std::fmt::Write;
+    let current = key.get()?.map(|d| d.revision);
+    let prefix = format!("{}/status/", key.key);
+    let mut out = String::new();
+    let mut behind = 0;
+    let mut n = 0;
+    let _ = writeln!(
+        out,
+        "{:<28} {:<8} {:>9} {:<6} {:>12} {:>9}  error",
+        "instance", "version", "revision", "ok", "requests", "uptime"
+    );
+    for (k, v) in key.list()? {
+        if !k.starts_with(&prefix) {
+            continue;
+        }
+        let Ok(s) = serde_json::from_str::<serde_json::Value>(&v) else {
+            continue;
+        };
+        n += 1;
+        let revision = s["revision"].as_i64().unwrap_or(0);
+        let ok = s["ok"].as_bool().unwrap_or(false);
+        if Some(revision) != current || !ok {
+            behind += 1;
+        }
+        let _ = writeln!(
+            out,
+            "{:<28} {:<8} {:>9} {:<6} {:>12} {:>8}s  {}",
+            s["instance"].as_str().unwrap_or("?"),
+            s["version"].as_str().unwrap_or("?"),
+            revision,
+            ok,
+            s["requests"].as_u64().unwrap_or(0),
+            s["uptime_seconds"].as_u64().unwrap_or(0),
+            s["error"].as_str().unwrap_or("")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{n} instance(s); the configuration key is at revision {}; {behind} instance(s) not running it",
+        current.map_or("(none)".to_string(), |r| r.to_string())
+    );
+    Ok(out)
 }
 
 /// Where the last good document from etcd is kept by default.

@@ -285,12 +285,36 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
             "the running configuration stays"
         );
     }
+    let status = || {
+        let out = Command::new(BIN)
+            .args(["fleet", "status", "--from", &url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let refused = status();
+    assert!(refused.contains("3 instance(s)"), "{refused}");
+    assert!(refused.contains("listeners: invalid type"), "{refused}");
     // a good one applies again
     assert!(push(&dir, &url, &document("three")).status.success());
     for &a in &addrs {
         wait_for("the good document", || {
             (body(a).as_deref() == Some("three")).then_some(())
         });
+    }
+    let fleet_view = wait_for("every instance to report the revision", || {
+        let s = status();
+        (s.contains("3 instance(s); the configuration key is at revision")
+            && s.contains("; 0 instance(s) not running it"))
+        .then_some(s)
+    });
+    for name in ["i1", "i2", "i3"] {
+        assert!(fleet_view.contains(name), "{fleet_view}");
     }
 
     // etcd stops: the instances keep serving; one started now starts from its cache.
