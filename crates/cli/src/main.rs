@@ -166,34 +166,41 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 .config_cache
                 .clone()
                 .unwrap_or_else(portico_proxy::etcd::default_cache);
-            let (cfg, revision, note) = match etcd_load(&key, &cache) {
-                Ok(Some((cfg, revision))) => (cfg, revision, None),
+            let (cfg, revision, text, note) = match etcd_load(&key) {
+                Ok(Some((cfg, revision, text))) => (cfg, revision, Some(text), None),
                 Ok(None) => return fail(&format!("{}: no such key in etcd", key.name())),
-                Err(e) => match portico_config::load_all(&cache) {
-                    Ok(cfg) => (
-                        cfg,
-                        0,
-                        Some(format!(
-                            "etcd unreachable ({e}): starting from the cached configuration {}",
-                            cache.display()
-                        )),
-                    ),
-                    Err(c) => {
-                        return fail(&format!("{e}\nand no usable cached configuration: {c}"))
+                Err(e) => {
+                    // A validation error names the key; anything else is etcd not answering.
+                    let why = match e.starts_with(&key.name()) {
+                        true => format!("the document in etcd is refused:\n{e}\n"),
+                        false => format!("etcd unreachable ({e}): "),
+                    };
+                    match portico_config::load_all(&cache) {
+                        Ok(cfg) => (
+                            cfg,
+                            0,
+                            None,
+                            Some(format!(
+                                "{why}starting from the cached configuration {}",
+                                cache.display()
+                            )),
+                        ),
+                        Err(c) => {
+                            return fail(&format!("{why}and no usable cached configuration: {c}"))
+                        }
                     }
-                },
+                }
             };
             logged(&cfg.log.clone(), &log, |l| {
                 if let Some(note) = note {
                     tracing::warn!("{note}");
                 }
-                let (k, c) = (key.clone(), cache.clone());
-                let source: portico_proxy::ConfigSource =
-                    Box::new(move || match etcd_load(&k, &c) {
-                        Ok(Some((cfg, _))) => Ok(cfg),
-                        Ok(None) => Err(format!("{}: no such key in etcd", k.name())),
-                        Err(e) => Err(e),
-                    });
+                let k = key.clone();
+                let source: portico_proxy::ConfigSource = Box::new(move || match etcd_load(&k) {
+                    Ok(Some((cfg, _, _))) => Ok(cfg),
+                    Ok(None) => Err(format!("{}: no such key in etcd", k.name())),
+                    Err(e) => Err(e),
+                });
                 let from = match upgrade_from.as_deref() {
                     Some(path) => Takeover::Predecessor(path),
                     None => Takeover::Activated(activated),
@@ -203,6 +210,8 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                     revision,
                     interval: fleet.config_poll,
                     instance: fleet.instance.clone().unwrap_or_else(instance_name),
+                    cache,
+                    applied: text,
                 };
                 run(cfg, workers, source, l, from, Some(follow))
             })
@@ -493,6 +502,10 @@ struct Follow {
     revision: i64,
     interval: std::time::Duration,
     instance: String,
+    /// Where the last document applied is kept, and the one applied at start (None: started
+    /// from that cache).
+    cache: PathBuf,
+    applied: Option<String>,
 }
 
 /// The flags of a configuration from etcd.
@@ -500,13 +513,23 @@ struct Follow {
 struct FleetFlags {
     /// Where the last good configuration from etcd is kept, to start from when etcd cannot be
     /// reached (default /var/lib/portico/config-cache.toml).
-    #[arg(long, value_name = "FILE", requires = "config_source")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "config_source",
+        conflicts_with = "config"
+    )]
     config_cache: Option<PathBuf>,
     /// How often the etcd key is asked for a new revision.
-    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = duration_flag, requires = "config_source")]
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = duration_flag, conflicts_with = "config")]
     config_poll: std::time::Duration,
     /// This instance's name under KEY/status/ (default: host name and process id).
-    #[arg(long, value_name = "NAME", requires = "config_source")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "config_source",
+        conflicts_with = "config"
+    )]
     instance: Option<String>,
 }
 
@@ -550,20 +573,14 @@ fn instance_name() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// The document at `key`, validated (errors name `etcd://HOST:PORT/KEY`, line, column and key)
-/// and, when valid, cached at `cache`; None when the key does not exist.
-fn etcd_load(
-    key: &portico_proxy::etcd::EtcdKey,
-    cache: &std::path::Path,
-) -> Result<Option<(Config, i64)>, String> {
+/// The document at `key`, validated (errors name `etcd://HOST:PORT/KEY`, line, column and
+/// key), with its revision and text; None when the key does not exist.
+fn etcd_load(key: &portico_proxy::etcd::EtcdKey) -> Result<Option<(Config, i64, String)>, String> {
     let Some(doc) = key.get()? else {
         return Ok(None);
     };
     let cfg = portico_config::parse_all(&doc.text, &key.name()).map_err(|e| e.to_string())?;
-    if let Err(e) = portico_proxy::etcd::write_cache(cache, &doc.text) {
-        tracing::warn!("cannot cache the configuration at {}: {e}", cache.display());
-    }
-    Ok(Some((cfg, doc.revision)))
+    Ok(Some((cfg, doc.revision, doc.text)))
 }
 
 fn run(
@@ -611,9 +628,15 @@ fn run(
     running.control().set_source(source);
     if let Some(f) = follow {
         let interval = f.interval;
-        if let Err(e) =
-            portico_proxy::etcd::follow(running.control(), f.key, f.revision, interval, f.instance)
-        {
+        if let Err(e) = portico_proxy::etcd::follow(
+            running.control(),
+            f.key,
+            f.revision,
+            interval,
+            f.instance,
+            f.cache,
+            f.applied,
+        ) {
             return fail(&format!("cannot start the etcd follower: {e}"));
         }
     }

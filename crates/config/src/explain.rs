@@ -187,7 +187,7 @@ pub fn explain(config: &Config) -> String {
         if let Some(v) = group.proxy_protocol {
             let _ = writeln!(
                 out,
-                "  proxy_protocol: v{v}: each connection starts with a PROXY header naming its client; connections are reused only for the same client connection"
+                "  proxy_protocol: v{v}: each connection starts with a PROXY header naming its client; a new connection per request"
             );
         }
         if let Some(fallback) = group.fallback.and_then(|i| config.upstreams.get(i)) {

@@ -59,7 +59,7 @@ pub fn encode(version: u8, header: &Header) -> Vec<u8> {
         Header::Proxied {
             source,
             destination,
-        } => Some(match (source, destination) {
+        } => Some(match (canonical(source), canonical(destination)) {
             (SocketAddr::V4(s), SocketAddr::V4(d)) => {
                 (IpAddr::V4(*s.ip()), IpAddr::V4(*d.ip()), s.port(), d.port())
             }
@@ -102,6 +102,11 @@ pub fn encode(version: u8, header: &Header) -> Vec<u8> {
         }
     }
     out
+}
+
+/// An IPv4-mapped IPv6 address (an IPv4 client on a dual-stack socket) as the IPv4 one.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// An address as IPv6 (IPv4 addresses mapped).
@@ -297,6 +302,9 @@ mod tests {
             encode(2, &Header::Local),
             b"\r\n\r\n\0\r\nQUIT\n\x20\x00\x00\x00"
         );
+        // IPv4 clients of a dual-stack socket are IPv4
+        let dual = proxied("[::ffff:192.0.2.7]:51000", "[::ffff:10.0.0.1]:443");
+        assert_eq!(encode(1, &dual), encode(1, &h));
         // mixed families: both as IPv6
         let mixed = proxied("192.0.2.7:51000", "[2001:db8::1]:443");
         assert_eq!(

@@ -41,6 +41,15 @@ impl EtcdKey {
         if key.len() < 2 {
             return Err(format!("{text:?} names no key: {usage}"));
         }
+        // etcd's client port unless one is given
+        let has_port = match authority.rfind(']') {
+            Some(close) => authority[close..].contains(':'),
+            None => authority.contains(':'),
+        };
+        let authority = match has_port {
+            true => authority.to_string(),
+            false => format!("{authority}:2379"),
+        };
         let url = HttpUrl::parse(&format!("http://{authority}/"))
             .map_err(|e| format!("{text:?}: {e}; {usage}"))?;
         Ok(EtcdKey {
@@ -52,7 +61,10 @@ impl EtcdKey {
 
     /// The name documents from this key carry in error messages (`etcd://HOST:PORT/KEY`).
     pub fn name(&self) -> String {
-        format!("etcd://{}:{}{}", self.host, self.port, self.key)
+        match self.host.contains(':') {
+            true => format!("etcd://[{}]:{}{}", self.host, self.port, self.key),
+            false => format!("etcd://{}:{}{}", self.host, self.port, self.key),
+        }
     }
 
     /// This key with another key path (on the same server).
@@ -72,6 +84,8 @@ impl EtcdKey {
         };
         let body = body.to_string().into_bytes();
         let headers = [("Content-Type", "application/json")];
+        // On a thread of its own, waited for at most TIMEOUT and a second: a call that hangs
+        // (a name lookup) does not stop the follower.
         let a = crate::blocking_http::request_bounded(
             url,
             "POST",
@@ -186,33 +200,59 @@ fn int(v: &serde_json::Value) -> i64 {
 /// How long an instance's status key outlives its last renewal (seconds).
 const STATUS_TTL: u64 = 15;
 
-/// Write `text` to `path` whole: a temporary file beside it, synced, renamed over it.
+/// Write `text` to `path` whole: its directory made if missing, a temporary file of this
+/// process beside it (readable by its owner only: a document may hold credentials), synced,
+/// renamed over it, the directory synced.
 pub fn write_cache(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
-    let tmp = crate::runtime::with_suffix(path, ".tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = crate::runtime::with_suffix(path, &format!(".{}.tmp", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Follow the key: every `interval`, read its revision; a new one is applied as a reload (an
 /// invalid document is refused and the running configuration stays). Each instance keeps a key
 /// `KEY/status/INSTANCE` bound to a lease of its own, renewed every few seconds: what became of
 /// the last revision, and a small snapshot of its state; it goes with the instance. Runs on a
-/// thread of its own until the control plane is gone or stops.
+/// thread of its own until the control plane is gone or stops. Each document applied (`first`,
+/// the one applied at start, then each new revision) is written to `cache` on this thread, after
+/// it is applied: a slow disk never holds a reload.
 pub fn follow(
     control: &Arc<Control>,
     key: EtcdKey,
     applied: i64,
     interval: Duration,
     instance: String,
+    cache: PathBuf,
+    first: Option<String>,
 ) -> std::io::Result<()> {
     let weak = Arc::downgrade(control);
     let status = key.sibling(format!("{}/status/{instance}", key.key));
     std::thread::Builder::new()
         .name("portico-etcd".into())
         .spawn(move || {
+            let keep = |text: &str| {
+                if let Err(e) = write_cache(&cache, text) {
+                    tracing::warn!("cannot cache the configuration at {}: {e}", cache.display());
+                }
+            };
+            if let Some(text) = &first {
+                keep(text);
+            }
             let mut failing = false;
             let mut state = Status {
                 lease: None,
@@ -237,8 +277,8 @@ pub fn follow(
                 if control.is_shutting_down() {
                     return;
                 }
-                let revision = match key.get() {
-                    Ok(Some(d)) => d.revision,
+                let doc = match key.get() {
+                    Ok(Some(d)) => d,
                     Ok(None) => {
                         if !failing {
                             tracing::warn!(key = key.name(), "etcd: the configuration key is gone; the running configuration stays");
@@ -258,12 +298,29 @@ pub fn follow(
                     tracing::info!(key = key.name(), "etcd answers again");
                     failing = false;
                 }
-                if revision == state.revision {
+                if doc.revision == state.revision {
                     continue;
                 }
-                // The source reads the key again: the document applied is the newest.
-                state.error = control.reload("etcd").err().map(|e| e.to_string());
-                state.revision = revision;
+                // The source reads the key again: the document applied is the newest. A
+                // document refused (its errors name the key) is not asked again until it
+                // changes; a reload that failed otherwise (etcd gone meanwhile, a port taken)
+                // is tried again at the next poll.
+                match control.reload("etcd") {
+                    Ok(_) => {
+                        state.error = None;
+                        // What the reload read may be newer: the next poll sees it, and
+                        // caches it in its turn.
+                        keep(&doc.text);
+                    }
+                    Err(e) => {
+                        let e = e.to_string();
+                        if !e.starts_with(&key.name()) {
+                            continue;
+                        }
+                        state.error = Some(e);
+                    }
+                }
+                state.revision = doc.revision;
                 // published now, not at the next renewal
                 state.renewed = None;
             }
@@ -382,6 +439,13 @@ mod tests {
         assert!(EtcdKey::parse("http://127.0.0.1:2379/k").is_err());
         assert!(EtcdKey::parse("etcd://127.0.0.1:2379").is_err());
         assert!(EtcdKey::parse("etcd://127.0.0.1:2379/").is_err());
-        assert!(EtcdKey::parse("etcd://[::1]:2379/k").is_ok());
+        assert_eq!(
+            EtcdKey::parse("etcd://[::1]:2379/k").unwrap().name(),
+            "etcd://[::1]:2379/k"
+        );
+        assert_eq!(
+            EtcdKey::parse("etcd://etcd.internal/k").unwrap().name(),
+            "etcd://etcd.internal:2379/k"
+        );
     }
 }

@@ -38,6 +38,8 @@ pub struct Picked<'s> {
     pub guard: ServerGuard,
     pub tls: Option<&'s GroupTls>,
     pub pool_key: PoolKey,
+    /// The PROXY header a new connection starts with (groups with `proxy_protocol`).
+    proxy_header: Option<Box<[u8]>>,
 }
 
 /// How the exchange of one attempt ended, in either upstream protocol. Moved once per
@@ -158,15 +160,28 @@ pub async fn pick<'s>(
     let pool_key = PoolKey {
         addr: guard.address(),
         tls: tls.map_or(0, |t| t.pool_id),
-        // A connection that starts with a PROXY header is this client connection's alone.
-        proxied: upstream.group().proxy_protocol.and_then(|_| addresses()),
+        proxy: upstream.group().proxy_protocol.unwrap_or(0),
     };
+    // A group that sends PROXY headers names the client in each new connection (LOCAL when
+    // the addresses cannot be read).
+    let proxy_header = upstream.group().proxy_protocol.map(|v| {
+        use portico_http1::proxy_protocol::{encode, Header};
+        let header = match addresses() {
+            Some((source, destination)) => Header::Proxied {
+                source,
+                destination,
+            },
+            None => Header::Local,
+        };
+        encode(v, &header).into_boxed_slice()
+    });
     Ok(Picked {
         gi,
         upstream,
         guard,
         tls,
         pool_key,
+        proxy_header,
     })
 }
 
@@ -237,24 +252,11 @@ impl Picked<'_> {
         let stats = &shared.stats;
         // Boxed: a new connection (and its TLS handshake) is the rare case on kept-alive pools;
         // unboxed, its 1.5 KiB of state would widen every request's future.
-        let header = group.proxy_protocol.map(|v| {
-            use portico_http1::proxy_protocol::{encode, Header};
-            match self.pool_key.proxied {
-                Some((source, destination)) => encode(
-                    v,
-                    &Header::Proxied {
-                        source,
-                        destination,
-                    },
-                ),
-                None => encode(v, &Header::Local),
-            }
-        });
         let opening = Box::pin(crate::upstream::pool::connect(
             addr,
             group.connect_timeout,
             self.tls,
-            header.as_deref(),
+            self.proxy_header.as_deref(),
         ));
         match opening.await {
             Ok((u, took)) => {

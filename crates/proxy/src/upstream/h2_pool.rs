@@ -417,7 +417,7 @@ mod tests {
             9,
         )),
         tls: 0,
-        proxied: None,
+        proxy: 0,
     };
 
     /// A request asking `pool` for a slot as a local task; an opener keeps its marker until

@@ -20,9 +20,9 @@ pub use crate::upstream::tls::UpStream;
 pub struct PoolKey {
     pub addr: SocketAddr,
     pub tls: u64,
-    /// For a group that sends a PROXY header: the client connection it names (client, the
-    /// address it connected to), so the connection serves only that client's requests.
-    pub proxied: Option<(SocketAddr, SocketAddr)>,
+    /// The PROXY protocol version the connection started with (0: none). Such connections are
+    /// never pooled (each names one client), and others are never taken for such a group.
+    pub proxy: u8,
 }
 
 impl PoolKey {
@@ -31,7 +31,7 @@ impl PoolKey {
         PoolKey {
             addr,
             tls: 0,
-            proxied: None,
+            proxy: 0,
         }
     }
 }
@@ -126,12 +126,8 @@ impl Pool {
     /// connections to this server (dropping the oldest) and drops those idle longer than their
     /// timeout.
     pub fn put(&self, key: PoolKey, conn: UpConn, cap: usize, timeout: Duration) {
-        // A connection named by a PROXY header waits for its own client's next request only.
-        let cap = match key.proxied {
-            Some(_) => cap.min(1),
-            None => cap,
-        };
-        if !conn.rbuf.is_empty() || cap == 0 {
+        // A connection that started with a PROXY header names one client: it is not reused.
+        if !conn.rbuf.is_empty() || cap == 0 || key.proxy != 0 {
             return;
         }
         let now = Instant::now();
