@@ -497,22 +497,11 @@ impl Control {
         }
 
         let checked = config.upstreams.iter().any(|g| g.health_check.is_some());
-        if checked {
-            let targets: Vec<ProbeTarget> = upstreams
-                .iter()
-                .zip(&upstream_tls)
-                .map(|(u, tls)| ProbeTarget {
-                    upstream: u.clone(),
-                    tls: tls.clone(),
-                })
-                .collect();
-            match &inner.health {
-                Some(h) => h.update(targets),
-                None => {
-                    let h = HealthChecker::start(targets).map_err(StartError::Thread)?;
-                    inner.health = Some(h);
-                }
-            }
+        // The checker's thread starts here (it can fail); it learns what to probe once the
+        // configuration is committed.
+        if checked && inner.health.is_none() {
+            let h = HealthChecker::start(Vec::new()).map_err(StartError::Thread)?;
+            inner.health = Some(h);
         }
 
         if !discovered.is_empty() && inner.discovery.is_none() {
@@ -528,6 +517,16 @@ impl Control {
         }
 
         // Commit: nothing below can fail.
+        let probes: Option<Vec<ProbeTarget>> = checked.then(|| {
+            upstreams
+                .iter()
+                .zip(&upstream_tls)
+                .map(|(u, tls)| ProbeTarget {
+                    upstream: u.clone(),
+                    tls: tls.clone(),
+                })
+                .collect()
+        });
         crate::acme::manage(&config);
         let watches: Vec<crate::discovery::Watch> = discovered
             .iter()
@@ -610,9 +609,16 @@ impl Control {
                 s.stop.send_replace(true);
             }
         }
-        if !checked {
-            if let Some(h) = inner.health.take() {
-                h.stop();
+        match probes {
+            Some(targets) => {
+                if let Some(h) = &inner.health {
+                    h.update(targets);
+                }
+            }
+            None => {
+                if let Some(h) = inner.health.take() {
+                    h.stop();
+                }
             }
         }
         inner

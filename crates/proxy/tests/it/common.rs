@@ -33,6 +33,18 @@ pub async fn until(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// Poll `f` from a blocking test until it gives Some, failing the test after [`T`].
+pub fn wait_for<V>(what: &str, mut f: impl FnMut() -> Option<V>) -> V {
+    let deadline = Instant::now() + T;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A one-exchange HTTP/1.1 server: reads a chunked request to the end of its trailer section,
 /// hands the raw bytes over, then writes `answer`.
 pub fn chunked_upstream(answer: Vec<u8>) -> (SocketAddr, std::sync::mpsc::Receiver<Vec<u8>>) {

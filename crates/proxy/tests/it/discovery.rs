@@ -1,23 +1,11 @@
 //! Upstream servers found by DNS: SRV and A answers followed as they change, pools kept for the servers that stay, held names, failed lookups, the admin API and metrics.
 
-use crate::common::{start_toml, T};
+use crate::common::{start_toml, wait_for, T};
 use portico_testkit::dns::{Mode, Records, Srv, TestDns};
 use portico_testkit::{Client, Reply, TestUpstream};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Instant;
-
-/// Poll `f` until it gives Some, failing the test after [`T`].
-fn wait_for<V>(what: &str, mut f: impl FnMut() -> Option<V>) -> V {
-    let deadline = Instant::now() + T;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
 
 fn get(c: &mut Client) -> (u16, String) {
     let r = c

@@ -1,6 +1,6 @@
 //! Fleet rate limits against a real redis-server: three instances hold one limit together, fall back to their share when Redis stops, count together again when it is back; the closed mode refuses.
 
-use crate::common::{start_toml, T};
+use crate::common::{start_toml, wait_for, T};
 use portico_proxy::Running;
 use portico_testkit::Client;
 use std::io::{Read, Write};
@@ -56,17 +56,6 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-fn wait_for<V>(what: &str, mut f: impl FnMut() -> Option<V>) -> V {
-    let deadline = Instant::now() + T;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
