@@ -233,14 +233,17 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
             }),
             Err(msg) => fail(&msg),
         },
-        Command::Fleet(FleetCommand::Status { from }) => {
+        Command::Fleet(FleetCommand::Status { from, json }) => {
             let key = match portico_proxy::etcd::EtcdKey::parse(&from) {
                 Ok(k) => k,
                 Err(e) => return fail(&e),
             };
-            match portico_proxy::etcd::fleet_status(&key) {
-                Ok(text) => {
-                    print!("{text}");
+            match portico_proxy::etcd::Fleet::read(&key) {
+                Ok(fleet) => {
+                    match json {
+                        true => println!("{}", portico_proxy::etcd::fleet_json(&fleet)),
+                        false => print!("{}", fleet.text()),
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(&e),
@@ -520,7 +523,9 @@ struct FleetFlags {
         conflicts_with = "config"
     )]
     config_cache: Option<PathBuf>,
-    /// How often the etcd key is asked for a new revision.
+    /// Changes to the etcd key arrive by watch, and the key is read every 5 s anyway; this is
+    /// how often it is read while it cannot be watched (etcd unreachable, no watch) and how
+    /// soon a reload that failed for a reason other than the document is tried again.
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = duration_flag, conflicts_with = "config")]
     config_poll: std::time::Duration,
     /// This instance's name under KEY/status/ (default: host name and process id).
@@ -541,6 +546,9 @@ enum FleetCommand {
         /// `etcd://HOST:PORT/KEY`, the key the instances follow.
         #[arg(long, value_name = "URL")]
         from: String,
+        /// The fleet as JSON (as the admin API's `/api/fleet` gives it) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -1008,6 +1008,14 @@ fn discovery_summary(d: &crate::model::Discovery, r: &crate::model::Resolver) ->
         DiscoverySource::Srv { name } => format!(
             "SRV records of {name} (lowest priority present; ports and weights from the records; targets' {family})"
         ),
+        DiscoverySource::Etcd { name, interval, .. } => {
+            return format!(
+                "servers registered under {name}/ (weight {} unless a registration gives one), watched, and read at each change and every {}; kept {} after the last one is gone, and while etcd does not answer",
+                d.weight,
+                format_duration(*interval),
+                format_duration(r.hold)
+            )
+        }
     };
     let whom = match r.nameservers.is_empty() {
         true => "the system's name servers".to_string(),

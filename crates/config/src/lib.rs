@@ -21,7 +21,7 @@ pub use error::{ConfigError, ConfigErrors};
 pub use explain::{explain, matcher as describe_matcher};
 pub use model::*;
 pub use shadow::shadowed_routes;
-pub use url::HttpUrl;
+pub use url::{EtcdUrl, HttpUrl};
 pub use validate::log_filter_error;
 
 /// The built-in configuration (`crates/config/default.toml`): listener "proxy" on 127.0.0.1:8080

@@ -117,14 +117,15 @@ impl Default for Resolver {
     }
 }
 
-/// Servers of an upstream group found by DNS (`[upstreams.NAME.discovery]`), re-resolved as
-/// their TTL expires; they join the group's listed `servers`.
+/// Servers of an upstream group found by DNS (re-resolved as their TTL expires) or registered
+/// in etcd (`[upstreams.NAME.discovery]`); they join the group's listed `servers`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Discovery {
     pub source: DiscoverySource,
     /// Which addresses of the names are used.
     pub family: AddressFamily,
-    /// Weight of each address found by `dns` (SRV records carry their own).
+    /// Weight of each address found by `dns`, and of etcd registrations that give none (SRV
+    /// records carry their own).
     pub weight: u32,
 }
 
@@ -136,13 +137,23 @@ pub enum DiscoverySource {
     /// SRV records of `name` (e.g. `_http._tcp.app.internal.`): each target's addresses on the
     /// record's port with its weight; only the records of the lowest priority present.
     Srv { name: String },
+    /// The keys under an etcd prefix, one per server (`PREFIX/ANY`, the value `IP:PORT` or
+    /// `{"address": "IP:PORT", "weight": N}`), watched, and read at each change and every
+    /// `interval`; `name` is the URL written out in full.
+    Etcd {
+        url: crate::url::EtcdUrl,
+        name: String,
+        interval: Duration,
+    },
 }
 
 impl DiscoverySource {
     /// The name asked, as configured.
     pub fn name(&self) -> &str {
         match self {
-            DiscoverySource::Dns { name, .. } | DiscoverySource::Srv { name } => name,
+            DiscoverySource::Dns { name, .. }
+            | DiscoverySource::Srv { name }
+            | DiscoverySource::Etcd { name, .. } => name,
         }
     }
 }

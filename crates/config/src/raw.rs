@@ -52,6 +52,8 @@ pub(crate) struct RawResolver {
 pub(crate) struct RawDiscovery {
     pub dns: Option<Spanned<String>>,
     pub srv: Option<Spanned<String>>,
+    pub etcd: Option<Spanned<String>>,
+    pub interval: Option<Spanned<Scalar>>,
     pub family: Option<Spanned<String>>,
     pub weight: Option<Spanned<Int>>,
 }

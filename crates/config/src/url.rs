@@ -1,4 +1,4 @@
-//! `http://` and `https://` URLs as blocking fetches need them: scheme, host, port, target.
+//! `http://` and `https://` URLs as blocking fetches need them (scheme, host, port, target), and `etcd://` keys.
 
 /// An `http` or `https` URL, in the parts a blocking fetch needs (JWK sets, the OTLP endpoint).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +80,56 @@ impl HttpUrl {
         match self.port == default_port {
             true => host,
             false => format!("{host}:{}", self.port),
+        }
+    }
+}
+
+/// A key in etcd: `etcd://HOST[:PORT]/KEY`, port 2379 unless given; the key is the path, its
+/// leading `/` included (the configuration document, or a prefix under which servers register).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EtcdUrl {
+    pub host: String,
+    pub port: u16,
+    pub key: String,
+}
+
+impl EtcdUrl {
+    /// `etcd://HOST[:PORT]/KEY`.
+    pub fn parse(text: &str) -> Result<EtcdUrl, String> {
+        let usage = "expected etcd://HOST:PORT/KEY, e.g. etcd://127.0.0.1:2379/portico/config";
+        let rest = text
+            .strip_prefix("etcd://")
+            .ok_or_else(|| format!("{text:?}: {usage}"))?;
+        let (authority, key) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => return Err(format!("{text:?} names no key: {usage}")),
+        };
+        if key.len() < 2 {
+            return Err(format!("{text:?} names no key: {usage}"));
+        }
+        // etcd's client port unless one is given
+        let has_port = match authority.rfind(']') {
+            Some(close) => authority[close..].contains(':'),
+            None => authority.contains(':'),
+        };
+        let authority = match has_port {
+            true => authority.to_string(),
+            false => format!("{authority}:2379"),
+        };
+        let url = HttpUrl::parse(&format!("http://{authority}/"))
+            .map_err(|e| format!("{text:?}: {e}; {usage}"))?;
+        Ok(EtcdUrl {
+            host: url.host,
+            port: url.port,
+            key: key.to_string(),
+        })
+    }
+
+    /// `etcd://HOST:PORT/KEY`, the port always written.
+    pub fn name(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("etcd://[{}]:{}{}", self.host, self.port, self.key),
+            false => format!("etcd://{}:{}{}", self.host, self.port, self.key),
         }
     }
 }

@@ -113,6 +113,9 @@ pub struct Control {
     pub(crate) shutdown: watch::Sender<bool>,
     /// The groups' discovery lookups, for the admin API and `/metrics`.
     pub(crate) discovery_status: Arc<crate::discovery::Status>,
+    /// The fleet as the etcd follower last read it (the JSON `/api/fleet` gives, with `error`
+    /// when the last read failed); None when the configuration does not come from etcd.
+    fleet_view: Mutex<Option<serde_json::Value>>,
     /// This control plane, for the discovery thread's changes.
     me: std::sync::Weak<Control>,
 }
@@ -539,7 +542,10 @@ impl Control {
         self.discovery_status.retain(&names);
         for group in &asked_now {
             if let Some(f) = discovered.get(group) {
-                self.discovery_status.record(group, &f.spec, &f.first, None);
+                self.discovery_status
+                    .record(group, &f.spec, &f.first.outcome, None);
+                self.discovery_status
+                    .skipped(group, f.first.skipped.clone());
             }
         }
         match watches.is_empty() {
@@ -663,7 +669,8 @@ impl Control {
                         f.resolver = r.clone();
                         f.id = crate::discovery::next_id();
                         f.first =
-                            crate::discovery::Outcome::Found(f.servers.clone(), Duration::ZERO);
+                            crate::discovery::Outcome::Found(f.servers.clone(), Duration::ZERO)
+                                .into();
                         f.at = Instant::now();
                     }
                     out.insert(g.name.clone(), f);
@@ -956,6 +963,20 @@ impl Control {
         self.published.stall_us.store(us, Ordering::Relaxed);
     }
 
+    /// The fleet view the etcd follower read (see [`Control::fleet_view`]).
+    pub(crate) fn set_fleet_view(&self, view: serde_json::Value) {
+        *self.fleet_view.lock().unwrap_or_else(|e| e.into_inner()) = Some(view);
+    }
+
+    /// The fleet as the etcd follower last read it; None when the configuration does not come
+    /// from etcd.
+    pub fn fleet_view(&self) -> Option<serde_json::Value> {
+        self.fleet_view
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Whether the process is stopping.
     pub fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
@@ -1096,6 +1117,7 @@ impl Control {
             on_reload: Mutex::new(None),
             shutdown: watch::channel(false).0,
             discovery_status: Default::default(),
+            fleet_view: Mutex::new(None),
             me: me.clone(),
         });
         (control, receivers)

@@ -1,11 +1,11 @@
-//! Upstream groups' `discovery`: DNS names (A/AAAA, SRV) asked on a thread of their own, asked again as their TTL expires, each change of a group's servers handed to the control plane.
+//! Upstream groups' `discovery`: DNS names (A/AAAA, SRV) asked again as their TTL expires and etcd prefixes read on an interval, on a thread of their own, each change of a group's servers handed to the control plane.
 
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts,
 };
 use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::TokioResolver;
-use portico_config::{AddressFamily, Discovery, DiscoverySource, Resolver, Server};
+use portico_config::{AddressFamily, Discovery, DiscoverySource, EtcdUrl, Resolver, Server};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -37,8 +37,8 @@ pub(crate) struct Found {
     pub resolver: Resolver,
     /// Empty when nothing was found yet.
     pub servers: Vec<Server>,
-    /// The first lookup's outcome, which the group's task starts from.
-    pub first: Outcome,
+    /// The first lookup, which the group's task starts from.
+    pub first: Asked,
     pub at: Instant,
 }
 
@@ -70,7 +70,7 @@ pub(crate) struct Status {
 #[derive(Debug, Clone)]
 pub(crate) struct GroupStatus {
     spec: Discovery,
-    /// `dns` or `srv`.
+    /// `dns`, `srv` or `etcd`.
     pub kind: &'static str,
     pub name: String,
     /// Servers found by the last successful lookup (those in use while a name is held).
@@ -82,6 +82,8 @@ pub(crate) struct GroupStatus {
     pub ok_total: u64,
     pub gone_total: u64,
     pub failed_total: u64,
+    /// etcd registrations the last read left out, each as "KEY: why".
+    pub skipped: Vec<String>,
 }
 
 impl Status {
@@ -108,6 +110,7 @@ impl Status {
             kind: match spec.source {
                 DiscoverySource::Dns { .. } => "dns",
                 DiscoverySource::Srv { .. } => "srv",
+                DiscoverySource::Etcd { .. } => "etcd",
             },
             name: spec.source.name().to_string(),
             servers: Vec::new(),
@@ -117,6 +120,7 @@ impl Status {
             ok_total: 0,
             gone_total: 0,
             failed_total: 0,
+            skipped: Vec::new(),
         });
         s.next_lookup =
             next.map(|n| SystemTime::now() + n.saturating_duration_since(Instant::now()));
@@ -259,6 +263,157 @@ pub(crate) fn srv_servers(
     servers
 }
 
+/// The registrations under an etcd prefix (key, value) as servers: each value `IP:PORT` or
+/// `{"address": "IP:PORT", "weight": N}` (N from 1 to the largest weight; `weight` when it
+/// gives none), sorted by address, an address registered twice counted once (its first key).
+/// Also the registrations left out, each as "KEY: why".
+pub(crate) fn registered(entries: &[(String, String)], weight: u32) -> (Vec<Server>, Vec<String>) {
+    let mut servers: Vec<Server> = Vec::new();
+    let mut skipped = Vec::new();
+    for (key, value) in entries {
+        let parsed = registration(value.trim(), weight);
+        match parsed {
+            Ok(s) if servers.iter().any(|o| o.address == s.address) => {}
+            Ok(s) => servers.push(s),
+            Err(why) => skipped.push(format!("{key}: {why}")),
+        }
+    }
+    servers.sort_by_key(|s| s.address);
+    (servers, skipped)
+}
+
+/// One registration's value as a server.
+fn registration(value: &str, weight: u32) -> Result<Server, String> {
+    let (address, weight) = match value.starts_with('{') {
+        false => (value.to_string(), weight),
+        true => {
+            let v: serde_json::Value =
+                serde_json::from_str(value).map_err(|e| format!("not JSON: {e}"))?;
+            let address = v["address"]
+                .as_str()
+                .ok_or("no \"address\" string")?
+                .to_string();
+            let weight = match &v["weight"] {
+                serde_json::Value::Null => weight,
+                w => match w.as_u64() {
+                    Some(n @ 1..) if n <= u64::from(MAX_WEIGHT) => n as u32,
+                    _ => {
+                        return Err(format!(
+                            "weight {w} is not a whole number from 1 to {MAX_WEIGHT}"
+                        ))
+                    }
+                },
+            };
+            (address, weight)
+        }
+    };
+    let address: SocketAddr = address
+        .parse()
+        .map_err(|_| format!("{address:?} is not IP:PORT"))?;
+    if address.port() == 0 || address.ip().is_unspecified() {
+        return Err(format!("{address} is not a server's address"));
+    }
+    Ok(Server { address, weight })
+}
+
+/// What one lookup found: the outcome, the etcd registrations left out ("KEY: why"), and the
+/// etcd revision an etcd prefix was read at (a watch from it misses no change).
+#[derive(Debug, Clone)]
+pub(crate) struct Asked {
+    pub outcome: Outcome,
+    pub skipped: Vec<String>,
+    pub revision: Option<i64>,
+}
+
+impl From<Outcome> for Asked {
+    fn from(outcome: Outcome) -> Asked {
+        Asked {
+            outcome,
+            skipped: Vec::new(),
+            revision: None,
+        }
+    }
+}
+
+/// One read of the registrations under an etcd prefix (on a blocking thread: the client is
+/// blocking, bounded by its own timeout).
+async fn etcd_lookup(url: &EtcdUrl, weight: u32, interval: Duration) -> Asked {
+    let key = crate::etcd::EtcdKey::from(url.clone());
+    let read = tokio::task::spawn_blocking(move || key.list_at()).await;
+    let (entries, revision) = match read {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => return Outcome::Failed(short(&e)).into(),
+        Err(e) => return Outcome::Failed(short(&e)).into(),
+    };
+    let (servers, skipped) = registered(&entries, weight);
+    let outcome = match servers.is_empty() {
+        false => Outcome::Found(servers, interval),
+        true => Outcome::Gone(match entries.is_empty() {
+            true => "no server registered".into(),
+            false => format!("{} registration(s), none usable", entries.len()),
+        }),
+    };
+    Asked {
+        outcome,
+        skipped,
+        revision: Some(revision),
+    }
+}
+
+/// Sleep until `next`; for an etcd prefix read at `revision`, a watch of the prefix ends the
+/// wait early at its first change (on a blocking thread; when no watch can be had, the wait
+/// goes on to `next`).
+async fn wait_until(d: &Discovery, revision: Option<i64>, next: Instant) {
+    let (DiscoverySource::Etcd { url, .. }, Some(revision)) = (&d.source, revision) else {
+        tokio::time::sleep_until(next.into()).await;
+        return;
+    };
+    let key = crate::etcd::EtcdKey::from(url.clone());
+    let wait = next.saturating_duration_since(Instant::now());
+    let watched =
+        tokio::task::spawn_blocking(move || key.changed_since(revision, true, wait)).await;
+    if !matches!(watched, Ok(Ok(_))) {
+        tokio::time::sleep_until(next.into()).await;
+    }
+}
+
+/// One lookup of a discovery: an etcd prefix read, or a DNS name asked through `r` (a resolver
+/// made for it when None), bounded by the resolver's two attempts.
+async fn ask(r: Option<&TokioResolver>, settings: &Resolver, d: &Discovery) -> Asked {
+    if let DiscoverySource::Etcd { url, interval, .. } = &d.source {
+        return etcd_lookup(url, d.weight, *interval).await;
+    }
+    let made;
+    let r = match r {
+        Some(r) => r,
+        None => match resolver(settings, d.family) {
+            Ok(m) => {
+                made = m;
+                &made
+            }
+            Err(e) => return Outcome::Failed(e).into(),
+        },
+    };
+    let limit = settings.timeout * 3 + Duration::from_secs(1);
+    match tokio::time::timeout(limit, lookup(r, d)).await {
+        Ok(o) => o.into(),
+        Err(_) => Outcome::Failed("no answer in time".into()).into(),
+    }
+}
+
+/// What a group's task schedules by: the resolver's settings for DNS names; for an etcd
+/// prefix, its interval in place of the TTL bounds (the resolver's `hold` kept).
+fn schedule(settings: &Resolver, d: &Discovery) -> Resolver {
+    match &d.source {
+        DiscoverySource::Etcd { interval, .. } => Resolver {
+            min_ttl: *interval,
+            max_ttl: *interval,
+            ..settings.clone()
+        },
+        _ => settings.clone(),
+    }
+}
+
 /// A resolver for these settings: the listed name servers (UDP, TCP when truncated), or the
 /// system's.
 fn resolver(settings: &Resolver, family: AddressFamily) -> Result<TokioResolver, String> {
@@ -378,10 +533,11 @@ async fn addresses(
     }
 }
 
-/// One lookup of a discovery.
+/// One lookup of a DNS discovery.
 async fn lookup(r: &TokioResolver, d: &Discovery) -> Outcome {
     let now = Instant::now();
     match &d.source {
+        DiscoverySource::Etcd { .. } => Outcome::Failed("an etcd prefix is not a DNS name".into()),
         DiscoverySource::Dns { name, port } => {
             match addresses(r, &absolute(name), d.family).await {
                 Ok((ips, valid_until)) => {
@@ -446,19 +602,6 @@ fn is_root(target: &str) -> bool {
     target == "." || target.is_empty()
 }
 
-/// One lookup with a resolver made for it, bounded by the resolver's two attempts.
-async fn lookup_once(settings: &Resolver, d: &Discovery) -> Outcome {
-    let r = match resolver(settings, d.family) {
-        Ok(r) => r,
-        Err(e) => return Outcome::Failed(e),
-    };
-    let limit = settings.timeout * 3 + Duration::from_secs(1);
-    match tokio::time::timeout(limit, lookup(&r, d)).await {
-        Ok(o) => o,
-        Err(_) => Outcome::Failed("no answer in time".into()),
-    }
-}
-
 /// The first lookup of each discovery, all at once, on a thread of their own (the caller may
 /// be inside a runtime); the caller waits for them (each bounded by its resolver's timeout).
 pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)]) -> Vec<Found> {
@@ -474,16 +617,20 @@ pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)]) -> Vec<Found> 
                 Ok(rt) => rt,
                 Err(e) => {
                     let why = format!("cannot start the resolver's runtime: {e}");
-                    return asks.iter().map(|_| Outcome::Failed(why.clone())).collect();
+                    return asks
+                        .iter()
+                        .map(|_| Outcome::Failed(why.clone()).into())
+                        .collect();
                 }
             };
             rt.block_on(async {
                 let mut set = tokio::task::JoinSet::new();
                 for (i, (_, d, r)) in asks.iter().enumerate() {
                     let (d, r) = (d.clone(), r.clone());
-                    set.spawn(async move { (i, lookup_once(&r, &d).await) });
+                    set.spawn(async move { (i, ask(None, &r, &d).await) });
                 }
-                let mut out = vec![Outcome::Failed("not asked".into()); asks.len()];
+                let mut out: Vec<Asked> =
+                    vec![Outcome::Failed("not asked".into()).into(); asks.len()];
                 while let Some(joined) = set.join_next().await {
                     if let Ok((i, o)) = joined {
                         out[i] = o;
@@ -493,17 +640,26 @@ pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)]) -> Vec<Found> 
             })
         })
         .join()
-        .unwrap_or_else(|_| vec![Outcome::Failed("resolver thread failed".into()); asks.len()])
+        .unwrap_or_else(|_| {
+            vec![Outcome::Failed("resolver thread failed".into()).into(); asks.len()]
+        })
     });
     let at = Instant::now();
     asks.iter()
         .zip(outcomes)
         .map(|((group, spec, resolver), first)| {
-            let servers = match &first {
+            for why in &first.skipped {
+                tracing::warn!(
+                    upstream = group.as_str(),
+                    "discovery: {}: a registration is left out: {why}",
+                    spec.source.name()
+                );
+            }
+            let servers = match &first.outcome {
                 Outcome::Found(s, _) => s.clone(),
                 _ => Vec::new(),
             };
-            match &first {
+            match &first.outcome {
                 Outcome::Found(s, _) => tracing::info!(
                     upstream = group.as_str(),
                     "discovery: {} gives {} server(s): {}",
@@ -596,36 +752,48 @@ async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
     let spec = found.spec;
     // The servers the configuration has now (found now, or kept from an earlier asking).
     let published = Some(found.servers.clone()).filter(|s| !s.is_empty());
-    let mut tracker = Tracker::new(found.resolver.clone(), published);
-    let (_, mut next) = tracker.on(&found.first, found.at);
-    let r = match resolver(&found.resolver, spec.family) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            tracing::error!(upstream = group.as_str(), "discovery: {e}");
-            None
-        }
+    let mut tracker = Tracker::new(schedule(&found.resolver, &spec), published);
+    let (_, mut next) = tracker.on(&found.first.outcome, found.at);
+    let r = match &spec.source {
+        DiscoverySource::Etcd { .. } => None,
+        _ => match resolver(&found.resolver, spec.family) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(upstream = group.as_str(), "discovery: {e}");
+                None
+            }
+        },
     };
+    let mut left_out = found.first.skipped.clone();
+    let mut revision = found.first.revision;
     loop {
         status.record_next(&group, next);
-        tokio::time::sleep_until(next.into()).await;
-        let outcome = match &r {
-            Some(r) => {
-                let limit = found.resolver.timeout * 3 + Duration::from_secs(1);
-                match tokio::time::timeout(limit, lookup(r, &spec)).await {
-                    Ok(o) => o,
-                    Err(_) => Outcome::Failed("no answer in time".into()),
-                }
-            }
-            None => lookup_once(&found.resolver, &spec).await,
-        };
+        wait_until(&spec, revision, next).await;
+        let Asked {
+            outcome,
+            skipped,
+            revision: read_at,
+        } = ask(r.as_ref(), &found.resolver, &spec).await;
+        revision = read_at.or(revision);
         let now = Instant::now();
         let (change, at) = tracker.on(&outcome, now);
         next = at;
         status.record(&group, &spec, &outcome, Some(next));
+        if matches!(outcome, Outcome::Found(..) | Outcome::Gone(..)) && skipped != left_out {
+            for why in skipped.iter().filter(|w| !left_out.contains(w)) {
+                tracing::warn!(
+                    upstream = group.as_str(),
+                    "discovery: {}: a registration is left out: {why}",
+                    spec.source.name()
+                );
+            }
+            status.skipped(&group, skipped.clone());
+            left_out = skipped;
+        }
         match &outcome {
             Outcome::Found(..) => {}
             Outcome::Gone(why) => tracing::warn!(
-                "discovery: {} for upstream {group}: name gone ({why}); servers found before are kept for the hold ({:?})",
+                "discovery: {} for upstream {group}: nothing found ({why}); servers found before are kept for the hold ({:?})",
                 spec.source.name(),
                 found.resolver.hold
             ),
@@ -648,6 +816,13 @@ async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
 }
 
 impl Status {
+    pub(crate) fn skipped(&self, group: &str, skipped: Vec<String>) {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.get_mut(group) {
+            s.skipped = skipped;
+        }
+    }
+
     fn record_next(&self, group: &str, next: Instant) {
         let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = g.get_mut(group) {
@@ -720,6 +895,77 @@ mod tests {
         assert_eq!(weights, vec![1000, 9, 1]);
         assert!(srv_servers(&[(0, 1, 80, ".".to_string())], &addresses).is_empty());
         assert!(srv_servers(&[], &addresses).is_empty());
+    }
+
+    #[test]
+    fn etcd_registrations_are_addresses_or_json_and_the_rest_is_left_out() {
+        let entries: Vec<(String, String)> = [
+            ("/s/a", "10.0.0.2:80"),
+            ("/s/b", r#"{"address": "10.0.0.1:8080", "weight": 7}"#),
+            ("/s/c", " 10.0.0.2:80\n"),
+            ("/s/d", "app.internal:80"),
+            ("/s/e", r#"{"address": "10.0.0.3:80", "weight": 0}"#),
+            ("/s/f", r#"{"weight": 2}"#),
+            ("/s/g", "0.0.0.0:80"),
+            ("/s/h", r#"{"address": "[::1]:81"}"#),
+            ("/s/i", "{not json"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let (servers, skipped) = registered(&entries, 4);
+        assert_eq!(
+            servers,
+            vec![
+                server("10.0.0.1:8080", 7),
+                server("10.0.0.2:80", 4),
+                server("[::1]:81", 4),
+            ]
+        );
+        let keys: Vec<&str> = skipped
+            .iter()
+            .map(|s| s.split(':').next().unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            vec!["/s/d", "/s/e", "/s/f", "/s/g", "/s/i"],
+            "{skipped:?}"
+        );
+        assert!(
+            skipped[0].contains("\"app.internal:80\" is not IP:PORT"),
+            "{skipped:?}"
+        );
+        assert!(skipped[1].contains("weight 0 is not a whole number from 1 to 1000"));
+    }
+
+    #[test]
+    fn an_etcd_prefix_is_read_on_its_interval() {
+        let d = Discovery {
+            source: DiscoverySource::Etcd {
+                url: EtcdUrl::parse("etcd://e/s").unwrap(),
+                name: "etcd://e:2379/s".into(),
+                interval: Duration::from_millis(200),
+            },
+            family: AddressFamily::Any,
+            weight: 1,
+        };
+        let t0 = Instant::now();
+        let mut t = Tracker::new(schedule(&settings(), &d), None);
+        let one = vec![server("10.0.0.1:80", 1)];
+        let (_, next) = t.on(&Outcome::Found(one, Duration::from_millis(200)), t0);
+        assert_eq!(
+            next,
+            t0 + Duration::from_millis(200),
+            "not the resolver's min_ttl"
+        );
+        let (_, next) = t.on(&Outcome::Failed("refused".into()), t0);
+        assert_eq!(
+            next,
+            t0 + Duration::from_secs(1),
+            "etcd down: asked every second"
+        );
+        let (_, next) = t.on(&Outcome::Failed("refused".into()), t0);
+        assert_eq!(next, t0 + Duration::from_secs(1));
     }
 
     #[test]

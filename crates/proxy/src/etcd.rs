@@ -1,8 +1,8 @@
-//! The configuration document in etcd: read and written through etcd's v3 JSON API (its gRPC gateway), the key asked again on an interval, each new revision applied as a reload, the last good document cached on disk.
+//! The configuration document in etcd: read and written through etcd's v3 JSON API (its gRPC gateway), the key watched, each new revision applied as a reload, the last good document cached on disk; the instance's status key and the fleet's.
 
 use crate::control::Control;
 use base64::Engine;
-use portico_config::HttpUrl;
+use portico_config::{EtcdUrl, HttpUrl};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +15,7 @@ const MAX_DOCUMENT: usize = 2 * 1024 * 1024;
 /// A key in etcd: `etcd://HOST:PORT/KEY` (the key is the path, its leading `/` included).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdKey {
-    host: String,
-    port: u16,
+    url: EtcdUrl,
     pub key: String,
 }
 
@@ -28,58 +27,33 @@ pub struct Document {
 }
 
 impl EtcdKey {
-    /// `etcd://HOST:PORT/KEY`.
+    /// `etcd://HOST[:PORT]/KEY`, port 2379 unless given.
     pub fn parse(text: &str) -> Result<EtcdKey, String> {
-        let usage = "expected etcd://HOST:PORT/KEY, e.g. etcd://127.0.0.1:2379/portico/config";
-        let rest = text
-            .strip_prefix("etcd://")
-            .ok_or_else(|| format!("{text:?}: {usage}"))?;
-        let (authority, key) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => return Err(format!("{text:?} names no key: {usage}")),
-        };
-        if key.len() < 2 {
-            return Err(format!("{text:?} names no key: {usage}"));
-        }
-        // etcd's client port unless one is given
-        let has_port = match authority.rfind(']') {
-            Some(close) => authority[close..].contains(':'),
-            None => authority.contains(':'),
-        };
-        let authority = match has_port {
-            true => authority.to_string(),
-            false => format!("{authority}:2379"),
-        };
-        let url = HttpUrl::parse(&format!("http://{authority}/"))
-            .map_err(|e| format!("{text:?}: {e}; {usage}"))?;
-        Ok(EtcdKey {
-            host: url.host,
-            port: url.port,
-            key: key.to_string(),
-        })
+        EtcdUrl::parse(text).map(EtcdKey::from)
     }
 
     /// The name documents from this key carry in error messages (`etcd://HOST:PORT/KEY`).
     pub fn name(&self) -> String {
-        match self.host.contains(':') {
-            true => format!("etcd://[{}]:{}{}", self.host, self.port, self.key),
-            false => format!("etcd://{}:{}{}", self.host, self.port, self.key),
+        EtcdUrl {
+            key: self.key.clone(),
+            ..self.url.clone()
         }
+        .name()
     }
 
     /// This key with another key path (on the same server).
     pub fn sibling(&self, key: String) -> EtcdKey {
         EtcdKey {
             key,
-            ..self.clone()
+            url: self.url.clone(),
         }
     }
 
     fn call(&self, path: &str, body: serde_json::Value) -> Result<serde_json::Value, String> {
         let url = HttpUrl {
             https: false,
-            host: self.host.clone(),
-            port: self.port,
+            host: self.url.host.clone(),
+            port: self.url.port,
             target: path.to_string(),
         };
         let body = body.to_string().into_bytes();
@@ -94,18 +68,18 @@ impl EtcdKey {
             TIMEOUT,
             MAX_DOCUMENT * 2,
         )
-        .map_err(|e| format!("etcd {}:{}: {e}", self.host, self.port))?;
+        .map_err(|e| format!("etcd {}:{}: {e}", self.url.host, self.url.port))?;
         let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|e| {
             format!(
                 "etcd {}:{}: HTTP {}, not JSON: {e}",
-                self.host, self.port, a.status
+                self.url.host, self.url.port, a.status
             )
         })?;
         if a.status != 200 {
             let why = v["message"].as_str().or(v["error"].as_str()).unwrap_or("");
             return Err(format!(
                 "etcd {}:{}: HTTP {} {why}",
-                self.host, self.port, a.status
+                self.url.host, self.url.port, a.status
             ));
         }
         Ok(v)
@@ -157,23 +131,65 @@ impl EtcdKey {
         match int(&v["ID"]) {
             0 => Err(format!(
                 "etcd {}:{}: no lease granted",
-                self.host, self.port
+                self.url.host, self.url.port
             )),
             id => Ok(id),
         }
     }
 
+    /// Wait at most `wait` for a change of the key (with `prefix`, of any key under `KEY/`)
+    /// made after `revision`, through a watch of the JSON API: true when one came, or when the
+    /// watch ended without saying (a compacted revision, a cancel: read the key to know); false
+    /// when the time ran out first. On a thread of its own, waited for at most `wait` and the
+    /// request timeout: a name lookup that hangs does not hold the caller.
+    pub fn changed_since(
+        &self,
+        revision: i64,
+        prefix: bool,
+        wait: Duration,
+    ) -> Result<bool, String> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut create = serde_json::json!({
+            "key": b64.encode(&self.key),
+            "start_revision": (revision + 1).to_string(),
+        });
+        if prefix {
+            let (from, end) = prefix_range(&self.key);
+            create["key"] = b64.encode(from).into();
+            create["range_end"] = b64.encode(end).into();
+        }
+        let body = serde_json::json!({ "create_request": create }).to_string();
+        let (host, port) = (self.url.host.clone(), self.url.port);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("portico-etcd-watch".into())
+            .spawn(move || {
+                let _ = tx.send(watch(&host, port, &body, wait));
+            })
+            .map_err(|e| format!("cannot start a watch thread: {e}"))?;
+        rx.recv_timeout(wait + TIMEOUT).unwrap_or_else(|_| {
+            Err(format!(
+                "etcd {}:{}: no answer within {:?}",
+                self.url.host,
+                self.url.port,
+                wait + TIMEOUT
+            ))
+        })
+    }
+
     /// Every key under this one (`KEY/...`) with its value, in key order.
     pub fn list(&self) -> Result<Vec<(String, String)>, String> {
+        self.list_at().map(|(kvs, _)| kvs)
+    }
+
+    /// [`EtcdKey::list`], and the revision of etcd it was read at (a watch from it misses
+    /// nothing).
+    pub fn list_at(&self) -> Result<(Vec<(String, String)>, i64), String> {
         let b64 = base64::engine::general_purpose::STANDARD;
-        let prefix = format!("{}/", self.key);
-        let mut end = prefix.clone().into_bytes();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
+        let (prefix, end) = prefix_range(&self.key);
         let v = self.call(
             "/v3/kv/range",
-            serde_json::json!({ "key": b64.encode(&prefix), "range_end": b64.encode(&end) }),
+            serde_json::json!({ "key": b64.encode(prefix), "range_end": b64.encode(end) }),
         )?;
         let mut out = Vec::new();
         for kv in v["kvs"].as_array().into_iter().flatten() {
@@ -185,7 +201,131 @@ impl EtcdKey {
             };
             out.push((decode("key"), decode("value")));
         }
-        Ok(out)
+        Ok((out, int(&v["header"]["revision"])))
+    }
+}
+
+impl From<EtcdUrl> for EtcdKey {
+    fn from(url: EtcdUrl) -> EtcdKey {
+        EtcdKey {
+            key: url.key.clone(),
+            url,
+        }
+    }
+}
+
+/// The range of keys under `key/`: its first key and the key after its last.
+fn prefix_range(key: &str) -> (Vec<u8>, Vec<u8>) {
+    let prefix = format!("{key}/").into_bytes();
+    let mut end = prefix.clone();
+    if let Some(last) = end.last_mut() {
+        // `/` + 1 = `0`: no carry
+        *last += 1;
+    }
+    (prefix, end)
+}
+
+/// One watch on etcd's JSON API (`POST /v3/watch`, its answer a stream of JSON messages, one
+/// per line): whether a message with events, or one that ends the watch, came within `wait`.
+fn watch(host: &str, port: u16, body: &str, wait: Duration) -> Result<bool, String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let at = format!("etcd {host}:{port}");
+    let deadline = std::time::Instant::now() + wait;
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{at}: cannot resolve: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{at}: no address"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, TIMEOUT)
+        .map_err(|e| format!("{at}: cannot connect: {e}"))?;
+    s.set_write_timeout(Some(TIMEOUT))
+        .map_err(|e| format!("{at}: {e}"))?;
+    let host_field = match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    };
+    write!(
+        s,
+        "POST /v3/watch HTTP/1.0\r\nHost: {host_field}\r\nUser-Agent: portico\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| format!("{at}: {e}"))?;
+    let mut seen = Vec::new();
+    let mut reader = WatchReader::default();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        s.set_read_timeout(Some(left))
+            .map_err(|e| format!("{at}: {e}"))?;
+        let n = match s.read(&mut chunk) {
+            Ok(0) => return Err(format!("{at}: the watch ended")),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(false)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("{at}: {e}")),
+        };
+        seen.extend_from_slice(&chunk[..n]);
+        if seen.len() > MAX_DOCUMENT * 2 {
+            // a flood of events: there is a change
+            return Ok(true);
+        }
+        match reader.feed(&mut seen).map_err(|e| format!("{at}: {e}"))? {
+            Some(changed) => return Ok(changed),
+            None => continue,
+        }
+    }
+}
+
+/// Reads a watch's answer as it arrives: the head, then one JSON message per line.
+#[derive(Default)]
+struct WatchReader {
+    head_done: bool,
+}
+
+impl WatchReader {
+    /// Take what `buf` holds whole (the head, complete lines); Some(true) on a change (or a
+    /// watch that ended: a cancel, a compacted revision), None until one.
+    fn feed(&mut self, buf: &mut Vec<u8>) -> Result<Option<bool>, String> {
+        if !self.head_done {
+            let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                return Ok(None);
+            };
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let line = head.lines().next().unwrap_or("");
+            if !line.starts_with("HTTP/1.") || line.split(' ').nth(1) != Some("200") {
+                return Err(format!("the watch was answered {line:?}"));
+            }
+            buf.drain(..end + 4);
+            self.head_done = true;
+        }
+        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            // Lines that are not messages (a chunk size, if a gateway chunks) are skipped.
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if let Some(e) = v.get("error") {
+                return Err(format!("the watch failed: {e}"));
+            }
+            let r = &v["result"];
+            let events = r["events"].as_array().is_some_and(|e| !e.is_empty());
+            let ended = r["canceled"].as_bool() == Some(true) || int(&r["compact_revision"]) != 0;
+            if events || ended {
+                return Ok(Some(true));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -224,8 +364,9 @@ pub fn write_cache(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// Follow the key: every `interval`, read its revision; a new one is applied as a reload (an
-/// invalid document is refused and the running configuration stays). Each instance keeps a key
+/// Follow the key: watch it, and read its revision after each change the watch reports and
+/// every few seconds (every `interval` while etcd fails or cannot be watched); a new one is
+/// applied as a reload (an invalid document is refused and the running configuration stays). Each instance keeps a key
 /// `KEY/status/INSTANCE` bound to a lease of its own, renewed every few seconds: what became of
 /// the last revision, and a small snapshot of its state; it goes with the instance. Runs on a
 /// thread of its own until the control plane is gone or stops. Each document applied (`first`,
@@ -254,6 +395,7 @@ pub fn follow(
                 keep(text);
             }
             let mut failing = false;
+            let mut retry = false;
             let mut state = Status {
                 lease: None,
                 renewed: None,
@@ -268,9 +410,26 @@ pub fn follow(
                     if control.is_shutting_down() {
                         return;
                     }
-                    state.keep(&status, &instance, &control);
+                    if state.keep(&status, &instance, &control) {
+                        see_fleet(&key, &control);
+                    }
                 }
-                std::thread::sleep(interval);
+                // Wait for a change: a watch from the revision applied until the status key
+                // is due again, then the key is read (a change the watch missed, behind a
+                // gateway that holds the stream back, is seen then). While etcd fails, or a
+                // reload is to be tried again, or the watch cannot be had: `interval`.
+                let due = state.until_due();
+                let watched = match failing || retry || due.is_zero() {
+                    true => Err(None),
+                    false => key.changed_since(state.revision, false, due).map_err(Some),
+                };
+                if let Err(why) = watched {
+                    if let Some(e) = why {
+                        tracing::debug!("etcd: no watch ({e}); the key is read every {interval:?}");
+                    }
+                    std::thread::sleep(interval);
+                }
+                retry = false;
                 let Some(control) = weak.upgrade() else {
                     return;
                 };
@@ -304,7 +463,7 @@ pub fn follow(
                 // The source reads the key again: the document applied is the newest. A
                 // document refused (its errors name the key) is not asked again until it
                 // changes; a reload that failed otherwise (etcd gone meanwhile, a port taken)
-                // is tried again at the next poll.
+                // is tried again after `interval`.
                 match control.reload("etcd") {
                     Ok(_) => {
                         state.error = None;
@@ -315,6 +474,7 @@ pub fn follow(
                     Err(e) => {
                         let e = e.to_string();
                         if !e.starts_with(&key.name()) {
+                            retry = true;
                             continue;
                         }
                         state.error = Some(e);
@@ -337,15 +497,22 @@ struct Status {
 }
 
 impl Status {
+    /// How long until the status key is due again (zero: now, or it could not be written).
+    fn until_due(&self) -> Duration {
+        self.renewed.map_or(Duration::ZERO, |r| {
+            Duration::from_secs(STATUS_TTL / 3).saturating_sub(r.elapsed())
+        })
+    }
+
     /// Write the status key when it is due (every third of its lease) or changed, with a new
     /// lease when etcd forgot the old one (errors logged at debug level: the follower logs
-    /// etcd being unreachable).
-    fn keep(&mut self, key: &EtcdKey, instance: &str, control: &Control) {
+    /// etcd being unreachable). Whether it was due.
+    fn keep(&mut self, key: &EtcdKey, instance: &str, control: &Control) -> bool {
         let due = self
             .renewed
             .is_none_or(|r| r.elapsed() >= Duration::from_secs(STATUS_TTL / 3));
         if !due {
-            return;
+            return false;
         }
         // A new lease each time (the gateway's keep-alive is a stream, which one request
         // cannot use): the key moves to it, and the old one, holding nothing, expires.
@@ -370,55 +537,148 @@ impl Status {
                 tracing::debug!("etcd: cannot write {}: {e}", key.name());
             }
         }
+        true
     }
 }
 
-/// The fleet as its instances' status keys under `key` say: one line per instance (its name,
-/// version, the configuration revision it applied or refused, its requests and uptime), then
-/// the key's own revision and how many instances do not run it.
-pub fn fleet_status(key: &EtcdKey) -> Result<String, String> {
-    use std::fmt::Write;
-    let current = key.get()?.map(|d| d.revision);
-    let prefix = format!("{}/status/", key.key);
-    let mut out = String::new();
-    let mut behind = 0;
-    let mut n = 0;
-    let _ = writeln!(
-        out,
-        "{:<28} {:<8} {:>9} {:<6} {:>12} {:>9}  error",
-        "instance", "version", "revision", "ok", "requests", "uptime"
-    );
-    for (k, v) in key.list()? {
-        if !k.starts_with(&prefix) {
-            continue;
+/// Read the fleet for the admin API: the view kept as it was, with the error, when the read
+/// fails.
+fn see_fleet(key: &EtcdKey, control: &Control) {
+    let view = match Fleet::read(key) {
+        Ok(f) => fleet_json(&f),
+        Err(e) => {
+            let mut v = control
+                .fleet_view()
+                .unwrap_or_else(|| serde_json::json!({ "key": key.name(), "members": [] }));
+            v["error"] = e.into();
+            v
         }
-        let Ok(s) = serde_json::from_str::<serde_json::Value>(&v) else {
-            continue;
-        };
-        n += 1;
-        let revision = s["revision"].as_i64().unwrap_or(0);
-        let ok = s["ok"].as_bool().unwrap_or(false);
-        if Some(revision) != current || !ok {
-            behind += 1;
+    };
+    control.set_fleet_view(view);
+}
+
+/// One instance as its status key says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Member {
+    pub instance: String,
+    pub version: String,
+    pub pid: u64,
+    /// The revision of the configuration key it applied, or refused (`ok` false).
+    pub revision: i64,
+    pub ok: bool,
+    pub error: Option<String>,
+    pub requests: u64,
+    pub uptime_seconds: u64,
+    /// When it wrote its status (Unix seconds).
+    pub at: u64,
+}
+
+/// The fleet as its instances' status keys under the configuration key say, read at `read_at`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Fleet {
+    /// `etcd://HOST:PORT/KEY` of the configuration.
+    pub key: String,
+    /// The configuration key's revision (None: the key does not exist).
+    pub revision: Option<i64>,
+    pub members: Vec<Member>,
+    /// Unix seconds.
+    pub read_at: u64,
+}
+
+impl Fleet {
+    /// Read the configuration key's revision and every status key under it.
+    pub fn read(key: &EtcdKey) -> Result<Fleet, String> {
+        let revision = key.get()?.map(|d| d.revision);
+        let prefix = format!("{}/status/", key.key);
+        let mut members = Vec::new();
+        for (k, v) in key.list()? {
+            if !k.starts_with(&prefix) {
+                continue;
+            }
+            let Ok(s) = serde_json::from_str::<serde_json::Value>(&v) else {
+                continue;
+            };
+            let text = |f: &str| s[f].as_str().unwrap_or("?").to_string();
+            let n = |f: &str| s[f].as_u64().unwrap_or(0);
+            members.push(Member {
+                instance: text("instance"),
+                version: text("version"),
+                pid: n("pid"),
+                revision: s["revision"].as_i64().unwrap_or(0),
+                ok: s["ok"].as_bool().unwrap_or(false),
+                error: s["error"].as_str().map(str::to_string),
+                requests: n("requests"),
+                uptime_seconds: n("uptime_seconds"),
+                at: n("at"),
+            });
+        }
+        Ok(Fleet {
+            key: key.name(),
+            revision,
+            members,
+            read_at: crate::telemetry::stats::unix_now(),
+        })
+    }
+
+    /// Instances that do not run the key's revision (behind, ahead, or refusing it).
+    pub fn behind(&self) -> usize {
+        self.members
+            .iter()
+            .filter(|m| Some(m.revision) != self.revision || !m.ok)
+            .count()
+    }
+
+    /// Requests over all instances.
+    pub fn requests(&self) -> u64 {
+        self.members.iter().map(|m| m.requests).sum()
+    }
+
+    /// One line per instance (its name, version, the configuration revision it applied or
+    /// refused, its requests and uptime), then the key's own revision and how many instances do
+    /// not run it.
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<28} {:<8} {:>9} {:<6} {:>12} {:>9}  error",
+            "instance", "version", "revision", "ok", "requests", "uptime"
+        );
+        for m in &self.members {
+            let _ = writeln!(
+                out,
+                "{:<28} {:<8} {:>9} {:<6} {:>12} {:>8}s  {}",
+                m.instance,
+                m.version,
+                m.revision,
+                m.ok,
+                m.requests,
+                m.uptime_seconds,
+                m.error.as_deref().unwrap_or("")
+            );
         }
         let _ = writeln!(
             out,
-            "{:<28} {:<8} {:>9} {:<6} {:>12} {:>8}s  {}",
-            s["instance"].as_str().unwrap_or("?"),
-            s["version"].as_str().unwrap_or("?"),
-            revision,
-            ok,
-            s["requests"].as_u64().unwrap_or(0),
-            s["uptime_seconds"].as_u64().unwrap_or(0),
-            s["error"].as_str().unwrap_or("")
+            "{} instance(s), {} request(s) in all; the configuration key is at revision {}; {} instance(s) not running it",
+            self.members.len(),
+            self.requests(),
+            self.revision
+                .map_or("(none)".to_string(), |r| r.to_string()),
+            self.behind()
         );
+        out
     }
-    let _ = writeln!(
-        out,
-        "{n} instance(s); the configuration key is at revision {}; {behind} instance(s) not running it",
-        current.map_or("(none)".to_string(), |r| r.to_string())
-    );
-    Ok(out)
+}
+
+/// The fleet as the admin API and `portico fleet status --json` give it: the instances, the
+/// totals and the revision skew.
+pub fn fleet_json(fleet: &Fleet) -> serde_json::Value {
+    let mut v = serde_json::to_value(fleet).unwrap_or_default();
+    v["error"] = serde_json::Value::Null;
+    v["instances"] = fleet.members.len().into();
+    v["requests"] = fleet.requests().into();
+    v["not_running_revision"] = fleet.behind().into();
+    v
 }
 
 /// Where the last good document from etcd is kept by default.
@@ -429,6 +689,31 @@ pub fn default_cache() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_answer_is_read_as_it_arrives() {
+        let mut r = WatchReader::default();
+        let mut buf = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"result\":{\"header\":{\"revision\":\"2\"},\"created\":true}}\n{\"result\":{\"hea".to_vec();
+        assert_eq!(r.feed(&mut buf), Ok(None), "created, then half a message");
+        assert_eq!(buf, b"{\"result\":{\"hea");
+        buf.extend_from_slice(b"der\":{},\"events\":[{\"kv\":{\"key\":\"L2s=\"}}]}}\n");
+        assert_eq!(r.feed(&mut buf), Ok(Some(true)), "an event");
+        // a compacted start revision ends the watch: read the key
+        let mut r = WatchReader::default();
+        let mut buf =
+            b"HTTP/1.0 200 OK\r\n\r\n{\"result\":{\"canceled\":true,\"compact_revision\":\"7\"}}\n"
+                .to_vec();
+        assert_eq!(r.feed(&mut buf), Ok(Some(true)));
+        // a chunk size line (a gateway that chunks) is skipped; an error is one
+        let mut r = WatchReader::default();
+        let mut buf =
+            b"HTTP/1.1 200 OK\r\n\r\n3a\r\n{\"error\":{\"grpc_code\":3,\"message\":\"bad\"}}\n"
+                .to_vec();
+        assert!(r.feed(&mut buf).unwrap_err().contains("bad"));
+        let mut r = WatchReader::default();
+        let mut buf = b"HTTP/1.1 404 Not Found\r\n\r\n".to_vec();
+        assert!(r.feed(&mut buf).unwrap_err().contains("404"));
+    }
 
     #[test]
     fn keys_are_etcd_urls() {

@@ -1,9 +1,10 @@
-//! Test helpers: scripted upstream servers and raw HTTP/1.1 clients on ephemeral loopback ports.
+//! Test helpers: scripted upstream servers, raw HTTP/1.1 clients, a DNS server and an etcd server on ephemeral loopback ports.
 
 // Deliberately independent of `portico-http1` (plain `httparse` and hand-written framing) so
 // tests do not check the codec against itself.
 
 pub mod dns;
+pub mod etcd;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

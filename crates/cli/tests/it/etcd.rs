@@ -1,100 +1,13 @@
 //! Configuration from etcd against a real etcd server: three instances follow one key, a change applies everywhere under load without a failed request, an invalid document is refused and reported under each instance's status key, and an instance starts from its cached copy while etcd is down.
 
 use crate::common::{announced, BIN};
+use portico_testkit::etcd::Etcd;
 use std::io::{BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// An etcd server on loopback ports, killed when dropped.
-struct Etcd {
-    client: u16,
-    child: Option<Child>,
-    dir: std::path::PathBuf,
-}
-
-impl Etcd {
-    fn start(dir: &std::path::Path) -> Etcd {
-        let mut e = Etcd {
-            client: free_port(),
-            child: None,
-            dir: dir.to_path_buf(),
-        };
-        e.restart();
-        e
-    }
-
-    fn restart(&mut self) {
-        let peer = free_port();
-        let c = format!("http://127.0.0.1:{}", self.client);
-        let p = format!("http://127.0.0.1:{peer}");
-        let log = std::fs::File::create(self.dir.join("etcd.log")).unwrap();
-        let child = Command::new("etcd")
-            .args(["--data-dir", &self.dir.join("data").display().to_string()])
-            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args([
-                "--listen-peer-urls",
-                &p,
-                "--initial-advertise-peer-urls",
-                &p,
-            ])
-            .args(["--initial-cluster", &format!("default={p}")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("etcd (Debian package etcd-server; scripts/test.sh installs it)");
-        self.child = Some(child);
-        wait_for("etcd to answer", || {
-            post(self.client, "/v3/kv/range", r#"{"key":"AA=="}"#)
-                .filter(|a| a.starts_with("HTTP/1.1 200"))
-                .map(|_| ())
-        });
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}/portico/config", self.client)
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// One POST to etcd's JSON API: the whole answer, or None when it cannot be reached.
-fn post(port: u16, path: &str, body: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
-}
 
 fn wait_for<V>(what: &str, mut f: impl FnMut() -> Option<V>) -> V {
     let deadline = Instant::now() + T;
@@ -139,7 +52,9 @@ fn instance(dir: &std::path::Path, url: &str, name: &str) -> (Proc, SocketAddr) 
     let mut child = Command::new(BIN)
         .args(["run", "--config-source", url, "-w", "1"])
         .args(["--config-cache", &cache.display().to_string()])
-        .args(["--config-poll", "100ms", "--instance", name])
+        // Changes come by watch: the poll is the fallback, long enough not to be what
+        // applies them here.
+        .args(["--config-poll", "10s", "--instance", name])
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()
@@ -168,7 +83,7 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut etcd = Etcd::start(&dir);
-    let url = etcd.url();
+    let url = etcd.url("/portico/config");
     let out = push(&dir, &url, &document("one"));
     assert!(
         out.status.success(),
@@ -188,34 +103,24 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
         assert_eq!(body(a).as_deref(), Some("one"));
     }
 
-    // Requests all along, on one keep-alive connection per instance; the change is written
-    // while they run.
-    let stop = Arc::new(AtomicBool::new(false));
-    let failed = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let drivers: Vec<_> = addrs
+    // `portico bench` drives each instance (open loop, 200 req/s for 4 s) and the change is
+    // written while they run.
+    let benches: Vec<(Proc, std::path::PathBuf)> = addrs
         .iter()
-        .map(|&a| {
-            let (stop, failed, done) = (stop.clone(), failed.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut c = portico_testkit::Client::connect(a).unwrap();
-                while !stop.load(Ordering::SeqCst) {
-                    match c.request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n") {
-                        Ok(r) if r.status == 200 => done.fetch_add(1, Ordering::SeqCst),
-                        _ => {
-                            failed.fetch_add(1, Ordering::SeqCst);
-                            match portico_testkit::Client::connect(a) {
-                                Ok(n) => c = n,
-                                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                            }
-                            0
-                        }
-                    };
-                }
-            })
+        .enumerate()
+        .map(|(i, a)| {
+            let json = dir.join(format!("bench{i}.json"));
+            let child = Command::new(BIN)
+                .args(["bench", &format!("http://{a}/"), "-R", "200", "-c", "2"])
+                .args(["-d", "4s", "--json", &json.display().to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            (Proc(child), json)
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(500));
     let written = Instant::now();
     let out = push(&dir, &url, &document("two"));
     assert!(out.status.success());
@@ -260,60 +165,46 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
         }
         applied.push(written.elapsed());
     }
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::SeqCst);
-    for d in drivers {
-        d.join().unwrap();
+    let mut benches = benches;
+    let under_load = benches
+        .iter_mut()
+        .all(|(p, _)| p.0.try_wait().ok().flatten().is_none());
+    let mut completed = 0;
+    for (mut p, json) in benches {
+        let status = p.0.wait().unwrap();
+        assert!(status.success(), "portico bench: {status}");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let req = &r["requests"];
+        assert_eq!(req["errors"], 0, "failed requests during the change: {req}");
+        assert_eq!(req["unsent"], 0, "{req}");
+        let classes = r["status_classes"].as_object().unwrap();
+        assert!(
+            classes.keys().all(|k| k == "2xx"),
+            "responses other than 2xx during the change: {classes:?}"
+        );
+        completed += req["completed"].as_u64().unwrap();
     }
     eprintln!(
-        "etcd: the change applied on all three {:?} after the write ({} requests meanwhile)",
+        "etcd: the change applied on all three {:?} after the write ({completed} requests by portico bench meanwhile, none failed)",
         applied.iter().max().unwrap(),
-        done.load(Ordering::SeqCst)
     );
-    assert_eq!(
-        failed.load(Ordering::SeqCst),
-        0,
-        "failed requests during the change"
+    assert!(
+        under_load,
+        "the change applied after a bench ended: not measured under load"
     );
-    assert!(done.load(Ordering::SeqCst) > 10);
+    assert!(
+        applied.iter().max().unwrap() < &Duration::from_secs(3),
+        "not by the watch: {applied:?}"
+    );
+    assert!(completed > 2000, "{completed} requests");
 
     // An invalid document, written past the push check: refused everywhere, each instance says
     // why under its status key, and they keep serving.
-    let b64 = |s: &str| {
-        let out = Command::new("base64")
-            .arg("-w0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        out.stdin.as_ref().unwrap().write_all(s.as_bytes()).unwrap();
-        String::from_utf8(out.wait_with_output().unwrap().stdout).unwrap()
-    };
-    let bad = format!(
-        r#"{{"key":"{}","value":"{}"}}"#,
-        b64("/portico/config"),
-        b64("listeners = 5\n")
-    );
-    assert!(post(etcd.client, "/v3/kv/put", &bad)
-        .unwrap()
-        .starts_with("HTTP/1.1 200"));
+    etcd.put("/portico/config", "listeners = 5\n", None);
     for i in 1..=3 {
-        let key = format!(
-            r#"{{"key":"{}"}}"#,
-            b64(&format!("/portico/config/status/i{i}"))
-        );
         wait_for("the refusal under the status key", || {
-            let a = post(etcd.client, "/v3/kv/range", &key)?;
-            let v = a.split_once("\r\n\r\n")?.1;
-            let value = v.split("\"value\":\"").nth(1)?.split('"').next()?;
-            let out = Command::new("base64")
-                .args(["-d"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .ok()?;
-            out.stdin.as_ref()?.write_all(value.as_bytes()).ok()?;
-            let status = String::from_utf8(out.wait_with_output().ok()?.stdout).ok()?;
+            let status = etcd.get(&format!("/portico/config/status/i{i}"))?;
             status
                 .contains(&format!(
                     "etcd://127.0.0.1:{}/portico/config:1:13: listeners",
@@ -353,7 +244,8 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
     }
     let fleet_view = wait_for("every instance to report the revision", || {
         let s = status();
-        (s.contains("3 instance(s); the configuration key is at revision")
+        (s.contains("3 instance(s), ")
+            && s.contains(" request(s) in all; the configuration key is at revision")
             && s.contains("; 0 instance(s) not running it"))
         .then_some(s)
     });

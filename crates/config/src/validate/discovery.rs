@@ -1,8 +1,14 @@
-//! Service discovery: `[resolver]` and upstream groups' `discovery` (DNS names re-resolved by TTL).
+//! Service discovery: `[resolver]` and upstream groups' `discovery` (DNS names re-resolved by TTL, etcd prefixes read on an interval).
 
 use super::*;
 use crate::model::{AddressFamily, Discovery, DiscoverySource, Resolver};
 use crate::raw::{RawDiscovery, RawResolver};
+
+/// How often an etcd prefix is read anyway (it is watched) unless `interval` says otherwise,
+/// and the bounds.
+const DEFAULT_ETCD_INTERVAL: Duration = Duration::from_secs(5);
+const MIN_ETCD_INTERVAL: Duration = Duration::from_millis(100);
+const MAX_ETCD_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Longest `[resolver]` duration accepted (timeouts, TTL bounds, hold): one day.
 const MAX_RESOLVER_DURATION: Duration = Duration::from_secs(86_400);
@@ -142,20 +148,68 @@ pub(super) fn discovery(
         1,
         MAX_WEIGHT,
     );
-    let source = match (&d.dns, &d.srv) {
-        (Some(_), Some(srv)) => {
+    let given: Vec<(&str, &Spanned<String>)> =
+        [("dns", &d.dns), ("srv", &d.srv), ("etcd", &d.etcd)]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+            .collect();
+    if let [_, (second, at), ..] = given.as_slice() {
+        ctx.error(
+            start(*at),
+            &sub(key, second),
+            "a discovery has one of `dns`, `srv` or `etcd`",
+        );
+        return None;
+    }
+    if let Some(i) = &d.interval {
+        if d.etcd.is_none() {
             ctx.error(
-                start(srv),
-                &sub(key, "srv"),
-                "a discovery has either `dns` or `srv`, not both",
+                start(i),
+                &sub(key, "interval"),
+                "`interval` is for `etcd` (DNS answers are asked again as their TTL expires)",
             );
-            return None;
         }
-        (None, None) => {
+    }
+    if let Some(etcd) = &d.etcd {
+        if let Some(f) = &d.family {
+            ctx.error(
+                start(f),
+                &sub(key, "family"),
+                "`family` is for DNS names; etcd registrations carry addresses",
+            );
+        }
+        let k = sub(key, "interval");
+        let interval = duration(ctx, d.interval.as_ref(), &k, DEFAULT_ETCD_INTERVAL, false);
+        let interval = match (&d.interval, interval) {
+            (Some(at), i) if !(MIN_ETCD_INTERVAL..=MAX_ETCD_INTERVAL).contains(&i) => {
+                ctx.error(start(at), &k, "between 100ms and 60s");
+                DEFAULT_ETCD_INTERVAL
+            }
+            (_, i) => i,
+        };
+        let url = match crate::url::EtcdUrl::parse(etcd.get_ref()) {
+            Ok(u) => u,
+            Err(e) => {
+                ctx.error(start(etcd), &sub(key, "etcd"), e);
+                return None;
+            }
+        };
+        return Some(Discovery {
+            source: DiscoverySource::Etcd {
+                name: url.name(),
+                url,
+                interval,
+            },
+            family: AddressFamily::Any,
+            weight: u32::try_from(weight).unwrap_or(1),
+        });
+    }
+    let source = match (&d.dns, &d.srv) {
+        (Some(_), Some(_)) | (None, None) => {
             ctx.error(
                 start(raw),
                 key,
-                "discovery needs `dns = \"NAME:PORT\"` (A/AAAA records) or `srv = \"_service._tcp.NAME\"` (SRV records)",
+                "discovery needs `dns = \"NAME:PORT\"` (A/AAAA records), `srv = \"_service._tcp.NAME\"` (SRV records) or `etcd = \"etcd://HOST:PORT/PREFIX\"` (servers registered in etcd)",
             );
             return None;
         }

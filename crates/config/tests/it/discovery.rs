@@ -88,7 +88,7 @@ fn refusals_name_the_key_and_the_value() {
     );
     assert_eq!(
         err(&group("{ dns = \"a:1\", srv = \"_x._tcp.a\" }")),
-        "t.toml:2:34: upstreams.app.discovery.srv: a discovery has either `dns` or `srv`, not both"
+        "t.toml:2:34: upstreams.app.discovery.srv: a discovery has one of `dns`, `srv` or `etcd`"
     );
     assert!(err(&group("{ family = \"any\" }")).starts_with(
         "t.toml:2:13: upstreams.app.discovery: discovery needs `dns = \"NAME:PORT\"`"
@@ -136,5 +136,60 @@ fn refusals_name_the_key_and_the_value() {
     assert_eq!(
         err(&resolver("hold = \"25h\"")),
         "t.toml:2:8: resolver.hold: at most 1 day (\"24h\")"
+    );
+}
+
+#[test]
+fn etcd_prefixes_their_interval_and_refusals() {
+    let group = |d: &str| format!("[upstreams.app]\ndiscovery = {d}\n{ROUTE}");
+    let c = parse(
+        &group("{ etcd = \"etcd://10.0.0.5/services/app\", weight = 2 }"),
+        "t.toml",
+    )
+    .unwrap();
+    let d = c.upstreams[0].discovery.as_ref().unwrap();
+    match &d.source {
+        DiscoverySource::Etcd {
+            url,
+            name,
+            interval,
+        } => {
+            assert_eq!((url.host.as_str(), url.port), ("10.0.0.5", 2379));
+            assert_eq!(url.key, "/services/app");
+            assert_eq!(name, "etcd://10.0.0.5:2379/services/app");
+            assert_eq!(*interval, Duration::from_secs(5));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(d.weight, 2);
+    let c = parse(
+        &group("{ etcd = \"etcd://[::1]:2380/s\", interval = \"250ms\" }"),
+        "t.toml",
+    )
+    .unwrap();
+    assert!(matches!(
+        &c.upstreams[0].discovery.as_ref().unwrap().source,
+        DiscoverySource::Etcd { interval, name, .. }
+            if *interval == Duration::from_millis(250) && name == "etcd://[::1]:2380/s"
+    ));
+    assert_eq!(
+        err(&group("{ etcd = \"http://10.0.0.5/s\" }")),
+        "t.toml:2:22: upstreams.app.discovery.etcd: \"http://10.0.0.5/s\": expected etcd://HOST:PORT/KEY, e.g. etcd://127.0.0.1:2379/portico/config"
+    );
+    assert_eq!(
+        err(&group("{ etcd = \"etcd://e/s\", interval = \"50ms\" }")),
+        "t.toml:2:47: upstreams.app.discovery.interval: between 100ms and 60s"
+    );
+    assert_eq!(
+        err(&group("{ dns = \"a:1\", interval = \"1s\" }")),
+        "t.toml:2:39: upstreams.app.discovery.interval: `interval` is for `etcd` (DNS answers are asked again as their TTL expires)"
+    );
+    assert_eq!(
+        err(&group("{ etcd = \"etcd://e/s\", family = \"ipv4\" }")),
+        "t.toml:2:45: upstreams.app.discovery.family: `family` is for DNS names; etcd registrations carry addresses"
+    );
+    assert_eq!(
+        err(&group("{ srv = \"_x._tcp.a\", etcd = \"etcd://e/s\" }")),
+        "t.toml:2:41: upstreams.app.discovery.etcd: a discovery has one of `dns`, `srv` or `etcd`"
     );
 }

@@ -394,6 +394,13 @@ pub fn handle(control: &Control, token: Option<&str>, req: &Request) -> Response
             Response::json(200, &json!({ "certificates": acme_json() }))
         }
         ("POST", ["api", "acme", "renew"]) => acme_renew(req),
+        ("GET" | "HEAD", ["api", "fleet"]) => match control.fleet_view() {
+            Some(view) => Response::json(200, &view),
+            None => Response::error(
+                404,
+                "no fleet: this instance's configuration does not come from etcd",
+            ),
+        },
         ("GET" | "HEAD", ["api", "discovery"]) => {
             Response::json(200, &json!({ "groups": discovery_json(control) }))
         }
@@ -898,6 +905,7 @@ pub fn status(control: &Control) -> Value {
         "cache": shared.cache.as_deref().map(cache_json),
         "acme": acme_json(),
         "discovery": discovery_json(control),
+        "fleet": control.fleet_view(),
     })
 }
 
@@ -930,6 +938,7 @@ fn discovery_json(control: &Control) -> Value {
                 "ok_total": s.ok_total,
                 "gone_total": s.gone_total,
                 "failed_total": s.failed_total,
+                "skipped": s.skipped,
             })
         })
         .collect();
@@ -1018,6 +1027,7 @@ pub fn metrics(control: &Control) -> String {
     }
     acme_metrics(&mut e);
     discovery_metrics(&mut e, control);
+    fleet_view_metrics(&mut e, control);
     if let Some(f) = &shared.fleet {
         fleet_metrics(&mut e, f);
     }
@@ -1067,6 +1077,31 @@ fn fleet_metrics(e: &mut Exposition, f: &crate::resilience::fleet::Fleet) {
     e.sample("portico_fleet_keys", &[], f.keys() as f64);
 }
 
+/// The fleet as the etcd follower last read it: instances, and those not running the key's
+/// revision.
+fn fleet_view_metrics(e: &mut Exposition, control: &Control) {
+    let Some(view) = control.fleet_view() else {
+        return;
+    };
+    let n = |f: &str| view[f].as_u64().unwrap_or(0) as f64;
+    e.family(
+        "portico_fleet_instances",
+        "gauge",
+        "Instances with a status key under the etcd configuration key, as last read (every 5 s).",
+    );
+    e.sample("portico_fleet_instances", &[], n("instances"));
+    e.family(
+        "portico_fleet_instances_skewed",
+        "gauge",
+        "Of those, instances not running the key's revision (behind, or refusing it).",
+    );
+    e.sample(
+        "portico_fleet_instances_skewed",
+        &[],
+        n("not_running_revision"),
+    );
+}
+
 /// Per discovering group: servers found, lookups by result, the last successful lookup.
 fn discovery_metrics(e: &mut Exposition, control: &Control) {
     let all = control.discovery_status.snapshot();
@@ -1086,7 +1121,7 @@ fn discovery_metrics(e: &mut Exposition, control: &Control) {
     e.family(
         name,
         "counter",
-        "DNS lookups of the group's discovery, by result: ok, gone (NXDOMAIN or no records), failed (no answer, SERVFAIL).",
+        "Lookups of the group's discovery (DNS queries, etcd reads), by result: ok, gone (NXDOMAIN, no records, nothing registered), failed (no answer, SERVFAIL, etcd unreachable).",
     );
     for (group, s) in &all {
         for (result, n) in [

@@ -397,3 +397,49 @@ servers = ["{}"]
     assert_eq!(total("data-cache=\"stored\""), 1);
     assert!(dom.contains("66.7%"), "hit ratio missing:\n{dom}");
 }
+
+#[test]
+#[ignore = "needs chromium; scripts/test.sh runs it"]
+fn dashboard_shows_the_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = portico_testkit::etcd::Etcd::start(dir.path());
+    // an instance that stopped following, at an old revision
+    etcd.put(
+        "/fleet/config/status/ghost",
+        r#"{"instance":"ghost","version":"0.1.0","revision":1,"ok":true,"requests":7,"uptime_seconds":90}"#,
+        None,
+    );
+    let two = crate::etcd_fleet::fleet_of_two(&etcd, dir.path());
+    let admin = two[1].admin_addr().unwrap();
+    // b reads the fleet after it wrote its own status, a's already there
+    eventually("b to see the whole fleet", || {
+        status_json(admin)["fleet"]["instances"] == 3
+    });
+    let dom = dump_dom(&format!("http://{admin}/"), 2500);
+    let ghost = row_text(&dom, "data-instance=\"ghost\"");
+    assert_eq!(ghost, "ghost 0.1.0 1 behind - 7 1m 30s", "{ghost}");
+    let b = row_text(&dom, "data-instance=\"b\"");
+    assert!(
+        b.starts_with(&format!("b {} ", env!("CARGO_PKG_VERSION"))),
+        "{b}"
+    );
+    assert!(b.contains(" current "), "{b}");
+    assert!(dom.contains(&etcd.url("/fleet/config")), "the key is shown");
+    let skew = dom.split("id=\"fleet-skew\"").nth(1).unwrap_or("");
+    assert!(
+        skew.starts_with(" class=\"err\">1<"),
+        "one instance not current: {skew:.40}"
+    );
+}
+
+fn status_json(admin: SocketAddr) -> serde_json::Value {
+    let mut a = std::net::TcpStream::connect(admin).unwrap();
+    std::io::Write::write_all(
+        &mut a,
+        b"GET /api/status HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut a, &mut answer).unwrap();
+    serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap()
+}

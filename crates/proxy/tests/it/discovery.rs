@@ -411,3 +411,143 @@ fn a_resolver_change_keeps_the_servers_found_while_the_name_servers_do_not_answe
     }
     p.shutdown();
 }
+
+/// Servers registered under an etcd prefix (a real etcd): each registration joins the group,
+/// one whose lease ends leaves it, the servers that stay keep their pools, a value that is no
+/// address is left out and shown, etcd gone keeps the servers, an empty prefix is held, then
+/// the group has none.
+#[test]
+fn servers_registered_in_etcd_come_and_go_with_their_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = portico_testkit::etcd::Etcd::start(dir.path());
+    let one = TestUpstream::start(|_| Reply::ok("one"));
+    let two = TestUpstream::start(|_| Reply::ok("two"));
+    let lease = etcd.grant(60);
+    etcd.put("/svc/app/one", &one.addr.to_string(), Some(lease));
+    // a key beside the prefix is not under it
+    etcd.put("/svc/apple/x", &two.addr.to_string(), None);
+    let toml = format!(
+        r#"
+[admin]
+address = "127.0.0.1:0"
+
+[resolver]
+hold = "500ms"
+
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+proxy = "app"
+
+[upstreams.app]
+discovery = {{ etcd = "{}", interval = "100ms" }}
+"#,
+        etcd.url("/svc/app")
+    );
+    let p = start_toml(&toml, 1);
+    let admin = p.admin_addr().unwrap();
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    // Read before the configuration was applied: the first request has its server.
+    assert_eq!(get(&mut c), (200, "one".into()));
+    assert!((0..4).all(|_| get(&mut c).1 == "one"));
+
+    etcd.put(
+        "/svc/app/two",
+        &format!(r#"{{"address": "{}", "weight": 3}}"#, two.addr),
+        None,
+    );
+    etcd.put("/svc/app/bad", "not an address", None);
+    wait_for("the second registration to take requests", || {
+        (get(&mut c).1 == "two").then_some(())
+    });
+    let d = wait_for("the left-out registration in the admin API", || {
+        let d = admin_get(admin, "/api/discovery");
+        d.contains("/svc/app/bad: ").then_some(d)
+    });
+    let v: serde_json::Value = serde_json::from_str(&d).unwrap();
+    assert_eq!(v["groups"][0]["kind"], "etcd");
+    let servers = v["groups"][0]["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 2, "{d}");
+    let weight_of = |a: SocketAddr| {
+        servers
+            .iter()
+            .find(|s| s["address"] == a.to_string())
+            .map(|s| s["weight"].clone())
+    };
+    assert_eq!(weight_of(two.addr), Some(3.into()));
+    assert_eq!(weight_of(one.addr), Some(1.into()));
+
+    // The first server's lease ends: it leaves, and the second keeps its pooled connection.
+    etcd.revoke(lease);
+    wait_for("the first server to leave", || {
+        let n = one.requests().len();
+        let all_two = (0..4).all(|_| get(&mut c).1 == "two");
+        (all_two && one.requests().len() == n).then_some(())
+    });
+    assert_eq!(
+        two.connection_count(),
+        1,
+        "the pool of a server that stayed"
+    );
+
+    // etcd gone: the servers found last stay.
+    etcd.stop();
+    wait_for("the failed read in the admin API", || {
+        let v: serde_json::Value =
+            serde_json::from_str(&admin_get(admin, "/api/discovery")).unwrap();
+        let last = v["groups"][0]["last_result"].as_str().unwrap_or("");
+        last.starts_with("failed: etcd").then_some(())
+    });
+    assert_eq!(get(&mut c), (200, "two".into()));
+
+    // Back, and every registration gone: held for the resolver's hold, then no server.
+    etcd.restart();
+    etcd.delete("/svc/app/two");
+    etcd.delete("/svc/app/bad");
+    let gone = Instant::now();
+    wait_for("the group to have no server", || {
+        (get(&mut c).0 != 200).then_some(())
+    });
+    assert!(
+        gone.elapsed() >= std::time::Duration::from_millis(400),
+        "held for the hold: {:?}",
+        gone.elapsed()
+    );
+    let d = admin_get(admin, "/api/discovery");
+    assert!(d.contains("no server registered"), "{d}");
+}
+
+/// A registration arrives by the prefix's watch, long before the next read.
+#[test]
+fn an_etcd_registration_arrives_by_watch() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = portico_testkit::etcd::Etcd::start(dir.path());
+    let one = TestUpstream::start(|_| Reply::ok("one"));
+    let two = TestUpstream::start(|_| Reply::ok("two"));
+    etcd.put("/w/app/one", &one.addr.to_string(), None);
+    let toml = format!(
+        "[[listeners]]\nname = \"p\"\naddress = \"127.0.0.1:0\"\n[[listeners.routes]]\nproxy = \"app\"\n[upstreams.app]\ndiscovery = {{ etcd = \"{}\", interval = \"60s\" }}\n",
+        etcd.url("/w/app")
+    );
+    let p = start_toml(&toml, 1);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c), (200, "one".into()));
+    let put = Instant::now();
+    etcd.put("/w/app/two", &two.addr.to_string(), None);
+    // the next read would be a minute away: only the watch can bring it within the wait
+    wait_for("the second registration by watch", || {
+        (get(&mut c).1 == "two").then_some(())
+    });
+    eprintln!(
+        "etcd discovery: a registration took requests {:?} after its write",
+        put.elapsed()
+    );
+    etcd.delete("/w/app/one");
+    wait_for("the first server to leave by watch", || {
+        let n = one.requests().len();
+        let all_two = (0..4).all(|_| get(&mut c).1 == "two");
+        (all_two && one.requests().len() == n).then_some(())
+    });
+}

@@ -11,6 +11,7 @@ mod cors;
 mod dashboard;
 mod discovery;
 mod early_hints;
+mod etcd_fleet;
 mod fleet;
 mod h2;
 mod h2_interim;
