@@ -39,6 +39,8 @@ enum Command {
         config_source: Option<String>,
         #[command(flatten)]
         fleet: FleetFlags,
+        #[command(flatten)]
+        etcd: EtcdFlags,
         /// Worker threads (default: the config's `workers`, else the number of cores).
         #[arg(long, short)]
         workers: Option<usize>,
@@ -156,9 +158,10 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
             log,
             upgrade_from,
             fleet,
+            etcd,
             ..
         } => {
-            let key = match portico_proxy::etcd::EtcdKey::parse(&url) {
+            let key = match portico_proxy::etcd::EtcdKey::open(&url, &etcd.settings()) {
                 Ok(k) => k,
                 Err(e) => return fail(&e),
             };
@@ -216,6 +219,9 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 run(cfg, workers, source, l, from, Some(follow))
             })
         }
+        Command::Run { etcd, .. } if etcd.given() => {
+            fail("the --etcd-* flags go with --config-source")
+        }
         Command::Run {
             config,
             workers,
@@ -233,8 +239,8 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
             }),
             Err(msg) => fail(&msg),
         },
-        Command::Fleet(FleetCommand::Status { from, json }) => {
-            let key = match portico_proxy::etcd::EtcdKey::parse(&from) {
+        Command::Fleet(FleetCommand::Status { from, json, etcd }) => {
+            let key = match portico_proxy::etcd::EtcdKey::open(&from, &etcd.settings()) {
                 Ok(k) => k,
                 Err(e) => return fail(&e),
             };
@@ -249,8 +255,8 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
-        Command::Config(ConfigCommand::Push { file, to }) => {
-            let key = match portico_proxy::etcd::EtcdKey::parse(&to) {
+        Command::Config(ConfigCommand::Push { file, to, etcd }) => {
+            let key = match portico_proxy::etcd::EtcdKey::open(&to, &etcd.settings()) {
                 Ok(k) => k,
                 Err(e) => return fail(&e),
             };
@@ -549,6 +555,8 @@ enum FleetCommand {
         /// The fleet as JSON (as the admin API's `/api/fleet` gives it) instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        etcd: EtcdFlags,
     },
 }
 
@@ -558,10 +566,54 @@ enum ConfigCommand {
     Push {
         /// TOML configuration file.
         file: PathBuf,
-        /// `etcd://HOST:PORT/KEY`.
+        /// `etcd://HOST:PORT/KEY` (`etcds://` for TLS).
         #[arg(long, value_name = "URL")]
         to: String,
+        #[command(flatten)]
+        etcd: EtcdFlags,
     },
+}
+
+/// How etcd is reached: TLS for `etcds://` URLs, and an etcd user.
+#[derive(clap::Args)]
+struct EtcdFlags {
+    /// etcds://: the PEM CA certificates etcd's certificate must chain to (default: the
+    /// system's roots).
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// etcds://: a client certificate (PEM) for etcd's --client-cert-auth, with --etcd-key.
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// The etcd user to authenticate as (etcd's `auth enable`), with --etcd-password-file.
+    #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+    etcd_user: Option<String>,
+    /// The file holding that user's password (a trailing newline is ignored).
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdFlags {
+    fn settings(&self) -> portico_config::EtcdClient {
+        portico_config::EtcdClient {
+            ca_file: self.etcd_ca.clone(),
+            certificate: match (&self.etcd_cert, &self.etcd_key) {
+                (Some(cert), Some(key)) => Some(portico_config::CertificateFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                _ => None,
+            },
+            username: self.etcd_user.clone(),
+            password_file: self.etcd_password_file.clone(),
+        }
+    }
+
+    fn given(&self) -> bool {
+        self.settings() != portico_config::EtcdClient::default()
+    }
 }
 
 fn duration_flag(text: &str) -> Result<std::time::Duration, String> {

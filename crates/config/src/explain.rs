@@ -1008,9 +1008,18 @@ fn discovery_summary(d: &crate::model::Discovery, r: &crate::model::Resolver) ->
         DiscoverySource::Srv { name } => format!(
             "SRV records of {name} (lowest priority present; ports and weights from the records; targets' {family})"
         ),
-        DiscoverySource::Etcd { name, interval, .. } => {
+        DiscoverySource::Etcd {
+            name,
+            interval,
+            client,
+            ..
+        } => {
+            let user = client
+                .username
+                .as_ref()
+                .map_or(String::new(), |u| format!(" as etcd user {u}"));
             return format!(
-                "servers registered under {name}/ (weight {} unless a registration gives one), watched, and read at each change and every {}; kept {} after the last one is gone, and while etcd does not answer",
+                "servers registered under {name}/{user} (weight {} unless a registration gives one), watched, and read at each change and every {}; kept {} after the last one is gone, and while etcd does not answer",
                 d.weight,
                 format_duration(*interval),
                 format_duration(r.hold)

@@ -35,6 +35,8 @@ pub struct Config {
     pub resolver: Resolver,
     /// What instances of a fleet share (`[fleet]`); None = this instance shares nothing.
     pub fleet: Option<Fleet>,
+    /// How etcd is reached for groups' `discovery = { etcd = ... }` (`[etcd]`: TLS, user).
+    pub etcd: EtcdClient,
 }
 
 /// What the instances of a fleet share (`[fleet]`): fleet-scoped rate limits counted in Redis.
@@ -80,6 +82,26 @@ pub enum FleetFallback {
     Local,
     /// Every request of a fleet-limited route is refused (429).
     Closed,
+}
+
+/// How Portico reaches etcd (`[etcd]`, or the `--etcd-*` flags for the configuration source):
+/// the CA and client certificate of `etcds://` URLs, and the etcd user it authenticates as.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct EtcdClient {
+    /// PEM CA certificates the server's certificate must chain to; None = the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and its key (etcd's `--client-cert-auth`).
+    pub certificate: Option<CertificateFiles>,
+    /// The etcd user (etcd's `auth enable`), with the password in `password_file`.
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+impl EtcdClient {
+    /// Whether anything here asks for TLS (a CA or a client certificate).
+    pub fn has_tls(&self) -> bool {
+        self.ca_file.is_some() || self.certificate.is_some()
+    }
 }
 
 /// How the names of upstream groups' `discovery` are resolved (`[resolver]`).
@@ -144,6 +166,8 @@ pub enum DiscoverySource {
         url: crate::url::EtcdUrl,
         name: String,
         interval: Duration,
+        /// The `[etcd]` table's settings.
+        client: EtcdClient,
     },
 }
 

@@ -25,6 +25,7 @@ pub(crate) struct RawConfig {
     pub upstreams: Option<Entries<RawUpstream>>,
     pub resolver: Option<Spanned<RawResolver>>,
     pub fleet: Option<Spanned<RawFleet>>,
+    pub etcd: Option<Spanned<RawEtcd>>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -45,6 +46,15 @@ pub(crate) struct RawResolver {
     pub min_ttl: Option<Spanned<Scalar>>,
     pub max_ttl: Option<Spanned<Scalar>>,
     pub hold: Option<Spanned<Scalar>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an etcd table")]
+pub(crate) struct RawEtcd {
+    pub ca_file: Option<Spanned<String>>,
+    pub certificate: Option<RawCertificate>,
+    pub username: Option<Spanned<String>>,
+    pub password_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -1,4 +1,4 @@
-//! `http://` and `https://` URLs as blocking fetches need them (scheme, host, port, target), and `etcd://` keys.
+//! `http://` and `https://` URLs as blocking fetches need them (scheme, host, port, target), and `etcd://` and `etcds://` keys.
 
 /// An `http` or `https` URL, in the parts a blocking fetch needs (JWK sets, the OTLP endpoint).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,24 +84,30 @@ impl HttpUrl {
     }
 }
 
-/// A key in etcd: `etcd://HOST[:PORT]/KEY`, port 2379 unless given; the key is the path, its
-/// leading `/` included (the configuration document, or a prefix under which servers register).
+/// A key in etcd: `etcd://HOST[:PORT]/KEY` (`etcds://` for TLS), port 2379 unless given; the
+/// key is the path, its leading `/` included (the configuration document, or a prefix under
+/// which servers register).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EtcdUrl {
+    /// `etcds://`: TLS to etcd.
+    pub tls: bool,
     pub host: String,
     pub port: u16,
     pub key: String,
 }
 
 impl EtcdUrl {
-    /// `etcd://HOST[:PORT]/KEY`.
+    /// `etcd://HOST[:PORT]/KEY`, or `etcds://` for TLS.
     pub fn parse(text: &str) -> Result<EtcdUrl, String> {
-        let usage = "expected etcd://HOST:PORT/KEY, e.g. etcd://127.0.0.1:2379/portico/config";
-        let rest = text
-            .strip_prefix("etcd://")
-            .ok_or_else(|| format!("{text:?}: {usage}"))?;
+        let usage = "expected etcd://HOST:PORT/KEY (etcds:// for TLS), e.g. etcd://127.0.0.1:2379/portico/config";
+        let (tls, rest) = match (text.strip_prefix("etcd://"), text.strip_prefix("etcds://")) {
+            (Some(rest), _) => (false, rest),
+            (None, Some(rest)) => (true, rest),
+            (None, None) => return Err(format!("{text:?}: {usage}")),
+        };
         let (authority, key) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
+            // `/services/app/` is `/services/app` (its keys are under `/services/app/`)
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => return Err(format!("{text:?} names no key: {usage}")),
         };
         if key.len() < 2 {
@@ -119,17 +125,19 @@ impl EtcdUrl {
         let url = HttpUrl::parse(&format!("http://{authority}/"))
             .map_err(|e| format!("{text:?}: {e}; {usage}"))?;
         Ok(EtcdUrl {
+            tls,
             host: url.host,
             port: url.port,
             key: key.to_string(),
         })
     }
 
-    /// `etcd://HOST:PORT/KEY`, the port always written.
+    /// `etcd://HOST:PORT/KEY` (`etcds://`), the port always written.
     pub fn name(&self) -> String {
+        let scheme = if self.tls { "etcds" } else { "etcd" };
         match self.host.contains(':') {
-            true => format!("etcd://[{}]:{}{}", self.host, self.port, self.key),
-            false => format!("etcd://{}:{}{}", self.host, self.port, self.key),
+            true => format!("{scheme}://[{}]:{}{}", self.host, self.port, self.key),
+            false => format!("{scheme}://{}:{}{}", self.host, self.port, self.key),
         }
     }
 }

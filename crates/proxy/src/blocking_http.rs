@@ -2,7 +2,9 @@
 
 use portico_config::HttpUrl;
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_rustls::rustls::ClientConfig;
 
 /// A response: its status and body (to `Content-Length` when the head gives one).
 #[derive(Debug)]
@@ -21,6 +23,20 @@ pub(crate) fn request_bounded(
     timeout: Duration,
     max_body: usize,
 ) -> Result<Answer, String> {
+    request_bounded_with(url, method, headers, body, timeout, max_body, None)
+}
+
+/// [`request_bounded`], over TLS with `tls` (a CA, a client certificate) for an `https` URL
+/// when given, else against the system's roots.
+pub(crate) fn request_bounded_with(
+    url: HttpUrl,
+    method: &'static str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+    timeout: Duration,
+    max_body: usize,
+    tls: Option<Arc<ClientConfig>>,
+) -> Result<Answer, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let host = url.host.clone();
     let headers: Vec<(String, String)> = headers
@@ -34,7 +50,15 @@ pub(crate) fn request_bounded(
                 .iter()
                 .map(|(n, v)| (n.as_str(), v.as_str()))
                 .collect();
-            let _ = tx.send(request(&url, method, &headers, &body, timeout, max_body));
+            let _ = tx.send(request_with(
+                &url,
+                method,
+                &headers,
+                &body,
+                timeout,
+                max_body,
+                tls.as_ref(),
+            ));
         })
         .map_err(|e| format!("cannot start a fetch thread: {e}"))?;
     rx.recv_timeout(timeout + Duration::from_secs(1))
@@ -51,6 +75,19 @@ pub(crate) fn request(
     body: &[u8],
     timeout: Duration,
     max_body: usize,
+) -> Result<Answer, String> {
+    request_with(url, method, headers, body, timeout, max_body, None)
+}
+
+/// [`request`], with `tls` for an `https` URL when given.
+fn request_with(
+    url: &HttpUrl,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+    max_body: usize,
+    tls: Option<&Arc<ClientConfig>>,
 ) -> Result<Answer, String> {
     use std::net::ToSocketAddrs;
     let deadline = Instant::now() + timeout;
@@ -106,7 +143,10 @@ pub(crate) fn request(
     let io = |e: std::io::Error| format!("{}: {e}", url.host);
     let limit = max_body + 16 * 1024;
     if url.https {
-        let mut conn = tls_client(&url.host)?;
+        let mut conn = match tls {
+            Some(config) => tls_session(config.clone(), &url.host)?,
+            None => tls_client(&url.host)?,
+        };
         let mut tcp = tcp;
         let mut s = tokio_rustls::rustls::Stream::new(&mut conn, &mut tcp);
         s.write_all(&wire).map_err(io)?;
@@ -154,6 +194,16 @@ fn complete(answer: &[u8]) -> bool {
             .then(|| value.trim().parse::<usize>().ok())?
     });
     length.is_some_and(|n| answer.len() >= end + 4 + n)
+}
+
+/// A TLS client session to `host` with `config`.
+pub(crate) fn tls_session(
+    config: Arc<ClientConfig>,
+    host: &str,
+) -> Result<tokio_rustls::rustls::ClientConnection, String> {
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host}: {e}"))?;
+    tokio_rustls::rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())
 }
 
 /// A TLS client session to `host`, verified against the system's roots.

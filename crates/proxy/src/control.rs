@@ -668,9 +668,15 @@ impl Control {
                         // Other TTL bounds or hold: a new task, from the servers found.
                         f.resolver = r.clone();
                         f.id = crate::discovery::next_id();
-                        f.first =
-                            crate::discovery::Outcome::Found(f.servers.clone(), Duration::ZERO)
-                                .into();
+                        // its watch from the revision read first (a change since is read
+                        // at once)
+                        f.first = crate::discovery::Asked {
+                            outcome: crate::discovery::Outcome::Found(
+                                f.servers.clone(),
+                                Duration::ZERO,
+                            ),
+                            ..f.first.clone()
+                        };
                         f.at = Instant::now();
                     }
                     out.insert(g.name.clone(), f);
@@ -1063,6 +1069,7 @@ impl Control {
                 workers: None,
                 resolver: Default::default(),
                 fleet: None,
+                etcd: Default::default(),
             }),
             listeners: Vec::new(),
             upstreams: Vec::new(),

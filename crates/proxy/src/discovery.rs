@@ -1,11 +1,12 @@
 //! Upstream groups' `discovery`: DNS names (A/AAAA, SRV) asked again as their TTL expires and etcd prefixes read on an interval, on a thread of their own, each change of a group's servers handed to the control plane.
 
+use crate::etcd::EtcdKey;
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts,
 };
 use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::TokioResolver;
-use portico_config::{AddressFamily, Discovery, DiscoverySource, EtcdUrl, Resolver, Server};
+use portico_config::{AddressFamily, Discovery, DiscoverySource, Resolver, Server};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -275,7 +276,7 @@ pub(crate) fn registered(entries: &[(String, String)], weight: u32) -> (Vec<Serv
         match parsed {
             Ok(s) if servers.iter().any(|o| o.address == s.address) => {}
             Ok(s) => servers.push(s),
-            Err(why) => skipped.push(format!("{key}: {why}")),
+            Err(why) => skipped.push(format!("{}: {why}", short(key))),
         }
     }
     servers.sort_by_key(|s| s.address);
@@ -284,6 +285,13 @@ pub(crate) fn registered(entries: &[(String, String)], weight: u32) -> (Vec<Serv
 
 /// One registration's value as a server.
 fn registration(value: &str, weight: u32) -> Result<Server, String> {
+    // What is said about a value is kept short (logs, the admin API).
+    if value.len() > 256 {
+        return Err(format!(
+            "a value of {} bytes, not an address or {{\"address\", \"weight\"}}",
+            value.len()
+        ));
+    }
     let (address, weight) = match value.starts_with('{') {
         false => (value.to_string(), weight),
         true => {
@@ -335,10 +343,19 @@ impl From<Outcome> for Asked {
     }
 }
 
+/// The etcd prefix of an etcd discovery, reached as its `[etcd]` settings say (their files
+/// read now); None for a DNS discovery.
+fn etcd_key(d: &Discovery) -> Option<Result<EtcdKey, String>> {
+    match &d.source {
+        DiscoverySource::Etcd { url, client, .. } => Some(EtcdKey::new(url.clone(), client)),
+        _ => None,
+    }
+}
+
 /// One read of the registrations under an etcd prefix (on a blocking thread: the client is
 /// blocking, bounded by its own timeout).
-async fn etcd_lookup(url: &EtcdUrl, weight: u32, interval: Duration) -> Asked {
-    let key = crate::etcd::EtcdKey::from(url.clone());
+async fn etcd_lookup(key: &EtcdKey, weight: u32, interval: Duration) -> Asked {
+    let key = key.clone();
     let read = tokio::task::spawn_blocking(move || key.list_at()).await;
     let (entries, revision) = match read {
         Ok(Ok(e)) => e,
@@ -363,12 +380,12 @@ async fn etcd_lookup(url: &EtcdUrl, weight: u32, interval: Duration) -> Asked {
 /// Sleep until `next`; for an etcd prefix read at `revision`, a watch of the prefix ends the
 /// wait early at its first change (on a blocking thread; when no watch can be had, the wait
 /// goes on to `next`).
-async fn wait_until(d: &Discovery, revision: Option<i64>, next: Instant) {
-    let (DiscoverySource::Etcd { url, .. }, Some(revision)) = (&d.source, revision) else {
+async fn wait_until(etcd: Option<&EtcdKey>, revision: Option<i64>, next: Instant) {
+    let (Some(key), Some(revision)) = (etcd, revision) else {
         tokio::time::sleep_until(next.into()).await;
         return;
     };
-    let key = crate::etcd::EtcdKey::from(url.clone());
+    let key = key.clone();
     let wait = next.saturating_duration_since(Instant::now());
     let watched =
         tokio::task::spawn_blocking(move || key.changed_since(revision, true, wait)).await;
@@ -377,11 +394,22 @@ async fn wait_until(d: &Discovery, revision: Option<i64>, next: Instant) {
     }
 }
 
-/// One lookup of a discovery: an etcd prefix read, or a DNS name asked through `r` (a resolver
-/// made for it when None), bounded by the resolver's two attempts.
-async fn ask(r: Option<&TokioResolver>, settings: &Resolver, d: &Discovery) -> Asked {
-    if let DiscoverySource::Etcd { url, interval, .. } = &d.source {
-        return etcd_lookup(url, d.weight, *interval).await;
+/// One lookup of a discovery: an etcd prefix read (through `etcd`, or a client made for it
+/// when None), or a DNS name asked through `r` (a resolver made for it when None), bounded by
+/// the resolver's two attempts.
+async fn ask(
+    r: Option<&TokioResolver>,
+    etcd: Option<&EtcdKey>,
+    settings: &Resolver,
+    d: &Discovery,
+) -> Asked {
+    if let DiscoverySource::Etcd { interval, .. } = &d.source {
+        return match (etcd, etcd_key(d)) {
+            (Some(key), _) => etcd_lookup(key, d.weight, *interval).await,
+            (None, Some(Ok(key))) => etcd_lookup(&key, d.weight, *interval).await,
+            (None, Some(Err(e))) => Outcome::Failed(e).into(),
+            (None, None) => Outcome::Failed("not an etcd discovery".into()).into(),
+        };
     }
     let made;
     let r = match r {
@@ -627,7 +655,7 @@ pub(crate) fn resolve_now(asks: &[(String, Discovery, Resolver)]) -> Vec<Found> 
                 let mut set = tokio::task::JoinSet::new();
                 for (i, (_, d, r)) in asks.iter().enumerate() {
                     let (d, r) = (d.clone(), r.clone());
-                    set.spawn(async move { (i, ask(None, &r, &d).await) });
+                    set.spawn(async move { (i, ask(None, None, &r, &d).await) });
                 }
                 let mut out: Vec<Asked> =
                     vec![Outcome::Failed("not asked".into()).into(); asks.len()];
@@ -764,17 +792,27 @@ async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
             }
         },
     };
+    // An etcd client that cannot be made (a CA file unreadable) is tried again at each read.
+    let etcd = etcd_key(&spec).and_then(|k| {
+        k.map_err(|e| tracing::error!(upstream = group.as_str(), "discovery: {e}"))
+            .ok()
+    });
     let mut left_out = found.first.skipped.clone();
     let mut revision = found.first.revision;
     loop {
         status.record_next(&group, next);
-        wait_until(&spec, revision, next).await;
+        wait_until(etcd.as_ref(), revision, next).await;
         let Asked {
             outcome,
             skipped,
             revision: read_at,
-        } = ask(r.as_ref(), &found.resolver, &spec).await;
-        revision = read_at.or(revision);
+        } = ask(r.as_ref(), etcd.as_ref(), &found.resolver, &spec).await;
+        // After a failed read no watch (it would start from a revision whose change is still
+        // unread, and end at once): the backoff holds.
+        revision = match outcome {
+            Outcome::Failed(_) => None,
+            _ => read_at.or(revision),
+        };
         let now = Instant::now();
         let (change, at) = tracker.on(&outcome, now);
         next = at;
@@ -942,9 +980,10 @@ mod tests {
     fn an_etcd_prefix_is_read_on_its_interval() {
         let d = Discovery {
             source: DiscoverySource::Etcd {
-                url: EtcdUrl::parse("etcd://e/s").unwrap(),
+                url: portico_config::EtcdUrl::parse("etcd://e/s").unwrap(),
                 name: "etcd://e:2379/s".into(),
                 interval: Duration::from_millis(200),
+                client: Default::default(),
             },
             family: AddressFamily::Any,
             weight: 1,

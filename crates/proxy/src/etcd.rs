@@ -2,21 +2,86 @@
 
 use crate::control::Control;
 use base64::Engine;
-use portico_config::{EtcdUrl, HttpUrl};
+use portico_config::{EtcdClient, EtcdUrl, HttpUrl};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_rustls::rustls::ClientConfig;
 
 /// How long one request to etcd may take.
 const TIMEOUT: Duration = Duration::from_secs(3);
 /// Largest document accepted (etcd's own default request limit is 1.5 MiB).
 const MAX_DOCUMENT: usize = 2 * 1024 * 1024;
 
-/// A key in etcd: `etcd://HOST:PORT/KEY` (the key is the path, its leading `/` included).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A key in etcd: `etcd://HOST:PORT/KEY` (the key is the path, its leading `/` included), and
+/// how it is reached.
+#[derive(Debug, Clone)]
 pub struct EtcdKey {
     url: EtcdUrl,
     pub key: String,
+    client: Arc<Client>,
+}
+
+/// How this process talks to one etcd server: TLS for `etcds://` (the CA, a client
+/// certificate), and the user it authenticates as, with the token etcd last gave it.
+struct Client {
+    tls: Option<Arc<ClientConfig>>,
+    auth: Option<Auth>,
+}
+
+struct Auth {
+    user: String,
+    password: String,
+    token: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("tls", &self.tls.is_some())
+            .field("user", &self.auth.as_ref().map(|a| &a.user))
+            .finish()
+    }
+}
+
+impl Client {
+    fn new(url: &EtcdUrl, settings: &EtcdClient) -> Result<Client, String> {
+        let tls = match url.tls {
+            false => None,
+            true => {
+                let o = portico_tls::client_config(
+                    &portico_config::UpstreamTls {
+                        ca_file: settings.ca_file.clone(),
+                        server_name: Some(url.host.clone()),
+                        certificate: settings.certificate.clone(),
+                        verify: true,
+                        versions: vec![
+                            portico_config::TlsVersion::Tls12,
+                            portico_config::TlsVersion::Tls13,
+                        ],
+                        session_cache: 0,
+                    },
+                    &portico_tls::ClientSessions::new(0),
+                )
+                .map_err(|e| format!("TLS to etcd {}: {e}", url.host))?;
+                Some(o.config)
+            }
+        };
+        let auth = match (&settings.username, &settings.password_file) {
+            (Some(user), Some(file)) => {
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    format!("cannot read the etcd password from {}: {e}", file.display())
+                })?;
+                Some(Auth {
+                    user: user.clone(),
+                    password: text.trim_end_matches(['\r', '\n']).to_string(),
+                    token: Mutex::new(None),
+                })
+            }
+            _ => None,
+        };
+        Ok(Client { tls, auth })
+    }
 }
 
 /// A document read from etcd, and the revision that last changed it.
@@ -26,10 +91,45 @@ pub struct Document {
     pub revision: i64,
 }
 
+/// Why a call failed: etcd refused the token (a new one may do), or anything else.
+enum Failure {
+    Auth(String),
+    Other(String),
+}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        match f {
+            Failure::Auth(e) | Failure::Other(e) => e,
+        }
+    }
+}
+
 impl EtcdKey {
-    /// `etcd://HOST[:PORT]/KEY`, port 2379 unless given.
+    /// `etcd://HOST[:PORT]/KEY` (`etcds://` for TLS), port 2379 unless given, reached without a
+    /// CA, client certificate or user of its own.
     pub fn parse(text: &str) -> Result<EtcdKey, String> {
-        EtcdUrl::parse(text).map(EtcdKey::from)
+        EtcdKey::open(text, &EtcdClient::default())
+    }
+
+    /// `etcd://HOST[:PORT]/KEY`, reached as `settings` say (the files are read now).
+    pub fn open(text: &str, settings: &EtcdClient) -> Result<EtcdKey, String> {
+        let url = EtcdUrl::parse(text)?;
+        if settings.has_tls() && !url.tls {
+            return Err(format!(
+                "{text:?}: a CA or a client certificate is for TLS: write etcds://"
+            ));
+        }
+        EtcdKey::new(url, settings)
+    }
+
+    /// The key of `url`, reached as `settings` say (the files are read now).
+    pub fn new(url: EtcdUrl, settings: &EtcdClient) -> Result<EtcdKey, String> {
+        Ok(EtcdKey {
+            client: Arc::new(Client::new(&url, settings)?),
+            key: url.key.clone(),
+            url,
+        })
     }
 
     /// The name documents from this key carry in error messages (`etcd://HOST:PORT/KEY`).
@@ -41,59 +141,123 @@ impl EtcdKey {
         .name()
     }
 
-    /// This key with another key path (on the same server).
+    /// This key with another key path (on the same server, reached the same way).
     pub fn sibling(&self, key: String) -> EtcdKey {
         EtcdKey {
             key,
             url: self.url.clone(),
+            client: self.client.clone(),
         }
     }
 
+    /// The token to send (None without a user): the one etcd gave, or a new one when there is
+    /// none yet or `renew`.
+    fn token(&self, renew: bool) -> Result<Option<String>, String> {
+        let Some(auth) = &self.client.auth else {
+            return Ok(None);
+        };
+        let mut token = auth.token.lock().unwrap_or_else(|e| e.into_inner());
+        if let (false, Some(t)) = (renew, token.as_ref()) {
+            return Ok(Some(t.clone()));
+        }
+        *token = None;
+        let body = serde_json::json!({ "name": auth.user, "password": auth.password });
+        let v = self
+            .post("/v3/auth/authenticate", &body.to_string(), None)
+            .map_err(|e| {
+                format!(
+                    "etcd: cannot authenticate as {}: {}",
+                    auth.user,
+                    String::from(e)
+                )
+            })?;
+        let t = v["token"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| format!("etcd: authenticated as {}, but no token came", auth.user))?;
+        *token = Some(t.to_string());
+        Ok(Some(t.to_string()))
+    }
+
+    /// One call of the JSON API, with the token (a new one once, when etcd refuses it).
     fn call(&self, path: &str, body: serde_json::Value) -> Result<serde_json::Value, String> {
+        let body = body.to_string();
+        let token = self.token(false)?;
+        match self.post(path, &body, token.as_deref()) {
+            Err(Failure::Auth(_)) if token.is_some() => {
+                let token = self.token(true)?;
+                self.post(path, &body, token.as_deref())
+                    .map_err(String::from)
+            }
+            other => other.map_err(String::from),
+        }
+    }
+
+    fn post(
+        &self,
+        path: &str,
+        body: &str,
+        token: Option<&str>,
+    ) -> Result<serde_json::Value, Failure> {
         let url = HttpUrl {
-            https: false,
+            https: self.url.tls,
             host: self.url.host.clone(),
             port: self.url.port,
             target: path.to_string(),
         };
-        let body = body.to_string().into_bytes();
-        let headers = [("Content-Type", "application/json")];
+        let mut headers = vec![("Content-Type", "application/json")];
+        if let Some(t) = token {
+            headers.push(("Authorization", t));
+        }
         // On a thread of its own, waited for at most TIMEOUT and a second: a call that hangs
         // (a name lookup) does not stop the follower.
-        let a = crate::blocking_http::request_bounded(
+        let a = crate::blocking_http::request_bounded_with(
             url,
             "POST",
             &headers,
-            body,
+            body.as_bytes().to_vec(),
             TIMEOUT,
             MAX_DOCUMENT * 2,
+            self.client.tls.clone(),
         )
-        .map_err(|e| format!("etcd {}:{}: {e}", self.url.host, self.url.port))?;
+        .map_err(|e| Failure::Other(format!("etcd {}:{}: {e}", self.url.host, self.url.port)))?;
         let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|e| {
-            format!(
+            Failure::Other(format!(
                 "etcd {}:{}: HTTP {}, not JSON: {e}",
                 self.url.host, self.url.port, a.status
-            )
+            ))
         })?;
         if a.status != 200 {
             let why = v["message"].as_str().or(v["error"].as_str()).unwrap_or("");
-            return Err(format!(
+            let e = format!(
                 "etcd {}:{}: HTTP {} {why}",
                 self.url.host, self.url.port, a.status
-            ));
+            );
+            // gRPC's UNAUTHENTICATED: no token, or one etcd no longer knows
+            return Err(match a.status == 401 || v["code"].as_i64() == Some(16) {
+                true => Failure::Auth(e),
+                false => Failure::Other(e),
+            });
         }
         Ok(v)
     }
 
     /// The document at the key (None when the key does not exist).
     pub fn get(&self) -> Result<Option<Document>, String> {
+        self.get_at().map(|(d, _)| d)
+    }
+
+    /// [`EtcdKey::get`], and the revision of etcd it was read at (a watch from it misses
+    /// nothing, and is not older than etcd's compaction).
+    pub fn get_at(&self) -> Result<(Option<Document>, i64), String> {
         let b64 = base64::engine::general_purpose::STANDARD;
         let v = self.call(
             "/v3/kv/range",
             serde_json::json!({ "key": b64.encode(&self.key) }),
         )?;
+        let at = int(&v["header"]["revision"]);
         let Some(kv) = v["kvs"].as_array().and_then(|k| k.first()) else {
-            return Ok(None);
+            return Ok((None, at));
         };
         let value = b64
             .decode(kv["value"].as_str().unwrap_or(""))
@@ -102,7 +266,7 @@ impl EtcdKey {
             .map_err(|_| format!("{}: the document is not UTF-8", self.name()))?;
         // The gateway writes 64-bit integers as strings.
         let revision = int(&kv["mod_revision"]);
-        Ok(Some(Document { text, revision }))
+        Ok((Some(Document { text, revision }), at))
     }
 
     /// Write `value` at the key; the revision of the write.
@@ -138,10 +302,11 @@ impl EtcdKey {
     }
 
     /// Wait at most `wait` for a change of the key (with `prefix`, of any key under `KEY/`)
-    /// made after `revision`, through a watch of the JSON API: true when one came, or when the
-    /// watch ended without saying (a compacted revision, a cancel: read the key to know); false
-    /// when the time ran out first. On a thread of its own, waited for at most `wait` and the
-    /// request timeout: a name lookup that hangs does not hold the caller.
+    /// made after `revision` (etcd's revision when the key was read), through a watch of the
+    /// JSON API: true when one came, or when `revision` was compacted (read the key to know);
+    /// false when the time ran out first; an error when the watch was refused or cancelled.
+    /// On a thread of its own, waited for at most `wait` and the request timeout: a name
+    /// lookup that hangs does not hold the caller.
     pub fn changed_since(
         &self,
         revision: i64,
@@ -159,12 +324,12 @@ impl EtcdKey {
             create["range_end"] = b64.encode(end).into();
         }
         let body = serde_json::json!({ "create_request": create }).to_string();
-        let (host, port) = (self.url.host.clone(), self.url.port);
+        let me = self.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("portico-etcd-watch".into())
             .spawn(move || {
-                let _ = tx.send(watch(&host, port, &body, wait));
+                let _ = tx.send(me.watch(&body, wait));
             })
             .map_err(|e| format!("cannot start a watch thread: {e}"))?;
         rx.recv_timeout(wait + TIMEOUT).unwrap_or_else(|_| {
@@ -205,15 +370,6 @@ impl EtcdKey {
     }
 }
 
-impl From<EtcdUrl> for EtcdKey {
-    fn from(url: EtcdUrl) -> EtcdKey {
-        EtcdKey {
-            key: url.key.clone(),
-            url,
-        }
-    }
-}
-
 /// The range of keys under `key/`: its first key and the key after its last.
 fn prefix_range(key: &str) -> (Vec<u8>, Vec<u8>) {
     let prefix = format!("{key}/").into_bytes();
@@ -225,64 +381,91 @@ fn prefix_range(key: &str) -> (Vec<u8>, Vec<u8>) {
     (prefix, end)
 }
 
-/// One watch on etcd's JSON API (`POST /v3/watch`, its answer a stream of JSON messages, one
-/// per line): whether a message with events, or one that ends the watch, came within `wait`.
-fn watch(host: &str, port: u16, body: &str, wait: Duration) -> Result<bool, String> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
-    let at = format!("etcd {host}:{port}");
-    let deadline = std::time::Instant::now() + wait;
-    let addr = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{at}: cannot resolve: {e}"))?
-        .next()
-        .ok_or_else(|| format!("{at}: no address"))?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, TIMEOUT)
-        .map_err(|e| format!("{at}: cannot connect: {e}"))?;
-    s.set_write_timeout(Some(TIMEOUT))
-        .map_err(|e| format!("{at}: {e}"))?;
-    let host_field = match host.contains(':') {
-        true => format!("[{host}]:{port}"),
-        false => format!("{host}:{port}"),
-    };
-    write!(
-        s,
-        "POST /v3/watch HTTP/1.0\r\nHost: {host_field}\r\nUser-Agent: portico\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .map_err(|e| format!("{at}: {e}"))?;
-    let mut seen = Vec::new();
-    let mut reader = WatchReader::default();
-    let mut chunk = [0u8; 8192];
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return Ok(false);
-        }
-        s.set_read_timeout(Some(left))
+/// A connection to etcd, plain or TLS.
+trait Stream: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> Stream for T {}
+
+impl EtcdKey {
+    /// One watch on etcd's JSON API (`POST /v3/watch`, its answer a stream of JSON messages,
+    /// one per line): whether a message with events, or one that ends the watch, came within
+    /// `wait`.
+    fn watch(&self, body: &str, wait: Duration) -> Result<bool, String> {
+        use std::net::ToSocketAddrs;
+        let (host, port) = (self.url.host.as_str(), self.url.port);
+        let at = format!("etcd {host}:{port}");
+        let token = self.token(false)?;
+        let deadline = std::time::Instant::now() + wait;
+        let addr = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("{at}: cannot resolve: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{at}: no address"))?;
+        let tcp = std::net::TcpStream::connect_timeout(&addr, TIMEOUT)
+            .map_err(|e| format!("{at}: cannot connect: {e}"))?;
+        let ctl = tcp.try_clone().map_err(|e| format!("{at}: {e}"))?;
+        ctl.set_write_timeout(Some(TIMEOUT))
             .map_err(|e| format!("{at}: {e}"))?;
-        let n = match s.read(&mut chunk) {
-            Ok(0) => return Err(format!("{at}: the watch ended")),
-            Ok(n) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Ok(false)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("{at}: {e}")),
+        ctl.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| format!("{at}: {e}"))?;
+        let mut s: Box<dyn Stream> = match &self.client.tls {
+            None => Box::new(tcp),
+            Some(config) => Box::new(tokio_rustls::rustls::StreamOwned::new(
+                crate::blocking_http::tls_session(config.clone(), host)?,
+                tcp,
+            )),
         };
-        seen.extend_from_slice(&chunk[..n]);
-        if seen.len() > MAX_DOCUMENT * 2 {
-            // a flood of events: there is a change
-            return Ok(true);
-        }
-        match reader.feed(&mut seen).map_err(|e| format!("{at}: {e}"))? {
-            Some(changed) => return Ok(changed),
-            None => continue,
+        let host_field = match host.contains(':') {
+            true => format!("[{host}]:{port}"),
+            false => format!("{host}:{port}"),
+        };
+        let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
+        write!(
+            s,
+            "POST /v3/watch HTTP/1.0\r\nHost: {host_field}\r\nUser-Agent: portico\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .and_then(|_| s.flush())
+        .map_err(|e| format!("{at}: {e}"))?;
+        let mut seen = Vec::new();
+        let mut reader = WatchReader::default();
+        let mut chunk = [0u8; 8192];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            ctl.set_read_timeout(Some(left))
+                .map_err(|e| format!("{at}: {e}"))?;
+            let n = match s.read(&mut chunk) {
+                Ok(0) => return Err(format!("{at}: the watch ended")),
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(false)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("{at}: {e}")),
+            };
+            seen.extend_from_slice(&chunk[..n]);
+            if seen.len() > MAX_DOCUMENT * 2 {
+                // a flood of events: there is a change
+                return Ok(true);
+            }
+            match reader.feed(&mut seen) {
+                Ok(Some(changed)) => return Ok(changed),
+                Ok(None) => continue,
+                Err(e) => {
+                    if e.contains("401") || e.contains("auth token") {
+                        // the token is no longer good: a new one for the next watch
+                        let _ = self.token(true);
+                    }
+                    return Err(format!("{at}: {e}"));
+                }
+            }
         }
     }
 }
@@ -320,9 +503,12 @@ impl WatchReader {
             }
             let r = &v["result"];
             let events = r["events"].as_array().is_some_and(|e| !e.is_empty());
-            let ended = r["canceled"].as_bool() == Some(true) || int(&r["compact_revision"]) != 0;
-            if events || ended {
+            if events || int(&r["compact_revision"]) != 0 {
                 return Ok(Some(true));
+            }
+            if r["canceled"].as_bool() == Some(true) {
+                let why = r["cancel_reason"].as_str().unwrap_or("no reason given");
+                return Err(format!("the watch was cancelled: {why}"));
             }
         }
         Ok(None)
@@ -396,6 +582,9 @@ pub fn follow(
             }
             let mut failing = false;
             let mut retry = false;
+            // The revision of etcd the key was last read at: watches start after it (the
+            // document's own revision may be older than etcd's compaction).
+            let mut read_at = applied;
             let mut state = Status {
                 lease: None,
                 renewed: None,
@@ -421,7 +610,7 @@ pub fn follow(
                 let due = state.until_due();
                 let watched = match failing || retry || due.is_zero() {
                     true => Err(None),
-                    false => key.changed_since(state.revision, false, due).map_err(Some),
+                    false => key.changed_since(read_at, false, due).map_err(Some),
                 };
                 if let Err(why) = watched {
                     if let Some(e) = why {
@@ -436,9 +625,12 @@ pub fn follow(
                 if control.is_shutting_down() {
                     return;
                 }
-                let doc = match key.get() {
-                    Ok(Some(d)) => d,
-                    Ok(None) => {
+                let doc = match key.get_at() {
+                    Ok((Some(d), at)) => {
+                        read_at = at;
+                        d
+                    }
+                    Ok((None, _)) => {
                         if !failing {
                             tracing::warn!(key = key.name(), "etcd: the configuration key is gone; the running configuration stays");
                         }
@@ -518,8 +710,27 @@ impl Status {
         // cannot use): the key moves to it, and the old one, holding nothing, expires.
         self.lease = key.grant(STATUS_TTL).ok();
         let shared = control.snapshot();
+        let listeners: serde_json::Map<String, serde_json::Value> = control
+            .addrs()
+            .into_iter()
+            .map(|(name, a)| (name, a.to_string().into()))
+            .collect();
+        // Servers of every group, and those a request may go to now (not down, ejected,
+        // draining or disabled).
+        let now = std::time::Instant::now();
+        let (mut servers, mut usable) = (0, 0);
+        for u in &shared.upstreams {
+            for s in u.status(now) {
+                servers += 1;
+                usable += usize::from(s.effective_weight > 0);
+            }
+        }
         let value = serde_json::json!({
             "instance": instance,
+            "host": host_name(),
+            "listeners": listeners,
+            "servers": servers,
+            "servers_usable": usable,
             "version": env!("CARGO_PKG_VERSION"),
             "pid": std::process::id(),
             "revision": self.revision,
@@ -557,10 +768,23 @@ fn see_fleet(key: &EtcdKey, control: &Control) {
     control.set_fleet_view(view);
 }
 
+/// This machine's name (`/proc/sys/kernel/hostname`), or "?".
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 /// One instance as its status key says.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Member {
     pub instance: String,
+    pub host: String,
+    /// Its listeners' addresses by listener name.
+    pub listeners: std::collections::BTreeMap<String, String>,
+    /// Upstream servers over its groups, and those a request may go to now.
+    pub servers: u64,
+    pub servers_usable: u64,
     pub version: String,
     pub pid: u64,
     /// The revision of the configuration key it applied, or refused (`ok` false).
@@ -600,8 +824,18 @@ impl Fleet {
             };
             let text = |f: &str| s[f].as_str().unwrap_or("?").to_string();
             let n = |f: &str| s[f].as_u64().unwrap_or(0);
+            let listeners = s["listeners"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("?").to_string()))
+                .collect();
             members.push(Member {
                 instance: text("instance"),
+                host: text("host"),
+                listeners,
+                servers: n("servers"),
+                servers_usable: n("servers_usable"),
                 version: text("version"),
                 pid: n("pid"),
                 revision: s["revision"].as_i64().unwrap_or(0),
@@ -641,19 +875,20 @@ impl Fleet {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<28} {:<8} {:>9} {:<6} {:>12} {:>9}  error",
-            "instance", "version", "revision", "ok", "requests", "uptime"
+            "{:<28} {:<8} {:>9} {:<6} {:>12} {:>9} {:>9}  error",
+            "instance", "version", "revision", "ok", "requests", "uptime", "servers"
         );
         for m in &self.members {
             let _ = writeln!(
                 out,
-                "{:<28} {:<8} {:>9} {:<6} {:>12} {:>8}s  {}",
+                "{:<28} {:<8} {:>9} {:<6} {:>12} {:>8}s {:>9}  {}",
                 m.instance,
                 m.version,
                 m.revision,
                 m.ok,
                 m.requests,
                 m.uptime_seconds,
+                format!("{}/{}", m.servers_usable, m.servers),
                 m.error.as_deref().unwrap_or("")
             );
         }
@@ -710,6 +945,10 @@ mod tests {
             b"HTTP/1.1 200 OK\r\n\r\n3a\r\n{\"error\":{\"grpc_code\":3,\"message\":\"bad\"}}\n"
                 .to_vec();
         assert!(r.feed(&mut buf).unwrap_err().contains("bad"));
+        // cancelled for another reason (permission withdrawn): an error, not a change
+        let mut r = WatchReader::default();
+        let mut buf = b"HTTP/1.1 200 OK\r\n\r\n{\"result\":{\"canceled\":true,\"cancel_reason\":\"permission denied\"}}\n".to_vec();
+        assert!(r.feed(&mut buf).unwrap_err().contains("permission denied"));
         let mut r = WatchReader::default();
         let mut buf = b"HTTP/1.1 404 Not Found\r\n\r\n".to_vec();
         assert!(r.feed(&mut buf).unwrap_err().contains("404"));
@@ -731,6 +970,13 @@ mod tests {
         assert_eq!(
             EtcdKey::parse("etcd://etcd.internal/k").unwrap().name(),
             "etcd://etcd.internal:2379/k"
+        );
+        // a prefix written with its slash is the same prefix
+        assert_eq!(EtcdKey::parse("etcd://h/svc/app/").unwrap().key, "/svc/app");
+        assert!(EtcdKey::parse("etcd://h//").is_err());
+        assert_eq!(
+            EtcdKey::parse("etcds://h:2380/k").unwrap().name(),
+            "etcds://h:2380/k"
         );
     }
 }

@@ -9,10 +9,24 @@ use std::time::{Duration, Instant};
 
 /// An etcd server on loopback ports, its data under `dir`, killed when dropped.
 pub struct Etcd {
-    /// The client port (etcd's JSON API).
+    /// The client port (etcd's JSON API, plain HTTP).
     pub client: u16,
+    /// With [`Etcd::start_tls`]: the TLS client port, which asks for a client certificate.
+    pub tls_client: Option<u16>,
+    /// More arguments for etcd.
+    args: Vec<String>,
+    /// The token [`Etcd::post`] sends, after [`Etcd::login`].
+    token: Option<String>,
     child: Option<Child>,
     dir: PathBuf,
+}
+
+/// The files of etcd's TLS client listener.
+pub struct EtcdTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA client certificates must chain to.
+    pub client_ca: PathBuf,
 }
 
 fn free_port() -> u16 {
@@ -29,8 +43,35 @@ fn b64(s: &str) -> String {
 impl Etcd {
     /// Start etcd and wait (at most 20 s) until it answers.
     pub fn start(dir: &Path) -> Etcd {
+        Etcd::start_with(dir, Vec::new(), None)
+    }
+
+    /// Start etcd with a TLS client listener too (client certificates required there), on
+    /// [`Etcd::tls_client`].
+    pub fn start_tls(dir: &Path, tls: &EtcdTls) -> Etcd {
+        Etcd::start_with(dir, Vec::new(), Some(tls))
+    }
+
+    /// Start etcd with more arguments (`--auth-token-ttl 1`), and a TLS listener when given.
+    pub fn start_with(dir: &Path, mut args: Vec<String>, tls: Option<&EtcdTls>) -> Etcd {
+        let tls_client = tls.map(|t| {
+            let port = free_port();
+            args.extend([
+                "--cert-file".into(),
+                t.cert.display().to_string(),
+                "--key-file".into(),
+                t.key.display().to_string(),
+                "--client-cert-auth".into(),
+                "--trusted-ca-file".into(),
+                t.client_ca.display().to_string(),
+            ]);
+            port
+        });
         let mut e = Etcd {
             client: free_port(),
+            tls_client,
+            args,
+            token: None,
             child: None,
             dir: dir.to_path_buf(),
         };
@@ -41,7 +82,10 @@ impl Etcd {
     /// Start it again on the same client port and data (after [`Etcd::stop`]).
     pub fn restart(&mut self) {
         let peer = free_port();
-        let c = format!("http://127.0.0.1:{}", self.client);
+        let mut c = format!("http://127.0.0.1:{}", self.client);
+        if let Some(port) = self.tls_client {
+            c.push_str(&format!(",https://127.0.0.1:{port}"));
+        }
         let p = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(self.dir.join("etcd.log")).expect("etcd's log file");
         let child = Command::new("etcd")
@@ -54,6 +98,7 @@ impl Etcd {
                 &p,
             ])
             .args(["--initial-cluster", &format!("default={p}")])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -64,6 +109,11 @@ impl Etcd {
             .post("/v3/kv/range", r#"{"key":"AA=="}"#)
             .is_some_and(|a| a.starts_with("HTTP/1.1 200"))
         {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+                let tail = &log[log.len().saturating_sub(2000)..];
+                panic!("etcd exited ({status}):\n{tail}");
+            }
             assert!(Instant::now() < deadline, "etcd did not answer in 20 s");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -85,10 +135,15 @@ impl Etcd {
     /// One POST to the JSON API: the whole answer, or None when etcd cannot be reached.
     pub fn post(&self, path: &str, body: &str) -> Option<String> {
         let mut s = TcpStream::connect(("127.0.0.1", self.client)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        // an fsync on a busy disk can take seconds
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        let auth = self
+            .token
+            .as_ref()
+            .map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
         write!(
             s,
-            "POST {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
         .ok()?;
@@ -134,6 +189,63 @@ impl Etcd {
             .post("/v3/lease/revoke", &format!(r#"{{"ID":"{lease}"}}"#))
             .unwrap_or_default();
         assert!(a.starts_with("HTTP/1.1 200"), "etcd lease revoke: {a}");
+    }
+
+    /// One call that must answer 200: its body.
+    pub fn must(&self, path: &str, body: &str) -> String {
+        let a = self.post(path, body).unwrap_or_default();
+        assert!(a.starts_with("HTTP/1.1 200"), "etcd {path} {body}: {a}");
+        a.split_once("\r\n\r\n")
+            .map_or(String::new(), |(_, b)| b.to_string())
+    }
+
+    /// Turn authentication on with a `root` user (password `root_password`), and a user `name`
+    /// (password `password`) who may read the keys under `prefix` and write under
+    /// `prefix/status/`; the helper's own calls go as root from then on.
+    pub fn enable_auth(&mut self, root_password: &str, name: &str, password: &str, prefix: &str) {
+        let user = |n: &str, p: &str| format!(r#"{{"name":"{n}","password":"{p}"}}"#);
+        self.must("/v3/auth/role/add", r#"{"name":"root"}"#);
+        self.must("/v3/auth/user/add", &user("root", root_password));
+        self.must("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#);
+        self.must("/v3/auth/role/add", r#"{"name":"follower"}"#);
+        let grant = |perm: &str, from: &str, to: &str| {
+            format!(
+                r#"{{"name":"follower","perm":{{"permType":"{perm}","key":"{}","range_end":"{}"}}}}"#,
+                b64(from),
+                b64(to)
+            )
+        };
+        // the key and everything under it (`/` + 1 is `0`)
+        self.must(
+            "/v3/auth/role/grant",
+            &grant("READ", prefix, &format!("{prefix}0")),
+        );
+        let status = format!("{prefix}/status/");
+        self.must(
+            "/v3/auth/role/grant",
+            &grant("READWRITE", &status, &format!("{prefix}/status0")),
+        );
+        self.must("/v3/auth/user/add", &user(name, password));
+        self.must(
+            "/v3/auth/user/grant",
+            &format!(r#"{{"user":"{name}","role":"follower"}}"#),
+        );
+        self.must("/v3/auth/enable", "{}");
+        self.login("root", root_password);
+    }
+
+    /// Authenticate the helper's own calls as `name`.
+    pub fn login(&mut self, name: &str, password: &str) {
+        self.token = None;
+        let a = self.must(
+            "/v3/auth/authenticate",
+            &format!(r#"{{"name":"{name}","password":"{password}"}}"#),
+        );
+        let token = a
+            .split(r#""token":""#)
+            .nth(1)
+            .and_then(|r| r.split('"').next());
+        self.token = Some(token.unwrap_or_else(|| panic!("no token: {a}")).to_string());
     }
 
     /// The value at `key`, or None (absent, or etcd unreachable).

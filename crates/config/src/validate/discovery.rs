@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::model::{AddressFamily, Discovery, DiscoverySource, Resolver};
-use crate::raw::{RawDiscovery, RawResolver};
+use crate::raw::{RawDiscovery, RawEtcd, RawResolver};
 
 /// How often an etcd prefix is read anyway (it is watched) unless `interval` says otherwise,
 /// and the bounds.
@@ -117,6 +117,68 @@ fn humantime(d: Duration) -> String {
     }
 }
 
+/// `[etcd]`: how etcd is reached (TLS files, user); paths relative to the configuration file.
+pub(super) fn etcd_client(ctx: &mut Ctx<'_>, raw: &Spanned<RawEtcd>) -> crate::model::EtcdClient {
+    let e = raw.get_ref();
+    let file = |ctx: &mut Ctx<'_>, value: &Spanned<String>, key: &str| {
+        if value.get_ref().trim().is_empty() {
+            ctx.error(start(value), key, "must be a file path");
+            None
+        } else {
+            Some(super::tls::relative_to_config(ctx.file, value.get_ref()))
+        }
+    };
+    let ca_file = e
+        .ca_file
+        .as_ref()
+        .and_then(|p| file(ctx, p, "etcd.ca_file"));
+    let certificate = e.certificate.as_ref().and_then(|c| match (&c.cert, &c.key) {
+        (Some(cert), Some(k)) => {
+            let cert = file(ctx, cert, "etcd.certificate.cert");
+            let key = file(ctx, k, "etcd.certificate.key");
+            Some(crate::model::CertificateFiles {
+                cert: cert?,
+                key: key?,
+            })
+        }
+        _ => {
+            ctx.error(
+                start(raw),
+                "etcd.certificate",
+                "a client certificate needs both `cert` and `key` (PEM file paths): certificate = { cert = \"client.pem\", key = \"client.key\" }",
+            );
+            None
+        }
+    });
+    let username = e.username.as_ref().map(|u| u.get_ref().clone());
+    if let Some(u) = e.username.as_ref().filter(|u| u.get_ref().is_empty()) {
+        ctx.error(start(u), "etcd.username", "must not be empty");
+    }
+    let password_file = e
+        .password_file
+        .as_ref()
+        .and_then(|p| file(ctx, p, "etcd.password_file"));
+    match (&e.username, &e.password_file) {
+        (Some(u), None) => ctx.error(
+            start(u),
+            "etcd.username",
+            "an etcd user needs `password_file`, the file holding its password",
+        ),
+        (None, Some(p)) => ctx.error(
+            start(p),
+            "etcd.password_file",
+            "a password needs `username`, the etcd user it belongs to",
+        ),
+        _ => {}
+    }
+    crate::model::EtcdClient {
+        ca_file,
+        certificate,
+        username,
+        password_file,
+    }
+}
+
 /// An upstream group's `discovery` table.
 pub(super) fn discovery(
     ctx: &mut Ctx<'_>,
@@ -194,11 +256,23 @@ pub(super) fn discovery(
                 return None;
             }
         };
+        if ctx.etcd.has_tls() && !url.tls {
+            ctx.error(
+                start(etcd),
+                &sub(key, "etcd"),
+                format!(
+                    "`[etcd]` has a CA or a client certificate, which only TLS uses: write etcds://{}",
+                    etcd.get_ref().trim_start_matches("etcd://")
+                ),
+            );
+            return None;
+        }
         return Some(Discovery {
             source: DiscoverySource::Etcd {
                 name: url.name(),
                 url,
                 interval,
+                client: ctx.etcd.clone(),
             },
             family: AddressFamily::Any,
             weight: u32::try_from(weight).unwrap_or(1),

@@ -90,6 +90,8 @@ struct Ctx<'a> {
     errors: Vec<ConfigError>,
     /// The document has a `[fleet]` table (fleet rate limits may count through it).
     fleet: bool,
+    /// The `[etcd]` table, for groups' etcd discovery.
+    etcd: crate::model::EtcdClient,
 }
 
 impl Ctx<'_> {
@@ -119,6 +121,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
         text,
         errors: Vec::new(),
         fleet: false,
+        etcd: Default::default(),
     };
 
     let workers = raw.workers.as_ref().and_then(|w| {
@@ -143,6 +146,12 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
     let resolver = discovery::resolver(&mut ctx, raw.resolver.as_ref());
     let fleet = raw.fleet.as_ref().and_then(|f| fleet::fleet(&mut ctx, f));
     ctx.fleet = fleet.is_some();
+    let etcd = raw
+        .etcd
+        .as_ref()
+        .map(|e| discovery::etcd_client(&mut ctx, e))
+        .unwrap_or_default();
+    ctx.etcd = etcd.clone();
     let upstreams = upstreams(&mut ctx, raw.upstreams.as_ref());
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();
     let listeners = listeners(&mut ctx, raw.listeners.as_ref(), &names);
@@ -170,6 +179,7 @@ pub(crate) fn validate(raw: RawConfig, file: &str, text: &str) -> Result<Config,
             workers,
             resolver,
             fleet,
+            etcd,
         })
     } else {
         let mut errors = ctx.errors;

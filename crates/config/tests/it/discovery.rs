@@ -153,7 +153,10 @@ fn etcd_prefixes_their_interval_and_refusals() {
             url,
             name,
             interval,
+            client,
         } => {
+            assert_eq!(*client, portico_config::EtcdClient::default());
+            assert!(!url.tls);
             assert_eq!((url.host.as_str(), url.port), ("10.0.0.5", 2379));
             assert_eq!(url.key, "/services/app");
             assert_eq!(name, "etcd://10.0.0.5:2379/services/app");
@@ -174,7 +177,7 @@ fn etcd_prefixes_their_interval_and_refusals() {
     ));
     assert_eq!(
         err(&group("{ etcd = \"http://10.0.0.5/s\" }")),
-        "t.toml:2:22: upstreams.app.discovery.etcd: \"http://10.0.0.5/s\": expected etcd://HOST:PORT/KEY, e.g. etcd://127.0.0.1:2379/portico/config"
+        "t.toml:2:22: upstreams.app.discovery.etcd: \"http://10.0.0.5/s\": expected etcd://HOST:PORT/KEY (etcds:// for TLS), e.g. etcd://127.0.0.1:2379/portico/config"
     );
     assert_eq!(
         err(&group("{ etcd = \"etcd://e/s\", interval = \"50ms\" }")),
@@ -192,4 +195,49 @@ fn etcd_prefixes_their_interval_and_refusals() {
         err(&group("{ srv = \"_x._tcp.a\", etcd = \"etcd://e/s\" }")),
         "t.toml:2:41: upstreams.app.discovery.etcd: a discovery has one of `dns`, `srv` or `etcd`"
     );
+}
+
+#[test]
+fn the_etcd_table_reaches_etcd_over_tls_as_a_user() {
+    let text = format!(
+        "[etcd]\nca_file = \"/etc/portico/etcd-ca.pem\"\ncertificate = {{ cert = \"c.pem\", key = \"c.key\" }}\nusername = \"portico\"\npassword_file = \"/run/secrets/etcd\"\n[upstreams.app]\ndiscovery = {{ etcd = \"etcds://10.0.0.5/s\" }}\n{ROUTE}"
+    );
+    let c = parse(&text, "/etc/portico/t.toml").unwrap();
+    let e = &c.etcd;
+    assert_eq!(
+        e.ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/portico/etcd-ca.pem"))
+    );
+    let cert = e.certificate.as_ref().unwrap();
+    assert_eq!(
+        cert.cert,
+        std::path::Path::new("/etc/portico/c.pem"),
+        "relative to the file"
+    );
+    assert_eq!(e.username.as_deref(), Some("portico"));
+    match &c.upstreams[0].discovery.as_ref().unwrap().source {
+        DiscoverySource::Etcd {
+            url, name, client, ..
+        } => {
+            assert!(url.tls);
+            assert_eq!(name, "etcds://10.0.0.5:2379/s");
+            assert_eq!(client, e);
+        }
+        other => panic!("{other:?}"),
+    }
+    // TLS settings with a plain URL
+    let plain = text.replace("etcds://", "etcd://");
+    assert_eq!(
+        err(&plain),
+        "t.toml:7:22: upstreams.app.discovery.etcd: `[etcd]` has a CA or a client certificate, which only TLS uses: write etcds://10.0.0.5/s"
+    );
+    assert_eq!(
+        err(&format!("[etcd]\nusername = \"u\"\n{ROUTE}")),
+        "t.toml:2:12: etcd.username: an etcd user needs `password_file`, the file holding its password"
+    );
+    assert_eq!(
+        err(&format!("[etcd]\npassword_file = \"p\"\n{ROUTE}")),
+        "t.toml:2:17: etcd.password_file: a password needs `username`, the etcd user it belongs to"
+    );
+    assert!(err(&format!("[etcd]\nuser = \"u\"\n{ROUTE}")).contains("unknown field `user`"));
 }

@@ -504,9 +504,10 @@ discovery = {{ etcd = "{}", interval = "100ms" }}
 
     // Back, and every registration gone: held for the resolver's hold, then no server.
     etcd.restart();
+    // the hold starts at the first delete at the earliest (`bad` alone is nothing usable)
+    let gone = Instant::now();
     etcd.delete("/svc/app/two");
     etcd.delete("/svc/app/bad");
-    let gone = Instant::now();
     wait_for("the group to have no server", || {
         (get(&mut c).0 != 200).then_some(())
     });
@@ -550,4 +551,95 @@ fn an_etcd_registration_arrives_by_watch() {
         let all_two = (0..4).all(|_| get(&mut c).1 == "two");
         (all_two && one.requests().len() == n).then_some(())
     });
+}
+
+/// Registrations in an etcd that asks for TLS client certificates (`etcds://` and `[etcd]`):
+/// read and watched over TLS; without a client certificate, or with an untrusted CA, refused.
+#[test]
+fn etcd_over_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf = |names: Vec<String>, client: bool, file: &str| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(names).unwrap();
+        if client {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "portico");
+            params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        std::fs::write(d.join(format!("{file}.pem")), cert.pem()).unwrap();
+        std::fs::write(d.join(format!("{file}.key")), key.serialize_pem()).unwrap();
+    };
+    std::fs::write(d.join("ca.pem"), ca.pem()).unwrap();
+    leaf(vec!["127.0.0.1".into()], false, "server");
+    leaf(Vec::new(), true, "client");
+    let etcd = portico_testkit::etcd::Etcd::start_tls(
+        d,
+        &portico_testkit::etcd::EtcdTls {
+            cert: d.join("server.pem"),
+            key: d.join("server.key"),
+            client_ca: d.join("ca.pem"),
+        },
+    );
+    let one = TestUpstream::start(|_| Reply::ok("one"));
+    let two = TestUpstream::start(|_| Reply::ok("two"));
+    etcd.put("/tls/app/one", &one.addr.to_string(), None);
+    let url = format!("etcds://127.0.0.1:{}/tls/app", etcd.tls_client.unwrap());
+    let toml = format!(
+        r#"
+[etcd]
+ca_file = "{ca}"
+certificate = {{ cert = "{cert}", key = "{key}" }}
+
+[[listeners]]
+name = "p"
+address = "127.0.0.1:0"
+
+[[listeners.routes]]
+proxy = "app"
+
+[upstreams.app]
+discovery = {{ etcd = "{url}", interval = "60s" }}
+"#,
+        ca = d.join("ca.pem").display(),
+        cert = d.join("client.pem").display(),
+        key = d.join("client.key").display(),
+    );
+    let p = start_toml(&toml, 1);
+    let mut c = Client::connect(p.addr("p").unwrap()).unwrap();
+    assert_eq!(get(&mut c), (200, "one".into()), "read over TLS at start");
+    etcd.put("/tls/app/two", &two.addr.to_string(), None);
+    wait_for("the second registration by the TLS watch", || {
+        (get(&mut c).1 == "two").then_some(())
+    });
+
+    // without the client certificate, and trusting another CA: refused
+    let bare = portico_config::EtcdClient {
+        ca_file: Some(d.join("ca.pem")),
+        ..Default::default()
+    };
+    let e = portico_proxy::etcd::EtcdKey::open(&url, &bare)
+        .unwrap()
+        .list()
+        .unwrap_err();
+    assert!(
+        e.starts_with(&format!("etcd 127.0.0.1:{}", etcd.tls_client.unwrap())),
+        "{e}"
+    );
+    let e = portico_proxy::etcd::EtcdKey::parse(&url)
+        .unwrap()
+        .list()
+        .unwrap_err();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    // TLS settings with a plain URL are refused before any call
+    let plain = format!("etcd://127.0.0.1:{}/tls/app", etcd.client);
+    assert!(portico_proxy::etcd::EtcdKey::open(&plain, &bare)
+        .unwrap_err()
+        .contains("write etcds://"));
 }
