@@ -404,11 +404,13 @@ async fn ask(
     d: &Discovery,
 ) -> Asked {
     if let DiscoverySource::Etcd { interval, .. } = &d.source {
-        return match (etcd, etcd_key(d)) {
-            (Some(key), _) => etcd_lookup(key, d.weight, *interval).await,
-            (None, Some(Ok(key))) => etcd_lookup(&key, d.weight, *interval).await,
-            (None, Some(Err(e))) => Outcome::Failed(e).into(),
-            (None, None) => Outcome::Failed("not an etcd discovery".into()).into(),
+        return match etcd {
+            Some(key) => etcd_lookup(key, d.weight, *interval).await,
+            None => match etcd_key(d) {
+                Some(Ok(key)) => etcd_lookup(&key, d.weight, *interval).await,
+                Some(Err(e)) => Outcome::Failed(e).into(),
+                None => Outcome::Failed("not an etcd discovery".into()).into(),
+            },
         };
     }
     let made;
@@ -792,16 +794,17 @@ async fn follow(w: Watch, publish: Publish, status: Arc<Status>) {
             }
         },
     };
-    // An etcd client that cannot be made (a CA file unreadable) is tried again at each read.
-    let etcd = etcd_key(&spec).and_then(|k| {
-        k.map_err(|e| tracing::error!(upstream = group.as_str(), "discovery: {e}"))
-            .ok()
-    });
+    // The etcd client, made once (its files read, its token kept); one that cannot be made
+    // (a CA file unreadable) is tried again before each read, which fails with the reason.
+    let mut etcd = etcd_key(&spec).and_then(Result::ok);
     let mut left_out = found.first.skipped.clone();
     let mut revision = found.first.revision;
     loop {
         status.record_next(&group, next);
         wait_until(etcd.as_ref(), revision, next).await;
+        if etcd.is_none() {
+            etcd = etcd_key(&spec).and_then(Result::ok);
+        }
         let Asked {
             outcome,
             skipped,

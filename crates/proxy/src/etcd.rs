@@ -31,7 +31,9 @@ struct Client {
 
 struct Auth {
     user: String,
-    password: String,
+    /// Read each time a token is asked for: a password changed in etcd and in the file is
+    /// taken without a restart.
+    password_file: PathBuf,
     token: Mutex<Option<String>>,
 }
 
@@ -59,9 +61,10 @@ impl Client {
                             portico_config::TlsVersion::Tls12,
                             portico_config::TlsVersion::Tls13,
                         ],
-                        session_cache: 0,
+                        // resumed handshakes for the connection of each call
+                        session_cache: 8,
                     },
-                    &portico_tls::ClientSessions::new(0),
+                    &portico_tls::ClientSessions::new(8),
                 )
                 .map_err(|e| format!("TLS to etcd {}: {e}", url.host))?;
                 Some(o.config)
@@ -69,12 +72,17 @@ impl Client {
         };
         let auth = match (&settings.username, &settings.password_file) {
             (Some(user), Some(file)) => {
-                let text = std::fs::read_to_string(file).map_err(|e| {
-                    format!("cannot read the etcd password from {}: {e}", file.display())
-                })?;
+                password(file)?;
+                if !url.tls {
+                    tracing::warn!(
+                        "etcd user {user}: its password goes to {}:{} in clear text; use etcds://",
+                        url.host,
+                        url.port
+                    );
+                }
                 Some(Auth {
                     user: user.clone(),
-                    password: text.trim_end_matches(['\r', '\n']).to_string(),
+                    password_file: file.clone(),
                     token: Mutex::new(None),
                 })
             }
@@ -82,6 +90,34 @@ impl Client {
         };
         Ok(Client { tls, auth })
     }
+}
+
+/// The password in `file` (a trailing newline is not part of it).
+fn password(file: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read the etcd password from {}: {e}", file.display()))?;
+    Ok(text.trim_end_matches(['\r', '\n']).to_string())
+}
+
+/// Whether etcd refused a call for its token: none, expired or unknown (401, gRPC
+/// UNAUTHENTICATED), or older than a change of users or roles (JWT tokens carry the auth
+/// revision): a new token may do, as etcd's own client does.
+fn auth_refused(status: u16, answer: &serde_json::Value) -> bool {
+    let message = answer["message"]
+        .as_str()
+        .or(answer["error"].as_str())
+        .or(answer["error"]["message"].as_str())
+        .unwrap_or("");
+    status == 401
+        || answer["code"].as_i64() == Some(16)
+        || answer["error"]["grpc_code"].as_i64() == Some(16)
+        || [
+            "invalid auth token",
+            "revision of auth store is old",
+            "user name is empty",
+        ]
+        .iter()
+        .any(|m| message.contains(m))
 }
 
 /// A document read from etcd, and the revision that last changed it.
@@ -161,7 +197,8 @@ impl EtcdKey {
             return Ok(Some(t.clone()));
         }
         *token = None;
-        let body = serde_json::json!({ "name": auth.user, "password": auth.password });
+        let body =
+            serde_json::json!({ "name": auth.user, "password": password(&auth.password_file)? });
         let v = self
             .post("/v3/auth/authenticate", &body.to_string(), None)
             .map_err(|e| {
@@ -233,8 +270,7 @@ impl EtcdKey {
                 "etcd {}:{}: HTTP {} {why}",
                 self.url.host, self.url.port, a.status
             );
-            // gRPC's UNAUTHENTICATED: no token, or one etcd no longer knows
-            return Err(match a.status == 401 || v["code"].as_i64() == Some(16) {
+            return Err(match auth_refused(a.status, &v) {
                 true => Failure::Auth(e),
                 false => Failure::Other(e),
             });
@@ -458,16 +494,23 @@ impl EtcdKey {
             match reader.feed(&mut seen) {
                 Ok(Some(changed)) => return Ok(changed),
                 Ok(None) => continue,
-                Err(e) => {
-                    if e.contains("401") || e.contains("auth token") {
+                Err(WatchError { text, auth }) => {
+                    if auth {
                         // the token is no longer good: a new one for the next watch
                         let _ = self.token(true);
                     }
-                    return Err(format!("{at}: {e}"));
+                    return Err(format!("{at}: {text}"));
                 }
             }
         }
     }
+}
+
+/// Why a watch failed, and whether for its token (a new one may do).
+#[derive(Debug, PartialEq)]
+struct WatchError {
+    text: String,
+    auth: bool,
 }
 
 /// Reads a watch's answer as it arrives: the head, then one JSON message per line.
@@ -479,15 +522,19 @@ struct WatchReader {
 impl WatchReader {
     /// Take what `buf` holds whole (the head, complete lines); Some(true) on a change (or a
     /// watch that ended: a cancel, a compacted revision), None until one.
-    fn feed(&mut self, buf: &mut Vec<u8>) -> Result<Option<bool>, String> {
+    fn feed(&mut self, buf: &mut Vec<u8>) -> Result<Option<bool>, WatchError> {
         if !self.head_done {
             let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
                 return Ok(None);
             };
             let head = String::from_utf8_lossy(&buf[..end]).to_string();
             let line = head.lines().next().unwrap_or("");
-            if !line.starts_with("HTTP/1.") || line.split(' ').nth(1) != Some("200") {
-                return Err(format!("the watch was answered {line:?}"));
+            let status = line.split(' ').nth(1);
+            if !line.starts_with("HTTP/1.") || status != Some("200") {
+                return Err(WatchError {
+                    text: format!("the watch was answered {line:?}"),
+                    auth: status == Some("401"),
+                });
             }
             buf.drain(..end + 4);
             self.head_done = true;
@@ -499,7 +546,10 @@ impl WatchReader {
                 continue;
             };
             if let Some(e) = v.get("error") {
-                return Err(format!("the watch failed: {e}"));
+                return Err(WatchError {
+                    text: format!("the watch failed: {e}"),
+                    auth: auth_refused(200, &v),
+                });
             }
             let r = &v["result"];
             let events = r["events"].as_array().is_some_and(|e| !e.is_empty());
@@ -508,7 +558,10 @@ impl WatchReader {
             }
             if r["canceled"].as_bool() == Some(true) {
                 let why = r["cancel_reason"].as_str().unwrap_or("no reason given");
-                return Err(format!("the watch was cancelled: {why}"));
+                return Err(WatchError {
+                    text: format!("the watch was cancelled: {why}"),
+                    auth: auth_refused(200, &serde_json::json!({ "message": why })),
+                });
             }
         }
         Ok(None)
@@ -815,7 +868,8 @@ impl Fleet {
         let revision = key.get()?.map(|d| d.revision);
         let prefix = format!("{}/status/", key.key);
         let mut members = Vec::new();
-        for (k, v) in key.list()? {
+        // Only the status keys: a follower may read no more than the key and them.
+        for (k, v) in key.sibling(format!("{}/status", key.key)).list()? {
             if !k.starts_with(&prefix) {
                 continue;
             }
@@ -944,14 +998,47 @@ mod tests {
         let mut buf =
             b"HTTP/1.1 200 OK\r\n\r\n3a\r\n{\"error\":{\"grpc_code\":3,\"message\":\"bad\"}}\n"
                 .to_vec();
-        assert!(r.feed(&mut buf).unwrap_err().contains("bad"));
+        assert!(r.feed(&mut buf).unwrap_err().text.contains("bad"));
         // cancelled for another reason (permission withdrawn): an error, not a change
         let mut r = WatchReader::default();
         let mut buf = b"HTTP/1.1 200 OK\r\n\r\n{\"result\":{\"canceled\":true,\"cancel_reason\":\"permission denied\"}}\n".to_vec();
-        assert!(r.feed(&mut buf).unwrap_err().contains("permission denied"));
+        let e = r.feed(&mut buf).unwrap_err();
+        assert!(e.text.contains("permission denied") && !e.auth, "{e:?}");
         let mut r = WatchReader::default();
         let mut buf = b"HTTP/1.1 404 Not Found\r\n\r\n".to_vec();
-        assert!(r.feed(&mut buf).unwrap_err().contains("404"));
+        assert!(r.feed(&mut buf).unwrap_err().text.contains("404"));
+        // an expired or outdated token: a new one is asked for
+        let mut r = WatchReader::default();
+        let mut buf = b"HTTP/1.1 401 Unauthorized\r\n\r\n".to_vec();
+        assert!(r.feed(&mut buf).unwrap_err().auth);
+        let mut r = WatchReader::default();
+        let mut buf = b"HTTP/1.1 200 OK\r\n\r\n{\"error\":{\"grpc_code\":3,\"message\":\"etcdserver: revision of auth store is old\"}}\n".to_vec();
+        assert!(r.feed(&mut buf).unwrap_err().auth);
+    }
+
+    #[test]
+    fn token_failures_are_told_from_the_rest() {
+        let j = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        assert!(auth_refused(
+            401,
+            &j(r#"{"error":"etcdserver: invalid auth token","code":16}"#)
+        ));
+        assert!(auth_refused(
+            400,
+            &j(r#"{"error":"etcdserver: revision of auth store is old","code":3}"#)
+        ));
+        assert!(auth_refused(
+            400,
+            &j(r#"{"message":"etcdserver: user name is empty"}"#)
+        ));
+        assert!(!auth_refused(
+            403,
+            &j(r#"{"error":"etcdserver: permission denied","code":7}"#)
+        ));
+        assert!(!auth_refused(
+            400,
+            &j(r#"{"error":"etcdserver: request is too large"}"#)
+        ));
     }
 
     #[test]

@@ -200,30 +200,31 @@ impl Etcd {
     }
 
     /// Turn authentication on with a `root` user (password `root_password`), and a user `name`
-    /// (password `password`) who may read the keys under `prefix` and write under
-    /// `prefix/status/`; the helper's own calls go as root from then on.
-    pub fn enable_auth(&mut self, root_password: &str, name: &str, password: &str, prefix: &str) {
+    /// (password `password`) who may read the key `key` and write under `key/status/` (what
+    /// Portico's documentation grants a follower); the helper's own calls go as root from
+    /// then on.
+    pub fn enable_auth(&mut self, root_password: &str, name: &str, password: &str, key: &str) {
         let user = |n: &str, p: &str| format!(r#"{{"name":"{n}","password":"{p}"}}"#);
         self.must("/v3/auth/role/add", r#"{"name":"root"}"#);
         self.must("/v3/auth/user/add", &user("root", root_password));
         self.must("/v3/auth/user/grant", r#"{"user":"root","role":"root"}"#);
         self.must("/v3/auth/role/add", r#"{"name":"follower"}"#);
-        let grant = |perm: &str, from: &str, to: &str| {
-            format!(
-                r#"{{"name":"follower","perm":{{"permType":"{perm}","key":"{}","range_end":"{}"}}}}"#,
-                b64(from),
-                b64(to)
-            )
-        };
-        // the key and everything under it (`/` + 1 is `0`)
+        // `etcdctl role grant-permission follower read KEY`
         self.must(
             "/v3/auth/role/grant",
-            &grant("READ", prefix, &format!("{prefix}0")),
+            &format!(
+                r#"{{"name":"follower","perm":{{"permType":"READ","key":"{}"}}}}"#,
+                b64(key)
+            ),
         );
-        let status = format!("{prefix}/status/");
+        // `... --prefix readwrite KEY/status/` (`/` + 1 is `0`)
         self.must(
             "/v3/auth/role/grant",
-            &grant("READWRITE", &status, &format!("{prefix}/status0")),
+            &format!(
+                r#"{{"name":"follower","perm":{{"permType":"READWRITE","key":"{}","range_end":"{}"}}}}"#,
+                b64(&format!("{key}/status/")),
+                b64(&format!("{key}/status0"))
+            ),
         );
         self.must("/v3/auth/user/add", &user(name, password));
         self.must(

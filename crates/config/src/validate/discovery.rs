@@ -141,9 +141,10 @@ pub(super) fn etcd_client(ctx: &mut Ctx<'_>, raw: &Spanned<RawEtcd>) -> crate::m
                 key: key?,
             })
         }
-        _ => {
+        (one, other) => {
+            let at = one.as_ref().or(other.as_ref()).map_or(start(raw), start);
             ctx.error(
-                start(raw),
+                at,
                 "etcd.certificate",
                 "a client certificate needs both `cert` and `key` (PEM file paths): certificate = { cert = \"client.pem\", key = \"client.key\" }",
             );
