@@ -1,6 +1,6 @@
 //! Upstream groups' `discovery`: DNS names (A/AAAA, SRV) asked again as their TTL expires and etcd prefixes read on an interval, on a thread of their own, each change of a group's servers handed to the control plane.
 
-use crate::etcd::EtcdKey;
+use crate::etcd::client::EtcdKey;
 use hickory_resolver::config::{
     ConnectionConfig, LookupIpStrategy, NameServerConfig, ResolverConfig, ResolverOpts,
 };
