@@ -12,6 +12,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Buffered bytes above which writes wait for the socket (backpressure to the `h2` crate).
 const HIGH: usize = 256 * 1024;
 
+/// The buffer's size when writes start (again, after [`Cork::release`]).
+const INITIAL: usize = 16 * 1024;
+
 struct Inner<S> {
     io: S,
     buf: Vec<u8>,
@@ -43,7 +46,7 @@ pub(crate) struct Corked<S = ClientStream>(Rc<RefCell<Inner<S>>>);
 pub(crate) fn cork<S>(io: S) -> (Corked<S>, Cork<S>) {
     let inner = Rc::new(RefCell::new(Inner {
         io,
-        buf: Vec::with_capacity(16 * 1024),
+        buf: Vec::with_capacity(INITIAL),
         pos: 0,
         flush_due: false,
         failed: None,
@@ -79,7 +82,7 @@ impl<S: AsyncWrite + Unpin> Inner<S> {
         self.pos = 0;
         // A big burst must not keep a big buffer for the connection's life.
         if self.buf.capacity() > HIGH {
-            self.buf.shrink_to(16 * 1024);
+            self.buf.shrink_to(INITIAL);
         }
         // Pending keeps `flush_due`: the socket's writability wakes the loop, which drains again.
         let r = std::task::ready!(Pin::new(&mut self.io).poll_flush(cx));
@@ -111,6 +114,16 @@ impl<S: AsyncWrite + Unpin> Cork<S> {
         }
         if let Poll::Ready(Err(_)) = inner.poll_drain(cx) {
             cx.waker().wake_by_ref();
+        }
+    }
+
+    /// Give the buffer back when everything in it has left (an idle connection holds none;
+    /// the next write takes a new one).
+    pub fn release(&self) {
+        let mut inner = self.0.borrow_mut();
+        if inner.pos == inner.buf.len() && !inner.flush_due && inner.failed.is_none() {
+            inner.buf = Vec::new();
+            inner.pos = 0;
         }
     }
 
@@ -162,6 +175,9 @@ impl<S: AsyncWrite + Unpin> Corked<S> {
             }
         }
         inner.compact();
+        if inner.buf.capacity() == 0 {
+            inner.buf.reserve(INITIAL);
+        }
         Poll::Ready(Ok(()))
     }
 }
@@ -217,6 +233,24 @@ mod tests {
     use super::cork;
     use std::future::poll_fn;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_released_buffer_is_given_back_only_once_empty_and_taken_again() {
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let (mut corked, handle) = cork(a);
+        corked.write_all(b"one").await.unwrap();
+        handle.release();
+        assert!(handle.0.borrow().buf.capacity() > 0, "bytes still to send");
+        drain(&handle).await;
+        handle.release();
+        assert_eq!(handle.0.borrow().buf.capacity(), 0);
+        corked.write_all(b"two").await.unwrap();
+        assert_eq!(handle.0.borrow().buf.capacity(), super::INITIAL);
+        drain(&handle).await;
+        let mut buf = [0u8; 8];
+        let n = b.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"onetwo");
+    }
 
     #[tokio::test]
     async fn writes_leave_only_when_drained_and_all_of_them_at_shutdown() {

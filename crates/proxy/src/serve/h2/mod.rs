@@ -22,6 +22,10 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
+/// How long a connection without streams keeps its write buffer: a busy connection's next
+/// stream comes sooner and finds it (as an HTTP/1.1 connection keeps its buffers).
+const RELEASE_AFTER: Duration = Duration::from_millis(500);
+
 /// The HTTP/2 client connection preface (RFC 9113 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -262,6 +266,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let mut drain_from: Option<Instant> = None;
     let mut grace = limits.keepalive_timeout;
     let mut served: u64 = 0;
+    // The idle moment whose write buffer was given back (see `RELEASE_AFTER`).
+    let mut released: Option<Instant> = None;
     // ENHANCE_YOUR_CALM was sent for a PING ACK flood (once per connection).
     let mut calmed = false;
     if *ctx.shutdown.borrow() {
@@ -279,6 +285,8 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         let drain_at = drain_from
             .filter(|_| link.active.get() == 0)
             .map(|t| tokio::time::Instant::from_std(t.max(link.idle_since.get())) + grace);
+        let release_armed = idle_armed && released != Some(link.idle_since.get());
+        let release_at = tokio::time::Instant::from_std(link.idle_since.get()) + RELEASE_AFTER;
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
@@ -304,6 +312,14 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                 if link.active.get() == 0 && due.is_some_and(|d| now >= d) {
                     tracing::debug!(%peer, "HTTP/2 drain not completed by the client in time: closed");
                     break;
+                }
+            }
+            _ = tokio::time::sleep_until(release_at), if release_armed => {
+                // As for the idle timer: only a connection idle this long gives its buffer back.
+                let since = link.idle_since.get();
+                if link.active.get() == 0 && since + RELEASE_AFTER <= Instant::now() {
+                    cork.release();
+                    released = Some(since);
                 }
             }
             _ = tokio::time::sleep_until(idle_at), if idle_armed => {
