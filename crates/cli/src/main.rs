@@ -171,12 +171,16 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 .unwrap_or_else(portico_proxy::etcd::default_cache);
             let (cfg, revision, text, note) = match etcd_load(&key) {
                 Ok(Some((cfg, revision, text))) => (cfg, revision, Some(text), None),
-                Ok(None) => return fail(&format!("{}: no such key in etcd", key.name())),
-                Err(e) => {
-                    // A validation error names the key; anything else is etcd not answering.
-                    let why = match e.starts_with(&key.name()) {
-                        true => format!("the document in etcd is refused:\n{e}\n"),
-                        false => format!("etcd unreachable ({e}): "),
+                // No key (deleted by mistake, or not pushed yet), a refused document, or etcd
+                // not answering: the last document applied here, if there is one.
+                loaded => {
+                    let why = match loaded {
+                        Ok(_) => format!("{}: no such key in etcd; ", key.name()),
+                        // A validation error names the key; anything else is etcd not answering.
+                        Err(e) if e.starts_with(&key.name()) => {
+                            format!("the document in etcd is refused:\n{e}\n")
+                        }
+                        Err(e) => format!("etcd unreachable ({e}): "),
                     };
                     match portico_config::load_all(&cache) {
                         Ok(cfg) => (

@@ -291,11 +291,31 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
         assert!(fleet_view.contains(name), "{fleet_view}");
     }
 
+    // The key deleted: the instances keep serving, one restarted starts from its cache, and
+    // all follow the key once it is written again.
+    etcd.delete("/portico/config");
+    let (c, _, _) = fleet.pop().unwrap();
+    drop(c);
+    let (again, a3, admin3) = instance(&dir, &url, "i3");
+    assert_eq!(
+        body(a3).as_deref(),
+        Some("three"),
+        "started from the cached copy without the key"
+    );
+    fleet.push((again, a3, admin3));
+    assert!(push(&dir, &url, &document("four")).status.success());
+    let addrs: Vec<SocketAddr> = fleet.iter().map(|f| f.1).collect();
+    for &a in &addrs {
+        wait_for("the key written again", || {
+            (body(a).as_deref() == Some("four")).then_some(())
+        });
+    }
+
     // etcd stops: the instances keep serving; one started now starts from its cache.
     etcd.stop();
     std::thread::sleep(Duration::from_millis(300));
     for &a in &addrs {
-        assert_eq!(body(a).as_deref(), Some("three"));
+        assert_eq!(body(a).as_deref(), Some("four"));
     }
     let (c, a, _) = fleet.remove(0);
     drop(c);
@@ -303,7 +323,7 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
     assert_ne!(a, a2);
     assert_eq!(
         body(a2).as_deref(),
-        Some("three"),
+        Some("four"),
         "started from the cached copy"
     );
     fleet.push((again, a2, admin2));

@@ -64,6 +64,7 @@ pub fn follow(
                 keep(text);
             }
             let mut failing = false;
+            let mut gone = false;
             let mut retry = false;
             // The revision of etcd the key was last read at: watches start after it (the
             // document's own revision may be older than etcd's compaction).
@@ -111,13 +112,20 @@ pub fn follow(
                 let doc = match key.get_at() {
                     Ok((Some(d), at)) => {
                         read_at = at;
+                        if gone {
+                            tracing::info!(key = key.name(), "etcd: the configuration key is back");
+                            gone = false;
+                        }
                         d
                     }
-                    Ok((None, _)) => {
-                        if !failing {
+                    Ok((None, at)) => {
+                        // Watched as any key: it is read again as soon as it is written.
+                        read_at = at;
+                        if !gone {
                             tracing::warn!(key = key.name(), "etcd: the configuration key is gone; the running configuration stays");
                         }
-                        failing = true;
+                        gone = true;
+                        failing = false;
                         continue;
                     }
                     Err(e) => {
