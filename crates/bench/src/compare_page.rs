@@ -590,6 +590,25 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
         }
         h.push_str("</ul>\n");
     }
+    // Closed-loop rates that are not saturation rates: the proxy was not what limited them.
+    let idle: Vec<String> = summaries
+        .iter()
+        .filter_map(|s| s.not_the_bottleneck())
+        .collect();
+    if !idle.is_empty() {
+        let _ = writeln!(
+            h,
+            "<h2>Rates that are not saturation rates</h2>\n<p>In these closed-loop runs the proxy \
+             used less than {:.0}% of its one core (median over the rounds): the generator, the \
+             origin or the machine limited the rate, so it says nothing of the proxy's \
+             capacity; the CPU per request still does.</p>\n<ul>",
+            crate::manifest::SATURATED_PERCENT
+        );
+        for line in &idle {
+            let _ = writeln!(h, "<li>{}</li>", escape(line));
+        }
+        h.push_str("</ul>\n");
+    }
     // Charts.
     h.push_str("<h2>Charts</h2>\n");
     for (file, caption, s) in &svgs {
@@ -776,7 +795,11 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
 fn rounds_text(x: &Summary) -> String {
     let mut parts = Vec::new();
     if let Some(r) = &x.rate {
-        parts.push(format!("{} {}", r.text(1), x.unit));
+        let idle = match x.not_the_bottleneck() {
+            Some(_) => " (not the bottleneck)",
+            None => "",
+        };
+        parts.push(format!("{} {}{idle}", r.text(1), x.unit));
     }
     if let Some(c) = &x.cpu_us_per_request {
         parts.push(format!("CPU {} µs/req", c.text(2)));
@@ -1091,8 +1114,16 @@ mod tests {
         assert!(cpu.contains(">16.0<"), "median CPU: {cpu}");
         let h = &page.html;
         assert!(h.contains("3 rounds, each proxy in turn"), "{h}");
+        // Half a core: the rate is flagged as no saturation rate (the CPU figure stands).
         assert!(
-            h.contains("41,000 (30,000..45,000) req/s; CPU 16.00 (15.00..20.00) µs/req; 3 rounds"),
+            h.contains("41,000 (30,000..45,000) req/s (not the bottleneck); CPU 16.00 (15.00..20.00) µs/req; 3 rounds"),
+            "{h}"
+        );
+        assert!(
+            h.contains("<h2>Rates that are not saturation rates</h2>")
+                && h.contains(
+                    "<li>rps-1k portico: not the bottleneck (the proxy used 50% of its core)"
+                ),
             "{h}"
         );
     }

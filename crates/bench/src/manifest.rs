@@ -150,3 +150,25 @@ pub struct Summary {
     /// spectra show that round's run.
     pub median_round: Option<u32>,
 }
+
+/// A proxy busier than this share of its one core (percent) was what limited a closed-loop run.
+pub const SATURATED_PERCENT: f64 = 85.0;
+
+impl Summary {
+    /// For a closed-loop figure (a saturation rate): why it is not the proxy's, when the proxy
+    /// was not what limited it (its median CPU below [`SATURATED_PERCENT`] of its one core: the
+    /// generator, the origin or the machine was). Its CPU per request still stands.
+    pub fn not_the_bottleneck(&self) -> Option<String> {
+        if self.unit.starts_with("knee") {
+            return None;
+        }
+        let busy = self.cpu_percent_of_core?.median;
+        (busy < SATURATED_PERCENT).then(|| {
+            format!(
+                "{} {}: not the bottleneck (the proxy used {busy:.0}% of its core): the {} is \
+                 not its saturation rate, its CPU per request stands",
+                self.scenario, self.proxy, self.unit
+            )
+        })
+    }
+}

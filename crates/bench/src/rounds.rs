@@ -234,8 +234,13 @@ pub fn table(summaries: &[Summary], rounds: u32) -> String {
         let above = above_floor(summaries, s)
             .map(|a| format!(", {a:.2} above the floor"))
             .unwrap_or_default();
+        let idle = s
+            .cpu_percent_of_core
+            .filter(|_| s.not_the_bottleneck().is_some())
+            .map(|c| format!(" (not the bottleneck: {:.0}% of its core)", c.median))
+            .unwrap_or_default();
         t.push_str(&format!(
-            "  {:<20} {:<8} {rate}{cpu}{above}\n",
+            "  {:<20} {:<8} {rate}{idle}{cpu}{above}\n",
             s.scenario, s.proxy
         ));
     }
@@ -318,6 +323,49 @@ mod tests {
         assert!(t.starts_with("Summary (1 round):\n"), "{t}");
         assert!(t.contains("rps-1k") && t.contains("5.0 req/s"), "{t}");
         assert!(!t.contains("CPU"), "{t}");
+        assert_eq!(s_direct_note(), None, "no CPU figure: no claim either way");
+    }
+
+    fn s_direct_note() -> Option<String> {
+        summarize("direct", "rps-1k", Metric::Rps, &[(1, run(5.0, None))]).not_the_bottleneck()
+    }
+
+    #[test]
+    fn a_proxy_short_of_its_core_did_not_set_the_rate() {
+        // 24% of a core: the generator or the origin set the rate
+        let idle = summarize(
+            "nginx",
+            "rps-1k",
+            Metric::Rps,
+            &[(1, run(2000.0, Some(12.0)))],
+        );
+        let note = idle.not_the_bottleneck().unwrap();
+        assert!(
+            note.starts_with("rps-1k nginx: not the bottleneck (the proxy used 24% of its core)"),
+            "{note}"
+        );
+        let t = table(&[idle], 1);
+        assert!(
+            t.contains("req/s (not the bottleneck: 24% of its core), proxy CPU"),
+            "{t}"
+        );
+        // 90%: its own rate
+        let busy = summarize(
+            "nginx",
+            "rps-1k",
+            Metric::Rps,
+            &[(1, run(45000.0, Some(45.0)))],
+        );
+        assert_eq!(busy.not_the_bottleneck(), None);
+        // a sweep's knee is no saturation claim
+        let mut knee = busy.clone();
+        knee.unit = "knee req/s".into();
+        knee.cpu_percent_of_core = idle_spread();
+        assert_eq!(knee.not_the_bottleneck(), None);
+    }
+
+    fn idle_spread() -> Option<crate::manifest::Spread> {
+        spread(&[10.0])
     }
 
     #[test]
