@@ -1317,7 +1317,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
         crate::rounds::summaries(&manifest, &crate::rounds::load_all(&manifest, &dir));
     say(
         out,
-        crate::rounds::table(&manifest.summary, manifest.rounds)
+        crate::rounds::table(&manifest.summary, manifest.rounds, manifest.pinned())
             .trim_end()
             .to_string(),
     );

@@ -578,8 +578,9 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
             "<h2>Own work above the floor</h2>\n<p>CPU time per request above the relay's (a blind \
              TCP relay: what the kernel charges any proxy on this machine for the same bytes), \
              medians over {}; a ratio below 1 means Portico does less work of its own than that \
-             proxy. In the closed-loop scenarios each proxy ran at its own saturation rate; the \
-             latency sweep's line compares them at one offered rate.</p>\n<ul>",
+             proxy. In the closed-loop scenarios each proxy ran as fast as the loop let it (its \
+             own saturation rate, unless listed below as not the bottleneck); the latency \
+             sweep's line compares them at one offered rate.</p>\n<ul>",
             match m.rounds {
                 1 => "one round (a single measurement: repeat with --rounds 3 or more)".to_string(),
                 n => format!("{n} rounds"),
@@ -593,7 +594,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
     // Closed-loop rates that are not saturation rates: the proxy was not what limited them.
     let idle: Vec<String> = summaries
         .iter()
-        .filter_map(|s| s.not_the_bottleneck())
+        .filter_map(|s| s.not_the_bottleneck(m.pinned()))
         .collect();
     if !idle.is_empty() {
         let _ = writeln!(
@@ -601,7 +602,8 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
             "<h2>Rates that are not saturation rates</h2>\n<p>In these closed-loop runs the proxy \
              used less than {:.0}% of its one core (median over the rounds): the generator, the \
              origin or the machine limited the rate, so it says nothing of the proxy's \
-             capacity; the CPU per request still does.</p>\n<ul>",
+             capacity, and its CPU per request was measured at less than full load (fewer \
+             requests per wake-up: not quite comparable with a saturated proxy's).</p>\n<ul>",
             crate::manifest::SATURATED_PERCENT
         );
         for line in &idle {
@@ -691,7 +693,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
                     summaries
                         .iter()
                         .find(|x| &x.proxy == p && x.scenario == s.name)
-                        .map(|x| escape(&rounds_text(x)))
+                        .map(|x| escape(&rounds_text(x, m.pinned())))
                         .unwrap_or_else(|| "–".into())
                 )
             } else {
@@ -792,10 +794,10 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
 
 /// A summary over rounds in a few words: `41,000 (40,100..41,900) req/s; CPU 17.50 (17.20..18.00)
 /// µs/req; 3 rounds`.
-fn rounds_text(x: &Summary) -> String {
+fn rounds_text(x: &Summary, pinned: bool) -> String {
     let mut parts = Vec::new();
     if let Some(r) = &x.rate {
-        let idle = match x.not_the_bottleneck() {
+        let idle = match x.not_the_bottleneck(pinned) {
             Some(_) => " (not the bottleneck)",
             None => "",
         };

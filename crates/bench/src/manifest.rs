@@ -56,6 +56,13 @@ pub struct Manifest {
     pub summary: Vec<Summary>,
 }
 
+impl Manifest {
+    /// Whether each proxy had a core of its own (see `pinning`).
+    pub fn pinned(&self) -> bool {
+        !self.pinning.starts_with("not pinned")
+    }
+}
+
 fn one() -> u32 {
     1
 }
@@ -154,19 +161,28 @@ pub struct Summary {
 /// A proxy busier than this share of its one core (percent) was what limited a closed-loop run.
 pub const SATURATED_PERCENT: f64 = 85.0;
 
+/// The floor's name among the proxies (`portico bench relay`).
+pub const FLOOR: &str = "relay";
+
 impl Summary {
-    /// For a closed-loop figure (a saturation rate): why it is not the proxy's, when the proxy
-    /// was not what limited it (its median CPU below [`SATURATED_PERCENT`] of its one core: the
-    /// generator, the origin or the machine was). Its CPU per request still stands.
-    pub fn not_the_bottleneck(&self) -> Option<String> {
-        if self.unit.starts_with("knee") {
+    /// For a closed-loop figure (a saturation rate) of a proxy pinned to its own core: why it is
+    /// not the proxy's, when the proxy was not what limited it (its median CPU below
+    /// [`SATURATED_PERCENT`] of its core: the generator, the origin or the machine was). Not
+    /// said of the floor and `direct` (no proxy), nor of unpinned runs (the proxy shared its
+    /// cores). Its CPU per request is still measured, though at less than full load.
+    pub fn not_the_bottleneck(&self, pinned: bool) -> Option<String> {
+        if !pinned
+            || self.unit.starts_with("knee")
+            || [FLOOR, "direct"].contains(&self.proxy.as_str())
+        {
             return None;
         }
         let busy = self.cpu_percent_of_core?.median;
         (busy < SATURATED_PERCENT).then(|| {
             format!(
                 "{} {}: not the bottleneck (the proxy used {busy:.0}% of its core): the {} is \
-                 not its saturation rate, its CPU per request stands",
+                 not its saturation rate, and its CPU per request was measured at less than \
+                 full load",
                 self.scenario, self.proxy, self.unit
             )
         })

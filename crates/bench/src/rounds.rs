@@ -146,8 +146,7 @@ pub fn summaries(m: &Manifest, all: &AllRounds) -> Vec<Summary> {
     out
 }
 
-/// The floor's name among the proxies (`portico bench relay`).
-pub const FLOOR: &str = "relay";
+pub use crate::manifest::FLOOR;
 
 /// What `s`'s proxy spends per request above the floor in the same scenario (medians over
 /// rounds): its own work. None for the floor itself, or without both CPU figures.
@@ -214,7 +213,7 @@ pub fn own_work(label: &str, cpus: &[(&str, f64)]) -> Option<String> {
 }
 
 /// The terminal's table of medians: one line per proxy × scenario.
-pub fn table(summaries: &[Summary], rounds: u32) -> String {
+pub fn table(summaries: &[Summary], rounds: u32, pinned: bool) -> String {
     let mut t = if rounds > 1 {
         format!(
             "Summary ({rounds} rounds, proxies alternating within each; median (min..max) over rounds):\n"
@@ -236,7 +235,7 @@ pub fn table(summaries: &[Summary], rounds: u32) -> String {
             .unwrap_or_default();
         let idle = s
             .cpu_percent_of_core
-            .filter(|_| s.not_the_bottleneck().is_some())
+            .filter(|_| s.not_the_bottleneck(pinned).is_some())
             .map(|c| format!(" (not the bottleneck: {:.0}% of its core)", c.median))
             .unwrap_or_default();
         t.push_str(&format!(
@@ -319,7 +318,7 @@ mod tests {
         // direct: no CPU figures; a sweep in an RPS scenario has no rate.
         let s = summarize("direct", "rps-1k", Metric::Rps, &[(1, run(5.0, None))]);
         assert_eq!(s.cpu_us_per_request, None);
-        let t = table(&[s], 1);
+        let t = table(&[s], 1, true);
         assert!(t.starts_with("Summary (1 round):\n"), "{t}");
         assert!(t.contains("rps-1k") && t.contains("5.0 req/s"), "{t}");
         assert!(!t.contains("CPU"), "{t}");
@@ -327,7 +326,7 @@ mod tests {
     }
 
     fn s_direct_note() -> Option<String> {
-        summarize("direct", "rps-1k", Metric::Rps, &[(1, run(5.0, None))]).not_the_bottleneck()
+        summarize("direct", "rps-1k", Metric::Rps, &[(1, run(5.0, None))]).not_the_bottleneck(true)
     }
 
     #[test]
@@ -339,12 +338,20 @@ mod tests {
             Metric::Rps,
             &[(1, run(2000.0, Some(12.0)))],
         );
-        let note = idle.not_the_bottleneck().unwrap();
+        let note = idle.not_the_bottleneck(true).unwrap();
         assert!(
             note.starts_with("rps-1k nginx: not the bottleneck (the proxy used 24% of its core)"),
             "{note}"
         );
-        let t = table(&[idle], 1);
+        assert_eq!(idle.not_the_bottleneck(false), None, "unpinned: no claim");
+        let mut floor = idle.clone();
+        floor.proxy = "relay".into();
+        assert_eq!(
+            floor.not_the_bottleneck(true),
+            None,
+            "the floor sets no rate to claim"
+        );
+        let t = table(&[idle], 1, true);
         assert!(
             t.contains("req/s (not the bottleneck: 24% of its core), proxy CPU"),
             "{t}"
@@ -356,12 +363,12 @@ mod tests {
             Metric::Rps,
             &[(1, run(45000.0, Some(45.0)))],
         );
-        assert_eq!(busy.not_the_bottleneck(), None);
+        assert_eq!(busy.not_the_bottleneck(true), None);
         // a sweep's knee is no saturation claim
         let mut knee = busy.clone();
         knee.unit = "knee req/s".into();
         knee.cpu_percent_of_core = idle_spread();
-        assert_eq!(knee.not_the_bottleneck(), None);
+        assert_eq!(knee.not_the_bottleneck(true), None);
     }
 
     fn idle_spread() -> Option<crate::manifest::Spread> {
@@ -387,7 +394,7 @@ mod tests {
             verdict(&all),
             ["rps-1k: portico 3.00 µs/req above the floor (20.00): 0.75x nginx (4.00), haproxy -0.50"]
         );
-        let t = table(&all, 1);
+        let t = table(&all, 1, true);
         assert!(t.contains("23.00 us/req, 3.00 above the floor"), "{t}");
         assert!(t.contains("Own work"), "{t}");
         // Portico within the floor's noise: no ratio.

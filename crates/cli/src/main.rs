@@ -174,6 +174,7 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 // No key (deleted by mistake, or not pushed yet), a refused document, or etcd
                 // not answering: the last document applied here, if there is one.
                 loaded => {
+                    let missing = matches!(loaded, Ok(None));
                     let why = match loaded {
                         Ok(_) => format!("{}: no such key in etcd; ", key.name()),
                         // A validation error names the key; anything else is etcd not answering.
@@ -182,6 +183,25 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                         }
                         Err(e) => format!("etcd unreachable ({e}): "),
                     };
+                    // Only a document cached from this key (an unmarked one, from an earlier
+                    // version, while etcd does not answer or refuses the document, not for a
+                    // key that does not exist: a typo must not start another key's document).
+                    let source = portico_proxy::etcd::cache_source(&cache);
+                    match &source {
+                        Some(s) if *s != key.name() => {
+                            return fail(&format!(
+                                "{why}the cached configuration {} is from {s}, not from this key",
+                                cache.display()
+                            ))
+                        }
+                        None if missing && cache.exists() => {
+                            return fail(&format!(
+                            "{why}the cached configuration {} does not say which key it is from",
+                            cache.display()
+                        ))
+                        }
+                        _ => {}
+                    }
                     match portico_config::load_all(&cache) {
                         Ok(cfg) => (
                             cfg,
@@ -524,8 +544,9 @@ struct Follow {
 /// The flags of a configuration from etcd.
 #[derive(clap::Args)]
 struct FleetFlags {
-    /// Where the last good configuration from etcd is kept, to start from when etcd cannot be
-    /// reached (default /var/lib/portico/config-cache.toml).
+    /// Where the last good configuration from etcd is kept, with the key it came from, to start
+    /// from when etcd cannot be reached, refuses the document or has no such key (default
+    /// /var/lib/portico/config-cache.toml).
     #[arg(
         long,
         value_name = "FILE",

@@ -303,6 +303,38 @@ fn instances_follow_one_key_refuse_a_bad_document_and_start_from_their_cache() {
         "started from the cached copy without the key"
     );
     fleet.push((again, a3, admin3));
+    // A key that does not exist (a typo) does not start from another key's cache.
+    let other = etcd.url("/portico/typo");
+    let cache = dir.join("i3.cache.toml");
+    // killed when dropped: a failed assertion leaves no instance behind
+    let mut wrong = Proc(
+        Command::new(BIN)
+            .args(["run", "--config-source", &other, "-w", "1"])
+            .args(["--config-cache", &cache.display().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let status = wait_for("the instance of a missing key to give up", || {
+        wrong.0.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    wrong
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "no such key in etcd; the cached configuration {} is from {url}, not from this key",
+            cache.display()
+        )),
+        "{err}"
+    );
     assert!(push(&dir, &url, &document("four")).status.success());
     let addrs: Vec<SocketAddr> = fleet.iter().map(|f| f.1).collect();
     for &a in &addrs {

@@ -9,6 +9,17 @@ use std::time::Duration;
 /// How long an instance's status key outlives its last renewal (seconds).
 const STATUS_TTL: u64 = 15;
 
+/// The first line of a cached document: the key it came from (a comment to TOML).
+const CACHE_HEAD: &str = "# portico: the last document applied from ";
+
+/// The key the document cached at `path` came from; None when the file cannot be read or does
+/// not say (written by an earlier version).
+pub fn cache_source(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let first = text.lines().next()?;
+    first.strip_prefix(CACHE_HEAD).map(str::to_string)
+}
+
 /// Write `text` to `path` whole: its directory made if missing, a temporary file of this
 /// process beside it (readable by its owner only: a document may hold credentials), synced,
 /// renamed over it, the directory synced.
@@ -56,7 +67,7 @@ pub fn follow(
         .name("portico-etcd".into())
         .spawn(move || {
             let keep = |text: &str| {
-                if let Err(e) = write_cache(&cache, text) {
+                if let Err(e) = write_cache(&cache, &format!("{CACHE_HEAD}{}\n{text}", key.name())) {
                     tracing::warn!("cannot cache the configuration at {}: {e}", cache.display());
                 }
             };
@@ -121,6 +132,9 @@ pub fn follow(
                     Ok((None, at)) => {
                         // Watched as any key: it is read again as soon as it is written.
                         read_at = at;
+                        if failing {
+                            tracing::info!(key = key.name(), "etcd answers again");
+                        }
                         if !gone {
                             tracing::warn!(key = key.name(), "etcd: the configuration key is gone; the running configuration stays");
                         }

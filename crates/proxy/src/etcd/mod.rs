@@ -4,4 +4,4 @@ pub mod client;
 mod follow;
 
 pub use client::{fleet_json, Document, EtcdKey, Fleet, Member};
-pub use follow::{default_cache, follow, write_cache};
+pub use follow::{cache_source, default_cache, follow, write_cache};

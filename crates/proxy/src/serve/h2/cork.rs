@@ -25,6 +25,8 @@ struct Inner<S> {
     flush_due: bool,
     /// A write error seen while draining, reported to the `h2` crate at its next read or write.
     failed: Option<io::ErrorKind>,
+    /// Writes taken so far (the connection loop tells a quiet connection by it).
+    writes: u64,
     /// Frame boundaries of what the client sent, for counting its PING ACKs.
     scan: FrameScan,
 }
@@ -50,6 +52,7 @@ pub(crate) fn cork<S>(io: S) -> (Corked<S>, Cork<S>) {
         pos: 0,
         flush_due: false,
         failed: None,
+        writes: 0,
         scan: FrameScan::new(),
     }));
     (Corked(inner.clone()), Cork(inner))
@@ -118,13 +121,25 @@ impl<S: AsyncWrite + Unpin> Cork<S> {
     }
 
     /// Give the buffer back when everything in it has left (an idle connection holds none;
-    /// the next write takes a new one).
-    pub fn release(&self) {
+    /// the next write takes a new one); false when bytes are still leaving.
+    pub fn release(&self) -> bool {
         let mut inner = self.0.borrow_mut();
         if inner.pos == inner.buf.len() && !inner.flush_due && inner.failed.is_none() {
             inner.buf = Vec::new();
             inner.pos = 0;
+            return true;
         }
+        false
+    }
+
+    /// Whether it holds a write buffer now.
+    pub fn holds_buffer(&self) -> bool {
+        self.0.borrow().buf.capacity() > 0
+    }
+
+    /// Writes taken so far.
+    pub fn writes(&self) -> u64 {
+        self.0.borrow().writes
     }
 
     /// PING ACK frames the client sent since the last call.
@@ -178,6 +193,7 @@ impl<S: AsyncWrite + Unpin> Corked<S> {
         if inner.buf.capacity() == 0 {
             inner.buf.reserve(INITIAL);
         }
+        inner.writes += 1;
         Poll::Ready(Ok(()))
     }
 }
@@ -239,13 +255,15 @@ mod tests {
         let (a, mut b) = tokio::io::duplex(1 << 20);
         let (mut corked, handle) = cork(a);
         corked.write_all(b"one").await.unwrap();
-        handle.release();
-        assert!(handle.0.borrow().buf.capacity() > 0, "bytes still to send");
+        assert!(!handle.release(), "bytes still to send");
+        assert!(handle.holds_buffer());
         drain(&handle).await;
-        handle.release();
-        assert_eq!(handle.0.borrow().buf.capacity(), 0);
+        assert!(handle.release());
+        assert!(!handle.holds_buffer());
+        let before = handle.writes();
         corked.write_all(b"two").await.unwrap();
         assert_eq!(handle.0.borrow().buf.capacity(), super::INITIAL);
+        assert!(handle.writes() > before);
         drain(&handle).await;
         let mut buf = [0u8; 8];
         let n = b.read(&mut buf).await.unwrap();

@@ -266,8 +266,10 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
     let mut drain_from: Option<Instant> = None;
     let mut grace = limits.keepalive_timeout;
     let mut served: u64 = 0;
-    // The idle moment whose write buffer was given back (see `RELEASE_AFTER`).
-    let mut released: Option<Instant> = None;
+    // The cork's write count when last seen, and since when it has not moved: the write buffer
+    // goes back once no stream is active and nothing was written for `RELEASE_AFTER` (a PING
+    // answered while idle takes a buffer, given back again 500 ms later).
+    let mut quiet = (cork.writes(), tokio::time::Instant::now());
     // ENHANCE_YOUR_CALM was sent for a PING ACK flood (once per connection).
     let mut calmed = false;
     if *ctx.shutdown.borrow() {
@@ -285,8 +287,9 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         let drain_at = drain_from
             .filter(|_| link.active.get() == 0)
             .map(|t| tokio::time::Instant::from_std(t.max(link.idle_since.get())) + grace);
-        let release_armed = idle_armed && released != Some(link.idle_since.get());
-        let release_at = tokio::time::Instant::from_std(link.idle_since.get()) + RELEASE_AFTER;
+        let release_armed = idle_armed && cork.holds_buffer();
+        let release_at =
+            tokio::time::Instant::from_std(link.idle_since.get()).max(quiet.1) + RELEASE_AFTER;
         tokio::select! {
             biased;
             _ = link.calm.notified() => {
@@ -315,11 +318,17 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
                 }
             }
             _ = tokio::time::sleep_until(release_at), if release_armed => {
-                // As for the idle timer: only a connection idle this long gives its buffer back.
-                let since = link.idle_since.get();
-                if link.active.get() == 0 && since + RELEASE_AFTER <= Instant::now() {
-                    cork.release();
-                    released = Some(since);
+                // As for the idle timer: only a connection idle this long gives its buffer
+                // back. Each turn either gives it back or moves the deadline on: no spin.
+                let now = tokio::time::Instant::now();
+                let writes = cork.writes();
+                let due = tokio::time::Instant::from_std(link.idle_since.get()) + RELEASE_AFTER;
+                if writes != quiet.0 {
+                    // written since: quiet from now
+                    quiet = (writes, now);
+                } else if link.active.get() == 0 && now >= due && !cork.release() {
+                    // bytes still leaving: try again later
+                    quiet.1 = now;
                 }
             }
             _ = tokio::time::sleep_until(idle_at), if idle_armed => {
