@@ -7,7 +7,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use portico_http1::Limits;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
@@ -81,10 +81,10 @@ impl H2Conn {
 /// Each worker's HTTP/2 connections, by server address and transport (as `pool::Pool`).
 #[derive(Default)]
 pub struct H2Pool {
-    conns: RefCell<HashMap<PoolKey, Vec<Rc<H2Conn>>>>,
+    conns: RefCell<FxHashMap<PoolKey, Vec<Rc<H2Conn>>>>,
     /// Servers a connection is being opened to now (at most one open per server and worker):
     /// requests arriving meanwhile wait for it instead of opening one each.
-    opening: RefCell<HashMap<PoolKey, Rc<Pending>>>,
+    opening: RefCell<FxHashMap<PoolKey, Rc<Pending>>>,
 }
 
 /// A connection being opened, shared with the requests waiting for it.

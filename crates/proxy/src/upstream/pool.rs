@@ -4,7 +4,7 @@ use crate::error::ProxyError;
 use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -75,7 +75,7 @@ impl Idle {
 /// which renumbers groups and servers, neither misfiles a connection returned by a request that
 /// started under the old configuration nor throws away warm connections to servers that stay.
 pub struct Pool {
-    idle: RefCell<HashMap<PoolKey, Vec<Idle>>>,
+    idle: RefCell<FxHashMap<PoolKey, Vec<Idle>>>,
     /// Idle connections in this pool (for the process-wide gauge).
     len: Cell<i64>,
     /// Idle connections over all workers.
@@ -86,7 +86,7 @@ impl Pool {
     /// `gauge` counts idle connections over every worker's pool.
     pub fn new(gauge: Arc<AtomicI64>) -> Self {
         Pool {
-            idle: RefCell::new(HashMap::new()),
+            idle: RefCell::new(FxHashMap::default()),
             len: Cell::new(0),
             gauge,
         }
