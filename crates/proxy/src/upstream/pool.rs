@@ -3,8 +3,8 @@
 use crate::error::ProxyError;
 use crate::upstream::tls::GroupTls;
 use bytes::BytesMut;
-use std::cell::{Cell, RefCell};
 use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
