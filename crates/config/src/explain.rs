@@ -126,6 +126,9 @@ pub fn explain(config: &Config) -> String {
         if let Some(line) = http2_line(listener) {
             let _ = writeln!(out, "  {line}");
         }
+        if let Some(h) = &listener.http3 {
+            let _ = writeln!(out, "  {}", http3_line(h, listener.address.port()));
+        }
         for route in &listener.routes {
             let _ = writeln!(
                 out,
@@ -953,6 +956,48 @@ fn http2_line(listener: &crate::model::Listener) -> Option<String> {
         "h2c"
     };
     Some(format!("http2 ({how}): {}", diff.join(", ")))
+}
+
+/// HTTP/3: the UDP port, the advertisement, and the settings that differ from the defaults.
+fn http3_line(h: &crate::model::Http3Settings, port: u16) -> String {
+    let d = crate::model::Http3Settings::DEFAULT;
+    let port = match port {
+        0 => "the listener's port".to_string(),
+        p => format!("UDP {p}"),
+    };
+    let mut parts = vec![match h.alt_svc_max_age {
+        Some(ma) => format!("advertised by Alt-Svc for {}", format_duration(ma)),
+        None => "not advertised (no Alt-Svc)".to_string(),
+    }];
+    if h.idle_timeout != d.idle_timeout {
+        parts.push(format!("idle_timeout {}", format_duration(h.idle_timeout)));
+    }
+    if h.max_concurrent_streams != d.max_concurrent_streams {
+        parts.push(format!(
+            "max_concurrent_streams {}",
+            h.max_concurrent_streams
+        ));
+    }
+    if h.stream_window != d.stream_window || h.connection_window != d.connection_window {
+        parts.push(format!(
+            "windows {} per stream, {} per connection",
+            format_size(u64::from(h.stream_window)),
+            format_size(u64::from(h.connection_window))
+        ));
+    }
+    if h.congestion != d.congestion {
+        parts.push(format!("congestion {}", h.congestion.as_str()));
+    }
+    if let Some(k) = h.keep_alive_interval {
+        parts.push(format!("keep-alive PING every {}", format_duration(k)));
+    }
+    if h.validate_above != d.validate_above {
+        parts.push(match h.validate_above {
+            0 => "every new client validated with a Retry".to_string(),
+            n => format!("Retry above {n} handshakes in progress"),
+        });
+    }
+    format!("http3 (QUIC on {port}): {}", parts.join(", "))
 }
 
 fn jwt_summary(j: &crate::model::Jwt) -> String {

@@ -275,6 +275,9 @@ pub struct Listener {
     pub routes: Vec<Route>,
     /// Downstream HTTP/2 (ALPN `h2` on TLS listeners, h2c with prior knowledge on plain ones).
     pub http2: Http2Settings,
+    /// Downstream HTTP/3 over QUIC (`[listeners.http3]`, TLS listeners only): UDP on the
+    /// listener's port; None = off (the default).
+    pub http3: Option<Http3Settings>,
     /// Adaptive load shedding (`[listeners.shed]`); None = off (the default).
     pub shed: Option<Shed>,
     /// Peers whose `X-Forwarded-For` (and PROXY header) names the client (empty: none, the
@@ -450,6 +453,72 @@ impl Default for Http2Settings {
     fn default() -> Self {
         Self::DEFAULT
     }
+}
+
+/// QUIC's congestion controller for a listener's HTTP/3 connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Congestion {
+    Cubic,
+    Bbr,
+    NewReno,
+}
+
+impl Congestion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Congestion::Cubic => "cubic",
+            Congestion::Bbr => "bbr",
+            Congestion::NewReno => "newreno",
+        }
+    }
+}
+
+/// Downstream HTTP/3 settings of a TLS listener (`[listeners.http3]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http3Settings {
+    /// A connection with no packet for this long is closed (QUIC max_idle_timeout, default 30 s).
+    pub idle_timeout: Duration,
+    /// Requests in flight per connection (bidirectional streams, default 100).
+    pub max_concurrent_streams: u32,
+    /// Request body bytes a client may send ahead per stream (default 1 MiB).
+    pub stream_window: u32,
+    /// Request body bytes a client may send ahead per connection (default 4 MiB).
+    pub connection_window: u32,
+    /// The largest UDP payload accepted (default 1472 bytes: a 1500-byte Ethernet MTU).
+    pub max_udp_payload: u16,
+    pub congestion: Congestion,
+    /// PINGs this often keep idle connections open through NATs; None = none (the default).
+    pub keep_alive_interval: Option<Duration>,
+    /// The largest request header section, decoded (default 64 KiB).
+    pub max_header_list_size: u32,
+    /// While more handshakes than this are in progress on a worker, new clients must prove
+    /// their address with a Retry first (default 64; 0 = always).
+    pub validate_above: u32,
+    /// `Alt-Svc` on HTTP/1.1 and HTTP/2 responses advertises HTTP/3 for this long (`ma`,
+    /// default 24 h); None = not advertised.
+    pub alt_svc_max_age: Option<Duration>,
+    /// Streams a client may reset within `reset_window` before the connection is closed with
+    /// H3_EXCESSIVE_LOAD (default 200 per 10 s).
+    pub max_resets: u32,
+    pub reset_window: Duration,
+}
+
+impl Http3Settings {
+    /// The documented defaults.
+    pub const DEFAULT: Http3Settings = Http3Settings {
+        idle_timeout: Duration::from_secs(30),
+        max_concurrent_streams: 100,
+        stream_window: 1024 * 1024,
+        connection_window: 4 * 1024 * 1024,
+        max_udp_payload: 1472,
+        congestion: Congestion::Cubic,
+        keep_alive_interval: None,
+        max_header_list_size: 64 * 1024,
+        validate_above: 64,
+        alt_svc_max_age: Some(Duration::from_secs(86_400)),
+        max_resets: 200,
+        reset_window: Duration::from_secs(10),
+    };
 }
 
 /// TLS termination settings of a listener (files are read when the listener starts).

@@ -150,6 +150,7 @@ pub(crate) struct RawListener {
     pub tls: Option<RawTls>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
     pub http2: Option<RawHttp2>,
+    pub http3: Option<Spanned<RawHttp3>>,
     pub shed: Option<RawShed>,
     pub compression: Option<RawCompression>,
     pub ip_rules: Option<Spanned<StrList>>,
@@ -246,6 +247,24 @@ pub(crate) struct RawHttp2 {
     pub max_resets: Option<Spanned<Int>>,
     pub reset_window: Option<Spanned<Scalar>>,
     pub extended_connect: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an http3 table")]
+pub(crate) struct RawHttp3 {
+    pub enabled: Option<Spanned<bool>>,
+    pub idle_timeout: Option<Spanned<Scalar>>,
+    pub max_concurrent_streams: Option<Spanned<Int>>,
+    pub stream_window: Option<Spanned<Scalar>>,
+    pub connection_window: Option<Spanned<Scalar>>,
+    pub max_udp_payload: Option<Spanned<Scalar>>,
+    pub congestion: Option<Spanned<String>>,
+    pub keep_alive_interval: Option<Spanned<Scalar>>,
+    pub max_header_list_size: Option<Spanned<Scalar>>,
+    pub validate_above: Option<Spanned<Int>>,
+    pub alt_svc_max_age: Option<Spanned<Scalar>>,
+    pub max_resets: Option<Spanned<Int>>,
+    pub reset_window: Option<Spanned<Scalar>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

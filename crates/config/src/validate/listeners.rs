@@ -1,4 +1,4 @@
-//! Listeners: addresses and their conflicts, limits, HTTP/2 settings, load shedding.
+//! Listeners: addresses and their conflicts, limits, HTTP/2 and HTTP/3 settings, load shedding.
 
 use super::*;
 
@@ -95,6 +95,21 @@ pub(super) fn listeners(
             .and_then(|t| tls(ctx, &sub(&key, "tls"), t, start(item), acme.as_ref()));
         let shed = l.shed.as_ref().map(|s| shed(ctx, &sub(&key, "shed"), s));
         let http2 = http2(ctx, &sub(&key, "http2"), l.http2.as_ref());
+        let http3 = l.http3.as_ref().and_then(|h| {
+            let settings = http3(ctx, &sub(&key, "http3"), h.get_ref())?;
+            let why = match &tls {
+                _ if l.tls.is_none() => Some("HTTP/3 runs over QUIC, which is always TLS: add a [listeners.tls] table or remove [listeners.http3]".to_string()),
+                None => None,
+                Some(t) if !t.versions.contains(&TlsVersion::Tls13) => Some("HTTP/3 needs TLS 1.3 (QUIC's handshake is TLS 1.3): add \"1.3\" to [listeners.tls] versions".to_string()),
+                Some(t) if t.cipher_suites.as_ref().is_some_and(|c| !c.contains(&"TLS13_AES_128_GCM_SHA256")) => Some("HTTP/3 needs TLS13_AES_128_GCM_SHA256 among [listeners.tls] cipher_suites (QUIC protects its first packets with it)".to_string()),
+                Some(_) if l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()) => Some("a PROXY protocol header cannot come over QUIC: serve HTTP/3 on a listener without proxy_protocol".to_string()),
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                ctx.error(start(h), &sub(&key, "http3"), why);
+            }
+            Some(settings)
+        });
         let compression = l
             .compression
             .as_ref()
@@ -161,6 +176,7 @@ pub(super) fn listeners(
             routes,
             shed,
             http2,
+            http3,
             trusted_proxies: trusted,
             proxy_protocol: l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()),
             acme,
@@ -400,3 +416,145 @@ pub(super) fn limits(ctx: &mut Ctx<'_>, key: &str, raw: Option<&RawLimits>) -> L
 
 // ---------------------------------------------------------------------------------------------
 // routes
+
+/// `[listeners.http3]`: QUIC and HTTP/3 settings; None when `enabled = false`.
+pub(super) fn http3(ctx: &mut Ctx<'_>, key: &str, raw: &RawHttp3) -> Option<Http3Settings> {
+    let d = Http3Settings::DEFAULT;
+    let idle_timeout = duration(
+        ctx,
+        raw.idle_timeout.as_ref(),
+        &sub(key, "idle_timeout"),
+        d.idle_timeout,
+        false,
+    );
+    let max_concurrent_streams = int(
+        ctx,
+        raw.max_concurrent_streams.as_ref(),
+        &sub(key, "max_concurrent_streams"),
+        i64::from(d.max_concurrent_streams),
+        1,
+        10_000,
+    );
+    let stream_window = size(
+        ctx,
+        raw.stream_window.as_ref(),
+        &sub(key, "stream_window"),
+        u64::from(d.stream_window),
+        1024,
+        (1 << 30) - 1,
+    );
+    let connection_window = size(
+        ctx,
+        raw.connection_window.as_ref(),
+        &sub(key, "connection_window"),
+        u64::from(d.connection_window).max(stream_window),
+        1024,
+        (1 << 30) - 1,
+    );
+    if connection_window < stream_window {
+        if let Some(v) = &raw.connection_window {
+            ctx.error(
+                start(v),
+                &sub(key, "connection_window"),
+                "must not be smaller than stream_window",
+            );
+        }
+    }
+    // RFC 9000 18.2: at least 1200; 65527 is the largest UDP payload there is.
+    let max_udp_payload = size(
+        ctx,
+        raw.max_udp_payload.as_ref(),
+        &sub(key, "max_udp_payload"),
+        u64::from(d.max_udp_payload),
+        1200,
+        65_527,
+    );
+    let congestion = match &raw.congestion {
+        None => d.congestion,
+        Some(c) => match c.get_ref().as_str() {
+            "cubic" => Congestion::Cubic,
+            "bbr" => Congestion::Bbr,
+            "newreno" => Congestion::NewReno,
+            other => {
+                ctx.error(
+                    start(c),
+                    &sub(key, "congestion"),
+                    format!("unknown congestion controller {other:?}: one of cubic, bbr, newreno"),
+                );
+                d.congestion
+            }
+        },
+    };
+    let keep_alive = duration(
+        ctx,
+        raw.keep_alive_interval.as_ref(),
+        &sub(key, "keep_alive_interval"),
+        Duration::ZERO,
+        true,
+    );
+    if !keep_alive.is_zero() && keep_alive >= idle_timeout {
+        if let Some(v) = &raw.keep_alive_interval {
+            ctx.error(
+                start(v),
+                &sub(key, "keep_alive_interval"),
+                "must be shorter than idle_timeout, or the connection closes between two PINGs",
+            );
+        }
+    }
+    let max_header_list_size = size(
+        ctx,
+        raw.max_header_list_size.as_ref(),
+        &sub(key, "max_header_list_size"),
+        u64::from(d.max_header_list_size),
+        1024,
+        MAX_HEAD_LIMIT,
+    );
+    let validate_above = int(
+        ctx,
+        raw.validate_above.as_ref(),
+        &sub(key, "validate_above"),
+        i64::from(d.validate_above),
+        0,
+        1_000_000,
+    );
+    let alt_svc = duration(
+        ctx,
+        raw.alt_svc_max_age.as_ref(),
+        &sub(key, "alt_svc_max_age"),
+        d.alt_svc_max_age.unwrap_or_default(),
+        true,
+    );
+    let max_resets = int(
+        ctx,
+        raw.max_resets.as_ref(),
+        &sub(key, "max_resets"),
+        i64::from(d.max_resets),
+        1,
+        i64::from(u32::MAX),
+    );
+    let reset_window = duration(
+        ctx,
+        raw.reset_window.as_ref(),
+        &sub(key, "reset_window"),
+        d.reset_window,
+        false,
+    );
+    if raw.enabled.as_ref().is_some_and(|b| !*b.get_ref()) {
+        return None;
+    }
+    Some(Http3Settings {
+        idle_timeout,
+        max_concurrent_streams: u32::try_from(max_concurrent_streams)
+            .unwrap_or(d.max_concurrent_streams),
+        stream_window: u32::try_from(stream_window).unwrap_or(d.stream_window),
+        connection_window: u32::try_from(connection_window).unwrap_or(d.connection_window),
+        max_udp_payload: u16::try_from(max_udp_payload).unwrap_or(d.max_udp_payload),
+        congestion,
+        keep_alive_interval: (!keep_alive.is_zero()).then_some(keep_alive),
+        max_header_list_size: u32::try_from(max_header_list_size).unwrap_or(d.max_header_list_size),
+        validate_above: u32::try_from(validate_above).unwrap_or(d.validate_above),
+        alt_svc_max_age: (!alt_svc.is_zero()).then_some(alt_svc),
+        max_resets: u32::try_from(max_resets).unwrap_or(d.max_resets),
+        reset_window,
+    })
+}

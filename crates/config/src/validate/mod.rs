@@ -38,22 +38,23 @@ use toml::Spanned;
 use crate::error::{quote_key, ConfigError, ConfigErrors};
 use crate::model::{
     AccessLog, AccessLogFormat, Action, Admin, Balance, BasicAuth, CertificateFiles, ClientAuth,
-    Compression, Config, HeaderRules, HealthCheck, HealthCheckKind, HostMatch, Http2Settings,
-    HttpCheck, IpRules, Listener, ListenerLimits, Matcher, Mirror, PassiveCheck, PathMatch,
-    PathRegex, ProxyAction, RateLimit, RateLimitKey, RequestBuffer, RetryOn, RetryPolicy, Route,
-    Server, Shed, Split, SplitKey, StaticAction, StickyCookie, TlsSettings, TlsVersion,
-    UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES, DEFAULT_BUFFER_MEMORY,
-    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS, DEFAULT_RESPONSE_HEADER_TIMEOUT,
-    DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND, DEFAULT_RISE, DEFAULT_SESSION_CACHE,
-    DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL, KX_GROUPS,
+    Compression, Config, Congestion, HeaderRules, HealthCheck, HealthCheckKind, HostMatch,
+    Http2Settings, Http3Settings, HttpCheck, IpRules, Listener, ListenerLimits, Matcher, Mirror,
+    PassiveCheck, PathMatch, PathRegex, ProxyAction, RateLimit, RateLimitKey, RequestBuffer,
+    RetryOn, RetryPolicy, Route, Server, Shed, Split, SplitKey, StaticAction, StickyCookie,
+    TlsSettings, TlsVersion, UpstreamGroup, UpstreamProtocol, UpstreamTls, CIPHER_SUITES,
+    DEFAULT_BUFFER_MEMORY, DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_FALL, DEFAULT_IDLE_TIMEOUT, DEFAULT_KEEPALIVE,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_TIMEOUT, DEFAULT_RATE_LIMIT_KEYS,
+    DEFAULT_RESPONSE_HEADER_TIMEOUT, DEFAULT_RETRY_BUDGET, DEFAULT_RETRY_MIN_PER_SECOND,
+    DEFAULT_RISE, DEFAULT_SESSION_CACHE, DEFAULT_UPSTREAM_SESSION_CACHE, DEFAULT_WATCH_INTERVAL,
+    KX_GROUPS,
 };
 use crate::raw::{
     Entries, Int, RawAccessLog, RawAdmin, RawBalance, RawBufferRequest, RawConfig, RawHeaderRules,
-    RawHealthCheck, RawHttp2, RawLimits, RawListener, RawPassive, RawRateLimit, RawRespond,
-    RawRetry, RawRoute, RawShed, RawSplit, RawSticky, RawTls, RawUpstream, RawUpstreamTls, Scalar,
-    ServerSpec, StrList, StrOrBool,
+    RawHealthCheck, RawHttp2, RawHttp3, RawLimits, RawListener, RawPassive, RawRateLimit,
+    RawRespond, RawRetry, RawRoute, RawShed, RawSplit, RawSticky, RawTls, RawUpstream,
+    RawUpstreamTls, Scalar, ServerSpec, StrList, StrOrBool,
 };
 use crate::template::{Captures, Template};
 use crate::units::{format_size, parse_duration, parse_size, DURATION_UNITS};

@@ -18,7 +18,7 @@ fn unknown_key_typo_points_at_the_key() {
     let text = "[[listeners]]\nname = \"public\"\nadress = \"127.0.0.1:8080\"\n";
     assert_eq!(
         err(text),
-        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`, `http2`, `shed`, `compression`, `ip_rules`, `trusted_proxies`, `proxy_protocol`, `basic_auth`, `jwt`, `client_cert`; did you mean `address`?"
+        "t.toml:3:1: listeners[0].adress: unknown field `adress`, expected one of `name`, `address`, `limits`, `tls`, `routes`, `http2`, `http3`, `shed`, `compression`, `ip_rules`, `trusted_proxies`, `proxy_protocol`, `basic_auth`, `jwt`, `client_cert`; did you mean `address`?"
     );
 }
 
@@ -973,4 +973,59 @@ fn upstream_proxy_protocol_versions_and_not_over_http2() {
         err(&format!("{UP}protocol = \"h2\"\nproxy_protocol = \"v1\"\n{route}")),
         "t.toml:4:18: upstreams.api.proxy_protocol: a PROXY header names one client per connection, and an HTTP/2 connection carries many clients' requests: use it with protocol = \"http1\""
     );
+}
+
+#[test]
+fn http3_needs_tls_1_3_and_known_settings() {
+    let base = "[[listeners]]\naddress = \"127.0.0.1:8443\"\n[[listeners.routes]]\nrespond = { status = 200 }\n";
+    let tls = "[listeners.tls]\ncertificates = [{ cert = \"a.pem\", key = \"a.key\" }]\n";
+    let e = err(&format!("{base}[listeners.http3]\n"));
+    assert!(
+        e.starts_with("t.toml:5:1: listeners[0].http3: HTTP/3 runs over QUIC, which is always TLS"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{base}{tls}versions = [\"1.2\"]\n[listeners.http3]\n"
+    ));
+    assert!(
+        e.contains("listeners[0].http3: HTTP/3 needs TLS 1.3"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{base}{tls}[listeners.http3]\ncongestion = \"vegas\"\n"
+    ));
+    assert!(
+        e.starts_with(
+            "t.toml:8:14: listeners[0].http3.congestion: unknown congestion controller \"vegas\""
+        ),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{base}{tls}[listeners.http3]\nmax_udp_payload = 1000\n"
+    ));
+    assert!(
+        e.contains("http3.max_udp_payload: must be at least 1200 bytes"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{base}{tls}[listeners.http3]\nidle_timeout = \"10s\"\nkeep_alive_interval = \"10s\"\n"
+    ));
+    assert!(
+        e.contains("http3.keep_alive_interval: must be shorter than idle_timeout"),
+        "{e}"
+    );
+    let cfg = parse(
+        &format!("{base}{tls}[listeners.http3]\ncongestion = \"bbr\"\nalt_svc_max_age = \"0s\"\n"),
+        "t.toml",
+    )
+    .unwrap();
+    let h3 = cfg.listeners[0].http3.expect("on");
+    assert_eq!(h3.congestion, portico_config::Congestion::Bbr);
+    assert_eq!(h3.alt_svc_max_age, None);
+    let cfg = parse(
+        &format!("{base}{tls}[listeners.http3]\nenabled = false\n"),
+        "t.toml",
+    )
+    .unwrap();
+    assert!(cfg.listeners[0].http3.is_none());
 }
