@@ -81,6 +81,11 @@ impl ListenerTls {
         tokio_rustls::TlsAcceptor::from(self.config.load_full())
     }
 
+    /// The configuration new handshakes use now (HTTP/3 builds its QUIC one from it).
+    pub(crate) fn config(&self) -> std::sync::Arc<tokio_rustls::rustls::ServerConfig> {
+        self.config.load_full()
+    }
+
     /// If the watch interval has passed and a file changed since it was last loaded, load the
     /// files again: a good set replaces the configuration, a bad one is refused with a log line
     /// and the current one stays (it is tried again when the files change again). Returns how

@@ -94,6 +94,8 @@ type KeptGroupTls = (
 pub(crate) enum Cmd {
     /// Start accepting on this worker's socket of a new listener.
     Listen(Arc<ListenerSlot>, std::net::TcpListener),
+    /// Start serving HTTP/3 on this worker's UDP socket of a new listener.
+    ListenQuic(Arc<ListenerSlot>, std::net::UdpSocket),
 }
 
 /// The process-wide control plane: the current snapshot, the bound listeners, the workers'
@@ -280,14 +282,16 @@ impl Control {
             Arc<ListenerSlot>,
             Vec<std::net::TcpListener>,
             Vec<std::net::TcpListener>,
+            Vec<std::net::UdpSocket>,
         );
         let mut fresh: Vec<Fresh> = Vec::new();
         let mut next_slot = inner.next_slot;
         for l in &config.listeners {
-            let kept = inner
-                .slots
-                .iter()
-                .find(|s| s.name == l.name && s.configured == l.address);
+            let kept = inner.slots.iter().find(|s| {
+                s.name == l.name
+                    && s.configured == l.address
+                    && s.quic == l.http3.map(|h| h.max_udp_payload)
+            });
             if let Some(s) = kept {
                 slots.push(s.clone());
                 continue;
@@ -346,18 +350,32 @@ impl Control {
                 .map(std::net::TcpListener::try_clone)
                 .collect::<io::Result<Vec<_>>>()
                 .map_err(err)?;
+            // HTTP/3: a UDP socket per worker on the same port. Not passed on by an upgrade:
+            // the successor binds its own beside its predecessor's.
+            let mut quic = Vec::new();
+            if l.http3.is_some() {
+                let udp_err =
+                    |e: io::Error| err(io::Error::new(e.kind(), format!("UDP (HTTP/3): {e}")));
+                if l.address.port() != 0 && !ours && !passed {
+                    probe_udp(actual).map_err(udp_err)?;
+                }
+                for _ in 0..self.workers.max(1) {
+                    quic.push(bind_udp(actual).map_err(udp_err)?);
+                }
+            }
             next_slot += 1;
             let slot = Arc::new(ListenerSlot {
                 id: next_slot,
                 name: l.name.clone(),
                 configured: l.address,
                 addr: actual,
+                quic: l.http3.map(|h| h.max_udp_payload),
                 active: AtomicU32::new(0),
                 clients: Default::default(),
                 stop: watch::channel(false).0,
             });
             slots.push(slot.clone());
-            fresh.push((slot, sockets, copies));
+            fresh.push((slot, sockets, copies, quic));
         }
         let mut route_stats = HashMap::new();
         let mut resumption_kept = HashMap::new();
@@ -404,11 +422,21 @@ impl Control {
                 previous.map(|p| (&p.listener, &p.resilience[..])),
                 fleet.as_ref(),
             );
+            let alt_svc = l.http3.and_then(|h| h.alt_svc_max_age);
             let filters = l
                 .routes
                 .iter()
                 .map(|r| {
-                    crate::filter::Filters::for_route(l, r, &config.upstreams, &mut key_sources)
+                    let mut f = crate::filter::Filters::for_route(
+                        l,
+                        r,
+                        &config.upstreams,
+                        &mut key_sources,
+                    );
+                    if let Some(ma) = alt_svc {
+                        f.advertise_h3(slot.addr.port(), ma);
+                    }
+                    f
                 })
                 .collect();
             listeners.push(Arc::new(listener_state(
@@ -592,12 +620,17 @@ impl Control {
             changes,
             ..Default::default()
         };
-        for (slot, sockets, copies) in fresh {
+        for (slot, sockets, copies, quic) in fresh {
             summary.added.push(slot.name.clone());
             let n = inner.senders.len().max(1);
             for (i, socket) in sockets.into_iter().enumerate() {
                 if let Some(tx) = inner.senders.get(i % n) {
                     let _ = tx.send(Cmd::Listen(slot.clone(), socket));
+                }
+            }
+            for (i, socket) in quic.into_iter().enumerate() {
+                if let Some(tx) = inner.senders.get(i % n) {
+                    let _ = tx.send(Cmd::ListenQuic(slot.clone(), socket));
                 }
             }
             inner.copies.insert(slot.id, copies);
@@ -1165,6 +1198,24 @@ fn probe(addr: SocketAddr) -> io::Result<()> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())
+}
+
+/// Whether UDP `addr` is free of other sockets (a bind without SO_REUSEPORT fails on a port
+/// any socket holds). The socket is closed at once.
+fn probe_udp(addr: SocketAddr) -> io::Result<()> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.bind(&addr.into())
+}
+
+/// One worker's UDP socket of an HTTP/3 listener (SO_REUSEPORT: the kernel spreads clients
+/// over the workers by their address, so a connection's datagrams reach one worker).
+fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {

@@ -1,4 +1,4 @@
-//! HTTP/1 fields and heads into HTTP/2 ones and back, shared by the downstream and upstream HTTP/2 paths: the checked append, trailer lines to a map, the connection-specific names, response heads across protocols.
+//! HTTP/1 fields and heads into HTTP/2 ones and back, shared by the downstream and upstream HTTP/2 paths: the checked append, trailer lines to a map, the connection-specific names, response heads across protocols; the small answers and origin heads HTTP/2 and HTTP/3 streams send.
 
 use crate::filter::Edits;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -180,6 +180,84 @@ pub(crate) fn http1_response(
         }
     }
     b.finish().ok()
+}
+
+/// A small complete response generated here, as HTTP/2 and HTTP/3 streams send it: the
+/// status, `Server`, `Date`, the `extra` fields, `Retry-After` on a 503 and the body's type
+/// and length (none on 204 and 304).
+pub(crate) fn simple_response(
+    status: u16,
+    content_type: &str,
+    body_len: usize,
+    extra: &[(&str, &str)],
+) -> Result<http::Response<()>, crate::error::ProxyError> {
+    let mut b = http::Response::builder()
+        .status(status)
+        .header("server", "portico");
+    for (n, v) in extra {
+        b = b.header(*n, *v);
+    }
+    if status == 503 {
+        b = b.header("retry-after", "1");
+    }
+    if !(status == 204 || status == 304) {
+        b = b
+            .header("content-type", content_type)
+            .header("content-length", body_len);
+    }
+    b = crate::date::with_date(|d| b.header("date", d));
+    b.body(())
+        .map_err(|e| crate::error::ProxyError::ClientIo(std::io::Error::other(e)))
+}
+
+/// The origin action's answer as a response head of fields (no HTTP/1 head in between; the
+/// request id field `id` added) and the reply whose body follows it.
+pub(crate) fn origin_response(
+    head: &portico_http1::RequestHead,
+    origin: &portico_origin::Origin,
+    id: Option<(&str, &str)>,
+) -> (http::Response<()>, portico_origin::Reply) {
+    let mut headers = HeaderMap::new();
+    let reply = origin.respond_fields(head, |n, v| {
+        if !DROPPED.iter().any(|d| d.eq_ignore_ascii_case(n)) {
+            append(&mut headers, n, v);
+        }
+    });
+    if let Some((n, v)) = id {
+        append(&mut headers, n, v.as_bytes());
+    }
+    let mut response = http::Response::new(());
+    *response.status_mut() =
+        http::StatusCode::from_u16(reply.status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    *response.headers_mut() = headers;
+    (response, reply)
+}
+
+/// The next chunk (at most `conn::MAX_CHUNK` bytes) of an origin file's range: `at` is the
+/// offset to seek to before the first read (taken then), `left` what remains of the range.
+pub(crate) fn file_chunk(
+    file: &mut std::fs::File,
+    at: &mut Option<u64>,
+    left: &mut u64,
+) -> Result<bytes::Bytes, crate::error::ProxyError> {
+    use crate::error::ProxyError;
+    use std::io::{Read, Seek, SeekFrom};
+    if let Some(offset) = at.take() {
+        file.seek(SeekFrom::Start(offset))
+            .map_err(ProxyError::ClientIo)?;
+    }
+    let want = (*left).min(crate::conn::MAX_CHUNK as u64) as usize;
+    let mut buf = vec![0u8; want];
+    let n = file.read(&mut buf).map_err(ProxyError::ClientIo)?;
+    if n == 0 {
+        return Err(ProxyError::ClientIo(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "file shrank while serving",
+        )));
+    }
+    buf.truncate(n);
+    *left -= n as u64;
+    Ok(bytes::Bytes::from(buf))
 }
 
 #[cfg(test)]

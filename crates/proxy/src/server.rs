@@ -229,21 +229,39 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
         let listen = {
             let (worker, loops) = (worker.clone(), loops.clone());
             tokio::task::spawn_local(async move {
-                while let Some(Cmd::Listen(slot, socket)) = commands.recv().await {
-                    let listener = match tokio::net::TcpListener::from_std(socket) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(listener = %slot.name, "cannot register listener: {e}");
-                            continue;
+                while let Some(cmd) = commands.recv().await {
+                    let task = match cmd {
+                        Cmd::Listen(slot, socket) => {
+                            match tokio::net::TcpListener::from_std(socket) {
+                                Ok(l) => tokio::task::spawn_local(accept_loop(l, slot, worker.clone())),
+                                Err(e) => {
+                                    tracing::error!(listener = %slot.name, "cannot register listener: {e}");
+                                    continue;
+                                }
+                            }
+                        }
+                        Cmd::ListenQuic(slot, socket) => {
+                            let shared = worker.snapshot();
+                            let endpoint = match shared.listener(slot.id) {
+                                Some(ls) => crate::serve::h3::endpoint(socket, ls),
+                                None => continue,
+                            };
+                            match endpoint {
+                                Ok(e) => tokio::task::spawn_local(crate::serve::h3::accept_loop(
+                                    e,
+                                    slot,
+                                    worker.clone(),
+                                )),
+                                Err(e) => {
+                                    tracing::error!(listener = %slot.name, "cannot serve HTTP/3: {e}");
+                                    continue;
+                                }
+                            }
                         }
                     };
                     let mut loops = loops.borrow_mut();
                     loops.retain(|h| !h.is_finished());
-                    loops.push(tokio::task::spawn_local(accept_loop(
-                        listener,
-                        slot,
-                        worker.clone(),
-                    )));
+                    loops.push(task);
                 }
             })
         };
@@ -369,12 +387,7 @@ async fn accept_loop(
             }
         }
         let _ = stream.set_nodelay(true);
-        worker.open.set(worker.open.get() + 1);
-        let guard = OpenGuard {
-            slot: slot.clone(),
-            worker: worker.clone(),
-            client,
-        };
+        let guard = OpenGuard::new(slot.clone(), worker.clone(), client);
         let ctx = conn::Ctx {
             ls,
             shared,
@@ -458,11 +471,29 @@ async fn accept_loop(
     }
 }
 
-struct OpenGuard {
+/// One open client connection (TCP, or QUIC for HTTP/3), counted for the listener's limits and
+/// the worker's drain until dropped.
+pub(crate) struct OpenGuard {
     slot: Arc<ListenerSlot>,
     worker: Rc<Worker>,
     /// The client address counted in `slot.clients`, if it was.
     client: Option<std::net::IpAddr>,
+}
+
+impl OpenGuard {
+    /// A connection counted in `slot.active` (and for `client` in `slot.clients`) opens.
+    pub(crate) fn new(
+        slot: Arc<ListenerSlot>,
+        worker: Rc<Worker>,
+        client: Option<std::net::IpAddr>,
+    ) -> OpenGuard {
+        worker.open.set(worker.open.get() + 1);
+        OpenGuard {
+            slot,
+            worker,
+            client,
+        }
+    }
 }
 
 impl Drop for OpenGuard {

@@ -45,6 +45,9 @@ pub struct ListenerSlot {
     pub(crate) configured: SocketAddr,
     /// The address actually bound.
     pub addr: SocketAddr,
+    /// HTTP/3 is served on UDP sockets of the same port, bound with this `max_udp_payload`
+    /// (None: no HTTP/3). Turning HTTP/3 on or off, or changing that size, binds the listener anew.
+    pub(crate) quic: Option<u16>,
     /// Open connections on this listener across all workers and snapshots.
     pub active: AtomicU32,
     /// Open connections by client address (counted only while `max_connections_per_client` is set).

@@ -1588,6 +1588,26 @@ fn process_metrics(e: &mut Exposition, control: &Control, shared: &Shared) {
             "HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for sending too many PING acknowledgements Portico never asked for.",
             &stats.h2_ping_floods,
         ),
+        (
+            "portico_h3_connections_total",
+            "QUIC connections served as HTTP/3.",
+            &stats.h3_connections,
+        ),
+        (
+            "portico_h3_handshake_failures_total",
+            "QUIC handshakes that failed or did not finish within the head timeout.",
+            &stats.h3_handshake_failures,
+        ),
+        (
+            "portico_h3_retries_total",
+            "New QUIC clients asked to prove their address with a Retry packet.",
+            &stats.h3_retries,
+        ),
+        (
+            "portico_h3_reset_floods_total",
+            "HTTP/3 connections closed with H3_EXCESSIVE_LOAD for resetting too many streams.",
+            &stats.h3_reset_floods,
+        ),
     ];
     for (name, help, v) in global {
         e.family(name, "counter", help);

@@ -3,10 +3,9 @@
 use super::link::Link;
 use super::Who;
 use super::{Client, Env, H2Out, HeadFailed, Interims, Kind, RespHead, Sent, To, Upload, Watch};
-use crate::conn::{self, MAX_CHUNK, STALL_TIMEOUT};
+use crate::conn::{self, STALL_TIMEOUT};
 use crate::error::ProxyError;
 use crate::filter::Edits;
-use crate::h2_fields::append;
 use crate::h2_io::{client_err, send_windowed, Peer};
 use crate::state::{ListenerState, Shared};
 use crate::telemetry::stats::Outcome;
@@ -20,7 +19,6 @@ use http::header::HeaderMap;
 use portico_config::Route;
 use portico_http1::{Framing, Method, RequestHead, ResponseHead};
 use std::cell::RefCell;
-use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::time::timeout;
@@ -206,7 +204,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         Upload::new(match (body, tunnel) {
             (false, false) => Kind::None,
             (false, true) => Kind::Tunnel,
-            (true, _) => Kind::H2 {
+            (true, _) => Kind::Stream {
                 started: tokio::time::Instant::now(),
                 received: 0,
                 min_rate: self.ls.listener.limits.body_min_rate,
@@ -216,7 +214,7 @@ impl<'a> Client<'a> for H2Down<'a> {
     }
 
     async fn body_next(&mut self, up: &mut Upload) -> Result<Option<Bytes>, ProxyError> {
-        let Kind::H2 {
+        let Kind::Stream {
             started,
             received,
             min_rate,
@@ -249,7 +247,7 @@ impl<'a> Client<'a> for H2Down<'a> {
     }
 
     async fn body_trailers(&mut self, up: &Upload) -> Result<Option<HeaderMap>, ProxyError> {
-        if !matches!(up.kind, Kind::H2 { .. }) {
+        if !matches!(up.kind, Kind::Stream { .. }) {
             return Ok(None);
         }
         match timeout(STALL_TIMEOUT, self.body.trailers()).await {
@@ -435,25 +433,8 @@ pub(crate) async fn send_simple(
     head_only: bool,
     limit: Duration,
 ) -> Result<u64, ProxyError> {
-    let mut b = http::Response::builder()
-        .status(status)
-        .header("server", "portico");
-    for (n, v) in extra {
-        b = b.header(*n, *v);
-    }
-    if status == 503 {
-        b = b.header("retry-after", "1");
-    }
+    let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
     let bodyless = status == 204 || status == 304;
-    if !bodyless {
-        b = b
-            .header("content-type", content_type)
-            .header("content-length", body.len());
-    }
-    b = crate::date::with_date(|d| b.header("date", d));
-    let response = b
-        .body(())
-        .map_err(|e| ProxyError::ClientIo(std::io::Error::other(e)))?;
     let end = head_only || bodyless || body.is_empty();
     let mut send = respond.send_response(response, end).map_err(client_err)?;
     if end {
@@ -473,26 +454,11 @@ async fn origin_answer(
     id: Option<(&str, &str)>,
     limit: Duration,
 ) -> Outcome {
-    let mut headers = http::HeaderMap::new();
-    let reply = origin.respond_fields(head, |n, v| {
-        if !crate::h2_fields::DROPPED
-            .iter()
-            .any(|d| d.eq_ignore_ascii_case(n))
-        {
-            append(&mut headers, n, v);
-        }
-    });
-    if let Some((n, v)) = id {
-        append(&mut headers, n, v.as_bytes());
-    }
+    let (response, reply) = crate::h2_fields::origin_response(head, origin, id);
     if let Some(d) = reply.delay {
         tokio::time::sleep(d).await;
     }
     let status = reply.status;
-    let mut response = http::Response::new(());
-    *response.status_mut() =
-        http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
-    *response.headers_mut() = headers;
     let end = matches!(reply.body, portico_origin::Body::Empty);
     let mut send = match respond.send_response(response, end) {
         Ok(s) => s,
@@ -511,30 +477,11 @@ async fn origin_answer(
                 offset,
                 len,
             } => {
-                use std::io::{Read, Seek, SeekFrom};
-                file.seek(SeekFrom::Start(offset))
-                    .map_err(ProxyError::ClientIo)?;
                 let mut left = len;
+                let mut at = Some(offset);
                 while left > 0 {
-                    let want = left.min(MAX_CHUNK as u64) as usize;
-                    let mut buf = vec![0u8; want];
-                    let n = file.read(&mut buf).map_err(ProxyError::ClientIo)?;
-                    if n == 0 {
-                        return Err(ProxyError::ClientIo(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "file shrank while serving",
-                        )));
-                    }
-                    buf.truncate(n);
-                    left -= n as u64;
-                    send_windowed(
-                        &mut send,
-                        &mut Bytes::from(buf),
-                        left == 0,
-                        limit,
-                        Peer::Client,
-                    )
-                    .await?;
+                    let mut chunk = crate::h2_fields::file_chunk(&mut file, &mut at, &mut left)?;
+                    send_windowed(&mut send, &mut chunk, left == 0, limit, Peer::Client).await?;
                 }
                 Ok(len)
             }

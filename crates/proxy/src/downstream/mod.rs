@@ -1,8 +1,9 @@
-//! The client side of one request as the flow sees it: the `Client` trait, implemented by an HTTP/1.1 connection (`http1`) and an HTTP/2 stream (`http2`) and dispatched statically, so each kind's request future holds only its own state.
+//! The client side of one request as the flow sees it: the `Client` trait, implemented by an HTTP/1.1 connection (`http1`), an HTTP/2 stream (`http2`) and an HTTP/3 stream (`http3`) and dispatched statically, so each kind's request future holds only its own state.
 
 pub(crate) mod buffer;
 pub(crate) mod http1;
 pub(crate) mod http2;
+pub(crate) mod http3;
 pub(crate) mod link;
 mod tunnel;
 
@@ -262,7 +263,9 @@ enum Kind {
     H1(ClientBody),
     /// A body read whole before the attempt (`buffer_request`), sent from the buffer.
     Replay(buffer::Replay),
-    H2 {
+    /// An HTTP/2 or HTTP/3 stream's DATA, under the route's size limit and the listener's
+    /// minimum rate.
+    Stream {
         started: tokio::time::Instant,
         received: u64,
         min_rate: u64,

@@ -86,6 +86,8 @@ pub(crate) struct Filters {
     /// The proxy action does more than the common case: Authorization dropped (basic auth,
     /// JWT), fields set by claims or forward auth, a split or a mirror.
     rare: bool,
+    /// response: the listener's HTTP/3 advertised (`Alt-Svc`), on every proxied response.
+    alt_svc: Option<Box<str>>,
 }
 
 /// A local answer from the request phase.
@@ -198,6 +200,7 @@ impl Filters {
                 || route.forward_auth.is_some()
                 || route.jwt.is_some(),
             rare,
+            alt_svc: None,
             request,
             response: has(&[Filter::ResponseHeaders, Filter::StickyCookie, Filter::Cors]),
             body: has(&[Filter::Compress]),
@@ -296,6 +299,9 @@ impl Filters {
         if !self.response {
             return;
         }
+        if let Some(v) = &self.alt_svc {
+            edits.add("Alt-Svc", Cow::Owned(v.to_string()));
+        }
         for f in &self.list {
             match f {
                 Filter::ResponseHeaders => edits.rules(&route.response_headers, vars),
@@ -315,6 +321,12 @@ impl Filters {
                 _ => {}
             }
         }
+    }
+
+    /// Advertise HTTP/3 on `port` for `max_age` (RFC 7838 `Alt-Svc`) on the route's responses.
+    pub(crate) fn advertise_h3(&mut self, port: u16, max_age: std::time::Duration) {
+        self.alt_svc = Some(format!("h3=\":{port}\"; ma={}", max_age.as_secs()).into());
+        self.response = true;
     }
 
     /// Whether a filter of the route works on response bodies (compression); without one the

@@ -1,7 +1,8 @@
-//! The connection tasks: an HTTP/1.1 connection's (`h1`) and an HTTP/2 connection's with one task per stream (`h2`), each handing every request to the flow and recording it when it ends (`finished`).
+//! The connection tasks: an HTTP/1.1 connection's (`h1`), an HTTP/2 connection's with one task per stream (`h2`) and a QUIC connection's with one task per HTTP/3 request stream (`h3`), each handing every request to the flow and recording it when it ends (`finished`); a multiplexed stream's refused head as its error (`refusal`).
 
 pub mod h1;
 pub mod h2;
+pub(crate) mod h3;
 
 use crate::state::{ListenerState, Shared};
 use crate::telemetry::access_log::Record;
@@ -60,4 +61,28 @@ pub(crate) fn finished(
     if let (Some(exporter), Some(ctx)) = (span_to, trace) {
         exporter.send(crate::telemetry::span::span_json(&record, ctx));
     }
+}
+
+/// The error a refused request is answered with (logged at debug level): `protocol`, an
+/// extended CONNECT's `:protocol`; `version`, the client's protocol for the log.
+pub(crate) fn refusal(
+    reject: h2::request::Reject,
+    peer: std::net::SocketAddr,
+    protocol: Option<&str>,
+    version: &str,
+) -> crate::error::ProxyError {
+    use crate::error::ProxyError;
+    let (e, what) = match reject {
+        h2::request::Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
+        h2::request::Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
+        h2::request::Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
+        h2::request::Reject::Protocol => {
+            let p = protocol.unwrap_or_default();
+            tracing::debug!(%peer, protocol = p, "{version} extended CONNECT for a protocol other than websocket: 501");
+            let e = ProxyError::ExtendedConnect(":protocol other than websocket");
+            (e, "extended CONNECT protocol")
+        }
+    };
+    tracing::debug!(%peer, "{version} request refused: {what}");
+    e
 }

@@ -191,6 +191,14 @@ pub struct Stats {
     pub h2_reset_floods: AtomicU64,
     /// HTTP/2 connections ended with GOAWAY ENHANCE_YOUR_CALM for an unsolicited PING ACK flood.
     pub h2_ping_floods: AtomicU64,
+    /// QUIC connections served as HTTP/3.
+    pub h3_connections: AtomicU64,
+    /// QUIC handshakes that failed or timed out.
+    pub h3_handshake_failures: AtomicU64,
+    /// New QUIC clients asked to prove their address with a Retry.
+    pub h3_retries: AtomicU64,
+    /// HTTP/3 connections closed with H3_EXCESSIVE_LOAD for resetting too many streams.
+    pub h3_reset_floods: AtomicU64,
     /// Requests refused 403 by a route's `ip_rules`.
     pub ip_denied: AtomicU64,
     /// Connections closed because their PROXY protocol header was missing, malformed or late.
@@ -281,6 +289,10 @@ impl Default for Stats {
             h2_connections: AtomicU64::new(0),
             h2_reset_floods: AtomicU64::new(0),
             h2_ping_floods: AtomicU64::new(0),
+            h3_connections: AtomicU64::new(0),
+            h3_handshake_failures: AtomicU64::new(0),
+            h3_retries: AtomicU64::new(0),
+            h3_reset_floods: AtomicU64::new(0),
             ip_denied: AtomicU64::new(0),
             client_cert_denied: AtomicU64::new(0),
             proxy_protocol_errors: AtomicU64::new(0),

@@ -17,6 +17,7 @@ mod h2;
 mod h2_interim;
 mod h2_upstream;
 mod h2_websocket;
+mod h3;
 mod health;
 mod jwt;
 mod mirror;

@@ -2,7 +2,7 @@
 
 mod cork;
 pub(crate) mod frame_scan;
-mod request;
+pub(crate) mod request;
 mod stream;
 
 pub(crate) use crate::downstream::link::{Current, Link, Windowed};

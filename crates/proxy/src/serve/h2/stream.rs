@@ -1,6 +1,6 @@
 //! One HTTP/2 stream: translate its head, run it through the flow with the stream as its client, record it once.
 
-use super::request::{to_http1, Reject};
+use super::request::to_http1;
 use crate::downstream::http2::{fail_h2, H2Down};
 use crate::downstream::link::{Current, Link};
 use crate::error::ProxyError;
@@ -45,21 +45,8 @@ pub(super) fn handle<'l>(
         None => to_http1(&parts, has_body, &cur.ls.limits),
         Some(p) => translate(&parts, p, &cur.ls.limits),
     };
-    let translated = translated.map_err(|reject| {
-        let (e, what) = match reject {
-            Reject::Head(e) => (ProxyError::BadHead(e), "refused head"),
-            Reject::Malformed(why) => (ProxyError::Http2Malformed(why), why),
-            Reject::Connect => (ProxyError::Http2Connect, "CONNECT"),
-            Reject::Protocol => {
-                let p = protocol(&parts).unwrap_or_default();
-                tracing::debug!(peer = %link.peer, protocol = p, "HTTP/2 extended CONNECT for a protocol other than websocket: 501");
-                let e = ProxyError::ExtendedConnect(":protocol other than websocket");
-                (e, "extended CONNECT protocol")
-            }
-        };
-        tracing::debug!(peer = %link.peer, "HTTP/2 request refused: {what}");
-        e
-    });
+    let translated = translated
+        .map_err(|reject| crate::serve::refusal(reject, link.peer, protocol(&parts), "HTTP/2"));
     drop(parts);
     let (head, refused) = match translated {
         Ok(head) => (Some(head), None),

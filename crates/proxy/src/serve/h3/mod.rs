@@ -1,0 +1,346 @@
+//! Downstream HTTP/3: each worker's QUIC endpoint on a TLS listener's UDP port (Retry while handshakes pile up, the listener's connection limits), its connections (GOAWAY on drain, H3_EXCESSIVE_LOAD on a reset flood), one local task per request stream.
+
+mod stream;
+
+use crate::downstream::link::{Current, Link, Windowed};
+use crate::state::{ListenerSlot, ListenerState, Worker};
+use portico_config::{Congestion, Http2Settings, Http3Settings};
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// The ALPN token of HTTP/3 (RFC 9114 3.1).
+pub const ALPN: &[u8] = b"h3";
+
+/// H3_EXCESSIVE_LOAD (RFC 9114 8.1): the connection ends for a reset flood.
+const EXCESSIVE_LOAD: u32 = 0x107;
+
+/// Unidirectional streams a client may open at once: its control stream, the two QPACK
+/// streams, and room for reserved (grease) ones.
+const UNI_STREAMS: u32 = 16;
+
+/// The QUIC server configuration of a listener: its TLS configuration of the moment with ALPN
+/// `h3` (0-RTT off), and its `[listeners.http3]` transport settings.
+pub(crate) fn quic_config(
+    tls: &tokio_rustls::rustls::ServerConfig,
+    s: &Http3Settings,
+) -> Result<quinn::ServerConfig, String> {
+    let mut tls = tls.clone();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    tls.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
+        .map_err(|e| format!("the TLS configuration cannot serve QUIC: {e}"))?;
+    let mut t = quinn::TransportConfig::default();
+    let idle = quinn::IdleTimeout::try_from(s.idle_timeout).map_err(|e| e.to_string())?;
+    t.max_idle_timeout(Some(idle))
+        .max_concurrent_bidi_streams(s.max_concurrent_streams.into())
+        .max_concurrent_uni_streams(UNI_STREAMS.into())
+        .stream_receive_window(s.stream_window.into())
+        .receive_window(s.connection_window.into())
+        .keep_alive_interval(s.keep_alive_interval);
+    match s.congestion {
+        Congestion::Cubic => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::CubicConfig::default()))
+        }
+        Congestion::Bbr => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()))
+        }
+        Congestion::NewReno => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::NewRenoConfig::default()))
+        }
+    };
+    let mut c = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    c.transport_config(Arc::new(t));
+    // Each worker has its own endpoint: a client that moves to another address may land on
+    // another worker's socket, which does not know its connection.
+    c.migration(false);
+    Ok(c)
+}
+
+/// The QUIC configuration built last, and what it was built from: rebuilt only when the
+/// listener's TLS configuration (a reload, new certificate files) or its settings change.
+struct Built {
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    settings: Http3Settings,
+    quic: Arc<quinn::ServerConfig>,
+}
+
+fn current_config(
+    cache: &mut Option<Built>,
+    ls: &ListenerState,
+    settings: &Http3Settings,
+) -> Result<Arc<quinn::ServerConfig>, String> {
+    let tls = ls
+        .tls
+        .as_ref()
+        .ok_or("HTTP/3 on a listener without TLS")?
+        .config();
+    if let Some(b) = cache {
+        if Arc::ptr_eq(&b.tls, &tls) && b.settings == *settings {
+            return Ok(b.quic.clone());
+        }
+    }
+    let quic = Arc::new(quic_config(&tls, settings)?);
+    *cache = Some(Built {
+        tls,
+        settings: *settings,
+        quic: quic.clone(),
+    });
+    Ok(quic)
+}
+
+/// This worker's QUIC endpoint on `socket` (its own `SO_REUSEPORT` UDP socket of the
+/// listener's port), or why it cannot start.
+pub(crate) fn endpoint(
+    socket: std::net::UdpSocket,
+    ls: &ListenerState,
+) -> Result<quinn::Endpoint, String> {
+    let settings = ls.listener.http3.ok_or("HTTP/3 is off on this listener")?;
+    let mut cache = None;
+    let server = current_config(&mut cache, ls, &settings)?;
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(settings.max_udp_payload)
+        .map_err(|e| e.to_string())?;
+    let server = Arc::try_unwrap(server).unwrap_or_else(|a| (*a).clone());
+    quinn::Endpoint::new(config, Some(server), socket, Arc::new(quinn::TokioRuntime))
+        .map_err(|e| e.to_string())
+}
+
+/// Accept QUIC connections on this worker's endpoint of a listener until the listener stops
+/// (connections open then finish their requests after a GOAWAY).
+pub(crate) async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    slot: Arc<ListenerSlot>,
+    worker: Rc<Worker>,
+) {
+    let mut stop = slot.stop.subscribe();
+    let handshaking = Rc::new(Cell::new(0u32));
+    let mut cache: Option<Built> = None;
+    loop {
+        if *stop.borrow_and_update() {
+            break;
+        }
+        let incoming = tokio::select! {
+            i = endpoint.accept() => i,
+            _ = stop.changed() => break,
+        };
+        let Some(incoming) = incoming else { break };
+        let shared = worker.snapshot();
+        let stats = &shared.stats;
+        let Some(ls) = shared.listener(slot.id).cloned() else {
+            incoming.refuse();
+            continue;
+        };
+        let Some(settings) = ls.listener.http3 else {
+            incoming.refuse();
+            continue;
+        };
+        // Address validation (RFC 9000 8.1): while many handshakes are in progress, a new
+        // client first proves it receives at its address (spoofed floods, amplification).
+        if !incoming.remote_address_validated()
+            && incoming.may_retry()
+            && handshaking.get() >= settings.validate_above
+        {
+            stats.h3_retries.fetch_add(1, Ordering::Relaxed);
+            let _ = incoming.retry();
+            continue;
+        }
+        let peer = incoming.remote_address();
+        let max = ls.listener.limits.max_connections;
+        if slot.active.fetch_add(1, Ordering::AcqRel) >= max {
+            slot.active.fetch_sub(1, Ordering::AcqRel);
+            stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            incoming.refuse();
+            continue;
+        }
+        let per_client = ls.listener.limits.max_connections_per_client;
+        let client = (per_client > 0).then(|| peer.ip());
+        if let Some(ip) = client {
+            if !slot.clients.try_open(ip, per_client) {
+                slot.active.fetch_sub(1, Ordering::AcqRel);
+                stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                incoming.refuse();
+                continue;
+            }
+        }
+        stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+        let guard = crate::server::OpenGuard::new(slot.clone(), worker.clone(), client);
+        let config = match current_config(&mut cache, &ls, &settings) {
+            Ok(c) => c,
+            Err(e) => {
+                crate::telemetry::logging::log_limited!(error, listener = %slot.name, "HTTP/3 connection refused: {e}");
+                incoming.refuse();
+                continue;
+            }
+        };
+        let connecting = match incoming.accept_with(config) {
+            Ok(c) => c,
+            Err(e) => {
+                stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "QUIC connection refused: {e}");
+                continue;
+            }
+        };
+        handshaking.set(handshaking.get() + 1);
+        let ctx = crate::conn::Ctx {
+            ls,
+            shared,
+            worker: worker.clone(),
+            shutdown: slot.stop.subscribe(),
+        };
+        let handshaking = handshaking.clone();
+        tokio::task::spawn_local(async move {
+            let limit = ctx.ls.listener.limits.head_timeout;
+            let hs = tokio::time::timeout(limit, connecting).await;
+            handshaking.set(handshaking.get() - 1);
+            let conn = match hs {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    ctx.shared
+                        .stats
+                        .h3_handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, "QUIC handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    ctx.shared
+                        .stats
+                        .h3_handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, "QUIC handshake timed out");
+                    return;
+                }
+            };
+            Box::pin(serve(conn, peer, ctx, settings)).await;
+            drop(guard);
+        });
+    }
+}
+
+/// Serve an HTTP/3 connection until it closes: one local task per request stream, GOAWAY on
+/// shutdown or listener stop (requests in flight finish, then the connection closes),
+/// H3_EXCESSIVE_LOAD on a reset flood, and a close after `max_requests_per_connection`.
+async fn serve(
+    conn: quinn::Connection,
+    peer: SocketAddr,
+    mut ctx: crate::conn::Ctx,
+    settings: Http3Settings,
+) {
+    let limits = ctx.ls.listener.limits;
+    ctx.shared
+        .stats
+        .h3_connections
+        .fetch_add(1, Ordering::Relaxed);
+    let hd = conn
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok());
+    let sni = hd.and_then(|h| h.server_name).map(String::into_boxed_str);
+    let cert = conn
+        .peer_identity()
+        .and_then(|i| {
+            i.downcast::<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>>()
+                .ok()
+        })
+        .and_then(|chain| portico_tls::client_cert(chain.first()?));
+    let link = Rc::new(Link {
+        worker: ctx.worker.clone(),
+        peer,
+        local: conn
+            .local_ip()
+            .map(|ip| SocketAddr::new(ip, ctx.ls.listener.address.port())),
+        client_ip: peer.ip().to_string(),
+        tls: true,
+        tls_info: Some(("TLSv1.3", sni)),
+        client_cert: cert.map(Box::new),
+        slot: ctx.ls.slot,
+        current: RefCell::new(Rc::new(Current {
+            ls: ctx.ls.clone(),
+            shared: ctx.shared.clone(),
+        })),
+        // The reset limit is HTTP/3's own; the rest is unused here.
+        settings: Http2Settings {
+            max_resets: settings.max_resets,
+            reset_window: settings.reset_window,
+            ..Http2Settings::DEFAULT
+        },
+        active: Cell::new(0),
+        idle_since: Cell::new(Instant::now()),
+        idle: Notify::new(),
+        resets: Windowed::new(),
+        calm: Notify::new(),
+        ping_acks: Windowed::new(),
+    });
+    let mut builder = h3::server::builder();
+    builder.max_field_section_size(u64::from(settings.max_header_list_size));
+    let made = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
+    let mut h3 = match tokio::time::timeout(limits.head_timeout, made).await {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "HTTP/3 connection failed to start: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "HTTP/3 control streams not received in time");
+            return;
+        }
+    };
+    let mut draining = *ctx.shutdown.borrow();
+    if draining {
+        let _ = h3.shutdown(1).await;
+    }
+    let mut served: u64 = 0;
+    loop {
+        if draining && link.active.get() == 0 {
+            break;
+        }
+        tokio::select! {
+            biased;
+            _ = link.calm.notified() => {
+                crate::telemetry::logging::log_limited!(info, %peer, "HTTP/3 reset flood: closed with H3_EXCESSIVE_LOAD");
+                ctx.shared.stats.h3_reset_floods.fetch_add(1, Ordering::Relaxed);
+                conn.close(EXCESSIVE_LOAD.into(), b"too many streams reset");
+                return;
+            }
+            r = ctx.shutdown.changed(), if !draining => {
+                if r.is_err() || *ctx.shutdown.borrow() {
+                    let _ = h3.shutdown(1).await;
+                    draining = true;
+                }
+            }
+            _ = link.idle.notified(), if draining => {}
+            r = h3.accept() => match r {
+                Ok(Some(resolver)) => {
+                    served += 1;
+                    link.stream_started();
+                    let link = link.clone();
+                    tokio::task::spawn_local(async move {
+                        Box::pin(stream::handle(link.clone(), resolver)).await;
+                        link.stream_ended();
+                    });
+                    let max = limits.max_requests_per_connection;
+                    if !draining && max > 0 && served >= max {
+                        let _ = h3.shutdown(1).await;
+                        draining = true;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    if !e.is_h3_no_error() {
+                        tracing::debug!(%peer, "HTTP/3 connection ended: {e}");
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    // Requests in flight finish before the connection closes (the worker's drain bounds this).
+    while link.active.get() > 0 {
+        link.idle.notified().await;
+    }
+}

@@ -1,0 +1,392 @@
+//! HTTP/3 end to end: a quinn + h3 client through Portico's QUIC listener to an HTTP/1.1 upstream (bodies, trailers, errors, concurrent streams, drain), and Alt-Svc on the TCP side.
+
+use crate::common::{closed_port, start_toml, T};
+use bytes::{Buf, Bytes};
+use portico_proxy::Running;
+use portico_testkit::{Reply, TestUpstream};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A self-signed certificate for `localhost` under `dir`: (cert path, key path, DER).
+fn cert(dir: &Path) -> (String, String, rustls::pki_types::CertificateDer<'static>) {
+    let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cp, kp) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cp, c.cert.pem()).unwrap();
+    std::fs::write(&kp, c.key_pair.serialize_pem()).unwrap();
+    (
+        cp.display().to_string(),
+        kp.display().to_string(),
+        c.cert.der().clone(),
+    )
+}
+
+/// A proxy with one TLS listener serving HTTP/3, its routes `routes` (TOML).
+fn proxy(
+    dir: &Path,
+    http3: &str,
+    routes: &str,
+) -> (Running, rustls::pki_types::CertificateDer<'static>) {
+    let (c, k, der) = cert(dir);
+    let p = start_toml(
+        &format!(
+            r#"
+[[listeners]]
+name = "quic"
+address = "127.0.0.1:0"
+[listeners.tls]
+certificates = [{{ cert = "{c}", key = "{k}" }}]
+[listeners.http3]
+{http3}
+{routes}
+"#
+        ),
+        1,
+    );
+    (p, der)
+}
+
+/// An HTTP/3 client connection to `addr` trusting `ca`.
+async fn client(
+    addr: SocketAddr,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+) -> (
+    quinn::Endpoint,
+    h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+) {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    let conn = tokio::time::timeout(T, endpoint.connect(addr, "localhost").unwrap())
+        .await
+        .expect("QUIC handshake in time")
+        .expect("QUIC handshake");
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+    });
+    (endpoint, send)
+}
+
+/// One request: status, selected response fields, body, trailers.
+struct Got {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+    trailers: Option<http::HeaderMap>,
+}
+
+async fn request(
+    send: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    method: &str,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> Got {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"));
+    if let Some(b) = &body {
+        req = req.header("content-length", b.len());
+    }
+    let work = async {
+        let mut stream = send.send_request(req.body(()).unwrap()).await.unwrap();
+        if let Some(b) = body {
+            for chunk in b.chunks(16 * 1024) {
+                stream
+                    .send_data(Bytes::copy_from_slice(chunk))
+                    .await
+                    .unwrap();
+            }
+        }
+        stream.finish().await.unwrap();
+        let resp = stream.recv_response().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(mut d) = stream.recv_data().await.unwrap() {
+            out.extend_from_slice(&d.copy_to_bytes(d.remaining()));
+        }
+        let trailers = stream.recv_trailers().await.unwrap();
+        Got {
+            status: resp.status().as_u16(),
+            headers: resp.headers().clone(),
+            body: out,
+            trailers,
+        }
+    };
+    tokio::time::timeout(T, work)
+        .await
+        .expect("response in time")
+}
+
+fn routes_to(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+[[listeners.routes]]
+name = "api"
+proxy = "app"
+[upstreams.app]
+servers = ["{upstream}"]
+"#
+    )
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn requests_bodies_trailers_and_errors_over_http3() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|r| {
+        match r.target.as_str() {
+        "/trailers" => Reply::Raw(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-checksum\r\n\r\n3\r\nabc\r\n0\r\nx-checksum: 42\r\n\r\n".to_vec(),
+        ),
+        "/echo" => Reply::Respond {
+            status: 201,
+            headers: vec![("x-got".into(), r.body.len().to_string())],
+            body: r.body.clone(),
+            chunked: false,
+        },
+        "/missing" => Reply::Respond {
+            status: 404,
+            headers: vec![],
+            body: b"nope".to_vec(),
+            chunked: false,
+        },
+        _ => Reply::ok(&format!("{} {}", r.method, r.target)),
+    }
+    });
+    let dead = closed_port();
+    let routes = format!(
+        r#"
+[[listeners.routes]]
+name = "dead"
+path = "/dead/**"
+proxy = "dead"
+{}
+[upstreams.dead]
+servers = ["{dead}"]
+"#,
+        routes_to(up.addr)
+    );
+    let (p, ca) = proxy(dir.path(), "", &routes);
+    let addr = p.addr("quic").unwrap();
+    let (_endpoint, mut send) = client(addr, &ca).await;
+
+    let g = request(&mut send, "GET", "/hello?x=1", None).await;
+    assert_eq!(g.status, 200);
+    assert_eq!(g.body, b"GET /hello?x=1");
+    // A body-less GET goes upstream without a body or chunked framing.
+    let seen = up.requests();
+    let last = seen.last().unwrap();
+    assert_eq!(last.header("transfer-encoding"), None);
+    assert_eq!(last.header("x-forwarded-proto"), Some("https"));
+    assert_eq!(last.header("host"), Some("localhost"));
+
+    for size in [0usize, 1024, 1024 * 1024] {
+        let body: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let g = request(&mut send, "POST", "/echo", Some(body.clone())).await;
+        assert_eq!(g.status, 201, "POST of {size} bytes");
+        assert_eq!(g.headers["x-got"], size.to_string().as_str());
+        assert_eq!(g.body, body, "echoed body of {size} bytes");
+    }
+
+    let g = request(&mut send, "GET", "/trailers", None).await;
+    assert_eq!(g.body, b"abc");
+    assert_eq!(g.trailers.expect("trailers")["x-checksum"], "42");
+
+    let g = request(&mut send, "GET", "/missing", None).await;
+    assert_eq!((g.status, g.body.as_slice()), (404, &b"nope"[..]));
+
+    let g = request(&mut send, "GET", "/dead/x", None).await;
+    assert_eq!(g.status, 502);
+
+    // Twenty streams at once on the one connection.
+    let mut all = Vec::new();
+    for i in 0..20 {
+        let mut s = send.clone();
+        all.push(tokio::spawn(async move {
+            request(&mut s, "GET", &format!("/n/{i}"), None).await
+        }));
+    }
+    for (i, h) in all.into_iter().enumerate() {
+        let g = h.await.unwrap();
+        assert_eq!(g.body, format!("GET /n/{i}").as_bytes());
+    }
+    let stats = p.stats();
+    assert_eq!(
+        stats
+            .h3_connections
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+/// The response head of one HTTP/1.1 GET over TLS (ALPN http/1.1) to `addr`.
+fn https_head(addr: SocketAddr, ca: &rustls::pki_types::CertificateDer<'static>) -> String {
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(T)).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let text = String::from_utf8_lossy(&all).to_string();
+    text.split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn alt_svc_advertises_the_udp_port_on_tcp_responses() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|_| Reply::ok("tcp"));
+    let (p, ca) = proxy(dir.path(), "alt_svc_max_age = \"1h\"", &routes_to(up.addr));
+    let addr = p.addr("quic").unwrap();
+    let head = tokio::task::spawn_blocking(move || https_head(addr, &ca))
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let want = format!("alt-svc: h3=\":{}\"; ma=3600", addr.port());
+    assert!(
+        head.to_ascii_lowercase().contains(&want),
+        "{want} in\n{head}"
+    );
+    drop(p);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (p, ca) = proxy(dir.path(), "alt_svc_max_age = \"0s\"", &routes_to(up.addr));
+    let addr = p.addr("quic").unwrap();
+    let head = tokio::task::spawn_blocking(move || https_head(addr, &ca))
+        .await
+        .unwrap();
+    assert!(!head.to_ascii_lowercase().contains("alt-svc"), "{head}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn every_new_client_proves_its_address_with_a_retry_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|_| Reply::ok("validated"));
+    let (p, ca) = proxy(dir.path(), "validate_above = 0", &routes_to(up.addr));
+    let (_e, mut send) = client(p.addr("quic").unwrap(), &ca).await;
+    let g = request(&mut send, "GET", "/", None).await;
+    assert_eq!(g.body, b"validated");
+    let retries = p
+        .stats()
+        .h3_retries
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(retries, 1, "one Retry for the one handshake");
+
+    // The default threshold lets a single handshake through without one.
+    let dir = tempfile::tempdir().unwrap();
+    let (p, ca) = proxy(dir.path(), "", &routes_to(up.addr));
+    let (_e, mut send) = client(p.addr("quic").unwrap(), &ca).await;
+    assert_eq!(request(&mut send, "GET", "/", None).await.status, 200);
+    assert_eq!(
+        p.stats()
+            .h3_retries
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn shutdown_sends_goaway_and_lets_the_request_in_flight_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let hold = portico_testkit::Hold::new();
+    let h = hold.clone();
+    let up = TestUpstream::start(move |_| {
+        h.wait();
+        Reply::ok("finished")
+    });
+    let (p, ca) = proxy(dir.path(), "", &routes_to(up.addr));
+    let (_e, send) = client(p.addr("quic").unwrap(), &ca).await;
+    let mut s = send.clone();
+    let inflight = tokio::spawn(async move { request(&mut s, "GET", "/slow", None).await });
+    let h = hold.clone();
+    assert!(tokio::task::spawn_blocking(move || h.wait_held(1))
+        .await
+        .unwrap());
+    p.shutdown();
+    // The connection's GOAWAY arrives: the client refuses new requests on it.
+    let mut s = send.clone();
+    let refused = async {
+        loop {
+            let req = http::Request::get("https://localhost/new")
+                .body(())
+                .unwrap();
+            if s.send_request(req).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(T, refused)
+        .await
+        .expect("GOAWAY in time");
+    hold.open();
+    let g = inflight.await.unwrap();
+    assert_eq!((g.status, g.body.as_slice()), (200, &b"finished"[..]));
+    tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_stream_reset_flood_closes_the_connection_with_excessive_load() {
+    let dir = tempfile::tempdir().unwrap();
+    // Bodies larger than the client's stream window: each response waits on the client, which
+    // stops reading it.
+    let big = vec![b'x'; 4 << 20];
+    let up = TestUpstream::start(move |_| Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: big.clone(),
+        chunked: false,
+    });
+    let (p, ca) = proxy(dir.path(), "max_resets = 3", &routes_to(up.addr));
+    let (_e, mut send) = client(p.addr("quic").unwrap(), &ca).await;
+    let flood = async {
+        for _ in 0..50 {
+            let req = http::Request::get("https://localhost/big")
+                .body(())
+                .unwrap();
+            let Ok(mut stream) = send.send_request(req).await else {
+                return;
+            };
+            if stream.finish().await.is_err() || stream.recv_response().await.is_err() {
+                return;
+            }
+            stream.stop_sending(h3::error::Code::H3_REQUEST_CANCELLED);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("the connection outlived 50 reset streams");
+    };
+    tokio::time::timeout(T, flood)
+        .await
+        .expect("closed in time");
+    let floods = || {
+        p.stats()
+            .h3_reset_floods
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    crate::common::until("the flood counted", || floods() == 1).await;
+}
