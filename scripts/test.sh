@@ -59,6 +59,8 @@ stage "interop: PROXY protocol with curl and HAProxy, into Portico and out of it
 scripts/interop-proxy-protocol.sh "$PORTICO_BIN"
 stage "interop: compressed responses read by curl --compressed and Python's gzip, brotli, zstandard"
 scripts/interop-compression.sh "$PORTICO_BIN"
+stage "interop: HTTP/3 with aioquic's client (bodies, trailers, errors, concurrent and reset streams)"
+scripts/interop-h3.sh "$PORTICO_BIN"
 stage "interop: the response cache's behaviour beside nginx proxy_cache and Varnish"
 scripts/interop-cache.sh "$PORTICO_BIN"
 stage "ACME: certificates from Pebble by HTTP-01, TLS-ALPN-01 and DNS-01, renewals, restart, failures, a shared storage"
