@@ -107,7 +107,10 @@ pub struct Flags {
     /// HTTP/2: TLS with ALPN h2 for https:// URLs, h2c with prior knowledge for http:// URLs.
     #[arg(long)]
     pub h2: bool,
-    /// HTTP/2: streams in flight per connection (default 1; h2load's -m).
+    /// HTTP/3 over QUIC (https:// URLs only): ALPN h3, TLS 1.3.
+    #[arg(long, conflicts_with = "h2")]
+    pub h3: bool,
+    /// HTTP/2 and HTTP/3: streams in flight per connection (default 1; h2load's -m).
     #[arg(long, value_name = "N")]
     pub streams: Option<usize>,
     /// The command line, stored in the JSON (set by the CLI, not a flag).
@@ -148,6 +151,7 @@ impl Default for Flags {
             insecure: false,
             cacert: None,
             h2: false,
+            h3: false,
             streams: None,
             command: None,
         }
@@ -212,6 +216,8 @@ pub struct Config {
     pub tls: Option<crate::tls::TlsClient>,
     /// `--h2`: HTTP/2 (TLS with ALPN h2, or h2c with prior knowledge).
     pub h2: bool,
+    /// `--h3`: HTTP/3 over QUIC.
+    pub h3: bool,
     /// Requests in flight per connection: `--streams` with `--h2`, else 1.
     pub streams: usize,
     /// `--label`.
@@ -327,6 +333,7 @@ impl Config {
                     cacert: f.cacert.clone(),
                     resume: f.tls_resume,
                     h2: f.h2,
+                    h3: f.h3,
                 },
                 &target.host,
             )?)
@@ -342,10 +349,13 @@ impl Config {
             if let Some((name, _)) = tls_flags.iter().find(|(_, given)| *given) {
                 return Err(flag(format!("{name} needs an https:// URL")));
             }
+            if f.h3 {
+                return Err(flag("--h3 needs an https:// URL (QUIC is always TLS)"));
+            }
             None
         };
-        let streams = match (f.h2, f.streams) {
-            (false, Some(_)) => return Err(flag("--streams needs --h2")),
+        let streams = match (f.h2 || f.h3, f.streams) {
+            (false, Some(_)) => return Err(flag("--streams needs --h2 or --h3")),
             (false, None) => 1,
             (true, None) => 1,
             (true, Some(n)) if n == 0 || n > MAX_STREAMS => {
@@ -353,9 +363,9 @@ impl Config {
             }
             (true, Some(n)) => n,
         };
-        if f.h2 && f.close {
+        if (f.h2 || f.h3) && f.close {
             return Err(flag(
-                "--close and --h2 exclude each other (HTTP/2 has no connection-per-request mode)",
+                "--close excludes --h2 and --h3 (they have no connection-per-request mode)",
             ));
         }
         if f.connections.saturating_mul(streams) > MAX_IN_FLIGHT {
@@ -382,6 +392,7 @@ impl Config {
             pids: f.pids.clone(),
             tls,
             h2: f.h2,
+            h3: f.h3,
             streams,
             label: f.label.clone(),
             command: f.command.clone(),

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod deadline;
 pub mod error;
 pub mod h2conn;
+pub mod h3conn;
 pub mod hgrm;
 pub mod manifest;
 pub mod pacer;

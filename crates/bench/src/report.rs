@@ -310,7 +310,12 @@ pub(crate) fn http11() -> String {
 
 /// The protocol a run speaks, as the reports name it.
 pub(crate) fn protocol_of(cfg: &Config) -> String {
-    if cfg.h2 { "HTTP/2" } else { "HTTP/1.1" }.to_string()
+    match (cfg.h2, cfg.h3) {
+        (_, true) => "HTTP/3",
+        (true, _) => "HTTP/2",
+        _ => "HTTP/1.1",
+    }
+    .to_string()
 }
 
 fn kind_run() -> String {
@@ -437,7 +442,7 @@ impl Report {
             threads: cfg.threads,
             keep_alive: !cfg.close,
             protocol: protocol_of(cfg),
-            streams: cfg.h2.then_some(cfg.streams),
+            streams: (cfg.h2 || cfg.h3).then_some(cfg.streams),
             planned_duration_s: match cfg.stop {
                 Stop::Duration(d) => Some(d.as_secs_f64()),
                 Stop::Requests(_) => None,

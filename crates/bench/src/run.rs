@@ -7,6 +7,7 @@ use crate::cpu;
 use crate::deadline::{watchdog, Deadline};
 use crate::error::BenchError;
 use crate::h2conn::H2Conn;
+use crate::h3conn::H3Conn;
 use crate::pacer::{spawn_sleeper, Pacer, Shared};
 use crate::report::{Measured, Report};
 use crate::request::encode_requests;
@@ -113,6 +114,28 @@ impl Link for Conn {
 struct H2Link(Rc<H2Conn>);
 
 impl Link for H2Link {
+    async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind> {
+        match plan.h2_requests.get(url) {
+            Some(r) => self.0.exchange(r).await,
+            None => Err(ErrorKind::BadResponse),
+        }
+    }
+
+    fn abandon(&mut self) {
+        // Dropping the exchange reset its stream; the connection goes on.
+    }
+
+    fn take_opened(&mut self) -> Option<Opened> {
+        self.0.take_opened()
+    }
+
+    async fn finish_close(&mut self) {}
+}
+
+/// One stream slot of an HTTP/3 connection.
+struct H3Link(Rc<H3Conn>);
+
+impl Link for H3Link {
     async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind> {
         match plan.h2_requests.get(url) {
             Some(r) => self.0.exchange(r).await,
@@ -354,6 +377,7 @@ impl Worker {
 enum Conns {
     H1(Vec<Conn>),
     H2(Vec<Rc<H2Conn>>),
+    H3(Vec<Rc<H3Conn>>),
 }
 
 /// Measured requests of connection `k` in a closed-loop count run.
@@ -394,7 +418,27 @@ fn worker(
         .collect();
     // Keep-alive runs open their connections before the start, so that the first requests do not
     // pay for the handshake (failures are left to the first request, which counts them).
-    let conns = if cfg.h2 {
+    let conns = if let (true, Some(tls)) = (cfg.h3, &cfg.tls) {
+        Conns::H3(local.block_on(&rt, async {
+            let conns: Vec<Rc<H3Conn>> = mine
+                .iter()
+                .map(|_| Rc::new(H3Conn::new(cfg.addr, tls)))
+                .collect();
+            let tasks: Vec<_> = conns
+                .iter()
+                .map(|c| {
+                    let (c, timeout) = (c.clone(), cfg.timeout);
+                    tokio::task::spawn_local(async move {
+                        let _ = tokio::time::timeout(timeout, c.sender()).await;
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let _ = t.await;
+            }
+            conns
+        }))
+    } else if cfg.h2 {
         Conns::H2(local.block_on(&rt, async {
             let conns: Vec<Rc<H2Conn>> = mine
                 .iter()
@@ -465,6 +509,13 @@ fn worker(
                 }
             }
         }
+        Conns::H3(cs) => {
+            for c in cs {
+                while let Some(o) = c.take_opened() {
+                    rec.opened(false, &o);
+                }
+            }
+        }
     }
     let shared = Arc::new(Shared::new(t0));
     let mut sleeper = None;
@@ -514,6 +565,12 @@ fn worker(
                     tasks.extend(w.spawn_connection(k, links, &mut deadlines));
                 }
             }
+            Conns::H3(cs) => {
+                for (&k, conn) in mine.iter().zip(cs) {
+                    let links = (0..cfg.streams).map(|_| H3Link(conn.clone())).collect();
+                    tasks.extend(w.spawn_connection(k, links, &mut deadlines));
+                }
+            }
         }
         tokio::task::spawn_local(watchdog(deadlines));
         for t in tasks {
@@ -538,7 +595,7 @@ pub fn run(cfg: &Config, progress: &mut dyn FnMut(&Progress)) -> Result<Report, 
     let plan = Arc::new(Plan {
         cfg: cfg.clone(),
         requests: encode_requests(cfg),
-        h2_requests: if cfg.h2 {
+        h2_requests: if cfg.h2 || cfg.h3 {
             crate::request::h2_requests(cfg)?
         } else {
             Vec::new()

@@ -98,7 +98,7 @@ impl Job {
 /// `cfg`, once its HTTP/2 requests (`--h2`) can be built: a `-H` field HTTP/2 forbids is a flag
 /// error before anything runs.
 fn checked(cfg: Config) -> Result<Config, BenchError> {
-    if cfg.h2 {
+    if cfg.h2 || cfg.h3 {
         crate::request::h2_requests(&cfg)?;
     }
     Ok(cfg)
@@ -729,7 +729,7 @@ pub fn run_sweep(
         threads: base.threads,
         keep_alive: !base.close,
         protocol: crate::report::protocol_of(base),
-        streams: base.h2.then_some(base.streams),
+        streams: (base.h2 || base.h3).then_some(base.streams),
         duration_s: duration.as_secs_f64(),
         warmup_s: base.warmup.as_secs_f64(),
         rates: sc.rates.clone(),

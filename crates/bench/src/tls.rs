@@ -37,6 +37,8 @@ pub struct TlsOptions {
     pub resume: bool,
     /// `--h2`: offer ALPN `h2` only (else `http/1.1`).
     pub h2: bool,
+    /// `--h3`: offer ALPN `h3` only, TLS 1.3 only (QUIC's handshake).
+    pub h3: bool,
 }
 
 /// What the run asked of TLS, for the report.
@@ -143,7 +145,13 @@ impl TlsClient {
     /// Validate the options for a server reached as `host`.
     pub fn new(o: &TlsOptions, host: &str) -> Result<TlsClient, BenchError> {
         let provider = Arc::new(provider(o)?);
-        let versions = versions(o.version.as_deref())?;
+        let versions = match o.h3 {
+            true if o.version.as_deref().is_some_and(|v| !v.contains('3')) => {
+                return Err(flag("--h3 needs TLS 1.3 (QUIC's handshake is TLS 1.3)"))
+            }
+            true => vec![&rustls::version::TLS13],
+            false => versions(o.version.as_deref())?,
+        };
         // Every version needs a suite of its own.
         for v in &versions {
             if !provider
@@ -188,7 +196,9 @@ impl TlsClient {
                 what,
             )
         };
-        config.alpn_protocols = if o.h2 {
+        config.alpn_protocols = if o.h3 {
+            vec![b"h3".to_vec()]
+        } else if o.h2 {
             vec![b"h2".to_vec()]
         } else {
             vec![b"http/1.1".to_vec()]

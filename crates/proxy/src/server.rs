@@ -481,6 +481,11 @@ pub(crate) struct OpenGuard {
 }
 
 impl OpenGuard {
+    /// The connection now counts in `slot.clients` for `ip` (released with the guard).
+    pub(crate) fn counts_client(&mut self, ip: std::net::IpAddr) {
+        self.client = Some(ip);
+    }
+
     /// A connection counted in `slot.active` (and for `client` in `slot.clients`) opens.
     pub(crate) fn new(
         slot: Arc<ListenerSlot>,

@@ -343,6 +343,7 @@ impl<'a> Client<'a> for H3Down<'a> {
                 head: Some(response),
                 end: end.then(HeaderMap::new),
                 sent: 0,
+                finished: false,
             },
         })
     }
@@ -404,6 +405,18 @@ pub(crate) struct H3Out<'s> {
     /// The listener's `send_timeout`: the longest wait for the client's flow control.
     limit: Duration,
     sent: u64,
+    /// The stream was finished (FIN after the whole response).
+    finished: bool,
+}
+
+impl Drop for H3Out<'_> {
+    fn drop(&mut self) {
+        // A response that did not end in full is reset: the stream's own drop would finish it,
+        // and the client would take a cut body for a whole one.
+        if !self.finished {
+            self.send.stop_stream(Code::H3_INTERNAL_ERROR);
+        }
+    }
 }
 
 impl H3Out<'_> {
@@ -436,6 +449,7 @@ impl Sink for H3Out<'_> {
                 within(self.limit, self.send.send_trailers(trailers)).await?;
             }
             within(self.limit, self.send.finish()).await?;
+            self.finished = true;
         }
         Ok(())
     }
@@ -453,10 +467,10 @@ impl Sink for H3Out<'_> {
         std::future::pending().await
     }
 
-    fn abort(&mut self, e: &ProxyError) {
-        if !e.client_gone() {
-            self.send.stop_stream(Code::H3_INTERNAL_ERROR);
-        }
+    fn abort(&mut self, _: &ProxyError) {
+        // Also when the client is gone: a reset stream is never taken for a whole response.
+        self.send.stop_stream(Code::H3_INTERNAL_ERROR);
+        self.finished = true;
     }
 
     fn sent(&self) -> u64 {
@@ -521,12 +535,18 @@ async fn send_simple(
     limit: Duration,
 ) -> Result<u64, ProxyError> {
     let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
-    within(limit, send.send_response(response)).await?;
     let bodyless = head_only || status == 204 || status == 304 || body.is_empty();
-    if !bodyless {
-        within(limit, send.send_data(Bytes::copy_from_slice(body))).await?;
+    let r = async {
+        within(limit, send.send_response(response)).await?;
+        if !bodyless {
+            within(limit, send.send_data(Bytes::copy_from_slice(body))).await?;
+        }
+        within(limit, send.finish()).await
+    };
+    if let Err(e) = r.await {
+        send.stop_stream(Code::H3_INTERNAL_ERROR);
+        return Err(e);
     }
-    within(limit, send.finish()).await?;
     Ok(if bodyless { 0 } else { body.len() as u64 })
 }
 
@@ -573,9 +593,7 @@ async fn origin_answer(
     match r {
         Ok(n) => Outcome::ok(status, true, n),
         Err(e) => {
-            if !e.client_gone() {
-                send.stop_stream(Code::H3_INTERNAL_ERROR);
-            }
+            send.stop_stream(Code::H3_INTERNAL_ERROR);
             Outcome {
                 termination: e.termination(Phase::ResponseBody),
                 status,

@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Notify;
 
+/// One connection's `h3` server.
+type H3Server = h3::server::Connection<h3_quinn::Connection, bytes::Bytes>;
+
 /// The ALPN token of HTTP/3 (RFC 9114 3.1).
 pub const ALPN: &[u8] = b"h3";
 
@@ -129,7 +132,7 @@ pub(crate) async fn accept_loop(
             i = endpoint.accept() => i,
             _ = stop.changed() => break,
         };
-        let Some(incoming) = incoming else { break };
+        let Some(incoming) = incoming else { return };
         let shared = worker.snapshot();
         let stats = &shared.stats;
         let Some(ls) = shared.listener(slot.id).cloned() else {
@@ -142,16 +145,18 @@ pub(crate) async fn accept_loop(
         };
         // Address validation (RFC 9000 8.1): while many handshakes are in progress, a new
         // client first proves it receives at its address (spoofed floods, amplification).
+        // Near the connection limit too: unvalidated sources would take its last places.
+        let max = ls.listener.limits.max_connections;
+        let crowded = slot.active.load(Ordering::Acquire) >= max - max / 4;
         if !incoming.remote_address_validated()
             && incoming.may_retry()
-            && handshaking.get() >= settings.validate_above
+            && (handshaking.get() >= settings.validate_above || crowded)
         {
             stats.h3_retries.fetch_add(1, Ordering::Relaxed);
             let _ = incoming.retry();
             continue;
         }
         let peer = incoming.remote_address();
-        let max = ls.listener.limits.max_connections;
         if slot.active.fetch_add(1, Ordering::AcqRel) >= max {
             slot.active.fetch_sub(1, Ordering::AcqRel);
             stats.connections_refused.fetch_add(1, Ordering::Relaxed);
@@ -160,16 +165,8 @@ pub(crate) async fn accept_loop(
         }
         let per_client = ls.listener.limits.max_connections_per_client;
         let client = (per_client > 0).then(|| peer.ip());
-        if let Some(ip) = client {
-            if !slot.clients.try_open(ip, per_client) {
-                slot.active.fetch_sub(1, Ordering::AcqRel);
-                stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                incoming.refuse();
-                continue;
-            }
-        }
         stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-        let guard = crate::server::OpenGuard::new(slot.clone(), worker.clone(), client);
+        let mut guard = crate::server::OpenGuard::new(slot.clone(), worker.clone(), None);
         let config = match current_config(&mut cache, &ls, &settings) {
             Ok(c) => c,
             Err(e) => {
@@ -194,6 +191,7 @@ pub(crate) async fn accept_loop(
             shutdown: slot.stop.subscribe(),
         };
         let handshaking = handshaking.clone();
+        let slot = slot.clone();
         tokio::task::spawn_local(async move {
             let limit = ctx.ls.listener.limits.head_timeout;
             let hs = tokio::time::timeout(limit, connecting).await;
@@ -217,10 +215,35 @@ pub(crate) async fn accept_loop(
                     return;
                 }
             };
-            Box::pin(serve(conn, peer, ctx, settings)).await;
+            if let Some(ip) = client {
+                // Counted once the client proved its address by completing the handshake:
+                // a spoofed source cannot use up a real client's share.
+                if !slot.clients.try_open(ip, per_client) {
+                    let stats = &ctx.shared.stats;
+                    stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(listener = %slot.name, client = %ip, "QUIC connection refused: max_connections_per_client reached");
+                    conn.close(0u32.into(), b"too many connections");
+                    return;
+                }
+                guard.counts_client(ip);
+            }
+            Box::pin(serve(conn, peer, ctx, settings, slot.addr.port())).await;
             drop(guard);
         });
     }
+    // Stopped: new clients are refused (not left waiting for a handshake that never comes)
+    // while the endpoint's connections finish; the worker's drain bounds how long.
+    tokio::task::spawn_local(async move {
+        loop {
+            tokio::select! {
+                i = endpoint.accept() => match i {
+                    Some(i) => i.refuse(),
+                    None => return,
+                },
+                _ = endpoint.wait_idle() => return,
+            }
+        }
+    });
 }
 
 /// Serve an HTTP/3 connection until it closes: one local task per request stream, GOAWAY on
@@ -231,6 +254,7 @@ async fn serve(
     peer: SocketAddr,
     mut ctx: crate::conn::Ctx,
     settings: Http3Settings,
+    port: u16,
 ) {
     let limits = ctx.ls.listener.limits;
     ctx.shared
@@ -251,9 +275,7 @@ async fn serve(
     let link = Rc::new(Link {
         worker: ctx.worker.clone(),
         peer,
-        local: conn
-            .local_ip()
-            .map(|ip| SocketAddr::new(ip, ctx.ls.listener.address.port())),
+        local: conn.local_ip().map(|ip| SocketAddr::new(ip, port)),
         client_ip: peer.ip().to_string(),
         tls: true,
         tls_info: Some(("TLSv1.3", sni)),
@@ -292,7 +314,7 @@ async fn serve(
     };
     let mut draining = *ctx.shutdown.borrow();
     if draining {
-        let _ = h3.shutdown(1).await;
+        goaway(&mut h3, &conn, limits.send_timeout).await;
     }
     let mut served: u64 = 0;
     loop {
@@ -305,11 +327,11 @@ async fn serve(
                 crate::telemetry::logging::log_limited!(info, %peer, "HTTP/3 reset flood: closed with H3_EXCESSIVE_LOAD");
                 ctx.shared.stats.h3_reset_floods.fetch_add(1, Ordering::Relaxed);
                 conn.close(EXCESSIVE_LOAD.into(), b"too many streams reset");
-                return;
+                break;
             }
             r = ctx.shutdown.changed(), if !draining => {
                 if r.is_err() || *ctx.shutdown.borrow() {
-                    let _ = h3.shutdown(1).await;
+                    goaway(&mut h3, &conn, limits.send_timeout).await;
                     draining = true;
                 }
             }
@@ -318,14 +340,14 @@ async fn serve(
                 Ok(Some(resolver)) => {
                     served += 1;
                     link.stream_started();
-                    let link = link.clone();
+                    let (link, quic) = (link.clone(), conn.clone());
                     tokio::task::spawn_local(async move {
-                        Box::pin(stream::handle(link.clone(), resolver)).await;
+                        Box::pin(stream::handle(link.clone(), quic, resolver)).await;
                         link.stream_ended();
                     });
                     let max = limits.max_requests_per_connection;
                     if !draining && max > 0 && served >= max {
-                        let _ = h3.shutdown(1).await;
+                        goaway(&mut h3, &conn, limits.send_timeout).await;
                         draining = true;
                     }
                 }
@@ -339,8 +361,42 @@ async fn serve(
             }
         }
     }
-    // Requests in flight finish before the connection closes (the worker's drain bounds this).
+    // Requests in flight finish first (a closed connection ends them at once; the worker's
+    // drain bounds the rest).
     while link.active.get() > 0 {
         link.idle.notified().await;
+    }
+    // Closing the connection at once would drop response bytes not yet sent or acknowledged
+    // (the responses' writes only queued them): it closes once it has sent nothing for four
+    // round trips (the last bytes went out, and a loss would have been resent by then), or the
+    // client closed it, within the keep-alive timeout (at most the drain timeout on shutdown).
+    let mut grace = limits.keepalive_timeout;
+    if *ctx.shutdown.borrow() {
+        grace = grace.min(ctx.shared.config.drain_timeout);
+    }
+    let until = tokio::time::Instant::now() + grace;
+    let mut sent = conn.stats().udp_tx.bytes;
+    loop {
+        let quiet = (conn.rtt() * 4).max(std::time::Duration::from_millis(20));
+        tokio::select! {
+            _ = conn.closed() => return,
+            _ = tokio::time::sleep_until(until.min(tokio::time::Instant::now() + quiet)) => {}
+        }
+        let now = conn.stats().udp_tx.bytes;
+        if now == sent || tokio::time::Instant::now() >= until {
+            return;
+        }
+        sent = now;
+    }
+}
+
+/// GOAWAY, after which no new request is accepted; bounded by `limit`: a client that grants no
+/// flow control on the control stream has its connection closed instead of holding it open.
+async fn goaway(h3: &mut H3Server, conn: &quinn::Connection, limit: std::time::Duration) {
+    if !matches!(
+        tokio::time::timeout(limit, h3.shutdown(1)).await,
+        Ok(Ok(()))
+    ) {
+        conn.close(0u32.into(), b"");
     }
 }

@@ -19,7 +19,7 @@ pub(super) type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Byt
 /// Serve one request stream; exactly one termination record and one access-log line for a
 /// stream whose head arrived (a stream without a head within `head_timeout` is dropped, as
 /// an HTTP/1.1 connection that sends nothing is).
-pub(super) async fn handle(link: Rc<Link>, resolver: Resolver) {
+pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Resolver) {
     let cur = link.current();
     let limits = cur.ls.listener.limits;
     let resolved = tokio::time::timeout(limits.head_timeout, resolver.resolve_request()).await;
@@ -69,7 +69,12 @@ pub(super) async fn handle(link: Rc<Link>, resolver: Resolver) {
                         timings: &mut timings,
                         client: None,
                     };
-                    let o = crate::flow::serve(&mut down, &head, started).await;
+                    // A connection that closes ends its requests at once (their upstream work
+                    // too), as a reset HTTP/2 stream does.
+                    let o = tokio::select! {
+                        o = crate::flow::serve(&mut down, &head, started) => o,
+                        _ = conn.closed() => gone(),
+                    };
                     (Some(head), o)
                 }
                 Err(e) => {
@@ -90,6 +95,18 @@ pub(super) async fn handle(link: Rc<Link>, resolver: Resolver) {
     };
     // The stream's halves go with this task: a body not read to its end gets STOP_SENDING.
     finish(&link, &cur, head.as_ref(), &outcome, &timings, started);
+}
+
+/// The outcome of a request whose connection closed under it.
+fn gone() -> Outcome {
+    let e = ProxyError::ClientClosed;
+    Outcome {
+        termination: e.termination(Phase::ResponseHead),
+        status: e.status(),
+        keep_alive: false,
+        bytes_sent: 0,
+        upstream: None,
+    }
 }
 
 /// Count and log a finished request; a stream the client reset counts towards the reset limit.
