@@ -209,7 +209,9 @@ servers = ["{dead}"]
 
     // A body the server cuts short is a reset stream, never a response that looks whole.
     let cut = async {
-        let req = http::Request::get("https://localhost/cut").body(()).unwrap();
+        let req = http::Request::get("https://localhost/cut")
+            .body(())
+            .unwrap();
         let mut stream = send.send_request(req).await.unwrap();
         stream.finish().await.unwrap();
         // The reset may overtake the head (a reset stream's unread data is discarded).
@@ -376,7 +378,11 @@ async fn shutdown_sends_goaway_and_lets_the_request_in_flight_finish() {
     hold.open();
     let g = inflight.await.unwrap();
     assert_eq!(g.status, 200);
-    assert!(g.body == "finished".repeat(512 * 1024).as_bytes(), "{} bytes", g.body.len());
+    assert!(
+        g.body == "finished".repeat(512 * 1024).as_bytes(),
+        "{} bytes",
+        g.body.len()
+    );
     tokio::task::spawn_blocking(move || p.wait()).await.unwrap();
 }
 
