@@ -136,6 +136,8 @@ pub struct Scenario {
     pub resume: bool,
     /// HTTP/2 (TLS with ALPN `h2`), [`H2_CONNECTIONS`] connections × [`H2_STREAMS`] streams.
     pub h2: bool,
+    /// HTTP/3 (QUIC), as many connections and streams as HTTP/2.
+    pub h3: bool,
 }
 
 #[allow(clippy::too_many_arguments)] // a table row, argument per column
@@ -159,11 +161,12 @@ const fn sc(
         close,
         resume,
         h2: false,
+        h3: false,
     }
 }
 
 /// Every scenario, in the order they run.
-pub const SCENARIOS: [Scenario; 12] = [
+pub const SCENARIOS: [Scenario; 13] = [
     sc(
         "rps-0k",
         "RPS 0 KB",
@@ -287,6 +290,19 @@ pub const SCENARIOS: [Scenario; 12] = [
             true,
         )
     },
+    Scenario {
+        h3: true,
+        ..sc(
+            "h3-rps-1k",
+            "RPS 1 KB HTTP/3",
+            "HTTP/3 requests/s, 1 KB, 10 connections × 100 streams",
+            "/bytes/1k",
+            Metric::Rps,
+            true,
+            false,
+            true,
+        )
+    },
 ];
 
 /// Most connections of the 1 MB scenarios.
@@ -310,10 +326,11 @@ pub fn parse_scenarios(spec: &str, https: bool) -> Result<Vec<Scenario>, BenchEr
             "http" => SCENARIOS.iter().filter(|s| !s.https).copied().collect(),
             "https" => SCENARIOS.iter().filter(|s| s.https).copied().collect(),
             "h2" => SCENARIOS.iter().filter(|s| s.h2).copied().collect(),
+            "h3" => SCENARIOS.iter().filter(|s| s.h3).copied().collect(),
             name => vec![*SCENARIOS.iter().find(|s| s.name == name).ok_or_else(|| {
                 let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
                 BenchError::Flag(format!(
-                    "--scenarios {name:?}: unknown; known: all, http, https, h2, {}",
+                    "--scenarios {name:?}: unknown; known: all, http, https, h2, h3, {}",
                     names.join(", ")
                 ))
             })?],
@@ -367,7 +384,7 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     let mut a: Vec<String> = vec!["bench".into()];
     let c = match s.metric {
         Metric::Throughput => f.connections.min(THROUGHPUT_CONNECTIONS),
-        _ if s.h2 => f.connections.min(H2_CONNECTIONS),
+        _ if s.h2 || s.h3 => f.connections.min(H2_CONNECTIONS),
         _ => f.connections,
     };
     match s.metric {
@@ -394,6 +411,9 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     }
     if s.h2 {
         a.extend(["--h2".into(), "--streams".into(), H2_STREAMS.to_string()]);
+    }
+    if s.h3 {
+        a.extend(["--h3".into(), "--streams".into(), H2_STREAMS.to_string()]);
     }
     if s.https {
         a.extend([
@@ -1063,6 +1083,21 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     say(out, format!("{name}: HTTP/2 scenario skipped, {why}"));
                 }
             }
+            // Likewise HTTP/3.
+            let h3_support: Result<(), String> = if scenarios.iter().any(|s| s.h3) {
+                let info = match (proxy.program(), proxy.h2_probe_args()) {
+                    (Some(program), Some(args)) => build_info(program, args),
+                    _ => String::new(),
+                };
+                proxy.h3_capable(&info)
+            } else {
+                Err("no HTTP/3 scenario".into())
+            };
+            if let (Err(why), true) = (&h3_support, scenarios.iter().any(|s| s.h3)) {
+                if proxy.terminates_tls() && round == 1 {
+                    say(out, format!("{name}: HTTP/3 scenario skipped, {why}"));
+                }
+            }
             // Start the proxy (direct: nothing to start).
             let port = free_port()?;
             let tls_port = match &tls {
@@ -1092,6 +1127,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     dir: &pdir,
                     tls: tls.as_ref(),
                     h2: h2_support.is_ok(),
+                    h3: h3_support.is_ok(),
                 };
                 let text = peers::config(*proxy, &setup);
                 let cfg_path = pdir.join(proxy.config_name());
@@ -1176,6 +1212,11 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     continue;
                 }
                 if let (true, Err(why)) = (s.h2, &h2_support) {
+                    r.skipped = Some(why.clone());
+                    skip(r);
+                    continue;
+                }
+                if let (true, Err(why)) = (s.h3, &h3_support) {
                     r.skipped = Some(why.clone());
                     skip(r);
                     continue;
@@ -1306,6 +1347,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 close: s.close,
                 resume: s.resume,
                 h2: s.h2,
+                h3: s.h3,
             })
             .collect(),
         rounds: f.rounds,
@@ -1481,6 +1523,7 @@ mod tests {
             assert_eq!(parsed.close, s.close, "{}", s.name);
             assert_eq!(parsed.tls_resume, s.resume, "{}", s.name);
             assert_eq!(parsed.h2, s.h2, "{}", s.name);
+            assert_eq!(parsed.h3, s.h3, "{}", s.name);
         }
         // Five rates, each warm-up + duration + drain.
         assert_eq!(

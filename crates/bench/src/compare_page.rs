@@ -940,6 +940,7 @@ mod tests {
                 close: s.close,
                 resume: s.resume,
                 h2: s.h2,
+                h3: s.h3,
             }
         };
         let result = |p: &str, s: &str| ResultEntry {

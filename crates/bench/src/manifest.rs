@@ -109,6 +109,9 @@ pub struct ScenarioEntry {
     /// HTTP/2 over TLS (absent in manifests before it existed).
     #[serde(default)]
     pub h2: bool,
+    /// HTTP/3 over QUIC (absent in manifests before it existed).
+    #[serde(default)]
+    pub h3: bool,
 }
 
 /// One proxy × scenario.

@@ -87,6 +87,24 @@ impl Proxy {
         }
     }
 
+    /// Whether a build, described by the output of [`Proxy::h2_probe_args`], serves HTTP/3;
+    /// Err says why not.
+    pub fn h3_capable(self, build_info: &str) -> Result<(), String> {
+        match self {
+            Proxy::Direct | Proxy::Relay => Err(self.no_tls().into()),
+            Proxy::Portico | Proxy::Caddy => Ok(()),
+            Proxy::Nginx if build_info.contains("http_v3_module") => Err(
+                "this nginx has http_v3_module, but its HTTP/3 configuration is not written here yet"
+                    .into(),
+            ),
+            Proxy::Nginx => Err("this nginx was built without http_v3_module (1.25+ with a QUIC TLS library)".into()),
+            Proxy::Haproxy if build_info.contains("+QUIC") => Err(
+                "this haproxy has QUIC, but its HTTP/3 configuration is not written here yet".into(),
+            ),
+            Proxy::Haproxy => Err("this haproxy was built without QUIC (haproxy -vv lists no +QUIC)".into()),
+        }
+    }
+
     /// Whether it terminates TLS (HTTPS scenarios run through it).
     pub fn terminates_tls(self) -> bool {
         !matches!(self, Proxy::Direct | Proxy::Relay)
@@ -133,6 +151,8 @@ pub struct Setup<'a> {
     /// Serve HTTP/2 on the TLS listener too (ALPN `h2` before `http/1.1`; clients offering only
     /// `http/1.1` are unaffected).
     pub h2: bool,
+    /// Serve HTTP/3 on the TLS listener's port too (UDP).
+    pub h3: bool,
 }
 
 /// Upstream keep-alive connections of every proxy: at least the requests the generator keeps in
@@ -175,9 +195,10 @@ fn portico(s: &Setup) -> String {
             "\n[[listeners]]\nname = \"https\"\naddress = \"127.0.0.1:{port}\"\n\n\
              [listeners.limits]\nmax_connections = 100000\n\n\
              [listeners.tls]\ncertificates = [{{ cert = {}, key = {} }}]\nversions = \"1.3\"\n\
-             groups = [\"X25519\"]\n{route}",
+             groups = [\"X25519\"]\n{}{route}",
             toml_str(&tls.cert),
-            toml_str(&tls.key)
+            toml_str(&tls.key),
+            if s.h3 { "\n[listeners.http3]\n" } else { "" }
         ));
     }
     t.push_str(&format!(
@@ -346,6 +367,7 @@ mod tests {
             dir,
             tls,
             h2: tls.is_some(),
+            h3: tls.is_some(),
         }
     }
 
@@ -365,6 +387,20 @@ mod tests {
         assert!(Proxy::Direct.h2_capable("").is_err());
         assert!(Proxy::Portico.h2_capable("").is_ok() && Proxy::Caddy.h2_capable("").is_ok());
         assert_eq!(Proxy::Caddy.h2_probe_args(), None);
+    }
+
+    #[test]
+    fn http3_capability_from_build_info() {
+        assert!(Proxy::Portico.h3_capable("").is_ok() && Proxy::Caddy.h3_capable("").is_ok());
+        let e = Proxy::Nginx
+            .h3_capable("configure arguments: --with-http_v2_module")
+            .unwrap_err();
+        assert!(e.contains("http_v3_module"), "{e}");
+        let e = Proxy::Haproxy
+            .h3_capable("Feature list : +OPENSSL -QUIC")
+            .unwrap_err();
+        assert!(e.contains("without QUIC"), "{e}");
+        assert!(Proxy::Relay.h3_capable("").is_err());
     }
 
     #[test]
@@ -397,6 +433,12 @@ mod tests {
         }
         let t = config(Proxy::Portico, &tls);
         assert!(t.contains("versions = \"1.3\"") && t.contains("groups = [\"X25519\"]"));
+        assert!(t.contains("[listeners.http3]"), "{t}");
+        let no_h3 = Setup {
+            h3: false,
+            ..tls.clone()
+        };
+        assert!(!config(Proxy::Portico, &no_h3).contains("http3"));
         let n = config(Proxy::Nginx, &tls);
         for want in [
             "worker_processes 1;",
@@ -415,6 +457,7 @@ mod tests {
         // Without the HTTP/2 scenario (or a build able to serve it), TLS listeners stay HTTP/1.1.
         let no_h2 = Setup {
             h2: false,
+            h3: false,
             ..tls.clone()
         };
         assert!(config(Proxy::Nginx, &no_h2).contains("listen 127.0.0.1:18443 ssl;"));
