@@ -240,7 +240,7 @@ fn log_access(ctx: &Ctx, c: &Conn, head: Option<&RequestHead>, o: &Outcome, star
     let tls = c.stream.tls_info();
     let (shared, ls) = (&ctx.shared, &ctx.ls);
     super::finished(
-        shared, ls, c.peer, head, protocol, o, &c.timings, started, tls,
+        shared, ls, c.peer, head, protocol, o, &c.timings, started, tls, None,
     );
 }
 

@@ -25,6 +25,7 @@ pub(crate) fn finished(
     timings: &Timings,
     started: Instant,
     tls: Option<(&'static str, Option<&str>)>,
+    quic: Option<(std::time::Duration, u64)>,
 ) {
     let trace = timings.trace.as_deref();
     let span_to = shared
@@ -54,6 +55,7 @@ pub(crate) fn finished(
         ids: settings.is_some(),
         trace,
         cache: timings.cache.map(|c| c.as_str()),
+        quic,
     };
     if let Some(log) = &shared.access_log {
         log.write(&record);

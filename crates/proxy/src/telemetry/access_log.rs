@@ -86,6 +86,9 @@ pub struct Record<'a> {
     pub trace: Option<&'a crate::telemetry::trace::TraceCtx>,
     /// What the response cache did (caching routes; JSON `cache`).
     pub cache: Option<&'static str>,
+    /// An HTTP/3 request's connection: its round-trip time and the packets it lost so far
+    /// (JSON `rtt_ms` and `lost_packets`).
+    pub quic: Option<(std::time::Duration, u64)>,
 }
 
 /// Format one access-log line (ending in '\n'). Combined: the Apache/nginx combined format,
@@ -158,6 +161,10 @@ pub fn format_line(format: AccessLogFormat, r: &Record<'_>, now: SystemTime) -> 
             );
             if let Some(u) = o.upstream {
                 let _ = write!(s, ",\"upstream\":\"{u}\"");
+            }
+            if let Some((rtt, lost)) = r.quic {
+                let ms = rtt.as_secs_f64() * 1000.0;
+                let _ = write!(s, ",\"rtt_ms\":{ms:.3},\"lost_packets\":{lost}");
             }
             for (name, d) in [
                 ("head_s", phases.head),
@@ -253,6 +260,7 @@ mod tests {
             ids: false,
             trace: None,
             cache: None,
+            quic: None,
         };
         format_line(format, &r, UNIX_EPOCH)
     }
@@ -370,6 +378,7 @@ mod tests {
             ids: true,
             trace: None,
             cache: None,
+            quic: None,
         };
         let l = format_line(AccessLogFormat::Json, &r, UNIX_EPOCH);
         let v: serde_json::Value = serde_json::from_str(&l).expect("valid JSON");

@@ -196,6 +196,7 @@ mod tests {
             ids: true,
             trace: None,
             cache: None,
+            quic: None,
         };
         let ctx = TraceCtx {
             trace_hi: 1,

@@ -28,9 +28,14 @@ fn proxy(
     routes: &str,
 ) -> (Running, rustls::pki_types::CertificateDer<'static>) {
     let (c, k, der) = cert(dir);
+    let log = dir.join("access.log").display().to_string();
     let p = start_toml(
         &format!(
             r#"
+[access_log]
+path = "{log}"
+format = "json"
+
 [[listeners]]
 name = "quic"
 address = "127.0.0.1:0"
@@ -256,6 +261,19 @@ servers = ["{dead}"]
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
+    // Each stream's access-log line names HTTP/3 and its connection's round-trip time.
+    let log = dir.path().join("access.log");
+    let line = crate::common::wait_for("the access-log line", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.lines()
+            .find(|l| l.contains("/hello?x=1"))
+            .map(str::to_string)
+    });
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["protocol"], "HTTP/3.0", "{line}");
+    assert_eq!(v["tls_version"], "TLSv1.3", "{line}");
+    assert!(v["rtt_ms"].as_f64().is_some_and(|r| r >= 0.0), "{line}");
+    assert!(v["lost_packets"].as_u64().is_some(), "{line}");
 }
 
 /// The response head of one HTTP/1.1 GET over TLS (ALPN http/1.1) to `addr`.

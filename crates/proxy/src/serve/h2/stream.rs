@@ -85,6 +85,7 @@ pub(super) fn handle<'l>(
             &s.timings,
             started,
             tls,
+            None,
         );
     }
 }

@@ -94,7 +94,16 @@ pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Re
         }
     };
     // The stream's halves go with this task: a body not read to its end gets STOP_SENDING.
-    finish(&link, &cur, head.as_ref(), &outcome, &timings, started);
+    let quic = (conn.rtt(), conn.stats().path.lost_packets);
+    finish(
+        &link,
+        &cur,
+        head.as_ref(),
+        &outcome,
+        &timings,
+        started,
+        quic,
+    );
 }
 
 /// The outcome of a request whose connection closed under it.
@@ -117,6 +126,7 @@ fn finish(
     outcome: &Outcome,
     timings: &Timings,
     started: Instant,
+    quic: (std::time::Duration, u64),
 ) {
     if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
         link.client_reset();
@@ -133,6 +143,7 @@ fn finish(
         timings,
         started,
         tls,
+        Some(quic),
     );
 }
 
