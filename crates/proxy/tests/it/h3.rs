@@ -444,3 +444,112 @@ async fn a_stream_reset_flood_closes_the_connection_with_excessive_load() {
     };
     crate::common::until("the flood counted", || floods() == 1).await;
 }
+
+/// A UDP forwarder between one client and `to` that drops every `drop_every`-th datagram and
+/// holds every `swap_every`-th one back until the next passes it (both directions); its address.
+async fn lossy(to: SocketAddr, drop_every: u64, swap_every: u64) -> SocketAddr {
+    let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    back.connect(to).await.unwrap();
+    let addr = front.local_addr().unwrap();
+    let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
+    // One direction: datagrams read by `read` go out through `send`, damaged on the way.
+    fn pump(
+        up: bool,
+        front: Arc<tokio::net::UdpSocket>,
+        back: Arc<tokio::net::UdpSocket>,
+        client: Arc<std::sync::Mutex<Option<SocketAddr>>>,
+        drop_every: u64,
+        swap_every: u64,
+    ) {
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            let mut held: Option<Vec<u8>> = None;
+            let mut n = 0u64;
+            loop {
+                let got = if up {
+                    front.recv_from(&mut buf).await.map(|(len, from)| {
+                        *client.lock().unwrap() = Some(from);
+                        len
+                    })
+                } else {
+                    back.recv(&mut buf).await
+                };
+                let Ok(len) = got else { return };
+                n += 1;
+                if n % drop_every == 0 {
+                    continue;
+                }
+                let d = buf[..len].to_vec();
+                if n % swap_every == 0 && held.is_none() {
+                    held = Some(d);
+                    continue;
+                }
+                let mut out = vec![d];
+                out.extend(held.take());
+                let to = *client.lock().unwrap();
+                for d in out {
+                    match (up, to) {
+                        (true, _) => drop(back.send(&d).await),
+                        (false, Some(c)) => drop(front.send_to(&d, c).await),
+                        (false, None) => {}
+                    }
+                }
+            }
+        });
+    }
+    pump(
+        true,
+        front.clone(),
+        back.clone(),
+        client.clone(),
+        drop_every,
+        swap_every,
+    );
+    pump(false, front, back, client, drop_every, swap_every);
+    addr
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn requests_complete_through_loss_and_reordering() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|r| Reply::Respond {
+        status: 200,
+        headers: vec![],
+        body: if r.method == "POST" {
+            r.body.clone()
+        } else {
+            vec![b'z'; 200_000]
+        },
+        chunked: false,
+    });
+    let (p, ca) = proxy(dir.path(), "", &routes_to(up.addr));
+    // One datagram in 20 lost, one in 7 overtaken by the next, each way.
+    let via = lossy(p.addr("quic").unwrap(), 20, 7).await;
+    let (_e, send) = client(via, &ca).await;
+    let body: Vec<u8> = (0..300_000).map(|i| (i % 253) as u8).collect();
+    let mut all = Vec::new();
+    for i in 0..12 {
+        let (mut s, body) = (send.clone(), body.clone());
+        all.push(tokio::spawn(async move {
+            match i % 3 {
+                0 => {
+                    let g = request(&mut s, "POST", "/up", Some(body.clone())).await;
+                    assert_eq!(g.body, body, "echoed through the losses");
+                }
+                _ => {
+                    let g = request(&mut s, "GET", &format!("/down/{i}"), None).await;
+                    assert_eq!(g.body.len(), 200_000);
+                }
+            }
+        }));
+    }
+    for h in all {
+        h.await.unwrap();
+    }
+    let lost = p
+        .stats()
+        .h3_connections
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(lost, 1, "one connection carried everything");
+}
