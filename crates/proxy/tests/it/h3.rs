@@ -21,17 +21,15 @@ fn cert(dir: &Path) -> (String, String, rustls::pki_types::CertificateDer<'stati
     )
 }
 
-/// A proxy with one TLS listener serving HTTP/3, its routes `routes` (TOML).
-fn proxy(
-    dir: &Path,
-    http3: &str,
-    routes: &str,
-) -> (Running, rustls::pki_types::CertificateDer<'static>) {
-    let (c, k, der) = cert(dir);
+/// The configuration of one TLS listener with the certificate files under `dir`: `http3`, the
+/// `[listeners.http3]` table's text (None: no HTTP/3), and its routes `routes` (TOML).
+fn text(dir: &Path, http3: Option<&str>, routes: &str) -> String {
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let (c, k) = (c.display(), k.display());
     let log = dir.join("access.log").display().to_string();
-    let p = start_toml(
-        &format!(
-            r#"
+    let http3 = http3.map_or(String::new(), |h| format!("[listeners.http3]\n{h}"));
+    format!(
+        r#"
 [access_log]
 path = "{log}"
 format = "json"
@@ -41,14 +39,20 @@ name = "quic"
 address = "127.0.0.1:0"
 [listeners.tls]
 certificates = [{{ cert = "{c}", key = "{k}" }}]
-[listeners.http3]
 {http3}
 {routes}
 "#
-        ),
-        1,
-    );
-    (p, der)
+    )
+}
+
+/// A proxy with one TLS listener serving HTTP/3 (`http3`: the settings), its routes `routes`.
+fn proxy(
+    dir: &Path,
+    http3: &str,
+    routes: &str,
+) -> (Running, rustls::pki_types::CertificateDer<'static>) {
+    let (_, _, der) = cert(dir);
+    (start_toml(&text(dir, Some(http3), routes), 1), der)
 }
 
 /// An HTTP/3 client connection to `addr` trusting `ca`.
@@ -552,4 +556,46 @@ async fn requests_complete_through_loss_and_reordering() {
         .h3_connections
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(lost, 1, "one connection carried everything");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reload_keeps_the_connection_and_turning_http3_off_drains_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let answer =
+        |b: &str| format!("[[listeners.routes]]\nrespond = {{ status = 200, body = \"{b}\" }}\n");
+    let (p, ca) = proxy(dir.path(), "", &answer("one"));
+    let (_e, mut send) = client(p.addr("quic").unwrap(), &ca).await;
+    assert_eq!(request(&mut send, "GET", "/", None).await.body, b"one");
+    // Same listener, new routes and HTTP/3 settings: the open connection serves the new ones.
+    let parse = |t: &str| portico_config::parse(t, "reload.toml").unwrap();
+    let next = text(dir.path(), Some("alt_svc_max_age = \"1h\""), &answer("two"));
+    p.reload(parse(&next)).unwrap();
+    assert_eq!(request(&mut send, "GET", "/", None).await.body, b"two");
+    assert_eq!(
+        p.stats()
+            .h3_connections
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // HTTP/3 off: the listener is bound anew without UDP, and the old connection drains.
+    let off = text(dir.path(), None, &answer("three"));
+    let s = p.reload(parse(&off)).unwrap();
+    assert_eq!(s.added, vec!["quic".to_string()], "{s:?}");
+    let refused = async {
+        loop {
+            let req = http::Request::get("https://localhost/").body(()).unwrap();
+            match send.send_request(req).await {
+                Err(_) => return,
+                Ok(mut st) => {
+                    if st.finish().await.is_err() || st.recv_response().await.is_err() {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(T, refused)
+        .await
+        .expect("drained in time");
 }
