@@ -481,11 +481,11 @@ async fn lossy(to: SocketAddr, drop_every: u64, swap_every: u64) -> SocketAddr {
                 };
                 let Ok(len) = got else { return };
                 n += 1;
-                if n % drop_every == 0 {
+                if n.is_multiple_of(drop_every) {
                     continue;
                 }
                 let d = buf[..len].to_vec();
-                if n % swap_every == 0 && held.is_none() {
+                if n.is_multiple_of(swap_every) && held.is_none() {
                     held = Some(d);
                     continue;
                 }
