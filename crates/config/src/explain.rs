@@ -997,6 +997,9 @@ fn http3_line(h: &crate::model::Http3Settings, port: u16) -> String {
             n => format!("Retry above {n} handshakes in progress"),
         });
     }
+    if h.early_data {
+        parts.push("0-RTT for safe methods (Early-Data: 1)".to_string());
+    }
     format!("http3 (QUIC on {port}): {}", parts.join(", "))
 }
 

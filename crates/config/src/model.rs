@@ -501,6 +501,9 @@ pub struct Http3Settings {
     /// H3_EXCESSIVE_LOAD (default 200 per 10 s).
     pub max_resets: u32,
     pub reset_window: Duration,
+    /// Accept 0-RTT (early data) from resuming clients (default off): safe methods only,
+    /// forwarded with `Early-Data: 1`; others are answered 425 Too Early.
+    pub early_data: bool,
 }
 
 impl Http3Settings {
@@ -518,6 +521,7 @@ impl Http3Settings {
         alt_svc_max_age: Some(Duration::from_secs(86_400)),
         max_resets: 200,
         reset_window: Duration::from_secs(10),
+        early_data: false,
     };
 }
 

@@ -265,6 +265,7 @@ pub(crate) struct RawHttp3 {
     pub alt_svc_max_age: Option<Spanned<Scalar>>,
     pub max_resets: Option<Spanned<Int>>,
     pub reset_window: Option<Spanned<Scalar>>,
+    pub early_data: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, serde::Deserialize)]

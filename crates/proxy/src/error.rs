@@ -17,6 +17,8 @@ pub enum ProxyError {
     BodyTooSlow,
     #[error("request body larger than the route allows")]
     BodyTooLarge,
+    #[error("a request in 0-RTT early data whose method is not safe")]
+    TooEarly,
     #[error("client closed the connection")]
     ClientClosed,
     #[error("client I/O error: {0}")]
@@ -114,6 +116,7 @@ impl ProxyError {
             ProxyError::ClientClosed | ProxyError::ClientIo(_) => 400,
             ProxyError::Http2Malformed(_) => 400,
             ProxyError::Http2Connect => 501,
+            ProxyError::TooEarly => 425,
             ProxyError::Internal(_) => 500,
             ProxyError::ExtendedConnect(_) => 501,
             ProxyError::NotSwitched(_) => 502,
@@ -171,6 +174,8 @@ impl ProxyError {
                 (Side::Proxy, Cause::Refused)
             }
             ProxyError::NotSwitched(_) => (Side::Upstream, Cause::BadResponse),
+            // A request that could be replayed, refused until the handshake completes.
+            ProxyError::TooEarly => (Side::Proxy, Cause::Refused),
         };
         Termination::new(side, phase, cause)
     }
@@ -186,6 +191,7 @@ pub fn error_body(status: u16) -> &'static [u8] {
         408 => b"408 Request Timeout\n",
         413 => b"413 Content Too Large\n",
         414 => b"414 URI Too Long\n",
+        425 => b"425 Too Early: send the request again once the handshake is complete\n",
         429 => b"429 Too Many Requests: retry after the time in Retry-After\n",
         431 => b"431 Request Header Fields Too Large\n",
         501 => b"501 Not Implemented\n",

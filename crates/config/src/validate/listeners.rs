@@ -103,6 +103,8 @@ pub(super) fn listeners(
                 Some(t) if !t.versions.contains(&TlsVersion::Tls13) => Some("HTTP/3 needs TLS 1.3 (QUIC's handshake is TLS 1.3): add \"1.3\" to [listeners.tls] versions".to_string()),
                 Some(t) if t.cipher_suites.as_ref().is_some_and(|c| !c.contains(&"TLS13_AES_128_GCM_SHA256")) => Some("HTTP/3 needs TLS13_AES_128_GCM_SHA256 among [listeners.tls] cipher_suites (QUIC protects its first packets with it)".to_string()),
                 Some(_) if l.proxy_protocol.as_ref().is_some_and(|p| *p.get_ref()) => Some("a PROXY protocol header cannot come over QUIC: serve HTTP/3 on a listener without proxy_protocol".to_string()),
+                Some(t) if settings.early_data && t.client_auth.is_some() => Some("early_data with client certificates: a 0-RTT request would come before the certificate is verified; turn one of them off".to_string()),
+                Some(t) if settings.early_data && t.session_cache == 0 => Some("early_data needs the session cache (tls.session_cache above 0): 0-RTT resumes sessions kept there, each once, so that a replay finds nothing".to_string()),
                 Some(_) => None,
             };
             if let Some(why) = why {
@@ -556,5 +558,6 @@ pub(super) fn http3(ctx: &mut Ctx<'_>, key: &str, raw: &RawHttp3) -> Option<Http
         alt_svc_max_age: (!alt_svc.is_zero()).then_some(alt_svc),
         max_resets: u32::try_from(max_resets).unwrap_or(d.max_resets),
         reset_window,
+        early_data: raw.early_data.as_ref().is_some_and(|b| *b.get_ref()),
     })
 }

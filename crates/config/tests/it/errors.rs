@@ -1022,6 +1022,10 @@ fn http3_needs_tls_1_3_and_known_settings() {
     let h3 = cfg.listeners[0].http3.expect("on");
     assert_eq!(h3.congestion, portico_config::Congestion::Bbr);
     assert_eq!(h3.alt_svc_max_age, None);
+    let e = err(&format!(
+        "{base}{tls}session_cache = 0\n[listeners.http3]\nearly_data = true\n"
+    ));
+    assert!(e.contains("early_data needs the session cache"), "{e}");
     let cfg = parse(
         &format!("{base}{tls}[listeners.http3]\nenabled = false\n"),
         "t.toml",

@@ -55,14 +55,10 @@ fn proxy(
     (start_toml(&text(dir, Some(http3), routes), 1), der)
 }
 
-/// An HTTP/3 client connection to `addr` trusting `ca`.
-async fn client(
-    addr: SocketAddr,
-    ca: &rustls::pki_types::CertificateDer<'static>,
-) -> (
-    quinn::Endpoint,
-    h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
-) {
+type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// A QUIC client endpoint trusting `ca`, ALPN h3; `early`: it sends 0-RTT data when it resumes.
+fn endpoint(ca: &rustls::pki_types::CertificateDer<'static>, early: bool) -> quinn::Endpoint {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -72,20 +68,35 @@ async fn client(
         .with_root_certificates(roots)
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.enable_early_data = early;
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-    let conn = tokio::time::timeout(T, endpoint.connect(addr, "localhost").unwrap())
-        .await
-        .expect("QUIC handshake in time")
-        .expect("QUIC handshake");
+    endpoint
+}
+
+/// HTTP/3 over `conn`, its driver in a task of its own.
+async fn h3_over(conn: quinn::Connection) -> Sender {
     let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
         .await
         .unwrap();
     tokio::spawn(async move {
         let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
     });
-    (endpoint, send)
+    send
+}
+
+/// An HTTP/3 client connection to `addr` trusting `ca`.
+async fn client(
+    addr: SocketAddr,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+) -> (quinn::Endpoint, Sender) {
+    let endpoint = endpoint(ca, false);
+    let conn = tokio::time::timeout(T, endpoint.connect(addr, "localhost").unwrap())
+        .await
+        .expect("QUIC handshake in time")
+        .expect("QUIC handshake");
+    (endpoint, h3_over(conn).await)
 }
 
 /// One request: status, selected response fields, body, trailers.
@@ -96,12 +107,7 @@ struct Got {
     trailers: Option<http::HeaderMap>,
 }
 
-async fn request(
-    send: &mut h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
-    method: &str,
-    path: &str,
-    body: Option<Vec<u8>>,
-) -> Got {
+async fn request(send: &mut Sender, method: &str, path: &str, body: Option<Vec<u8>>) -> Got {
     let mut req = http::Request::builder()
         .method(method)
         .uri(format!("https://localhost{path}"));
@@ -449,27 +455,32 @@ async fn a_stream_reset_flood_closes_the_connection_with_excessive_load() {
     crate::common::until("the flood counted", || floods() == 1).await;
 }
 
-/// A UDP forwarder between one client and `to` that drops every `drop_every`-th datagram and
-/// holds every `swap_every`-th one back until the next passes it (both directions); its address.
-async fn lossy(to: SocketAddr, drop_every: u64, swap_every: u64) -> SocketAddr {
+/// What a test forwarder does to the datagrams it passes on.
+#[derive(Clone, Copy)]
+struct Damage {
+    /// Drop every n-th datagram (each way; 0: none).
+    drop_every: u64,
+    /// Hold every n-th back until the next passes it (each way; 0: none).
+    swap_every: u64,
+    /// Hold the client's QUIC Handshake packets this long (its handshake completes late).
+    hold_handshake: std::time::Duration,
+}
+
+/// A UDP forwarder between one client and `to` that damages datagrams as `damage` says; its
+/// address.
+async fn forwarder(to: SocketAddr, damage: Damage) -> SocketAddr {
     let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
     back.connect(to).await.unwrap();
     let addr = front.local_addr().unwrap();
     let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
-    // One direction: datagrams read by `read` go out through `send`, damaged on the way.
-    fn pump(
-        up: bool,
-        front: Arc<tokio::net::UdpSocket>,
-        back: Arc<tokio::net::UdpSocket>,
-        client: Arc<std::sync::Mutex<Option<SocketAddr>>>,
-        drop_every: u64,
-        swap_every: u64,
-    ) {
+    for up in [true, false] {
+        let (front, back, client) = (front.clone(), back.clone(), client.clone());
         tokio::spawn(async move {
             let mut buf = vec![0u8; 65536];
             let mut held: Option<Vec<u8>> = None;
             let mut n = 0u64;
+            let every = |k: u64, n: u64| k > 0 && n.is_multiple_of(k);
             loop {
                 let got = if up {
                     front.recv_from(&mut buf).await.map(|(len, from)| {
@@ -481,11 +492,23 @@ async fn lossy(to: SocketAddr, drop_every: u64, swap_every: u64) -> SocketAddr {
                 };
                 let Ok(len) = got else { return };
                 n += 1;
-                if n.is_multiple_of(drop_every) {
+                if every(damage.drop_every, n) {
                     continue;
                 }
                 let d = buf[..len].to_vec();
-                if n.is_multiple_of(swap_every) && held.is_none() {
+                // After the client's first datagram (its ClientHello, and 0-RTT data with it),
+                // a long header (0x80) of type Initial (0x00 in bits 0x30) or Handshake (0x20):
+                // its Finished, and the acknowledgements that may come first in the datagram.
+                let handshake = d[0] & 0xB0 == 0x80 || d[0] & 0xB0 == 0xA0;
+                if up && n > 1 && !damage.hold_handshake.is_zero() && handshake {
+                    let (back, wait) = (back.clone(), damage.hold_handshake);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        let _ = back.send(&d).await;
+                    });
+                    continue;
+                }
+                if every(damage.swap_every, n) && held.is_none() {
                     held = Some(d);
                     continue;
                 }
@@ -502,15 +525,6 @@ async fn lossy(to: SocketAddr, drop_every: u64, swap_every: u64) -> SocketAddr {
             }
         });
     }
-    pump(
-        true,
-        front.clone(),
-        back.clone(),
-        client.clone(),
-        drop_every,
-        swap_every,
-    );
-    pump(false, front, back, client, drop_every, swap_every);
     addr
 }
 
@@ -529,7 +543,12 @@ async fn requests_complete_through_loss_and_reordering() {
     });
     let (p, ca) = proxy(dir.path(), "", &routes_to(up.addr));
     // One datagram in 20 lost, one in 7 overtaken by the next, each way.
-    let via = lossy(p.addr("quic").unwrap(), 20, 7).await;
+    let damage = Damage {
+        drop_every: 20,
+        swap_every: 7,
+        hold_handshake: std::time::Duration::ZERO,
+    };
+    let via = forwarder(p.addr("quic").unwrap(), damage).await;
     let (_e, send) = client(via, &ca).await;
     let body: Vec<u8> = (0..300_000).map(|i| (i % 253) as u8).collect();
     let mut all = Vec::new();
@@ -598,4 +617,62 @@ async fn a_reload_keeps_the_connection_and_turning_http3_off_drains_it() {
     tokio::time::timeout(T, refused)
         .await
         .expect("drained in time");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn zero_rtt_requests_are_marked_early_and_unsafe_ones_refused_425() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|r| {
+        Reply::ok(&format!("early={}", r.header("early-data").unwrap_or("-")))
+    });
+    let (p, ca) = proxy(dir.path(), "early_data = true", &routes_to(up.addr));
+    // The client's Handshake packets (its Finished) are held 400 ms: what it sends meanwhile
+    // is early data, and the proxy sees it before the handshake completes.
+    let damage = Damage {
+        drop_every: 0,
+        swap_every: 0,
+        hold_handshake: std::time::Duration::from_millis(400),
+    };
+    let via = forwarder(p.addr("quic").unwrap(), damage).await;
+    let client = endpoint(&ca, true);
+    // A first connection leaves a session ticket that allows 0-RTT.
+    let first = tokio::time::timeout(T, client.connect(via, "localhost").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut send = h3_over(first.clone()).await;
+    assert_eq!(request(&mut send, "GET", "/", None).await.body, b"early=-");
+    first.close(0u32.into(), b"");
+    let opened = std::time::Instant::now();
+    let (conn, accepted) = client
+        .connect(via, "localhost")
+        .unwrap()
+        .into_0rtt()
+        .unwrap_or_else(|_| panic!("no 0-RTT: the first connection left no ticket for it"));
+    let mut send = h3_over(conn).await;
+    let (mut a, mut b) = (send.clone(), send.clone());
+    let (get, post) = tokio::join!(
+        request(&mut a, "GET", "/early", None),
+        request(&mut b, "POST", "/early", Some(b"x".to_vec())),
+    );
+    assert_eq!(get.body, b"early=1", "a safe method goes on, marked");
+    assert_eq!(post.status, 425, "an unsafe one waits for the handshake");
+    assert!(
+        tokio::time::timeout(T, accepted).await.unwrap(),
+        "0-RTT accepted"
+    );
+    assert!(
+        opened.elapsed() >= std::time::Duration::from_millis(400),
+        "the handshake waited for the held packets"
+    );
+    // After the handshake, the same request is no longer early.
+    let again = request(&mut send, "POST", "/late", Some(b"x".to_vec())).await;
+    assert_eq!(
+        (again.status, again.body.as_slice()),
+        (200, &b"early=-"[..])
+    );
+    assert!(up
+        .requests()
+        .iter()
+        .all(|r| r.method != "POST" || r.target == "/late"));
 }

@@ -34,7 +34,13 @@ pub(crate) fn quic_config(
 ) -> Result<quinn::ServerConfig, String> {
     let mut tls = tls.clone();
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    tls.max_early_data_size = 0;
+    // 0-RTT: quinn takes all or nothing. rustls allows it only with sessions kept here (the
+    // listener's session cache) rather than in tickets: each can be resumed once, so a
+    // replayed ClientHello finds nothing (RFC 8446 8.1).
+    tls.max_early_data_size = if s.early_data { u32::MAX } else { 0 };
+    if s.early_data {
+        tls.ticketer = Arc::new(NoTickets);
+    }
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
         .map_err(|e| format!("the TLS configuration cannot serve QUIC: {e}"))?;
     let mut t = quinn::TransportConfig::default();
@@ -62,6 +68,25 @@ pub(crate) fn quic_config(
     // another worker's socket, which does not know its connection.
     c.migration(false);
     Ok(c)
+}
+
+/// Sessions resumed from the server's cache instead of tickets (rustls's condition for 0-RTT).
+#[derive(Debug)]
+struct NoTickets;
+
+impl tokio_rustls::rustls::server::ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn lifetime(&self) -> u32 {
+        0
+    }
+    fn encrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+    fn decrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// The QUIC configuration built last, and what it was built from: rebuilt only when the
@@ -194,7 +219,19 @@ pub(crate) async fn accept_loop(
         let slot = slot.clone();
         tokio::task::spawn_local(async move {
             let limit = ctx.ls.listener.limits.head_timeout;
-            let hs = tokio::time::timeout(limit, connecting).await;
+            // With early data on, a resuming client's 0-RTT requests are served before its
+            // handshake completes (as early ones); otherwise the handshake comes first.
+            let (connecting, accepted) = match settings.early_data {
+                true => match connecting.into_0rtt() {
+                    Ok((conn, accepted)) => (Err(conn), Some(accepted)),
+                    Err(c) => (Ok(c), None),
+                },
+                false => (Ok(connecting), None),
+            };
+            let hs = match connecting {
+                Ok(c) => tokio::time::timeout(limit, c).await,
+                Err(conn) => Ok(Ok(conn)),
+            };
             handshaking.set(handshaking.get() - 1);
             let conn = match hs {
                 Ok(Ok(c)) => c,
@@ -227,7 +264,7 @@ pub(crate) async fn accept_loop(
                 }
                 guard.counts_client(ip);
             }
-            Box::pin(serve(conn, peer, ctx, settings, slot.addr.port())).await;
+            Box::pin(serve(conn, peer, ctx, settings, slot.addr.port(), accepted)).await;
             drop(guard);
         });
     }
@@ -255,6 +292,7 @@ async fn serve(
     mut ctx: crate::conn::Ctx,
     settings: Http3Settings,
     port: u16,
+    accepted: Option<quinn::ZeroRttAccepted>,
 ) {
     let limits = ctx.ls.listener.limits;
     ctx.shared
@@ -297,7 +335,25 @@ async fn serve(
         resets: Windowed::new(),
         calm: Notify::new(),
         ping_acks: Windowed::new(),
+        early: Cell::new(accepted.is_some()),
     });
+    if let Some(accepted) = accepted {
+        // The handshake of a connection served from its 0-RTT data must still complete, within
+        // the head deadline; until then its requests are early.
+        let (link, conn, stats) = (link.clone(), conn.clone(), ctx.shared.stats.clone());
+        let limit = limits.head_timeout;
+        tokio::task::spawn_local(async move {
+            // Resolves when the handshake completes (whether or not 0-RTT data came).
+            match tokio::time::timeout(limit, accepted).await {
+                Ok(_) if conn.close_reason().is_none() => link.early.set(false),
+                _ => {
+                    stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %link.peer, "QUIC handshake after 0-RTT not completed");
+                    conn.close(0u32.into(), b"");
+                }
+            }
+        });
+    }
     let mut builder = h3::server::builder();
     builder.max_field_section_size(u64::from(settings.max_header_list_size));
     let made = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));

@@ -36,11 +36,19 @@ pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Re
     };
     let started = Instant::now();
     cur.shared.stats.requests.fetch_add(1, Ordering::Relaxed);
-    let (parts, ()) = req.into_parts();
+    let (mut parts, ()) = req.into_parts();
+    // Early data (RFC 8470): a request that came before the handshake completed could be a
+    // replay. Safe methods go on, marked so that the server can answer 425 itself; others wait
+    // for the client to send them again.
+    let early = link.early.get().then(|| early_data(&mut parts));
     let (mut send, mut recv) = stream.split();
     let mut timings = Timings::begin(started);
     let due = tokio::time::Instant::from_std(started) + limits.head_timeout;
-    let (head, outcome) = match body_follows(&parts, &mut recv, due).await {
+    let body = match early {
+        Some(Err(e)) => Err(e),
+        _ => body_follows(&parts, &mut recv, due).await,
+    };
+    let (head, outcome) = match body {
         Err(e) => {
             let o = fail_h3(
                 &mut send,
@@ -104,6 +112,19 @@ pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Re
         started,
         quic,
     );
+}
+
+/// A request that came as early data: `Early-Data: 1` added for a safe method (the client's
+/// own copies removed), else refused with 425.
+fn early_data(parts: &mut http::request::Parts) -> Result<(), ProxyError> {
+    use http::Method;
+    if !matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Err(ProxyError::TooEarly);
+    }
+    parts
+        .headers
+        .insert("early-data", http::HeaderValue::from_static("1"));
+    Ok(())
 }
 
 /// The outcome of a request whose connection closed under it.
