@@ -822,6 +822,8 @@ fn counters(stats: &Stats, control: &Control) -> Value {
     json!({
         "connections_accepted": stats.connections_accepted.load(Relaxed),
         "connections_refused": stats.connections_refused.load(Relaxed),
+        "h2_connections": stats.h2_connections.load(Relaxed),
+        "h3_connections": stats.h3_connections.load(Relaxed),
         "requests": stats.requests.load(Relaxed),
         "upstream_requests": stats.upstream_requests.load(Relaxed),
         "upstream_reused": stats.upstream_reused.load(Relaxed),
