@@ -16,6 +16,9 @@ type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 struct Session {
     send: SendRequest,
     alive: Rc<Cell<bool>>,
+    /// Which connection of this benchmark connection it is (streams of an older one must not
+    /// drop a newer one when they fail late).
+    number: u64,
 }
 
 /// One benchmark connection over HTTP/3, shared by its stream tasks (one thread's runtime):
@@ -31,6 +34,8 @@ pub struct H3Conn {
     connecting: tokio::sync::Mutex<()>,
     /// Connections opened and not yet collected by [`H3Conn::take_opened`].
     opened: RefCell<Vec<Opened>>,
+    /// Connections opened so far.
+    count: Cell<u64>,
 }
 
 impl std::fmt::Debug for H3Conn {
@@ -53,6 +58,7 @@ impl H3Conn {
             session: RefCell::new(None),
             connecting: tokio::sync::Mutex::new(()),
             opened: RefCell::new(Vec::new()),
+            count: Cell::new(0),
         }
     }
 
@@ -61,13 +67,19 @@ impl H3Conn {
         self.opened.borrow_mut().pop()
     }
 
-    fn live(&self) -> Option<SendRequest> {
+    fn live(&self) -> Option<(SendRequest, u64)> {
         let s = self.session.borrow();
-        s.as_ref().filter(|s| s.alive.get()).map(|s| s.send.clone())
+        s.as_ref()
+            .filter(|s| s.alive.get())
+            .map(|s| (s.send.clone(), s.number))
     }
 
-    fn drop_session(&self) {
-        self.session.borrow_mut().take();
+    /// Forget connection `number` (it failed), unless a newer one replaced it already.
+    fn drop_session(&self, number: u64) {
+        let mut s = self.session.borrow_mut();
+        if s.as_ref().is_some_and(|s| s.number == number) {
+            s.take();
+        }
     }
 
     fn endpoint(&self) -> Result<quinn::Endpoint, ErrorKind> {
@@ -88,7 +100,7 @@ impl H3Conn {
 
     /// The current connection's handle, connecting first when there is none (must run on a
     /// `LocalSet`: the connection's driver is a local task).
-    pub async fn sender(&self) -> Result<SendRequest, ErrorKind> {
+    pub async fn sender(&self) -> Result<(SendRequest, u64), ErrorKind> {
         if let Some(s) = self.live() {
             return Ok(s);
         }
@@ -110,9 +122,12 @@ impl H3Conn {
             let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
             flag.set(false);
         });
+        let number = self.count.get() + 1;
+        self.count.set(number);
         *self.session.borrow_mut() = Some(Session {
             send: send.clone(),
             alive,
+            number,
         });
         // QUIC's handshake is TLS 1.3; whether it resumed a session is not told by quinn.
         self.opened.borrow_mut().push(Opened {
@@ -123,7 +138,7 @@ impl H3Conn {
                 group: None,
             }),
         });
-        Ok(send)
+        Ok((send, number))
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
@@ -132,17 +147,17 @@ impl H3Conn {
     pub async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
         let mut tries = 0;
         loop {
-            let send = self.sender().await?;
+            let (send, number) = self.sender().await?;
             match exchange_on(send, request).await {
                 Ok(r) => return Ok(r),
                 Err(Failure::Unprocessed) if tries < 2 => {
                     tries += 1;
-                    self.drop_session();
+                    self.drop_session(number);
                 }
                 Err(f) => {
                     let kind = f.kind();
                     if !matches!(kind, ErrorKind::Reset | ErrorKind::BadResponse) {
-                        self.drop_session();
+                        self.drop_session(number);
                     }
                     return Err(kind);
                 }
@@ -170,16 +185,13 @@ async fn exchange_on(mut send: SendRequest, request: &H2Request) -> Result<Respo
     let mut stream = send
         .send_request(request.to_http())
         .await
-        .map_err(|e| match e {
-            h3::error::StreamError::RemoteClosing { .. } => Failure::Unprocessed,
-            other => Failure::Other(stream_error(other)),
-        })?;
+        .map_err(before_response)?;
     let fail = |e| Failure::Other(stream_error(e));
     if !request.body.is_empty() {
         stream.send_data(request.body.clone()).await.map_err(fail)?;
     }
     stream.finish().await.map_err(fail)?;
-    let response = stream.recv_response().await.map_err(fail)?;
+    let response = stream.recv_response().await.map_err(before_response)?;
     let mut bytes = 0u64;
     while let Some(mut chunk) = stream.recv_data().await.map_err(fail)? {
         let n = chunk.remaining();
@@ -192,6 +204,20 @@ async fn exchange_on(mut send: SendRequest, request: &H2Request) -> Result<Respo
         bytes,
         reuse: true,
     })
+}
+
+/// A failure before the response head: the server did not process the request when its GOAWAY
+/// came first or it rejected the stream (H3_REQUEST_REJECTED, RFC 9114 4.1.1: safe to retry).
+fn before_response(e: h3::error::StreamError) -> Failure {
+    match e {
+        h3::error::StreamError::RemoteClosing { .. } => Failure::Unprocessed,
+        h3::error::StreamError::RemoteTerminate { code, .. }
+            if code == h3::error::Code::H3_REQUEST_REJECTED =>
+        {
+            Failure::Unprocessed
+        }
+        other => Failure::Other(stream_error(other)),
+    }
 }
 
 /// The error kind of a failed stream: reset by the server `reset`, the connection gone `closed`.

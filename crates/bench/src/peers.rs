@@ -198,7 +198,12 @@ fn portico(s: &Setup) -> String {
              groups = [\"X25519\"]\n{}{route}",
             toml_str(&tls.cert),
             toml_str(&tls.key),
-            if s.h3 { "\n[listeners.http3]\n" } else { "" }
+            // No Alt-Svc: the other scenarios' responses stay as they are without HTTP/3.
+            if s.h3 {
+                "\n[listeners.http3]\nalt_svc_max_age = \"0s\"\n"
+            } else {
+                ""
+            }
         ));
     }
     t.push_str(&format!(

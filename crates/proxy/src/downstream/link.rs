@@ -42,9 +42,6 @@ pub(crate) struct Link {
     pub(crate) calm: Notify,
     /// PING ACKs from the client in the current `reset_window`.
     pub(crate) ping_acks: Windowed,
-    /// An HTTP/3 connection whose handshake is not complete yet: its requests came as 0-RTT
-    /// early data, which an attacker could replay.
-    pub(crate) early: Cell<bool>,
 }
 
 /// Events of one kind counted per window: the count starts again once `window` has passed since

@@ -229,7 +229,6 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         resets: Windowed::new(),
         calm: Notify::new(),
         ping_acks: Windowed::new(),
-        early: Cell::new(false),
     });
     let (corked, cork) = cork::cork(stream);
     let handshake = async {

@@ -189,9 +189,15 @@ pub(crate) async fn accept_loop(
             continue;
         }
         let per_client = ls.listener.limits.max_connections_per_client;
-        let client = (per_client > 0).then(|| peer.ip());
         stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
-        let mut guard = crate::server::OpenGuard::new(slot.clone(), worker.clone(), None);
+        handshaking.set(handshaking.get() + 1);
+        let admission = Admission {
+            guard: crate::server::OpenGuard::new(slot.clone(), worker.clone(), None),
+            handshaking: handshaking.clone(),
+            client: (per_client > 0).then(|| (peer.ip(), per_client)),
+            slot: slot.clone(),
+            pending: true,
+        };
         let config = match current_config(&mut cache, &ls, &settings) {
             Ok(c) => c,
             Err(e) => {
@@ -208,16 +214,15 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        handshaking.set(handshaking.get() + 1);
         let ctx = crate::conn::Ctx {
             ls,
             shared,
             worker: worker.clone(),
             shutdown: slot.stop.subscribe(),
         };
-        let handshaking = handshaking.clone();
-        let slot = slot.clone();
+        let port = slot.addr.port();
         tokio::task::spawn_local(async move {
+            let mut admission = admission;
             let limit = ctx.ls.listener.limits.head_timeout;
             // With early data on, a resuming client's 0-RTT requests are served before its
             // handshake completes (as early ones); otherwise the handshake comes first.
@@ -228,44 +233,31 @@ pub(crate) async fn accept_loop(
                 },
                 false => (Ok(connecting), None),
             };
-            let hs = match connecting {
-                Ok(c) => tokio::time::timeout(limit, c).await,
-                Err(conn) => Ok(Ok(conn)),
-            };
-            handshaking.set(handshaking.get() - 1);
-            let conn = match hs {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    ctx.shared
-                        .stats
-                        .h3_handshake_failures
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%peer, "QUIC handshake failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    ctx.shared
-                        .stats
-                        .h3_handshake_failures
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%peer, "QUIC handshake timed out");
-                    return;
-                }
-            };
-            if let Some(ip) = client {
-                // Counted once the client proved its address by completing the handshake:
-                // a spoofed source cannot use up a real client's share.
-                if !slot.clients.try_open(ip, per_client) {
+            let conn = match connecting {
+                Err(conn) => conn,
+                Ok(c) => {
                     let stats = &ctx.shared.stats;
-                    stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(listener = %slot.name, client = %ip, "QUIC connection refused: max_connections_per_client reached");
-                    conn.close(0u32.into(), b"too many connections");
-                    return;
+                    let conn = match tokio::time::timeout(limit, c).await {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, "QUIC handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, "QUIC handshake timed out");
+                            return;
+                        }
+                    };
+                    if !admission.complete(stats) {
+                        conn.close(0u32.into(), b"too many connections");
+                        return;
+                    }
+                    conn
                 }
-                guard.counts_client(ip);
-            }
-            Box::pin(serve(conn, peer, ctx, settings, slot.addr.port(), accepted)).await;
-            drop(guard);
+            };
+            Box::pin(serve(conn, peer, ctx, settings, port, accepted, admission)).await;
         });
     }
     // Stopped: new clients are refused (not left waiting for a handshake that never comes)
@@ -283,6 +275,51 @@ pub(crate) async fn accept_loop(
     });
 }
 
+/// A QUIC connection being admitted: counted among the worker's handshakes in progress (the
+/// Retry threshold) until its handshake ends, and in its client's share
+/// (`max_connections_per_client`) once the handshake completed, so that datagrams with a forged
+/// source cannot use up a real client's share. Holds the connection's place in the listener.
+struct Admission {
+    guard: crate::server::OpenGuard,
+    handshaking: Rc<Cell<u32>>,
+    /// The client and its share, counted when the handshake completes.
+    client: Option<(std::net::IpAddr, u32)>,
+    slot: Arc<ListenerSlot>,
+    /// Still counted in `handshaking`.
+    pending: bool,
+}
+
+impl Admission {
+    /// The handshake completed; false when the client is over its share (the connection is
+    /// then closed).
+    fn complete(&mut self, stats: &crate::telemetry::stats::Stats) -> bool {
+        self.end_handshake();
+        if let Some((ip, share)) = self.client.take() {
+            if !self.slot.clients.try_open(ip, share) {
+                stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(listener = %self.slot.name, client = %ip, "QUIC connection refused: max_connections_per_client reached");
+                return false;
+            }
+            self.guard.counts_client(ip);
+        }
+        true
+    }
+
+    fn end_handshake(&mut self) {
+        if self.pending {
+            self.pending = false;
+            self.handshaking
+                .set(self.handshaking.get().saturating_sub(1));
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.end_handshake();
+    }
+}
+
 /// Serve an HTTP/3 connection until it closes: one local task per request stream, GOAWAY on
 /// shutdown or listener stop (requests in flight finish, then the connection closes),
 /// H3_EXCESSIVE_LOAD on a reset flood, and a close after `max_requests_per_connection`.
@@ -293,6 +330,7 @@ async fn serve(
     settings: Http3Settings,
     port: u16,
     accepted: Option<quinn::ZeroRttAccepted>,
+    mut admission: Admission,
 ) {
     let limits = ctx.ls.listener.limits;
     ctx.shared
@@ -335,25 +373,7 @@ async fn serve(
         resets: Windowed::new(),
         calm: Notify::new(),
         ping_acks: Windowed::new(),
-        early: Cell::new(accepted.is_some()),
     });
-    if let Some(accepted) = accepted {
-        // The handshake of a connection served from its 0-RTT data must still complete, within
-        // the head deadline; until then its requests are early.
-        let (link, conn, stats) = (link.clone(), conn.clone(), ctx.shared.stats.clone());
-        let limit = limits.head_timeout;
-        tokio::task::spawn_local(async move {
-            // Resolves when the handshake completes (whether or not 0-RTT data came).
-            match tokio::time::timeout(limit, accepted).await {
-                Ok(_) if conn.close_reason().is_none() => link.early.set(false),
-                _ => {
-                    stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(peer = %link.peer, "QUIC handshake after 0-RTT not completed");
-                    conn.close(0u32.into(), b"");
-                }
-            }
-        });
-    }
     let mut builder = h3::server::builder();
     builder.max_field_section_size(u64::from(settings.max_header_list_size));
     let made = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
@@ -373,6 +393,11 @@ async fn serve(
         goaway(&mut h3, &conn, limits.send_timeout).await;
     }
     let mut served: u64 = 0;
+    // Served from its 0-RTT data: until the handshake completes (within the head deadline),
+    // the streams it opens are early (they came as 0-RTT data: 1-RTT data waits for the
+    // handshake).
+    let mut early = accepted.map(Box::pin);
+    let handshake_due = tokio::time::Instant::now() + limits.head_timeout;
     loop {
         if draining && link.active.get() == 0 {
             break;
@@ -385,6 +410,20 @@ async fn serve(
                 conn.close(EXCESSIVE_LOAD.into(), b"too many streams reset");
                 break;
             }
+            // Before the streams: a stream accepted once the handshake completed is not early.
+            _ = async { early.as_mut().expect("guarded").await }, if early.is_some() => {
+                early = None;
+                if conn.close_reason().is_some() || !admission.complete(&ctx.shared.stats) {
+                    conn.close(0u32.into(), b"");
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(handshake_due), if early.is_some() => {
+                ctx.shared.stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "QUIC handshake after 0-RTT not completed in time");
+                conn.close(0u32.into(), b"");
+                break;
+            }
             r = ctx.shutdown.changed(), if !draining => {
                 if r.is_err() || *ctx.shutdown.borrow() {
                     goaway(&mut h3, &conn, limits.send_timeout).await;
@@ -392,13 +431,15 @@ async fn serve(
                 }
             }
             _ = link.idle.notified(), if draining => {}
-            r = h3.accept() => match r {
+            // Not once draining: the GOAWAY said no stream from its id on is processed, and
+            // the `h3` crate would still hand over the one with that very id.
+            r = h3.accept(), if !draining => match r {
                 Ok(Some(resolver)) => {
                     served += 1;
                     link.stream_started();
-                    let (link, quic) = (link.clone(), conn.clone());
+                    let (link, quic, early) = (link.clone(), conn.clone(), early.is_some());
                     tokio::task::spawn_local(async move {
-                        Box::pin(stream::handle(link.clone(), quic, resolver)).await;
+                        Box::pin(stream::handle(link.clone(), quic, resolver, early)).await;
                         link.stream_ended();
                     });
                     let max = limits.max_requests_per_connection;
@@ -423,9 +464,11 @@ async fn serve(
         link.idle.notified().await;
     }
     // Closing the connection at once would drop response bytes not yet sent or acknowledged
-    // (the responses' writes only queued them): it closes once it has sent nothing for four
-    // round trips (the last bytes went out, and a loss would have been resent by then), or the
-    // client closed it, within the keep-alive timeout (at most the drain timeout on shutdown).
+    // (the responses' writes only queued them): it closes once it has sent nothing for three
+    // probe timeouts (the last bytes went out and were not resent, so they were acknowledged),
+    // or the client closed it, within the keep-alive timeout (at most the drain timeout on
+    // shutdown). Waiting for each stream's acknowledgement would be exact, but the `h3` crate
+    // does not expose quinn's streams.
     let mut grace = limits.keepalive_timeout;
     if *ctx.shutdown.borrow() {
         grace = grace.min(ctx.shared.config.drain_timeout);
@@ -433,7 +476,10 @@ async fn serve(
     let until = tokio::time::Instant::now() + grace;
     let mut sent = conn.stats().udp_tx.bytes;
     loop {
-        let quiet = (conn.rtt() * 4).max(std::time::Duration::from_millis(20));
+        // Three probe timeouts (about 2 RTT + the client's 25 ms ACK delay each): a lost last
+        // packet, and a lost first probe, are sent again within it.
+        let pto = conn.rtt() * 2 + std::time::Duration::from_millis(25);
+        let quiet = (pto * 3).max(std::time::Duration::from_millis(100));
         tokio::select! {
             _ = conn.closed() => return,
             _ = tokio::time::sleep_until(until.min(tokio::time::Instant::now() + quiet)) => {}

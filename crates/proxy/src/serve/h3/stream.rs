@@ -19,7 +19,12 @@ pub(super) type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Byt
 /// Serve one request stream; exactly one termination record and one access-log line for a
 /// stream whose head arrived (a stream without a head within `head_timeout` is dropped, as
 /// an HTTP/1.1 connection that sends nothing is).
-pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Resolver) {
+pub(super) async fn handle(
+    link: Rc<Link>,
+    conn: quinn::Connection,
+    resolver: Resolver,
+    early: bool,
+) {
     let cur = link.current();
     let limits = cur.ls.listener.limits;
     let resolved = tokio::time::timeout(limits.head_timeout, resolver.resolve_request()).await;
@@ -40,7 +45,7 @@ pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Re
     // Early data (RFC 8470): a request that came before the handshake completed could be a
     // replay. Safe methods go on, marked so that the server can answer 425 itself; others wait
     // for the client to send them again.
-    let early = link.early.get().then(|| early_data(&mut parts));
+    let early = early.then(|| early_data(&mut parts));
     let (mut send, mut recv) = stream.split();
     let mut timings = Timings::begin(started);
     let due = tokio::time::Instant::from_std(started) + limits.head_timeout;
@@ -102,7 +107,6 @@ pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Re
         }
     };
     // The stream's halves go with this task: a body not read to its end gets STOP_SENDING.
-    let quic = (conn.rtt(), conn.stats().path.lost_packets);
     finish(
         &link,
         &cur,
@@ -110,7 +114,7 @@ pub(super) async fn handle(link: Rc<Link>, conn: quinn::Connection, resolver: Re
         &outcome,
         &timings,
         started,
-        quic,
+        &conn,
     );
 }
 
@@ -147,9 +151,13 @@ fn finish(
     outcome: &Outcome,
     timings: &Timings,
     started: Instant,
-    quic: (std::time::Duration, u64),
+    conn: &quinn::Connection,
 ) {
-    if outcome.termination == ProxyError::ClientClosed.termination(outcome.termination.phase) {
+    let closed = conn.close_reason().is_some();
+    let quic = (conn.rtt(), conn.stats().path.lost_packets);
+    // (Streams cut by the connection's close are not resets by the client.)
+    let reset = ProxyError::ClientClosed.termination(outcome.termination.phase);
+    if outcome.termination == reset && !closed {
         link.client_reset();
     }
     cur.shared.stats.record(outcome.termination);
