@@ -294,6 +294,18 @@ fn haproxy(s: &Setup) -> String {
 }
 
 fn caddy(s: &Setup) -> String {
+    // Go's transport keeps 2 idle connections per host unless told (Caddy sets 32): the same
+    // upstream keep-alive as the other proxies, or it opens and closes origin connections
+    // under load.
+    let proxy = format!(
+        "\x20   reverse_proxy {} {{\n\
+         \x20       transport http {{\n\
+         \x20           keepalive_idle_conns {UPSTREAM_KEEPALIVE}\n\
+         \x20           keepalive_idle_conns_per_host {UPSTREAM_KEEPALIVE}\n\
+         \x20       }}\n\
+         \x20   }}\n",
+        s.origin
+    );
     let tls = match (s.tls_port, s.tls) {
         (Some(port), Some(tls)) => format!(
             "\nhttps://:{port} {{\n\
@@ -302,9 +314,9 @@ fn caddy(s: &Setup) -> String {
              \x20       protocols tls1.3 tls1.3\n\
              \x20       curves x25519\n\
              \x20   }}\n\
-             \x20   reverse_proxy {}\n\
+             {proxy}\
              }}\n",
-            tls.cert, tls.key, s.origin
+            tls.cert, tls.key
         ),
         _ => String::new(),
     };
@@ -317,9 +329,9 @@ fn caddy(s: &Setup) -> String {
          }}\n\n\
          http://:{} {{\n\
          \x20   bind 127.0.0.1\n\
-         \x20   reverse_proxy {}\n\
+         {proxy}\
          }}\n{tls}",
-        s.port, s.origin
+        s.port
     )
 }
 
