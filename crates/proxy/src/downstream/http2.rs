@@ -1,5 +1,6 @@
 //! An HTTP/2 stream as the client of one request: its DATA read under flow control, interim heads sent at once, the response as HEADERS and DATA under the client's window, a reset watched throughout.
 
+use super::answer;
 use super::link::Link;
 use super::Who;
 use super::{Client, Env, H2Out, HeadFailed, Interims, Kind, RespHead, Sent, To, Upload, Watch};
@@ -17,7 +18,7 @@ use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::header::HeaderMap;
 use portico_config::Route;
-use portico_http1::{Framing, Method, RequestHead, ResponseHead};
+use portico_http1::{Framing, RequestHead, ResponseHead};
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -115,16 +116,8 @@ impl<'a> Client<'a> for H2Down<'a> {
         let id = id.as_ref().map(|(n, v)| (*n, &**v));
         let mut respond = self.respond.borrow_mut();
         let peer = self.link.peer;
-        fail_h2(
-            &mut respond,
-            peer,
-            Some(head),
-            e,
-            phase,
-            id.as_slice(),
-            limit,
-        )
-        .await
+        let r = &mut *respond;
+        answer::fail(r, peer, Some(head), e, phase, id.as_slice(), limit).await
     }
 
     async fn refuse(
@@ -138,16 +131,8 @@ impl<'a> Client<'a> for H2Down<'a> {
         let id = self.answer_id(head);
         let extra = super::with_id(extra, &id);
         let mut respond = self.respond.borrow_mut();
-        answer_h2(
-            &mut respond,
-            Some(head),
-            e,
-            Phase::Route,
-            body,
-            &extra,
-            limit,
-        )
-        .await
+        let r = &mut *respond;
+        answer::refusal(r, Some(head), e, Phase::Route, body, &extra, limit).await
     }
 
     async fn local(
@@ -158,30 +143,12 @@ impl<'a> Client<'a> for H2Down<'a> {
         body: &[u8],
         extra: &[(&str, &str)],
     ) -> Outcome {
-        let head_only = *head.method() == Method::Head;
         let limit = self.send_timeout();
         let id = self.answer_id(head);
         let extra = super::with_id(extra, &id);
         let mut respond = self.respond.borrow_mut();
-        let r = send_simple(
-            &mut respond,
-            status,
-            content_type,
-            body,
-            &extra,
-            head_only,
-            limit,
-        );
-        match r.await {
-            Ok(n) => Outcome::ok(status, true, n),
-            Err(e) => Outcome {
-                termination: e.termination(Phase::ResponseBody),
-                status,
-                keep_alive: true,
-                bytes_sent: 0,
-                upstream: None,
-            },
-        }
+        let r = &mut *respond;
+        answer::local(r, head, status, content_type, body, &extra, limit).await
     }
 
     async fn origin(&mut self, head: &RequestHead, origin: &portico_origin::Origin) -> Outcome {
@@ -377,72 +344,29 @@ impl<'a> Client<'a> for H2Down<'a> {
     }
 }
 
-/// A failed request on an HTTP/2 stream from `peer`: logged, answered with its error status
-/// (unless the client is gone), and its outcome.
-pub(crate) async fn fail_h2(
-    respond: &mut SendResponse<Bytes>,
-    peer: SocketAddr,
-    head: Option<&RequestHead>,
-    e: ProxyError,
-    phase: Phase,
-    extra: &[(&str, &str)],
-    limit: Duration,
-) -> Outcome {
-    let target = head.map_or("-", |h| h.target());
-    tracing::debug!(%peer, target, "HTTP/2 request failed: {e}");
-    let body = crate::error::error_body(e.status());
-    answer_h2(respond, head, e, phase, body, extra, limit).await
-}
+impl answer::Answer for SendResponse<Bytes> {
+    const PROTOCOL: &'static str = "HTTP/2";
 
-/// An error answer on an HTTP/2 stream (unless the client is gone) with `body` and `extra`
-/// fields, and its outcome.
-async fn answer_h2(
-    respond: &mut SendResponse<Bytes>,
-    head: Option<&RequestHead>,
-    e: ProxyError,
-    phase: Phase,
-    body: &[u8],
-    extra: &[(&str, &str)],
-    limit: Duration,
-) -> Outcome {
-    let status = e.status();
-    let sent = if e.client_gone() {
-        0
-    } else {
-        let head_only = head.is_some_and(|h| *h.method() == Method::Head);
-        send_simple(respond, status, "text/plain", body, extra, head_only, limit)
-            .await
-            .unwrap_or(0)
-    };
-    Outcome {
-        termination: e.termination(phase),
-        status,
-        keep_alive: true,
-        bytes_sent: sent,
-        upstream: None,
+    async fn simple(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+        head_only: bool,
+        limit: Duration,
+    ) -> Result<u64, ProxyError> {
+        let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
+        let bodyless = status == 204 || status == 304;
+        let end = head_only || bodyless || body.is_empty();
+        let mut send = self.send_response(response, end).map_err(client_err)?;
+        if end {
+            return Ok(0);
+        }
+        let mut data = Bytes::copy_from_slice(body);
+        send_windowed(&mut send, &mut data, true, limit, Peer::Client).await?;
+        Ok(body.len() as u64)
     }
-}
-
-/// A small complete response generated here on an HTTP/2 stream; returns the body bytes sent.
-pub(crate) async fn send_simple(
-    respond: &mut SendResponse<Bytes>,
-    status: u16,
-    content_type: &str,
-    body: &[u8],
-    extra: &[(&str, &str)],
-    head_only: bool,
-    limit: Duration,
-) -> Result<u64, ProxyError> {
-    let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
-    let bodyless = status == 204 || status == 304;
-    let end = head_only || bodyless || body.is_empty();
-    let mut send = respond.send_response(response, end).map_err(client_err)?;
-    if end {
-        return Ok(0);
-    }
-    let mut data = Bytes::copy_from_slice(body);
-    send_windowed(&mut send, &mut data, true, limit, Peer::Client).await?;
-    Ok(body.len() as u64)
 }
 
 /// The origin action on an HTTP/2 stream: the origin's fields as HEADERS (no HTTP/1 head in

@@ -1,5 +1,6 @@
 //! An HTTP/3 request stream as the client of one request: its DATA read under the route's and listener's body limits and checked against its content-length, the response as HEADERS and DATA under QUIC's flow control (interim heads are not passed on, and nothing is tunnelled).
 
+use super::answer;
 use super::link::Link;
 use super::Who;
 use super::{Client, Env, H2Out, HeadFailed, Interims, Kind, RespHead, Sent, Sink, To, Trailers};
@@ -17,7 +18,7 @@ use h2::{RecvStream, SendStream};
 use h3::error::{Code, StreamError};
 use http::header::HeaderMap;
 use portico_config::Route;
-use portico_http1::{Framing, Method, RequestHead, ResponseHead};
+use portico_http1::{Framing, RequestHead, ResponseHead};
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -146,17 +147,8 @@ impl<'a> Client<'a> for H3Down<'a> {
     async fn fail(&mut self, head: &RequestHead, e: ProxyError, phase: Phase, _: bool) -> Outcome {
         let id = self.answer_id(head);
         let id = id.as_ref().map(|(n, v)| (*n, &**v));
-        let limit = self.send_timeout();
-        fail_h3(
-            self.send,
-            self.link.peer,
-            Some(head),
-            e,
-            phase,
-            id.as_slice(),
-            limit,
-        )
-        .await
+        let (limit, peer) = (self.send_timeout(), self.link.peer);
+        answer::fail(self.send, peer, Some(head), e, phase, id.as_slice(), limit).await
     }
 
     async fn refuse(
@@ -169,7 +161,7 @@ impl<'a> Client<'a> for H3Down<'a> {
         let id = self.answer_id(head);
         let extra = super::with_id(extra, &id);
         let limit = self.send_timeout();
-        answer_h3(self.send, Some(head), e, Phase::Route, body, &extra, limit).await
+        answer::refusal(self.send, Some(head), e, Phase::Route, body, &extra, limit).await
     }
 
     async fn local(
@@ -180,29 +172,10 @@ impl<'a> Client<'a> for H3Down<'a> {
         body: &[u8],
         extra: &[(&str, &str)],
     ) -> Outcome {
-        let head_only = *head.method() == Method::Head;
         let id = self.answer_id(head);
         let extra = super::with_id(extra, &id);
         let limit = self.send_timeout();
-        let r = send_simple(
-            self.send,
-            status,
-            content_type,
-            body,
-            &extra,
-            head_only,
-            limit,
-        );
-        match r.await {
-            Ok(n) => Outcome::ok(status, true, n),
-            Err(e) => Outcome {
-                termination: e.termination(Phase::ResponseBody),
-                status,
-                keep_alive: true,
-                bytes_sent: 0,
-                upstream: None,
-            },
-        }
+        answer::local(self.send, head, status, content_type, body, &extra, limit).await
     }
 
     async fn origin(&mut self, head: &RequestHead, origin: &portico_origin::Origin) -> Outcome {
@@ -478,76 +451,34 @@ impl Sink for H3Out<'_> {
     }
 }
 
-/// A failed request on an HTTP/3 stream from `peer`: logged, answered with its error status
-/// (unless the client is gone), and its outcome.
-pub(crate) async fn fail_h3(
-    send: &mut H3Send,
-    peer: SocketAddr,
-    head: Option<&RequestHead>,
-    e: ProxyError,
-    phase: Phase,
-    extra: &[(&str, &str)],
-    limit: Duration,
-) -> Outcome {
-    let target = head.map_or("-", |h| h.target());
-    tracing::debug!(%peer, target, "HTTP/3 request failed: {e}");
-    let body = crate::error::error_body(e.status());
-    answer_h3(send, head, e, phase, body, extra, limit).await
-}
+impl answer::Answer for H3Send {
+    const PROTOCOL: &'static str = "HTTP/3";
 
-/// An error answer on an HTTP/3 stream (unless the client is gone) with `body` and `extra`
-/// fields, and its outcome.
-async fn answer_h3(
-    send: &mut H3Send,
-    head: Option<&RequestHead>,
-    e: ProxyError,
-    phase: Phase,
-    body: &[u8],
-    extra: &[(&str, &str)],
-    limit: Duration,
-) -> Outcome {
-    let status = e.status();
-    let sent = if e.client_gone() {
-        0
-    } else {
-        let head_only = head.is_some_and(|h| *h.method() == Method::Head);
-        send_simple(send, status, "text/plain", body, extra, head_only, limit)
-            .await
-            .unwrap_or(0)
-    };
-    Outcome {
-        termination: e.termination(phase),
-        status,
-        keep_alive: true,
-        bytes_sent: sent,
-        upstream: None,
-    }
-}
-
-/// A small complete response generated here on an HTTP/3 stream; returns the body bytes sent.
-async fn send_simple(
-    send: &mut H3Send,
-    status: u16,
-    content_type: &str,
-    body: &[u8],
-    extra: &[(&str, &str)],
-    head_only: bool,
-    limit: Duration,
-) -> Result<u64, ProxyError> {
-    let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
-    let bodyless = head_only || status == 204 || status == 304 || body.is_empty();
-    let r = async {
-        within(limit, send.send_response(response)).await?;
-        if !bodyless {
-            within(limit, send.send_data(Bytes::copy_from_slice(body))).await?;
+    async fn simple(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+        head_only: bool,
+        limit: Duration,
+    ) -> Result<u64, ProxyError> {
+        let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
+        let bodyless = head_only || status == 204 || status == 304 || body.is_empty();
+        let r = async {
+            within(limit, self.send_response(response)).await?;
+            if !bodyless {
+                within(limit, self.send_data(Bytes::copy_from_slice(body))).await?;
+            }
+            within(limit, self.finish()).await
+        };
+        if let Err(e) = r.await {
+            // Never left for the stream's drop to finish as if whole.
+            self.stop_stream(Code::H3_INTERNAL_ERROR);
+            return Err(e);
         }
-        within(limit, send.finish()).await
-    };
-    if let Err(e) = r.await {
-        send.stop_stream(Code::H3_INTERNAL_ERROR);
-        return Err(e);
+        Ok(if bodyless { 0 } else { body.len() as u64 })
     }
-    Ok(if bodyless { 0 } else { body.len() as u64 })
 }
 
 /// The origin action on an HTTP/3 stream: the origin's fields as HEADERS, its body as DATA.

@@ -1,5 +1,6 @@
 //! The client side of one request as the flow sees it: the `Client` trait, implemented by an HTTP/1.1 connection (`http1`), an HTTP/2 stream (`http2`) and an HTTP/3 stream (`http3`) and dispatched statically, so each kind's request future holds only its own state.
 
+pub(crate) mod answer;
 pub(crate) mod buffer;
 pub(crate) mod http1;
 pub(crate) mod http2;

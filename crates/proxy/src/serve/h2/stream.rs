@@ -1,7 +1,8 @@
 //! One HTTP/2 stream: translate its head, run it through the flow with the stream as its client, record it once.
 
 use super::request::to_http1;
-use crate::downstream::http2::{fail_h2, H2Down};
+use crate::downstream::answer;
+use crate::downstream::http2::H2Down;
 use crate::downstream::link::{Current, Link};
 use crate::error::ProxyError;
 use crate::telemetry::stats::Outcome;
@@ -110,7 +111,7 @@ impl Stream<'_> {
     async fn refused(&mut self, e: ProxyError) -> Outcome {
         let limit = self.cur.ls.listener.limits.send_timeout;
         let respond = self.respond.get_mut();
-        fail_h2(
+        answer::fail(
             respond,
             self.link.peer,
             None,

@@ -464,31 +464,37 @@ async fn serve(
         link.idle.notified().await;
     }
     // Closing the connection at once would drop response bytes not yet sent or acknowledged
-    // (the responses' writes only queued them): it closes once it has sent nothing for three
-    // probe timeouts (the last bytes went out and were not resent, so they were acknowledged),
-    // or the client closed it, within the keep-alive timeout (at most the drain timeout on
-    // shutdown). Waiting for each stream's acknowledgement would be exact, but the `h3` crate
-    // does not expose quinn's streams.
+    // (the responses' writes only queued them), and a close is not resent when lost. It closes
+    // once a quiet window passed in which it sent nothing and received no acknowledgement (the
+    // last bytes went out, and no loss was being repaired: a lost packet is resent within a
+    // probe timeout, which the window exceeds many times), or when the client closes it; within
+    // the keep-alive timeout (at most the drain timeout on shutdown). Waiting for each stream's
+    // acknowledgement would be exact, but the `h3` crate does not expose quinn's streams.
     let mut grace = limits.keepalive_timeout;
     if *ctx.shutdown.borrow() {
         grace = grace.min(ctx.shared.config.drain_timeout);
     }
     let until = tokio::time::Instant::now() + grace;
-    let mut sent = conn.stats().udp_tx.bytes;
+    let activity = || {
+        let s = conn.stats();
+        (s.udp_tx.bytes, s.frame_rx.acks)
+    };
+    let mut seen = activity();
     loop {
-        // Three probe timeouts (about 2 RTT + the client's 25 ms ACK delay each): a lost last
-        // packet, and a lost first probe, are sent again within it.
-        let pto = conn.rtt() * 2 + std::time::Duration::from_millis(25);
-        let quiet = (pto * 3).max(std::time::Duration::from_millis(100));
+        // Eight times a probe timeout without its variance term (RTT + the client's 25 ms
+        // acknowledgement delay), and at least a second: jitter (which widens the real probe
+        // timeout) stays inside it.
+        let pto = conn.rtt() + std::time::Duration::from_millis(25);
+        let quiet = (pto * 8).max(std::time::Duration::from_secs(1));
         tokio::select! {
             _ = conn.closed() => return,
             _ = tokio::time::sleep_until(until.min(tokio::time::Instant::now() + quiet)) => {}
         }
-        let now = conn.stats().udp_tx.bytes;
-        if now == sent || tokio::time::Instant::now() >= until {
+        let now = activity();
+        if now == seen || tokio::time::Instant::now() >= until {
             return;
         }
-        sent = now;
+        seen = now;
     }
 }
 

@@ -1,6 +1,7 @@
 //! One HTTP/3 request stream: its head read and translated (as an HTTP/2 one is), whether a body follows, the flow with the stream as its client, one record.
 
-use crate::downstream::http3::{fail_h3, h3_err, H3Down, H3Recv, StreamBody};
+use crate::downstream::answer;
+use crate::downstream::http3::{h3_err, H3Down, H3Recv, StreamBody};
 use crate::downstream::link::Link;
 use crate::error::ProxyError;
 use crate::serve::h2::request::to_http1;
@@ -55,7 +56,7 @@ pub(super) async fn handle(
     };
     let (head, outcome) = match body {
         Err(e) => {
-            let o = fail_h3(
+            let o = answer::fail(
                 &mut send,
                 link.peer,
                 None,
@@ -92,7 +93,7 @@ pub(super) async fn handle(
                 }
                 Err(e) => {
                     let limit = limits.send_timeout;
-                    let o = fail_h3(
+                    let o = answer::fail(
                         &mut send,
                         link.peer,
                         None,
