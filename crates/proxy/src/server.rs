@@ -387,7 +387,7 @@ async fn accept_loop(
             }
         }
         let _ = stream.set_nodelay(true);
-        let guard = OpenGuard::new(slot.clone(), worker.clone(), client);
+        let guard = crate::state::OpenGuard::new(slot.clone(), worker.clone(), client);
         let ctx = conn::Ctx {
             ls,
             shared,
@@ -468,49 +468,6 @@ async fn accept_loop(
             crate::serve::h2::dispatch(stream, peer, ctx).await;
             drop(guard);
         });
-    }
-}
-
-/// One open client connection (TCP, or QUIC for HTTP/3), counted for the listener's limits and
-/// the worker's drain until dropped.
-pub(crate) struct OpenGuard {
-    slot: Arc<ListenerSlot>,
-    worker: Rc<Worker>,
-    /// The client address counted in `slot.clients`, if it was.
-    client: Option<std::net::IpAddr>,
-}
-
-impl OpenGuard {
-    /// The connection now counts in `slot.clients` for `ip` (released with the guard).
-    pub(crate) fn counts_client(&mut self, ip: std::net::IpAddr) {
-        self.client = Some(ip);
-    }
-
-    /// A connection counted in `slot.active` (and for `client` in `slot.clients`) opens.
-    pub(crate) fn new(
-        slot: Arc<ListenerSlot>,
-        worker: Rc<Worker>,
-        client: Option<std::net::IpAddr>,
-    ) -> OpenGuard {
-        worker.open.set(worker.open.get() + 1);
-        OpenGuard {
-            slot,
-            worker,
-            client,
-        }
-    }
-}
-
-impl Drop for OpenGuard {
-    fn drop(&mut self) {
-        self.slot.active.fetch_sub(1, Ordering::AcqRel);
-        if let Some(ip) = self.client {
-            self.slot.clients.close(ip);
-        }
-        self.worker.open.set(self.worker.open.get() - 1);
-        if self.worker.open.get() == 0 {
-            self.worker.idle_notify.notify_waiters();
-        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! The state requests read: a listener's state in one configuration snapshot, the bound listener it accepts on, the snapshot shared by all workers, each worker's own state, and what the control plane publishes to the workers.
+//! The state requests read: a listener's state in one configuration snapshot, the bound listener it accepts on, the snapshot shared by all workers, each worker's own state, one open client connection's place (`OpenGuard`), and what the control plane publishes to the workers.
 
 use crate::metrics::{GroupStats, RouteStats};
 use crate::resilience::RouteResilience;
@@ -156,6 +156,49 @@ impl Published {
         match self.stall_us.load(Ordering::Relaxed) {
             0 => None,
             us => Some(Duration::from_micros(us)),
+        }
+    }
+}
+
+/// One open client connection (TCP, or QUIC for HTTP/3), counted for the listener's limits and
+/// the worker's drain until dropped.
+pub(crate) struct OpenGuard {
+    slot: Arc<ListenerSlot>,
+    worker: Rc<Worker>,
+    /// The client address counted in `slot.clients`, if it was.
+    client: Option<std::net::IpAddr>,
+}
+
+impl OpenGuard {
+    /// The connection now counts in `slot.clients` for `ip` (released with the guard).
+    pub(crate) fn counts_client(&mut self, ip: std::net::IpAddr) {
+        self.client = Some(ip);
+    }
+
+    /// A connection counted in `slot.active` (and for `client` in `slot.clients`) opens.
+    pub(crate) fn new(
+        slot: Arc<ListenerSlot>,
+        worker: Rc<Worker>,
+        client: Option<std::net::IpAddr>,
+    ) -> OpenGuard {
+        worker.open.set(worker.open.get() + 1);
+        OpenGuard {
+            slot,
+            worker,
+            client,
+        }
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.slot.active.fetch_sub(1, Ordering::AcqRel);
+        if let Some(ip) = self.client {
+            self.slot.clients.close(ip);
+        }
+        self.worker.open.set(self.worker.open.get() - 1);
+        if self.worker.open.get() == 0 {
+            self.worker.idle_notify.notify_waiters();
         }
     }
 }

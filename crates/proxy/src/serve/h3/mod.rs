@@ -192,7 +192,7 @@ pub(crate) async fn accept_loop(
         stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
         handshaking.set(handshaking.get() + 1);
         let admission = Admission {
-            guard: crate::server::OpenGuard::new(slot.clone(), worker.clone(), None),
+            guard: crate::state::OpenGuard::new(slot.clone(), worker.clone(), None),
             handshaking: handshaking.clone(),
             client: (per_client > 0).then(|| (peer.ip(), per_client)),
             slot: slot.clone(),
@@ -280,7 +280,7 @@ pub(crate) async fn accept_loop(
 /// (`max_connections_per_client`) once the handshake completed, so that datagrams with a forged
 /// source cannot use up a real client's share. Holds the connection's place in the listener.
 struct Admission {
-    guard: crate::server::OpenGuard,
+    guard: crate::state::OpenGuard,
     handshaking: Rc<Cell<u32>>,
     /// The client and its share, counted when the handshake completes.
     client: Option<(std::net::IpAddr, u32)>,
