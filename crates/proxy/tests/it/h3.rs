@@ -753,3 +753,64 @@ async fn zero_rtt_requests_are_marked_early_and_unsafe_ones_refused_425() {
         .iter()
         .all(|r| r.method != "POST" || r.target == "/late"));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn renewed_certificate_files_serve_new_quic_handshakes_and_open_connections_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, k, first) = cert(dir.path());
+    let p = start_toml(
+        &format!(
+            r#"
+[[listeners]]
+name = "quic"
+address = "127.0.0.1:0"
+[listeners.tls]
+certificates = [{{ cert = "{c}", key = "{k}" }}]
+watch_interval = "50ms"
+[listeners.http3]
+[[listeners.routes]]
+respond = {{ status = 200, body = "ok" }}
+"#
+        ),
+        1,
+    );
+    let addr = p.addr("quic").unwrap();
+    let presented = |conn: &quinn::Connection| {
+        let chain = conn.peer_identity().unwrap();
+        let chain = chain
+            .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .unwrap();
+        chain[0].clone()
+    };
+    let before = endpoint(&first, false);
+    let old = tokio::time::timeout(T, before.connect(addr, "localhost").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(presented(&old), first);
+    let mut old_send = h3_over(old).await;
+    // New files, as a renewal writes them (a new key too).
+    let renewed = tempfile::tempdir().unwrap();
+    let (nc, nk, second) = cert(renewed.path());
+    std::fs::rename(&nk, &k).unwrap();
+    std::fs::rename(&nc, &c).unwrap();
+    let reloads = || {
+        p.stats()
+            .tls_certificate_reloads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    crate::common::until("the files reloaded", || reloads() == 1).await;
+    let after = endpoint(&second, false);
+    let new = tokio::time::timeout(T, after.connect(addr, "localhost").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        presented(&new),
+        second,
+        "a new handshake gets the new certificate"
+    );
+    let mut new_send = h3_over(new).await;
+    assert_eq!(request(&mut new_send, "GET", "/", None).await.body, b"ok");
+    assert_eq!(request(&mut old_send, "GET", "/", None).await.body, b"ok");
+}
