@@ -166,7 +166,7 @@ const fn sc(
 }
 
 /// Every scenario, in the order they run.
-pub const SCENARIOS: [Scenario; 13] = [
+pub const SCENARIOS: [Scenario; 14] = [
     sc(
         "rps-0k",
         "RPS 0 KB",
@@ -303,6 +303,19 @@ pub const SCENARIOS: [Scenario; 13] = [
             true,
         )
     },
+    Scenario {
+        h3: true,
+        ..sc(
+            "h3-cps",
+            "CPS HTTP/3 full",
+            "HTTP/3 new QUIC connection per request, full handshakes, 0 KB",
+            "/bytes/0",
+            Metric::Cps,
+            true,
+            true,
+            false,
+        )
+    },
 ];
 
 /// Most connections of the 1 MB scenarios.
@@ -384,7 +397,7 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     let mut a: Vec<String> = vec!["bench".into()];
     let c = match s.metric {
         Metric::Throughput => f.connections.min(THROUGHPUT_CONNECTIONS),
-        _ if s.h2 || s.h3 => f.connections.min(H2_CONNECTIONS),
+        _ if (s.h2 || s.h3) && !s.close => f.connections.min(H2_CONNECTIONS),
         _ => f.connections,
     };
     match s.metric {
@@ -409,11 +422,14 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     if s.close {
         a.push("--close".into());
     }
+    if s.h3 {
+        a.push("--h3".into());
+        if !s.close {
+            a.extend(["--streams".into(), H2_STREAMS.to_string()]);
+        }
+    }
     if s.h2 {
         a.extend(["--h2".into(), "--streams".into(), H2_STREAMS.to_string()]);
-    }
-    if s.h3 {
-        a.extend(["--h3".into(), "--streams".into(), H2_STREAMS.to_string()]);
     }
     if s.https {
         a.extend([

@@ -363,9 +363,14 @@ impl Config {
             }
             (true, Some(n)) => n,
         };
-        if (f.h2 || f.h3) && f.close {
+        if f.h2 && f.close {
             return Err(flag(
-                "--close excludes --h2 and --h3 (they have no connection-per-request mode)",
+                "--close and --h2 exclude each other (HTTP/2 has no connection-per-request mode)",
+            ));
+        }
+        if f.h3 && f.close && f.streams.is_some_and(|n| n > 1) {
+            return Err(flag(
+                "--close with --h3 sends one request per connection: --streams must be 1",
             ));
         }
         if f.connections.saturating_mul(streams) > MAX_IN_FLIGHT {

@@ -15,6 +15,7 @@ type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 /// still runs.
 struct Session {
     send: SendRequest,
+    conn: quinn::Connection,
     alive: Rc<Cell<bool>>,
     /// Which connection of this benchmark connection it is (streams of an older one must not
     /// drop a newer one when they fail late).
@@ -36,6 +37,8 @@ pub struct H3Conn {
     opened: RefCell<Vec<Opened>>,
     /// Connections opened so far.
     count: Cell<u64>,
+    /// `--close`: a new connection per request.
+    close: bool,
 }
 
 impl std::fmt::Debug for H3Conn {
@@ -49,7 +52,7 @@ impl std::fmt::Debug for H3Conn {
 
 impl H3Conn {
     /// A connection to `addr` with the run's TLS client (its ALPN is `h3`).
-    pub fn new(addr: SocketAddr, tls: &crate::tls::TlsClient) -> H3Conn {
+    pub fn new(addr: SocketAddr, tls: &crate::tls::TlsClient, close: bool) -> H3Conn {
         H3Conn {
             addr,
             tls: tls.for_connection(),
@@ -59,6 +62,15 @@ impl H3Conn {
             connecting: tokio::sync::Mutex::new(()),
             opened: RefCell::new(Vec::new()),
             count: Cell::new(0),
+            close,
+        }
+    }
+
+    /// Close the current connection (`--close`: after its one request); the next request opens
+    /// another on the same UDP socket.
+    pub fn close_now(&self) {
+        if let Some(s) = self.session.borrow_mut().take() {
+            s.conn.close(0u32.into(), b"");
         }
     }
 
@@ -113,7 +125,7 @@ impl H3Conn {
             .connect(self.addr, &self.server_name)
             .map_err(|_| ErrorKind::Connect)?;
         let conn = connecting.await.map_err(quic_error)?;
-        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn))
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
             .await
             .map_err(|_| ErrorKind::BadResponse)?;
         let alive = Rc::new(Cell::new(true));
@@ -126,6 +138,7 @@ impl H3Conn {
         self.count.set(number);
         *self.session.borrow_mut() = Some(Session {
             send: send.clone(),
+            conn,
             alive,
             number,
         });
@@ -149,7 +162,10 @@ impl H3Conn {
         loop {
             let (send, number) = self.sender().await?;
             match exchange_on(send, request).await {
-                Ok(r) => return Ok(r),
+                Ok(mut r) => {
+                    r.reuse = !self.close;
+                    return Ok(r);
+                }
                 Err(Failure::Unprocessed) if tries < 2 => {
                     tries += 1;
                     self.drop_session(number);

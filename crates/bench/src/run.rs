@@ -151,7 +151,9 @@ impl Link for H3Link {
         self.0.take_opened()
     }
 
-    async fn finish_close(&mut self) {}
+    async fn finish_close(&mut self) {
+        self.0.close_now();
+    }
 }
 
 /// What the stream tasks of one connection share (one task per connection for HTTP/1.1).
@@ -422,10 +424,11 @@ fn worker(
         Conns::H3(local.block_on(&rt, async {
             let conns: Vec<Rc<H3Conn>> = mine
                 .iter()
-                .map(|_| Rc::new(H3Conn::new(cfg.addr, tls)))
+                .map(|_| Rc::new(H3Conn::new(cfg.addr, tls, cfg.close)))
                 .collect();
             let tasks: Vec<_> = conns
                 .iter()
+                .filter(|_| !cfg.close)
                 .map(|c| {
                     let (c, timeout) = (c.clone(), cfg.timeout);
                     tokio::task::spawn_local(async move {
