@@ -27,7 +27,7 @@ const EXCESSIVE_LOAD: u32 = 0x107;
 const UNI_STREAMS: u32 = 16;
 
 /// The QUIC server configuration of a listener: its TLS configuration of the moment with ALPN
-/// `h3` (0-RTT off), and its `[listeners.http3]` transport settings.
+/// `h3` (0-RTT only with `early_data`), and its `[listeners.http3]` transport settings.
 pub(crate) fn quic_config(
     tls: &tokio_rustls::rustls::ServerConfig,
     s: &Http3Settings,
