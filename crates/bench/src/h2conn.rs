@@ -19,6 +19,9 @@ const WINDOW: u32 = (1 << 30) - 1;
 struct Session {
     send: SendRequest<Bytes>,
     alive: Rc<Cell<bool>>,
+    /// Which connection of this benchmark connection it is (streams of an older one must not
+    /// drop a newer one when they fail late).
+    number: u64,
 }
 
 /// One benchmark connection over HTTP/2, shared by its stream tasks (one thread's runtime):
@@ -31,6 +34,8 @@ pub struct H2Conn {
     connecting: tokio::sync::Mutex<()>,
     /// Connections opened and not yet collected by [`H2Conn::take_opened`].
     opened: RefCell<Vec<Opened>>,
+    /// Connections opened so far.
+    count: Cell<u64>,
 }
 
 impl std::fmt::Debug for H2Conn {
@@ -52,6 +57,7 @@ impl H2Conn {
             session: RefCell::new(None),
             connecting: tokio::sync::Mutex::new(()),
             opened: RefCell::new(Vec::new()),
+            count: Cell::new(0),
         }
     }
 
@@ -60,20 +66,26 @@ impl H2Conn {
         self.opened.borrow_mut().pop()
     }
 
-    /// The handle of the current connection, if it is still up.
-    fn live(&self) -> Option<SendRequest<Bytes>> {
+    /// The handle of the current connection and its number, if it is still up.
+    fn live(&self) -> Option<(SendRequest<Bytes>, u64)> {
         let s = self.session.borrow();
-        s.as_ref().filter(|s| s.alive.get()).map(|s| s.send.clone())
+        s.as_ref()
+            .filter(|s| s.alive.get())
+            .map(|s| (s.send.clone(), s.number))
     }
 
-    /// Forget the current connection (it failed): the next request opens a new one.
-    fn drop_session(&self) {
-        self.session.borrow_mut().take();
+    /// Forget connection `number` (it failed), unless a newer one replaced it already: the next
+    /// request opens a new one.
+    fn drop_session(&self, number: u64) {
+        let mut s = self.session.borrow_mut();
+        if s.as_ref().is_some_and(|s| s.number == number) {
+            s.take();
+        }
     }
 
     /// The current connection's handle, connecting first when there is none (must run on a
     /// `LocalSet`: the connection's driver is a local task).
-    pub async fn sender(&self) -> Result<SendRequest<Bytes>, ErrorKind> {
+    pub async fn sender(&self) -> Result<(SendRequest<Bytes>, u64), ErrorKind> {
         if let Some(s) = self.live() {
             return Ok(s);
         }
@@ -101,12 +113,15 @@ impl H2Conn {
             let _ = connection.await;
             flag.set(false);
         });
+        let number = self.count.get() + 1;
+        self.count.set(number);
         *self.session.borrow_mut() = Some(Session {
             send: send.clone(),
             alive,
+            number,
         });
         self.opened.borrow_mut().push(opened);
-        Ok(send)
+        Ok((send, number))
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
@@ -119,19 +134,19 @@ impl H2Conn {
     pub async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
         let mut tries = 0;
         loop {
-            let send = self.sender().await?;
+            let (send, number) = self.sender().await?;
             let r = exchange_on(send, request).await;
             match r {
                 Ok(r) => return Ok(r),
                 Err(Failure::Unprocessed) if tries < 2 => {
                     tries += 1;
-                    self.drop_session();
+                    self.drop_session(number);
                 }
                 Err(f) => {
                     let kind = f.kind();
                     // A failure of the connection, not only of this stream: reconnect next time.
                     if !matches!(kind, ErrorKind::Reset | ErrorKind::BadResponse) {
-                        self.drop_session();
+                        self.drop_session(number);
                     }
                     return Err(kind);
                 }
