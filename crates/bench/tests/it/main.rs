@@ -2,4 +2,5 @@
 
 mod bench;
 mod h2;
+mod h3;
 mod https;

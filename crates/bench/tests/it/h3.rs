@@ -1,0 +1,153 @@
+//! `--h3` runs against an in-process HTTP/3 server (quinn and the h3 crate) on 127.0.0.1.
+
+use bytes::Bytes;
+use portico_bench::{Config, Flags, Report};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What the server saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// An HTTP/3 server on its own thread answering `200 ok` to every request.
+fn server() -> (SocketAddr, Arc<Seen>) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .unwrap();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
+    let config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let endpoint = quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                Some(config),
+                socket,
+                Arc::new(quinn::TokioRuntime),
+            )
+            .unwrap();
+            while let Some(incoming) = endpoint.accept().await {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let Ok(conn) = incoming.await else { return };
+                    s.connections.fetch_add(1, Ordering::Relaxed);
+                    let Ok(mut h3) =
+                        h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(conn))
+                            .await
+                    else {
+                        return;
+                    };
+                    while let Ok(Some(resolver)) = h3.accept().await {
+                        let s = s.clone();
+                        tokio::spawn(async move {
+                            let Ok((_, mut stream)) = resolver.resolve_request().await else {
+                                return;
+                            };
+                            s.requests.fetch_add(1, Ordering::Relaxed);
+                            let resp = http::Response::builder().status(200).body(()).unwrap();
+                            let _ = stream.send_response(resp).await;
+                            let _ = stream.send_data(Bytes::from_static(b"ok")).await;
+                            let _ = stream.finish().await;
+                        });
+                    }
+                });
+            }
+        });
+    });
+    (addr, seen)
+}
+
+fn run(f: Flags) -> Report {
+    let cfg = Config::from_flags(&f).expect("valid flags");
+    portico_bench::run(&cfg, &mut |_| {}).expect("run")
+}
+
+fn flags(addr: SocketAddr) -> Flags {
+    Flags {
+        url: format!("https://localhost:{}/", addr.port()),
+        h3: true,
+        insecure: true,
+        ..Flags::default()
+    }
+}
+
+#[test]
+fn closed_loop_over_quic_keeps_the_streams_busy() {
+    let (addr, seen) = server();
+    let r = run(Flags {
+        closed: true,
+        connections: 2,
+        streams: Some(8),
+        requests: Some(400),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    assert_eq!(r.requests.completed, 400, "{:?}", r.requests);
+    assert_eq!(r.status.get("200"), Some(&400), "{:?}", r.status);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 2);
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 400);
+    assert_eq!(r.bytes, 800);
+    assert_eq!((r.protocol.as_str(), r.streams), ("HTTP/3", Some(8)));
+}
+
+#[test]
+fn close_opens_a_quic_connection_per_request() {
+    let (addr, seen) = server();
+    let r = run(Flags {
+        closed: true,
+        close: true,
+        connections: 2,
+        requests: Some(40),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    assert_eq!(r.requests.completed, 40, "{:?}", r.requests);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(seen.connections.load(Ordering::Relaxed), 40);
+    assert_eq!(r.connections_opened, 40);
+}
+
+#[test]
+fn h3_needs_https_and_one_stream_per_closing_connection() {
+    let plain = Flags {
+        url: "http://127.0.0.1:9/".into(),
+        h3: true,
+        closed: true,
+        ..Flags::default()
+    };
+    let e = Config::from_flags(&plain).unwrap_err().to_string();
+    assert!(e.contains("--h3 needs an https:// URL"), "{e}");
+    let many = Flags {
+        closed: true,
+        close: true,
+        streams: Some(4),
+        ..flags("127.0.0.1:9".parse().unwrap())
+    };
+    let e = Config::from_flags(&many).unwrap_err().to_string();
+    assert!(e.contains("--streams must be 1"), "{e}");
+}
