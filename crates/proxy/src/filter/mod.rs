@@ -289,7 +289,7 @@ impl Filters {
     /// `server.1` of `server.0` sent (the response body phase, [`Filters::response_body`],
     /// follows when [`Filters::has_body_filter`]).
     pub(crate) fn response<'r>(
-        &self,
+        &'r self,
         route: &'r Route,
         head: &RequestHead,
         vars: &dyn Vars,
@@ -300,7 +300,7 @@ impl Filters {
             return;
         }
         if let Some(v) = &self.alt_svc {
-            edits.add("Alt-Svc", Cow::Owned(v.to_string()));
+            edits.add("Alt-Svc", Cow::Borrowed(v));
         }
         for f in &self.list {
             match f {
