@@ -1,4 +1,4 @@
-//! The small answers of a multiplexed stream (HTTP/2 or HTTP/3), written once for both: an error's status and body, a local response, and their outcomes.
+//! The small answers of a multiplexed stream (HTTP/2 or HTTP/3), written once for both: an error's status and body, a local response, their outcomes, and the request id field they carry.
 
 use crate::error::ProxyError;
 use crate::telemetry::stats::{Outcome, Phase};
@@ -92,4 +92,14 @@ pub(crate) async fn local<A: Answer>(
             upstream: None,
         },
     }
+}
+
+/// The request id field a local answer to `head` carries, if any (`[request_id]` on).
+pub(crate) fn id_field<'a, 'h>(
+    shared: &'a crate::state::Shared,
+    timings: &crate::telemetry::timing::Timings,
+    head: &'h RequestHead,
+) -> Option<(&'a str, std::borrow::Cow<'h, str>)> {
+    let settings = shared.config.request_id.as_ref();
+    crate::telemetry::request_id::answer_field(settings, timings.request_id, head)
 }

@@ -45,8 +45,7 @@ impl<'a> H2Down<'a> {
 
     /// The request id field a local answer to `head` carries, if any.
     fn answer_id<'h>(&self, head: &'h RequestHead) -> Option<(&'a str, std::borrow::Cow<'h, str>)> {
-        let settings = self.shared.config.request_id.as_ref();
-        crate::telemetry::request_id::answer_field(settings, self.timings.request_id, head)
+        answer::id_field(self.shared, self.timings, head)
     }
 }
 
@@ -61,12 +60,7 @@ impl<'a> Client<'a> for H2Down<'a> {
         Self: 'o;
 
     fn env(&self) -> Env<'a> {
-        Env {
-            shared: self.shared,
-            worker: &self.link.worker,
-            ls: self.ls,
-            peer: self.link.peer,
-        }
+        self.link.env(self.shared, self.ls)
     }
 
     fn watch(&self) -> Watch<'a> {
@@ -86,17 +80,11 @@ impl<'a> Client<'a> for H2Down<'a> {
     }
 
     fn who(&self) -> Who<'_> {
-        Who {
-            ip: self.client.as_ref().map_or(&self.link.client_ip, |c| &c.1),
-            peer_ip: &self.link.client_ip,
-            forwarded: self.client.as_ref().map(|c| c.0),
-            tls: self.link.tls,
-            cert: self.link.client_cert.as_deref(),
-        }
+        self.link.who(&self.client)
     }
 
     fn addresses(&self) -> Option<(std::net::SocketAddr, std::net::SocketAddr)> {
-        Some((self.link.peer, self.link.local?))
+        self.link.addresses()
     }
 
     fn set_client(&mut self, ip: std::net::IpAddr) {

@@ -1,4 +1,4 @@
-//! The state of one HTTP/2 connection its streams share: the worker, the peer, the current configuration, stream counts, and the reset and PING ACK budgets.
+//! The state of one HTTP/2 or HTTP/3 connection its streams share: the worker, the peer, the current configuration, stream counts, the reset and PING ACK budgets, and who a stream's request is from.
 
 use crate::state::{ListenerState, Snapshot, Worker};
 use portico_config::Http2Settings;
@@ -74,6 +74,40 @@ impl Windowed {
 pub const MAX_UNSOLICITED_PING_ACKS: u32 = 10;
 
 impl Link {
+    /// What the flow reads of the connection and a stream's configuration.
+    pub(crate) fn env<'a>(
+        &'a self,
+        shared: &'a crate::state::Shared,
+        ls: &'a ListenerState,
+    ) -> super::Env<'a> {
+        super::Env {
+            shared,
+            worker: &self.worker,
+            ls,
+            peer: self.peer,
+        }
+    }
+
+    /// Who sent a stream's request: the connection's peer, or `client` (behind a trusted
+    /// proxy, with its text).
+    pub(crate) fn who<'s>(
+        &'s self,
+        client: &'s Option<(std::net::IpAddr, Box<str>)>,
+    ) -> super::Who<'s> {
+        super::Who {
+            ip: client.as_ref().map_or(&self.client_ip, |c| &c.1),
+            peer_ip: &self.client_ip,
+            forwarded: client.as_ref().map(|c| c.0),
+            tls: self.tls,
+            cert: self.client_cert.as_deref(),
+        }
+    }
+
+    /// The connection's client and the address it connected to.
+    pub(crate) fn addresses(&self) -> Option<(SocketAddr, SocketAddr)> {
+        Some((self.peer, self.local?))
+    }
+
     /// The newest snapshot and this listener's state in it (a listener a reload removed keeps
     /// its last state until the connection ends).
     pub fn current(&self) -> Rc<Current> {
