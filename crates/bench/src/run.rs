@@ -110,32 +110,47 @@ impl Link for Conn {
     }
 }
 
-/// One stream slot of an HTTP/2 connection.
-struct H2Link(Rc<H2Conn>);
-
-impl Link for H2Link {
-    async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind> {
-        match plan.h2_requests.get(url) {
-            Some(r) => self.0.exchange(r).await,
-            None => Err(ErrorKind::BadResponse),
-        }
-    }
-
-    fn abandon(&mut self) {
-        // Dropping the exchange reset its stream; the connection goes on.
-    }
-
-    fn take_opened(&mut self) -> Option<Opened> {
-        self.0.take_opened()
-    }
-
-    async fn finish_close(&mut self) {}
+/// A multiplexed connection (HTTP/2 or HTTP/3) that its stream slots share.
+trait Mux {
+    async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind>;
+    fn take_opened(&self) -> Option<Opened>;
+    /// Open it before the start (a failure is left to the first request, which counts it).
+    async fn open(&self);
+    /// After a response that ends the connection (`--close`).
+    fn close_now(&self) {}
 }
 
-/// One stream slot of an HTTP/3 connection.
-struct H3Link(Rc<H3Conn>);
+impl Mux for H2Conn {
+    async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
+        H2Conn::exchange(self, request).await
+    }
+    fn take_opened(&self) -> Option<Opened> {
+        H2Conn::take_opened(self)
+    }
+    async fn open(&self) {
+        let _ = self.sender().await;
+    }
+}
 
-impl Link for H3Link {
+impl Mux for H3Conn {
+    async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
+        H3Conn::exchange(self, request).await
+    }
+    fn take_opened(&self) -> Option<Opened> {
+        H3Conn::take_opened(self)
+    }
+    async fn open(&self) {
+        let _ = self.sender().await;
+    }
+    fn close_now(&self) {
+        H3Conn::close_now(self);
+    }
+}
+
+/// One stream slot of a multiplexed connection.
+struct Slot<C>(Rc<C>);
+
+impl<C: Mux> Link for Slot<C> {
     async fn exchange(&mut self, plan: &Plan, url: usize) -> Result<Response, ErrorKind> {
         match plan.h2_requests.get(url) {
             Some(r) => self.0.exchange(r).await,
@@ -154,6 +169,31 @@ impl Link for H3Link {
     async fn finish_close(&mut self) {
         self.0.close_now();
     }
+}
+
+/// Make a worker's multiplexed connections with `make` and, unless each request has a
+/// connection of its own (`close`), open them within `timeout` each.
+async fn open_all<C: Mux + 'static>(
+    n: usize,
+    make: impl Fn() -> C,
+    close: bool,
+    timeout: Duration,
+) -> Vec<Rc<C>> {
+    let conns: Vec<Rc<C>> = (0..n).map(|_| Rc::new(make())).collect();
+    let tasks: Vec<_> = conns
+        .iter()
+        .filter(|_| !close)
+        .map(|c| {
+            let c = c.clone();
+            tokio::task::spawn_local(async move {
+                let _ = tokio::time::timeout(timeout, c.open()).await;
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    conns
 }
 
 /// What the stream tasks of one connection share (one task per connection for HTTP/1.1).
@@ -345,6 +385,22 @@ impl Worker {
     }
 
     /// Start the tasks of connection `k`, one per link (stream slot), each with its deadline.
+    /// The stream slots (`--streams` each) of connections `mine`, one task each.
+    fn spawn_slots<C: Mux + 'static>(
+        self: &Rc<Self>,
+        mine: &[usize],
+        conns: Vec<Rc<C>>,
+        tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+        deadlines: &mut Vec<Rc<Deadline>>,
+    ) {
+        for (&k, conn) in mine.iter().zip(conns) {
+            let slots = (0..self.plan.cfg.streams)
+                .map(|_| Slot(conn.clone()))
+                .collect();
+            tasks.extend(self.spawn_connection(k, slots, deadlines));
+        }
+    }
+
     fn spawn_connection<L: Link + 'static>(
         self: &Rc<Self>,
         k: usize,
@@ -393,6 +449,15 @@ fn closed_quota(cfg: &Config, k: usize) -> Option<u64> {
     }
 }
 
+/// Count the connections a worker opened before the start.
+fn opened_before<C: Mux>(rec: &mut Recorder, conns: &[Rc<C>]) {
+    for c in conns {
+        while let Some(o) = c.take_opened() {
+            rec.opened(false, &o);
+        }
+    }
+}
+
 /// A worker's result: its recording and when its last connection finished.
 type WorkerResult = Result<(Recorder, Instant), BenchError>;
 
@@ -421,46 +486,13 @@ fn worker(
     // Keep-alive runs open their connections before the start, so that the first requests do not
     // pay for the handshake (failures are left to the first request, which counts them).
     let conns = if let (true, Some(tls)) = (cfg.h3, &cfg.tls) {
-        Conns::H3(local.block_on(&rt, async {
-            let conns: Vec<Rc<H3Conn>> = mine
-                .iter()
-                .map(|_| Rc::new(H3Conn::new(cfg.addr, tls, cfg.close)))
-                .collect();
-            let tasks: Vec<_> = conns
-                .iter()
-                .filter(|_| !cfg.close)
-                .map(|c| {
-                    let (c, timeout) = (c.clone(), cfg.timeout);
-                    tokio::task::spawn_local(async move {
-                        let _ = tokio::time::timeout(timeout, c.sender()).await;
-                    })
-                })
-                .collect();
-            for t in tasks {
-                let _ = t.await;
-            }
-            conns
-        }))
+        let make = || H3Conn::new(cfg.addr, tls, cfg.close);
+        let open = open_all(mine.len(), make, cfg.close, cfg.timeout);
+        Conns::H3(local.block_on(&rt, open))
     } else if cfg.h2 {
-        Conns::H2(local.block_on(&rt, async {
-            let conns: Vec<Rc<H2Conn>> = mine
-                .iter()
-                .map(|_| Rc::new(H2Conn::new(cfg.addr, cfg.tls.as_ref())))
-                .collect();
-            let tasks: Vec<_> = conns
-                .iter()
-                .map(|c| {
-                    let (c, timeout) = (c.clone(), cfg.timeout);
-                    tokio::task::spawn_local(async move {
-                        let _ = tokio::time::timeout(timeout, c.sender()).await;
-                    })
-                })
-                .collect();
-            for t in tasks {
-                let _ = t.await;
-            }
-            conns
-        }))
+        let make = || H2Conn::new(cfg.addr, cfg.tls.as_ref());
+        let open = open_all(mine.len(), make, false, cfg.timeout);
+        Conns::H2(local.block_on(&rt, open))
     } else {
         Conns::H1(local.block_on(&rt, async {
             let tasks: Vec<_> = mine
@@ -505,20 +537,8 @@ fn worker(
                 }
             }
         }
-        Conns::H2(cs) => {
-            for c in cs {
-                while let Some(o) = c.take_opened() {
-                    rec.opened(false, &o);
-                }
-            }
-        }
-        Conns::H3(cs) => {
-            for c in cs {
-                while let Some(o) = c.take_opened() {
-                    rec.opened(false, &o);
-                }
-            }
-        }
+        Conns::H2(cs) => opened_before(&mut rec, cs),
+        Conns::H3(cs) => opened_before(&mut rec, cs),
     }
     let shared = Arc::new(Shared::new(t0));
     let mut sleeper = None;
@@ -562,18 +582,8 @@ fn worker(
                     tasks.extend(w.spawn_connection(k, vec![conn], &mut deadlines));
                 }
             }
-            Conns::H2(cs) => {
-                for (&k, conn) in mine.iter().zip(cs) {
-                    let links = (0..cfg.streams).map(|_| H2Link(conn.clone())).collect();
-                    tasks.extend(w.spawn_connection(k, links, &mut deadlines));
-                }
-            }
-            Conns::H3(cs) => {
-                for (&k, conn) in mine.iter().zip(cs) {
-                    let links = (0..cfg.streams).map(|_| H3Link(conn.clone())).collect();
-                    tasks.extend(w.spawn_connection(k, links, &mut deadlines));
-                }
-            }
+            Conns::H2(cs) => w.spawn_slots(&mine, cs, &mut tasks, &mut deadlines),
+            Conns::H3(cs) => w.spawn_slots(&mine, cs, &mut tasks, &mut deadlines),
         }
         tokio::task::spawn_local(watchdog(deadlines));
         for t in tasks {
