@@ -1084,36 +1084,29 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     continue;
                 }
             }
-            // Whether it can serve the HTTP/2 scenario (asked only when that scenario runs).
-            let h2_support: Result<(), String> = if scenarios.iter().any(|s| s.h2) {
-                let info = match (proxy.program(), proxy.h2_probe_args()) {
-                    (Some(program), Some(args)) => build_info(program, args),
-                    _ => String::new(),
-                };
-                proxy.h2_capable(&info)
-            } else {
-                Err("no HTTP/2 scenario".into())
+            // Whether it can serve the HTTP/2 and HTTP/3 scenarios (its build asked once, only
+            // when one of them runs).
+            let (wants_h2, wants_h3) = (
+                scenarios.iter().any(|s| s.h2),
+                scenarios.iter().any(|s| s.h3),
+            );
+            let info = match (wants_h2 || wants_h3, proxy.program(), proxy.h2_probe_args()) {
+                (true, Some(program), Some(args)) => build_info(program, args),
+                _ => String::new(),
             };
-            if let (Err(why), true) = (&h2_support, scenarios.iter().any(|s| s.h2)) {
-                if proxy.terminates_tls() && round == 1 {
-                    say(out, format!("{name}: HTTP/2 scenario skipped, {why}"));
+            let mut support = |wants: bool, protocol: &str, capable: Result<(), String>| {
+                if !wants {
+                    return Err(format!("no {protocol} scenario"));
                 }
-            }
-            // Likewise HTTP/3.
-            let h3_support: Result<(), String> = if scenarios.iter().any(|s| s.h3) {
-                let info = match (proxy.program(), proxy.h2_probe_args()) {
-                    (Some(program), Some(args)) => build_info(program, args),
-                    _ => String::new(),
-                };
-                proxy.h3_capable(&info)
-            } else {
-                Err("no HTTP/3 scenario".into())
+                if let Err(why) = &capable {
+                    if proxy.terminates_tls() && round == 1 {
+                        say(out, format!("{name}: {protocol} scenario skipped, {why}"));
+                    }
+                }
+                capable
             };
-            if let (Err(why), true) = (&h3_support, scenarios.iter().any(|s| s.h3)) {
-                if proxy.terminates_tls() && round == 1 {
-                    say(out, format!("{name}: HTTP/3 scenario skipped, {why}"));
-                }
-            }
+            let h2_support = support(wants_h2, "HTTP/2", proxy.h2_capable(&info));
+            let h3_support = support(wants_h3, "HTTP/3", proxy.h3_capable(&info));
             // Start the proxy (direct: nothing to start).
             let port = free_port()?;
             let tls_port = match &tls {
