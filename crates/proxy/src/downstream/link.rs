@@ -74,6 +74,32 @@ impl Windowed {
 pub const MAX_UNSOLICITED_PING_ACKS: u32 = 10;
 
 impl Link {
+    /// A new connection's state from `peer` on `ctx`'s listener, with no stream yet; the
+    /// connection's own facts (local address, TLS, client certificate) are set by the caller.
+    pub(crate) fn new(ctx: &crate::conn::Ctx, peer: SocketAddr, settings: Http2Settings) -> Link {
+        Link {
+            worker: ctx.worker.clone(),
+            peer,
+            local: None,
+            client_ip: peer.ip().to_string(),
+            tls: false,
+            tls_info: None,
+            client_cert: None,
+            slot: ctx.ls.slot,
+            current: RefCell::new(Rc::new(Current {
+                ls: ctx.ls.clone(),
+                shared: ctx.shared.clone(),
+            })),
+            settings,
+            active: Cell::new(0),
+            idle_since: Cell::new(Instant::now()),
+            idle: Notify::new(),
+            resets: Windowed::new(),
+            calm: Notify::new(),
+            ping_acks: Windowed::new(),
+        }
+    }
+
     /// What the flow reads of the connection and a stream's configuration.
     pub(crate) fn env<'a>(
         &'a self,

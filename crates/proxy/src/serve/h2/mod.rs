@@ -5,14 +5,13 @@ pub(crate) mod frame_scan;
 pub(crate) mod request;
 mod stream;
 
-pub(crate) use crate::downstream::link::{Current, Link, Windowed};
+use crate::downstream::link::Link;
 pub use crate::websocket::websocket_accept;
 
 use crate::conn::Ctx;
 use crate::stream::ClientStream;
 use crate::telemetry::stats::{Cause, Phase, Side, Termination};
 use bytes::Bytes;
-use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -20,7 +19,6 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 
 /// How long a connection without streams keeps its write buffer: a busy connection's next
 /// stream comes sooner and finds it (as an HTTP/1.1 connection keeps its buffers).
@@ -210,25 +208,11 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         builder.enable_connect_protocol();
     }
     let link = Rc::new(Link {
-        worker: ctx.worker.clone(),
-        peer,
         local: crate::stream::local_addr(&stream),
-        client_ip: peer.ip().to_string(),
         tls: stream.is_tls(),
         tls_info: stream.tls_info().map(|(v, sni)| (v, sni.map(Box::from))),
         client_cert: stream.client_cert().map(Box::new),
-        slot: ctx.ls.slot,
-        current: RefCell::new(Rc::new(Current {
-            ls: ctx.ls.clone(),
-            shared: ctx.shared.clone(),
-        })),
-        settings,
-        active: Cell::new(0),
-        idle_since: Cell::new(Instant::now()),
-        idle: Notify::new(),
-        resets: Windowed::new(),
-        calm: Notify::new(),
-        ping_acks: Windowed::new(),
+        ..Link::new(&ctx, peer, settings)
     });
     let (corked, cork) = cork::cork(stream);
     let handshake = async {

@@ -2,16 +2,14 @@
 
 mod stream;
 
-use crate::downstream::link::{Current, Link, Windowed};
+use crate::downstream::link::Link;
 use crate::state::{ListenerSlot, ListenerState, Worker};
 use portico_config::{Congestion, Http2Settings, Http3Settings};
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::Notify;
 
 /// One connection's `h3` server.
 type H3Server = h3::server::Connection<h3_quinn::Connection, bytes::Bytes>;
@@ -348,31 +346,18 @@ async fn serve(
                 .ok()
         })
         .and_then(|chain| portico_tls::client_cert(chain.first()?));
+    // The reset limit is HTTP/3's own; the rest of the HTTP/2 settings is unused here.
+    let resets = Http2Settings {
+        max_resets: settings.max_resets,
+        reset_window: settings.reset_window,
+        ..Http2Settings::DEFAULT
+    };
     let link = Rc::new(Link {
-        worker: ctx.worker.clone(),
-        peer,
         local: conn.local_ip().map(|ip| SocketAddr::new(ip, port)),
-        client_ip: peer.ip().to_string(),
         tls: true,
         tls_info: Some(("TLSv1.3", sni)),
         client_cert: cert.map(Box::new),
-        slot: ctx.ls.slot,
-        current: RefCell::new(Rc::new(Current {
-            ls: ctx.ls.clone(),
-            shared: ctx.shared.clone(),
-        })),
-        // The reset limit is HTTP/3's own; the rest is unused here.
-        settings: Http2Settings {
-            max_resets: settings.max_resets,
-            reset_window: settings.reset_window,
-            ..Http2Settings::DEFAULT
-        },
-        active: Cell::new(0),
-        idle_since: Cell::new(Instant::now()),
-        idle: Notify::new(),
-        resets: Windowed::new(),
-        calm: Notify::new(),
-        ping_acks: Windowed::new(),
+        ..Link::new(&ctx, peer, resets)
     });
     let mut builder = h3::server::builder();
     builder.max_field_section_size(u64::from(settings.max_header_list_size));
