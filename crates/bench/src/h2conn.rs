@@ -3,9 +3,10 @@
 use crate::conn::ErrorKind;
 use crate::conn::{io_error, open_stream, Opened, Response, Stream, TlsTarget};
 use crate::request::H2Request;
+use crate::session::{Failure, Opening, Sessions};
 use bytes::Bytes;
 use h2::client::SendRequest;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
@@ -14,28 +15,12 @@ use std::rc::Rc;
 /// as the data is counted.
 const WINDOW: u32 = (1 << 30) - 1;
 
-/// An open HTTP/2 connection: the handle streams are opened with, and whether its driver task
-/// still runs.
-struct Session {
-    send: SendRequest<Bytes>,
-    alive: Rc<Cell<bool>>,
-    /// Which connection of this benchmark connection it is (streams of an older one must not
-    /// drop a newer one when they fail late).
-    number: u64,
-}
-
 /// One benchmark connection over HTTP/2, shared by its stream tasks (one thread's runtime):
 /// opened on demand, and reopened when the server closed it. Its driver is a local task.
 pub struct H2Conn {
     addr: SocketAddr,
     tls: Option<TlsTarget>,
-    session: RefCell<Option<Session>>,
-    /// Held while connecting, so that the streams waiting for a connection share one.
-    connecting: tokio::sync::Mutex<()>,
-    /// Connections opened and not yet collected by [`H2Conn::take_opened`].
-    opened: RefCell<Vec<Opened>>,
-    /// Connections opened so far.
-    count: Cell<u64>,
+    sessions: Sessions<SendRequest<Bytes>>,
 }
 
 impl std::fmt::Debug for H2Conn {
@@ -43,7 +28,7 @@ impl std::fmt::Debug for H2Conn {
         f.debug_struct("H2Conn")
             .field("addr", &self.addr)
             .field("tls", &self.tls.is_some())
-            .field("open", &self.live().is_some())
+            .field("open", &self.sessions.live().is_some())
             .finish()
     }
 }
@@ -54,45 +39,22 @@ impl H2Conn {
         H2Conn {
             addr,
             tls: tls.map(|t| (t.for_connection(), t.server_name.clone())),
-            session: RefCell::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            opened: RefCell::new(Vec::new()),
-            count: Cell::new(0),
+            sessions: Sessions::new(),
         }
     }
 
     /// A connection opened since the last call, if any (for the connection and handshake counts).
     pub fn take_opened(&self) -> Option<Opened> {
-        self.opened.borrow_mut().pop()
+        self.sessions.take_opened()
     }
 
-    /// The handle of the current connection and its number, if it is still up.
-    fn live(&self) -> Option<(SendRequest<Bytes>, u64)> {
-        let s = self.session.borrow();
-        s.as_ref()
-            .filter(|s| s.alive.get())
-            .map(|s| (s.send.clone(), s.number))
+    /// Open the connection now, unless it is open (must run on a `LocalSet`).
+    pub async fn open(&self) -> Result<(), ErrorKind> {
+        self.sessions.get(|| self.connect()).await.map(|_| ())
     }
 
-    /// Forget connection `number` (it failed), unless a newer one replaced it already: the next
-    /// request opens a new one.
-    fn drop_session(&self, number: u64) {
-        let mut s = self.session.borrow_mut();
-        if s.as_ref().is_some_and(|s| s.number == number) {
-            s.take();
-        }
-    }
-
-    /// The current connection's handle, connecting first when there is none (must run on a
-    /// `LocalSet`: the connection's driver is a local task).
-    pub async fn sender(&self) -> Result<(SendRequest<Bytes>, u64), ErrorKind> {
-        if let Some(s) = self.live() {
-            return Ok(s);
-        }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(s) = self.live() {
-            return Ok(s);
-        }
+    /// A new HTTP/2 connection, its driver a local task.
+    async fn connect(&self) -> Result<Opening<SendRequest<Bytes>>, ErrorKind> {
         let (stream, opened) = open_stream(self.addr, self.tls.as_ref()).await?;
         if let Stream::Tls(t) = &stream {
             if t.get_ref().1.alpn_protocol() != Some(b"h2") {
@@ -113,15 +75,7 @@ impl H2Conn {
             let _ = connection.await;
             flag.set(false);
         });
-        let number = self.count.get() + 1;
-        self.count.set(number);
-        *self.session.borrow_mut() = Some(Session {
-            send: send.clone(),
-            alive,
-            number,
-        });
-        self.opened.borrow_mut().push(opened);
-        Ok((send, number))
+        Ok((send, alive, opened))
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
@@ -130,44 +84,10 @@ impl H2Conn {
     ///
     /// A stream the server did not process (numbered above its GOAWAY's last stream id, or
     /// reset with REFUSED_STREAM: RFC 9113 8.7 says it may be retried) is sent again on a new
-    /// connection, at most twice, as browsers do; its latency includes the retry.
+    /// connection ([`Sessions::exchange`]).
     pub async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
-        let mut tries = 0;
-        loop {
-            let (send, number) = self.sender().await?;
-            let r = exchange_on(send, request).await;
-            match r {
-                Ok(r) => return Ok(r),
-                Err(Failure::Unprocessed) if tries < 2 => {
-                    tries += 1;
-                    self.drop_session(number);
-                }
-                Err(f) => {
-                    let kind = f.kind();
-                    // A failure of the connection, not only of this stream: reconnect next time.
-                    if !matches!(kind, ErrorKind::Reset | ErrorKind::BadResponse) {
-                        self.drop_session(number);
-                    }
-                    return Err(kind);
-                }
-            }
-        }
-    }
-}
-
-/// How one stream failed.
-enum Failure {
-    /// The server did not process it (GOAWAY above its last stream id, or REFUSED_STREAM).
-    Unprocessed,
-    Other(ErrorKind),
-}
-
-impl Failure {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Failure::Unprocessed => ErrorKind::Closed,
-            Failure::Other(k) => *k,
-        }
+        let once = |send| exchange_on(send, request);
+        self.sessions.exchange(|| self.connect(), once).await
     }
 }
 

@@ -3,6 +3,7 @@
 use crate::conn::ErrorKind;
 use crate::conn::{Handshake, Opened, Response};
 use crate::request::H2Request;
+use crate::session::{Failure, Opening, Sessions};
 use bytes::{Buf, Bytes};
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -10,17 +11,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
-
-/// An open HTTP/3 connection: the handle streams are opened with, and whether its driver task
-/// still runs.
-struct Session {
-    send: SendRequest,
-    conn: quinn::Connection,
-    alive: Rc<Cell<bool>>,
-    /// Which connection of this benchmark connection it is (streams of an older one must not
-    /// drop a newer one when they fail late).
-    number: u64,
-}
 
 /// One benchmark connection over HTTP/3, shared by its stream tasks (one thread's runtime):
 /// opened on demand, and reopened when the server closed it. Its QUIC endpoint (one UDP
@@ -30,13 +20,8 @@ pub struct H3Conn {
     tls: Arc<rustls::ClientConfig>,
     server_name: String,
     endpoint: RefCell<Option<quinn::Endpoint>>,
-    session: RefCell<Option<Session>>,
-    /// Held while connecting, so that the streams waiting for a connection share one.
-    connecting: tokio::sync::Mutex<()>,
-    /// Connections opened and not yet collected by [`H3Conn::take_opened`].
-    opened: RefCell<Vec<Opened>>,
-    /// Connections opened so far.
-    count: Cell<u64>,
+    /// A session's handle, and its QUIC connection (to close it).
+    sessions: Sessions<(SendRequest, quinn::Connection)>,
     /// `--close`: a new connection per request.
     close: bool,
 }
@@ -45,7 +30,7 @@ impl std::fmt::Debug for H3Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("H3Conn")
             .field("addr", &self.addr)
-            .field("open", &self.live().is_some())
+            .field("open", &self.sessions.live().is_some())
             .finish()
     }
 }
@@ -58,10 +43,7 @@ impl H3Conn {
             tls: tls.for_connection(),
             server_name: tls.server_name.to_str().into_owned(),
             endpoint: RefCell::new(None),
-            session: RefCell::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            opened: RefCell::new(Vec::new()),
-            count: Cell::new(0),
+            sessions: Sessions::new(),
             close,
         }
     }
@@ -69,29 +51,14 @@ impl H3Conn {
     /// Close the current connection (`--close`: after its one request); the next request opens
     /// another on the same UDP socket.
     pub fn close_now(&self) {
-        if let Some(s) = self.session.borrow_mut().take() {
-            s.conn.close(0u32.into(), b"");
+        if let Some((_, conn)) = self.sessions.take() {
+            conn.close(0u32.into(), b"");
         }
     }
 
     /// A connection opened since the last call, if any (for the connection and handshake counts).
     pub fn take_opened(&self) -> Option<Opened> {
-        self.opened.borrow_mut().pop()
-    }
-
-    fn live(&self) -> Option<(SendRequest, u64)> {
-        let s = self.session.borrow();
-        s.as_ref()
-            .filter(|s| s.alive.get())
-            .map(|s| (s.send.clone(), s.number))
-    }
-
-    /// Forget connection `number` (it failed), unless a newer one replaced it already.
-    fn drop_session(&self, number: u64) {
-        let mut s = self.session.borrow_mut();
-        if s.as_ref().is_some_and(|s| s.number == number) {
-            s.take();
-        }
+        self.sessions.take_opened()
     }
 
     fn endpoint(&self) -> Result<quinn::Endpoint, ErrorKind> {
@@ -110,16 +77,13 @@ impl H3Conn {
         Ok(e)
     }
 
-    /// The current connection's handle, connecting first when there is none (must run on a
-    /// `LocalSet`: the connection's driver is a local task).
-    pub async fn sender(&self) -> Result<(SendRequest, u64), ErrorKind> {
-        if let Some(s) = self.live() {
-            return Ok(s);
-        }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(s) = self.live() {
-            return Ok(s);
-        }
+    /// Open the connection now, unless it is open (must run on a `LocalSet`).
+    pub async fn open(&self) -> Result<(), ErrorKind> {
+        self.sessions.get(|| self.connect()).await.map(|_| ())
+    }
+
+    /// A new QUIC connection with HTTP/3 over it, its driver a local task.
+    async fn connect(&self) -> Result<Opening<(SendRequest, quinn::Connection)>, ErrorKind> {
         let endpoint = self.endpoint()?;
         let connecting = endpoint
             .connect(self.addr, &self.server_name)
@@ -134,66 +98,26 @@ impl H3Conn {
             let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
             flag.set(false);
         });
-        let number = self.count.get() + 1;
-        self.count.set(number);
-        *self.session.borrow_mut() = Some(Session {
-            send: send.clone(),
-            conn,
-            alive,
-            number,
-        });
         // QUIC's handshake is TLS 1.3; whether it resumed a session is not told by quinn.
-        self.opened.borrow_mut().push(Opened {
+        let opened = Opened {
             tls: Some(Handshake {
                 resumed: false,
                 version: Some("TLSv1.3"),
                 suite: None,
                 group: None,
             }),
-        });
-        Ok((send, number))
+        };
+        Ok(((send, conn), alive, opened))
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
-    /// body is counted, not kept. A request the server did not process (its GOAWAY came first)
-    /// is sent again on a new connection, at most twice.
+    /// body is counted, not kept. A request the server did not process (its GOAWAY came first,
+    /// or it rejected the stream) is sent again on a new connection ([`Sessions::exchange`]).
     pub async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
-        let mut tries = 0;
-        loop {
-            let (send, number) = self.sender().await?;
-            match exchange_on(send, request).await {
-                Ok(mut r) => {
-                    r.reuse = !self.close;
-                    return Ok(r);
-                }
-                Err(Failure::Unprocessed) if tries < 2 => {
-                    tries += 1;
-                    self.drop_session(number);
-                }
-                Err(f) => {
-                    let kind = f.kind();
-                    if !matches!(kind, ErrorKind::Reset | ErrorKind::BadResponse) {
-                        self.drop_session(number);
-                    }
-                    return Err(kind);
-                }
-            }
-        }
-    }
-}
-
-enum Failure {
-    /// The server did not process it (its GOAWAY came first).
-    Unprocessed,
-    Other(ErrorKind),
-}
-
-impl Failure {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            Failure::Unprocessed => ErrorKind::Closed,
-            Failure::Other(k) => *k,
-        }
+        let once = |(send, _)| exchange_on(send, request);
+        let mut r = self.sessions.exchange(|| self.connect(), once).await?;
+        r.reuse = !self.close;
+        Ok(r)
     }
 }
 

@@ -22,6 +22,7 @@ pub mod request;
 pub mod rounds;
 pub mod run;
 pub mod schedule;
+mod session;
 pub mod stats;
 pub mod svg;
 pub mod sweep;

@@ -128,7 +128,7 @@ impl Mux for H2Conn {
         H2Conn::take_opened(self)
     }
     async fn open(&self) {
-        let _ = self.sender().await;
+        let _ = H2Conn::open(self).await;
     }
 }
 
@@ -140,7 +140,7 @@ impl Mux for H3Conn {
         H3Conn::take_opened(self)
     }
     async fn open(&self) {
-        let _ = self.sender().await;
+        let _ = H3Conn::open(self).await;
     }
     fn close_now(&self) {
         H3Conn::close_now(self);
