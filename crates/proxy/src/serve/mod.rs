@@ -25,7 +25,7 @@ pub(crate) fn finished(
     timings: &Timings,
     started: Instant,
     tls: Option<(&'static str, Option<&str>)>,
-    quic: Option<(std::time::Duration, u64)>,
+    quic: Option<&dyn Fn() -> (std::time::Duration, u64)>,
 ) {
     let trace = timings.trace.as_deref();
     let span_to = shared
@@ -55,7 +55,8 @@ pub(crate) fn finished(
         ids: settings.is_some(),
         trace,
         cache: timings.cache.map(|c| c.as_str()),
-        quic,
+        // Read only when a line or span is made (the connection's statistics take its lock).
+        quic: quic.map(|f| f()),
     };
     if let Some(log) = &shared.access_log {
         log.write(&record);

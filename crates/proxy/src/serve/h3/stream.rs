@@ -155,7 +155,7 @@ fn finish(
     conn: &quinn::Connection,
 ) {
     let closed = conn.close_reason().is_some();
-    let quic = (conn.rtt(), conn.stats().path.lost_packets);
+    let quic = || (conn.rtt(), conn.stats().path.lost_packets);
     // (Streams cut by the connection's close are not resets by the client.)
     let reset = ProxyError::ClientClosed.termination(outcome.termination.phase);
     if outcome.termination == reset && !closed {
@@ -173,7 +173,7 @@ fn finish(
         timings,
         started,
         tls,
-        Some(quic),
+        Some(&quic),
     );
 }
 
