@@ -59,9 +59,18 @@ type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 
 /// A QUIC client endpoint trusting `ca`, ALPN h3; `early`: it sends 0-RTT data when it resumes.
 fn endpoint(ca: &rustls::pki_types::CertificateDer<'static>, early: bool) -> quinn::Endpoint {
+    endpoint_with(ca, early, rustls::crypto::ring::default_provider())
+}
+
+/// [`endpoint`] with the key exchange groups (and the rest) of `provider`.
+fn endpoint_with(
+    ca: &rustls::pki_types::CertificateDer<'static>,
+    early: bool,
+    provider: rustls::crypto::CryptoProvider,
+) -> quinn::Endpoint {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(provider);
     let mut tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
@@ -456,7 +465,7 @@ async fn a_stream_reset_flood_closes_the_connection_with_excessive_load() {
 }
 
 /// What a test forwarder does to the datagrams it passes on.
-#[derive(Clone, Copy)]
+#[derive(Clone, Default)]
 struct Damage {
     /// Drop every n-th datagram (each way; 0: none).
     drop_every: u64,
@@ -464,6 +473,17 @@ struct Damage {
     swap_every: u64,
     /// Hold the client's QUIC Handshake packets this long (its handshake completes late).
     hold_handshake: std::time::Duration,
+    /// Drop the client's second datagram if it is an Initial one (the rest of a ClientHello
+    /// too large for one datagram), and say so here; and the server's first (its
+    /// acknowledgement of the first half), so that the client resends only after a probe
+    /// timeout.
+    split_hello: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// Whether a datagram starts with a QUIC Initial packet (long header, type 0).
+fn is_initial(d: &[u8]) -> bool {
+    d.first()
+        .is_some_and(|b| b & 0x80 != 0 && (b >> 4) & 0x3 == 0)
 }
 
 /// Whether a datagram carries a QUIC Handshake packet (the client's Finished): its coalesced
@@ -515,6 +535,7 @@ async fn forwarder(to: SocketAddr, damage: Damage) -> SocketAddr {
     let client: Arc<std::sync::Mutex<Option<SocketAddr>>> = Arc::default();
     for up in [true, false] {
         let (front, back, client) = (front.clone(), back.clone(), client.clone());
+        let damage = damage.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 65536];
             let mut held: Option<Vec<u8>> = None;
@@ -535,6 +556,14 @@ async fn forwarder(to: SocketAddr, damage: Damage) -> SocketAddr {
                     continue;
                 }
                 let d = buf[..len].to_vec();
+                match (up, n, &damage.split_hello) {
+                    (true, 2, Some(flag)) if is_initial(&d) => {
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                    (false, 1, Some(_)) => continue,
+                    _ => {}
+                }
                 if up && !damage.hold_handshake.is_zero() && carries_handshake(&d) {
                     let (back, wait) = (back.clone(), damage.hold_handshake);
                     tokio::spawn(async move {
@@ -581,7 +610,7 @@ async fn requests_complete_through_loss_and_reordering() {
     let damage = Damage {
         drop_every: 20,
         swap_every: 7,
-        hold_handshake: std::time::Duration::ZERO,
+        ..Damage::default()
     };
     let via = forwarder(p.addr("quic").unwrap(), damage).await;
     let (_e, send) = client(via, &ca).await;
@@ -685,7 +714,7 @@ async fn a_connection_closed_after_its_last_request_delivers_it_whole_through_lo
     let damage = Damage {
         drop_every: 9,
         swap_every: 5,
-        hold_handshake: std::time::Duration::ZERO,
+        ..Damage::default()
     };
     let via = forwarder(p.addr("quic").unwrap(), damage).await;
     let client = endpoint(&ca, false);
@@ -710,9 +739,8 @@ async fn zero_rtt_requests_are_marked_early_and_unsafe_ones_refused_425() {
     // The client's Handshake packets (its Finished) are held 400 ms: what it sends meanwhile
     // is early data, and the proxy sees it before the handshake completes.
     let damage = Damage {
-        drop_every: 0,
-        swap_every: 0,
         hold_handshake: std::time::Duration::from_millis(400),
+        ..Damage::default()
     };
     let via = forwarder(p.addr("quic").unwrap(), damage).await;
     let client = endpoint(&ca, true);
@@ -752,6 +780,37 @@ async fn zero_rtt_requests_are_marked_early_and_unsafe_ones_refused_425() {
         .requests()
         .iter()
         .all(|r| r.method != "POST" || r.target == "/late"));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn early_data_listener_serves_a_client_whose_split_client_hello_lost_a_datagram() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let (p, ca) = proxy(dir.path(), "early_data = true", &routes_to(up.addr));
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let damage = Damage {
+        split_hello: Some(lost.clone()),
+        ..Damage::default()
+    };
+    let via = forwarder(p.addr("quic").unwrap(), damage).await;
+    // A post-quantum key share (X25519MLKEM768 first) makes the ClientHello outgrow a datagram.
+    let e = endpoint_with(&ca, false, portico_tls::base_provider());
+    let t0 = std::time::Instant::now();
+    let conn = tokio::time::timeout(T, e.connect(via, "localhost").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut send = h3_over(conn).await;
+    let g = request(&mut send, "GET", "/", None).await;
+    assert_eq!((g.status, g.body.as_slice()), (200, &b"ok"[..]));
+    assert!(
+        lost.load(std::sync::atomic::Ordering::Relaxed),
+        "the ClientHello took one datagram: nothing was lost"
+    );
+    // The lost half comes again after the client's first probe timeout (about a second).
+    // Served before it, the connection's control streams waited for the head timeout (10 s).
+    let took = t0.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
 }
 
 #[tokio::test(flavor = "current_thread")]

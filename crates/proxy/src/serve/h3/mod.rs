@@ -223,7 +223,23 @@ pub(crate) async fn accept_loop(
             let mut admission = admission;
             let limit = ctx.ls.listener.limits.head_timeout;
             // With early data on, a resuming client's 0-RTT requests are served before its
-            // handshake completes (as early ones); otherwise the handshake comes first.
+            // handshake completes (as early ones); otherwise the handshake comes first. Not
+            // before the client's whole ClientHello (it may span datagrams, one of them lost):
+            // until its transport parameters come, the server has no stream credit, and quinn
+            // does not wake an open waiting for it when they do (HTTP/3's control streams would
+            // wait for the next unrelated wake-up, seconds later).
+            let mut connecting = connecting;
+            if settings.early_data {
+                let hello = tokio::time::timeout(limit, connecting.handshake_data()).await;
+                if !matches!(hello, Ok(Ok(_))) {
+                    ctx.shared
+                        .stats
+                        .h3_handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, "QUIC handshake failed or timed out before its ClientHello");
+                    return;
+                }
+            }
             let (connecting, accepted) = match settings.early_data {
                 true => match connecting.into_0rtt() {
                     Ok((conn, accepted)) => (Err(conn), Some(accepted)),
