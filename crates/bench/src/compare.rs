@@ -37,9 +37,9 @@ pub struct CompareFlags {
     )]
     pub proxies: String,
     /// Scenarios: `all` (the HTTP ones, plus the HTTPS ones with --https or --cert), `http`,
-    /// `https` (HTTPS and HTTP/2 over TLS), `h2`, or names: rps-0k, rps-1k, rps-10k, rps-100k,
-    /// cps, throughput-1m, latency, https-rps-1k, https-cps, https-cps-resumed,
-    /// https-throughput-1m, h2-rps-1k.
+    /// `https` (HTTPS and HTTP/2 over TLS), `h2`, `h3`, or names: rps-0k, rps-1k, rps-10k,
+    /// rps-100k, cps, throughput-1m, latency, https-rps-1k, https-cps, https-cps-resumed,
+    /// https-throughput-1m, h2-rps-1k, h3-rps-1k, h3-cps, h3-cps-0rtt.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub scenarios: String,
     /// Measured time of each run (each rate of the latency sweep is a run).
@@ -138,6 +138,8 @@ pub struct Scenario {
     pub h2: bool,
     /// HTTP/3 (QUIC), as many connections and streams as HTTP/2.
     pub h3: bool,
+    /// HTTP/3 with `--early-data`: each request as 0-RTT data on a resumed session.
+    pub early_data: bool,
 }
 
 #[allow(clippy::too_many_arguments)] // a table row, argument per column
@@ -162,11 +164,12 @@ const fn sc(
         resume,
         h2: false,
         h3: false,
+        early_data: false,
     }
 }
 
 /// Every scenario, in the order they run.
-pub const SCENARIOS: [Scenario; 14] = [
+pub const SCENARIOS: [Scenario; 15] = [
     sc(
         "rps-0k",
         "RPS 0 KB",
@@ -316,6 +319,20 @@ pub const SCENARIOS: [Scenario; 14] = [
             false,
         )
     },
+    Scenario {
+        h3: true,
+        early_data: true,
+        ..sc(
+            "h3-cps-0rtt",
+            "CPS HTTP/3 0-RTT",
+            "HTTP/3 new QUIC connection per request, resumed sessions, the request as 0-RTT data, 0 KB",
+            "/bytes/0",
+            Metric::Cps,
+            true,
+            true,
+            true,
+        )
+    },
 ];
 
 /// Most connections of the 1 MB scenarios.
@@ -424,6 +441,9 @@ pub fn bench_args(f: &CompareFlags, r: &RunSpec) -> Vec<String> {
     }
     if s.h3 {
         a.push("--h3".into());
+        if s.early_data {
+            a.push("--early-data".into());
+        }
         if !s.close {
             a.extend(["--streams".into(), H2_STREAMS.to_string()]);
         }
@@ -1533,6 +1553,7 @@ mod tests {
             assert_eq!(parsed.tls_resume, s.resume, "{}", s.name);
             assert_eq!(parsed.h2, s.h2, "{}", s.name);
             assert_eq!(parsed.h3, s.h3, "{}", s.name);
+            assert_eq!(parsed.early_data, s.early_data, "{}", s.name);
         }
         // Five rates, each warm-up + duration + drain.
         assert_eq!(

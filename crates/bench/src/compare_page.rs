@@ -865,7 +865,16 @@ fn row_cells(r: &Report) -> String {
     let tls = r
         .tls
         .as_ref()
-        .map(|t| format!("{} / {}", t.handshakes.full, t.handshakes.resumed))
+        .map(|t| {
+            let h = t.handshakes;
+            match t.settings.early_data {
+                true => format!(
+                    "{} / {} (0-RTT {} accepted, {} refused)",
+                    h.full, h.resumed, h.early, h.early_refused
+                ),
+                false => format!("{} / {}", h.full, h.resumed),
+            }
+        })
         .unwrap_or_else(|| "–".into());
     let conn = if r.connections_opened > 0 {
         f2(Some(r.connections_per_s), 0)

@@ -113,6 +113,14 @@ pub struct Flags {
     /// HTTP/2 and HTTP/3: streams in flight per connection (default 1; h2load's -m).
     #[arg(long, value_name = "N")]
     pub streams: Option<usize>,
+    /// HTTP/3: send requests as 0-RTT data when a connection resumes a session (needs
+    /// --tls-resume on; the report counts the 0-RTT handshakes the server accepted and refused).
+    #[arg(long)]
+    pub early_data: bool,
+    /// HTTP/3: drop this share of UDP datagrams each way at the generator's sockets, e.g. 1%,
+    /// to measure what loss costs (at most 50%).
+    #[arg(long, value_name = "PERCENT", value_parser = parse_percent)]
+    pub loss: Option<f64>,
     /// The command line, stored in the JSON (set by the CLI, not a flag).
     #[arg(skip)]
     pub command: Option<String>,
@@ -153,6 +161,8 @@ impl Default for Flags {
             h2: false,
             h3: false,
             streams: None,
+            early_data: false,
+            loss: None,
             command: None,
         }
     }
@@ -220,6 +230,8 @@ pub struct Config {
     pub h3: bool,
     /// Requests in flight per connection: `--streams` with `--h2`, else 1.
     pub streams: usize,
+    /// `--loss`: the share of datagrams the generator drops each way (0 to 0.5).
+    pub loss: f64,
     /// `--label`.
     pub label: Option<String>,
     /// The command line, for the JSON.
@@ -334,6 +346,7 @@ impl Config {
                     resume: f.tls_resume,
                     h2: f.h2,
                     h3: f.h3,
+                    early_data: f.early_data,
                 },
                 &target.host,
             )?)
@@ -351,6 +364,9 @@ impl Config {
             }
             if f.h3 {
                 return Err(flag("--h3 needs an https:// URL (QUIC is always TLS)"));
+            }
+            if f.early_data {
+                return Err(flag("--early-data needs --h3 and an https:// URL"));
             }
             None
         };
@@ -371,6 +387,11 @@ impl Config {
         if f.h3 && f.close && f.streams.is_some_and(|n| n > 1) {
             return Err(flag(
                 "--close with --h3 sends one request per connection: --streams must be 1",
+            ));
+        }
+        if f.loss.is_some() && !f.h3 {
+            return Err(flag(
+                "--loss needs --h3 (the generator drops its own UDP datagrams)",
             ));
         }
         if f.connections.saturating_mul(streams) > MAX_IN_FLIGHT {
@@ -399,6 +420,7 @@ impl Config {
             h2: f.h2,
             h3: f.h3,
             streams,
+            loss: f.loss.unwrap_or(0.0),
             label: f.label.clone(),
             command: f.command.clone(),
         };
@@ -413,6 +435,21 @@ impl Config {
 
 fn flag(msg: impl Into<String>) -> BenchError {
     BenchError::Flag(msg.into())
+}
+
+/// `--loss`: a percentage (`1%`, `0.5`), above 0 and at most 50, as a share (0.01).
+pub fn parse_percent(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let n: f64 = t
+        .strip_suffix('%')
+        .unwrap_or(t)
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: a percentage, e.g. 1%"))?;
+    if !(n > 0.0 && n <= 50.0) {
+        return Err(format!("{s:?}: above 0% and at most 50%"));
+    }
+    Ok(n / 100.0)
 }
 
 /// Most URLs one run may take.

@@ -103,6 +103,8 @@ pub struct Response {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handshake {
     pub resumed: bool,
+    /// 0-RTT: None when not tried, else whether the server accepted it.
+    pub early: Option<bool>,
     pub version: Option<&'static str>,
     pub suite: Option<&'static str>,
     pub group: Option<&'static str>,
@@ -299,6 +301,7 @@ pub async fn open_stream(
             let c = t.get_ref().1;
             let hs = Handshake {
                 resumed: c.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                early: None,
                 version: c.protocol_version().and_then(|v| v.as_str()),
                 suite: c.negotiated_cipher_suite().and_then(|s| s.suite().as_str()),
                 group: c

@@ -4,13 +4,47 @@ use crate::conn::ErrorKind;
 use crate::conn::{Handshake, Opened, Response};
 use crate::request::H2Request;
 use crate::session::{Failure, Opening, Sessions};
+use crate::tls::Counting;
 use bytes::{Buf, Bytes};
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tokio::sync::watch;
 
 type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
+
+/// One QUIC connection with HTTP/3 over it.
+#[derive(Clone)]
+struct Session {
+    send: SendRequest,
+    conn: quinn::Connection,
+    /// Requests went as 0-RTT data: whether the server accepted them, once the handshake is over.
+    early: Option<watch::Receiver<Option<bool>>>,
+}
+
+/// What a connection's handshake was, known once it completes (with 0-RTT, after requests went).
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Pending,
+    Done(Handshake),
+    /// Not counted: the connection failed before its handshake completed (its requests count
+    /// the failure).
+    Skip,
+}
+
+/// The handshake of a connection whose certificates verified so far were `before`.
+fn handshake(counting: &Counting, before: u64, early: Option<bool>) -> Handshake {
+    Handshake {
+        // A resumed TLS 1.3 handshake verifies no certificate.
+        resumed: counting.verified.load(Ordering::Relaxed) == before,
+        early,
+        version: Some("TLSv1.3"),
+        suite: None,
+        group: None,
+    }
+}
 
 /// One benchmark connection over HTTP/3, shared by its stream tasks (one thread's runtime):
 /// opened on demand, and reopened when the server closed it. Its QUIC endpoint (one UDP
@@ -18,12 +52,21 @@ type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 pub struct H3Conn {
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
+    /// Counts the certificates `tls` verified: a handshake that verified none resumed.
+    counting: Arc<Counting>,
     server_name: String,
     endpoint: RefCell<Option<quinn::Endpoint>>,
-    /// A session's handle, and its QUIC connection (to close it).
-    sessions: Sessions<(SendRequest, quinn::Connection)>,
+    sessions: Sessions<Session, Rc<Cell<Outcome>>>,
     /// `--close`: a new connection per request.
     close: bool,
+    /// `--early-data`: requests as 0-RTT data when the session allows it.
+    early_data: bool,
+    /// `--loss`: the share of datagrams dropped each way.
+    loss: f64,
+    /// The server refused 0-RTT data: the next connection waits for its handshake (the
+    /// requests that were refused go on it). One HTTP/3 session cannot outlive the refusal of
+    /// its streams (its driver closes the connection), so they cannot go again on the same.
+    refused: Cell<bool>,
 }
 
 impl std::fmt::Debug for H3Conn {
@@ -36,29 +79,46 @@ impl std::fmt::Debug for H3Conn {
 }
 
 impl H3Conn {
-    /// A connection to `addr` with the run's TLS client (its ALPN is `h3`).
-    pub fn new(addr: SocketAddr, tls: &crate::tls::TlsClient, close: bool) -> H3Conn {
+    /// A connection to `addr` with the run's TLS client (its ALPN is `h3`), dropping `loss` of
+    /// its datagrams each way.
+    pub fn new(addr: SocketAddr, tls: &crate::tls::TlsClient, close: bool, loss: f64) -> H3Conn {
+        let (config, counting) = tls.for_quic();
         H3Conn {
             addr,
-            tls: tls.for_connection(),
+            tls: config,
+            counting,
             server_name: tls.server_name.to_str().into_owned(),
             endpoint: RefCell::new(None),
             sessions: Sessions::new(),
             close,
+            early_data: tls.settings.early_data,
+            loss,
+            refused: Cell::new(false),
         }
     }
 
     /// Close the current connection (`--close`: after its one request); the next request opens
     /// another on the same UDP socket.
     pub fn close_now(&self) {
-        if let Some((_, conn)) = self.sessions.take() {
-            conn.close(0u32.into(), b"");
+        if let Some(s) = self.sessions.take() {
+            s.conn.close(0u32.into(), b"");
         }
     }
 
-    /// A connection opened since the last call, if any (for the connection and handshake counts).
+    /// A connection whose handshake completed since the last call, if any (for the connection
+    /// and handshake counts; one still in its handshake is counted by a later call).
     pub fn take_opened(&self) -> Option<Opened> {
-        self.sessions.take_opened()
+        loop {
+            let outcome = self.sessions.take_opened()?;
+            match outcome.get() {
+                Outcome::Done(hs) => return Some(Opened { tls: Some(hs) }),
+                Outcome::Skip => continue,
+                Outcome::Pending => {
+                    self.sessions.put_back(outcome);
+                    return None;
+                }
+            }
+        }
     }
 
     fn endpoint(&self) -> Result<quinn::Endpoint, ErrorKind> {
@@ -69,7 +129,10 @@ impl H3Conn {
             SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
             SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
         };
-        let mut e = quinn::Endpoint::client(local).map_err(|_| ErrorKind::Connect)?;
+        let mut e = match self.loss > 0.0 {
+            false => quinn::Endpoint::client(local).map_err(|_| ErrorKind::Connect)?,
+            true => lossy_endpoint(local, self.loss).map_err(|_| ErrorKind::Connect)?,
+        };
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(self.tls.clone())
             .map_err(|_| ErrorKind::Tls)?;
         e.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
@@ -82,43 +145,104 @@ impl H3Conn {
         self.sessions.get(|| self.connect()).await.map(|_| ())
     }
 
-    /// A new QUIC connection with HTTP/3 over it, its driver a local task.
-    async fn connect(&self) -> Result<Opening<(SendRequest, quinn::Connection)>, ErrorKind> {
+    /// A new QUIC connection with HTTP/3 over it, its driver a local task. With
+    /// `--early-data` and a session to resume, it is handed over before its handshake
+    /// completes, so that the first requests go as 0-RTT data.
+    async fn connect(&self) -> Result<Opening<Session, Rc<Cell<Outcome>>>, ErrorKind> {
         let endpoint = self.endpoint()?;
         let connecting = endpoint
             .connect(self.addr, &self.server_name)
             .map_err(|_| ErrorKind::Connect)?;
-        let conn = connecting.await.map_err(quic_error)?;
-        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
-            .await
-            .map_err(|_| ErrorKind::BadResponse)?;
-        let alive = Rc::new(Cell::new(true));
-        let flag = alive.clone();
-        tokio::task::spawn_local(async move {
-            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
-            flag.set(false);
-        });
-        // QUIC's handshake is TLS 1.3; whether it resumed a session is not told by quinn.
-        let opened = Opened {
-            tls: Some(Handshake {
-                resumed: false,
-                version: Some("TLSv1.3"),
-                suite: None,
-                group: None,
-            }),
+        let before = self.counting.verified.load(Ordering::Relaxed);
+        let outcome = Rc::new(Cell::new(Outcome::Pending));
+        let early_try = match self.early_data && !self.refused.replace(false) {
+            true => connecting.into_0rtt(),
+            false => Err(connecting),
         };
-        Ok(((send, conn), alive, opened))
+        let (conn, early) = match early_try {
+            Ok((conn, accepted)) => {
+                let (tx, rx) = watch::channel(None);
+                let (out, counting, c) = (outcome.clone(), self.counting.clone(), conn.clone());
+                tokio::task::spawn_local(async move {
+                    let ok = accepted.await;
+                    // Not accepted because the connection ended: no handshake to count.
+                    out.set(match !ok && c.close_reason().is_some() {
+                        true => Outcome::Skip,
+                        false => Outcome::Done(handshake(&counting, before, Some(ok))),
+                    });
+                    let _ = tx.send(Some(ok));
+                });
+                (conn, Some(rx))
+            }
+            Err(connecting) => {
+                let conn = connecting.await.map_err(quic_error)?;
+                outcome.set(Outcome::Done(handshake(&self.counting, before, None)));
+                (conn, None)
+            }
+        };
+        session(conn, early, outcome).await
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
     /// body is counted, not kept. A request the server did not process (its GOAWAY came first,
-    /// or it rejected the stream) is sent again on a new connection ([`Sessions::exchange`]).
+    /// it rejected the stream, or it refused the 0-RTT data the request went in) is sent again
+    /// on a new connection ([`Sessions::exchange`]).
     pub async fn exchange(&self, request: &H2Request) -> Result<Response, ErrorKind> {
-        let once = |(send, _)| exchange_on(send, request);
+        let once = |s: Session| async move {
+            let r = exchange_on(s.send, request).await;
+            match (r, s.early) {
+                (Err(Failure::Other(kind)), Some(mut early)) => {
+                    // The server refused the 0-RTT data: it never saw the request.
+                    match early.wait_for(Option::is_some).await.map(|v| *v) {
+                        Ok(Some(false)) => {
+                            s.conn.close(0u32.into(), b"");
+                            self.refused.set(true);
+                            Err(Failure::Unprocessed)
+                        }
+                        _ => Err(Failure::Other(kind)),
+                    }
+                }
+                (r, _) => r,
+            }
+        };
         let mut r = self.sessions.exchange(|| self.connect(), once).await?;
         r.reuse = !self.close;
         Ok(r)
     }
+}
+
+/// An HTTP/3 session over `conn`, its driver a local task.
+async fn session(
+    conn: quinn::Connection,
+    early: Option<watch::Receiver<Option<bool>>>,
+    outcome: Rc<Cell<Outcome>>,
+) -> Result<Opening<Session, Rc<Cell<Outcome>>>, ErrorKind> {
+    let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
+        .await
+        .map_err(|_| ErrorKind::BadResponse)?;
+    let alive = Rc::new(Cell::new(true));
+    let flag = alive.clone();
+    tokio::task::spawn_local(async move {
+        let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        flag.set(false);
+    });
+    Ok((Session { send, conn, early }, alive, outcome))
+}
+
+/// A client endpoint on `local` whose socket drops `loss` of the datagrams each way.
+fn lossy_endpoint(local: SocketAddr, loss: f64) -> std::io::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind(local)?;
+    let runtime =
+        quinn::default_runtime().ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+    let inner = runtime.wrap_udp_socket(socket)?;
+    // Each connection's socket its own loss pattern.
+    let seed = inner.local_addr().map(|a| a.port() as u64).unwrap_or(1);
+    quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        None,
+        Arc::new(crate::lossy::Lossy::new(inner, loss, seed)),
+        runtime,
+    )
 }
 
 async fn exchange_on(mut send: SendRequest, request: &H2Request) -> Result<Response, Failure> {

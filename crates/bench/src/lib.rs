@@ -10,6 +10,7 @@ pub mod error;
 pub mod h2conn;
 pub mod h3conn;
 pub mod hgrm;
+pub mod lossy;
 pub mod manifest;
 pub mod pacer;
 pub mod page;

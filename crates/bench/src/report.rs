@@ -2,6 +2,7 @@
 
 use crate::config::{Config, Mode, Stop};
 use crate::conn::ErrorKind;
+pub use crate::stats::Handshakes;
 use crate::stats::Recorder;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -117,13 +118,6 @@ pub struct UrlReport {
     pub url: String,
     pub completed: u64,
     pub errors: u64,
-}
-
-/// TLS handshakes, full and resumed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Handshakes {
-    pub full: u64,
-    pub resumed: u64,
 }
 
 /// HTTPS runs: what was offered, what was negotiated, and the handshakes.
@@ -249,6 +243,9 @@ pub struct Report {
     /// HTTP/2: streams in flight per connection (`--streams`).
     #[serde(default)]
     pub streams: Option<usize>,
+    /// HTTP/3 `--loss`: the share of datagrams the generator dropped each way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
     pub planned_duration_s: Option<f64>,
     pub planned_requests: Option<u64>,
     pub timeout_s: f64,
@@ -443,6 +440,7 @@ impl Report {
             keep_alive: !cfg.close,
             protocol: protocol_of(cfg),
             streams: (cfg.h2 || cfg.h3).then_some(cfg.streams),
+            loss: (cfg.loss > 0.0).then_some(cfg.loss),
             planned_duration_s: match cfg.stop {
                 Stop::Duration(d) => Some(d.as_secs_f64()),
                 Stop::Requests(_) => None,
@@ -470,14 +468,8 @@ impl Report {
                 version: rec.negotiated.and_then(|n| n.version).map(String::from),
                 cipher_suite: rec.negotiated.and_then(|n| n.suite).map(String::from),
                 group: rec.negotiated.and_then(|n| n.group).map(String::from),
-                handshakes: Handshakes {
-                    full: rec.tls_full,
-                    resumed: rec.tls_resumed,
-                },
-                setup_handshakes: Handshakes {
-                    full: rec.setup_tls_full,
-                    resumed: rec.setup_tls_resumed,
-                },
+                handshakes: rec.tls,
+                setup_handshakes: rec.setup_tls,
             }),
             urls: if cfg.targets.len() > 1 {
                 cfg.targets
@@ -597,6 +589,13 @@ impl Report {
                     h.full
                 ));
             }
+            if t.settings.early_data && h.resumed > 0 && h.early == 0 {
+                w.push(format!(
+                    "0-RTT was asked (--early-data) but none of {} resumed handshakes carried \
+                     accepted 0-RTT requests",
+                    h.resumed
+                ));
+            }
         }
         w.extend(notes.iter().cloned());
         w
@@ -636,13 +635,17 @@ impl Report {
                     + if self.urls.len() > 10 { ", ..." } else { "" }
             );
         }
-        let conn = match self.streams {
-            Some(n) if self.protocol == "HTTP/2" => {
-                format!("HTTP/2, {} per connection", plural(n as u64, "stream"))
-            }
-            _ if self.keep_alive => "HTTP/1.1 keep-alive".to_string(),
-            _ => "HTTP/1.1, a new connection per request".to_string(),
+        let mut conn = match self.protocol.as_str() {
+            "HTTP/1.1" if self.keep_alive => "HTTP/1.1 keep-alive".to_string(),
+            p if !self.keep_alive => format!("{p}, a new connection per request"),
+            p => format!(
+                "{p}, {} per connection",
+                plural(self.streams.unwrap_or(1) as u64, "stream")
+            ),
         };
+        if let Some(l) = self.loss {
+            let _ = write!(conn, ", {}% of datagrams dropped each way", l * 100.0);
+        }
         let threads = plural(self.threads as u64, "thread");
         let conns = plural(self.connections as u64, "connection");
         match self.offered_rate {
@@ -811,13 +814,22 @@ impl Report {
                 if t.settings.resumption { "on" } else { "off" },
                 t.settings.verify
             );
+            let early = |h: &Handshakes| match t.settings.early_data {
+                true => format!(
+                    " (0-RTT: {} accepted, {} refused)",
+                    h.early, h.early_refused
+                ),
+                false => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  TLS handshakes: {} full, {} resumed (before the measured phase: {} full, {} resumed)",
+                "  TLS handshakes: {} full, {} resumed{} (before the measured phase: {} full, {} resumed{})",
                 t.handshakes.full,
                 t.handshakes.resumed,
+                early(&t.handshakes),
                 t.setup_handshakes.full,
-                t.setup_handshakes.resumed
+                t.setup_handshakes.resumed,
+                early(&t.setup_handshakes),
             );
         }
         if let Some(c) = &self.cpu {

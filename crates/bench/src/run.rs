@@ -486,7 +486,7 @@ fn worker(
     // Keep-alive runs open their connections before the start, so that the first requests do not
     // pay for the handshake (failures are left to the first request, which counts them).
     let conns = if let (true, Some(tls)) = (cfg.h3, &cfg.tls) {
-        let make = || H3Conn::new(cfg.addr, tls, cfg.close);
+        let make = || H3Conn::new(cfg.addr, tls, cfg.close, cfg.loss);
         let open = open_all(mine.len(), make, cfg.close, cfg.timeout);
         Conns::H3(local.block_on(&rt, open))
     } else if cfg.h2 {

@@ -22,8 +22,9 @@ impl Failure {
 }
 
 /// A new session: the handle streams are opened with, a flag its driver task clears when it
-/// ends, and what opening it did (for the connection and handshake counts).
-pub(crate) type Opening<S> = (S, Rc<Cell<bool>>, Opened);
+/// ends, and what opening it did (for the connection and handshake counts: an [`Opened`], or
+/// what tells it once the handshake completes).
+pub(crate) type Opening<S, O = Opened> = (S, Rc<Cell<bool>>, O);
 
 /// An open session.
 struct Current<S> {
@@ -37,17 +38,17 @@ struct Current<S> {
 
 /// The current session of one benchmark connection, shared by its stream tasks (one thread's
 /// runtime).
-pub(crate) struct Sessions<S> {
+pub(crate) struct Sessions<S, O = Opened> {
     current: RefCell<Option<Current<S>>>,
     /// Held while connecting, so that the streams waiting for a session share one.
     connecting: tokio::sync::Mutex<()>,
     /// Sessions opened and not yet collected by [`Sessions::take_opened`].
-    opened: RefCell<Vec<Opened>>,
+    opened: RefCell<Vec<O>>,
     /// Sessions opened so far.
     count: Cell<u64>,
 }
 
-impl<S: Clone> Sessions<S> {
+impl<S: Clone, O> Sessions<S, O> {
     pub(crate) fn new() -> Self {
         Sessions {
             current: RefCell::new(None),
@@ -58,8 +59,13 @@ impl<S: Clone> Sessions<S> {
     }
 
     /// A session opened since the last call, if any.
-    pub(crate) fn take_opened(&self) -> Option<Opened> {
+    pub(crate) fn take_opened(&self) -> Option<O> {
         self.opened.borrow_mut().pop()
+    }
+
+    /// Put back what [`Sessions::take_opened`] gave (its handshake has not completed yet).
+    pub(crate) fn put_back(&self, o: O) {
+        self.opened.borrow_mut().push(o);
     }
 
     /// The current session's handle and number, if it is still up.
@@ -88,7 +94,7 @@ impl<S: Clone> Sessions<S> {
     /// `LocalSet`: sessions' drivers are local tasks).
     pub(crate) async fn get<F>(&self, open: impl FnOnce() -> F) -> Result<(S, u64), ErrorKind>
     where
-        F: Future<Output = Result<Opening<S>, ErrorKind>>,
+        F: Future<Output = Result<Opening<S, O>, ErrorKind>>,
     {
         if let Some(s) = self.live() {
             return Ok(s);
@@ -119,7 +125,7 @@ impl<S: Clone> Sessions<S> {
         once: impl Fn(S) -> G,
     ) -> Result<Response, ErrorKind>
     where
-        F: Future<Output = Result<Opening<S>, ErrorKind>>,
+        F: Future<Output = Result<Opening<S, O>, ErrorKind>>,
         G: Future<Output = Result<Response, Failure>>,
     {
         let mut tries = 0;

@@ -3,6 +3,7 @@
 use crate::conn::{ErrorKind, Handshake, Opened};
 use crate::schedule::Timing;
 use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,17 +86,49 @@ pub struct Recorder {
     pub timeline: Vec<Second>,
     /// Connections opened for measured requests (one per request with `--close`).
     pub connections: u64,
-    /// TLS handshakes of measured requests' connections: full and resumed.
-    pub tls_full: u64,
-    pub tls_resumed: u64,
+    /// TLS handshakes of measured requests' connections.
+    pub tls: Handshakes,
     /// TLS handshakes before the measured phase (connections opened ahead, warm-up).
-    pub setup_tls_full: u64,
-    pub setup_tls_resumed: u64,
+    pub setup_tls: Handshakes,
     /// What the first TLS handshake negotiated.
     pub negotiated: Option<Handshake>,
     /// Several URLs: measured requests per URL index, (completed, failed).
     pub per_url: Vec<(u64, u64)>,
     live: Arc<Live>,
+}
+
+/// TLS handshakes, full and resumed, and the 0-RTT attempts among the resumed ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handshakes {
+    pub full: u64,
+    pub resumed: u64,
+    /// Resumed with 0-RTT requests the server accepted (`--early-data`).
+    #[serde(default)]
+    pub early: u64,
+    /// 0-RTT requests the server refused (sent again once the handshake completed).
+    #[serde(default)]
+    pub early_refused: u64,
+}
+
+impl Handshakes {
+    fn count(&mut self, hs: &Handshake) {
+        match hs.resumed {
+            true => self.resumed += 1,
+            false => self.full += 1,
+        }
+        match hs.early {
+            Some(true) => self.early += 1,
+            Some(false) => self.early_refused += 1,
+            None => {}
+        }
+    }
+
+    fn add(&mut self, o: &Handshakes) {
+        self.full += o.full;
+        self.resumed += o.resumed;
+        self.early += o.early;
+        self.early_refused += o.early_refused;
+    }
 }
 
 impl Recorder {
@@ -119,10 +152,8 @@ impl Recorder {
             warmup_in_flight: 0,
             timeline: Vec::new(),
             connections: 0,
-            tls_full: 0,
-            tls_resumed: 0,
-            setup_tls_full: 0,
-            setup_tls_resumed: 0,
+            tls: Handshakes::default(),
+            setup_tls: Handshakes::default(),
             negotiated: None,
             per_url: Vec::new(),
             live,
@@ -147,13 +178,10 @@ impl Recorder {
             self.connections += 1;
         }
         if let Some(hs) = &o.tls {
-            let n = match (measured, hs.resumed) {
-                (true, false) => &mut self.tls_full,
-                (true, true) => &mut self.tls_resumed,
-                (false, false) => &mut self.setup_tls_full,
-                (false, true) => &mut self.setup_tls_resumed,
-            };
-            *n += 1;
+            match measured {
+                true => self.tls.count(hs),
+                false => self.setup_tls.count(hs),
+            }
             if self.negotiated.is_none() {
                 self.negotiated = Some(*hs);
             }
@@ -287,10 +315,8 @@ impl Recorder {
         self.warmup_failed += other.warmup_failed;
         self.warmup_in_flight += other.warmup_in_flight;
         self.connections += other.connections;
-        self.tls_full += other.tls_full;
-        self.tls_resumed += other.tls_resumed;
-        self.setup_tls_full += other.setup_tls_full;
-        self.setup_tls_resumed += other.setup_tls_resumed;
+        self.tls.add(&other.tls);
+        self.setup_tls.add(&other.setup_tls);
         if self.negotiated.is_none() {
             self.negotiated = other.negotiated;
         }
@@ -354,23 +380,39 @@ mod tests {
         b.error(true, true, &timing(0, 0, 0), ErrorKind::Reset, ms(2600));
         b.response(false, true, &timing(0, 0, 1), 200, 1, ms(0));
         b.unfinished(true);
-        let hs = |resumed| Opened {
+        let hs = |resumed, early| Opened {
             tls: Some(Handshake {
                 resumed,
+                early,
                 version: Some("TLSv1_3"),
                 suite: None,
                 group: Some("X25519"),
             }),
         };
-        a.opened(false, &hs(false));
-        a.opened(true, &hs(true));
-        b.opened(true, &hs(false));
-        b.opened(true, &hs(true));
+        a.opened(false, &hs(false, None));
+        a.opened(true, &hs(true, None));
+        a.opened(true, &hs(true, Some(true)));
+        b.opened(true, &hs(false, None));
+        b.opened(true, &hs(true, Some(false)));
         b.opened(true, &Opened { tls: None });
         a.merge(&b).unwrap();
-        assert_eq!(a.connections, 4);
-        assert_eq!((a.tls_full, a.tls_resumed), (1, 2));
-        assert_eq!((a.setup_tls_full, a.setup_tls_resumed), (1, 0));
+        assert_eq!(a.connections, 5);
+        assert_eq!(
+            a.tls,
+            Handshakes {
+                full: 1,
+                resumed: 3,
+                early: 1,
+                early_refused: 1
+            }
+        );
+        assert_eq!(
+            a.setup_tls,
+            Handshakes {
+                full: 1,
+                ..Handshakes::default()
+            }
+        );
         assert_eq!(a.negotiated.and_then(|n| n.group), Some("X25519"));
         assert_eq!(a.latency.len(), 100);
         assert_eq!(a.completed, 100);

@@ -1,13 +1,15 @@
 //! HTTPS client settings: `--tls-*`, `--insecure` and `--cacert` validated into one rustls `ClientConfig` (aws-lc-rs).
 
 use crate::error::BenchError;
-use rustls::client::Resumption;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{Resumption, WebPkiServerVerifier};
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
-use rustls::ClientConfig;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// CA bundles tried, in order, when neither `--cacert` nor `--insecure` is given.
@@ -39,6 +41,8 @@ pub struct TlsOptions {
     pub h2: bool,
     /// `--h3`: offer ALPN `h3` only, TLS 1.3 only (QUIC's handshake).
     pub h3: bool,
+    /// `--early-data`: send requests as 0-RTT data on resumed sessions.
+    pub early_data: bool,
 }
 
 /// What the run asked of TLS, for the report.
@@ -51,6 +55,9 @@ pub struct TlsSettings {
     /// Key-exchange groups offered, in order.
     pub groups: Vec<String>,
     pub resumption: bool,
+    /// `--early-data`: 0-RTT requests on resumed QUIC sessions.
+    #[serde(default)]
+    pub early_data: bool,
     /// Certificate verification: `insecure` (skipped), `cacert FILE` or `system`.
     pub verify: String,
 }
@@ -61,6 +68,64 @@ pub struct TlsClient {
     pub config: Arc<ClientConfig>,
     pub server_name: ServerName<'static>,
     pub settings: TlsSettings,
+    /// The server certificate verifier `config` has (a QUIC connection wraps it to count full
+    /// handshakes).
+    verifier: Arc<dyn ServerCertVerifier>,
+}
+
+/// A verifier that counts the certificates it was asked to verify: a resumed TLS 1.3
+/// handshake has none (the server sends no certificate), a full one has one. quinn does not
+/// tell which kind a QUIC handshake was; this does.
+#[derive(Debug)]
+pub struct Counting {
+    inner: Arc<dyn ServerCertVerifier>,
+    /// Certificates verified so far.
+    pub verified: AtomicU64,
+}
+
+impl ServerCertVerifier for Counting {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.verified.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
+
+    fn root_hint_subjects(&self) -> Option<&[rustls::DistinguishedName]> {
+        self.inner.root_hint_subjects()
+    }
 }
 
 fn flag(msg: impl Into<String>) -> BenchError {
@@ -168,13 +233,14 @@ impl TlsClient {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&versions)
             .map_err(|e| flag(format!("TLS settings: {e}")))?;
-        let (mut config, verify) = if o.insecure {
-            let v = Arc::new(portico_tls::NoVerification::new(provider.clone()));
+        if o.early_data && !(o.h3 && o.resume) {
+            return Err(flag(
+                "--early-data needs --h3 and --tls-resume on (0-RTT rides a resumed session)",
+            ));
+        }
+        let (verifier, verify): (Arc<dyn ServerCertVerifier>, String) = if o.insecure {
             (
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(v)
-                    .with_no_client_auth(),
+                Arc::new(portico_tls::NoVerification::new(provider.clone())),
                 "insecure (certificate not verified)".to_string(),
             )
         } else {
@@ -191,11 +257,16 @@ impl TlsClient {
                     (load_roots(path)?, format!("system ({})", path.display()))
                 }
             };
-            (
-                builder.with_root_certificates(roots).with_no_client_auth(),
-                what,
-            )
+            let v = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| flag(format!("certificate verifier: {e}")))?;
+            (v, what)
         };
+        let mut config = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier.clone())
+            .with_no_client_auth();
+        config.enable_early_data = o.early_data;
         config.alpn_protocols = if o.h3 {
             vec![b"h3".to_vec()]
         } else if o.h2 {
@@ -226,12 +297,14 @@ impl TlsClient {
                 .map(|g| g.name().as_str().unwrap_or("?").to_string())
                 .collect(),
             resumption: o.resume,
+            early_data: o.early_data,
             verify,
         };
         Ok(TlsClient {
             config: Arc::new(config),
             server_name,
             settings,
+            verifier,
         })
     }
 
@@ -246,6 +319,18 @@ impl TlsClient {
         let mut c = (*self.config).clone();
         c.resumption = Resumption::in_memory_sessions(SESSION_CACHE);
         Arc::new(c)
+    }
+
+    /// [`TlsClient::for_connection`] for one QUIC benchmark connection, with a verifier of its
+    /// own that counts full handshakes (its connections open one after another).
+    pub fn for_quic(&self) -> (Arc<ClientConfig>, Arc<Counting>) {
+        let mut c = (*self.for_connection()).clone();
+        let counting = Arc::new(Counting {
+            inner: self.verifier.clone(),
+            verified: AtomicU64::new(0),
+        });
+        c.dangerous().set_certificate_verifier(counting.clone());
+        (Arc::new(c), counting)
     }
 }
 

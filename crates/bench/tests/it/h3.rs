@@ -16,6 +16,11 @@ struct Seen {
 
 /// An HTTP/3 server on its own thread answering `200 ok` to every request.
 fn server() -> (SocketAddr, Arc<Seen>) {
+    server_with(256, false)
+}
+
+/// [`server`] with a TLS session cache of `sessions` entries, taking 0-RTT data if `early`.
+fn server_with(sessions: usize, early: bool) -> (SocketAddr, Arc<Seen>) {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
     let cert = params.self_signed(&key).unwrap();
@@ -31,6 +36,11 @@ fn server() -> (SocketAddr, Arc<Seen>) {
     )
     .unwrap();
     tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.session_storage = rustls::server::ServerSessionMemoryCache::new(sessions);
+    if early {
+        // QUIC's value: the stream limits, not this, bound 0-RTT data.
+        tls.max_early_data_size = u32::MAX;
+    }
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
     let config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -150,4 +160,106 @@ fn h3_needs_https_and_one_stream_per_closing_connection() {
     };
     let e = Config::from_flags(&many).unwrap_err().to_string();
     assert!(e.contains("--streams must be 1"), "{e}");
+}
+
+#[test]
+fn handshakes_are_counted_full_or_resumed() {
+    let (addr, _) = server();
+    let closing = |resume| Flags {
+        closed: true,
+        close: true,
+        connections: 2,
+        requests: Some(30),
+        tls_resume: resume,
+        ..flags(addr)
+    };
+    let r = run(closing(true));
+    eprintln!("{}", r.summary());
+    assert_eq!(r.requests.completed, 30, "{:?}", r.errors);
+    let h = r.tls.as_ref().unwrap().handshakes;
+    // Each connection's first handshake is full, and each later one resumes its last session.
+    assert_eq!(h.full + h.resumed, 30, "{h:?}");
+    assert!(h.full <= 4 && h.resumed >= 26, "{h:?}");
+    assert_eq!((h.early, h.early_refused), (0, 0), "{h:?}");
+    let h = run(closing(false)).tls.unwrap().handshakes;
+    assert_eq!((h.full, h.resumed), (30, 0), "{h:?}");
+}
+
+#[test]
+fn early_data_rides_resumed_sessions_and_refusals_are_sent_again() {
+    let early = |addr| Flags {
+        closed: true,
+        close: true,
+        connections: 2,
+        requests: Some(30),
+        early_data: true,
+        ..flags(addr)
+    };
+    let (addr, seen) = server_with(256, true);
+    let r = run(early(addr));
+    eprintln!("{}", r.summary());
+    assert_eq!(r.requests.completed, 30, "{:?}", r.errors);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let h = r.tls.as_ref().unwrap().handshakes;
+    assert!(h.early >= 26 && h.early_refused == 0, "{h:?}");
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 30);
+    // A server that forgets sessions (one cache entry for two clients) refuses most 0-RTT
+    // attempts: those requests go again on a new connection, and none is lost.
+    let (addr, seen) = server_with(1, true);
+    let r = run(early(addr));
+    eprintln!("{}", r.summary());
+    assert_eq!(r.requests.completed, 30, "{:?}", r.errors);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let h = r.tls.as_ref().unwrap().handshakes;
+    assert!(h.early_refused > 0, "{h:?}");
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 30);
+}
+
+#[test]
+fn requests_complete_through_loss() {
+    let (addr, seen) = server();
+    let r = run(Flags {
+        closed: true,
+        connections: 2,
+        streams: Some(4),
+        requests: Some(200),
+        loss: Some(0.05),
+        ..flags(addr)
+    });
+    eprintln!("{}", r.summary());
+    assert_eq!(r.requests.completed, 200, "{:?}", r.errors);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.loss, Some(0.05));
+    assert_eq!(seen.requests.load(Ordering::Relaxed), 200);
+    assert!(r.summary().contains("5% of datagrams dropped each way"));
+}
+
+#[test]
+fn early_data_and_loss_need_h3() {
+    let plain = Flags {
+        url: "https://localhost:9/".into(),
+        closed: true,
+        insecure: true,
+        ..Flags::default()
+    };
+    let e = |f: Flags| Config::from_flags(&f).unwrap_err().to_string();
+    let msg = e(Flags {
+        early_data: true,
+        ..plain.clone()
+    });
+    assert!(msg.contains("--early-data needs --h3"), "{msg}");
+    let msg = e(Flags {
+        loss: Some(0.01),
+        ..plain.clone()
+    });
+    assert!(msg.contains("--loss needs --h3"), "{msg}");
+    let msg = e(Flags {
+        early_data: true,
+        tls_resume: false,
+        closed: true,
+        ..flags("127.0.0.1:9".parse().unwrap())
+    });
+    assert!(msg.contains("--tls-resume on"), "{msg}");
+    assert!(portico_bench::config::parse_percent("60%").is_err());
+    assert_eq!(portico_bench::config::parse_percent("1%"), Ok(0.01));
 }
