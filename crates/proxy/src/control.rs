@@ -362,6 +362,17 @@ impl Control {
                 for _ in 0..self.workers.max(1) {
                     quic.push(bind_udp(actual).map_err(udp_err)?);
                 }
+                let got = quic.first().map_or(UDP_BUFFER, |s| {
+                    socket2::SockRef::from(s).recv_buffer_size().unwrap_or(0) / 2
+                });
+                if got < UDP_BUFFER {
+                    tracing::warn!(
+                        listener = %l.name,
+                        "HTTP/3: the kernel gave each UDP socket a {} KiB receive buffer, not the {} KiB asked: a burst of new clients may overflow it (each then waits a second to resend); raise net.core.rmem_max, or run with CAP_NET_ADMIN",
+                        got >> 10,
+                        UDP_BUFFER >> 10
+                    );
+                }
             }
             next_slot += 1;
             let slot = Arc::new(ListenerSlot {
@@ -1207,13 +1218,28 @@ fn probe_udp(addr: SocketAddr) -> io::Result<()> {
     socket.bind(&addr.into())
 }
 
+/// The receive and send buffers an HTTP/3 socket asks for. A worker's one socket takes all its
+/// clients' datagrams: a burst of new clients (two 1,200-byte datagrams each with a post-quantum
+/// key share) overflows the kernel's default of about 200 KiB, and a client whose first flight
+/// was dropped resends it only after a probe timeout, about a second.
+const UDP_BUFFER: usize = 4 << 20;
+
 /// One worker's UDP socket of an HTTP/3 listener (SO_REUSEPORT: the kernel spreads clients
-/// over the workers by their address, so a connection's datagrams reach one worker).
+/// over the workers by their address, so a connection's datagrams reach one worker), with
+/// buffers of [`UDP_BUFFER`] where the kernel allows: above `net.core.rmem_max` (`wmem_max`)
+/// only with CAP_NET_ADMIN.
 fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    use rustix::net::sockopt;
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
+    if sockopt::set_socket_recv_buffer_size_force(&socket, UDP_BUFFER).is_err() {
+        let _ = socket.set_recv_buffer_size(UDP_BUFFER);
+    }
+    if sockopt::set_socket_send_buffer_size_force(&socket, UDP_BUFFER).is_err() {
+        let _ = socket.set_send_buffer_size(UDP_BUFFER);
+    }
     socket.bind(&addr.into())?;
     Ok(socket.into())
 }
@@ -1227,4 +1253,27 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG as i32)?;
     Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http3_sockets_get_the_receive_buffer_the_kernel_allows() {
+        let s = bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
+        // Linux reports twice what was set (the other half is its bookkeeping).
+        let got = socket2::SockRef::from(&s).recv_buffer_size().unwrap() / 2;
+        let max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        let privileged = rustix::process::geteuid().is_root();
+        let floor = if privileged {
+            UDP_BUFFER
+        } else {
+            UDP_BUFFER.min(max)
+        };
+        assert!(got >= floor, "{got} < {floor} (rmem_max {max})");
+    }
 }
