@@ -814,6 +814,28 @@ async fn early_data_listener_serves_a_client_whose_split_client_hello_lost_a_dat
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn early_data_listener_serves_a_client_after_a_hello_retry_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = TestUpstream::start(|_| Reply::ok("ok"));
+    let (_, _, ca) = cert(dir.path());
+    // The client's key share is X25519 (ring's first group); the listener takes only
+    // secp256r1, so it asks for another ClientHello, which brings the transport parameters.
+    let toml = text(dir.path(), Some("early_data = true"), &routes_to(up.addr)).replace(
+        "[listeners.tls]\n",
+        "[listeners.tls]\ngroups = [\"secp256r1\"]\n",
+    );
+    assert!(toml.contains("secp256r1"), "{toml}");
+    let p = start_toml(&toml, 1);
+    let t0 = std::time::Instant::now();
+    let (_e, mut send) = client(p.addr("quic").unwrap(), &ca).await;
+    let g = request(&mut send, "GET", "/", None).await;
+    assert_eq!((g.status, g.body.as_slice()), (200, &b"ok"[..]));
+    // Set up before the parameters came, HTTP/3's control streams waited for the head timeout.
+    let took = t0.elapsed();
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn renewed_certificate_files_serve_new_quic_handshakes_and_open_connections_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let (c, k, first) = cert(dir.path());

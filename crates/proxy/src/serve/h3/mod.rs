@@ -195,6 +195,7 @@ pub(crate) async fn accept_loop(
             client: (per_client > 0).then(|| (peer.ip(), per_client)),
             slot: slot.clone(),
             pending: true,
+            due: tokio::time::Instant::now() + ls.listener.limits.head_timeout,
         };
         let config = match current_config(&mut cache, &ls, &settings) {
             Ok(c) => c,
@@ -221,16 +222,17 @@ pub(crate) async fn accept_loop(
         let port = slot.addr.port();
         tokio::task::spawn_local(async move {
             let mut admission = admission;
-            let limit = ctx.ls.listener.limits.head_timeout;
+            let due = admission.due;
             // With early data on, a resuming client's 0-RTT requests are served before its
             // handshake completes (as early ones); otherwise the handshake comes first. Not
             // before the client's whole ClientHello (it may span datagrams, one of them lost):
             // until its transport parameters come, the server has no stream credit, and quinn
-            // does not wake an open waiting for it when they do (HTTP/3's control streams would
-            // wait for the next unrelated wake-up, seconds later).
+            // does not wake an open waiting for it when they do (HTTP/3's setup would wait for
+            // the next unrelated wake-up; [`setup`] also polls it again, for the case this
+            // does not cover: a HelloRetryRequest, whose second ClientHello brings them).
             let mut connecting = connecting;
             if settings.early_data {
-                let hello = tokio::time::timeout(limit, connecting.handshake_data()).await;
+                let hello = tokio::time::timeout_at(due, connecting.handshake_data()).await;
                 if !matches!(hello, Ok(Ok(_))) {
                     ctx.shared
                         .stats
@@ -251,7 +253,7 @@ pub(crate) async fn accept_loop(
                 Err(conn) => conn,
                 Ok(c) => {
                     let stats = &ctx.shared.stats;
-                    let conn = match tokio::time::timeout(limit, c).await {
+                    let conn = match tokio::time::timeout_at(due, c).await {
                         Ok(Ok(c)) => c,
                         Ok(Err(e)) => {
                             stats.h3_handshake_failures.fetch_add(1, Ordering::Relaxed);
@@ -301,6 +303,9 @@ struct Admission {
     slot: Arc<ListenerSlot>,
     /// Still counted in `handshaking`.
     pending: bool,
+    /// When the handshake and HTTP/3's setup must be done (`head_timeout` after the first
+    /// datagram).
+    due: tokio::time::Instant,
 }
 
 impl Admission {
@@ -378,13 +383,13 @@ async fn serve(
     let mut builder = h3::server::builder();
     builder.max_field_section_size(u64::from(settings.max_header_list_size));
     let made = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
-    let mut h3 = match tokio::time::timeout(limits.head_timeout, made).await {
-        Ok(Ok(h)) => h,
-        Ok(Err(e)) => {
+    let mut h3 = match setup(made, admission.due).await {
+        Some(Ok(h)) => h,
+        Some(Err(e)) => {
             tracing::debug!(%peer, "HTTP/3 connection failed to start: {e}");
             return;
         }
-        Err(_) => {
+        None => {
             tracing::debug!(%peer, "HTTP/3 control streams not received in time");
             return;
         }
@@ -398,7 +403,7 @@ async fn serve(
     // the streams it opens are early (they came as 0-RTT data: 1-RTT data waits for the
     // handshake).
     let mut early = accepted.map(Box::pin);
-    let handshake_due = tokio::time::Instant::now() + limits.head_timeout;
+    let handshake_due = admission.due;
     loop {
         if draining && link.active.get() == 0 {
             break;
@@ -498,6 +503,31 @@ async fn serve(
         seen = now;
     }
 }
+
+/// HTTP/3's setup (the control streams opened, SETTINGS sent), by `due`; polled again every
+/// [`SETUP_POLL`] as well. A connection served before the client's transport parameters came
+/// (with 0-RTT, after a HelloRetryRequest: they come with the second ClientHello) has no
+/// stream credit yet, and quinn does not wake an open waiting for credit when they arrive.
+async fn setup<F: std::future::Future>(made: F, due: tokio::time::Instant) -> Option<F::Output> {
+    let mut made = std::pin::pin!(made);
+    let mut poll = tokio::time::interval_at(
+        due.min(tokio::time::Instant::now() + SETUP_POLL),
+        SETUP_POLL,
+    );
+    let deadline = tokio::time::sleep_until(due);
+    let mut deadline = std::pin::pin!(deadline);
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut made => return Some(r),
+            _ = &mut deadline => return None,
+            _ = poll.tick() => {}
+        }
+    }
+}
+
+/// How often HTTP/3's setup is polled again while it waits (see [`setup`]).
+const SETUP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// GOAWAY, after which no new request is accepted; bounded by `limit`: a client that grants no
 /// flow control on the control stream has its connection closed instead of holding it open.
