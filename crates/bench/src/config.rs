@@ -449,7 +449,8 @@ pub fn parse_percent(s: &str) -> Result<f64, String> {
     if !(n > 0.0 && n <= 50.0) {
         return Err(format!("{s:?}: above 0% and at most 50%"));
     }
-    Ok(n / 100.0)
+    // (Rounded: 1.1 / 100 is 0.011000000000000001 in binary.)
+    Ok((n * 1e4).round() / 1e6)
 }
 
 /// Most URLs one run may take.

@@ -20,8 +20,10 @@ type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 struct Session {
     send: SendRequest,
     conn: quinn::Connection,
-    /// Requests went as 0-RTT data: whether the server accepted them, once the handshake is over.
-    early: Option<watch::Receiver<Option<bool>>>,
+    /// This benchmark connection's count of QUIC connections when it opened (from 1).
+    id: u64,
+    /// Requests went as 0-RTT data: the handshake's outcome, once known.
+    early: Option<watch::Receiver<Option<Outcome>>>,
 }
 
 /// What a connection's handshake was, known once it completes (with 0-RTT, after requests went).
@@ -67,6 +69,11 @@ pub struct H3Conn {
     /// requests that were refused go on it). One HTTP/3 session cannot outlive the refusal of
     /// its streams (its driver closes the connection), so they cannot go again on the same.
     refused: Cell<bool>,
+    /// The last connection whose refusal set `refused` (its streams fail one by one: only the
+    /// first sets it).
+    last_refused: Cell<u64>,
+    /// QUIC connections opened so far.
+    opened: Cell<u64>,
 }
 
 impl std::fmt::Debug for H3Conn {
@@ -94,6 +101,8 @@ impl H3Conn {
             early_data: tls.settings.early_data,
             loss,
             refused: Cell::new(false),
+            last_refused: Cell::new(0),
+            opened: Cell::new(0),
         }
     }
 
@@ -108,15 +117,11 @@ impl H3Conn {
     /// A connection whose handshake completed since the last call, if any (for the connection
     /// and handshake counts; one still in its handshake is counted by a later call).
     pub fn take_opened(&self) -> Option<Opened> {
+        let done = |o: &Rc<Cell<Outcome>>| !matches!(o.get(), Outcome::Pending);
         loop {
-            let outcome = self.sessions.take_opened()?;
-            match outcome.get() {
+            match self.sessions.take_first(done)?.get() {
                 Outcome::Done(hs) => return Some(Opened { tls: Some(hs) }),
-                Outcome::Skip => continue,
-                Outcome::Pending => {
-                    self.sessions.put_back(outcome);
-                    return None;
-                }
+                _ => continue,
             }
         }
     }
@@ -154,6 +159,8 @@ impl H3Conn {
             .connect(self.addr, &self.server_name)
             .map_err(|_| ErrorKind::Connect)?;
         let before = self.counting.verified.load(Ordering::Relaxed);
+        let id = self.opened.get() + 1;
+        self.opened.set(id);
         let outcome = Rc::new(Cell::new(Outcome::Pending));
         let early_try = match self.early_data && !self.refused.replace(false) {
             true => connecting.into_0rtt(),
@@ -166,11 +173,12 @@ impl H3Conn {
                 tokio::task::spawn_local(async move {
                     let ok = accepted.await;
                     // Not accepted because the connection ended: no handshake to count.
-                    out.set(match !ok && c.close_reason().is_some() {
+                    let o = match !ok && c.close_reason().is_some() {
                         true => Outcome::Skip,
                         false => Outcome::Done(handshake(&counting, before, Some(ok))),
-                    });
-                    let _ = tx.send(Some(ok));
+                    };
+                    out.set(o);
+                    let _ = tx.send(Some(o));
                 });
                 (conn, Some(rx))
             }
@@ -180,7 +188,7 @@ impl H3Conn {
                 (conn, None)
             }
         };
-        session(conn, early, outcome).await
+        session(conn, id, early, outcome).await
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
@@ -192,11 +200,14 @@ impl H3Conn {
             let r = exchange_on(s.send, request).await;
             match (r, s.early) {
                 (Err(Failure::Other(kind)), Some(mut early)) => {
-                    // The server refused the 0-RTT data: it never saw the request.
+                    // The server refused the 0-RTT data: it never saw the request. (A connection
+                    // that failed is a failure.)
                     match early.wait_for(Option::is_some).await.map(|v| *v) {
-                        Ok(Some(false)) => {
+                        Ok(Some(Outcome::Done(h))) if h.early == Some(false) => {
                             s.conn.close(0u32.into(), b"");
-                            self.refused.set(true);
+                            if self.last_refused.replace(s.id) != s.id {
+                                self.refused.set(true);
+                            }
                             Err(Failure::Unprocessed)
                         }
                         _ => Err(Failure::Other(kind)),
@@ -214,7 +225,8 @@ impl H3Conn {
 /// An HTTP/3 session over `conn`, its driver a local task.
 async fn session(
     conn: quinn::Connection,
-    early: Option<watch::Receiver<Option<bool>>>,
+    id: u64,
+    early: Option<watch::Receiver<Option<Outcome>>>,
     outcome: Rc<Cell<Outcome>>,
 ) -> Result<Opening<Session, Rc<Cell<Outcome>>>, ErrorKind> {
     let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(conn.clone()))
@@ -226,7 +238,16 @@ async fn session(
         let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
         flag.set(false);
     });
-    Ok((Session { send, conn, early }, alive, outcome))
+    Ok((
+        Session {
+            send,
+            conn,
+            id,
+            early,
+        },
+        alive,
+        outcome,
+    ))
 }
 
 /// A client endpoint on `local` whose socket drops `loss` of the datagrams each way.

@@ -589,11 +589,23 @@ impl Report {
                     h.full
                 ));
             }
-            if t.settings.early_data && h.resumed > 0 && h.early == 0 {
+            if t.settings.early_data && h.early == 0 && h.early_refused == 0 {
+                w.push(match h.resumed {
+                    0 => "0-RTT was asked (--early-data) but no connection resumed a session to \
+                          send it on (a connection tries from its second handshake on: --close)"
+                        .to_string(),
+                    n => format!(
+                        "0-RTT was asked (--early-data) but none of {n} resumed handshakes \
+                         carried 0-RTT data"
+                    ),
+                });
+            }
+            if h.early_refused > 0 {
                 w.push(format!(
-                    "0-RTT was asked (--early-data) but none of {} resumed handshakes carried \
-                     accepted 0-RTT requests",
-                    h.resumed
+                    "the server refused the 0-RTT data of {} connections (accepted {}): their \
+                     requests went again on new connections, each counted in connections per \
+                     second",
+                    h.early_refused, h.early
                 ));
             }
         }
@@ -644,7 +656,8 @@ impl Report {
             ),
         };
         if let Some(l) = self.loss {
-            let _ = write!(conn, ", {}% of datagrams dropped each way", l * 100.0);
+            let pct = (l * 1e6).round() / 1e4;
+            let _ = write!(conn, ", {pct}% of datagrams dropped each way");
         }
         let threads = plural(self.threads as u64, "thread");
         let conns = plural(self.connections as u64, "connection");

@@ -63,9 +63,11 @@ impl<S: Clone, O> Sessions<S, O> {
         self.opened.borrow_mut().pop()
     }
 
-    /// Put back what [`Sessions::take_opened`] gave (its handshake has not completed yet).
-    pub(crate) fn put_back(&self, o: O) {
-        self.opened.borrow_mut().push(o);
+    /// The first session opened since the last call whose record `pick` takes, if any.
+    pub(crate) fn take_first(&self, pick: impl Fn(&O) -> bool) -> Option<O> {
+        let mut opened = self.opened.borrow_mut();
+        let at = opened.iter().position(pick)?;
+        Some(opened.remove(at))
     }
 
     /// The current session's handle and number, if it is still up.

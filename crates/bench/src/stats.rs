@@ -97,15 +97,16 @@ pub struct Recorder {
     live: Arc<Live>,
 }
 
-/// TLS handshakes, full and resumed, and the 0-RTT attempts among the resumed ones.
+/// TLS handshakes, full and resumed, and the outcome of those that sent 0-RTT data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Handshakes {
     pub full: u64,
     pub resumed: u64,
-    /// Resumed with 0-RTT requests the server accepted (`--early-data`).
+    /// Connections whose 0-RTT requests the server accepted (`--early-data`).
     #[serde(default)]
     pub early: u64,
-    /// 0-RTT requests the server refused (sent again once the handshake completed).
+    /// Connections whose 0-RTT requests the server refused (their requests went again, on new
+    /// connections).
     #[serde(default)]
     pub early_refused: u64,
 }

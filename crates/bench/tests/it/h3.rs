@@ -262,4 +262,5 @@ fn early_data_and_loss_need_h3() {
     assert!(msg.contains("--tls-resume on"), "{msg}");
     assert!(portico_bench::config::parse_percent("60%").is_err());
     assert_eq!(portico_bench::config::parse_percent("1%"), Ok(0.01));
+    assert_eq!(portico_bench::config::parse_percent("1.1"), Ok(0.011));
 }
