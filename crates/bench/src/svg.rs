@@ -309,12 +309,15 @@ pub fn line_chart(c: &LineChart) -> String {
             .iter()
             .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y)))
             .collect();
-        let _ = writeln!(
-            out,
-            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
-            path.join(" ")
-        );
-        if s.markers {
+        // A single point is no line (renderers reject one): its dot shows it.
+        if pts.len() > 1 {
+            let _ = writeln!(
+                out,
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+                path.join(" ")
+            );
+        }
+        if s.markers || pts.len() == 1 {
             for (x, y) in pts {
                 let _ = writeln!(
                     out,
@@ -692,6 +695,16 @@ mod tests {
             ..c.clone()
         });
         assert!(nines.contains(">99.9%<"));
+        // One point (a sweep of one rate): a dot, no line.
+        let one = line_chart(&LineChart {
+            series: vec![Series {
+                label: "a".into(),
+                points: vec![(15_000.0, 0.4)],
+                markers: false,
+            }],
+            ..c.clone()
+        });
+        assert!(!one.contains("<polyline") && one.matches("<circle").count() == 1);
         assert!(!nines.contains(">99.99%<"));
         // The 100% point (infinite on this axis) is left out: y stops at 1 ms.
         assert!(nines.contains(">1.0<") && !nines.contains(">9<"));
