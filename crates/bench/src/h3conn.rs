@@ -4,7 +4,7 @@ use crate::conn::ErrorKind;
 use crate::conn::{Handshake, Opened, Response};
 use crate::request::H2Request;
 use crate::session::{Failure, Opening, Sessions};
-use crate::tls::Counting;
+use crate::tls::{Counting, Tickets};
 use bytes::{Buf, Bytes};
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -15,6 +15,9 @@ use tokio::sync::watch;
 
 type SendRequest = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 
+/// The fixed part of how long a closing connection waits for its session ticket.
+const TICKET_GRACE: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// One QUIC connection with HTTP/3 over it.
 #[derive(Clone)]
 struct Session {
@@ -22,6 +25,8 @@ struct Session {
     conn: quinn::Connection,
     /// This benchmark connection's count of QUIC connections when it opened (from 1).
     id: u64,
+    /// Session tickets received before it opened.
+    tickets_at_open: u64,
     /// Requests went as 0-RTT data: the handshake's outcome, once known.
     early: Option<watch::Receiver<Option<Outcome>>>,
 }
@@ -56,6 +61,8 @@ pub struct H3Conn {
     tls: Arc<rustls::ClientConfig>,
     /// Counts the certificates `tls` verified: a handshake that verified none resumed.
     counting: Arc<Counting>,
+    /// With resumption: `tls`'s session store, which counts the tickets it got.
+    tickets: Option<Arc<Tickets>>,
     server_name: String,
     endpoint: RefCell<Option<quinn::Endpoint>>,
     sessions: Sessions<Session, Rc<Cell<Outcome>>>,
@@ -89,11 +96,12 @@ impl H3Conn {
     /// A connection to `addr` with the run's TLS client (its ALPN is `h3`), dropping `loss` of
     /// its datagrams each way.
     pub fn new(addr: SocketAddr, tls: &crate::tls::TlsClient, close: bool, loss: f64) -> H3Conn {
-        let (config, counting) = tls.for_quic();
+        let (config, counting, tickets) = tls.for_quic();
         H3Conn {
             addr,
             tls: config,
             counting,
+            tickets,
             server_name: tls.server_name.to_str().into_owned(),
             endpoint: RefCell::new(None),
             sessions: Sessions::new(),
@@ -107,11 +115,22 @@ impl H3Conn {
     }
 
     /// Close the current connection (`--close`: after its one request); the next request opens
-    /// another on the same UDP socket.
-    pub fn close_now(&self) {
-        if let Some(s) = self.sessions.take() {
-            s.conn.close(0u32.into(), b"");
+    /// another on the same UDP socket. With resumption, it first waits a moment for the
+    /// connection's session ticket if none came yet (a server sends it once the client's
+    /// Finished came, which can be after the response to a 0-RTT request; closing at once would
+    /// leave the next connection a full handshake, where a browser, which stays, resumes): at
+    /// most four round trips and [`TICKET_GRACE`], and only while the server sends tickets.
+    pub async fn close_now(&self) {
+        let Some(s) = self.sessions.take() else {
+            return;
+        };
+        if let Some(t) = &self.tickets {
+            if t.received() > 0 || s.id == 1 {
+                t.wait_past(s.tickets_at_open, s.conn.rtt() * 4 + TICKET_GRACE)
+                    .await;
+            }
         }
+        s.conn.close(0u32.into(), b"");
     }
 
     /// A connection whose handshake completed since the last call, if any (for the connection
@@ -161,6 +180,7 @@ impl H3Conn {
         let before = self.counting.verified.load(Ordering::Relaxed);
         let id = self.opened.get() + 1;
         self.opened.set(id);
+        let tickets_at_open = self.tickets.as_ref().map_or(0, |t| t.received());
         let outcome = Rc::new(Cell::new(Outcome::Pending));
         let early_try = match self.early_data && !self.refused.replace(false) {
             true => connecting.into_0rtt(),
@@ -188,7 +208,7 @@ impl H3Conn {
                 (conn, None)
             }
         };
-        session(conn, id, early, outcome).await
+        session(conn, (id, tickets_at_open), early, outcome).await
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
@@ -225,7 +245,7 @@ impl H3Conn {
 /// An HTTP/3 session over `conn`, its driver a local task.
 async fn session(
     conn: quinn::Connection,
-    id: u64,
+    (id, tickets_at_open): (u64, u64),
     early: Option<watch::Receiver<Option<Outcome>>>,
     outcome: Rc<Cell<Outcome>>,
 ) -> Result<Opening<Session, Rc<Cell<Outcome>>>, ErrorKind> {
@@ -243,6 +263,7 @@ async fn session(
             send,
             conn,
             id,
+            tickets_at_open,
             early,
         },
         alive,

@@ -117,7 +117,7 @@ trait Mux {
     /// Open it before the start (a failure is left to the first request, which counts it).
     async fn open(&self);
     /// After a response that ends the connection (`--close`).
-    fn close_now(&self) {}
+    async fn close_now(&self) {}
 }
 
 impl Mux for H2Conn {
@@ -142,8 +142,8 @@ impl Mux for H3Conn {
     async fn open(&self) {
         let _ = H3Conn::open(self).await;
     }
-    fn close_now(&self) {
-        H3Conn::close_now(self);
+    async fn close_now(&self) {
+        H3Conn::close_now(self).await;
     }
 }
 
@@ -167,7 +167,7 @@ impl<C: Mux> Link for Slot<C> {
     }
 
     async fn finish_close(&mut self) {
-        self.0.close_now();
+        self.0.close_now().await;
     }
 }
 

@@ -2,7 +2,10 @@
 
 use crate::error::BenchError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{Resumption, WebPkiServerVerifier};
+use rustls::client::{
+    ClientSessionMemoryCache, ClientSessionStore, Resumption, Tls12ClientSessionValue,
+    Tls13ClientSessionValue, WebPkiServerVerifier,
+};
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -322,15 +325,98 @@ impl TlsClient {
     }
 
     /// [`TlsClient::for_connection`] for one QUIC benchmark connection, with a verifier of its
-    /// own that counts full handshakes (its connections open one after another).
-    pub fn for_quic(&self) -> (Arc<ClientConfig>, Arc<Counting>) {
+    /// own that counts full handshakes (its connections open one after another) and, with
+    /// resumption, a session store that counts the tickets it got.
+    pub fn for_quic(&self) -> (Arc<ClientConfig>, Arc<Counting>, Option<Arc<Tickets>>) {
         let mut c = (*self.for_connection()).clone();
         let counting = Arc::new(Counting {
             inner: self.verifier.clone(),
             verified: AtomicU64::new(0),
         });
         c.dangerous().set_certificate_verifier(counting.clone());
-        (Arc::new(c), counting)
+        let tickets = self.settings.resumption.then(|| {
+            Arc::new(Tickets {
+                inner: ClientSessionMemoryCache::new(SESSION_CACHE),
+                received: AtomicU64::new(0),
+                arrived: tokio::sync::Notify::new(),
+            })
+        });
+        if let Some(t) = &tickets {
+            c.resumption = Resumption::store(t.clone());
+        }
+        (Arc::new(c), counting, tickets)
+    }
+}
+
+/// An in-memory session store that counts the TLS 1.3 tickets it was given: a QUIC connection
+/// closed right after its response can wait for its ticket (a server may send it after the
+/// response to 0-RTT requests).
+#[derive(Debug)]
+pub struct Tickets {
+    inner: ClientSessionMemoryCache,
+    received: AtomicU64,
+    arrived: tokio::sync::Notify,
+}
+
+impl Tickets {
+    /// Tickets received so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Wait until more than `seen` tickets were received, at most `limit`; whether they were.
+    pub async fn wait_past(&self, seen: u64, limit: std::time::Duration) -> bool {
+        let wait = async {
+            loop {
+                let arrived = self.arrived.notified();
+                let mut arrived = std::pin::pin!(arrived);
+                arrived.as_mut().enable();
+                if self.received() > seen {
+                    return;
+                }
+                arrived.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+    }
+}
+
+impl ClientSessionStore for Tickets {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: rustls::NamedGroup) {
+        self.inner.set_kx_hint(server_name, group);
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.inner.kx_hint(server_name)
+    }
+
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.inner.set_tls12_session(server_name, value);
+    }
+
+    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.inner.tls12_session(server_name)
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.inner.remove_tls12_session(server_name);
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        self.inner.insert_tls13_ticket(server_name, value);
+        self.received.fetch_add(1, Ordering::Relaxed);
+        self.arrived.notify_waiters();
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        self.inner.take_tls13_ticket(server_name)
     }
 }
 
