@@ -1,7 +1,8 @@
 //! Runs against scripted servers on 127.0.0.1: corrected percentiles, accounting, output files.
 
+use crate::run;
 use portico_bench::report::Accounting;
-use portico_bench::{hgrm, Config, Flags, Report};
+use portico_bench::{hgrm, Flags, Report};
 use portico_testkit::{Reply, TestUpstream};
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
@@ -11,11 +12,6 @@ fn flags(addr: SocketAddr, path: &str) -> Flags {
         url: format!("http://{addr}{path}"),
         ..Flags::default()
     }
-}
-
-fn run(f: Flags) -> Report {
-    let cfg = Config::from_flags(&f).expect("valid flags");
-    portico_bench::run(&cfg, &mut |_| {}).expect("run")
 }
 
 fn ms(n: u64) -> Duration {

@@ -1,8 +1,8 @@
 //! `--h2` runs against an in-process HTTP/2 server (the h2 crate, h2c and TLS with ALPN h2) on 127.0.0.1.
 
+use crate::run;
 use bytes::Bytes;
-use portico_bench::{Config, Flags, Report};
-use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use portico_bench::{Flags, Report};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -108,27 +108,17 @@ fn server(answer: Answer, tls: Option<rustls::ServerConfig>) -> (SocketAddr, Arc
 
 /// A TLS server configuration for `localhost` (self-signed ECDSA P-256) offering `alpn`.
 fn tls_config(alpn: &[u8]) -> rustls::ServerConfig {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    let cert = params.self_signed(&key).unwrap();
+    let (cert, key, _) = crate::cert();
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
+    .with_single_cert(vec![cert], key)
     .unwrap();
     cfg.alpn_protocols = vec![alpn.to_vec()];
     cfg
-}
-
-fn run(f: Flags) -> Report {
-    let cfg = Config::from_flags(&f).expect("valid flags");
-    portico_bench::run(&cfg, &mut |_| {}).expect("run")
 }
 
 fn flags(addr: SocketAddr) -> Flags {

@@ -1,8 +1,8 @@
 //! `--h3` runs against an in-process HTTP/3 server (quinn and the h3 crate) on 127.0.0.1.
 
+use crate::run;
 use bytes::Bytes;
-use portico_bench::{Config, Flags, Report};
-use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use portico_bench::{Config, Flags};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -21,19 +21,14 @@ fn server() -> (SocketAddr, Arc<Seen>) {
 
 /// [`server`] with a TLS session cache of `sessions` entries, taking 0-RTT data if `early`.
 fn server_with(sessions: usize, early: bool) -> (SocketAddr, Arc<Seen>) {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    let cert = params.self_signed(&key).unwrap();
+    let (cert, key, _) = crate::cert();
     let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_protocol_versions(&[&rustls::version::TLS13])
     .unwrap()
     .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
+    .with_single_cert(vec![cert], key)
     .unwrap();
     tls.alpn_protocols = vec![b"h3".to_vec()];
     tls.session_storage = rustls::server::ServerSessionMemoryCache::new(sessions);
@@ -89,11 +84,6 @@ fn server_with(sessions: usize, early: bool) -> (SocketAddr, Arc<Seen>) {
         });
     });
     (addr, seen)
-}
-
-fn run(f: Flags) -> Report {
-    let cfg = Config::from_flags(&f).expect("valid flags");
-    portico_bench::run(&cfg, &mut |_| {}).expect("run")
 }
 
 fn flags(addr: SocketAddr) -> Flags {

@@ -1,25 +1,14 @@
 //! HTTPS runs against an in-process rustls server on 127.0.0.1: full vs resumed handshakes, pinned groups, verification.
 
-use portico_bench::{Config, Flags, Report};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use crate::cert;
+use crate::run;
+use portico_bench::Flags;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::HandshakeKind;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A self-signed ECDSA P-256 certificate for `localhost` (and its PEM for --cacert).
-fn cert() -> (CertificateDer<'static>, PrivateKeyDer<'static>, String) {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    let c = params.self_signed(&key).unwrap();
-    let pem = c.pem();
-    (
-        c.der().clone(),
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        pem,
-    )
-}
 
 /// Handshakes the server saw.
 #[derive(Default)]
@@ -99,11 +88,6 @@ fn server(cert: CertificateDer<'static>, key: PrivateKeyDer<'static>) -> (Socket
         });
     });
     (addr, seen)
-}
-
-fn run(f: Flags) -> Report {
-    let cfg = Config::from_flags(&f).expect("valid flags");
-    portico_bench::run(&cfg, &mut |_| {}).expect("run")
 }
 
 fn flags(addr: SocketAddr) -> Flags {
