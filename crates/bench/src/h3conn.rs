@@ -208,7 +208,7 @@ impl H3Conn {
                 (conn, None)
             }
         };
-        session(conn, (id, tickets_at_open), early, outcome).await
+        session(conn, id, tickets_at_open, early, outcome).await
     }
 
     /// Send `request` on a new stream (connecting first if needed) and read the response; the
@@ -245,7 +245,8 @@ impl H3Conn {
 /// An HTTP/3 session over `conn`, its driver a local task.
 async fn session(
     conn: quinn::Connection,
-    (id, tickets_at_open): (u64, u64),
+    id: u64,
+    tickets_at_open: u64,
     early: Option<watch::Receiver<Option<Outcome>>>,
     outcome: Rc<Cell<Outcome>>,
 ) -> Result<Opening<Session, Rc<Cell<Outcome>>>, ErrorKind> {

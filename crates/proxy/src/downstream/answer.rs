@@ -23,6 +23,12 @@ pub(crate) trait Answer {
     ) -> Result<u64, ProxyError>;
 }
 
+/// Whether a small answer goes without a body: asked so (`HEAD`), by its status (204, 304), or
+/// empty.
+pub(crate) fn bodyless(status: u16, head_only: bool, body: &[u8]) -> bool {
+    head_only || status == 204 || status == 304 || body.is_empty()
+}
+
 /// A failed request from `peer`: logged, answered with its error status (unless the client is
 /// gone), and its outcome.
 pub(crate) async fn fail<A: Answer>(

@@ -345,8 +345,7 @@ impl answer::Answer for SendResponse<Bytes> {
         limit: Duration,
     ) -> Result<u64, ProxyError> {
         let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
-        let bodyless = status == 204 || status == 304;
-        let end = head_only || bodyless || body.is_empty();
+        let end = answer::bodyless(status, head_only, body);
         let mut send = self.send_response(response, end).map_err(client_err)?;
         if end {
             return Ok(0);

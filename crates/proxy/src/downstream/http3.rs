@@ -452,7 +452,7 @@ impl answer::Answer for H3Send {
         limit: Duration,
     ) -> Result<u64, ProxyError> {
         let response = crate::h2_fields::simple_response(status, content_type, body.len(), extra)?;
-        let bodyless = head_only || status == 204 || status == 304 || body.is_empty();
+        let bodyless = answer::bodyless(status, head_only, body);
         let r = async {
             within(limit, self.send_response(response)).await?;
             if !bodyless {

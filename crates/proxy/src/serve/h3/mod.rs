@@ -383,7 +383,7 @@ async fn serve(
     let mut builder = h3::server::builder();
     builder.max_field_section_size(u64::from(settings.max_header_list_size));
     let made = builder.build::<_, bytes::Bytes>(h3_quinn::Connection::new(conn.clone()));
-    let mut h3 = match setup(made, admission.due).await {
+    let mut h3 = match setup(made, admission.due, accepted.is_some()).await {
         Some(Ok(h)) => h,
         Some(Err(e)) => {
             tracing::debug!(%peer, "HTTP/3 connection failed to start: {e}");
@@ -504,11 +504,19 @@ async fn serve(
     }
 }
 
-/// HTTP/3's setup (the control streams opened, SETTINGS sent), by `due`; polled again every
-/// [`SETUP_POLL`] as well. A connection served before the client's transport parameters came
-/// (with 0-RTT, after a HelloRetryRequest: they come with the second ClientHello) has no
-/// stream credit yet, and quinn does not wake an open waiting for credit when they arrive.
-async fn setup<F: std::future::Future>(made: F, due: tokio::time::Instant) -> Option<F::Output> {
+/// HTTP/3's setup (the control streams opened, SETTINGS sent), by `due`; for a connection
+/// served before its handshake completed (`early`), polled again every [`SETUP_POLL`] as well.
+/// Such a connection may have no stream credit yet (after a HelloRetryRequest, the client's
+/// transport parameters come with the second ClientHello), and quinn does not wake an open
+/// waiting for credit when they arrive. After a completed handshake there is credit.
+async fn setup<F: std::future::Future>(
+    made: F,
+    due: tokio::time::Instant,
+    early: bool,
+) -> Option<F::Output> {
+    if !early {
+        return tokio::time::timeout_at(due, made).await.ok();
+    }
     let mut made = std::pin::pin!(made);
     let mut poll = tokio::time::interval_at(
         due.min(tokio::time::Instant::now() + SETUP_POLL),
