@@ -29,10 +29,11 @@ pub struct CompareFlags {
     #[arg(long, short)]
     pub out: PathBuf,
     /// Proxies under test, in order: direct (no proxy), relay (the floor: a blind TCP relay),
-    /// portico, nginx, haproxy, caddy. Those not installed are skipped, and the report says so.
+    /// portico, nginx, haproxy, caddy, pingora. Those not installed are skipped, and the report
+    /// says so (pingora: built by scripts/build-pingora.sh).
     #[arg(
         long,
-        default_value = "direct,relay,portico,nginx,haproxy,caddy",
+        default_value = "direct,relay,portico,nginx,haproxy,caddy,pingora",
         value_name = "LIST"
     )]
     pub proxies: String,
@@ -99,7 +100,7 @@ impl CompareFlags {
     pub fn new(out: PathBuf) -> CompareFlags {
         CompareFlags {
             out,
-            proxies: "direct,relay,portico,nginx,haproxy,caddy".into(),
+            proxies: "direct,relay,portico,nginx,haproxy,caddy,pingora".into(),
             scenarios: "all".into(),
             duration: Duration::from_secs(5),
             warmup: Duration::from_secs(1),
@@ -385,7 +386,8 @@ pub fn parse_proxies(spec: &str) -> Result<Vec<Proxy>, BenchError> {
     for word in spec.split(',').map(str::trim).filter(|w| !w.is_empty()) {
         let p = Proxy::parse(word).ok_or_else(|| {
             BenchError::Flag(format!(
-                "--proxies {word:?}: unknown; known: direct, relay, portico, nginx, haproxy, caddy"
+                "--proxies {word:?}: unknown; known: direct, relay, portico, nginx, haproxy, caddy, \
+                 pingora"
             ))
         })?;
         if !out.contains(&p) {
@@ -688,6 +690,15 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
         }
     }
     Some(out)
+}
+
+/// Where the program of `proxy` is: in PATH, or (Pingora's, which `scripts/build-pingora.sh`
+/// builds into the portico binary's target directory) beside `portico`.
+fn locate(proxy: Proxy, program: &str, portico: &Path) -> Option<PathBuf> {
+    in_path(program).or_else(|| {
+        let beside = portico.parent()?.join(program);
+        (proxy == Proxy::Pingora && beside.is_file()).then_some(beside)
+    })
 }
 
 /// Whether `program` is an executable in PATH.
@@ -1092,18 +1103,23 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     });
                 }
             };
-            if let Some(program) = proxy.program() {
-                if in_path(program).is_none() {
-                    let why = format!("{program} is not installed (not in PATH)");
-                    if round == 1 {
-                        say(out, format!("{name}: skipped, {why}"));
-                        entry.skipped = Some(why.clone());
-                        skip_all(&mut results, &why);
-                        keep(&mut proxy_entries, round, entry);
-                    }
-                    continue;
+            // The binary it runs: portico's own, or its program found (nginx, HAProxy and Caddy
+            // in PATH; Pingora's there or beside the portico binary).
+            let program = match proxy.program() {
+                None => Some(portico_s.clone()),
+                Some(p) => locate(*proxy, p, Path::new(&portico_s))
+                    .map(|found| found.display().to_string()),
+            };
+            let Some(program) = program else {
+                let why = proxy.not_found();
+                if round == 1 {
+                    say(out, format!("{name}: skipped, {why}"));
+                    entry.skipped = Some(why.clone());
+                    skip_all(&mut results, &why);
+                    keep(&mut proxy_entries, round, entry);
                 }
-            }
+                continue;
+            };
             // Whether it can serve the HTTP/2 and HTTP/3 scenarios (its build asked once, only
             // when one of them runs).
             let (wants_h2, wants_h3) = (
@@ -1161,12 +1177,12 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 let text = peers::config(*proxy, &setup);
                 let cfg_path = pdir.join(proxy.config_name());
                 std::fs::write(&cfg_path, &text).map_err(file_err(&cfg_path))?;
-                let cmd = peers::command(*proxy, &portico_s, &cfg_path, &setup);
+                let cmd = peers::command(*proxy, &program, &cfg_path, &setup);
                 let env = peers::environment(*proxy, &pdir);
                 entry.version = Some(match proxy {
                     Proxy::Portico => portico_version.clone(),
                     Proxy::Relay => format!("portico bench relay, {portico_version}"),
-                    _ => version_of(proxy.program().unwrap_or(name), proxy.version_args()),
+                    _ => version_of(&program, proxy.version_args()),
                 });
                 entry.command = pinned(&cmd, proxy_cpus.as_deref());
                 entry.environment = env.clone();

@@ -14,16 +14,20 @@ pub enum Proxy {
     Nginx,
     Haproxy,
     Caddy,
+    /// A minimal Pingora proxy (`scripts/peers/pingora`), built from crates.io at a pinned
+    /// version by `scripts/build-pingora.sh`.
+    Pingora,
 }
 
 impl Proxy {
-    pub const ALL: [Proxy; 6] = [
+    pub const ALL: [Proxy; 7] = [
         Proxy::Direct,
         Proxy::Relay,
         Proxy::Portico,
         Proxy::Nginx,
         Proxy::Haproxy,
         Proxy::Caddy,
+        Proxy::Pingora,
     ];
 
     pub fn name(self) -> &'static str {
@@ -34,6 +38,7 @@ impl Proxy {
             Proxy::Nginx => "nginx",
             Proxy::Haproxy => "haproxy",
             Proxy::Caddy => "caddy",
+            Proxy::Pingora => "pingora",
         }
     }
 
@@ -43,13 +48,27 @@ impl Proxy {
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
     }
 
-    /// The program looked up in PATH (None: nothing to run, or portico itself).
+    /// The program looked up in PATH (None: nothing to run, or portico itself); Pingora's is
+    /// also looked up beside the portico binary, where `scripts/build-pingora.sh` puts it.
     pub fn program(self) -> Option<&'static str> {
         match self {
             Proxy::Direct | Proxy::Relay | Proxy::Portico => None,
             Proxy::Nginx => Some("nginx"),
             Proxy::Haproxy => Some("haproxy"),
             Proxy::Caddy => Some("caddy"),
+            Proxy::Pingora => Some("portico-bench-pingora"),
+        }
+    }
+
+    /// Why it is skipped when its program is not found.
+    pub fn not_found(self) -> String {
+        match (self, self.program()) {
+            (Proxy::Pingora, Some(p)) => format!(
+                "{p} is not built (scripts/build-pingora.sh builds it from crates.io beside the \
+                 portico binary)"
+            ),
+            (_, Some(p)) => format!("{p} is not installed (not in PATH)"),
+            (_, None) => String::new(),
         }
     }
 
@@ -57,7 +76,7 @@ impl Proxy {
     pub fn version_args(self) -> &'static [&'static str] {
         match self {
             Proxy::Direct => &[],
-            Proxy::Relay | Proxy::Portico => &["--version"],
+            Proxy::Relay | Proxy::Portico | Proxy::Pingora => &["--version"],
             Proxy::Nginx => &["-v"],
             Proxy::Haproxy => &["-v"],
             Proxy::Caddy => &["version"],
@@ -70,7 +89,7 @@ impl Proxy {
         match self {
             Proxy::Nginx => Some(&["-V"]),
             Proxy::Haproxy => Some(&["-vv"]),
-            Proxy::Direct | Proxy::Relay | Proxy::Portico | Proxy::Caddy => None,
+            Proxy::Direct | Proxy::Relay | Proxy::Portico | Proxy::Caddy | Proxy::Pingora => None,
         }
     }
 
@@ -79,7 +98,7 @@ impl Proxy {
     pub fn h2_capable(self, build_info: &str) -> Result<(), String> {
         match self {
             Proxy::Direct | Proxy::Relay => Err(self.no_tls().into()),
-            Proxy::Portico | Proxy::Caddy => Ok(()),
+            Proxy::Portico | Proxy::Caddy | Proxy::Pingora => Ok(()),
             Proxy::Nginx if build_info.contains("http_v2_module") => Ok(()),
             Proxy::Nginx => Err("this nginx was built without http_v2_module".into()),
             Proxy::Haproxy if build_info.contains("mux=H2") => Ok(()),
@@ -93,6 +112,7 @@ impl Proxy {
         match self {
             Proxy::Direct | Proxy::Relay => Err(self.no_tls().into()),
             Proxy::Portico | Proxy::Caddy => Ok(()),
+            Proxy::Pingora => Err("Pingora does not serve HTTP/3".into()),
             Proxy::Nginx if build_info.contains("http_v3_module") => Err(
                 "this nginx has http_v3_module, but its HTTP/3 configuration is not written here yet"
                     .into(),
@@ -127,6 +147,7 @@ impl Proxy {
             Proxy::Nginx => "nginx.conf",
             Proxy::Haproxy => "haproxy.cfg",
             Proxy::Caddy => "Caddyfile",
+            Proxy::Pingora => "pingora.yaml",
         }
     }
 }
@@ -175,6 +196,7 @@ pub fn config(proxy: Proxy, s: &Setup) -> String {
         Proxy::Nginx => nginx(s),
         Proxy::Haproxy => haproxy(s),
         Proxy::Caddy => caddy(s),
+        Proxy::Pingora => pingora(s),
     }
 }
 
@@ -336,12 +358,29 @@ fn caddy(s: &Setup) -> String {
     )
 }
 
+fn pingora(s: &Setup) -> String {
+    let d = s.dir.display();
+    format!(
+        "# portico bench compare: Pingora's server configuration; the listeners, the origin and\n\
+         # the certificate are on the command line. One worker thread, upstream keep-alive pool.\n\
+         ---\n\
+         version: 1\n\
+         threads: 1\n\
+         pid_file: {d}/pingora.pid\n\
+         upgrade_sock: {d}/pingora_upgrade.sock\n\
+         upstream_keepalive_pool_size: {UPSTREAM_KEEPALIVE}\n"
+    )
+}
+
 /// The command line (program and arguments) that runs `proxy` of `s` with its configuration at
-/// `config` (the portico binary is `portico`).
-pub fn command(proxy: Proxy, portico: &str, config: &Path, s: &Setup) -> Vec<String> {
+/// `config`. `program` is the binary: portico's for portico and the relay, the one found for
+/// Pingora (nginx, HAProxy and Caddy run by name, from PATH).
+pub fn command(proxy: Proxy, program: &str, config: &Path, s: &Setup) -> Vec<String> {
+    let portico = program;
     let c = config.display().to_string();
     let d = s.dir.display().to_string();
     let (listen, to) = (format!("127.0.0.1:{}", s.port), s.origin.to_string());
+    let tls_listen = s.tls_port.map(|p| format!("127.0.0.1:{p}"));
     let v: Vec<&str> = match proxy {
         Proxy::Direct => vec![],
         Proxy::Relay => vec![portico, "bench", "relay", "--listen", &listen, "--to", &to],
@@ -349,6 +388,16 @@ pub fn command(proxy: Proxy, portico: &str, config: &Path, s: &Setup) -> Vec<Str
         Proxy::Nginx => vec!["nginx", "-c", &c, "-p", &d, "-e", "stderr"],
         Proxy::Haproxy => vec!["haproxy", "-f", &c, "-db"],
         Proxy::Caddy => vec!["caddy", "run", "--config", &c, "--adapter", "caddyfile"],
+        Proxy::Pingora => {
+            let mut v = vec![program, "--conf", &c, "--listen", &listen, "--origin", &to];
+            if let (Some(addr), Some(tls)) = (&tls_listen, s.tls) {
+                v.extend(["--tls-listen", addr, "--cert", &tls.cert, "--key", &tls.key]);
+                if s.h2 {
+                    v.push("--h2");
+                }
+            }
+            v
+        }
     };
     v.into_iter().map(String::from).collect()
 }
@@ -532,6 +581,44 @@ mod tests {
         );
         assert!(config(Proxy::Relay, &tls).contains("127.0.0.1:18080 -> 127.0.0.1:18081"));
         assert!(!Proxy::Relay.terminates_tls() && Proxy::Relay.h2_capable("").is_err());
+    }
+
+    #[test]
+    fn pingora_configuration_and_command() {
+        let dir = Path::new("/tmp/x");
+        let files = TlsFiles {
+            cert: "/tmp/x/cert.pem".into(),
+            key: "/tmp/x/key.pem".into(),
+            both: "/tmp/x/both.pem".into(),
+        };
+        let tls = setup(dir, Some(&files));
+        let c = config(Proxy::Pingora, &tls);
+        for want in [
+            "\nthreads: 1\n",
+            "pid_file: /tmp/x/pingora.pid\n",
+            "upgrade_sock: /tmp/x/pingora_upgrade.sock\n",
+            "upstream_keepalive_pool_size: 1024\n",
+        ] {
+            assert!(c.contains(want), "{want}\n{c}");
+        }
+        let bin = "/t/release/portico-bench-pingora";
+        let conf = Path::new("/tmp/x/pingora.yaml");
+        assert_eq!(
+            command(Proxy::Pingora, bin, conf, &tls).join(" "),
+            "/t/release/portico-bench-pingora --conf /tmp/x/pingora.yaml --listen 127.0.0.1:18080 \
+             --origin 127.0.0.1:18081 --tls-listen 127.0.0.1:18443 --cert /tmp/x/cert.pem \
+             --key /tmp/x/key.pem --h2"
+        );
+        assert_eq!(
+            command(Proxy::Pingora, bin, conf, &setup(dir, None)).join(" "),
+            "/t/release/portico-bench-pingora --conf /tmp/x/pingora.yaml --listen 127.0.0.1:18080 \
+             --origin 127.0.0.1:18081"
+        );
+        assert!(Proxy::Pingora.h2_capable("").is_ok() && Proxy::Pingora.h3_capable("").is_err());
+        assert!(Proxy::Pingora
+            .not_found()
+            .contains("scripts/build-pingora.sh"));
+        assert!(Proxy::Nginx.not_found().contains("not installed"));
     }
 
     /// A light structural check of the TOML (the crate does not depend on the config crate):
