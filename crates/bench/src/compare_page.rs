@@ -551,7 +551,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
     // proxy's own saturation.
     if let Some(rate) = spectrum_rate {
         // Each proxy's median over the rounds whose sweep ran that rate.
-        let cpus: Vec<(&str, f64)> = sweeps
+        let cpus: Vec<(&str, crate::manifest::Spread)> = sweeps
             .iter()
             .filter_map(|(p, _, _)| {
                 let rounds = all.get(&(p.to_string(), "latency".to_string()))?;
@@ -563,7 +563,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
                     })
                     .filter_map(|r| r.cpu.as_ref()?.us_per_request)
                     .collect();
-                Some((*p, crate::rounds::spread(&at)?.median))
+                Some((*p, crate::rounds::spread(&at)?))
             })
             .collect();
         let label = format!(
@@ -578,7 +578,9 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
             "<h2>Own work above the floor</h2>\n<p>CPU time per request above the relay's (a blind \
              TCP relay: what the kernel charges any proxy on this machine for the same bytes), \
              medians over {}; a ratio below 1 means Portico does less work of its own than that \
-             proxy. In the closed-loop scenarios each proxy ran as fast as the loop let it (its \
+             proxy. <i>Ahead</i> or <i>behind</i>: every round of one cost less than every round \
+             of the other; <i>level</i>: their rounds overlap, and the ratio is within the \
+             noise. In the closed-loop scenarios each proxy ran as fast as the loop let it (its \
              own saturation rate, unless listed below as not the bottleneck); the latency \
              sweep's line compares them at one offered rate.</p>\n<ul>",
             match m.rounds {

@@ -164,40 +164,59 @@ pub fn above_floor(summaries: &[Summary], s: &Summary) -> Option<f64> {
 }
 
 /// Per scenario with a floor and a Portico CPU figure, one line: Portico's own work above the
-/// floor against each other proxy's (`rps-1k: portico 3.60 µs/req above the floor (19.95):
-/// 0.90x nginx (4.00), 0.54x haproxy (6.70)`). Own work within 5% of the floor is no figure to
-/// divide (noise, not work): said as such, without a ratio.
+/// floor against each other proxy's, with whether the rounds separate them
+/// (`rps-1k: portico 3.60 µs/req above the floor (19.95): 0.90x nginx (4.00, level),
+/// 0.54x haproxy (6.70, ahead)`). Own work within 5% of the floor is no figure to divide (noise,
+/// not work): said as such, without a ratio.
 pub fn verdict(summaries: &[Summary]) -> Vec<String> {
     let mut scenarios: Vec<&str> = summaries.iter().map(|s| s.scenario.as_str()).collect();
     scenarios.dedup();
     scenarios
         .into_iter()
         .filter_map(|scenario| {
-            let cpus: Vec<(&str, f64)> = summaries
+            let cpus: Vec<(&str, Spread)> = summaries
                 .iter()
                 .filter(|s| s.scenario == scenario)
-                .filter_map(|s| Some((s.proxy.as_str(), s.cpu_us_per_request?.median)))
+                .filter_map(|s| Some((s.proxy.as_str(), s.cpu_us_per_request?)))
                 .collect();
             own_work(scenario, &cpus)
         })
         .collect()
 }
 
-/// One verdict line for `label` from each proxy's CPU µs per request (`cpus`, the floor's
-/// among them); None without the floor's or Portico's figure.
-pub fn own_work(label: &str, cpus: &[(&str, f64)]) -> Option<String> {
+/// Whether Portico's rounds and a peer's are apart: `ahead` when Portico's costliest round cost
+/// less than the peer's cheapest, `behind` the other way, `level` when they overlap; None from
+/// a single round (nothing to tell a difference from noise with).
+pub fn separation(portico: &Spread, peer: &Spread) -> Option<&'static str> {
+    if portico.n < 2 || peer.n < 2 {
+        None
+    } else if portico.max < peer.min {
+        Some("ahead")
+    } else if portico.min > peer.max {
+        Some("behind")
+    } else {
+        Some("level")
+    }
+}
+
+/// One verdict line for `label` from each proxy's CPU µs per request over the rounds (`cpus`,
+/// the floor's among them); None without the floor's or Portico's figure.
+pub fn own_work(label: &str, cpus: &[(&str, Spread)]) -> Option<String> {
     let of = |p: &str| cpus.iter().find(|(name, _)| *name == p).map(|(_, c)| *c);
-    let floor = of(FLOOR)?;
-    let mine = of("portico")? - floor;
+    let floor = of(FLOOR)?.median;
+    let portico = of("portico")?;
+    let mine = portico.median - floor;
     let noise = floor * 0.05;
     let peers: Vec<String> = cpus
         .iter()
         .filter(|(p, _)| ![FLOOR, "portico", "direct"].contains(p))
         .map(|(p, c)| {
-            let theirs = c - floor;
-            match (mine > noise, theirs > noise) {
-                (true, true) => format!("{:.2}x {p} ({theirs:.2})", mine / theirs),
-                _ => format!("{p} {theirs:.2}"),
+            let theirs = c.median - floor;
+            match (mine > noise && theirs > noise, separation(&portico, c)) {
+                (true, Some(w)) => format!("{:.2}x {p} ({theirs:.2}, {w})", mine / theirs),
+                (true, None) => format!("{:.2}x {p} ({theirs:.2})", mine / theirs),
+                (false, Some(w)) => format!("{p} {theirs:.2} ({w})"),
+                (false, None) => format!("{p} {theirs:.2}"),
             }
         })
         .collect();
@@ -245,7 +264,16 @@ pub fn table(summaries: &[Summary], rounds: u32, pinned: bool) -> String {
     }
     let verdict = verdict(summaries);
     if !verdict.is_empty() {
-        t.push_str("Own work (CPU per request above the relay's, medians):\n");
+        t.push_str(match rounds {
+            1 => {
+                "Own work (CPU per request above the relay's; one round: repeat with --rounds 3 \
+                  to tell a difference from noise):\n"
+            }
+            _ => {
+                "Own work (CPU per request above the relay's, medians; ahead or behind: every \
+                  round of one cost less than every round of the other; level: they overlap):\n"
+            }
+        });
         for line in verdict {
             t.push_str(&format!("  {line}\n"));
         }
@@ -394,6 +422,28 @@ mod tests {
             verdict(&all),
             ["rps-1k: portico 3.00 µs/req above the floor (20.00): 0.75x nginx (4.00), haproxy -0.50"]
         );
+        // Over rounds: whether the rounds keep them apart.
+        let three = |proxy: &str, us: [f64; 3]| {
+            let rounds: Vec<(u32, Input)> = (1..=3)
+                .map(|k| (k, run(1000.0, Some(us[k as usize - 1]))))
+                .collect();
+            summarize(proxy, "rps-1k", Metric::Rps, &rounds)
+        };
+        let rounds = vec![
+            three("relay", [20.0, 20.5, 19.5]),
+            three("portico", [22.0, 23.0, 22.5]),
+            three("nginx", [24.0, 25.0, 23.5]),
+            three("haproxy", [22.8, 26.0, 27.0]),
+            three("caddy", [21.0, 21.5, 21.9]),
+        ];
+        assert_eq!(
+            verdict(&rounds),
+            [
+                "rps-1k: portico 2.50 µs/req above the floor (20.00): 0.62x nginx (4.00, ahead), \
+              0.42x haproxy (6.00, level), 1.67x caddy (1.50, behind)"
+            ]
+        );
+        assert!(table(&rounds, 3, true).contains("ahead or behind"));
         let t = table(&all, 1, true);
         assert!(t.contains("23.00 us/req, 3.00 above the floor"), "{t}");
         assert!(t.contains("Own work"), "{t}");
