@@ -232,7 +232,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
                 while let Some(cmd) = commands.recv().await {
                     let task = match cmd {
                         Cmd::Listen(slot, socket) => {
-                            match tokio::net::TcpListener::from_std(socket) {
+                            match listening(socket) {
                                 Ok(l) => tokio::task::spawn_local(accept_loop(l, slot, worker.clone())),
                                 Err(e) => {
                                     tracing::error!(listener = %slot.name, "cannot register listener: {e}");
@@ -302,6 +302,14 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
         worker.pool.clear();
         worker.h2pool.clear();
     });
+}
+
+/// A listening socket registered with this worker's runtime, with TCP_NODELAY set on it: Linux
+/// copies it to every connection accepted from it, which saves a system call per connection
+/// (sockets handed over by a previous process or a service manager get it here too).
+fn listening(socket: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
+    socket2::SockRef::from(&socket).set_nodelay(true)?;
+    tokio::net::TcpListener::from_std(socket)
 }
 
 async fn accept_loop(
@@ -386,6 +394,8 @@ async fn accept_loop(
                 continue;
             }
         }
+        // Linux gives accepted sockets the listening socket's TCP_NODELAY (see `listening`).
+        #[cfg(not(target_os = "linux"))]
         let _ = stream.set_nodelay(true);
         let guard = crate::state::OpenGuard::new(slot.clone(), worker.clone(), client);
         let ctx = conn::Ctx {
@@ -577,4 +587,23 @@ pub fn raise_open_files_limit() -> (Option<u64>, Option<u64>) {
         }
     }
     (before.current, before.current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections accepted from a listener get TCP_NODELAY without a call of their own, whatever
+    /// socket the listener was made from (here one without it, as a service manager may pass).
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        assert!(!socket2::SockRef::from(&socket).nodelay().unwrap());
+        let listener = listening(socket).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
+    }
 }

@@ -81,7 +81,7 @@ impl Link {
             worker: ctx.worker.clone(),
             peer,
             local: None,
-            client_ip: peer.ip().to_string(),
+            client_ip: crate::conn::ip_text(peer.ip()),
             tls: false,
             tls_info: None,
             client_cert: None,

@@ -4,8 +4,9 @@ use crate::conn::{head_may_be_complete, write_simple, Conn, Ctx};
 use crate::downstream::http1::H1Down;
 use crate::error::error_body;
 use crate::error::ProxyError;
+use crate::serve::sniff::{classify, Sniffed};
 use crate::stream::ClientStream;
-use crate::telemetry::stats::{Outcome, Phase, Termination};
+use crate::telemetry::stats::{Cause, Outcome, Phase, Side, Termination};
 use crate::telemetry::timing::Timings;
 use bytes::BytesMut;
 use portico_http1::{parse_request, RequestHead};
@@ -45,8 +46,18 @@ fn idle_due(
     }
 }
 
+/// A plain connection whose first bytes were the HTTP/2 preface, for the HTTP/2 path: its
+/// stream, what was read from it, and its context.
+pub struct Handoff {
+    pub stream: ClientStream,
+    pub read: BytesMut,
+    pub ctx: Ctx,
+}
+
 /// Serve one accepted connection until it closes; its first head deadline runs from
-/// `accepted` (time already spent on it, such as sniffing its protocol, counts).
+/// `accepted` (time already spent on it, such as its TLS handshake, counts). With `sniff` (a
+/// plain connection that may speak HTTP/2 with prior knowledge), the first bytes read decide
+/// the protocol: the HTTP/2 preface ends this path with a [`Handoff`].
 ///
 /// Awake, the connection runs [`serve_awake`] on the heap; idle past [`IDLE_GRACE`] that future
 /// (the request path's state, several KB) is dropped and the connection sleeps in this small
@@ -61,12 +72,13 @@ pub fn serve_since(
     peer: SocketAddr,
     mut ctx: Ctx,
     accepted: Instant,
-) -> impl std::future::Future<Output = ()> {
+    mut sniff: bool,
+) -> impl std::future::Future<Output = Option<Handoff>> {
     let mut c = Conn {
         client_cert: stream.client_cert().map(Box::new),
         stream,
         peer,
-        client_ip: peer.ip().to_string(),
+        client_ip: crate::conn::ip_text(peer.ip()),
         rbuf: BytesMut::with_capacity(8 * 1024),
         wbuf: BytesMut::with_capacity(crate::conn::WBUF),
         ubuf: BytesMut::with_capacity(1024),
@@ -77,25 +89,57 @@ pub fn serve_since(
     };
     async move {
         loop {
-            if !Box::pin(serve_awake(&mut c, &mut ctx, accepted)).await {
-                return;
+            match Box::pin(serve_awake(&mut c, &mut ctx, accepted, &mut sniff)).await {
+                Awake::Closed => return None,
+                Awake::Http2 => {
+                    return Some(Handoff {
+                        stream: c.stream,
+                        read: c.rbuf,
+                        ctx,
+                    })
+                }
+                Awake::Sleep => {}
             }
             if !sleep(&mut c, &mut ctx).await {
-                return;
+                return None;
             }
         }
     }
 }
 
-/// Serve requests until the connection closes (false) or stays idle past [`IDLE_GRACE`]
-/// (true: it goes to sleep).
-async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant) -> bool {
+/// How an awake connection's requests ended.
+enum Awake {
+    /// The connection closed.
+    Closed,
+    /// Idle past [`IDLE_GRACE`]: it goes to sleep.
+    Sleep,
+    /// Its first bytes were the HTTP/2 preface.
+    Http2,
+}
+
+/// Serve requests until the connection closes, stays idle past [`IDLE_GRACE`] or turns out to
+/// speak HTTP/2 (with `sniff`, cleared once its first bytes say HTTP/1).
+async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant, sniff: &mut bool) -> Awake {
     loop {
         let mut began = None;
-        let head = match read_head(c, ctx, accepted, &mut began).await {
+        let head = match read_head(c, ctx, accepted, &mut began, sniff).await {
             Ok(Next::Head(h)) => h,
-            Ok(Next::Closed) => return false,
-            Ok(Next::Sleep) => return true,
+            Ok(Next::Closed) => return Awake::Closed,
+            Ok(Next::Sleep) => return Awake::Sleep,
+            Ok(Next::Http2) => return Awake::Http2,
+            Ok(Next::Neither) => {
+                // Not an HTTP/1.x request line and not the preface: an invalid preface is a
+                // connection error (RFC 9113 3.4), so the connection closes without an answer.
+                let stats = &ctx.shared.stats;
+                stats.requests.fetch_add(1, Ordering::Relaxed);
+                stats.record(Termination::new(
+                    Side::Client,
+                    Phase::RequestHead,
+                    Cause::BadRequest,
+                ));
+                tracing::debug!(peer = %c.peer, "neither HTTP/1.x nor the HTTP/2 preface: closed");
+                return Awake::Closed;
+            }
             Err(e) => {
                 // Its total runs from the request's start, not from the connection's.
                 let start = began.unwrap_or_else(Instant::now);
@@ -135,7 +179,7 @@ async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant) -> bool {
                     }
                     close(c, true).await;
                 }
-                return false;
+                return Awake::Closed;
             }
         };
         c.requests += 1;
@@ -159,7 +203,7 @@ async fn serve_awake(c: &mut Conn, ctx: &mut Ctx, accepted: Instant) -> bool {
         if !outcome.keep_alive {
             let lingering = outcome.termination != Termination::OK;
             close(c, lingering).await;
-            return false;
+            return Awake::Closed;
         }
     }
 }
@@ -218,7 +262,12 @@ fn refresh(ctx: &mut Ctx) {
 
 /// Close the connection. After an error the client may still be sending (a refused body): read
 /// and discard for a moment so the kernel does not answer with a reset that destroys our response.
+/// A clean close of plain TCP is the socket's close alone (its FIN is the same as a shutdown's,
+/// one system call fewer); TLS sends its close_notify first.
 async fn close(c: &mut Conn, lingering: bool) {
+    if !lingering && !c.stream.is_tls() {
+        return;
+    }
     let _ = c.stream.shutdown().await;
     if lingering {
         let drain = async {
@@ -253,6 +302,10 @@ enum Next {
     Closed,
     /// Idle past [`IDLE_GRACE`]: the connection goes to sleep.
     Sleep,
+    /// Sniffing: the first bytes are the HTTP/2 preface.
+    Http2,
+    /// Sniffing: the first bytes are neither HTTP/1.x nor the HTTP/2 preface.
+    Neither,
 }
 
 /// Wait for a complete request head. `began` says when the request began, also when its head
@@ -260,12 +313,14 @@ enum Next {
 /// came complete in the first read of a kept-alive connection (it began now).
 ///
 /// The parser runs only when the bytes read could complete the head or break a limit, so a head
-/// trickled in tiny pieces costs linear, not quadratic, work.
+/// trickled in tiny pieces costs linear, not quadratic, work. While `sniff` is set, the bytes
+/// first say which protocol this is ([`classify`]); it is cleared once they say HTTP/1.
 async fn read_head(
     c: &mut Conn,
     ctx: &mut Ctx,
     accepted: Instant,
     began: &mut Option<Instant>,
+    sniff: &mut bool,
 ) -> Result<Next, ProxyError> {
     let limits = &ctx.ls.listener.limits;
     *began = (c.requests == 0).then_some(accepted);
@@ -284,7 +339,16 @@ async fn read_head(
             c.rbuf.clear();
             scanned = 0;
         }
-        if !c.rbuf.is_empty() {
+        if *sniff && !c.rbuf.is_empty() {
+            match classify(&c.rbuf) {
+                Some(Sniffed::Http1) => *sniff = false,
+                Some(Sniffed::Http2) => return Ok(Next::Http2),
+                Some(Sniffed::Neither) => return Ok(Next::Neither),
+                // More bytes are needed (a first request has its head deadline already).
+                None => {}
+            }
+        }
+        if !*sniff && !c.rbuf.is_empty() {
             let newline = !line_checked && c.rbuf.contains(&b'\n');
             let worth_parsing = head_may_be_complete(&c.rbuf, scanned)
                 || newline

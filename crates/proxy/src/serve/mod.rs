@@ -1,8 +1,9 @@
-//! The connection tasks: an HTTP/1.1 connection's (`h1`), an HTTP/2 connection's with one task per stream (`h2`) and a QUIC connection's with one task per HTTP/3 request stream (`h3`), each handing every request to the flow and recording it when it ends (`finished`); a multiplexed stream's refused head as its error (`refusal`).
+//! The connection tasks: an HTTP/1.1 connection's (`h1`), an HTTP/2 connection's with one task per stream (`h2`) and a QUIC connection's with one task per HTTP/3 request stream (`h3`), each handing every request to the flow and recording it when it ends (`finished`); a plain connection's protocol from its first bytes (`sniff`); a multiplexed stream's refused head as its error (`refusal`).
 
 pub mod h1;
 pub mod h2;
 pub(crate) mod h3;
+pub(crate) mod sniff;
 
 use crate::state::{ListenerState, Shared};
 use crate::telemetry::access_log::Record;

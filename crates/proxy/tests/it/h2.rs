@@ -443,6 +443,64 @@ async fn http1_still_served_on_h2c_listeners_and_garbage_closed() {
     );
 }
 
+/// The protocol is told from the first bytes read, however they are split: a preface whose
+/// first part comes alone, and an HTTP/1.1 request line cut after two bytes, are both served.
+#[test]
+fn split_first_bytes_still_tell_the_protocol() {
+    let up = TestUpstream::start(|_| Reply::ok("one"));
+    let p = plain_proxy(up.addr, "");
+    let addr = p.addr("p").unwrap();
+    let quiet = |s: &mut std::net::TcpStream| {
+        // Nothing is answered to a part (a short wait: the proxy had its chance to read it).
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let mut b = [0u8; 1];
+        assert!(s.read(&mut b).is_err(), "no answer to a part");
+        s.set_read_timeout(Some(T)).unwrap();
+    };
+    // HTTP/2 with prior knowledge.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let preface = portico_proxy::h2::PREFACE;
+    // Up to the blank line: a complete HTTP/1-looking head on its own.
+    s.write_all(&preface[..18]).unwrap();
+    quiet(&mut s);
+    let mut out = preface[18..].to_vec();
+    out.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    let get = [0x82, 0x86, 0x84, 0x41, 0x01, b'a']; // :method GET, :scheme http, :path /, :authority a
+    out.extend(frame(0x1, 0x5, 1, &get)); // HEADERS, END_STREAM | END_HEADERS
+    s.write_all(&out).unwrap();
+    // Frames until the response's HEADERS on stream 1: `:status 200` is HPACK's index 8.
+    let status = loop {
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).unwrap();
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).unwrap();
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        assert_ne!(head[3], 0x7, "GOAWAY: {payload:?}");
+        if head[3] == 0x1 && stream == 1 {
+            break payload[0];
+        }
+    };
+    assert_eq!(status, 0x88, ":status 200");
+    // HTTP/1.1.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(b"GE").unwrap();
+    quiet(&mut s);
+    s.write_all(b"T /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(up.requests().len(), 2);
+}
+
 // --- TLS with ALPN ---------------------------------------------------------------------------
 
 fn write_cert(dir: &Path) -> (PathBuf, PathBuf, rustls::pki_types::CertificateDer<'static>) {

@@ -2,6 +2,7 @@
 
 use super::frame_scan::FrameScan;
 use crate::stream::ClientStream;
+use bytes::BytesMut;
 use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
@@ -17,6 +18,8 @@ const INITIAL: usize = 16 * 1024;
 
 struct Inner<S> {
     io: S,
+    /// Bytes read from `io` before the cork (the preface the HTTP/1 path found), read first.
+    read_ahead: BytesMut,
     buf: Vec<u8>,
     /// Bytes of `buf` already written.
     pos: usize,
@@ -44,10 +47,12 @@ pub(crate) struct Cork<S = ClientStream>(Rc<RefCell<Inner<S>>>);
 /// The stream given to the `h2` crate.
 pub(crate) struct Corked<S = ClientStream>(Rc<RefCell<Inner<S>>>);
 
-/// Cork `io`: the stream for the `h2` crate and the handle that drains it.
-pub(crate) fn cork<S>(io: S) -> (Corked<S>, Cork<S>) {
+/// Cork `io`, from which `read_ahead` was already read: the stream for the `h2` crate and the
+/// handle that drains it.
+pub(crate) fn cork<S>(io: S, read_ahead: BytesMut) -> (Corked<S>, Cork<S>) {
     let inner = Rc::new(RefCell::new(Inner {
         io,
+        read_ahead,
         buf: Vec::with_capacity(INITIAL),
         pos: 0,
         flush_due: false,
@@ -165,6 +170,17 @@ impl<S: AsyncRead + Unpin> AsyncRead for Corked<S> {
             return Poll::Pending;
         }
         let before = buf.filled().len();
+        if !inner.read_ahead.is_empty() {
+            let n = buf.remaining().min(inner.read_ahead.len());
+            let ahead = inner.read_ahead.split_to(n);
+            buf.put_slice(&ahead);
+            inner.scan.feed(&ahead);
+            if inner.read_ahead.is_empty() {
+                // Its buffer goes back.
+                inner.read_ahead = BytesMut::new();
+            }
+            return Poll::Ready(Ok(()));
+        }
         let r = Pin::new(&mut inner.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             inner.scan.feed(&buf.filled()[before..]);
@@ -247,13 +263,32 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Corked<S> {
 #[cfg(test)]
 mod tests {
     use super::cork;
+    use bytes::BytesMut;
     use std::future::poll_fn;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Bytes read before the cork come first, in the reader's pieces, then the stream's; their
+    /// buffer goes back once read.
+    #[tokio::test]
+    async fn bytes_read_ahead_come_first() {
+        let (a, mut b) = tokio::io::duplex(1024);
+        b.write_all(b" and after").await.unwrap();
+        let (mut corked, handle) = cork(a, BytesMut::from(&b"read ahead"[..]));
+        let mut small = [0u8; 4];
+        corked.read_exact(&mut small).await.unwrap();
+        assert_eq!(&small, b"read");
+        let mut rest = [0u8; 16];
+        let n = corked.read(&mut rest).await.unwrap();
+        assert_eq!(&rest[..n], b" ahead");
+        assert_eq!(handle.0.borrow().read_ahead.capacity(), 0);
+        let n = corked.read(&mut rest).await.unwrap();
+        assert_eq!(&rest[..n], b" and after");
+    }
 
     #[tokio::test]
     async fn a_released_buffer_is_given_back_only_once_empty_and_taken_again() {
         let (a, mut b) = tokio::io::duplex(1 << 20);
-        let (mut corked, handle) = cork(a);
+        let (mut corked, handle) = cork(a, BytesMut::new());
         corked.write_all(b"one").await.unwrap();
         assert!(!handle.release(), "bytes still to send");
         assert!(handle.holds_buffer());
@@ -273,7 +308,7 @@ mod tests {
     #[tokio::test]
     async fn writes_leave_only_when_drained_and_all_of_them_at_shutdown() {
         let (a, mut b) = tokio::io::duplex(1 << 20);
-        let (mut corked, handle) = cork(a);
+        let (mut corked, handle) = cork(a, BytesMut::new());
         corked.write_all(b"one ").await.unwrap();
         corked.flush().await.unwrap();
         corked.write_all(b"two ").await.unwrap();
@@ -354,7 +389,7 @@ mod tests {
             flush_pending: 1,
             flushed: 0,
         };
-        let (mut corked, handle) = cork(slow);
+        let (mut corked, handle) = cork(slow, BytesMut::new());
         corked.write_all(b"end of a response").await.unwrap();
         drain(&handle).await;
         assert_eq!(handle.0.borrow().io.flushed, 0);
@@ -373,7 +408,7 @@ mod tests {
             flush_pending: 0,
             flushed: 0,
         };
-        let (mut corked, handle) = cork(slow);
+        let (mut corked, handle) = cork(slow, BytesMut::new());
         let chunk = [1u8; 1000];
         for _ in 0..5_000 {
             corked.write_all(&chunk).await.unwrap();
@@ -389,7 +424,7 @@ mod tests {
     async fn a_full_peer_holds_writes_back_past_the_high_mark() {
         // The peer reads nothing: the pipe takes 1 KiB, the cork HIGH bytes, then writes wait.
         let (a, _b) = tokio::io::duplex(1024);
-        let (mut corked, _handle) = cork(a);
+        let (mut corked, _handle) = cork(a, BytesMut::new());
         let chunk = vec![7u8; 64 * 1024];
         let mut written = 0usize;
         let r = tokio::time::timeout(std::time::Duration::from_millis(100), async {

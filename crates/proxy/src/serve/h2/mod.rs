@@ -10,22 +10,19 @@ pub use crate::websocket::websocket_accept;
 
 use crate::conn::Ctx;
 use crate::stream::ClientStream;
-use crate::telemetry::stats::{Cause, Phase, Side, Termination};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
 
 /// How long a connection without streams keeps its write buffer: a busy connection's next
 /// stream comes sooner and finds it (as an HTTP/1.1 connection keeps its buffers).
 const RELEASE_AFTER: Duration = Duration::from_millis(500);
 
-/// The HTTP/2 client connection preface (RFC 9113 3.4).
-pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub use super::sniff::PREFACE;
 
 /// Run an accepted (and TLS-terminated) connection as HTTP/2 or HTTP/1.1. Not an `async fn`:
 /// the future holds its arguments once (see `serve_since`).
@@ -36,149 +33,23 @@ pub fn dispatch(
     ctx: Ctx,
 ) -> impl std::future::Future<Output = ()> {
     async move {
-        let settings = ctx.ls.listener.http2;
-        if !settings.enabled {
-            return crate::serve::h1::serve_since(stream, peer, ctx, Instant::now()).await;
-        }
-        // The first head deadline runs from here, sniffing included.
+        // The first head deadline runs from here, the protocol's detection included.
         let accepted = Instant::now();
-        let proto = match &stream {
-            ClientStream::Tls(t) => {
-                if t.get_ref().1.alpn_protocol() == Some(b"h2") {
-                    Sniffed::Http2
-                } else {
-                    Sniffed::Http1
-                }
+        let enabled = ctx.ls.listener.http2.enabled;
+        let sniff = match &stream {
+            ClientStream::Tls(t) if enabled && t.get_ref().1.alpn_protocol() == Some(b"h2") => {
+                // Boxed: an HTTP/1 connection's task does not carry HTTP/2's state.
+                return Box::pin(serve(stream, peer, ctx, BytesMut::new())).await;
             }
-            ClientStream::Plain(s) => {
-                let deadline =
-                    tokio::time::Instant::from_std(accepted) + ctx.ls.listener.limits.head_timeout;
-                // Boxed: its timer and peek buffer are gone once the protocol is known.
-                Box::pin(sniff(s, deadline)).await
-            }
+            ClientStream::Tls(_) => false,
+            // Plain: HTTP/2 with prior knowledge is told by its preface, which the HTTP/1 path
+            // looks for in the first bytes it reads (no read of its own before).
+            ClientStream::Plain(_) => enabled,
         };
-        match proto {
-            // Boxed: an HTTP/1 connection's task does not carry HTTP/2's state.
-            Sniffed::Http2 => Box::pin(serve(stream, peer, ctx)).await,
-            // A sniff that ran out of time lands here too: the HTTP/1 path finds its head deadline
-            // (from `accepted`) already passed and closes as for any head timeout (silently when
-            // nothing arrived, 408 when part of a head did).
-            Sniffed::Http1 => crate::serve::h1::serve_since(stream, peer, ctx, accepted).await,
-            Sniffed::Neither => {
-                // Not an HTTP/1.x request line and not the preface: an invalid preface is a
-                // connection error (RFC 9113 3.4), so the connection closes without an answer.
-                let stats = &ctx.shared.stats;
-                stats.requests.fetch_add(1, Ordering::Relaxed);
-                stats.record(Termination::new(
-                    Side::Client,
-                    Phase::RequestHead,
-                    Cause::BadRequest,
-                ));
-                tracing::debug!(%peer, "neither HTTP/1.x nor the HTTP/2 preface: closed");
-                // Consume what was peeked so the close is a FIN, not a reset.
-                if let ClientStream::Plain(s) = &stream {
-                    let mut buf = vec![0u8; SNIFF_MAX];
-                    let _ = s.try_read(&mut buf);
-                }
-            }
+        if let Some(h) = crate::serve::h1::serve_since(stream, peer, ctx, accepted, sniff).await {
+            Box::pin(serve(h.stream, peer, h.ctx, h.read)).await
         }
     }
-}
-
-/// What a plain connection's first bytes say.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sniffed {
-    Http2,
-    Http1,
-    /// Neither an HTTP/1.x request line nor the HTTP/2 preface.
-    Neither,
-}
-
-/// Classify the first bytes of a plain connection; `None`: more bytes are needed.
-pub fn classify(buf: &[u8]) -> Option<Sniffed> {
-    let n = buf.len().min(PREFACE.len());
-    if buf[..n] == PREFACE[..n] {
-        return (buf.len() >= PREFACE.len()).then_some(Sniffed::Http2);
-    }
-    // Empty lines before a request are allowed (RFC 9112 2.2).
-    let start = buf
-        .iter()
-        .position(|&b| b != b'\r' && b != b'\n')
-        .unwrap_or(buf.len());
-    let rest = &buf[start..];
-    // The usual case, decided from the first bytes: a standard method and a space.
-    const METHODS: [&[u8]; 8] = [
-        b"GET ",
-        b"POST ",
-        b"HEAD ",
-        b"PUT ",
-        b"DELETE ",
-        b"OPTIONS ",
-        b"PATCH ",
-        b"TRACE ",
-    ];
-    if METHODS.iter().any(|m| rest.starts_with(m)) {
-        return Some(Sniffed::Http1);
-    }
-    match rest.iter().position(|&b| b == b'\n') {
-        Some(nl) => {
-            let line = rest[..nl].strip_suffix(b"\r").unwrap_or(&rest[..nl]);
-            if line.ends_with(b" HTTP/1.1") || line.ends_with(b" HTTP/1.0") {
-                Some(Sniffed::Http1)
-            } else {
-                Some(Sniffed::Neither)
-            }
-        }
-        // A long line without an end: the HTTP/1 codec answers it (414).
-        None if buf.len() >= SNIFF_MAX => Some(Sniffed::Http1),
-        None => None,
-    }
-}
-
-/// Bytes peeked at most before deciding.
-const SNIFF_MAX: usize = 8 * 1024;
-
-/// Peek (without consuming) until [`classify`] decides, all of it (the first peek included)
-/// before `deadline`, the head deadline measured from accept. A connection that closes or
-/// stalls goes to the HTTP/1 path, which handles both.
-async fn sniff(s: &TcpStream, deadline: tokio::time::Instant) -> Sniffed {
-    let work = async {
-        // One small peek decides nearly every connection (the preface, or a method and a space).
-        let mut first = [0u8; PREFACE.len()];
-        match s.peek(&mut first).await {
-            Ok(0) | Err(_) => return Sniffed::Http1,
-            Ok(n) => {
-                // `classify` only answers once more bytes cannot change the answer.
-                if let Some(v) = classify(&first[..n]) {
-                    return v;
-                }
-            }
-        }
-        let mut buf = vec![0u8; SNIFF_MAX];
-        let mut seen = 0;
-        let mut backoff = Duration::from_millis(1);
-        loop {
-            let n = match s.peek(&mut buf).await {
-                Ok(0) | Err(_) => return Sniffed::Http1,
-                Ok(n) => n,
-            };
-            if let Some(v) = classify(&buf[..n]) {
-                return v;
-            }
-            // Peeking does not consume, so readiness stays set: wait a little for more bytes
-            // (a preface or request line split across segments is rare).
-            if n == seen {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(50));
-            } else {
-                backoff = Duration::from_millis(1);
-            }
-            seen = n;
-        }
-    };
-    tokio::time::timeout_at(deadline, work)
-        .await
-        .unwrap_or(Sniffed::Http1)
 }
 
 /// Serve an HTTP/2 connection until it closes: accept streams (one local task each), GOAWAY on
@@ -186,7 +57,8 @@ async fn sniff(s: &TcpStream, deadline: tokio::time::Instant) -> Sniffed {
 /// `max_requests_per_connection` streams, and ENHANCE_YOUR_CALM on a reset flood. A drain the
 /// client does not complete (no PING ack, or it stopped reading) is cut once no stream is active
 /// and the keep-alive timeout (at most the drain timeout on shutdown) has passed.
-pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
+/// `read`: bytes of the connection already read (the preface, when the HTTP/1 path found it).
+pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx, read: BytesMut) {
     let settings = ctx.ls.listener.http2;
     let limits = ctx.ls.listener.limits;
     let mut builder = h2::server::Builder::new();
@@ -214,7 +86,7 @@ pub async fn serve(stream: ClientStream, peer: SocketAddr, mut ctx: Ctx) {
         client_cert: stream.client_cert().map(Box::new),
         ..Link::new(&ctx, peer, settings)
     });
-    let (corked, cork) = cork::cork(stream);
+    let (corked, cork) = cork::cork(stream, read);
     let handshake = async {
         let mut hs = std::pin::pin!(builder.handshake::<_, Bytes>(corked));
         // The SETTINGS the handshake queues leave through the cork too.
@@ -390,37 +262,4 @@ enum Accepted {
     Limit,
     /// The client sent more PING ACKs than it was asked for.
     PingFlood,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{classify, Sniffed, PREFACE, SNIFF_MAX};
-
-    #[test]
-    fn preface_is_http2_once_complete() {
-        assert_eq!(classify(PREFACE), Some(Sniffed::Http2));
-        assert_eq!(classify(&PREFACE[..10]), None);
-        assert_eq!(
-            classify(b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"),
-            Some(Sniffed::Neither)
-        );
-    }
-
-    #[test]
-    fn request_lines_are_http1_and_garbage_is_neither() {
-        assert_eq!(
-            classify(b"GET / HTTP/1.1\r\nHost: a\r\n"),
-            Some(Sniffed::Http1)
-        );
-        assert_eq!(classify(b"\r\nGET / HTTP/1.0\n"), Some(Sniffed::Http1));
-        assert_eq!(classify(b"GET / HTT"), Some(Sniffed::Http1));
-        assert_eq!(classify(b"GE"), None);
-        assert_eq!(classify(b"BREW / HTT"), None);
-        assert_eq!(classify(b"BREW / HTTP/1.1\r\n"), Some(Sniffed::Http1));
-        assert_eq!(
-            classify(b"INVALID CONNECTION PREFACE\r\n\r\n"),
-            Some(Sniffed::Neither)
-        );
-        assert_eq!(classify(&vec![b'a'; SNIFF_MAX]), Some(Sniffed::Http1));
-    }
 }
