@@ -3,12 +3,14 @@
 # clients each send one request (GET /bytes/1k), read the answer, then stay connected and
 # silent; 2 s later the proxy's resident memory (VmRSS from /proc) is read: before and after,
 # divided by N.
-# Usage: scripts/idle-memory.sh BINARY [N] [h2]    (N = 10000 by default; 127.0.0.1 only;
-# h2: each client speaks HTTP/2 with prior knowledge, one GET on stream 1, then stays idle)
+# Usage: scripts/idle-memory.sh BINARY [N] [h2|silent]    (N = 10000 by default; 127.0.0.1 only;
+# h2: each client speaks HTTP/2 with prior knowledge, one GET on stream 1, then stays idle;
+# silent: each client connects and sends nothing, read 2 s later, within the head timeout)
 # Prints one line: the binary, N, RSS before and after, KB per idle connection.
 set -euo pipefail
 bin=$1 n=${2:-10000} proto=${3:-http1}
 [ "$proto" = h2 ] && export IDLE_H2=1
+[ "$proto" = silent ] && export IDLE_SILENT=1
 ulimit -n $((n + 1024))
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT

@@ -1,7 +1,8 @@
 """Open N keep-alive connections to HOST:PORT, send one request on each and read its answer,
 then keep them open and silent; touch READY_FILE (if given) and wait to be killed. With
 IDLE_H2=1 each connection speaks HTTP/2 with prior knowledge (h2c): preface, SETTINGS, one GET
-on stream 1 (its SETTINGS acknowledged), then silence.
+on stream 1 (its SETTINGS acknowledged), then silence. With IDLE_SILENT=1 the connections send
+nothing at all (clients that connect and have not spoken yet).
 Used by scripts/idle-memory.sh."""
 import os
 import selectors
@@ -12,6 +13,7 @@ import time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ready = sys.argv[4] if len(sys.argv) > 4 else None
 H2 = os.environ.get("IDLE_H2") == "1"
+SILENT = os.environ.get("IDLE_SILENT") == "1"
 
 
 def frame(kind, flags, stream, payload=b""):
@@ -51,10 +53,12 @@ socks = []
 for _ in range(n):
     s = socket.create_connection((host, port))
     s.setblocking(False)
-    s.sendall(REQ)
     socks.append(s)
+    if SILENT:
+        continue
+    s.sendall(REQ)
     sel.register(s, selectors.EVENT_READ, bytearray())
-left = n
+left = 0 if SILENT else n
 deadline = time.time() + 60
 while left and time.time() < deadline:
     for key, _ in sel.select(timeout=1):

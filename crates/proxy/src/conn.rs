@@ -181,7 +181,6 @@ pub struct Ctx {
     pub shutdown: watch::Receiver<bool>,
 }
 
-/// Downstream connection state.
 /// A client address as text, for headers, logs and hashing: an IPv4 address is written digit
 /// by digit (the standard formatter's padding support costs over a thousand instructions, once
 /// per connection); others by the standard formatter.
@@ -205,6 +204,7 @@ pub fn ip_text(ip: std::net::IpAddr) -> String {
     out
 }
 
+/// Downstream connection state.
 pub struct Conn {
     pub stream: ClientStream,
     pub peer: SocketAddr,
@@ -227,6 +227,9 @@ pub struct Conn {
 /// The write buffer a connection starts with (a response head and a small body fit).
 pub const WBUF: usize = 8 * 1024;
 
+/// The upstream request head's buffer a connection starts with.
+const UBUF: usize = 1024;
+
 impl Conn {
     /// An idle connection gives its buffers back to the allocator, keeping `read` bytes to read
     /// its next request into. The read buffer must be empty.
@@ -236,10 +239,14 @@ impl Conn {
         self.ubuf = BytesMut::new();
     }
 
-    /// A write buffer again for a request that came after the buffers were released.
+    /// The write buffers again for a request that came after the buffers were released (or
+    /// before they were first taken): taken whole, not grown step by step.
     pub fn restore_buffers(&mut self) {
         if self.wbuf.capacity() == 0 {
             self.wbuf.reserve(WBUF);
+        }
+        if self.ubuf.capacity() == 0 {
+            self.ubuf.reserve(UBUF);
         }
     }
 }

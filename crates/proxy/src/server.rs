@@ -233,7 +233,7 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
                     let task = match cmd {
                         Cmd::Listen(slot, socket) => {
                             match listening(socket) {
-                                Ok(l) => tokio::task::spawn_local(accept_loop(l, slot, worker.clone())),
+                                Ok((l, each)) => tokio::task::spawn_local(accept_loop(l, each, slot, worker.clone())),
                                 Err(e) => {
                                     tracing::error!(listener = %slot.name, "cannot register listener: {e}");
                                     continue;
@@ -305,15 +305,21 @@ fn worker_main(control: Arc<Control>, mut commands: mpsc::UnboundedReceiver<Cmd>
 }
 
 /// A listening socket registered with this worker's runtime, with TCP_NODELAY set on it: Linux
-/// copies it to every connection accepted from it, which saves a system call per connection
-/// (sockets handed over by a previous process or a service manager get it here too).
-fn listening(socket: std::net::TcpListener) -> std::io::Result<tokio::net::TcpListener> {
-    socket2::SockRef::from(&socket).set_nodelay(true)?;
-    tokio::net::TcpListener::from_std(socket)
+/// copies it to each connection when its handshake completes, which saves a system call per
+/// accepted connection. True when each accepted connection must still set it itself: off Linux,
+/// or when the socket came without it (from a service manager), since connections already in
+/// its backlog were copied the option unset.
+fn listening(socket: std::net::TcpListener) -> std::io::Result<(tokio::net::TcpListener, bool)> {
+    let s = socket2::SockRef::from(&socket);
+    let had = s.nodelay().unwrap_or(false);
+    let set = s.set_nodelay(true).is_ok();
+    let each = !cfg!(target_os = "linux") || !had || !set;
+    Ok((tokio::net::TcpListener::from_std(socket)?, each))
 }
 
 async fn accept_loop(
     listener: tokio::net::TcpListener,
+    nodelay_each: bool,
     slot: Arc<ListenerSlot>,
     worker: Rc<Worker>,
 ) {
@@ -394,9 +400,10 @@ async fn accept_loop(
                 continue;
             }
         }
-        // Linux gives accepted sockets the listening socket's TCP_NODELAY (see `listening`).
-        #[cfg(not(target_os = "linux"))]
-        let _ = stream.set_nodelay(true);
+        // Otherwise the listening socket's TCP_NODELAY was copied to it (see `listening`).
+        if nodelay_each {
+            let _ = stream.set_nodelay(true);
+        }
         let guard = crate::state::OpenGuard::new(slot.clone(), worker.clone(), client);
         let ctx = conn::Ctx {
             ls,
@@ -593,17 +600,30 @@ pub fn raise_open_files_limit() -> (Option<u64>, Option<u64>) {
 mod tests {
     use super::*;
 
-    /// Connections accepted from a listener get TCP_NODELAY without a call of their own, whatever
-    /// socket the listener was made from (here one without it, as a service manager may pass).
+    /// Connections accepted from a listener with TCP_NODELAY get it without a call of their own
+    /// (on Linux); a listener that came without it (as a service manager may pass one) has its
+    /// connections set it each, since those in its backlog were copied the option unset.
     #[tokio::test]
     async fn accepted_connections_have_nodelay() {
-        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        socket.set_nonblocking(true).unwrap();
-        assert!(!socket2::SockRef::from(&socket).nodelay().unwrap());
-        let listener = listening(socket).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let bound = crate::control::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let (listener, each) = listening(bound).unwrap();
+        assert_eq!(each, !cfg!(target_os = "linux"));
+        let _client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
         assert!(accepted.nodelay().unwrap());
+        // Without it: a connection already queued was copied the option unset.
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let queued = std::net::TcpStream::connect(socket.local_addr().unwrap()).unwrap();
+        let (listener, each) = listening(socket).unwrap();
+        assert!(each);
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(
+            !accepted.nodelay().unwrap(),
+            "the backlog's connection kept Nagle"
+        );
+        drop(queued);
     }
 }

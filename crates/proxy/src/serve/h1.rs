@@ -55,9 +55,11 @@ pub struct Handoff {
 }
 
 /// Serve one accepted connection until it closes; its first head deadline runs from
-/// `accepted` (time already spent on it, such as its TLS handshake, counts). With `sniff` (a
-/// plain connection that may speak HTTP/2 with prior knowledge), the first bytes read decide
-/// the protocol: the HTTP/2 preface ends this path with a [`Handoff`].
+/// `accepted`. With `sniff` (a plain connection that may speak HTTP/2 with prior knowledge),
+/// the first bytes read decide the protocol: the HTTP/2 preface ends this path with a
+/// [`Handoff`]. A new plain connection waits for its first bytes without buffers and without
+/// its request future (as a sleeping one does): a client that connects and stays silent costs
+/// its task alone until the head deadline closes it.
 ///
 /// Awake, the connection runs [`serve_awake`] on the heap; idle past [`IDLE_GRACE`] that future
 /// (the request path's state, several KB) is dropped and the connection sleeps in this small
@@ -79,15 +81,20 @@ pub fn serve_since(
         stream,
         peer,
         client_ip: crate::conn::ip_text(peer.ip()),
-        rbuf: BytesMut::with_capacity(8 * 1024),
-        wbuf: BytesMut::with_capacity(crate::conn::WBUF),
-        ubuf: BytesMut::with_capacity(1024),
+        // Taken when the first bytes come (`read_head`, `restore_buffers`).
+        rbuf: BytesMut::new(),
+        wbuf: BytesMut::new(),
+        ubuf: BytesMut::new(),
         requests: 0,
         timings: Timings::default(),
         send_timeout: ctx.ls.listener.limits.send_timeout,
         timer: crate::fast_timeout::LazyTimer::default(),
     };
     async move {
+        // Boxed: the wait's state is not carried by the connection's task afterwards.
+        if !Box::pin(first_bytes(&mut c, &ctx, accepted)).await {
+            return None;
+        }
         loop {
             match Box::pin(serve_awake(&mut c, &mut ctx, accepted, &mut sniff)).await {
                 Awake::Closed => return None,
@@ -103,6 +110,31 @@ pub fn serve_since(
             if !sleep(&mut c, &mut ctx).await {
                 return None;
             }
+        }
+    }
+}
+
+/// A new plain connection's wait for its first bytes, read into `c.rbuf` (true when they came):
+/// without buffers or the request future while nothing came, as a sleeping connection waits. A
+/// connection that stays silent until the head deadline, or closes first, is closed without a
+/// word, as `read_head` would. TLS connections have their first bytes already (the handshake).
+async fn first_bytes(c: &mut Conn, ctx: &Ctx, accepted: Instant) -> bool {
+    let ClientStream::Plain(tcp) = &c.stream else {
+        return true;
+    };
+    let due = tokio::time::Instant::from_std(accepted) + ctx.ls.listener.limits.head_timeout;
+    loop {
+        if !matches!(c.timer.timeout_at(due, tcp.readable()).await, Some(Ok(()))) {
+            return false;
+        }
+        // A new socket is reported readable before anything came: the buffer is given back
+        // until bytes do.
+        c.rbuf.reserve(8 * 1024);
+        match tcp.try_read_buf(&mut c.rbuf) {
+            Ok(0) => return false,
+            Ok(_) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.rbuf = BytesMut::new(),
+            Err(_) => return false,
         }
     }
 }
