@@ -57,9 +57,9 @@ pub struct Handoff {
 /// Serve one accepted connection until it closes; its first head deadline runs from
 /// `accepted`. With `sniff` (a plain connection that may speak HTTP/2 with prior knowledge),
 /// the first bytes read decide the protocol: the HTTP/2 preface ends this path with a
-/// [`Handoff`]. A new plain connection waits for its first bytes without buffers and without
-/// its request future (as a sleeping one does): a client that connects and stays silent costs
-/// its task alone until the head deadline closes it.
+/// [`Handoff`]. A new plain connection waits for its first bytes ([`first_bytes`]) without
+/// buffers and without its request future, as a sleeping one does: a client that connects and
+/// stays silent costs its task and that small wait until the head deadline closes it.
 ///
 /// Awake, the connection runs [`serve_awake`] on the heap; idle past [`IDLE_GRACE`] that future
 /// (the request path's state, several KB) is dropped and the connection sleeps in this small
