@@ -426,6 +426,15 @@ pub fn environment(proxy: Proxy, dir: &Path) -> Vec<(String, String)> {
 mod tests {
     use super::*;
 
+    /// The TLS files of the tests' setups, under /tmp/x.
+    fn files() -> TlsFiles {
+        TlsFiles {
+            cert: "/tmp/x/cert.pem".into(),
+            key: "/tmp/x/key.pem".into(),
+            both: "/tmp/x/both.pem".into(),
+        }
+    }
+
     fn setup<'a>(dir: &'a Path, tls: Option<&'a TlsFiles>) -> Setup<'a> {
         Setup {
             port: 18080,
@@ -482,11 +491,7 @@ mod tests {
     #[test]
     fn configurations_are_fair_and_complete() {
         let dir = Path::new("/tmp/x");
-        let files = TlsFiles {
-            cert: "/tmp/x/cert.pem".into(),
-            key: "/tmp/x/key.pem".into(),
-            both: "/tmp/x/both.pem".into(),
-        };
+        let files = files();
         let plain = setup(dir, None);
         let tls = setup(dir, Some(&files));
         // Portico: a valid configuration (parsed by the real loader), one listener without TLS,
@@ -586,11 +591,7 @@ mod tests {
     #[test]
     fn pingora_configuration_and_command() {
         let dir = Path::new("/tmp/x");
-        let files = TlsFiles {
-            cert: "/tmp/x/cert.pem".into(),
-            key: "/tmp/x/key.pem".into(),
-            both: "/tmp/x/both.pem".into(),
-        };
+        let files = files();
         let tls = setup(dir, Some(&files));
         let c = config(Proxy::Pingora, &tls);
         for want in [
