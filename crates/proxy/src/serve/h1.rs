@@ -81,7 +81,7 @@ pub fn serve_since(
         stream,
         peer,
         client_ip: crate::conn::ip_text(peer.ip()),
-        // Taken when the first bytes come (`read_head`, `restore_buffers`).
+        // Taken when the first bytes come (`first_bytes` or `read_head`, `restore_buffers`).
         rbuf: BytesMut::new(),
         wbuf: BytesMut::new(),
         ubuf: BytesMut::new(),
@@ -91,8 +91,9 @@ pub fn serve_since(
         timer: crate::fast_timeout::LazyTimer::default(),
     };
     async move {
-        // Boxed: the wait's state is not carried by the connection's task afterwards.
-        if !Box::pin(first_bytes(&mut c, &ctx, accepted)).await {
+        // Boxed: the wait's state is not carried by the connection's task afterwards. TLS
+        // connections have their first bytes already (the handshake).
+        if !c.stream.is_tls() && !Box::pin(first_bytes(&mut c, &ctx, accepted)).await {
             return None;
         }
         loop {
@@ -117,7 +118,7 @@ pub fn serve_since(
 /// A new plain connection's wait for its first bytes, read into `c.rbuf` (true when they came):
 /// without buffers or the request future while nothing came, as a sleeping connection waits. A
 /// connection that stays silent until the head deadline, or closes first, is closed without a
-/// word, as `read_head` would. TLS connections have their first bytes already (the handshake).
+/// word, as `read_head` would.
 async fn first_bytes(c: &mut Conn, ctx: &Ctx, accepted: Instant) -> bool {
     let ClientStream::Plain(tcp) = &c.stream else {
         return true;
