@@ -83,6 +83,11 @@ pub struct CompareFlags {
     /// CPU list of the origin and the load generator.
     #[arg(long, default_value = "1", value_name = "CPUS")]
     pub client_cpu: String,
+    /// Cap the proxy under test to this percent of one CPU with a cgroup CPU quota (50: half a
+    /// core), as a smaller machine or a container limit would; needs a writable cgroup `cpu`
+    /// controller (root).
+    #[arg(long, value_name = "PERCENT", value_parser = parse_percent)]
+    pub proxy_cpu_quota: Option<f64>,
     /// Rounds: every scenario runs this many times per proxy, the proxies alternating within
     /// each round (A B C, A B C...); the report gives medians and min..max.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -114,6 +119,7 @@ impl CompareFlags {
             no_pin: false,
             proxy_cpu: "0".into(),
             client_cpu: "1".into(),
+            proxy_cpu_quota: None,
             rounds: 1,
             title: None,
             command: None,
@@ -674,6 +680,16 @@ fn signal(sig: &str, pids: &[u32]) {
     let _ = c.stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
+/// `--proxy-cpu-quota`: a percent of one CPU, at least 1 (`50` or `50%`).
+fn parse_percent(s: &str) -> Result<f64, String> {
+    match s.trim().trim_end_matches('%').parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 1.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?}: a percent of one CPU, at least 1 (50 is half a core)"
+        )),
+    }
+}
+
 /// A CPU list as taskset and /proc write it (`0-2,5`); None when malformed.
 pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
     let mut out = Vec::new();
@@ -985,9 +1001,30 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
     };
     let proxy_cpus = pin.then(|| f.proxy_cpu.clone());
     let client_cpus = pin.then(|| f.client_cpu.clone());
+    // The CPU cap: one cgroup for the whole comparison, which each proxy's command joins.
+    let cap = match f.proxy_cpu_quota {
+        Some(percent) => Some(
+            crate::cgroup::CpuCap::create(
+                &format!("portico-bench-{}", std::process::id()),
+                percent,
+            )
+            .map_err(|e| BenchError::Flag(format!("--proxy-cpu-quota: {e}")))?,
+        ),
+        None => None,
+    };
+    let capped = |cmd: Vec<String>| match &cap {
+        Some(c) => c.wrap(&cmd),
+        None => cmd,
+    };
     say(
         out,
-        format!("bench compare: {pinning}; results in {}", dir.display()),
+        format!(
+            "bench compare: {pinning}{}; results in {}",
+            cap.as_ref()
+                .map(|c| format!("; {}", c.describe()))
+                .unwrap_or_default(),
+            dir.display()
+        ),
     );
 
     // TLS files.
@@ -1100,6 +1137,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                         skipped: Some(why.to_string()),
                         error: None,
                         warnings: Vec::new(),
+                        throttling: None,
                     });
                 }
             };
@@ -1184,14 +1222,14 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     Proxy::Relay => format!("portico bench relay, {portico_version}"),
                     _ => version_of(&program, proxy.version_args()),
                 });
-                entry.command = pinned(&cmd, proxy_cpus.as_deref());
+                entry.command = capped(pinned(&cmd, proxy_cpus.as_deref()));
                 entry.environment = env.clone();
                 entry.cpus = proxy_cpus.clone();
                 entry.config_file = Some(rel(&cfg_path, &dir));
                 entry.config = Some(text);
                 let log = dir.join("logs").join(format!("{name}.log"));
                 let ports: Vec<u16> = std::iter::once(port).chain(tls_port).collect();
-                let started = spawn(&cmd, &env, proxy_cpus.as_deref(), &log).and_then(|mut p| {
+                let started = spawn(&entry.command, &env, None, &log).and_then(|mut p| {
                     wait_ready(&mut p, &ports, &log)?;
                     Ok(p)
                 });
@@ -1231,6 +1269,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     skipped: None,
                     error: None,
                     warnings: Vec::new(),
+                    throttling: None,
                 };
                 if let Some(p) = running.as_mut() {
                     if let Some(st) = p.exited() {
@@ -1306,6 +1345,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                 let log = dir
                     .join("logs")
                     .join(format!("{name}-{}{suffix}.txt", s.name));
+                let before = cap.as_ref().map(|c| c.throttling());
                 let outcome = spawn(&cmd, &[], client_cpus.as_deref(), &log).and_then(|mut g| {
                     match g.wait_for(planned(f, s) + RUN_SLACK) {
                         Some(st) if st.success() => Ok(()),
@@ -1326,6 +1366,11 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                         }
                         for w in &r.warnings {
                             say(out, format!("    warning: {w}"));
+                        }
+                        if let (Some(c), Some(b), Some(_)) = (&cap, before, &running) {
+                            let t = c.throttling().since(b).text();
+                            say(out, format!("    cap: {t}"));
+                            r.throttling = Some(t);
                         }
                         r.file = Some(rel(&json, &dir));
                     }
@@ -1363,6 +1408,10 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
         host: Host::this(),
         load_at_start,
         pinning,
+        cpu_cap: cap.as_ref().map(|c| crate::manifest::CapEntry {
+            percent: c.percent,
+            how: c.describe(),
+        }),
         duration_s: f.duration.as_secs_f64(),
         warmup_s: f.warmup.as_secs_f64(),
         connections: f.connections,

@@ -477,7 +477,10 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
             ),
             _ => String::new(),
         },
-        escape(&m.pinning),
+        escape(&match &m.cpu_cap {
+            Some(c) => format!("{}; {}", m.pinning, c.how),
+            None => m.pinning.clone(),
+        }),
         m.duration_s,
         m.warmup_s,
         m.connections,
@@ -532,6 +535,19 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
                 escape(&r.proxy),
                 escape(&r.scenario),
                 escape(e)
+            ));
+        }
+        if let Some(t) = &r.throttling {
+            notes.push(format!(
+                "<b>{}</b> × {}{}: CPU cap {}",
+                escape(&r.proxy),
+                escape(&r.scenario),
+                if m.rounds > 1 {
+                    format!(" (round {})", r.round)
+                } else {
+                    String::new()
+                },
+                escape(t)
             ));
         }
     }
@@ -602,7 +618,8 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
         let _ = writeln!(
             h,
             "<h2>Rates that are not saturation rates</h2>\n<p>In these closed-loop runs the proxy \
-             used less than {:.0}% of its one core (median over the rounds): the generator, the \
+             used less than {:.0}% of its one core, or of its CPU cap (median over the rounds): \
+             the generator, the \
              origin or the machine limited the rate, so it says nothing of the proxy's \
              capacity, and its CPU per request was measured at less than full load (fewer \
              requests per wake-up: not quite comparable with a saturated proxy's).</p>\n<ul>",
@@ -963,6 +980,7 @@ mod tests {
             skipped: None,
             error: None,
             warnings: Vec::new(),
+            throttling: None,
         };
         Manifest {
             version: 1,
@@ -980,6 +998,7 @@ mod tests {
             },
             load_at_start: Some([0.25, 0.5, 0.5]),
             pinning: "taskset: proxy on CPU 0".into(),
+            cpu_cap: None,
             duration_s: 1.0,
             warmup_s: 0.0,
             connections: 10,

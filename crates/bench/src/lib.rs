@@ -1,5 +1,6 @@
 //! `portico bench`: an open-loop, coordinated-omission-corrected HTTP/1.1 and HTTP/2 load generator (docs/bench.md).
 
+pub mod cgroup;
 pub mod compare;
 pub mod compare_page;
 pub mod config;

@@ -35,6 +35,9 @@ pub struct Manifest {
     pub load_at_start: Option<[f64; 3]>,
     /// How processes were pinned (or why not).
     pub pinning: String,
+    /// The CPU cap of the proxy under test (`--proxy-cpu-quota`), when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cap: Option<CapEntry>,
     pub duration_s: f64,
     pub warmup_s: f64,
     pub connections: usize,
@@ -114,6 +117,15 @@ pub struct ScenarioEntry {
     pub h3: bool,
 }
 
+/// A cgroup CPU quota on the proxy under test.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapEntry {
+    /// Percent of one CPU (50: half a core).
+    pub percent: f64,
+    /// How it was set (the cgroup version and files).
+    pub how: String,
+}
+
 /// One proxy × scenario.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResultEntry {
@@ -131,6 +143,9 @@ pub struct ResultEntry {
     /// Checks `compare` made of the result (e.g. responses smaller than the origin sends).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Under a CPU cap: how often the cap held the proxy back during the run (warm-up included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttling: Option<String>,
 }
 
 /// The median and the extremes of a figure over rounds.
@@ -159,6 +174,9 @@ pub struct Summary {
     /// The round whose `rate` is nearest the median (the earliest on a tie): the page's table and
     /// spectra show that round's run.
     pub median_round: Option<u32>,
+    /// The proxy's CPU cap, percent of one CPU, when it had one: its saturation is that share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_cap_percent: Option<f64>,
 }
 
 /// A proxy busier than this share of its one core (percent) was what limited a closed-loop run.
@@ -170,7 +188,7 @@ pub const FLOOR: &str = "relay";
 impl Summary {
     /// For a closed-loop figure (a saturation rate) of a proxy pinned to its own core: why it is
     /// not the proxy's, when the proxy was not what limited it (its median CPU below
-    /// [`SATURATED_PERCENT`] of its core: the generator, the origin or the machine was). Not
+    /// [`SATURATED_PERCENT`] of its core, or of its cap when capped: the generator, the origin or the machine was). Not
     /// said of the floor and `direct` (no proxy), nor of unpinned runs (the proxy shared its
     /// cores). Its CPU per request is still measured, though at less than full load.
     pub fn not_the_bottleneck(&self, pinned: bool) -> Option<String> {
@@ -181,11 +199,15 @@ impl Summary {
             return None;
         }
         let busy = self.cpu_percent_of_core?.median;
-        (busy < SATURATED_PERCENT).then(|| {
+        let allowed = self.cpu_cap_percent.map_or(100.0, |c| c.min(100.0));
+        let of = match self.cpu_cap_percent {
+            Some(c) => format!("of a core, capped to {c}%"),
+            None => "of its core".to_string(),
+        };
+        (busy < SATURATED_PERCENT * allowed / 100.0).then(|| {
             format!(
-                "{} {}: not the bottleneck (the proxy used {busy:.0}% of its core): the {} is \
-                 not its saturation rate, and its CPU per request was measured at less than \
-                 full load",
+                "{} {}: not the bottleneck (the proxy used {busy:.0}% {of}): the {} is not its \
+                 saturation rate, and its CPU per request was measured at less than full load",
                 self.scenario, self.proxy, self.unit
             )
         })

@@ -454,6 +454,9 @@ pub fn build(mut inputs: Vec<(String, Input)>, opts: &PageOptions) -> Page {
         for st in s.by_rate() {
             let f = &st.figures;
             let slo = match st.pass {
+                None if st.verdicts.iter().any(|v| v.void) => {
+                    "void: the generator fell behind in every try".to_string()
+                }
                 None => String::new(),
                 Some(true) => "pass".to_string(),
                 Some(false) => {
@@ -618,7 +621,7 @@ pub(crate) mod tests {
                 us_per_request: Some(12.5),
             });
             let v: Verdict = slo.judge(&r);
-            search.record(v.pass);
+            search.record(Some(v.pass));
             steps.push(Step {
                 rate,
                 phase: Phase::Sweep,
@@ -626,6 +629,7 @@ pub(crate) mod tests {
                 figures: StepFigures::of(std::slice::from_ref(&r)),
                 runs: vec![r],
                 verdicts: vec![v],
+                voided: 0,
             });
         }
         SweepReport {

@@ -112,6 +112,7 @@ pub fn summarize(proxy: &str, scenario: &str, metric: Metric, rounds: &[(u32, In
         cpu_us_per_request: spread(&us),
         cpu_percent_of_core: spread(&pct),
         median_round: median_round.or_else(|| rounds.first().map(|(k, _)| *k)),
+        cpu_cap_percent: None,
     }
 }
 
@@ -139,7 +140,11 @@ pub fn summaries(m: &Manifest, all: &AllRounds) -> Vec<Summary> {
     for s in &m.scenarios {
         for p in &m.proxies {
             if let Some(rounds) = all.get(&(p.name.clone(), s.name.clone())) {
-                out.push(summarize(&p.name, &s.name, s.metric, rounds));
+                let mut sum = summarize(&p.name, &s.name, s.metric, rounds);
+                if p.name != "direct" {
+                    sum.cpu_cap_percent = m.cpu_cap.as_ref().map(|c| c.percent);
+                }
+                out.push(sum);
             }
         }
     }
@@ -397,6 +402,22 @@ mod tests {
         knee.unit = "knee req/s".into();
         knee.cpu_percent_of_core = idle_spread();
         assert_eq!(knee.not_the_bottleneck(true), None);
+        // capped to half a core: 45% of a core is its saturation, 30% is not (85% of its cap:
+        // 42.5%)
+        let mut capped = summarize(
+            "nginx",
+            "rps-1k",
+            Metric::Rps,
+            &[(1, run(45000.0, Some(22.5)))],
+        );
+        capped.cpu_cap_percent = Some(50.0);
+        assert_eq!(capped.not_the_bottleneck(true), None);
+        capped.cpu_percent_of_core = spread(&[30.0]);
+        let note = capped.not_the_bottleneck(true).unwrap();
+        assert!(
+            note.contains("(the proxy used 30% of a core, capped to 50%)"),
+            "{note}"
+        );
     }
 
     fn idle_spread() -> Option<crate::manifest::Spread> {

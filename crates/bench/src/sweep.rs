@@ -177,7 +177,14 @@ pub struct Verdict {
     pub value_ms: Option<f64>,
     /// Every reason it failed, empty when it passed.
     pub failures: Vec<String>,
+    /// The generator fell behind its own schedule: the run measured the generator, not the
+    /// server, and says nothing of the SLO (it is run again; see [`VOID_TRIES`]).
+    #[serde(default)]
+    pub void: bool,
 }
+
+/// Tries of a run whose generator fell behind (void) before its step is given up as void.
+pub const VOID_TRIES: u32 = 3;
 
 impl Slo {
     /// Parse `pP<LATENCY`, e.g. `p99<10ms`, `p99.9 < 2.5ms` (spaces allowed).
@@ -255,11 +262,14 @@ impl Slo {
         if a.in_flight > 0 {
             failures.push(format!("{} unfinished", a.in_flight));
         }
+        let mut void = false;
         if let Some(lag) = &r.generator_lag {
             let p99 = lag.at(99.0);
             if lag.count > 0 && p99 > MAX_GENERATOR_LAG_MS {
+                void = true;
                 failures.push(format!(
-                    "generator lagging (own send lag p99 {p99:.3} ms > {MAX_GENERATOR_LAG_MS} ms)"
+                    "generator lagging (own send lag p99 {p99:.3} ms > {MAX_GENERATOR_LAG_MS} ms): \
+                     void"
                 ));
             }
         }
@@ -267,6 +277,7 @@ impl Slo {
             pass: failures.is_empty(),
             value_ms,
             failures,
+            void,
         }
     }
 }
@@ -303,8 +314,8 @@ pub struct KneeSearch {
     rates: Vec<f64>,
     slo: bool,
     bisect: u32,
-    /// Outcomes of the sweep rates, in order.
-    swept: Vec<bool>,
+    /// Outcomes of the sweep rates, in order (None: void, the generator fell behind).
+    swept: Vec<Option<bool>>,
     /// Last pass and first failure, once the sweep is done.
     bracket: Option<(f64, f64)>,
     bisected: u32,
@@ -335,22 +346,21 @@ impl KneeSearch {
         (mid > lo && mid < hi).then_some((mid, Phase::Bisect))
     }
 
-    /// The outcome of the rate [`KneeSearch::next`] returned.
-    pub fn record(&mut self, pass: bool) {
+    /// The outcome of the rate [`KneeSearch::next`] returned: met the SLO or not, or `None` when
+    /// the step was void (it neither passes nor fails; a void bisection step narrows nothing).
+    pub fn record(&mut self, pass: Option<bool>) {
         match self.next() {
             Some((_, Phase::Sweep)) => {
                 self.swept.push(pass);
                 if self.swept.len() == self.rates.len() && self.slo {
-                    let first_fail = self.swept.iter().position(|p| !p);
-                    self.bracket = match first_fail {
-                        Some(f) if f > 0 => self.rates.get(f - 1).zip(self.rates.get(f)),
-                        _ => None,
-                    }
-                    .map(|(a, b)| (*a, *b));
+                    self.bracket = self.first_fail().and_then(|f| {
+                        let below = self.last_pass_below(f)?;
+                        Some((self.rates[below], self.rates[f]))
+                    });
                 }
             }
             Some((mid, Phase::Bisect)) => {
-                if let Some((lo, hi)) = self.bracket.as_mut() {
+                if let (Some((lo, hi)), Some(pass)) = (self.bracket.as_mut(), pass) {
                     if pass {
                         *lo = mid;
                     } else {
@@ -363,41 +373,65 @@ impl KneeSearch {
         }
     }
 
+    /// The first sweep rate that failed (void ones are not failures).
+    fn first_fail(&self) -> Option<usize> {
+        self.swept.iter().position(|p| *p == Some(false))
+    }
+
+    /// The highest sweep rate below index `f` that passed (void ones skipped).
+    fn last_pass_below(&self, f: usize) -> Option<usize> {
+        self.swept[..f].iter().rposition(|p| *p == Some(true))
+    }
+
     /// The knee found so far (None without an SLO or before any sweep result).
     pub fn knee(&self) -> Option<Knee> {
         if !self.slo || self.swept.is_empty() {
             return None;
         }
-        let first_fail = self.swept.iter().position(|p| !p);
+        let first_fail = self.first_fail();
         let late_passes: Vec<String> = match first_fail {
             Some(f) => self
                 .swept
                 .iter()
                 .zip(&self.rates)
                 .skip(f + 1)
-                .filter(|(p, _)| **p)
+                .filter(|(p, _)| **p == Some(true))
                 .map(|(_, r)| format!("{r}"))
                 .collect(),
             None => Vec::new(),
         };
+        let void: Vec<String> = self
+            .swept
+            .iter()
+            .zip(&self.rates)
+            .filter(|(p, _)| p.is_none())
+            .map(|(_, r)| format!("{r}"))
+            .collect();
+        let last_pass = self
+            .swept
+            .iter()
+            .rposition(|p| *p == Some(true))
+            .map(|i| self.rates[i]);
         let mut k = match (first_fail, self.bracket) {
-            (None, _) => {
-                let last = self.rates.get(self.swept.len() - 1).copied();
-                Knee {
-                    rate: last,
-                    failed_at: None,
-                    note: format!(
-                        "every rate met the SLO: the knee is at or above {} req/s",
-                        last.unwrap_or(0.0)
-                    ),
-                }
-            }
-            (Some(0), _) => Knee {
+            (None, _) if last_pass.is_none() => Knee {
                 rate: None,
-                failed_at: self.rates.first().copied(),
+                failed_at: None,
+                note: "no rate measured the server: the generator fell behind at each".to_string(),
+            },
+            (None, _) => Knee {
+                rate: last_pass,
+                failed_at: None,
+                note: format!(
+                    "every rate met the SLO: the knee is at or above {} req/s",
+                    last_pass.unwrap_or(0.0)
+                ),
+            },
+            (Some(f), _) if self.last_pass_below(f).is_none() => Knee {
+                rate: None,
+                failed_at: self.rates.get(f).copied(),
                 note: format!(
                     "even the lowest rate, {} req/s, failed the SLO",
-                    self.rates.first().copied().unwrap_or(0.0)
+                    self.rates.get(f).copied().unwrap_or(0.0)
                 ),
             },
             (Some(_), Some((lo, hi))) => Knee {
@@ -411,11 +445,19 @@ impl KneeSearch {
             },
             (Some(f), None) => Knee {
                 // The sweep is not finished yet.
-                rate: self.rates.get(f - 1).copied(),
+                rate: self.last_pass_below(f).map(|i| self.rates[i]),
                 failed_at: self.rates.get(f).copied(),
                 note: "sweep in progress".to_string(),
             },
         };
+        if !void.is_empty() {
+            let _ = write!(
+                k.note,
+                "; void (the generator fell behind in {VOID_TRIES} tries, neither pass nor fail): {} \
+                 req/s",
+                void.join(", ")
+            );
+        }
         if !late_passes.is_empty() {
             let _ = write!(
                 k.note,
@@ -496,13 +538,17 @@ impl StepFigures {
 pub struct Step {
     pub rate: f64,
     pub phase: Phase,
-    /// With an SLO: whether every run met it.
+    /// With an SLO: whether every run met it; None without an SLO, or when void (a run's
+    /// generator fell behind in every try).
     pub pass: Option<bool>,
     pub figures: StepFigures,
     pub runs: Vec<Report>,
     /// With an SLO: one per run.
     #[serde(default)]
     pub verdicts: Vec<Verdict>,
+    /// Runs found void (the generator fell behind) and run again; not in `runs`.
+    #[serde(default)]
+    pub voided: u32,
 }
 
 /// The result of a sweep, as `--json` writes it.
@@ -688,21 +734,34 @@ pub fn run_sweep(
         };
         let mut runs = Vec::new();
         let mut verdicts = Vec::new();
+        let mut voided = 0;
         for rep in 1..=sc.repeat {
-            let r = crate::run::run(&cfg, progress)?;
-            if started.is_empty() {
-                started = r.started.clone();
+            // A run whose generator fell behind is run again, up to VOID_TRIES in all.
+            for attempt in 1..=VOID_TRIES {
+                let r = crate::run::run(&cfg, progress)?;
+                if started.is_empty() {
+                    started = r.started.clone();
+                }
+                let v = sc.slo.as_ref().map(|s| s.judge(&r));
+                w(&table_line(rate, phase, rep, sc.repeat, &r, v.as_ref()))?;
+                let again = v.as_ref().is_some_and(|v| v.void) && attempt < VOID_TRIES;
+                if again {
+                    voided += 1;
+                    w("            void: the generator fell behind; this run again\n")?;
+                    continue;
+                }
+                runs.push(r);
+                verdicts.extend(v);
+                break;
             }
-            let v = sc.slo.as_ref().map(|s| s.judge(&r));
-            w(&table_line(rate, phase, rep, sc.repeat, &r, v.as_ref()))?;
-            runs.push(r);
-            verdicts.extend(v);
         }
-        let pass = sc
-            .slo
-            .as_ref()
-            .map(|_| verdicts.iter().all(|v: &Verdict| v.pass));
-        search.record(pass.unwrap_or(true));
+        // Met the SLO in every run; void when a run was void in every try.
+        let pass = match &sc.slo {
+            None => None,
+            Some(_) if verdicts.iter().any(|v: &Verdict| v.void) => None,
+            Some(_) => Some(verdicts.iter().all(|v| v.pass)),
+        };
+        search.record(if sc.slo.is_some() { pass } else { Some(true) });
         steps.push(Step {
             rate,
             phase,
@@ -710,6 +769,7 @@ pub fn run_sweep(
             figures: StepFigures::of(&runs),
             runs,
             verdicts,
+            voided,
         });
     }
     let report = SweepReport {
@@ -758,7 +818,7 @@ mod tests {
         let mut ran = Vec::new();
         while let Some((r, p)) = s.next() {
             ran.push((r, p));
-            s.record(pass(r));
+            s.record(Some(pass(r)));
             assert!(ran.len() < 1000, "the search must end");
         }
         (ran, s.knee())
@@ -835,6 +895,59 @@ mod tests {
         let k = knee.unwrap();
         assert_eq!((k.rate, k.failed_at), (Some(150.0), Some(200.0)));
         assert!(k.note.contains("not monotonic: 300"), "{}", k.note);
+    }
+
+    /// Drive a search whose steps may be void (`None`).
+    fn drive_void(
+        rates: &[f64],
+        bisect: u32,
+        outcome: impl Fn(f64) -> Option<bool>,
+    ) -> (Vec<f64>, Knee) {
+        let mut s = KneeSearch::new(rates.to_vec(), true, bisect);
+        let mut ran = Vec::new();
+        while let Some((r, _)) = s.next() {
+            ran.push(r);
+            s.record(outcome(r));
+            assert!(ran.len() < 1000, "the search must end");
+        }
+        (ran, s.knee().unwrap())
+    }
+
+    #[test]
+    fn void_steps_neither_pass_nor_fail() {
+        let rates = [100.0, 200.0, 300.0, 400.0];
+        // The lowest rate void (a cold generator): the knee is still found above it.
+        let (_, k) = drive_void(&rates, 0, |r| (r > 100.0).then_some(r < 300.0));
+        assert_eq!((k.rate, k.failed_at), (Some(200.0), Some(300.0)));
+        assert!(k.note.contains("void"), "{}", k.note);
+        assert!(k.note.ends_with(": 100 req/s"), "{}", k.note);
+        // A void step below the first failure widens the bracket to the last pass.
+        let (ran, k) = drive_void(
+            &rates,
+            1,
+            |r| if r == 200.0 { None } else { Some(r < 250.0) },
+        );
+        assert_eq!(ran.last(), Some(&200.0), "bisects between 100 and 300");
+        assert_eq!(
+            (k.rate, k.failed_at),
+            (Some(100.0), Some(300.0)),
+            "void mid narrows nothing"
+        );
+        // Void then every rate passing: at or above the highest.
+        let (_, k) = drive_void(&rates, 0, |r| (r > 100.0).then_some(true));
+        assert_eq!((k.rate, k.failed_at), (Some(400.0), None));
+        // Only void steps: no knee, and no claim that every rate passed.
+        let (_, k) = drive_void(&rates, 2, |_| None);
+        assert_eq!((k.rate, k.failed_at), (None, None));
+        assert!(k.note.starts_with("no rate measured"), "{}", k.note);
+        // Void, then a failure: nothing passed below it.
+        let (_, k) = drive_void(&rates, 2, |r| (r > 100.0).then_some(false));
+        assert_eq!((k.rate, k.failed_at), (None, Some(200.0)));
+        assert!(
+            k.note.starts_with("even the lowest rate, 200"),
+            "{}",
+            k.note
+        );
     }
 
     #[test]
@@ -988,6 +1101,14 @@ mod tests {
         assert_eq!(v.failures, ["1 errors"]);
         let v = slo.judge(&report(&[5; 10], 0, 3));
         assert!(v.failures[0].contains("generator lagging"), "{v:?}");
+        assert!(
+            v.void && !v.pass,
+            "a lagging generator voids the run: {v:?}"
+        );
+        assert!(
+            !slo.judge(&report(&[20; 10], 0, 0)).void,
+            "a slow server does not"
+        );
         let v = slo.judge(&report(&[], 0, 0));
         assert_eq!(v.failures, ["no request completed"]);
         // Read back from JSON (no histogram): the spectrum gives the same verdict.
