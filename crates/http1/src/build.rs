@@ -144,7 +144,7 @@ impl<'l> RequestBuilder<'l> {
         let version = Version::Http11;
         let mut head =
             request_head(self.method, self.target, self.t, version, self.f.scan).map_err(err)?;
-        head.buf = self.f.buf.freeze();
+        head.buf = crate::head::HeadBuf::new(self.f.buf.freeze());
         Ok(head)
     }
 }
@@ -189,7 +189,7 @@ impl<'l> ResponseBuilder<'l> {
         let (status, version) = (self.status, Version::Http11);
         let mut head =
             response_head(status, self.reason, version, self.f.scan, self.method).map_err(err)?;
-        head.buf = self.f.buf.freeze();
+        head.buf = crate::head::HeadBuf::new(self.f.buf.freeze());
         Ok(head)
     }
 }

@@ -4,6 +4,7 @@ use crate::body::Framing;
 use crate::error::{ParseError, ParseErrorKind};
 use crate::syntax::{find_byte, is_token, list_elements, parse_authority};
 use bytes::{Buf, Bytes, BytesMut};
+use bytestring::ByteString;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
@@ -156,7 +157,7 @@ impl ConnTokens {
 /// A parsed, validated request head. Owns the raw head bytes; accessors borrow from them.
 #[derive(Debug, Clone)]
 pub struct RequestHead {
-    pub(crate) buf: Bytes,
+    pub(crate) buf: HeadBuf,
     pub(crate) method: Method,
     pub(crate) target: Range<u32>,
     pub(crate) version: Version,
@@ -181,7 +182,7 @@ pub struct RequestHead {
 /// A parsed, validated response head.
 #[derive(Debug, Clone)]
 pub struct ResponseHead {
-    pub(crate) buf: Bytes,
+    pub(crate) buf: HeadBuf,
     pub(crate) version: Version,
     pub(crate) status: u16,
     pub(crate) reason: Range<u32>,
@@ -228,7 +229,7 @@ pub fn parse_request(
         return Err(ParseError::new(ParseErrorKind::Malformed));
     }
     buf.advance(skip);
-    head.buf = buf.split_to(len).freeze();
+    head.buf = HeadBuf::new(buf.split_to(len).freeze());
     Ok(Some(head))
 }
 
@@ -249,7 +250,7 @@ pub fn parse_response(
     if len > buf.len() {
         return Err(ParseError::new(ParseErrorKind::Malformed));
     }
-    head.buf = buf.split_to(len).freeze();
+    head.buf = HeadBuf::new(buf.split_to(len).freeze());
     Ok(Some(head))
 }
 
@@ -443,7 +444,7 @@ pub(crate) fn request_head(
     };
     let upgrade = version == Version::Http11 && scan.conn_upgrade && scan.upgrade_field;
     Ok(RequestHead {
-        buf: Bytes::new(),
+        buf: HeadBuf::default(),
         method,
         target,
         version,
@@ -941,7 +942,7 @@ pub(crate) fn response_head(
             Version::Http10 => scan.conn_keep_alive && !scan.conn_close,
         };
     Ok(ResponseHead {
-        buf: Bytes::new(),
+        buf: HeadBuf::default(),
         version,
         status,
         reason,
@@ -974,18 +975,53 @@ fn response_version_error<T>(buf: &[u8], limits: &Limits) -> Result<Option<T>, P
     Err(ParseErrorKind::Malformed)
 }
 
+/// A head's bytes, its text validated once when it is UTF-8 (every head but one with obs-text
+/// in a value): reading a name, the target or the host is then a slice, not a validation each.
+#[derive(Debug, Clone)]
+pub(crate) enum HeadBuf {
+    Text(ByteString),
+    Raw(Bytes),
+}
+
+impl Default for HeadBuf {
+    fn default() -> HeadBuf {
+        HeadBuf::Text(ByteString::new())
+    }
+}
+
+impl HeadBuf {
+    pub(crate) fn new(b: Bytes) -> HeadBuf {
+        match ByteString::try_from(b.clone()) {
+            Ok(t) => HeadBuf::Text(t),
+            Err(_) => HeadBuf::Raw(b),
+        }
+    }
+
+    fn bytes(&self) -> &Bytes {
+        match self {
+            HeadBuf::Text(t) => t.as_bytes(),
+            HeadBuf::Raw(b) => b,
+        }
+    }
+}
+
 #[inline]
-fn slice_of<'a>(buf: &'a Bytes, r: &Range<u32>) -> &'a [u8] {
-    buf.get(r.start as usize..r.end as usize)
+fn slice_of<'a>(buf: &'a HeadBuf, r: &Range<u32>) -> &'a [u8] {
+    buf.bytes()
+        .get(r.start as usize..r.end as usize)
         .unwrap_or_default()
 }
 
+/// The text at `r` ("" when it is not UTF-8).
 #[inline]
-fn str_of<'a>(buf: &'a Bytes, r: &Range<u32>) -> &'a str {
-    std::str::from_utf8(slice_of(buf, r)).unwrap_or_default()
+fn str_of<'a>(buf: &'a HeadBuf, r: &Range<u32>) -> &'a str {
+    match buf {
+        HeadBuf::Text(t) => t.get(r.start as usize..r.end as usize).unwrap_or_default(),
+        HeadBuf::Raw(_) => std::str::from_utf8(slice_of(buf, r)).unwrap_or_default(),
+    }
 }
 
-fn find_field<'a>(buf: &'a Bytes, fields: &[FieldPos], name: &str) -> Option<&'a [u8]> {
+fn find_field<'a>(buf: &'a HeadBuf, fields: &[FieldPos], name: &str) -> Option<&'a [u8]> {
     let name = name.as_bytes();
     fields
         .iter()
@@ -994,7 +1030,7 @@ fn find_field<'a>(buf: &'a Bytes, fields: &[FieldPos], name: &str) -> Option<&'a
 }
 
 fn iter_fields<'a>(
-    buf: &'a Bytes,
+    buf: &'a HeadBuf,
     fields: &'a [FieldPos],
 ) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
     fields
@@ -1016,7 +1052,7 @@ pub fn is_fixed_hop_by_hop(name: &str) -> bool {
     }
 }
 
-fn hop_by_hop(buf: &Bytes, conn: &ConnTokens, name: &str) -> bool {
+fn hop_by_hop(buf: &HeadBuf, conn: &ConnTokens, name: &str) -> bool {
     if is_fixed_hop_by_hop(name) {
         return true;
     }
@@ -1078,7 +1114,7 @@ impl RequestHead {
     }
     /// The raw head bytes (request line through the final CRLF CRLF).
     pub fn raw(&self) -> &Bytes {
-        &self.buf
+        self.buf.bytes()
     }
     /// The head announces body bytes (its framing is chunked or a non-zero length).
     pub fn has_body(&self) -> bool {
@@ -1108,6 +1144,6 @@ impl ResponseHead {
         hop_by_hop(&self.buf, &self.conn, name)
     }
     pub fn raw(&self) -> &Bytes {
-        &self.buf
+        self.buf.bytes()
     }
 }

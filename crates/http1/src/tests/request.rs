@@ -635,3 +635,35 @@ fn huge_configured_limits_do_not_allocate_or_overflow() {
     assert_eq!(outcome(b"G", &tiny), Err(RequestLineTooLong));
     assert_eq!(outcome(b"", &tiny), Ok(false));
 }
+
+#[test]
+fn heads_with_and_without_utf8_read_alike() {
+    use crate::head::HeadBuf;
+    // A UTF-8 head keeps its text validated once; one with obs-text keeps its bytes.
+    assert!(matches!(
+        HeadBuf::new(bytes::Bytes::from_static(b"caf\xc3\xa9")),
+        HeadBuf::Text(_)
+    ));
+    assert!(matches!(
+        HeadBuf::new(bytes::Bytes::from_static(b"caf\xff")),
+        HeadBuf::Raw(_)
+    ));
+    for (raw, x) in [
+        (
+            &b"GET /a?b HTTP/1.1\r\nHost: h\r\nX: caf\xc3\xa9\r\n\r\n"[..],
+            &b"caf\xc3\xa9"[..],
+        ),
+        (
+            b"GET /a?b HTTP/1.1\r\nHost: h\r\nX: caf\xff\r\n\r\n",
+            b"caf\xff",
+        ),
+    ] {
+        let head = request(raw).unwrap();
+        let parts = (head.target(), head.path(), head.query(), head.host());
+        assert_eq!(parts, ("/a?b", "/a", Some("b"), Some("h")));
+        let names: Vec<&str> = head.fields().map(|(n, _)| n).collect();
+        assert_eq!(names, ["Host", "X"]);
+        assert_eq!(head.field("x"), Some(x));
+        assert_eq!(head.raw().as_ref(), raw);
+    }
+}
