@@ -5,7 +5,9 @@
 # N2 requests in two runs under callgrind; the difference divided by N2 - N1 removes start-up
 # and shutdown. Closed loop (h2load, 4 connections), the origin a separate `portico origin`.
 # cps: a new plain HTTP connection per request (0 KB), the generator `BINARY bench --close`.
-# Usage: scripts/ab-instructions.sh http|https|h2|cps BINARY... (AB_EXTRA_TOML is appended to the configuration,
+# slow: plain HTTP keep-alive at a low fixed rate (AB_RATE, 200 req/s), the generator
+# `BINARY bench -R`: every request finds the proxy asleep, so this counts the cost of waking up.
+# Usage: scripts/ab-instructions.sh http|https|h2|cps|slow BINARY... (AB_EXTRA_TOML is appended to the configuration,
 # as for scripts/ab-cpu.sh; AB_N1 and AB_N2 set the two request counts, AB_CONNECTIONS the
 # connections (4); AB_HEADER ("Name: value") is sent with every request; AB_URIS names a file of
 # targets, one per line, taken in turn by each connection instead of /bytes/1k)
@@ -13,7 +15,7 @@
 set -euo pipefail
 mode=$1
 shift
-[ $# -ge 1 ] || { echo "usage: $0 http|https|h2|cps BINARY..." >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 http|https|h2|cps|slow BINARY..." >&2; exit 2; }
 n1=${AB_N1:-2000} n2=${AB_N2:-6000}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
@@ -24,7 +26,7 @@ make_cert "$d"
 "$1" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9380
 
-ab_config "$d" "$([ "$mode" = cps ] && echo http || echo "$mode")"
+ab_config "$d" "$(case $mode in cps | slow) echo http ;; *) echo "$mode" ;; esac)"
 
 count() { # binary requests -> instructions of the proxy process for that run
   valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$1" run -c "$d/portico.toml" -w 1 \
@@ -36,7 +38,7 @@ count() { # binary requests -> instructions of the proxy process for that run
     http) scheme=http opts=(--h1) ;;
     https) opts=(--h1) ;;
     h2) opts=(-m 10) ;;
-    cps) scheme=http ;;
+    cps | slow) scheme=http ;;
     *) echo "unknown mode $mode" >&2; exit 2 ;;
   esac
   [ -z "${AB_HEADER:-}" ] || opts+=(-H "$AB_HEADER")
@@ -46,7 +48,10 @@ count() { # binary requests -> instructions of the proxy process for that run
   else
     target=$scheme://127.0.0.1:9743/bytes/1k
   fi
-  if [ "$mode" = cps ]; then
+  if [ "$mode" = slow ]; then
+    out=$("$1" bench -R "${AB_RATE:-200}" -c "${AB_CONNECTIONS:-4}" -n "$2" "$scheme://127.0.0.1:9743/bytes/1k" 2>&1)
+    grep -q "= $2 completed + 0 errors" <<<"$out" || { echo "bench failed: $out" >&2; exit 1; }
+  elif [ "$mode" = cps ]; then
     out=$("$1" bench --closed --close -c "${AB_CONNECTIONS:-4}" -n "$2" "$scheme://127.0.0.1:9743/bytes/0" 2>&1)
     grep -q "= $2 completed + 0 errors" <<<"$out" || { echo "bench failed: $out" >&2; exit 1; }
   else
