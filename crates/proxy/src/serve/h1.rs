@@ -32,6 +32,10 @@ const IDLE_READ: usize = 1024;
 /// loses the request, so only connections quiet for a while are closed unasked.
 const DRAIN_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
+// An awake connection's wait hands it to `sleep` after `IDLE_GRACE`, before a drain would close
+// it: that wait need not watch for a drain (`sleep` does).
+const _: () = assert!(DRAIN_IDLE.as_millis() > IDLE_GRACE.as_millis());
+
 /// When an idle connection that has been idle since `since` is closed: at its keep-alive
 /// timeout, or [`DRAIN_IDLE`] after `since` while the process drains.
 fn idle_due(
@@ -414,7 +418,9 @@ async fn read_head(
                 let since = tokio::time::Instant::from_std(since);
                 let due = idle_due(since, limits.keepalive_timeout, draining);
                 // A connection still idle after `IDLE_GRACE` goes to sleep (a busy one's next
-                // request comes sooner and keeps the connection awake).
+                // request comes sooner and keeps the connection awake). A drain that begins
+                // meanwhile changes neither moment (`DRAIN_IDLE` is longer): `sleep` watches
+                // for it, this wait does not (watching cost a registration per request).
                 let wake = due.min(since + IDLE_GRACE);
                 tokio::select! {
                     biased;
@@ -425,8 +431,6 @@ async fn read_head(
                         }
                         return Ok(Next::Closed);
                     }
-                    // Draining from now on: the connection may close sooner.
-                    _ = ctx.shutdown.changed(), if !draining => continue,
                 }
             }
             // The connection's one timer (no timer of its own in this future).
