@@ -10,7 +10,8 @@
 # Usage: scripts/ab-instructions.sh http|https|h2|cps|slow BINARY... (AB_EXTRA_TOML is appended to the configuration,
 # as for scripts/ab-cpu.sh; AB_N1 and AB_N2 set the two request counts, AB_CONNECTIONS the
 # connections (4); AB_HEADER ("Name: value") is sent with every request; AB_URIS names a file of
-# targets, one per line, taken in turn by each connection instead of /bytes/1k)
+# targets, one per line, taken in turn by each connection instead of /bytes/1k; both for the h2load
+# modes only: cps and slow request /bytes/0 and /bytes/1k with their own generator)
 # Needs valgrind, h2load, openssl. Prints one line per binary.
 set -euo pipefail
 mode=$1

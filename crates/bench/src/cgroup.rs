@@ -1,6 +1,12 @@
 //! A CPU cap for the proxy under test: a cgroup with a CFS quota (v1 `cpu` or v2 `cpu.max`) that the proxy's command joins before it runs, and its throttling counts.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The cgroups this process made and has not removed yet (for [`remove_all`] on an interrupt,
+/// which exits without running destructors).
+static MADE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// The scheduler period of the cap (the quota is a share of it).
 pub const PERIOD_US: u64 = 100_000;
@@ -151,6 +157,9 @@ impl CpuCap {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("cannot make the cgroup {}: {e}", dir.display())),
         }
+        if let Ok(mut made) = MADE.lock() {
+            made.push(dir.clone());
+        }
         let cap = CpuCap {
             dir,
             version,
@@ -205,9 +214,37 @@ impl CpuCap {
     }
 }
 
+/// Remove a cgroup this process made, once the processes in it are gone: the kernel refuses
+/// while a killed one is still exiting, so for up to a second; a cgroup left is reported.
+fn remove(dir: &Path) {
+    let end = Instant::now() + Duration::from_secs(1);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) if Instant::now() >= end => {
+                eprintln!("bench compare: the cgroup {} is left: {e}", dir.display());
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    if let Ok(mut made) = MADE.lock() {
+        made.retain(|d| d != dir);
+    }
+}
+
+/// Remove every cgroup this process made (on an interrupt, after its processes were stopped).
+pub fn remove_all() {
+    let dirs = MADE.lock().map(|m| m.clone()).unwrap_or_default();
+    for d in dirs {
+        remove(&d);
+    }
+}
+
 impl Drop for CpuCap {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
+        remove(&self.dir);
     }
 }
 

@@ -593,6 +593,8 @@ fn guard_signals() {
             if !left.is_empty() {
                 signal("-KILL", &left);
             }
+            // The exit below skips destructors: the CPU cap's cgroup is removed here.
+            crate::cgroup::remove_all();
             eprintln!("bench compare: interrupted; its servers were stopped");
             std::process::exit(130);
         });

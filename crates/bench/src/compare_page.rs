@@ -137,7 +137,7 @@ pub fn common_rate(sweeps: &[&SweepReport]) -> Option<f64> {
             s.steps
                 .iter()
                 .filter(|st| st.rate == *r)
-                .all(|st| st.pass != Some(false))
+                .all(|st| st.pass != Some(false) && !st.verdicts.iter().any(|v| v.void))
         })
     });
     passing
@@ -428,7 +428,7 @@ pub fn build(m: &Manifest, res: &Results, all: &AllRounds, generated: &str) -> P
         svgs.push((
             "compare-knee.svg".into(),
             format!(
-                "The knee: the highest offered rate of the sweep at which p99 and every other                  condition of the SLO held ({slo}, no errors, every request sent and finished, the                  generator on schedule). n/a: not even the lowest rate met it. Higher is better."
+                "The knee: the highest offered rate of the sweep at which p99 and every other                  condition of the SLO held ({slo}, no errors, every request sent and finished, the                  generator on schedule). n/a: not even the lowest rate measured met it. Higher is better."
             ),
             svg::grouped_bar_chart(
                 "Highest offered rate meeting the SLO",
@@ -850,8 +850,12 @@ pub fn knee_text(s: &SweepReport) -> String {
                 rate_text(f)
             ),
             (Some(r), None) => format!(
-                "knee at or above {} req/s for {} (every rate met it)",
+                "knee at or above {} req/s for {} (every rate measured met it)",
                 rate_text(r),
+                slo.text
+            ),
+            (None, None) => format!(
+                "no knee for {}: no rate measured the server (the generator fell behind at each)",
                 slo.text
             ),
             (None, _) => format!(
@@ -1166,6 +1170,20 @@ mod tests {
         let a = crate::page::tests::sweep("a");
         let mut b = a.clone();
         assert_eq!(common_rate(&[&a, &b]), Some(1000.0));
+        // A void step (the generator fell behind in every try) is not a pass.
+        let mut both = a.clone();
+        both.steps[1].pass = Some(true);
+        assert_eq!(common_rate(&[&both, &both]), Some(2000.0));
+        let mut v = both.clone();
+        v.steps[1].pass = None;
+        v.steps[1].verdicts[0].void = true;
+        assert_eq!(common_rate(&[&both, &v]), Some(1000.0), "void at 2,000");
+        v.steps[1].verdicts[0].void = false;
+        assert_eq!(
+            common_rate(&[&both, &v]),
+            Some(2000.0),
+            "no verdict is no failure"
+        );
         // When one failed everywhere, the lowest common rate.
         for st in &mut b.steps {
             st.pass = Some(false);

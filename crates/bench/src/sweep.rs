@@ -262,14 +262,19 @@ impl Slo {
         if a.in_flight > 0 {
             failures.push(format!("{} unfinished", a.in_flight));
         }
+        // Errors, non-2xx answers and requests left unsent or unfinished are the server's,
+        // whatever the generator did; only the latency, which includes the generator's lag, is
+        // in doubt when it lagged.
+        let server_failed =
+            value_ms.is_none() || a.errors > 0 || non_2xx > 0 || a.unsent > 0 || a.in_flight > 0;
         let mut void = false;
         if let Some(lag) = &r.generator_lag {
             let p99 = lag.at(99.0);
             if lag.count > 0 && p99 > MAX_GENERATOR_LAG_MS {
-                void = true;
+                void = !server_failed;
                 failures.push(format!(
-                    "generator lagging (own send lag p99 {p99:.3} ms > {MAX_GENERATOR_LAG_MS} ms): \
-                     void"
+                    "generator lagging (own send lag p99 {p99:.3} ms > {MAX_GENERATOR_LAG_MS} ms){}",
+                    if void { ": void" } else { "" }
                 ));
             }
         }
@@ -319,6 +324,9 @@ pub struct KneeSearch {
     /// Last pass and first failure, once the sweep is done.
     bracket: Option<(f64, f64)>,
     bisected: u32,
+    /// A bisection rate found void: the bisection stops there (running it again would spend the
+    /// same time on the same doubt).
+    void_mid: Option<f64>,
 }
 
 impl KneeSearch {
@@ -330,6 +338,7 @@ impl KneeSearch {
             swept: Vec::new(),
             bracket: None,
             bisected: 0,
+            void_mid: None,
         }
     }
 
@@ -339,7 +348,7 @@ impl KneeSearch {
             return Some((*r, Phase::Sweep));
         }
         let (lo, hi) = self.bracket?;
-        if self.bisected >= self.bisect {
+        if self.bisected >= self.bisect || self.void_mid.is_some() {
             return None;
         }
         let mid = ((lo + hi) / 2.0).round();
@@ -360,12 +369,10 @@ impl KneeSearch {
                 }
             }
             Some((mid, Phase::Bisect)) => {
-                if let (Some((lo, hi)), Some(pass)) = (self.bracket.as_mut(), pass) {
-                    if pass {
-                        *lo = mid;
-                    } else {
-                        *hi = mid;
-                    }
+                match (self.bracket.as_mut(), pass) {
+                    (Some((lo, _)), Some(true)) => *lo = mid,
+                    (Some((_, hi)), Some(false)) => *hi = mid,
+                    _ => self.void_mid = Some(mid),
                 }
                 self.bisected += 1;
             }
@@ -405,8 +412,16 @@ impl KneeSearch {
             .iter()
             .zip(&self.rates)
             .filter(|(p, _)| p.is_none())
-            .map(|(_, r)| format!("{r}"))
+            .map(|(_, r)| *r)
+            .chain(self.void_mid)
+            .map(|r| format!("{r}"))
             .collect();
+        // With void steps, "every rate" and "the lowest rate" mean the measured ones.
+        let measured = if self.swept.contains(&None) {
+            " measured"
+        } else {
+            ""
+        };
         let last_pass = self
             .swept
             .iter()
@@ -422,7 +437,7 @@ impl KneeSearch {
                 rate: last_pass,
                 failed_at: None,
                 note: format!(
-                    "every rate met the SLO: the knee is at or above {} req/s",
+                    "every{measured} rate met the SLO: the knee is at or above {} req/s",
                     last_pass.unwrap_or(0.0)
                 ),
             },
@@ -430,7 +445,7 @@ impl KneeSearch {
                 rate: None,
                 failed_at: self.rates.get(f).copied(),
                 note: format!(
-                    "even the lowest rate, {} req/s, failed the SLO",
+                    "even the lowest{measured} rate, {} req/s, failed the SLO",
                     self.rates.get(f).copied().unwrap_or(0.0)
                 ),
             },
@@ -453,8 +468,13 @@ impl KneeSearch {
         if !void.is_empty() {
             let _ = write!(
                 k.note,
-                "; void (the generator fell behind in {VOID_TRIES} tries, neither pass nor fail): {} \
-                 req/s",
+                "; void (the generator fell behind in {VOID_TRIES} tries, neither pass nor fail{}): \
+                 {} req/s",
+                if self.void_mid.is_some() {
+                    "; the bisection stopped there"
+                } else {
+                    ""
+                },
                 void.join(", ")
             );
         }
@@ -755,11 +775,14 @@ pub fn run_sweep(
                 break;
             }
         }
-        // Met the SLO in every run; void when a run was void in every try.
+        // Met the SLO in every run; a measured failure fails the step; otherwise void when a
+        // run was void in every try.
+        let failed = verdicts.iter().any(|v: &Verdict| !v.pass && !v.void);
         let pass = match &sc.slo {
             None => None,
-            Some(_) if verdicts.iter().any(|v: &Verdict| v.void) => None,
-            Some(_) => Some(verdicts.iter().all(|v| v.pass)),
+            Some(_) if failed => Some(false),
+            Some(_) if verdicts.iter().any(|v| v.void) => None,
+            Some(_) => Some(true),
         };
         search.record(if sc.slo.is_some() { pass } else { Some(true) });
         steps.push(Step {
@@ -922,20 +945,24 @@ mod tests {
         assert!(k.note.contains("void"), "{}", k.note);
         assert!(k.note.ends_with(": 100 req/s"), "{}", k.note);
         // A void step below the first failure widens the bracket to the last pass.
+        // A void bisection rate narrows nothing and ends the bisection there.
         let (ran, k) = drive_void(
             &rates,
-            1,
+            3,
             |r| if r == 200.0 { None } else { Some(r < 250.0) },
         );
-        assert_eq!(ran.last(), Some(&200.0), "bisects between 100 and 300");
+        assert_eq!(ran, [100.0, 200.0, 300.0, 400.0, 200.0], "one try at 200");
         assert_eq!(
             (k.rate, k.failed_at),
             (Some(100.0), Some(300.0)),
             "void mid narrows nothing"
         );
-        // Void then every rate passing: at or above the highest.
+        assert!(k.note.contains("the bisection stopped there"), "{}", k.note);
+        assert!(k.note.ends_with(": 200, 200 req/s"), "{}", k.note);
+        // Void then every rate passing: at or above the highest, of the rates measured.
         let (_, k) = drive_void(&rates, 0, |r| (r > 100.0).then_some(true));
         assert_eq!((k.rate, k.failed_at), (Some(400.0), None));
+        assert!(k.note.starts_with("every measured rate met"), "{}", k.note);
         // Only void steps: no knee, and no claim that every rate passed.
         let (_, k) = drive_void(&rates, 2, |_| None);
         assert_eq!((k.rate, k.failed_at), (None, None));
@@ -944,7 +971,7 @@ mod tests {
         let (_, k) = drive_void(&rates, 2, |r| (r > 100.0).then_some(false));
         assert_eq!((k.rate, k.failed_at), (None, Some(200.0)));
         assert!(
-            k.note.starts_with("even the lowest rate, 200"),
+            k.note.starts_with("even the lowest measured rate, 200"),
             "{}",
             k.note
         );
@@ -1104,6 +1131,11 @@ mod tests {
         assert!(
             v.void && !v.pass,
             "a lagging generator voids the run: {v:?}"
+        );
+        let v = slo.judge(&report(&[5; 10], 2, 3));
+        assert!(
+            !v.void && !v.pass,
+            "errors are the server's, lag or not: {v:?}"
         );
         assert!(
             !slo.judge(&report(&[20; 10], 0, 0)).void,
