@@ -34,9 +34,14 @@ impl Redis {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server (Debian package redis-server; scripts/test.sh installs it)");
-        self.child = Some(child);
+        let port = self.port;
+        let child = self.child.insert(child);
         wait_for("redis-server to answer", || {
-            let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+            // Another test may have bound the port while Redis was down: say so.
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("redis-server exited ({st}): port {port} taken meanwhile?");
+            }
+            let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
             s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
             s.write_all(b"PING\r\n").ok()?;
             let mut buf = [0u8; 7];
