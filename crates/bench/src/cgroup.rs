@@ -313,14 +313,13 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 
     #[test]
     fn the_wrapped_command_joins_then_runs_the_program() {
+        let dir = std::env::temp_dir().join(format!("portico-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let cap = CpuCap {
-            dir: PathBuf::from("/nonexistent/portico-cap-test"),
+            dir,
             version: Version::V1,
             percent: 50.0,
         };
-        let dir = std::env::temp_dir().join(format!("portico-cap-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cap = CpuCap { dir, ..cap };
         let cmd = cap.wrap(&["sh".into(), "-c".into(), "echo ran $$".into()]);
         let out = std::process::Command::new(&cmd[0])
             .args(&cmd[1..])
