@@ -54,8 +54,9 @@ impl Etcd {
 
     /// Start etcd with more arguments (`--auth-token-ttl 1`), and a TLS listener when given.
     pub fn start_with(dir: &Path, mut args: Vec<String>, tls: Option<&EtcdTls>) -> Etcd {
+        // The client ports survive a restart: below the ephemeral range (see port_for_restarts).
         let tls_client = tls.map(|t| {
-            let port = free_port();
+            let port = crate::port_for_restarts();
             args.extend([
                 "--cert-file".into(),
                 t.cert.display().to_string(),
@@ -68,7 +69,7 @@ impl Etcd {
             port
         });
         let mut e = Etcd {
-            client: free_port(),
+            client: crate::port_for_restarts(),
             tls_client,
             args,
             token: None,

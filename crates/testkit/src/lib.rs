@@ -682,6 +682,35 @@ pub fn closed_port() -> SocketAddr {
     a
 }
 
+/// A free loopback port below the kernel's ephemeral range, for a server a test stops and starts
+/// again on the same port: while it is down no connect() (to it or anywhere) is given the port as
+/// its source, as one in the ephemeral range can be (a client reconnecting to 127.0.0.1:P from P
+/// connects to itself and holds P), and the restart would fail to bind.
+pub fn port_for_restarts() -> u16 {
+    let range =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low: u16 = range
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(32768);
+    let (from, to) = (low.saturating_sub(12_000).max(1024), low);
+    if to <= from {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        return l.local_addr().unwrap().port();
+    }
+    // Tests run in parallel threads of one process: a counter keeps their picks apart.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let seed = clock + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 1000;
+    (0..to - from)
+        .map(|i| from + ((seed + i as u64 * 7919) % (to - from) as u64) as u16)
+        .find(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
 /// `list` as a TOML array of quoted addresses (a group's `servers`).
 pub fn toml_servers(list: &[SocketAddr]) -> String {
     let quoted: Vec<String> = list.iter().map(|a| format!("\"{a}\"")).collect();

@@ -4,7 +4,7 @@ use crate::common::{start_toml, wait_for, T};
 use portico_proxy::Running;
 use portico_testkit::Client;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ struct Redis {
 impl Redis {
     fn start() -> Redis {
         let mut r = Redis {
-            port: fixed_port(),
+            port: portico_testkit::port_for_restarts(),
             child: None,
         };
         r.restart();
@@ -55,34 +55,6 @@ impl Redis {
             let _ = c.wait();
         }
     }
-}
-
-/// A free loopback port below the kernel's ephemeral range, so that while Redis is down no
-/// connect() (to it or anywhere) is given it as a source port: a client reconnecting to
-/// 127.0.0.1:P from port P connects to itself and holds P, and Redis could not restart there.
-fn fixed_port() -> u16 {
-    let range =
-        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let low: u16 = range
-        .split_whitespace()
-        .next()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(32768);
-    let (from, to) = (low.saturating_sub(12_000).max(1024), low);
-    if to <= from {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        return l.local_addr().unwrap().port();
-    }
-    // Tests run in parallel threads of one process: a counter keeps their picks apart.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let clock = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() as u64);
-    let seed = clock + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 1000;
-    (0..to - from)
-        .map(|i| from + ((seed + i as u64 * 7919) % (to - from) as u64) as u16)
-        .find(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok())
-        .expect("a free port below the ephemeral range")
 }
 
 impl Drop for Redis {
