@@ -65,7 +65,12 @@ pub fn primary(metric: Metric, input: &Input) -> Option<f64> {
         (Metric::Rps, Input::Run(r)) => Some(r.achieved_rate),
         (Metric::Cps, Input::Run(r)) => Some(r.connections_per_s),
         (Metric::Throughput, Input::Run(r)) => Some(r.bytes_per_s / 1e6),
-        (Metric::Latency, Input::Sweep(s)) => s.knee.as_ref().and_then(|k| k.rate),
+        // A sweep whose lowest rate failed has its knee below every rate: it counts as 0 (left
+        // out, the round would lift the median). One with no measured rate at all says nothing.
+        (Metric::Latency, Input::Sweep(s)) => s
+            .knee
+            .as_ref()
+            .and_then(|k| k.rate.or(k.failed_at.map(|_| 0.0))),
         _ => None,
     }
 }
@@ -248,7 +253,10 @@ pub fn table(summaries: &[Summary], rounds: u32, pinned: bool) -> String {
     for s in summaries {
         let rate = s
             .rate
-            .map(|r| format!("{} {}", r.text(1), s.unit))
+            .map(|r| match r.n < rounds as usize {
+                true => format!("{} {} (from {} of {rounds} rounds)", r.text(1), s.unit, r.n),
+                false => format!("{} {}", r.text(1), s.unit),
+            })
             .unwrap_or_else(|| format!("no {}", s.unit));
         let cpu = s
             .cpu_us_per_request
@@ -313,6 +321,31 @@ mod tests {
             spread(&[17.25, 18.0]).unwrap().text(2),
             "17.62 (17.25..18.00)"
         );
+    }
+
+    #[test]
+    fn a_round_whose_lowest_rate_failed_counts_as_a_knee_of_zero() {
+        use crate::sweep::Knee;
+        let with = |rate: Option<f64>, failed_at: Option<f64>| {
+            let mut s = crate::page::tests::sweep("portico");
+            s.knee = Some(Knee {
+                rate,
+                failed_at,
+                note: String::new(),
+            });
+            Input::Sweep(Box::new(s))
+        };
+        let rounds = vec![
+            (1, with(Some(10_000.0), Some(11_000.0))),
+            (2, with(None, Some(7_000.0))),
+            (3, with(Some(9_000.0), Some(10_000.0))),
+            // Every rate void: nothing measured, nothing counted.
+            (4, with(None, None)),
+        ];
+        let s = summarize("portico", "latency", Metric::Latency, &rounds);
+        let r = s.rate.unwrap();
+        assert_eq!((r.median, r.min, r.max, r.n), (9_000.0, 0.0, 10_000.0, 3));
+        assert!(table(&[s], 4, true).contains("knee req/s (from 3 of 4 rounds)"));
     }
 
     fn run(rate: f64, us: Option<f64>) -> Input {
