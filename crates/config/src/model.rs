@@ -1698,6 +1698,10 @@ impl Route {
         let Action::Proxy(proxy) = &self.action else {
             return Cow::Borrowed(target);
         };
+        // Most routes change nothing: answer before searching the target.
+        if proxy.strip_prefix.is_none() && proxy.rewrite_prefix.is_none() {
+            return Cow::Borrowed(target);
+        }
         let (path, query) = match target.find('?') {
             Some(at) => target.split_at(at),
             None => (target, ""),
