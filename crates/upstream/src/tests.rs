@@ -477,3 +477,37 @@ fn a_group_without_servers_picks_none_under_every_balance() {
         assert!(next.pick_at(Some(b"k"), None, now).is_ok(), "{balance:?}");
     }
 }
+
+#[test]
+fn a_group_of_one_answers_as_the_general_path_does() {
+    for balance in [
+        Balance::RoundRobin,
+        Balance::LeastConnections,
+        Balance::TwoRandomChoices,
+        Balance::HashClientIp,
+    ] {
+        let up = Upstream::new(group(&[3], balance.clone(), 2));
+        let now = Instant::now();
+        // An excluded server is a candidate again when no other can take the request.
+        let a = up.pick_at(Some(b"k"), Some(0), now).unwrap();
+        let b = up.pick_at(None, None, now).unwrap();
+        assert_eq!((a.index(), b.index()), (0, 0));
+        assert_eq!(up.active(0), 2);
+        assert!(matches!(
+            up.pick_at(None, None, now),
+            Err(PickError::AtLimit)
+        ));
+        drop(a);
+        assert_eq!(up.active(0), 1);
+        assert!(up.set_admin(0, AdminState::Disabled));
+        assert!(matches!(
+            up.pick_at(None, None, now),
+            Err(PickError::Unavailable)
+        ));
+        assert!(up.pick(None, None).is_none());
+        assert!(up.set_admin(0, AdminState::Enabled));
+        drop(b);
+        assert!(up.pick(None, None).is_some());
+        assert_eq!(up.status(now)[0].requests, 3);
+    }
+}
