@@ -1038,6 +1038,44 @@ fn iter_fields<'a>(
         .map(move |f| (str_of(buf, &f.name), slice_of(buf, &f.value)))
 }
 
+fn iter_field_lines<'a>(
+    buf: &'a HeadBuf,
+    fields: &'a [FieldPos],
+) -> impl Iterator<Item = FieldLine<'a>> + 'a {
+    fields.iter().map(move |f| FieldLine {
+        name: str_of(buf, &f.name),
+        value: slice_of(buf, &f.value),
+        raw: buf.bytes(),
+        pos: f,
+    })
+}
+
+/// One field of a parsed head, with access to its line as received.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldLine<'a> {
+    /// The name as received.
+    pub name: &'a str,
+    /// The value, surrounding whitespace trimmed.
+    pub value: &'a [u8],
+    raw: &'a [u8],
+    pos: &'a FieldPos,
+}
+
+impl<'a> FieldLine<'a> {
+    /// The line as received when it reads exactly `name: value\r\n`, what
+    /// [`crate::encode::field`] writes (so a copy can take it whole); None otherwise.
+    pub fn line(&self) -> Option<&'a [u8]> {
+        let (name_end, value_start) = (self.pos.name.end as usize, self.pos.value.start as usize);
+        let line_end = (self.pos.value.end as usize).saturating_add(2);
+        let canonical = value_start == name_end.saturating_add(2)
+            && self.raw.get(name_end..value_start) == Some(b": ")
+            && self.raw.get(line_end - 2..line_end) == Some(b"\r\n");
+        canonical
+            .then(|| self.raw.get(self.pos.name.start as usize..line_end))
+            .flatten()
+    }
+}
+
 /// True for the RFC 9110 7.6.1 hop-by-hop fields (plus the legacy Keep-Alive and
 /// Proxy-Connection), whatever the message's Connection field says.
 pub fn is_fixed_hop_by_hop(name: &str) -> bool {
@@ -1101,6 +1139,10 @@ impl RequestHead {
     pub fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
         iter_fields(&self.buf, &self.fields)
     }
+    /// As [`RequestHead::fields`], each field with its line as received ([`FieldLine::line`]).
+    pub fn field_lines(&self) -> impl Iterator<Item = FieldLine<'_>> + '_ {
+        iter_field_lines(&self.buf, &self.fields)
+    }
     /// First field with this name (ASCII case-insensitive).
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         find_field(&self.buf, &self.fields, name)
@@ -1135,6 +1177,10 @@ impl ResponseHead {
     }
     pub fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
         iter_fields(&self.buf, &self.fields)
+    }
+    /// Same as [`RequestHead::field_lines`].
+    pub fn field_lines(&self) -> impl Iterator<Item = FieldLine<'_>> + '_ {
+        iter_field_lines(&self.buf, &self.fields)
     }
     pub fn field(&self, name: &str) -> Option<&[u8]> {
         find_field(&self.buf, &self.fields, name)

@@ -19,5 +19,6 @@ pub use build::{RequestBuilder, ResponseBuilder};
 pub use coding::Coding;
 pub use error::{BodyError, ParseError, ParseErrorKind};
 pub use head::{
-    parse_request, parse_response, Limits, Method, RequestHead, ResponseHead, TargetForm, Version,
+    parse_request, parse_response, FieldLine, Limits, Method, RequestHead, ResponseHead,
+    TargetForm, Version,
 };

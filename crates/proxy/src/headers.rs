@@ -3,7 +3,7 @@
 use crate::filter::Edits;
 use bytes::BytesMut;
 use portico_config::ProxyAction;
-use portico_http1::{encode, Framing, RequestHead, ResponseHead, Version};
+use portico_http1::{encode, FieldLine, Framing, RequestHead, ResponseHead, Version};
 
 /// What the forwarded head needs beyond the request: the client and the Host to send.
 pub struct Forwarding<'a> {
@@ -133,6 +133,10 @@ pub(crate) trait HeadOut {
     fn request_line(&mut self, method: &str, target: &str);
     /// One field whose value is `parts` one after the other.
     fn field(&mut self, name: &str, parts: &[&[u8]]);
+    /// One field as received (an HTTP/1 head may copy its line whole).
+    fn field_line(&mut self, f: &FieldLine<'_>) {
+        self.field(f.name, &[f.value]);
+    }
     fn content_length(&mut self, n: u64);
     fn end(&mut self);
 }
@@ -153,6 +157,13 @@ impl HeadOut for BytesMut {
                 }
                 self.extend_from_slice(b"\r\n");
             }
+        }
+    }
+
+    fn field_line(&mut self, f: &FieldLine<'_>) {
+        match f.line() {
+            Some(line) => self.extend_from_slice(line),
+            None => encode::field(self, f.name, f.value),
         }
     }
 
@@ -204,7 +215,8 @@ pub(crate) fn upstream_request(
     let mut xff: Option<&[u8]> = None;
     let mut via: Option<&[u8]> = None;
     let mut host_value: Option<&[u8]> = None;
-    for (name, value) in head.fields() {
+    for f in head.field_lines() {
+        let (name, value) = (f.name, f.value);
         // Host first: a `Connection: host` must not make the upstream lose it.
         if name.eq_ignore_ascii_case("host") {
             host_value = Some(value);
@@ -241,7 +253,7 @@ pub(crate) fn upstream_request(
             via = Some(value);
             continue;
         }
-        out.field(name, &[value]);
+        out.field_line(&f);
     }
     if fwd.absolute {
         host_value = Some(fwd.authority.as_bytes());
@@ -332,7 +344,8 @@ pub(crate) fn client_response(
 ) {
     encode::status_line(out, resp.status(), resp.reason());
     let mut prev_via: Option<&[u8]> = None;
-    for (name, value) in resp.fields() {
+    for f in resp.field_lines() {
+        let (name, value) = (f.name, f.value);
         if resp.is_hop_by_hop(name) {
             // Transfer-Encoding on a body-less response (HEAD) is kept as sent.
             if !(framing == ClientFraming::None && name.eq_ignore_ascii_case("transfer-encoding")) {
@@ -349,7 +362,10 @@ pub(crate) fn client_response(
             prev_via = Some(value);
             continue;
         }
-        encode::field(out, name, value);
+        match f.line() {
+            Some(line) => out.extend_from_slice(line),
+            None => encode::field(out, name, value),
+        }
     }
     if via {
         write_via(out, prev_via, resp.version());

@@ -188,3 +188,35 @@ fn informational_then_final_response() {
     assert_eq!((second.status(), second.framing), (201, Length(2)));
     assert_eq!(&buf[..], b"ok");
 }
+
+#[test]
+fn field_lines_are_given_only_when_they_read_as_encode_writes_them() {
+    let head = response(
+        &Method::Get,
+        b"HTTP/1.1 200 OK\r\nServer: o\r\nX-A:b\r\nX-B:  c  \r\nX-T:\tt\r\nX-C: \xffd\r\nX-E:\r\nContent-Length: 0\r\n\r\n",
+    )
+    .unwrap();
+    type Line<'a> = (&'a str, &'a [u8], Option<&'a [u8]>);
+    let lines: Vec<Line> = head
+        .field_lines()
+        .map(|f| (f.name, f.value, f.line()))
+        .collect();
+    let want: [Line; 7] = [
+        ("Server", b"o", Some(&b"Server: o\r\n"[..])),
+        ("X-A", b"b", Option::None),
+        ("X-B", b"c", Option::None),
+        ("X-T", b"t", Option::None),
+        ("X-C", b"\xffd", Some(&b"X-C: \xffd\r\n"[..])),
+        ("X-E", b"", Option::None),
+        ("Content-Length", b"0", Some(&b"Content-Length: 0\r\n"[..])),
+    ];
+    assert_eq!(lines, want);
+    // Wherever a line is given, it is what encode::field writes.
+    for (name, value, line) in lines {
+        let mut out = BytesMut::new();
+        crate::encode::field(&mut out, name, value);
+        if let Some(line) = line {
+            assert_eq!(line, &out[..]);
+        }
+    }
+}
