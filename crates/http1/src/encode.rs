@@ -19,9 +19,29 @@ pub fn status_line(out: &mut BytesMut, status: u16, reason: &str) {
         reason
     };
     out.reserve(reason.len().saturating_add(16));
-    out.extend_from_slice(b"HTTP/1.1 ");
-    decimal(out, u64::from(status));
-    out.extend_from_slice(b" ");
+    if (100..1000).contains(&status) {
+        // Every status on the wire has three digits: one copy for the line up to the reason.
+        let digit = |n: u16| b'0' + (n % 10) as u8;
+        out.extend_from_slice(&[
+            b'H',
+            b'T',
+            b'T',
+            b'P',
+            b'/',
+            b'1',
+            b'.',
+            b'1',
+            b' ',
+            digit(status / 100),
+            digit(status / 10),
+            digit(status),
+            b' ',
+        ]);
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        decimal(out, u64::from(status));
+        out.extend_from_slice(b" ");
+    }
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");
 }

@@ -45,6 +45,12 @@ fn encoded_response_round_trips() {
     let mut out = BytesMut::new();
     encode::status_line(&mut out, 204, "");
     assert_eq!(&out[..], b"HTTP/1.1 204 No Content\r\n");
+    // Every status a u16 holds is written in decimal, three digits or not.
+    for status in [0, 7, 99, 100, 101, 200, 307, 999, 1000, u16::MAX] {
+        let mut out = BytesMut::new();
+        encode::status_line(&mut out, status, "R");
+        assert_eq!(out, format!("HTTP/1.1 {status} R\r\n").as_bytes());
+    }
 }
 
 #[test]
