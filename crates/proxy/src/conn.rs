@@ -251,6 +251,43 @@ impl Conn {
     }
 }
 
+/// When a request head being read is worth parsing: the first bytes at once (a head mostly comes
+/// whole in one read), later ones only when they could complete the head, end the request line
+/// (checked as soon as it is whole) or break a limit. A head trickled in tiny pieces so costs
+/// linear, not quadratic, work.
+#[derive(Debug, Default)]
+pub(crate) struct HeadScan {
+    /// Bytes already searched for the end of the head (0: nothing parsed yet).
+    scanned: usize,
+    /// A parse saw the request line's end.
+    line_checked: bool,
+}
+
+impl HeadScan {
+    /// Whether `buf`, every byte read so far, is worth parsing now.
+    pub fn worth_parsing(&mut self, buf: &[u8], max_head: usize, max_line: usize) -> bool {
+        let first = self.scanned == 0;
+        let newline = !first && !self.line_checked && buf.contains(&b'\n');
+        let worth = first
+            || newline
+            || head_may_be_complete(buf, self.scanned)
+            || buf.len() > max_head
+            || (!self.line_checked && buf.len() > max_line);
+        self.scanned = buf.len();
+        worth
+    }
+
+    /// A parse of `buf` found the head incomplete.
+    pub fn incomplete(&mut self, buf: &[u8]) {
+        self.line_checked |= buf.contains(&b'\n');
+    }
+
+    /// The bytes read so far were dropped (empty lines before a request).
+    pub fn restart(&mut self) {
+        self.scanned = 0;
+    }
+}
+
 /// Whether `buf` holds the end of a head that may have been cut at `from`: CRLF CRLF, or a bare
 /// LF pair the parser will refuse. Only the new bytes (and 3 before them) are searched.
 pub fn head_may_be_complete(buf: &[u8], from: usize) -> bool {
@@ -603,7 +640,7 @@ mod tests {
         }
     }
 
-    use super::{body_byte_due, head_may_be_complete};
+    use super::{body_byte_due, head_may_be_complete, HeadScan};
     use std::time::Duration;
 
     #[test]
@@ -630,5 +667,35 @@ mod tests {
         // Bare LF pairs are handed to the parser too, which refuses them.
         assert!(head_may_be_complete(b"GET / HTTP/1.1\nHost: a\n\n", 10));
         assert!(!head_may_be_complete(b"", 0));
+    }
+
+    #[test]
+    fn a_head_is_parsed_at_its_first_bytes_its_line_end_and_its_end() {
+        // Trickled one byte at a time: three parses (first byte, line end, head end), not one
+        // per byte.
+        let head = b"GET /a HTTP/1.1\r\nHost: a\r\nX-Long: aaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+        let mut scan = HeadScan::default();
+        let mut parsed = Vec::new();
+        for n in 1..=head.len() {
+            if scan.worth_parsing(&head[..n], 8192, 4096) {
+                parsed.push(n);
+                scan.incomplete(&head[..n]);
+            }
+        }
+        let line_end = head.iter().position(|&b| b == b'\n').unwrap() + 1;
+        assert_eq!(parsed, [1, line_end, head.len()]);
+        // A line already seen whole (in the first read) is not parsed again at the next line.
+        let mut scan = HeadScan::default();
+        assert!(scan.worth_parsing(b"GET / HTTP/1.1\r\nHo", 8192, 4096));
+        scan.incomplete(b"GET / HTTP/1.1\r\nHo");
+        assert!(!scan.worth_parsing(b"GET / HTTP/1.1\r\nHost: a\r\n", 8192, 4096));
+        // Limits: a request line or a head over its limit is parsed (and refused there).
+        let mut scan = HeadScan::default();
+        assert!(scan.worth_parsing(b"GET /aaaa", 8192, 8));
+        scan.incomplete(b"GET /aaaa");
+        assert!(scan.worth_parsing(b"GET /aaaaaaaa", 8192, 8));
+        // Dropped empty lines: the next bytes are first bytes again.
+        scan.restart();
+        assert!(scan.worth_parsing(b"G", 8192, 4096));
     }
 }

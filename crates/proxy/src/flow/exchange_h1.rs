@@ -285,11 +285,14 @@ pub(crate) async fn read_response_head<R: AsyncRead + Unpin>(
     method: &Method,
 ) -> Result<Head, ProxyError> {
     let limits = Limits::default();
-    // Parse only when the new bytes may end the head (linear work for a trickled head).
+    // Parse the first bytes at once (a head mostly comes whole), then only when new bytes may
+    // end the head (linear work for a trickled head).
     let mut scanned = 0;
     loop {
         if !rbuf.is_empty()
-            && (head_may_be_complete(rbuf, scanned) || rbuf.len() > limits.max_head_bytes)
+            && (scanned == 0
+                || head_may_be_complete(rbuf, scanned)
+                || rbuf.len() > limits.max_head_bytes)
         {
             scanned = rbuf.len();
             match parse_response(rbuf, method, &limits) {
@@ -346,5 +349,49 @@ mod tests {
             &super::interim_head(&h)[..],
             b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
         );
+    }
+
+    /// Reads that return the given pieces one by one, then end of file.
+    struct Pieces(std::collections::VecDeque<&'static [u8]>);
+
+    impl tokio::io::AsyncRead for Pieces {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            if let Some(p) = self.0.pop_front() {
+                buf.put_slice(p);
+            }
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_response_head_in_pieces_is_read_whole() {
+        let pieces = [
+            &b"HTTP/1.1 1"[..],
+            b"03 Early Hints\r\n\r\nHTTP/1.1 2",
+            b"00 OK\r\nContent-",
+            b"Length: 2\r\n",
+            b"\r\nok",
+        ];
+        let mut up = Pieces(pieces.into_iter().collect());
+        let mut rbuf = bytes::BytesMut::new();
+        let get = portico_http1::Method::Get;
+        let first = super::read_response_head(&mut up, &mut rbuf, &get).await;
+        assert!(matches!(first, Ok(super::Head::Interim(ref h)) if h.starts_with(b"HTTP/1.1 103")));
+        match super::read_response_head(&mut up, &mut rbuf, &get).await {
+            Ok(super::Head::Final(h)) => {
+                assert_eq!(h.status(), 200);
+                assert_eq!(h.field("content-length"), Some(&b"2"[..]));
+            }
+            _ => panic!("a final head"),
+        }
+        assert_eq!(&rbuf[..], b"ok");
+        // A head cut short by the end of the stream.
+        let mut up = Pieces([&b"HTTP/1.1 200 OK\r\n"[..]].into_iter().collect());
+        let cut = super::read_response_head(&mut up, &mut bytes::BytesMut::new(), &get).await;
+        assert!(matches!(cut, Err(crate::error::ProxyError::UpstreamClosed)));
     }
 }

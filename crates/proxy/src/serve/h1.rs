@@ -1,6 +1,6 @@
 //! One HTTP/1.1 connection's task: read each request head under its deadlines, hand the request to the flow, log it, then keep the connection alive (asleep, without buffers, once idle) or close it (lingering after an error).
 
-use crate::conn::{head_may_be_complete, write_simple, Conn, Ctx};
+use crate::conn::{write_simple, Conn, Ctx, HeadScan};
 use crate::downstream::http1::H1Down;
 use crate::error::error_body;
 use crate::error::ProxyError;
@@ -349,8 +349,8 @@ enum Next {
 /// failed: accept for the first request, its first byte for later ones, `None` when the head
 /// came complete in the first read of a kept-alive connection (it began now).
 ///
-/// The parser runs only when the bytes read could complete the head or break a limit, so a head
-/// trickled in tiny pieces costs linear, not quadratic, work. While `sniff` is set, the bytes
+/// The parser runs when [`HeadScan`] says the bytes are worth it, so a head trickled in tiny
+/// pieces costs linear, not quadratic, work. While `sniff` is set, the bytes
 /// first say which protocol this is ([`classify`]); it is cleared once they say HTTP/1.
 async fn read_head(
     c: &mut Conn,
@@ -367,14 +367,12 @@ async fn read_head(
     } else {
         None
     };
-    // Bytes already searched for the end of the head; whether the request line was checked.
-    let mut scanned = 0;
-    let mut line_checked = false;
+    let mut scan = HeadScan::default();
     loop {
         // Empty lines before a request are allowed (RFC 9112 2.2): they start nothing.
         if c.rbuf.iter().all(|&b| b == b'\r' || b == b'\n') {
             c.rbuf.clear();
-            scanned = 0;
+            scan.restart();
         }
         if *sniff && !c.rbuf.is_empty() {
             match classify(&c.rbuf) {
@@ -386,17 +384,10 @@ async fn read_head(
             }
         }
         if !*sniff && !c.rbuf.is_empty() {
-            let newline = !line_checked && c.rbuf.contains(&b'\n');
-            let worth_parsing = head_may_be_complete(&c.rbuf, scanned)
-                || newline
-                || c.rbuf.len() > limits.max_head_bytes
-                || (!line_checked && c.rbuf.len() > limits.max_request_line);
-            scanned = c.rbuf.len();
-            line_checked |= newline;
-            if worth_parsing {
+            if scan.worth_parsing(&c.rbuf, limits.max_head_bytes, limits.max_request_line) {
                 match parse_request(&mut c.rbuf, &ctx.ls.limits) {
                     Ok(Some(h)) => return Ok(Next::Head(h)),
-                    Ok(None) => {}
+                    Ok(None) => scan.incomplete(&c.rbuf),
                     Err(e) => return Err(ProxyError::BadHead(e)),
                 }
             }

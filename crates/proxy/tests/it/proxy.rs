@@ -1201,3 +1201,54 @@ fn trailers_that_may_not_travel_are_dropped_both_ways() {
         "{text:?}"
     );
 }
+
+#[test]
+fn heads_in_pieces_are_read_whole_and_a_bad_request_line_is_refused_before_its_head_ends() {
+    // An upstream that writes its response head in pieces.
+    let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+    let up_addr = upstream.local_addr().unwrap();
+    let serve = std::thread::spawn(move || {
+        let (mut s, _) = upstream.accept().unwrap();
+        let (seen, _) = read_past_head(&mut s).unwrap();
+        for piece in [
+            &b"HTTP/1.1 2"[..],
+            b"00 OK\r\nContent-",
+            b"Length: 2\r\n",
+            b"\r\nok",
+        ] {
+            s.write_all(piece).unwrap();
+            s.flush().unwrap();
+        }
+        seen
+    });
+    let p = simple(&[up_addr], "", "");
+    let addr = p.addr("p").unwrap();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for piece in ["GET /", "x HTTP/1.1\r\nHo", "st: a\r\n", "\r\n"] {
+        c.write_all(piece.as_bytes()).unwrap();
+        c.flush().unwrap();
+    }
+    let (got, head) = read_past_head(&mut c).unwrap();
+    assert_eq!(status_of(&got), Some(200));
+    let mut body = got[head..].to_vec();
+    while body.len() < 2 {
+        let mut b = [0u8; 16];
+        let n = c.read(&mut b).unwrap();
+        assert!(n > 0, "the body came");
+        body.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(body, b"ok");
+    let seen = serve.join().unwrap();
+    assert!(seen.starts_with(b"GET /x HTTP/1.1\r\n"), "{seen:?}");
+    // A request line that cannot be one is refused when it ends, not when the head would
+    // (the head deadline is 10 s; the read gives up after 5).
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for piece in ["G", "(T / HTTP/1.1\r\n", "Host: a\r\n"] {
+        c.write_all(piece.as_bytes()).unwrap();
+        c.flush().unwrap();
+    }
+    let (got, _) = read_past_head(&mut c).expect("an answer before the head ended");
+    assert_eq!(status_of(&got), Some(400));
+}
