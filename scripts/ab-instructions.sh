@@ -33,6 +33,8 @@ count() { # binary requests -> instructions of the proxy process for that run
   valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "$1" run -c "$d/portico.toml" -w 1 \
     > /dev/null 2> "$d/vg.log" &
   local pid=$! out
+  # This runs in a subshell, where the script's EXIT trap does not: a failure stops Portico here.
+  trap 'kill "$pid" 2>/dev/null || true' EXIT
   wait_port 9743
   local scheme=https opts=() target
   case $mode in

@@ -12,6 +12,7 @@
 # (AB_N1, AB_N2 as in ab-instructions.sh). Needs valgrind, h2load and the peer.
 set -euo pipefail
 peer=$1 mode=$2 bin=$3
+case $mode in http | slow) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;; esac
 n1=${AB_N1:-2000} n2=${AB_N2:-6000}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
@@ -58,16 +59,17 @@ esac
 count() { # requests -> instructions of the peer's process for that run
   valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "${cmd[@]}" > /dev/null 2> "$d/vg.log" &
   local pid=$! out
+  # This runs in a subshell, where the script's EXIT trap does not: a failure stops the peer here.
+  trap 'kill "$pid" 2>/dev/null || true' EXIT
   wait_port 9743
   case $mode in
     http) out=$(h2load --h1 -c 4 -n "$1" http://127.0.0.1:9743/bytes/1k 2>&1)
       grep -q "$1 succeeded" <<<"$out" || { echo "h2load failed: $out" >&2; exit 1; } ;;
     slow) out=$("$bin" bench -R "${AB_RATE:-200}" -c 4 -n "$1" http://127.0.0.1:9743/bytes/1k 2>&1)
       grep -q "= $1 completed + 0 errors" <<<"$out" || { echo "bench failed: $out" >&2; exit 1; } ;;
-    *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;;
   esac
-  # nginx's fast shutdown is QUIT; HAProxy's and the relay's TERM (callgrind writes its counts
-  # as the process exits either way).
+  # nginx's graceful shutdown is QUIT (TERM would do too); HAProxy and the relay stop on TERM.
+  # Callgrind writes its counts as the process exits either way.
   case $peer in nginx) kill -QUIT "$pid" ;; *) kill -TERM "$pid" ;; esac
   wait "$pid" 2>/dev/null || true
   awk '/Collected/ {print $4}' "$d/vg.log"
