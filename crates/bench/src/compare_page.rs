@@ -820,7 +820,8 @@ fn rounds_text(x: &Summary, pinned: bool) -> String {
             Some(_) => " (not the bottleneck)",
             None => "",
         };
-        parts.push(format!("{} {}{idle}", r.text(1), x.unit));
+        let figure = r.text(crate::rounds::rate_decimals(&x.unit));
+        parts.push(format!("{figure} {}{idle}", x.unit));
     }
     if let Some(c) = &x.cpu_us_per_request {
         parts.push(format!("CPU {} µs/req", c.text(2)));

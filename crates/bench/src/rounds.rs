@@ -59,6 +59,15 @@ pub fn unit(metric: Metric) -> &'static str {
     }
 }
 
+/// Decimals for a summary's figure in `unit`: a knee is a whole rate (its 0 reads `0`).
+pub fn rate_decimals(unit: &str) -> usize {
+    if unit == self::unit(Metric::Latency) {
+        0
+    } else {
+        1
+    }
+}
+
 /// The scenario's figure of one result.
 pub fn primary(metric: Metric, input: &Input) -> Option<f64> {
     match (metric, input) {
@@ -253,9 +262,12 @@ pub fn table(summaries: &[Summary], rounds: u32, pinned: bool) -> String {
     for s in summaries {
         let rate = s
             .rate
-            .map(|r| match r.n < rounds as usize {
-                true => format!("{} {} (from {} of {rounds} rounds)", r.text(1), s.unit, r.n),
-                false => format!("{} {}", r.text(1), s.unit),
+            .map(|r| {
+                let figure = r.text(rate_decimals(&s.unit));
+                match r.n < rounds as usize {
+                    true => format!("{figure} {} (from {} of {rounds} rounds)", s.unit, r.n),
+                    false => format!("{figure} {}", s.unit),
+                }
             })
             .unwrap_or_else(|| format!("no {}", s.unit));
         let cpu = s
@@ -345,7 +357,7 @@ mod tests {
         let s = summarize("portico", "latency", Metric::Latency, &rounds);
         let r = s.rate.unwrap();
         assert_eq!((r.median, r.min, r.max, r.n), (9_000.0, 0.0, 10_000.0, 3));
-        assert!(table(&[s], 4, true).contains("knee req/s (from 3 of 4 rounds)"));
+        assert!(table(&[s], 4, true).contains("9,000 (0..10,000) knee req/s (from 3 of 4 rounds)"));
     }
 
     fn run(rate: f64, us: Option<f64>) -> Input {
