@@ -695,20 +695,23 @@ pub fn port_for_restarts() -> u16 {
         .and_then(|l| l.parse().ok())
         .unwrap_or(32768);
     let (from, to) = (low.saturating_sub(12_000).max(1024), low);
-    if to <= from {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        return l.local_addr().unwrap().port();
-    }
-    // Tests run in parallel threads of one process: a counter keeps their picks apart.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let clock = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos() as u64);
-    let seed = clock + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) * 1000;
-    (0..to - from)
-        .map(|i| from + ((seed + i as u64 * 7919) % (to - from) as u64) as u16)
-        .find(|&p| TcpListener::bind(("127.0.0.1", p)).is_ok())
-        .expect("a free port below the ephemeral range")
+    // Ports handed out to this process's tests stay theirs while their server is down.
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    // Each test process probes from its own place; within one, `GIVEN` keeps the ports apart.
+    let start = std::process::id().wrapping_mul(7919);
+    let span = u32::from(to.saturating_sub(from));
+    let port = (0..span)
+        .map(|i| from + ((start.wrapping_add(i)) % span.max(1)) as u16)
+        .find(|p| !given.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .unwrap_or_else(|| {
+            // No room below the ephemeral range (it starts at 1024 or so): the race is back,
+            // rare as it is.
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+            l.local_addr().expect("local address").port()
+        });
+    given.push(port);
+    port
 }
 
 /// `list` as a TOML array of quoted addresses (a group's `servers`).
@@ -724,6 +727,22 @@ mod tests {
     fn answered(addr: SocketAddr) -> io::Result<String> {
         let r = Client::connect(addr)?.request(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")?;
         Ok(r.text())
+    }
+
+    #[test]
+    fn ports_for_restarts_lie_below_the_ephemeral_range_and_are_handed_out_once() {
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())
+            .unwrap_or(32768);
+        let ports: Vec<u16> = (0..50).map(|_| port_for_restarts()).collect();
+        if low > 2048 {
+            assert!(ports.iter().all(|&p| p >= 1024 && p < low), "{ports:?}");
+        }
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
     }
 
     #[test]
