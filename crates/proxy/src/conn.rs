@@ -267,7 +267,7 @@ impl HeadScan {
     /// Whether `buf`, every byte read so far, is worth parsing now.
     pub fn worth_parsing(&mut self, buf: &[u8], max_head: usize, max_line: usize) -> bool {
         let first = self.scanned == 0;
-        let newline = !first && !self.line_checked && buf.contains(&b'\n');
+        let newline = !first && !self.line_checked && line_ended(buf);
         let worth = first
             || newline
             || head_may_be_complete(buf, self.scanned)
@@ -279,13 +279,20 @@ impl HeadScan {
 
     /// A parse of `buf` found the head incomplete.
     pub fn incomplete(&mut self, buf: &[u8]) {
-        self.line_checked |= buf.contains(&b'\n');
+        self.line_checked |= line_ended(buf);
     }
 
     /// The bytes read so far were dropped (empty lines before a request).
     pub fn restart(&mut self) {
         self.scanned = 0;
     }
+}
+
+/// Whether the request line in `buf` has ended: a LF after the empty lines that may lead it.
+fn line_ended(buf: &[u8]) -> bool {
+    buf.iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .is_some_and(|start| buf[start..].contains(&b'\n'))
 }
 
 /// Whether `buf` holds the end of a head that may have been cut at `from`: CRLF CRLF, or a bare
@@ -694,6 +701,12 @@ mod tests {
         assert!(scan.worth_parsing(b"GET /aaaa", 8192, 8));
         scan.incomplete(b"GET /aaaa");
         assert!(scan.worth_parsing(b"GET /aaaaaaaa", 8192, 8));
+        // Empty lines before the request line do not end it: its limit still holds.
+        let mut scan = HeadScan::default();
+        assert!(scan.worth_parsing(b"\r\nGET /a", 8192, 12));
+        scan.incomplete(b"\r\nGET /a");
+        assert!(!scan.worth_parsing(b"\r\nGET /aa", 8192, 12));
+        assert!(scan.worth_parsing(b"\r\nGET /aaaaaaa", 8192, 12));
         // Dropped empty lines: the next bytes are first bytes again.
         scan.restart();
         assert!(scan.worth_parsing(b"G", 8192, 4096));
