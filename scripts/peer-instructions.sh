@@ -2,7 +2,7 @@
 # A peer's instructions per request under callgrind, counted as scripts/ab-instructions.sh counts
 # Portico's (user space of the proxy's process, two runs of N1 and N2 requests, the difference
 # divided by N2 - N1), with `bench compare`'s configuration (one worker, upstream keep-alive, no
-# access log), the origin `BINARY origin`:
+# access log; `BINARY bench peer` writes it), the origin `BINARY origin`:
 #   nginx    single-process (master_process off)
 #   haproxy  nbthread 1, in the foreground
 #   relay    `BINARY bench relay`, the blind TCP relay `bench compare` calls the floor: what any
@@ -13,6 +13,7 @@
 set -euo pipefail
 peer=$1 mode=$2 bin=$3
 case $mode in http | slow) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;; esac
+case $peer in nginx | haproxy | relay) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;; esac
 n1=${AB_N1:-2000} n2=${AB_N2:-6000}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
@@ -21,40 +22,11 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
 
 "$bin" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9380
-case $peer in
-  nginx)
-    cat > "$d/nginx.conf" <<EOT
-worker_processes 1; daemon off; master_process off; pid $d/nginx.pid; error_log $d/error.log warn;
-events { worker_connections 10000; }
-http { access_log off; keepalive_requests 1000000;
-  client_body_temp_path $d; proxy_temp_path $d; fastcgi_temp_path $d; uwsgi_temp_path $d; scgi_temp_path $d;
-  upstream b { server 127.0.0.1:9380; keepalive 1024; }
-  server { listen 127.0.0.1:9743;
-    location / { proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection ""; } } }
-EOT
-    cmd=(nginx -c "$d/nginx.conf" -p "$d") ;;
-  haproxy)
-    cat > "$d/haproxy.cfg" <<EOT
-global
-    nbthread 1
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 60s
-    timeout server 60s
-    option http-keep-alive
-    http-reuse always
-frontend f
-    bind 127.0.0.1:9743
-    default_backend b
-backend b
-    server s1 127.0.0.1:9380
-EOT
-    cmd=(haproxy -f "$d/haproxy.cfg" -db) ;;
-  relay) cmd=("$bin" bench relay --listen 127.0.0.1:9743 --to 127.0.0.1:9380) ;;
-  *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;;
-esac
+# bench compare's configuration and command line, written and printed by the binary itself.
+mapfile -t cmd < <("$bin" bench peer "$peer" --port 9743 --origin 127.0.0.1:9380 --dir "$d/peer")
+[ ${#cmd[@]} -gt 0 ] || { echo "portico bench peer $peer printed no command" >&2; exit 1; }
+# nginx's master process would fork the worker callgrind is to count: run the worker alone.
+[ "$peer" = nginx ] && cmd+=(-g "master_process off;")
 
 count() { # requests -> instructions of the peer's process for that run
   valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "${cmd[@]}" > /dev/null 2> "$d/vg.log" &

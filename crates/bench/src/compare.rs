@@ -712,7 +712,7 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
 
 /// Where the program of `proxy` is: in PATH, or (Pingora's, which `scripts/build-pingora.sh`
 /// builds into the portico binary's target directory) beside `portico`.
-fn locate(proxy: Proxy, program: &str, portico: &Path) -> Option<PathBuf> {
+pub(crate) fn locate(proxy: Proxy, program: &str, portico: &Path) -> Option<PathBuf> {
     in_path(program).or_else(|| {
         let beside = portico.parent()?.join(program);
         (proxy == Proxy::Pingora && beside.is_file()).then_some(beside)
@@ -1192,19 +1192,6 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
             let mut running: Option<Proc> = None;
             if *proxy != Proxy::Direct {
                 let pdir = dir.join("configs").join(name);
-                for sub in [
-                    "",
-                    "client_body",
-                    "proxy",
-                    "fastcgi",
-                    "uwsgi",
-                    "scgi",
-                    "data",
-                    "config",
-                ] {
-                    let d = pdir.join(sub);
-                    std::fs::create_dir_all(&d).map_err(file_err(&d))?;
-                }
                 let setup = Setup {
                     port,
                     tls_port,
@@ -1214,9 +1201,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
                     h2: h2_support.is_ok(),
                     h3: h3_support.is_ok(),
                 };
-                let text = peers::config(*proxy, &setup);
-                let cfg_path = pdir.join(proxy.config_name());
-                std::fs::write(&cfg_path, &text).map_err(file_err(&cfg_path))?;
+                let (cfg_path, text) = peers::write_config(*proxy, &setup)?;
                 let cmd = peers::command(*proxy, &program, &cfg_path, &setup);
                 let env = peers::environment(*proxy, &pdir);
                 entry.version = Some(match proxy {

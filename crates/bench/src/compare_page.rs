@@ -820,7 +820,7 @@ fn rounds_text(x: &Summary, pinned: bool) -> String {
             Some(_) => " (not the bottleneck)",
             None => "",
         };
-        let figure = r.text(crate::rounds::rate_decimals(&x.unit));
+        let figure = r.text(x.rate_decimals());
         parts.push(format!("{figure} {}{idle}", x.unit));
     }
     if let Some(c) = &x.cpu_us_per_request {

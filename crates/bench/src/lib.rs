@@ -34,6 +34,7 @@ pub use compare::{compare, CompareFlags};
 pub use config::{parse_duration, parse_header, parse_url, Config, Flags, Mode, Stop};
 pub use error::BenchError;
 pub use page::ReportFlags;
+pub use peers::{peer, PeerFlags};
 pub use relay::{relay, RelayFlags};
 pub use report::Report;
 pub use run::{run, Progress};

@@ -17,6 +17,18 @@ pub enum Metric {
     Latency,
 }
 
+impl Metric {
+    /// What a summary's figure counts in this metric (the text [`Summary::unit`] keeps).
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::Rps => "req/s",
+            Metric::Cps => "conn/s",
+            Metric::Throughput => "MB/s",
+            Metric::Latency => "knee req/s",
+        }
+    }
+}
+
 /// The manifest: what ran, where, how, and which files hold the results.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
@@ -186,16 +198,27 @@ pub const SATURATED_PERCENT: f64 = 85.0;
 pub const FLOOR: &str = "relay";
 
 impl Summary {
+    /// Whether its figure is a sweep's knee (a [`Metric::Latency`] scenario).
+    pub fn is_knee(&self) -> bool {
+        self.unit == Metric::Latency.unit()
+    }
+
+    /// Decimals for its figure: a knee is a whole rate (its 0 reads `0`).
+    pub fn rate_decimals(&self) -> usize {
+        if self.is_knee() {
+            0
+        } else {
+            1
+        }
+    }
+
     /// For a closed-loop figure (a saturation rate) of a proxy pinned to its own core: why it is
     /// not the proxy's, when the proxy was not what limited it (its median CPU below
     /// [`SATURATED_PERCENT`] of its core, or of its cap when capped: the generator, the origin or the machine was). Not
     /// said of the floor and `direct` (no proxy), nor of unpinned runs (the proxy shared its
     /// cores). Its CPU per request is still measured, though at less than full load.
     pub fn not_the_bottleneck(&self, pinned: bool) -> Option<String> {
-        if !pinned
-            || self.unit.starts_with("knee")
-            || [FLOOR, "direct"].contains(&self.proxy.as_str())
-        {
+        if !pinned || self.is_knee() || [FLOOR, "direct"].contains(&self.proxy.as_str()) {
             return None;
         }
         let busy = self.cpu_percent_of_core?.median;

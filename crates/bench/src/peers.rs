@@ -1,6 +1,8 @@
-//! `bench compare`: the proxies under test and their fair configurations (one worker, upstream keep-alive, no logging), as text.
+//! `bench compare`: the proxies under test and their fair configurations (one worker, upstream keep-alive, no logging), as text and as files.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use crate::error::BenchError;
 
 /// A proxy `bench compare` can put between the generator and the origin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -402,6 +404,99 @@ pub fn command(proxy: Proxy, program: &str, config: &Path, s: &Setup) -> Vec<Str
     v.into_iter().map(String::from).collect()
 }
 
+/// Creates `s.dir` with the subdirectories the configuration names (nginx's temporary files,
+/// Caddy's data and configuration), writes the configuration of `proxy` there under its
+/// [`Proxy::config_name`], and returns its path and text.
+pub fn write_config(proxy: Proxy, s: &Setup) -> Result<(PathBuf, String), BenchError> {
+    let file = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BenchError::File { path, source }
+    };
+    for sub in [
+        "",
+        "client_body",
+        "proxy",
+        "fastcgi",
+        "uwsgi",
+        "scgi",
+        "data",
+        "config",
+    ] {
+        let d = s.dir.join(sub);
+        std::fs::create_dir_all(&d).map_err(file(&d))?;
+    }
+    let text = config(proxy, s);
+    let path = s.dir.join(proxy.config_name());
+    std::fs::write(&path, &text).map_err(file(&path))?;
+    Ok((path, text))
+}
+
+/// `portico bench peer PROXY`: one proxy of `bench compare`, configured as it configures it, for
+/// measuring it by other means (a profiler, another load generator).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PeerFlags {
+    /// The proxy: relay, portico, nginx, haproxy, caddy or pingora.
+    #[arg(value_name = "PROXY")]
+    pub proxy: String,
+    /// The port it listens on (127.0.0.1, plain HTTP).
+    #[arg(long, value_name = "PORT")]
+    pub port: u16,
+    /// The origin it forwards to.
+    #[arg(long, value_name = "ADDR")]
+    pub origin: std::net::SocketAddr,
+    /// Where its configuration and temporary files go (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
+/// Writes the configuration of `f.proxy` into `f.dir` and prints the command that runs it, one
+/// argument per line (`env NAME=VALUE ...` first when it needs environment variables), as
+/// `bench compare` would run it unpinned. `portico` is the binary run for portico and the relay.
+pub fn peer(f: &PeerFlags, portico: &str, out: &mut dyn std::io::Write) -> Result<(), BenchError> {
+    let proxy = match Proxy::parse(&f.proxy) {
+        Some(Proxy::Direct) | None => {
+            let names: Vec<_> = Proxy::ALL[1..].iter().map(|p| p.name()).collect();
+            return Err(BenchError::Flag(format!(
+                "unknown proxy {:?}: one of {}",
+                f.proxy,
+                names.join(", ")
+            )));
+        }
+        Some(p) => p,
+    };
+    let dir = std::path::absolute(&f.dir).map_err(|source| BenchError::File {
+        path: f.dir.clone(),
+        source,
+    })?;
+    let s = Setup {
+        port: f.port,
+        tls_port: None,
+        origin: f.origin,
+        dir: &dir,
+        tls: None,
+        h2: false,
+        h3: false,
+    };
+    let (path, _) = write_config(proxy, &s)?;
+    let found = proxy.program().map(|p| {
+        crate::compare::locate(proxy, p, Path::new(portico))
+            .map_or_else(|| p.to_string(), |f| f.display().to_string())
+    });
+    let program = found.as_deref().unwrap_or(portico);
+    let env = environment(proxy, &dir);
+    let mut args: Vec<String> = Vec::new();
+    if !env.is_empty() {
+        args.push("env".into());
+        args.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    }
+    args.extend(command(proxy, program, &path, &s));
+    let write = |e: std::io::Error| BenchError::Runtime(format!("cannot print the command: {e}"));
+    for a in args {
+        writeln!(out, "{a}").map_err(write)?;
+    }
+    Ok(())
+}
+
 /// Environment variables a proxy runs with.
 pub fn environment(proxy: Proxy, dir: &Path) -> Vec<(String, String)> {
     match proxy {
@@ -445,6 +540,71 @@ mod tests {
             h2: tls.is_some(),
             h3: tls.is_some(),
         }
+    }
+
+    #[test]
+    fn peer_writes_the_configuration_and_prints_the_command() {
+        let dir = std::env::temp_dir().join(format!("portico-peer-test-{}", std::process::id()));
+        let f = PeerFlags {
+            proxy: "HAProxy".into(),
+            port: 18080,
+            origin: "127.0.0.1:18081".parse().unwrap(),
+            dir: dir.clone(),
+        };
+        let mut out = Vec::new();
+        peer(&f, "/bin/portico", &mut out).unwrap();
+        let cfg = dir.join("haproxy.cfg");
+        let want = format!("haproxy\n-f\n{}\n-db\n", cfg.display());
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        assert_eq!(text, config(Proxy::Haproxy, &setup(&dir, None)));
+        assert!(
+            text.contains("bind 127.0.0.1:18080") && text.contains("server s1 127.0.0.1:18081")
+        );
+
+        // Caddy's environment comes first, through env; the relay runs the given binary.
+        let mut out = Vec::new();
+        peer(
+            &PeerFlags {
+                proxy: "caddy".into(),
+                ..f.clone()
+            },
+            "/bin/portico",
+            &mut out,
+        )
+        .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.starts_with("env\nGOMAXPROCS=1\n"), "{out}");
+        let mut out = Vec::new();
+        peer(
+            &PeerFlags {
+                proxy: "relay".into(),
+                ..f.clone()
+            },
+            "/bin/portico",
+            &mut out,
+        )
+        .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.starts_with("/bin/portico\nbench\nrelay\n--listen\n127.0.0.1:18080\n"),
+            "{out}"
+        );
+
+        for bad in ["direct", "squid"] {
+            let e = peer(
+                &PeerFlags {
+                    proxy: bad.into(),
+                    ..f.clone()
+                },
+                "/bin/portico",
+                &mut Vec::new(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("unknown proxy") && e.contains("haproxy"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -49,25 +49,6 @@ impl Spread {
     }
 }
 
-/// What a scenario's `rate` counts.
-pub fn unit(metric: Metric) -> &'static str {
-    match metric {
-        Metric::Rps => "req/s",
-        Metric::Cps => "conn/s",
-        Metric::Throughput => "MB/s",
-        Metric::Latency => "knee req/s",
-    }
-}
-
-/// Decimals for a summary's figure in `unit`: a knee is a whole rate (its 0 reads `0`).
-pub fn rate_decimals(unit: &str) -> usize {
-    if unit == self::unit(Metric::Latency) {
-        0
-    } else {
-        1
-    }
-}
-
 /// The scenario's figure of one result.
 pub fn primary(metric: Metric, input: &Input) -> Option<f64> {
     match (metric, input) {
@@ -121,7 +102,7 @@ pub fn summarize(proxy: &str, scenario: &str, metric: Metric, rounds: &[(u32, In
     Summary {
         proxy: proxy.to_string(),
         scenario: scenario.to_string(),
-        unit: unit(metric).to_string(),
+        unit: metric.unit().to_string(),
         rate,
         cpu_us_per_request: spread(&us),
         cpu_percent_of_core: spread(&pct),
@@ -263,7 +244,7 @@ pub fn table(summaries: &[Summary], rounds: u32, pinned: bool) -> String {
         let rate = s
             .rate
             .map(|r| {
-                let figure = r.text(rate_decimals(&s.unit));
+                let figure = r.text(s.rate_decimals());
                 match r.n < rounds as usize {
                     true => format!("{figure} {} (from {} of {rounds} rounds)", s.unit, r.n),
                     false => format!("{figure} {}", s.unit),

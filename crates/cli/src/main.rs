@@ -98,7 +98,7 @@ enum Command {
 #[command(
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    subcommand_value_name = "report|compare|relay",
+    subcommand_value_name = "report|compare|relay|peer",
     subcommand_help_heading = "Reports",
     disable_help_subcommand = true
 )]
@@ -120,6 +120,9 @@ enum BenchJob {
     /// The floor `bench compare` measures proxies against: a blind TCP relay (one thread,
     /// epoll, one connection to --to per client connection, no parsing), until killed.
     Relay(portico_bench::RelayFlags),
+    /// Write one proxy's `bench compare` configuration into --dir and print the command that
+    /// runs it, one argument per line (to measure it by other means, such as a profiler).
+    Peer(portico_bench::PeerFlags),
 }
 
 fn main() -> ExitCode {
@@ -407,6 +410,14 @@ fn job(cli: Cli, activated: listenfd::ListenFd) -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&format!("portico bench relay: {e}")),
             },
+            (Some(BenchJob::Peer(p)), _) => {
+                let me = std::env::current_exe()
+                    .map_or_else(|_| "portico".to_string(), |p| p.display().to_string());
+                match portico_bench::peer(&p, &me, &mut std::io::stdout()) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => fail(&format!("portico bench peer: {e}")),
+                }
+            }
             (None, Some(flags)) => run_bench(flags),
             (None, None) => fail("portico bench: a URL is required (see portico bench --help)"),
         },

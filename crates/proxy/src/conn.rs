@@ -267,7 +267,8 @@ impl HeadScan {
     /// Whether `buf`, every byte read so far, is worth parsing now.
     pub fn worth_parsing(&mut self, buf: &[u8], max_head: usize, max_line: usize) -> bool {
         let first = self.scanned == 0;
-        let newline = !first && !self.line_checked && line_ended(buf);
+        // Bytes searched before held no line end (a parse would have seen it): only the new.
+        let newline = !first && !self.line_checked && line_ended(buf, self.scanned);
         let worth = first
             || newline
             || head_may_be_complete(buf, self.scanned)
@@ -279,7 +280,7 @@ impl HeadScan {
 
     /// A parse of `buf` found the head incomplete.
     pub fn incomplete(&mut self, buf: &[u8]) {
-        self.line_checked |= line_ended(buf);
+        self.line_checked |= line_ended(buf, 0);
     }
 
     /// The bytes read so far were dropped (empty lines before a request).
@@ -288,11 +289,15 @@ impl HeadScan {
     }
 }
 
-/// Whether the request line in `buf` has ended: a LF after the empty lines that may lead it.
-fn line_ended(buf: &[u8]) -> bool {
+/// Whether the request line in `buf` has ended: a LF after the empty lines that may lead it,
+/// searched for from `from` on (the bytes before it known to hold none after those lines).
+fn line_ended(buf: &[u8], from: usize) -> bool {
     buf.iter()
         .position(|&b| b != b'\r' && b != b'\n')
-        .is_some_and(|start| buf[start..].contains(&b'\n'))
+        .is_some_and(|start| {
+            buf.get(start.max(from)..)
+                .is_some_and(|t| t.contains(&b'\n'))
+        })
 }
 
 /// Whether `buf` holds the end of a head that may have been cut at `from`: CRLF CRLF, or a bare

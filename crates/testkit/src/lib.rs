@@ -702,7 +702,7 @@ pub fn port_for_restarts() -> u16 {
     let start = std::process::id().wrapping_mul(7919);
     let span = u32::from(to.saturating_sub(from));
     let port = (0..span)
-        .map(|i| from + ((start.wrapping_add(i)) % span.max(1)) as u16)
+        .map(|i| from + ((start.wrapping_add(i)) % span) as u16)
         .find(|p| !given.contains(p) && TcpListener::bind(("127.0.0.1", *p)).is_ok())
         .unwrap_or_else(|| {
             // No room below the ephemeral range (it starts at 1024 or so): the race is back,
