@@ -4,12 +4,13 @@
 # `bench compare`'s configuration (`BINARY bench peer` writes it; nginx single-process) pinned to
 # core 0; the origin (`BINARY origin`) and the generator (`BINARY bench -R RATE -c 50`, 1 KB
 # keep-alive) on core 1. A proxy's CPU time is the first field of /proc/PID/task/*/schedstat
-# (nanoseconds on a CPU, every thread of the process), its user time from /proc/PID/stat, its
-# context switches from /proc/PID/task/*/status, each read before and after the run and divided
-# by the requests completed. A run with errors stops the script.
+# (nanoseconds on a CPU, every thread of the process: exact, where the user and system split of
+# /proc/PID/stat is sampled at each tick and means little at these loads), its context switches
+# from /proc/PID/task/*/status, both read before and after the run and divided by the requests
+# completed. A run with errors stops the script.
 # Usage: scripts/peer-cpu.sh RATE ROUNDS BINARY PROXY...   (PROXY: portico, nginx, haproxy,
 #        relay, caddy, pingora; PEER_CPU_DURATION: each run's length, 6s by default)
-# Prints one line per proxy per round, then each proxy's median.
+# Prints one line per proxy per round, then each proxy's median (min..max).
 set -euo pipefail
 rate=$1 rounds=$2 bin=$3
 shift 3
@@ -18,21 +19,20 @@ d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
 # shellcheck source=scripts/bench-lib.sh
 . "$(dirname "$0")/bench-lib.sh"
-tck=$(getconf CLK_TCK)
 
 taskset -c 1 "$bin" origin --listen 127.0.0.1:9380 --workers 1 > /dev/null 2>&1 &
 wait_port 9380
 
-counters() { # pid -> "cpu_ns user_ticks context_switches", summed over its threads
+counters() { # pid -> "cpu_ns context_switches", summed over its threads
   local pid=$1 ns=0 cs=0 t v
   for t in /proc/"$pid"/task/*; do
     read -r v _ < "$t/schedstat" && ns=$((ns + v))
     v=$(awk '/ctxt_switches/ {s += $2} END {print s + 0}' "$t/status") && cs=$((cs + v))
   done
-  echo "$ns $(awk '{print $14}' "/proc/$pid/stat") $cs"
+  echo "$ns $cs"
 }
 
-run() { # proxy -> "cpu_us_per_req user_us_per_req switches_per_req"
+run() { # proxy -> "cpu_us_per_req switches_per_req"
   local proxy=$1 cmd pid before after out n
   mapfile -t cmd < <("$bin" bench peer "$proxy" --port 9743 --origin 127.0.0.1:9380 --dir "$d/$proxy")
   [ ${#cmd[@]} -gt 0 ] || { echo "portico bench peer $proxy printed no command" >&2; exit 1; }
@@ -50,21 +50,21 @@ run() { # proxy -> "cpu_us_per_req user_us_per_req switches_per_req"
   [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "$proxy: the run had errors: $out" >&2; exit 1; }
   case $proxy in nginx) kill -QUIT "$pid" ;; *) kill -TERM "$pid" ;; esac
   wait "$pid" 2>/dev/null || true
-  awk -v b="$before" -v a="$after" -v n="$n" -v hz="$tck" 'BEGIN {
+  awk -v b="$before" -v a="$after" -v n="$n" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
-    printf "%.2f %.2f %.2f\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / hz * 1e6 / n, (y[3] - x[3]) / n }'
+    printf "%.2f %.2f\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / n }'
 }
 
 declare -A all
 for r in $(seq "$rounds"); do
   for proxy in "$@"; do
-    read -r cpu user switches < <(run "$proxy") || true
+    read -r cpu switches < <(run "$proxy") || true
     [ -n "${cpu:-}" ] || { echo "no figure for $proxy" >&2; exit 1; }
-    echo "round $r $proxy: $cpu us/req on a CPU (user $user), $switches context switches/req"
+    echo "round $r $proxy: $cpu us/req on a CPU, $switches context switches/req"
     all[$proxy]="${all[$proxy]:-} $cpu"
   done
 done
 for proxy in "$@"; do
   # shellcheck disable=SC2086
-  echo "median $proxy at $rate req/s: $(printf '%s\n' ${all[$proxy]} | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}') us/req"
+  echo "median $proxy at $rate req/s: $(printf '%s\n' ${all[$proxy]} | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)] " (" v[1] ".." v[NR] ")"}') us/req"
 done

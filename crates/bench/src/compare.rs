@@ -710,23 +710,6 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<u32>> {
     Some(out)
 }
 
-/// Where the program of `proxy` is: in PATH, or (Pingora's, which `scripts/build-pingora.sh`
-/// builds into the portico binary's target directory) beside `portico`.
-pub(crate) fn locate(proxy: Proxy, program: &str, portico: &Path) -> Option<PathBuf> {
-    in_path(program).or_else(|| {
-        let beside = portico.parent()?.join(program);
-        (proxy == Proxy::Pingora && beside.is_file()).then_some(beside)
-    })
-}
-
-/// Whether `program` is an executable in PATH.
-pub fn in_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
-
 /// A free port on 127.0.0.1 (bound and released; a race with other programs is possible but
 /// harmless here: the server would fail to start and say so).
 fn free_port() -> Result<u16, BenchError> {
@@ -970,7 +953,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (pin, pinning) = if f.no_pin {
         (false, "not pinned (--no-pin)".to_string())
-    } else if in_path("taskset").is_none() {
+    } else if peers::in_path("taskset").is_none() {
         (false, "not pinned: taskset not found".to_string())
     } else if cpus < 2 {
         (false, format!("not pinned: {cpus} CPU"))
@@ -1147,7 +1130,7 @@ fn compare_inner(f: &CompareFlags, out: &mut dyn Write) -> Result<PathBuf, Bench
             // in PATH; Pingora's there or beside the portico binary).
             let program = match proxy.program() {
                 None => Some(portico_s.clone()),
-                Some(p) => locate(*proxy, p, Path::new(&portico_s))
+                Some(p) => peers::locate(*proxy, p, Path::new(&portico_s))
                     .map(|found| found.display().to_string()),
             };
             let Some(program) = program else {

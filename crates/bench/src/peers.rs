@@ -479,7 +479,7 @@ pub fn peer(f: &PeerFlags, portico: &str, out: &mut dyn std::io::Write) -> Resul
     };
     let (path, _) = write_config(proxy, &s)?;
     let found = proxy.program().map(|p| {
-        crate::compare::locate(proxy, p, Path::new(portico))
+        locate(proxy, p, Path::new(portico))
             .map_or_else(|| p.to_string(), |f| f.display().to_string())
     });
     let program = found.as_deref().unwrap_or(portico);
@@ -495,6 +495,23 @@ pub fn peer(f: &PeerFlags, portico: &str, out: &mut dyn std::io::Write) -> Resul
         writeln!(out, "{a}").map_err(write)?;
     }
     Ok(())
+}
+
+/// Where the program of `proxy` is: in PATH, or (Pingora's, which `scripts/build-pingora.sh`
+/// builds into the portico binary's target directory) beside `portico`.
+pub fn locate(proxy: Proxy, program: &str, portico: &Path) -> Option<PathBuf> {
+    in_path(program).or_else(|| {
+        let beside = portico.parent()?.join(program);
+        (proxy == Proxy::Pingora && beside.is_file()).then_some(beside)
+    })
+}
+
+/// Whether `program` is an executable in PATH.
+pub fn in_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// Environment variables a proxy runs with.
