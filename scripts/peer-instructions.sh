@@ -7,13 +7,15 @@
 #   haproxy  nbthread 1, in the foreground
 #   relay    `BINARY bench relay`, the blind TCP relay `bench compare` calls the floor: what any
 #            proxy's own work is counted above
-# http: closed loop, h2load --h1 with 4 connections; slow: BINARY bench at AB_RATE (200) req/s.
-# Usage: scripts/peer-instructions.sh nginx|haproxy|relay http|slow PORTICO_BINARY
+# http: closed loop, h2load --h1 with 4 connections; slow: BINARY bench at AB_RATE (200) req/s;
+# cps: a new connection per request, 0 KB, BINARY bench --closed --close with 4 connections (as
+# ab-instructions.sh cps counts Portico's).
+# Usage: scripts/peer-instructions.sh nginx|haproxy|relay http|slow|cps PORTICO_BINARY
 # (AB_N1, AB_N2 as in ab-instructions.sh). Needs valgrind, h2load and the peer.
 set -euo pipefail
 peer=$1 mode=$2 bin=$3
-case $mode in http | slow) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;; esac
-case $peer in nginx | haproxy | relay) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow PORTICO_BINARY" >&2; exit 2 ;; esac
+case $mode in http | slow | cps) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow|cps PORTICO_BINARY" >&2; exit 2 ;; esac
+case $peer in nginx | haproxy | relay) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow|cps PORTICO_BINARY" >&2; exit 2 ;; esac
 n1=${AB_N1:-2000} n2=${AB_N2:-6000}
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
@@ -38,6 +40,8 @@ count() { # requests -> instructions of the peer's process for that run
     http) out=$(h2load --h1 -c 4 -n "$1" http://127.0.0.1:9743/bytes/1k 2>&1)
       grep -q "$1 succeeded" <<<"$out" || { echo "h2load failed: $out" >&2; exit 1; } ;;
     slow) out=$("$bin" bench -R "${AB_RATE:-200}" -c 4 -n "$1" http://127.0.0.1:9743/bytes/1k 2>&1)
+      grep -q "= $1 completed + 0 errors" <<<"$out" || { echo "bench failed: $out" >&2; exit 1; } ;;
+    cps) out=$("$bin" bench --closed --close -c 4 -n "$1" http://127.0.0.1:9743/bytes/0 2>&1)
       grep -q "= $1 completed + 0 errors" <<<"$out" || { echo "bench failed: $out" >&2; exit 1; } ;;
   esac
   # nginx's graceful shutdown is QUIT (TERM would do too); HAProxy and the relay stop on TERM.

@@ -102,7 +102,10 @@ pub fn serve_since(
         }
         loop {
             match Box::pin(serve_awake(&mut c, &mut ctx, accepted, &mut sniff)).await {
-                Awake::Closed => return None,
+                Awake::Closed => {
+                    c.release_buffers(0);
+                    return None;
+                }
                 Awake::Http2 => {
                     return Some(Handoff {
                         stream: c.stream,
@@ -134,11 +137,13 @@ async fn first_bytes(c: &mut Conn, ctx: &Ctx, accepted: Instant) -> bool {
         }
         // A new socket is reported readable before anything came: the buffer is given back
         // until bytes do.
-        c.rbuf.reserve(8 * 1024);
+        c.rbuf = crate::conn::spare_buffer();
         match tcp.try_read_buf(&mut c.rbuf) {
             Ok(0) => return false,
             Ok(_) => return true,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => c.rbuf = BytesMut::new(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                crate::conn::give_back(std::mem::take(&mut c.rbuf));
+            }
             Err(_) => return false,
         }
     }
@@ -278,7 +283,7 @@ async fn sleep(c: &mut Conn, ctx: &mut Ctx) -> bool {
             return matches!(ready, Ok(n) if n > 0);
         }
         // Bytes (or the end) came: a buffer again to read them into.
-        c.rbuf.reserve(8 * 1024);
+        c.rbuf = crate::conn::spare_buffer();
         return ready.is_ok();
     }
 }
