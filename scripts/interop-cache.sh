@@ -60,6 +60,12 @@ proxies=(portico nginx varnish)
 
 python3 "$here/interop/cache_origin.py" 9381 > "$d/origin.log" 2>&1 &
 wait_port 9381
+# Another program holding the port would answer in the origin's place: its own path tells.
+curl -sf -m 5 -o /dev/null "http://$origin/__count?path=/&kind=all" || {
+  echo "interop-cache: 127.0.0.1:9381 does not answer as the test origin (another program holds the port?)" >&2
+  cat "$d/origin.log" >&2
+  exit 1
+}
 
 cat > "$d/portico.toml" <<EOT
 [cache]

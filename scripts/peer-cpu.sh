@@ -7,14 +7,17 @@
 # (nanoseconds on a CPU, every thread of the process: exact, where the user and system split of
 # /proc/PID/stat is sampled at each tick and means little at these loads), its context switches
 # from /proc/PID/task/*/status, both read before and after the run and divided by the requests
-# completed. A run with errors stops the script.
+# completed (a thread that ends during the run takes its time with it: none of these proxies
+# starts or stops threads under a steady load). A run with errors, or one that fell behind the
+# rate (requests still in flight at the end or never sent), stops the script.
 # Usage: scripts/peer-cpu.sh RATE ROUNDS BINARY PROXY...   (PROXY: portico, nginx, haproxy,
 #        relay, caddy, pingora; PEER_CPU_DURATION: each run's length, 6s by default)
-# Prints one line per proxy per round, then each proxy's median (min..max).
+# Prints one line per proxy per round, then each proxy's median (min..max; with an even number
+# of rounds, the lower of the two middle values: run an odd number).
 set -euo pipefail
+[ $# -ge 4 ] || { echo "usage: $0 RATE ROUNDS BINARY PROXY..." >&2; exit 2; }
 rate=$1 rounds=$2 bin=$3
 shift 3
-[ $# -ge 1 ] || { echo "usage: $0 RATE ROUNDS BINARY PROXY..." >&2; exit 2; }
 d=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$d"' EXIT
 # shellcheck source=scripts/bench-lib.sh
@@ -46,8 +49,8 @@ run() { # proxy -> "cpu_us_per_req switches_per_req"
   before=$(counters "$pid")
   out=$(taskset -c 1 "$bin" bench -R "$rate" -c 50 -d "${PEER_CPU_DURATION:-6s}" http://127.0.0.1:9743/bytes/1k 2>&1)
   after=$(counters "$pid")
-  n=$(sed -n 's/.*scheduled = \([0-9]*\) completed + 0 errors.*/\1/p' <<<"$out")
-  [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "$proxy: the run had errors: $out" >&2; exit 1; }
+  n=$(sed -n 's/.*scheduled = \([0-9]*\) completed + 0 errors + 0 in flight at the end + 0 never sent.*/\1/p' <<<"$out")
+  [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "$proxy: the run had errors or fell behind: $out" >&2; exit 1; }
   case $proxy in nginx) kill -QUIT "$pid" ;; *) kill -TERM "$pid" ;; esac
   wait "$pid" 2>/dev/null || true
   awk -v b="$before" -v a="$after" -v n="$n" 'BEGIN {

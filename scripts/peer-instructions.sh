@@ -13,6 +13,7 @@
 # Usage: scripts/peer-instructions.sh nginx|haproxy|relay http|slow|cps PORTICO_BINARY
 # (AB_N1, AB_N2 as in ab-instructions.sh). Needs valgrind, h2load and the peer.
 set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: $0 nginx|haproxy|relay http|slow|cps PORTICO_BINARY" >&2; exit 2; }
 peer=$1 mode=$2 bin=$3
 case $mode in http | slow | cps) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow|cps PORTICO_BINARY" >&2; exit 2 ;; esac
 case $peer in nginx | haproxy | relay) ;; *) echo "usage: $0 nginx|haproxy|relay http|slow|cps PORTICO_BINARY" >&2; exit 2 ;; esac
@@ -28,7 +29,7 @@ wait_port 9380
 mapfile -t cmd < <("$bin" bench peer "$peer" --port 9743 --origin 127.0.0.1:9380 --dir "$d/peer")
 [ ${#cmd[@]} -gt 0 ] || { echo "portico bench peer $peer printed no command" >&2; exit 1; }
 # nginx's master process would fork the worker callgrind is to count: run the worker alone.
-[ "$peer" = nginx ] && cmd+=(-g "master_process off;")
+if [ "$peer" = nginx ]; then cmd+=(-g "master_process off;"); fi
 
 count() { # requests -> instructions of the peer's process for that run
   valgrind --tool=callgrind --callgrind-out-file="$d/cg.out" "${cmd[@]}" > /dev/null 2> "$d/vg.log" &
@@ -53,4 +54,5 @@ count() { # requests -> instructions of the peer's process for that run
 
 a=$(count "$n1")
 b=$(count "$n2")
+[ -n "$a" ] && [ -n "$b" ] || { echo "callgrind counted nothing (see valgrind's output)" >&2; exit 1; }
 echo "$peer $mode: $(((b - a) / (n2 - n1))) instructions/request"

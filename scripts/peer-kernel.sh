@@ -10,6 +10,7 @@
 # Usage: scripts/peer-kernel.sh keepalive|cps PROXY BINARY [N]   (PROXY: portico, nginx, haproxy,
 #        relay, caddy, pingora). Needs strace and h2load.
 set -euo pipefail
+[ $# -ge 3 ] || { echo "usage: $0 keepalive|cps PROXY BINARY [N]" >&2; exit 2; }
 mode=$1 proxy=$2 bin=$3
 case $mode in
   keepalive) n=${4:-60000} ;;
@@ -49,7 +50,10 @@ tcp() { # the machine's TCP counters, "name value" per line
 load 2000 # warm: upstream connections open, pages touched
 strace -c -f -p "$pid" -o "$d/strace.txt" 2> /dev/null &
 tracer=$!
-sleep 0.5 # strace attaches to every thread before the load starts
+# The load starts once strace has attached to every thread of the proxy.
+attached() { ! grep -q '^TracerPid:[[:space:]]*0$' /proc/"$pid"/task/*/status; }
+for _ in $(seq 100); do attached && break; sleep 0.05; done
+attached || { echo "strace did not attach to $proxy (pid $pid)" >&2; exit 1; }
 load "$n"
 kill -INT "$tracer"
 wait "$tracer" 2>/dev/null || true

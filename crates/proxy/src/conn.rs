@@ -252,12 +252,13 @@ pub fn spare_buffer() -> BytesMut {
         .unwrap_or_else(|| BytesMut::with_capacity(WBUF))
 }
 
-/// Keep `buf` as a spare when nothing else shares its allocation any more (a head or body split
-/// from it still alive), it is [`WBUF`] to twice that, and fewer than [`SPARE_MAX`] are kept;
-/// otherwise it is freed.
+/// Keep `buf` as a spare when, emptied, it can take exactly [`WBUF`] bytes without allocating
+/// and fewer than [`SPARE_MAX`] are kept; otherwise it is freed. A buffer that grew, or whose
+/// allocation a live head or body still shares, can take more or fewer (but in a rare case) and
+/// is freed.
 pub fn give_back(mut buf: BytesMut) {
     buf.clear();
-    if !buf.try_reclaim(WBUF) || buf.capacity() > 2 * WBUF {
+    if !buf.try_reclaim(WBUF) || buf.capacity() != WBUF {
         return;
     }
     SPARE.with(|s| {
@@ -310,7 +311,8 @@ impl HeadScan {
     /// Whether `buf`, every byte read so far, is worth parsing now.
     pub fn worth_parsing(&mut self, buf: &[u8], max_head: usize, max_line: usize) -> bool {
         let first = self.scanned == 0;
-        // Bytes searched before held no line end (a parse would have seen it): only the new.
+        // The bytes searched before hold no line end (a parse, or the previous call's search,
+        // would have seen it): only the new ones are searched.
         let newline = !first && !self.line_checked && line_ended(buf, self.scanned);
         let worth = first
             || newline
@@ -323,7 +325,9 @@ impl HeadScan {
 
     /// A parse of `buf` found the head incomplete.
     pub fn incomplete(&mut self, buf: &[u8]) {
-        self.line_checked |= line_ended(buf, 0);
+        if !self.line_checked {
+            self.line_checked = line_ended(buf, 0);
+        }
     }
 
     /// The bytes read so far were dropped (empty lines before a request).
@@ -688,7 +692,7 @@ mod tests {
         assert_eq!(b.as_ptr(), at, "the spare is taken again");
         assert!(b.is_empty() && b.capacity() >= WBUF);
         assert_eq!(spares(), 0);
-        // A head split from it and still alive: freed, not kept.
+        // A head split from it and still alive (it can take fewer than WBUF): freed, not kept.
         let mut c = b;
         c.extend_from_slice(b"abc");
         let head = c.split_to(3).freeze();
@@ -705,9 +709,9 @@ mod tests {
         assert_eq!(spares(), 1);
         let d = spare_buffer();
         assert_eq!((d.as_ptr(), d.capacity() >= WBUF), (at, true));
-        // Grown past twice the size: freed.
+        // Grown: freed.
         let mut e = d;
-        e.reserve(4 * WBUF);
+        e.reserve(2 * WBUF);
         give_back(e);
         assert_eq!(spares(), 0);
         // At most SPARE_MAX are kept.

@@ -98,6 +98,8 @@ pub fn serve_since(
         // Boxed: the wait's state is not carried by the connection's task afterwards. TLS
         // connections have their first bytes already (the handshake).
         if !c.stream.is_tls() && !Box::pin(first_bytes(&mut c, &ctx, accepted)).await {
+            // A connection that closed at once (a health check's probe) gives its buffer back.
+            c.release_buffers(0);
             return None;
         }
         loop {
@@ -116,6 +118,7 @@ pub fn serve_since(
                 Awake::Sleep => {}
             }
             if !sleep(&mut c, &mut ctx).await {
+                c.release_buffers(0);
                 return None;
             }
         }
