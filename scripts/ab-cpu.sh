@@ -9,7 +9,8 @@
 # A wrapper script works as a BINARY (to set an environment variable, for example).
 # AB_EXTRA_TOML is appended to the proxy's configuration (an [access_log] table, for example);
 # AB_HEADER ("Name: value") is sent with every request.
-# Needs wrk, h2load, openssl. Prints one line per binary per round, then each binary's median.
+# Needs wrk, h2load, openssl. Prints one line per binary per round, then each binary's median
+# (min..max).
 set -euo pipefail
 mode=$1 rounds=$2
 shift 2
@@ -62,5 +63,5 @@ for r in $(seq "$rounds"); do
 done
 for bin in "$@"; do
   # shellcheck disable=SC2086
-  echo "median $bin: $(printf '%s\n' ${all[$bin]} | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}') us/req"
+  echo "median $bin: $(median_range ${all[$bin]}) us/req"
 done

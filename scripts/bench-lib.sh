@@ -52,3 +52,7 @@ nginx_temp_paths() { # dir: nginx's temporary file paths under dir (inside an ht
     echo "  ${t}_temp_path $1/nginx/$t;"
   done
 }
+
+median_range() { # values...: "median (min..max)" (with an even count, the lower middle value)
+  printf '%s\n' "$@" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)] " (" v[1] ".." v[NR] ")"}'
+}

@@ -69,5 +69,5 @@ for r in $(seq "$rounds"); do
 done
 for proxy in "$@"; do
   # shellcheck disable=SC2086
-  echo "median $proxy at $rate req/s: $(printf '%s\n' ${all[$proxy]} | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)] " (" v[1] ".." v[NR] ")"}') us/req"
+  echo "median $proxy at $rate req/s: $(median_range ${all[$proxy]}) us/req"
 done

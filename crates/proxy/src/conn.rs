@@ -253,9 +253,9 @@ pub fn spare_buffer() -> BytesMut {
 }
 
 /// Keep `buf` as a spare when, emptied, it can take exactly [`WBUF`] bytes without allocating
-/// and fewer than [`SPARE_MAX`] are kept; otherwise it is freed. A buffer that grew, or whose
-/// allocation a live head or body still shares, can take more or fewer (but in a rare case) and
-/// is freed.
+/// and fewer than [`SPARE_MAX`] are kept; otherwise it is freed. A buffer that grew takes more,
+/// one whose allocation a live head or body still shares mostly fewer: both are freed (a grown
+/// and shared one that takes exactly [`WBUF`] is kept, which is rare and bounded by the cap).
 pub fn give_back(mut buf: BytesMut) {
     buf.clear();
     if !buf.try_reclaim(WBUF) || buf.capacity() != WBUF {
