@@ -27,7 +27,7 @@ wait_port 9380
 
 ab_config "$d" "$mode"
 
-run() { # binary -> "us_per_req user_us_per_req"
+run() { # binary -> "us_per_req (user us_per_req)"
   taskset -c 0 "$1" run -c "$d/portico.toml" -w 1 > /dev/null 2>&1 &
   local pid=$! out n before after
   wait_port 9743
@@ -49,19 +49,7 @@ run() { # binary -> "us_per_req user_us_per_req"
   wait "$pid" 2>/dev/null || true
   awk -v b="$before" -v a="$after" -v n="$n" -v hz="$tck" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
-    printf "%.2f %.2f\n", (y[1] - x[1]) / hz * 1e6 / n, (y[2] - x[2]) / hz * 1e6 / n }'
+    printf "%.2f (user %.2f)\n", (y[1] - x[1]) / hz * 1e6 / n, (y[2] - x[2]) / hz * 1e6 / n }'
 }
 
-declare -A all
-for r in $(seq "$rounds"); do
-  for bin in "$@"; do
-    read -r total user < <(run "$bin") || true
-    [ -n "${total:-}" ] || { echo "no figure for $bin" >&2; exit 1; }
-    echo "round $r $bin: $total us/req (user $user)"
-    all[$bin]="${all[$bin]:-} $total"
-  done
-done
-for bin in "$@"; do
-  # shellcheck disable=SC2086
-  echo "median $bin: $(median_range ${all[$bin]}) us/req"
-done
+alternate_rounds "$rounds" run us/req "$@"

@@ -56,3 +56,23 @@ nginx_temp_paths() { # dir: nginx's temporary file paths under dir (inside an ht
 median_range() { # values...: "median (min..max)" (with an even count, the lower middle value)
   printf '%s\n' "$@" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)] " (" v[1] ".." v[NR] ")"}'
 }
+
+alternate_rounds() { # rounds run_fn unit item...: each item in turn, `rounds` times over
+  # run_fn ITEM prints its figure, then the rest of its line; a line per run, then each item's
+  # median_range (a run that prints nothing stops the script).
+  local rounds=$1 run=$2 unit=$3 r item figure rest
+  shift 3
+  local -A all=()
+  for r in $(seq "$rounds"); do
+    for item in "$@"; do
+      read -r figure rest < <("$run" "$item") || true
+      [ -n "${figure:-}" ] || { echo "no figure for $item" >&2; exit 1; }
+      echo "round $r $item: $figure $unit${rest:+ $rest}"
+      all[$item]="${all[$item]:-} $figure"
+    done
+  done
+  for item in "$@"; do
+    # shellcheck disable=SC2086
+    echo "median $item: $(median_range ${all[$item]}) $unit"
+  done
+}

@@ -35,7 +35,7 @@ counters() { # pid -> "cpu_ns context_switches", summed over its threads
   echo "$ns $cs"
 }
 
-run() { # proxy -> "cpu_us_per_req switches_per_req"
+run() { # proxy -> "cpu_us_per_req on a CPU, switches_per_req context switches/req"
   local proxy=$1 cmd pid before after out n
   mapfile -t cmd < <("$bin" bench peer "$proxy" --port 9743 --origin 127.0.0.1:9380 --dir "$d/$proxy")
   [ ${#cmd[@]} -gt 0 ] || { echo "portico bench peer $proxy printed no command" >&2; exit 1; }
@@ -55,19 +55,7 @@ run() { # proxy -> "cpu_us_per_req switches_per_req"
   wait "$pid" 2>/dev/null || true
   awk -v b="$before" -v a="$after" -v n="$n" 'BEGIN {
     split(b, x, " "); split(a, y, " ")
-    printf "%.2f %.2f\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / n }'
+    printf "%.2f on a CPU, %.2f context switches/req\n", (y[1] - x[1]) / 1e3 / n, (y[2] - x[2]) / n }'
 }
 
-declare -A all
-for r in $(seq "$rounds"); do
-  for proxy in "$@"; do
-    read -r cpu switches < <(run "$proxy") || true
-    [ -n "${cpu:-}" ] || { echo "no figure for $proxy" >&2; exit 1; }
-    echo "round $r $proxy: $cpu us/req on a CPU, $switches context switches/req"
-    all[$proxy]="${all[$proxy]:-} $cpu"
-  done
-done
-for proxy in "$@"; do
-  # shellcheck disable=SC2086
-  echo "median $proxy at $rate req/s: $(median_range ${all[$proxy]}) us/req"
-done
+alternate_rounds "$rounds" run us/req "$@"

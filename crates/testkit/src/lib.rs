@@ -687,13 +687,7 @@ pub fn closed_port() -> SocketAddr {
 /// its source, as one in the ephemeral range can be (a client reconnecting to 127.0.0.1:P from P
 /// connects to itself and holds P), and the restart would fail to bind.
 pub fn port_for_restarts() -> u16 {
-    let range =
-        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-    let low: u16 = range
-        .split_whitespace()
-        .next()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(32768);
+    let low = ephemeral_low();
     let (from, to) = (low.saturating_sub(12_000).max(1024), low);
     // Ports handed out to this process's tests stay theirs while their server is down.
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
@@ -714,6 +708,14 @@ pub fn port_for_restarts() -> u16 {
     port
 }
 
+/// The first port of the kernel's ephemeral range (32768 when it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
+}
+
 /// `list` as a TOML array of quoted addresses (a group's `servers`).
 pub fn toml_servers(list: &[SocketAddr]) -> String {
     let quoted: Vec<String> = list.iter().map(|a| format!("\"{a}\"")).collect();
@@ -731,10 +733,7 @@ mod tests {
 
     #[test]
     fn ports_for_restarts_lie_below_the_ephemeral_range_and_are_handed_out_once() {
-        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|r| r.split_whitespace().next()?.parse().ok())
-            .unwrap_or(32768);
+        let low = ephemeral_low();
         let ports: Vec<u16> = (0..50).map(|_| port_for_restarts()).collect();
         if low > 2048 {
             assert!(ports.iter().all(|&p| p >= 1024 && p < low), "{ports:?}");
